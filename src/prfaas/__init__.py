@@ -1,0 +1,1 @@
+"""prfaas: Prefill-as-a-Service."""

@@ -1,0 +1,49 @@
+"""core: the shared vocabulary of prfaas (ids, requests, topology, clocks, policy views).
+
+Pure: no I/O, no torch, no asyncio. Every other package imports from here; this package imports
+from nothing else in prfaas.
+"""
+
+from prfaas.core.clock import Clock, LoopClock, VirtualClock
+from prfaas.core.ids import LinkId, NodeId, RequestId, SiteId
+from prfaas.core.request import (
+    TERMINAL_STATES,
+    InvalidTransition,
+    Request,
+    RequestState,
+    can_transition,
+)
+from prfaas.core.topology import Link, Node, NodeRole, Site, SiteKind, Topology
+from prfaas.core.views import (
+    ClusterView,
+    LinkState,
+    MutableClusterView,
+    NodeLoad,
+    RequestView,
+)
+
+__all__ = [
+    "TERMINAL_STATES",
+    "Clock",
+    "ClusterView",
+    "InvalidTransition",
+    "Link",
+    "LinkId",
+    "LinkState",
+    "LoopClock",
+    "MutableClusterView",
+    "Node",
+    "NodeId",
+    "NodeLoad",
+    "NodeRole",
+    "Request",
+    "RequestId",
+    "RequestState",
+    "RequestView",
+    "Site",
+    "SiteId",
+    "SiteKind",
+    "Topology",
+    "VirtualClock",
+    "can_transition",
+]
