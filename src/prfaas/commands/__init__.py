@@ -1,0 +1,1 @@
+"""Subcommands of the ``prfaas`` CLI, one module each (see ``prfaas.cli``)."""
