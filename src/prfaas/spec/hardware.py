@@ -15,7 +15,10 @@ class HardwareSpec:
     gpus_per_instance: int = 8
     efficiency: float = 0.4
     """The one fraction of peak FLOP/s and HBM bandwidth the roofline assumes this hardware reaches
-    in practice (kernels, communication, scheduling). Per hardware, never per model."""
+    in practice (kernels, communication). Per hardware, never per model."""
+    prefill_overhead_s: float = 0.0
+    """Fixed cost of one prefill on one instance (scheduling, launches, collectives), whatever its
+    length: the paper's profiles show ~0.4 s even at 1K tokens. Per hardware, never per model."""
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -24,6 +27,8 @@ class HardwareSpec:
                 raise ValueError(f"hardware {self.name}: {field_name} must be > 0")
         if self.gpus_per_instance <= 0:
             raise ValueError(f"hardware {self.name}: gpus_per_instance must be > 0")
+        if self.prefill_overhead_s < 0:
+            raise ValueError(f"hardware {self.name}: prefill_overhead_s must be >= 0")
         if not 0 < self.efficiency <= 1:
             raise ValueError(f"hardware {self.name}: efficiency must be in (0, 1]")
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from prfaas.spec.cache_spec import CacheSpec, LayerKind
-from prfaas.spec.dtype import DType
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +25,8 @@ class ModelSpec:
     """Query heads of the full-attention / SWA layers (sets the attention FLOPs)."""
     attention_head_dim: int
     """Query-key head dim of the attention layers (MLA: nope + rope dims)."""
-    weight_dtype: DType = DType.BF16
+    weight_bytes_per_param: float = 2.0
+    """Bytes per stored weight (bf16: 2, fp8: 1, int4: 0.5): sets decode's weight reads."""
     max_context_tokens: int = 131072
     source: str = ""
     """Where the numbers come from (a public config or paper)."""
@@ -37,8 +37,14 @@ class ModelSpec:
                 f"model {self.name}: need 0 < active_params <= params, "
                 f"got {self.active_params} / {self.params}"
             )
+        if self.weight_bytes_per_param <= 0:
+            raise ValueError(f"model {self.name}: weight_bytes_per_param must be > 0")
         if self.max_context_tokens <= 0:
             raise ValueError(f"model {self.name}: max_context_tokens must be > 0")
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.params * self.weight_bytes_per_param
 
     @property
     def num_layers(self) -> int:

@@ -1,0 +1,151 @@
+"""``CostModel``: the single source of timing for the planner, the simulator and the timed engine.
+
+It answers ``T_prefill`` per instance, decode step times and ``S_kv``, from a shipped measured
+profile where one exists for the (model, hardware) pair and from the roofline otherwise, and says
+which (``prefill_source``, ``decode_source``). A batch of prefills costs the sum of its requests'
+times: long prefills are compute-bound, so batching them saves nothing (true of the shipped
+profiles, which were taken one request at a time). Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from prfaas.perf.profiles import Profile, find_profile
+from prfaas.perf.roofline import Roofline
+from prfaas.spec.hardware import HardwareSpec
+from prfaas.spec.model_spec import ModelSpec
+from prfaas.spec.presets import get_hardware, get_model
+
+DEFAULT_DECODE_STEP_BUDGET_S = 0.025
+"""40 tokens/s per request, the paper's decode SLO."""
+DEFAULT_DECODE_CONTEXT_TOKENS = 8192
+"""Per-request context at which the roofline sizes ``max_decode_batch``."""
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    model: ModelSpec
+    hardware: HardwareSpec
+    profile: Profile | None = None
+
+    @property
+    def roofline(self) -> Roofline:
+        return Roofline(self.model, self.hardware)
+
+    # -- where answers come from -----------------------------------------------------------------
+    @property
+    def prefill_source(self) -> str:
+        if self.profile is not None and self.profile.prefill is not None:
+            return f"profile:{self.model.name}@{self.hardware.name}"
+        return f"roofline:{self.hardware.name}"
+
+    @property
+    def decode_source(self) -> str:
+        if self.profile is not None and self.profile.decode is not None:
+            return f"profile:{self.model.name}@{self.hardware.name}"
+        return f"roofline:{self.hardware.name}"
+
+    @property
+    def source(self) -> str:
+        """Where prefill timing comes from (what the planner's headline figures rest on)."""
+        return self.prefill_source
+
+    # -- S_kv ----------------------------------------------------------------------------------
+    def kv_bytes(self, num_tokens: int) -> int:
+        return self.model.cache.bytes_for(num_tokens)
+
+    # -- prefill -------------------------------------------------------------------------------
+    def prefill_s(self, num_new_tokens: int, num_cached_tokens: int = 0) -> float:
+        """Seconds one instance takes to prefill ``num_new_tokens`` after a cached prefix.
+
+        From a profile ``T(l)`` (measured on uncached prompts): ``T(c + n) - T(c) + T(0)``: the
+        suffix pays its share of the longer attention, the fixed overhead ``T(0)`` is paid once;
+        with ``c = 0`` this is exactly ``T(n)``.
+        """
+        if num_new_tokens <= 0:
+            raise ValueError(f"num_new_tokens must be > 0, got {num_new_tokens}")
+        if num_cached_tokens < 0:
+            raise ValueError(f"num_cached_tokens must be >= 0, got {num_cached_tokens}")
+        curve = self.profile.prefill if self.profile is not None else None
+        if curve is None:
+            return self.roofline.prefill_s(num_new_tokens, num_cached_tokens)
+        if num_cached_tokens == 0:
+            return curve(num_new_tokens)
+        return curve(num_cached_tokens + num_new_tokens) - curve(num_cached_tokens) + curve(0)
+
+    def batch_prefill_s(self, items: Sequence[tuple[int, int]]) -> float:
+        """A batch of (num_new, num_cached) prefills: the sum of their times (compute-bound)."""
+        return sum(self.prefill_s(n, c) for n, c in items)
+
+    # -- decode --------------------------------------------------------------------------------
+    def _decode_parts(self, batch_size: int) -> tuple[float, float]:
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be > 0, got {batch_size}")
+        decode = self.profile.decode if self.profile is not None else None
+        if decode is None:
+            return self.roofline.decode_step_parts(batch_size)
+        scale = max(1.0, batch_size / decode.max_batch)
+        return decode.step_s * scale, 0.0
+
+    def decode_step_s(self, batch_size: int, context_tokens: int) -> float:
+        """One decode step for ``batch_size`` requests whose contexts sum to ``context_tokens``."""
+        fixed_s, per_token_s = self._decode_parts(batch_size)
+        return fixed_s + per_token_s * context_tokens
+
+    def decode_span_s(self, batch_size: int, context_tokens_start: int, num_steps: int) -> float:
+        """``num_steps`` steps of a fixed batch, each adding ``batch_size`` context tokens.
+
+        Closed form (the step is linear in context): no stepping token by token.
+        """
+        if num_steps < 0:
+            raise ValueError(f"num_steps must be >= 0, got {num_steps}")
+        fixed_s, per_token_s = self._decode_parts(batch_size)
+        growth = batch_size * num_steps * (num_steps - 1) / 2
+        return num_steps * fixed_s + per_token_s * (num_steps * context_tokens_start + growth)
+
+    def decode_steps_within(self, batch_size: int, context_tokens_start: int, span_s: float) -> int:
+        """How many whole steps of a fixed batch fit in ``span_s`` (inverse of decode_span_s)."""
+        fixed_s, per_token_s = self._decode_parts(batch_size)
+        if span_s <= 0:
+            return 0
+        if per_token_s == 0.0:
+            return int(span_s / fixed_s + 1e-9)
+        # Solve a*n + b*(n*C0 + B*n(n-1)/2) <= span for the largest integer n.
+        a = per_token_s * batch_size / 2
+        b = fixed_s + per_token_s * context_tokens_start - a
+        disc = b * b + 4 * a * span_s
+        n = int((-b + disc**0.5) / (2 * a) + 1e-9)
+        while n > 0 and self.decode_span_s(batch_size, context_tokens_start, n) > span_s + 1e-12:
+            n -= 1
+        return n
+
+    def decode_batch_limit(self, step_budget_s: float, context_tokens_per_request: int) -> int:
+        """The largest batch whose step fits ``step_budget_s`` at that context (0 if none)."""
+        decode = self.profile.decode if self.profile is not None else None
+        if decode is not None:
+            return decode.max_batch if decode.step_s <= step_budget_s + 1e-12 else 0
+        batch = 0
+        while (
+            batch < 4096
+            and self.decode_step_s(batch + 1, (batch + 1) * context_tokens_per_request)
+            <= step_budget_s
+        ):
+            batch += 1
+        return batch
+
+    @property
+    def max_decode_batch(self) -> int:
+        """``BS_max`` at the paper's 40 tok/s SLO (profile's value, or the roofline's at 8K)."""
+        return self.decode_batch_limit(DEFAULT_DECODE_STEP_BUDGET_S, DEFAULT_DECODE_CONTEXT_TOKENS)
+
+
+def cost_model_for(model: ModelSpec | str, hardware: HardwareSpec | str) -> CostModel:
+    """The cost model of ``model`` on ``hardware``: shipped profile if any, else roofline.
+
+    Raises ``KeyError`` naming an unknown preset.
+    """
+    m = get_model(model) if isinstance(model, str) else model
+    h = get_hardware(hardware) if isinstance(hardware, str) else hardware
+    return CostModel(m, h, find_profile(m.name, h.name))

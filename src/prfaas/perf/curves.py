@@ -1,0 +1,60 @@
+"""Latency curves: a seconds-versus-tokens function built from measured points or a polynomial.
+
+``PiecewiseLinearCurve`` interpolates linearly between measured points and extends the first and
+last segments beyond them (so ``T(0)`` is the first segment's intercept: the fixed per-request
+overhead). ``PolynomialCurve`` evaluates ``c0 + c1*l + c2*l^2 + ...``. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class PiecewiseLinearCurve:
+    points: tuple[tuple[float, float], ...]
+    """(tokens, seconds) pairs with strictly increasing tokens; at least two."""
+
+    def __post_init__(self) -> None:
+        if len(self.points) < 2:
+            raise ValueError("a piecewise-linear curve needs at least two points")
+        xs = [x for x, _ in self.points]
+        if any(b <= a for a, b in itertools.pairwise(xs)):
+            raise ValueError(f"curve points must have strictly increasing lengths: {xs}")
+
+    @classmethod
+    def of(cls, points: Sequence[tuple[float, float]]) -> PiecewiseLinearCurve:
+        return cls(tuple((float(x), float(y)) for x, y in points))
+
+    def __call__(self, tokens: float) -> float:
+        pts = self.points
+        xs = [x for x, _ in pts]
+        i = bisect.bisect_right(xs, tokens) - 1
+        i = min(max(i, 0), len(pts) - 2)  # extend the end segments beyond the measured range
+        (x0, y0), (x1, y1) = pts[i], pts[i + 1]
+        return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
+
+    def describe(self) -> str:
+        return "piecewise-linear over " + ", ".join(f"{x:g}:{y:g}s" for x, y in self.points)
+
+
+@dataclass(frozen=True, slots=True)
+class PolynomialCurve:
+    coefficients: tuple[float, ...]
+    """c0, c1, c2, ...: seconds = sum(c_i * tokens**i)."""
+
+    def __post_init__(self) -> None:
+        if not self.coefficients:
+            raise ValueError("a polynomial curve needs at least one coefficient")
+
+    def __call__(self, tokens: float) -> float:
+        result = 0.0
+        for c in reversed(self.coefficients):
+            result = result * tokens + c
+        return result
+
+    def describe(self) -> str:
+        return " + ".join(f"{c:.4g}*l^{i}" for i, c in enumerate(self.coefficients))
