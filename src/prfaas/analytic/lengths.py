@@ -137,7 +137,7 @@ class TruncatedLogNormal:
     def sample(self, rng: np.random.Generator, n: int) -> NDArray[np.int64]:
         u = rng.uniform(_phi(self._z_lo), _phi(self._z_lo) + self._mass, size=n)
         x = np.exp(self.mu + self.sigma * special.ndtri(u))
-        return np.clip(np.rint(x), self.lo, self.hi).astype(np.int64)
+        return np.asarray(np.clip(np.rint(x), self.lo, self.hi), dtype=np.int64)
 
     def describe(self) -> str:
         return f"truncated log-normal(mu={self.mu}, sigma={self.sigma}) on [{self.lo}, {self.hi}]"

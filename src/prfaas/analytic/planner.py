@@ -163,9 +163,18 @@ class Planner:
         lam = np.minimum(np.minimum(remote_bound[:, None], local_bound), decode_bound[None, :])
         return ts, np.nan_to_num(lam, nan=0.0, posinf=0.0)
 
-    def plan(self) -> PlanResult:
+    def plan(self, threshold_tokens: int | None = None) -> PlanResult:
+        """The best (t, N_p) on the grid; with ``threshold_tokens`` only the split is searched."""
         s = self.scenario
         ts, lam = self.lambda_grid()
+        if threshold_tokens is not None:
+            lo, hi = s.lengths.min_tokens, s.lengths.max_tokens
+            if not lo <= threshold_tokens <= hi:
+                raise ValueError(
+                    f"threshold {threshold_tokens} is outside the length range [{lo}, {hi}]"
+                )
+            ts = np.array([float(threshold_tokens)])
+            lam = self._lambda_at(threshold_tokens)[None, :]
         flat = int(np.argmax(lam))  # first maximum: the smallest t, then the smallest N_p
         i, n_p = divmod(flat, lam.shape[1])
         t = int(ts[i])
@@ -179,6 +188,15 @@ class Planner:
             "decode": self.decode.source,
         }
         return PlanResult(s, prfaas, homogeneous, naive, self.decode, check, sources)
+
+    def _lambda_at(self, t: int) -> np.ndarray:
+        s = self.scenario
+        return np.array(
+            [
+                self._deployment("prfaas", t, s.n_prfaas, n_p, s.n_local - n_p).lambda_max
+                for n_p in range(s.n_local)
+            ]
+        )
 
     def _homogeneous(self) -> DeploymentPlan:
         s = self.scenario
@@ -293,5 +311,5 @@ class Planner:
         }
 
 
-def plan(scenario: Scenario | None = None) -> PlanResult:
-    return Planner(scenario or Scenario()).plan()
+def plan(scenario: Scenario | None = None, threshold_tokens: int | None = None) -> PlanResult:
+    return Planner(scenario or Scenario()).plan(threshold_tokens)

@@ -1,0 +1,48 @@
+"""Helpers shared by CLI subcommands: preset lookup and trace lengths, as ``UsageError``s."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prfaas.errors import UsageError
+from prfaas.perf.cost_model import CostModel, cost_model_for
+
+
+def cost_model_or_usage_error(model: str, hardware: str) -> CostModel:
+    try:
+        return cost_model_for(model, hardware)
+    except KeyError as exc:
+        raise UsageError(exc.args[0]) from None
+
+
+def positive(name: str, value: float) -> None:
+    if not value > 0:
+        raise UsageError(f"{name} must be > 0, got {value:g}")
+
+
+def read_trace_lengths(path: Path) -> list[int]:
+    """Prompt lengths (``input_length``) of a Mooncake-style JSONL trace; errors name the line."""
+    if not path.is_file():
+        raise UsageError(f"trace file {path} does not exist")
+    lengths: list[int] = []
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                length = record["input_length"]
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                kind = (
+                    "missing input_length" if isinstance(exc, KeyError | TypeError) else "bad JSON"
+                )
+                raise UsageError(f"{path}:{number}: {kind}: {line.strip()[:80]!r}") from None
+            if not isinstance(length, int) or length <= 0:
+                raise UsageError(
+                    f"{path}:{number}: input_length must be a positive integer, got {length!r}"
+                )
+            lengths.append(length)
+    if not lengths:
+        raise UsageError(f"trace file {path} holds no requests")
+    return lengths
