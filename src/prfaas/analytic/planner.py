@@ -136,8 +136,11 @@ class Planner:
         return np.append(grid, float(hi))
 
     # -- the grid ------------------------------------------------------------------------------
-    def lambda_grid(self) -> tuple[np.ndarray, np.ndarray]:
-        """(thresholds, Lambda[t, N_p]) with the paper's shortcut (Eqs. 3-6)."""
+    def bounds_grid(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(thresholds, prefill-bound Lambda[t, N_p], decode-bound Lambda[N_p]), paper's shortcut.
+
+        The prefill bound is min(Theta_prfaas / p, Theta_pdp / (1 - p)) (Eqs. 3, 4, 6).
+        """
         s = self.scenario
         ts = self.thresholds()
         p = prob_above(s.lengths, ts)
@@ -159,9 +162,14 @@ class Planner:
             remote_bound = np.where(p > 0, remote / p, np.inf)
             local_rate = n_ps[None, :] / local_t[:, None]
             local_bound = np.where((p < 1)[:, None], local_rate / (1 - p)[:, None], np.inf)
-        decode_bound = np.array([self._theta_pdd(s.n_local - int(n)) for n in n_ps])
-        lam = np.minimum(np.minimum(remote_bound[:, None], local_bound), decode_bound[None, :])
-        return ts, np.nan_to_num(lam, nan=0.0, posinf=0.0)
+        prefill = np.minimum(remote_bound[:, None], local_bound)
+        decode = np.array([self._theta_pdd(s.n_local - int(n)) for n in n_ps])
+        return ts, np.nan_to_num(prefill, nan=0.0, posinf=0.0), decode
+
+    def lambda_grid(self) -> tuple[np.ndarray, np.ndarray]:
+        """(thresholds, Lambda[t, N_p]) with the paper's shortcut (Eqs. 3-6)."""
+        ts, prefill, decode = self.bounds_grid()
+        return ts, np.minimum(prefill, decode[None, :])
 
     def plan(self, threshold_tokens: int | None = None) -> PlanResult:
         """The best (t, N_p) on the grid; with ``threshold_tokens`` only the split is searched."""
@@ -286,28 +294,17 @@ class Planner:
 
     # -- Fig. 5 --------------------------------------------------------------------------------
     def figure5(self, result: PlanResult) -> dict[str, np.ndarray]:
-        """Lambda vs t at the best split; prefill- and decode-bound Lambda vs N_p at the best t."""
-        s = self.scenario
-        ts, lam = self.lambda_grid()
-        n_p_best = result.prfaas.n_p
-        t_best = result.prfaas.threshold_tokens or 0
-        n_ps = np.arange(1, s.n_local)
-        prefill_bound, decode_bound = [], []
-        for n in n_ps:
-            plan = self._deployment("prfaas", t_best, s.n_prfaas, int(n), s.n_local - int(n))
-            bounds = []
-            if plan.p_offload > 0:
-                bounds.append(plan.theta_prfaas / plan.p_offload)
-            if plan.p_offload < 1:
-                bounds.append(plan.theta_pdp / (1 - plan.p_offload))
-            prefill_bound.append(min(bounds))
-            decode_bound.append(plan.theta_pdd)
+        """Fig. 5: Lambda vs t at the best split; per N_p, the prefill bound (at its own best t)
+        and the decode bound, whose crossing is Eq. 8's optimum."""
+        ts, prefill, decode = self.bounds_grid()
+        lam = np.minimum(prefill, decode[None, :])
+        n_ps = np.arange(1, self.scenario.n_local)
         return {
             "thresholds": ts,
-            "lambda_vs_t": lam[:, n_p_best],
+            "lambda_vs_t": lam[:, result.prfaas.n_p],
             "n_p": n_ps.astype(np.float64),
-            "prefill_bound": np.array(prefill_bound),
-            "decode_bound": np.array(decode_bound),
+            "prefill_bound": prefill[:, 1:].max(axis=0),
+            "decode_bound": decode[1:],
         }
 
 

@@ -220,7 +220,7 @@ def _plot(planner: Any, result: Any, path: Path) -> None:
     right.plot(data["n_p"], data["decode_bound"], marker="s", label="decode-bound")
     right.set_xlabel("N_p (local prefill instances)")
     right.set_ylabel("req/s")
-    right.set_title(f"bounds vs N_p at t = {result.prfaas.threshold_tokens:,}")
+    right.set_title("prefill bound (best t per N_p) and decode bound")
     right.legend()
     fig.tight_layout()
     tmp = path.with_name(path.name + ".tmp.png")
