@@ -1,0 +1,123 @@
+"""core: request state machine, topology validation, clocks, incrementally updated views."""
+
+from __future__ import annotations
+
+import pytest
+
+from prfaas.core import (
+    InvalidTransition,
+    Link,
+    LinkState,
+    LoopClock,
+    MutableClusterView,
+    Node,
+    NodeId,
+    NodeLoad,
+    NodeRole,
+    Request,
+    RequestId,
+    RequestState,
+    RequestView,
+    Site,
+    SiteId,
+    SiteKind,
+    Topology,
+    VirtualClock,
+)
+from prfaas.core.request import TERMINAL_STATES, TRANSITIONS
+
+A, B = SiteId("pd"), SiteId("prfaas")
+
+
+def test_every_state_has_a_row_and_terminal_states_have_no_way_out() -> None:
+    assert set(TRANSITIONS) == set(RequestState)
+    for state in TERMINAL_STATES:
+        assert TRANSITIONS[state] == frozenset()
+
+
+def test_request_happy_path_and_retry_counts_attempts() -> None:
+    r = Request(RequestId("r1"), 1000, 16, arrival_s=0.0)
+    r = r.advance(RequestState.ROUTED, 0.1, prefill_site=B)
+    r = r.advance(RequestState.PREFILLING, 0.2)
+    r = r.advance(RequestState.ROUTED, 0.3, prefill_site=A)  # lost remote prefill: fall back
+    r = r.advance(RequestState.PREFILLING, 0.4)
+    r = r.advance(RequestState.DECODING, 0.5)
+    r = r.advance(RequestState.FINISHED, 0.9)
+    assert r.is_terminal and r.num_attempts == 2 and r.prefill_site == A
+    assert r.state_since_s == 0.9
+
+
+@pytest.mark.parametrize(
+    ("src", "dst"),
+    [
+        (RequestState.QUEUED, RequestState.DECODING),
+        (RequestState.FINISHED, RequestState.QUEUED),
+        (RequestState.DECODING, RequestState.PREFILLING),
+        (RequestState.ABORTED, RequestState.FAILED),
+    ],
+)
+def test_forbidden_transitions_raise(src: RequestState, dst: RequestState) -> None:
+    r = Request(RequestId("r"), 10, 1, arrival_s=0.0, state=src)
+    with pytest.raises(InvalidTransition, match=f"{src.value} -> {dst.value}"):
+        r.advance(dst, 1.0)
+
+
+def test_request_validates_lengths() -> None:
+    with pytest.raises(ValueError, match="num_prompt_tokens"):
+        Request(RequestId("r"), 0, 1, arrival_s=0.0)
+
+
+def test_topology_rejects_unknown_sites_and_zero_bandwidth() -> None:
+    sites = (Site(A, SiteKind.PD, "h20"), Site(B, SiteKind.PRFAAS, "h200"))
+    with pytest.raises(ValueError, match="unknown site"):
+        Topology(sites, (Node(NodeId("n"), SiteId("nowhere"), NodeRole.DECODE, "h20"),))
+    with pytest.raises(ValueError, match="bandwidth must be > 0"):
+        Link(B, A, 0.0)
+    topo = Topology(
+        sites,
+        (
+            Node(NodeId("d0"), A, NodeRole.DECODE, "h20"),
+            Node(NodeId("p0"), B, NodeRole.PREFILL, "h200"),
+        ),
+        (Link(B, A, 100.0, 0.01),),
+    )
+    assert topo.link(B, A) is not None and topo.link(A, B) is None
+    assert topo.link(B, A).bandwidth_bytes_per_s == pytest.approx(12.5e9)  # type: ignore[union-attr]
+    assert [n.node_id for n in topo.nodes_at(A, NodeRole.DECODE)] == ["d0"]
+
+
+def test_virtual_clock_never_goes_back_and_loop_clock_scales() -> None:
+    clock = VirtualClock()
+    clock.advance_to(2.0)
+    clock.advance_by(0.5)
+    assert clock.now() == 2.5
+    with pytest.raises(ValueError):
+        clock.advance_to(1.0)
+    ticks = iter([10.0, 10.0, 11.0])
+    fast = LoopClock(source=lambda: next(ticks), speed=4.0)
+    assert fast.now() == 0.0
+    assert fast.now() == 4.0
+
+
+def test_cluster_view_updates_incrementally_including_role_changes() -> None:
+    view = MutableClusterView({A: SiteKind.PD, B: SiteKind.PRFAAS}, threshold_tokens=19_400)
+    view.update_node(NodeLoad(NodeId("n1"), A, NodeRole.PREFILL, queue_depth=2))
+    view.update_node(NodeLoad(NodeId("n2"), A, NodeRole.DECODE, batch_size=5))
+    assert [n.node_id for n in view.nodes(A, NodeRole.PREFILL)] == ["n1"]
+    first = view.nodes(A, NodeRole.PREFILL)
+    assert view.nodes(A, NodeRole.PREFILL) is first  # cached between membership changes
+    view.update_node(NodeLoad(NodeId("n1"), A, NodeRole.DECODE, draining=False))  # P -> D
+    assert view.nodes(A, NodeRole.PREFILL) == ()
+    assert {n.node_id for n in view.nodes(A, NodeRole.DECODE)} == {"n1", "n2"}
+    view.remove_node(NodeId("n2"))
+    assert [n.node_id for n in view.nodes(A, NodeRole.DECODE)] == ["n1"]
+    view.update_link(LinkState(Link(B, A, 100).link_id, 12.5e9, backlog_bytes=25 * 10**9))
+    assert view.link(B, A).drain_time_s() == pytest.approx(2.0)  # type: ignore[union-attr]
+    assert view.threshold_tokens == 19_400
+    with pytest.raises(KeyError, match="unknown site"):
+        view.update_node(NodeLoad(NodeId("x"), SiteId("mars"), NodeRole.DECODE))
+
+
+def test_request_view_cached_lookups() -> None:
+    rv = RequestView(RequestId("r"), 5000, {A: 1024})
+    assert rv.cached_tokens_at(A) == 1024 and rv.uncached_tokens_at(B) == 5000
