@@ -15,7 +15,8 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/prfaas demo
+	$(VENV)/bin/prfaas plan
+	$(VENV)/bin/prfaas kv --model paper-1t --hardware h200
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
