@@ -1,5 +1,5 @@
 """Test tiers by directory: tests/unit (pure Python), tests/integration (sockets, subprocesses,
-tiny CPU models), tests/e2e (network namespaces, several processes). Every tier runs in `make test`."""
+tiny CPU models), tests/e2e (network namespaces, several processes). `make test` runs every tier."""
 
 from __future__ import annotations
 

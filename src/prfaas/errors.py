@@ -1,4 +1,4 @@
-"""Errors a user can cause. The CLI turns ``UsageError`` into one line on stderr and exit status 2."""
+"""Errors a user can cause. The CLI turns ``UsageError`` into one line on stderr and exit 2."""
 
 
 class UsageError(Exception):
