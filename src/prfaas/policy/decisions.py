@@ -1,0 +1,74 @@
+"""The decisions policies return: frozen, slotted, and self-explaining (each carries a reason).
+
+Drivers (the simulator, the live gateway) act on these; policies never act themselves. Pure data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prfaas.core.ids import NodeId, SiteId
+from prfaas.core.topology import NodeRole
+
+
+@dataclass(frozen=True, slots=True)
+class CacheMove:
+    """Copy ``num_tokens`` of cached prefix from ``src_site`` to ``dst_site`` before prefill."""
+
+    src_site: SiteId
+    dst_site: SiteId
+    num_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDecision:
+    prefill_site: SiteId
+    prefill_node: NodeId
+    num_cached_tokens: int
+    """Prefix tokens the prefill reuses at ``prefill_site`` (after any cache move)."""
+    offloaded: bool
+    """True when the prefill runs at a PrfaaS site (its KV crosses the inter-site link)."""
+    reason: str
+    cache_move: CacheMove | None = None
+    rerouted: bool = False
+    """True when a bandwidth/queue rule overrode what the static threshold would have chosen."""
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillBatch:
+    """How many requests from the head of a prefill queue form the next batch."""
+
+    num_requests: int
+    num_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class AdmitDecision:
+    admit: bool
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RoleChange:
+    """Convert ``node_id`` from ``src_role`` to ``dst_role`` once it has drained."""
+
+    node_id: NodeId
+    src_role: NodeRole
+    dst_role: NodeRole
+
+
+@dataclass(frozen=True, slots=True)
+class ThresholdUpdate:
+    threshold_tokens: int
+    expected_lambda_rps: float
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RebalancePlan:
+    changes: tuple[RoleChange, ...]
+    target_num_prefill: int
+    target_num_decode: int
+    threshold_tokens: int
+    expected_lambda_rps: float
+    reason: str

@@ -1,0 +1,217 @@
+"""Routers: where a request's prefill runs (site and node) and which cache it reuses.
+
+One router instance serves one PD site (its *home*: where the request decodes and the client is);
+several PD sites sharing PrfaaS sites each have their own. Four policies:
+- ``local_only``: homogeneous PD, every prefill at the home PD-P pool.
+- ``naive``: every prefill at a PrfaaS site (all prefill on the compute-dense hardware).
+- ``threshold``: the paper's static rule: PrfaaS when the uncached length at home exceeds ``t``.
+- ``prfaas``: the paper's short-timescale rules. Bandwidth is *scarce* when a PrfaaS link's
+  utilisation, backlog drain time or congestion flag says so; then only the home cache counts
+  (``l_total - l_pd > t`` offloads) and, beyond the paper, a request that would wait behind more
+  than ``max_link_wait_s`` of link backlog is kept local (``rerouted``). When bandwidth is
+  *abundant*, the longest prefix anywhere counts (``l_total - max(l_prfaas, l_pd) > t``) and the
+  longer cache is moved to where the prefill runs. ``t`` itself is re-searched by
+  ``ThresholdTuner`` when the link or the queues change.
+Pure, synchronous, ``now`` passed in; imports no simulator code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from prfaas.core.ids import SiteId
+from prfaas.core.topology import NodeRole
+from prfaas.core.views import ClusterView, LinkState, NodeLoad, RequestView
+from prfaas.policy.decisions import CacheMove, RouteDecision
+from prfaas.policy.placement import least_loaded
+
+ROUTER_NAMES = ("local_only", "naive", "threshold", "prfaas")
+
+
+class NoRouteError(RuntimeError):
+    """No site can prefill this request (e.g. no prefill node anywhere reachable)."""
+
+
+class Router(Protocol):
+    name: str
+
+    def route(self, request: RequestView, cluster: ClusterView, now: float) -> RouteDecision: ...
+
+
+@dataclass(frozen=True, slots=True)
+class BandwidthRules:
+    """When the ``prfaas`` router calls bandwidth scarce, and when it keeps a request local."""
+
+    scarce_utilisation: float = 0.85
+    """Egress goodput over capacity at or above which bandwidth is scarce."""
+    scarce_drain_s: float = 1.0
+    """Transfer backlog (seconds at current capacity) at or above which bandwidth is scarce."""
+    max_link_wait_s: float = 2.0
+    """When scarce, keep a long request local if the link backlog would delay it this long..."""
+    max_local_queue: int = 4
+    """...and the least-loaded home prefill node has fewer than this many requests waiting."""
+
+
+def _decision(
+    load: NodeLoad, cached: int, offloaded: bool, reason: str, **kw: object
+) -> RouteDecision:
+    return RouteDecision(load.site_id, load.node_id, cached, offloaded, reason, **kw)  # type: ignore[arg-type]
+
+
+class _Base:
+    name = "base"
+
+    def __init__(self, home_site: SiteId, prfaas_sites: Sequence[SiteId] = ()) -> None:
+        self.home_site = home_site
+        self.prfaas_sites = tuple(prfaas_sites)
+
+    def _local(self, cluster: ClusterView) -> NodeLoad | None:
+        return least_loaded(cluster, self.home_site, NodeRole.PREFILL)
+
+    def _link(self, cluster: ClusterView, site: SiteId) -> LinkState | None:
+        return cluster.link(site, self.home_site)
+
+    def _remote(
+        self, cluster: ClusterView, request: RequestView, prefer_cache: bool
+    ) -> tuple[NodeLoad, LinkState | None] | None:
+        """The PrfaaS node to use: best cache first (if asked), then the emptier link and queue."""
+        best: tuple[tuple[float, float, int], NodeLoad, LinkState | None] | None = None
+        for site in self.prfaas_sites:
+            link = self._link(cluster, site)
+            if link is not None and link.capacity_bytes_per_s <= 0:
+                continue
+            load = least_loaded(cluster, site, NodeRole.PREFILL)
+            if load is None:
+                continue
+            cached = request.cached_tokens_at(site) if prefer_cache else 0
+            drain = link.drain_time_s() if link is not None else 0.0
+            key = (-float(cached), drain, load.queued_tokens)
+            if best is None or key < best[0]:
+                best = (key, load, link)
+        return None if best is None else (best[1], best[2])
+
+    def _no_route(self, request: RequestView) -> NoRouteError:
+        return NoRouteError(f"request {request.request_id}: no prefill node can take it")
+
+
+class LocalOnlyRouter(_Base):
+    name = "local_only"
+
+    def route(self, request: RequestView, cluster: ClusterView, now: float) -> RouteDecision:
+        load = self._local(cluster)
+        if load is None:
+            raise self._no_route(request)
+        return _decision(load, request.cached_tokens_at(self.home_site), False, "local_only")
+
+
+class NaiveRouter(_Base):
+    name = "naive"
+
+    def route(self, request: RequestView, cluster: ClusterView, now: float) -> RouteDecision:
+        remote = self._remote(cluster, request, prefer_cache=True)
+        if remote is None:
+            raise self._no_route(request)
+        load = remote[0]
+        return _decision(load, request.cached_tokens_at(load.site_id), True, "naive: all remote")
+
+
+class ThresholdRouter(_Base):
+    name = "threshold"
+
+    def route(self, request: RequestView, cluster: ClusterView, now: float) -> RouteDecision:
+        t = cluster.threshold_tokens
+        cached_home = request.cached_tokens_at(self.home_site)
+        uncached = request.num_prompt_tokens - cached_home
+        local = self._local(cluster)
+        if uncached > t or local is None:
+            remote = self._remote(cluster, request, prefer_cache=False)
+            if remote is not None:
+                load = remote[0]
+                cached = request.cached_tokens_at(load.site_id)
+                return _decision(load, cached, True, f"uncached {uncached} > t {t}")
+        if local is None:
+            raise self._no_route(request)
+        return _decision(local, cached_home, False, f"uncached {uncached} <= t {t}")
+
+
+class BandwidthAwareRouter(_Base):
+    """The ``prfaas`` router (see the module docstring)."""
+
+    name = "prfaas"
+
+    def __init__(
+        self,
+        home_site: SiteId,
+        prfaas_sites: Sequence[SiteId] = (),
+        rules: BandwidthRules | None = None,
+    ) -> None:
+        super().__init__(home_site, prfaas_sites)
+        self.rules = rules or BandwidthRules()
+
+    def is_scarce(self, link: LinkState | None) -> bool:
+        if link is None:
+            return False
+        r = self.rules
+        return (
+            link.congested
+            or link.utilisation >= r.scarce_utilisation
+            or link.drain_time_s() >= r.scarce_drain_s
+        )
+
+    def route(self, request: RequestView, cluster: ClusterView, now: float) -> RouteDecision:
+        t = cluster.threshold_tokens
+        total = request.num_prompt_tokens
+        home = self.home_site
+        l_pd = request.cached_tokens_at(home)
+        local = self._local(cluster)
+        remote = self._remote(cluster, request, prefer_cache=True)
+        if remote is None:
+            if local is None:
+                raise self._no_route(request)
+            return _decision(local, l_pd, False, "no PrfaaS site reachable")
+        rload, link = remote
+        l_prfaas = request.cached_tokens_at(rload.site_id)
+        if local is None:
+            return _decision(rload, l_prfaas, True, "no home prefill node")
+        if self.is_scarce(link):
+            if total - l_pd <= t:
+                return _decision(local, l_pd, False, f"scarce: uncached {total - l_pd} <= t {t}")
+            assert link is not None
+            if (
+                link.drain_time_s() > self.rules.max_link_wait_s
+                and local.queue_depth < self.rules.max_local_queue
+            ):
+                return _decision(
+                    local, l_pd, False, "scarce: link backlog too long, kept local", rerouted=True
+                )
+            return _decision(rload, l_prfaas, True, f"scarce: uncached {total - l_pd} > t {t}")
+        l_prefix = max(l_prfaas, l_pd)
+        if total - l_prefix <= t:
+            move = CacheMove(rload.site_id, home, l_prfaas) if l_prfaas > l_pd else None
+            return _decision(
+                local, l_prefix, False, f"abundant: uncached {total - l_prefix} <= t {t}",
+                cache_move=move, rerouted=(total - l_pd > t),
+            )  # fmt: skip
+        move = CacheMove(home, rload.site_id, l_pd) if l_pd > l_prfaas else None
+        return _decision(
+            rload, l_prefix, True, f"abundant: uncached {total - l_prefix} > t {t}", cache_move=move
+        )
+
+
+def make_router(
+    name: str,
+    home_site: SiteId,
+    prfaas_sites: Sequence[SiteId],
+    rules: BandwidthRules | None = None,
+) -> Router:
+    if name == "local_only":
+        return LocalOnlyRouter(home_site, prfaas_sites)
+    if name == "naive":
+        return NaiveRouter(home_site, prfaas_sites)
+    if name == "threshold":
+        return ThresholdRouter(home_site, prfaas_sites)
+    if name == "prfaas":
+        return BandwidthAwareRouter(home_site, prfaas_sites, rules)
+    raise ValueError(f"unknown router {name!r} (known: {', '.join(ROUTER_NAMES)})")

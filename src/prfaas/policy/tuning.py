@@ -1,0 +1,188 @@
+"""Online re-optimisation: ``ThresholdTuner`` (short timescale, the threshold ``t``) and
+``Rebalancer`` (long timescale, converting home PD nodes between prefill and decode roles).
+
+Both evaluate the paper's Eqs. 3-8 on the observed window of lengths (``SampleCapacity``) with the
+cost model, the link capacity and the node counts they read from the ``ClusterView``:
+- the tuner re-searches ``t`` when a PrfaaS link's capacity moved by more than
+  ``capacity_change`` since the last search, when the node counts changed, or every ``period_s``;
+- the rebalancer acts when ``Theta_prfaas + Theta_pdp`` and ``Theta_pdd`` differ by more than
+  ``imbalance`` (Eq. 8 far off) *and* the best split beats the current one by ``min_gain``; it
+  returns every role change at once (the driver drains each node before converting it), then waits
+  ``cooldown_s`` and for all conversions to finish before planning again.
+Pure: ``now`` passed in; imports ``perf`` for timing, never the simulator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from prfaas.core.ids import SiteId
+from prfaas.core.topology import NodeRole
+from prfaas.core.views import ClusterView
+from prfaas.perf import CostModel
+from prfaas.policy.capacity import CapacityPoint, SampleCapacity
+from prfaas.policy.decisions import RebalancePlan, RoleChange, ThresholdUpdate
+from prfaas.policy.window import LengthWindow
+
+
+@dataclass(frozen=True, slots=True)
+class TuningConfig:
+    min_samples: int = 200
+    """Do nothing until the window holds this many requests."""
+    period_s: float = 30.0
+    capacity_change: float = 0.10
+    imbalance: float = 0.25
+    min_gain: float = 0.05
+    cooldown_s: float = 60.0
+
+
+class _Costs:
+    def __init__(
+        self, home_site: SiteId, prfaas_sites: Sequence[SiteId], remote: CostModel | None,
+        local: CostModel,
+    ) -> None:  # fmt: skip
+        self.home_site = home_site
+        self.prfaas_sites = tuple(prfaas_sites)
+        self.remote = remote
+        self.local = local
+
+    def sample(self, window: LengthWindow) -> SampleCapacity:
+        remote = self.remote
+        return SampleCapacity(
+            window.prompt_lengths(),
+            remote.prefill_s if remote is not None else None,
+            self.local.prefill_s,
+            self.local.kv_bytes,
+        )
+
+    def decode_rps_per_node(self, window: LengthWindow) -> float:
+        bs = self.local.max_decode_batch
+        out = max(1.0, window.mean_output_tokens())
+        ctx = bs * (sum(window.prompt_lengths()) / max(1, len(window)) + out / 2)
+        return bs / (self.local.decode_step_s(bs, int(ctx)) * out)
+
+    def link_bytes_per_s(self, cluster: ClusterView) -> float:
+        total = 0.0
+        for site in self.prfaas_sites:
+            link = cluster.link(site, self.home_site)
+            total += link.capacity_bytes_per_s if link is not None else float("inf")
+        return total
+
+    def counts(self, cluster: ClusterView) -> tuple[int, int, int, bool]:
+        num_prfaas = sum(
+            1 for s in self.prfaas_sites for n in cluster.nodes(s, NodeRole.PREFILL) if n.accepting
+        )
+        pre = cluster.nodes(self.home_site, NodeRole.PREFILL)
+        dec = cluster.nodes(self.home_site, NodeRole.DECODE)
+        draining = any(n.draining for n in pre) or any(n.draining for n in dec)
+        num_p = sum(1 for n in pre if n.accepting)
+        num_d = sum(1 for n in dec if n.accepting)
+        return num_prfaas, num_p, num_d, draining
+
+
+class ThresholdTuner:
+    def __init__(
+        self, home_site: SiteId, prfaas_sites: Sequence[SiteId], remote: CostModel | None,
+        local: CostModel, config: TuningConfig | None = None,
+    ) -> None:  # fmt: skip
+        self._costs = _Costs(home_site, prfaas_sites, remote, local)
+        self.config = config or TuningConfig()
+        self._last_s = float("-inf")
+        self._last_bytes_per_s = -1.0
+        self._last_counts: tuple[int, int, int, bool] | None = None
+
+    def maybe_retune(
+        self, cluster: ClusterView, now: float, window: LengthWindow
+    ) -> ThresholdUpdate | None:
+        cfg = self.config
+        if len(window) < cfg.min_samples or not self._costs.prfaas_sites:
+            return None
+        bw = self._costs.link_bytes_per_s(cluster)
+        counts = self._costs.counts(cluster)
+        moved = abs(bw - self._last_bytes_per_s) > cfg.capacity_change * max(
+            self._last_bytes_per_s, 1.0
+        )
+        reason = (
+            "link capacity changed" if moved
+            else "node counts changed" if counts != self._last_counts
+            else "periodic" if now - self._last_s >= cfg.period_s
+            else ""
+        )  # fmt: skip
+        if not reason:
+            return None
+        self._last_s, self._last_bytes_per_s, self._last_counts = now, bw, counts
+        num_prfaas, num_p, num_d, _ = counts
+        if num_d == 0 or (num_p == 0 and num_prfaas == 0):
+            return None
+        best = self._costs.sample(window).best_threshold(
+            num_prfaas, num_p, num_d, self._costs.decode_rps_per_node(window), bw
+        )
+        if best.threshold_tokens == cluster.threshold_tokens:
+            return None
+        return ThresholdUpdate(best.threshold_tokens, best.lambda_rps, reason)
+
+
+class Rebalancer:
+    def __init__(
+        self, home_site: SiteId, prfaas_sites: Sequence[SiteId], remote: CostModel | None,
+        local: CostModel, config: TuningConfig | None = None,
+    ) -> None:  # fmt: skip
+        self._costs = _Costs(home_site, prfaas_sites, remote, local)
+        self.config = config or TuningConfig()
+        self._last_s = float("-inf")
+
+    def evaluate(
+        self, cluster: ClusterView, window: LengthWindow
+    ) -> tuple[CapacityPoint, CapacityPoint]:
+        """(current split at its best ``t``, best split) on the observed window."""
+        c = self._costs
+        num_prfaas, num_p, num_d, _ = c.counts(cluster)
+        sample = c.sample(window)
+        rate = c.decode_rps_per_node(window)
+        bw = c.link_bytes_per_s(cluster)
+        current = sample.best_threshold(num_prfaas, num_p, num_d, rate, bw)
+        best = sample.best_split(num_prfaas, num_p + num_d, rate, bw)
+        return current, best
+
+    def plan(self, cluster: ClusterView, now: float, window: LengthWindow) -> RebalancePlan | None:
+        cfg = self.config
+        if len(window) < cfg.min_samples or now - self._last_s < cfg.cooldown_s:
+            return None
+        c = self._costs
+        _, num_p, num_d, draining = c.counts(cluster)
+        if draining or num_p + num_d < 2:
+            return None
+        current, best = self.evaluate(cluster, window)
+        prefill = current.theta_prfaas_rps + current.theta_pdp_rps
+        ratio = prefill / current.theta_pdd_rps if current.theta_pdd_rps > 0 else float("inf")
+        if 1 / (1 + cfg.imbalance) <= ratio <= 1 + cfg.imbalance:
+            return None
+        if best.lambda_rps < current.lambda_rps * (1 + cfg.min_gain):
+            return None
+        self._last_s = now
+        changes: list[RoleChange] = []
+        home = c.home_site
+        if best.num_prefill < num_p:
+            nodes = sorted(
+                (n for n in cluster.nodes(home, NodeRole.PREFILL) if n.accepting),
+                key=lambda n: (n.queued_tokens, n.node_id),
+            )
+            for n in nodes[: num_p - best.num_prefill]:
+                changes.append(RoleChange(n.node_id, NodeRole.PREFILL, NodeRole.DECODE))
+        elif best.num_prefill > num_p:
+            nodes = sorted(
+                (n for n in cluster.nodes(home, NodeRole.DECODE) if n.accepting),
+                key=lambda n: (n.batch_size + n.queue_depth, n.node_id),
+            )
+            for n in nodes[: best.num_prefill - num_p]:
+                changes.append(RoleChange(n.node_id, NodeRole.DECODE, NodeRole.PREFILL))
+        why = (
+            f"Theta_prefill {prefill:.2f} vs Theta_pdd {current.theta_pdd_rps:.2f} req/s; "
+            f"{num_p}/{num_d} -> {best.num_prefill}/{best.num_decode} "
+            f"(lambda {current.lambda_rps:.2f} -> {best.lambda_rps:.2f})"
+        )
+        return RebalancePlan(
+            tuple(changes), best.num_prefill, best.num_decode, best.threshold_tokens,
+            best.lambda_rps, why,
+        )  # fmt: skip

@@ -1,0 +1,147 @@
+"""Simulated nodes: a prefill node (FIFO queue, token-budget batches, cost-model service times) and
+a decode node (continuous batching whose completion times are computed between membership
+changes, so a request costs O(1) events whatever its output length), and ``PoolIndex``: the
+least-loaded node of a (site, role) pool in O(log n) (lazy heap).
+
+State only; the simulator (``simulator.py``) moves requests between them. Pure.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+from prfaas.core.ids import NodeId, SiteId
+from prfaas.core.topology import NodeRole
+from prfaas.core.views import NodeLoad
+from prfaas.perf import CostModel
+from prfaas.sim.request import SimRequest
+
+
+class SimNode:
+    __slots__ = ("busy_s", "cm", "draining", "index", "node_id", "role", "site", "site_id")
+
+    def __init__(
+        self, node_id: NodeId, index: int, site: int, site_id: SiteId, role: NodeRole,
+        cm: CostModel,
+    ) -> None:  # fmt: skip
+        self.node_id = node_id
+        self.index = index
+        self.site = site
+        self.site_id = site_id
+        self.role = role
+        self.cm = cm
+        self.draining = False
+        self.busy_s = 0.0
+        """Seconds spent working (prefill) or with a non-empty batch (decode)."""
+
+
+class PrefillNode(SimNode):
+    __slots__ = ("busy", "free_at_s", "queue", "queued_tokens")
+
+    def __init__(self, node_id: NodeId, index: int, site: int, site_id: SiteId, cm: CostModel):
+        super().__init__(node_id, index, site, site_id, NodeRole.PREFILL, cm)
+        self.queue: deque[SimRequest] = deque()
+        self.busy = False
+        self.free_at_s = 0.0
+        """When all work assigned so far ends (FIFO, sum-of-service batches): the load key."""
+        self.queued_tokens = 0
+
+    def is_idle(self) -> bool:
+        return not self.busy and not self.queue
+
+    def load_key(self) -> float:
+        return self.free_at_s
+
+    def load(self, now: float) -> NodeLoad:
+        return NodeLoad(
+            self.node_id, self.site_id, self.role, len(self.queue), self.queued_tokens,
+            1 if self.busy else 0, 0, 0, self.draining, True, now,
+        )  # fmt: skip
+
+
+class DecodeNode(SimNode):
+    __slots__ = ("ctx_sum", "kv_capacity", "kv_used", "max_batch", "members", "pending",
+                 "reserved", "span_batch", "span_ctx", "span_start_s", "tick_s", "tick_steps",
+                 "tick_version", "waiting")  # fmt: skip
+
+    def __init__(
+        self, node_id: NodeId, index: int, site: int, site_id: SiteId, cm: CostModel,
+        max_batch: int, kv_capacity: int,
+    ) -> None:  # fmt: skip
+        super().__init__(node_id, index, site, site_id, NodeRole.DECODE, cm)
+        self.max_batch = max_batch
+        self.kv_capacity = kv_capacity
+        self.kv_used = 0
+        self.members: list[SimRequest] = []
+        self.pending: list[SimRequest] = []
+        """Admitted, joining at the next step boundary."""
+        self.waiting: deque[SimRequest] = deque()
+        """KV arrived, no slot or memory yet."""
+        self.reserved = 0
+        """Requests routed here whose KV has not arrived."""
+        self.ctx_sum = 0
+        self.span_start_s = 0.0
+        self.span_batch = 0
+        self.span_ctx = 0
+        self.tick_s = float("inf")
+        self.tick_steps = 0
+        self.tick_version = 0
+
+    def is_idle(self) -> bool:
+        return not (self.members or self.pending or self.waiting or self.reserved)
+
+    def load_key(self) -> int:
+        return len(self.members) + len(self.pending) + len(self.waiting) + self.reserved
+
+    def load(self, now: float) -> NodeLoad:
+        return NodeLoad(
+            self.node_id, self.site_id, self.role, len(self.waiting) + self.reserved, 0,
+            len(self.members) + len(self.pending), self.kv_used, self.kv_capacity, self.draining,
+            True, now,
+        )  # fmt: skip
+
+
+class PoolIndex:
+    """Least-loaded accepting node of one pool: a heap of (load key, node index, node) with lazy
+    deletion (an entry is stale when its key is no longer the node's key)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, SimNode]] = []
+        self.members: dict[int, SimNode] = {}
+
+    def add(self, node: SimNode) -> None:
+        self.members[node.index] = node
+        self.touch(node)
+
+    def remove(self, node: SimNode) -> None:
+        self.members.pop(node.index, None)
+
+    def touch(self, node: SimNode) -> None:
+        heapq.heappush(self._heap, (node.load_key(), node.index, node))  # type: ignore[attr-defined]
+        if len(self._heap) > 4 * len(self.members) + 64:
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        self._heap = [
+            (n.load_key(), n.index, n)  # type: ignore[attr-defined]
+            for n in self.members.values()
+            if not n.draining
+        ]
+        heapq.heapify(self._heap)
+
+    def best(self) -> SimNode | None:
+        heap = self._heap
+        members = self.members
+        while heap:
+            key, index, node = heap[0]
+            if members.get(index) is node and not node.draining and node.load_key() == key:  # type: ignore[attr-defined]
+                return node
+            heapq.heappop(heap)
+        if any(not n.draining for n in members.values()):
+            self._rebuild()
+            return self.best()
+        return None
+
+    def __len__(self) -> int:
+        return len(self.members)

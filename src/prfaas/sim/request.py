@@ -1,0 +1,77 @@
+"""``SimRequest``: the simulator's mutable per-request record (times of every stage).
+
+Mutable and slotted for speed: a run touches it a dozen times. It never leaves ``sim/``; what
+policies see of it is a ``RequestView``. Pure.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class SimRequest:
+    __slots__ = (
+        "arrival_s",
+        "block_hashes",
+        "cached_home",
+        "context",
+        "decode_node",
+        "decode_start_s",
+        "finish_s",
+        "flow",
+        "home",
+        "index",
+        "kv_bytes",
+        "kv_ready_s",
+        "num_cached",
+        "num_output",
+        "num_prompt",
+        "offloaded",
+        "prefill_end_s",
+        "prefill_node",
+        "prefill_start_s",
+        "remaining_steps",
+        "rerouted",
+        "transfer_bytes",
+        "work_s",
+    )
+
+    def __init__(
+        self,
+        index: int,
+        arrival_s: float,
+        num_prompt: int,
+        num_output: int,
+        block_hashes: tuple[int, ...],
+        home: int,
+    ) -> None:
+        self.index = index
+        self.arrival_s = arrival_s
+        self.num_prompt = num_prompt
+        self.num_output = num_output
+        self.block_hashes = block_hashes
+        self.home = home
+        self.num_cached = 0
+        """Prefix tokens reused at the prefill site."""
+        self.cached_home = 0
+        """Prefix tokens the home (decode) site already holds: they need not cross."""
+        self.offloaded = False
+        self.rerouted = False
+        self.work_s = 0.0
+        self.transfer_bytes = 0
+        self.kv_bytes = 0
+        self.prefill_node: object = None
+        self.decode_node: object = None
+        self.flow: Any = None
+        """The KV transfer in flight over an inter-site link, if any."""
+        self.prefill_start_s = -1.0
+        self.prefill_end_s = -1.0
+        self.kv_ready_s = -1.0
+        self.decode_start_s = -1.0
+        self.finish_s = -1.0
+        self.remaining_steps = num_output
+        self.context = num_prompt
+
+    @property
+    def num_uncached(self) -> int:
+        return self.num_prompt - self.num_cached

@@ -1,0 +1,585 @@
+"""``Simulator``: the discrete-event driver. It owns simulated nodes, links and caches, and asks
+the ``policy/`` objects for every decision (routing, batching, decode admission, threshold
+re-search, rebalancing) through a ``SimClusterView``: the same objects the live gateway uses.
+
+A request's life, in events: ARRIVAL (route; maybe a cache move over a link) -> queued at a
+prefill node -> batch start (decode node chosen, KV transfer starts with the first layer) ->
+PREFILL_DONE (prefix stored in the site cache; last layer released) -> FLOW_DONE / KV_ARRIVE
+(first token: TTFT) -> decode join at a step boundary -> DECODE_TICK when it completes. Decode
+completion times are computed from ``CostModel.decode_span_s`` between batch membership changes,
+so events grow with requests, not tokens. Pure: no clock reads, no I/O (the trace reader is
+called through the workload iterator it is given).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prfaas.cache import GlobalKVManager, HybridPrefixCache, sizing_for
+from prfaas.core.ids import NodeId, SiteId, link_id_for
+from prfaas.core.topology import NodeRole, SiteKind
+from prfaas.core.views import RequestView
+from prfaas.perf import CostModel, cost_model_for
+from prfaas.policy import (
+    DecodeAdmission,
+    LengthWindow,
+    NoRouteError,
+    PrefillBatcher,
+    Rebalancer,
+    ThresholdTuner,
+    least_loaded,
+    make_router,
+)
+from prfaas.sim import events as ev
+from prfaas.sim.link import Flow, SimLink
+from prfaas.sim.metrics import Metrics
+from prfaas.sim.nodes import DecodeNode, PoolIndex, PrefillNode, SimNode
+from prfaas.sim.request import SimRequest
+from prfaas.sim.scenario import ScenarioError, SimScenario
+from prfaas.sim.view import SimClusterView
+from prfaas.spec.cache_spec import LayerKind
+from prfaas.workload import (
+    FixedLengths,
+    SimRequestSpec,
+    TruncatedLogNormal,
+    read_mooncake,
+    synthetic_requests,
+    trace_requests,
+)
+
+_PREFILL = NodeRole.PREFILL
+_DECODE = NodeRole.DECODE
+
+
+class Simulator:
+    def __init__(self, scenario: SimScenario, requests: Iterator[SimRequestSpec] | None = None):
+        scenario.validate()
+        self.sc = scenario
+        self.now = 0.0
+        self.q = ev.EventQueue()
+        self.metrics = Metrics()
+        self.num_events = 0
+        self._build_sites()
+        self._build_links()
+        self._build_policies()
+        self._requests = requests if requests is not None else self._workload()
+        self.probe: Callable[[Simulator], None] | None = None
+        self.stop = False
+
+    # -- construction ----------------------------------------------------------------------------
+    def _cm(self, hardware: str) -> CostModel:
+        key = hardware
+        cm = self._cms.get(key)
+        if cm is None:
+            try:
+                cm = cost_model_for(self.sc.model, hardware)
+            except KeyError as exc:
+                raise ScenarioError(str(exc.args[0])) from None
+            self._cms[key] = cm
+        return cm
+
+    def _build_sites(self) -> None:
+        sc = self.sc
+        self._cms: dict[str, CostModel] = {}
+        self.site_ids: tuple[SiteId, ...] = tuple(SiteId(s.name) for s in sc.sites)
+        self.site_index = {sid: i for i, sid in enumerate(self.site_ids)}
+        self.site_kinds = tuple(SiteKind(s.kind) for s in sc.sites)
+        self.nodes: list[SimNode] = []
+        self.node_by_id: dict[NodeId, SimNode] = {}
+        self.pools: dict[tuple[int, NodeRole], PoolIndex] = {}
+        self.admission: dict[int, DecodeAdmission] = {}
+        model_cache = self._cm(sc.sites[0].hardware).model.cache
+        self.kv_fixed = 0
+        for layer in model_cache.layers:
+            if layer.kind is LayerKind.LINEAR:
+                self.kv_fixed += layer.fixed_bytes
+            elif layer.kind is LayerKind.SWA:
+                assert layer.window_tokens is not None
+                self.kv_fixed += layer.window_tokens * layer.bytes_per_token
+        self.kv_per_token = model_cache.full_attention_bytes_per_token
+        self.num_layers = model_cache.num_layers
+        sizing = sizing_for(model_cache, sc.block_tokens)
+        caches = {}
+        for i, s in enumerate(sc.sites):
+            cm = self._cm(s.hardware)
+            sid = self.site_ids[i]
+            self.pools[(i, _PREFILL)] = PoolIndex()
+            for k in range(s.num_prefill):
+                self._add_node(PrefillNode(NodeId(f"{s.name}/p{k}"), len(self.nodes), i, sid, cm))
+            if s.kind == "pd":
+                self.pools[(i, _DECODE)] = PoolIndex()
+                bs = cm.max_decode_batch
+                if bs <= 0:
+                    raise ScenarioError(f"site {s.name}: {s.hardware} cannot meet the decode SLO")
+                self.admission[i] = DecodeAdmission(bs)
+                kv_cap = int(cm.hardware.instance_memory_bytes * sc.decode_kv_fraction)
+                for k in range(s.num_decode):
+                    node = DecodeNode(
+                        NodeId(f"{s.name}/d{k}"), len(self.nodes), i, sid, cm, bs, kv_cap
+                    )
+                    self._add_node(node)
+            nodes_here = max(1, s.num_prefill)
+            caches[sid] = HybridPrefixCache(
+                sizing, int(s.cache_bytes_per_node * nodes_here), sc.checkpoint_every_blocks
+            )
+        self.kv = GlobalKVManager(caches)
+        self.site_prefilled = [0] * len(sc.sites)
+        self.site_queued = [0] * len(sc.sites)
+        self.site_waiting = [0] * len(sc.sites)
+        self.peak_queued = [0] * len(sc.sites)
+        self.peak_waiting = [0] * len(sc.sites)
+        self.batcher = PrefillBatcher(sc.prefill_token_budget)
+
+    def _add_node(self, node: SimNode) -> None:
+        self.nodes.append(node)
+        self.node_by_id[node.node_id] = node
+        self.pools[(node.site, node.role)].add(node)
+
+    def _build_links(self) -> None:
+        self.links: dict[tuple[int, int], SimLink] = {}
+        for lc in self.sc.links:
+            a, b = self.site_index[SiteId(lc.src)], self.site_index[SiteId(lc.dst)]
+            for src, dst in ((a, b), (b, a)):
+                lid = link_id_for(self.site_ids[src], self.site_ids[dst])
+                self.links[(src, dst)] = SimLink(
+                    lid, lc.bandwidth_gbps * 1e9 / 8, lc.rtt_s, lc.connections, lc.window_bytes,
+                    self._schedule_flow,
+                )  # fmt: skip
+            for t_s, gbps in lc.schedule:
+                self.q.push(t_s, ev.CAPACITY, (a, b), gbps)
+        self._last_bytes = {k: 0.0 for k in self.links}
+
+    def _build_policies(self) -> None:
+        sc = self.sc
+        remote = [self.site_ids[i] for i, k in enumerate(self.site_kinds) if k is SiteKind.PRFAAS]
+        self.homes = [i for i, k in enumerate(self.site_kinds) if k is SiteKind.PD]
+        self.routers = {}
+        self.views = {}
+        self.tuners = {}
+        self.rebalancers = {}
+        self.windows = {}
+        tune = sc.tune if sc.tune is not None else sc.policy == "prfaas"
+        remote_cm = self._cm(sc.sites[self.site_index[remote[0]]].hardware) if remote else None
+        for h in self.homes:
+            reach = [r for r in remote if (self.site_index[r], h) in self.links]
+            self.routers[h] = make_router(sc.policy, self.site_ids[h], reach)
+            self.views[h] = SimClusterView(self, sc.threshold_tokens)
+            self.windows[h] = LengthWindow()
+            local = self._cm(sc.sites[h].hardware)
+            if tune and reach:
+                self.tuners[h] = ThresholdTuner(self.site_ids[h], reach, remote_cm, local)
+            if sc.rebalance:
+                self.rebalancers[h] = Rebalancer(self.site_ids[h], reach, remote_cm, local)
+        if self.tuners or self.rebalancers:
+            self.q.push(sc.control_interval_s, ev.CONTROL)
+        if sc.timeseries:
+            self.q.push(0.0, ev.SAMPLE)
+
+    def _workload(self) -> Iterator[SimRequestSpec]:
+        sc = self.sc
+        rng = random.Random(sc.seed)
+        homes = sum(1 for s in sc.sites if s.kind == "pd")
+        if sc.trace is not None:
+            records = read_mooncake(sc.trace, sc.trace_limit)
+            return trace_requests(
+                records, rate_scale=sc.rate_scale, duration_s=sc.duration_s, num_home_sites=homes
+            )
+        lc = sc.lengths
+        dist: Any
+        if lc.kind == "fixed":
+            dist = FixedLengths(lc.fixed_tokens)
+        else:
+            dist = TruncatedLogNormal(lc.mu, lc.sigma, lc.min_tokens, lc.max_tokens)
+        return synthetic_requests(
+            sc.arrival, dist, sc.output_tokens, sc.duration_s, rng,
+            stratified=sc.stratified, num_home_sites=homes,
+        )  # fmt: skip
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def run(self, until_s: float | None = None) -> Metrics:
+        horizon = until_s if until_s is not None else self.sc.duration_s + self.sc.drain_s
+        self._next_arrival()
+        q = self.q
+        handlers: list[Callable[[Any, Any], None]] = [
+            self._on_capacity, self._on_flow_done, self._on_prefill_done, self._on_kv_arrive,
+            self._on_decode_tick, self._on_convert, self._on_arrival, self._on_control,
+            self._on_sample, self._on_probe,
+        ]  # fmt: skip
+        n = 0
+        while len(q) and not self.stop:
+            t, kind, _, a, b = q.pop()
+            if t > horizon:
+                break
+            self.now = t
+            handlers[kind](a, b)
+            n += 1
+        self.num_events = n
+        return self.metrics
+
+    def _next_arrival(self) -> None:
+        spec = next(self._requests, None)
+        if spec is None:
+            self.last_arrival_s = self.now
+            return
+        home = self.homes[spec.home_site % len(self.homes)]
+        req = SimRequest(
+            spec.index, spec.arrival_s, spec.num_prompt_tokens, spec.num_output_tokens,
+            spec.block_hashes, home,
+        )  # fmt: skip
+        self.q.push(spec.arrival_s, ev.ARRIVAL, req)
+
+    # -- arrival and routing -----------------------------------------------------------------------
+    def _on_arrival(self, req: SimRequest, _: Any) -> None:
+        self._next_arrival()
+        m = self.metrics
+        m.num_arrived += 1
+        sc = self.sc
+        home = req.home
+        hashes = req.block_hashes if sc.prefix_cache else ()
+        cached = self.kv.peek(hashes, req.num_prompt) if hashes else {}
+        view = RequestView(
+            f"r{req.index}",
+            req.num_prompt,
+            cached,
+            hashes,
+            req.num_output,  # type: ignore[arg-type]
+        )
+        try:
+            d = self.routers[home].route(view, self.views[home], self.now)
+        except NoRouteError:
+            m.num_failed += 1
+            return
+        site = self.site_index[d.prefill_site]
+        node = self.node_by_id[d.prefill_node]
+        req.cached_home = cached.get(self.site_ids[home], 0)
+        req.offloaded = d.offloaded
+        req.rerouted = d.rerouted
+        if d.offloaded:
+            m.num_offloaded += 1
+        if d.rerouted:
+            m.num_rerouted += 1
+        move = d.cache_move
+        if move is not None and move.num_tokens > 0:
+            src, dst = self.site_index[move.src_site], self.site_index[move.dst_site]
+            link = self.links.get((src, dst))
+            if link is not None and link.capacity > 0:
+                m.num_cache_moves += 1
+                req.num_cached = d.num_cached_tokens
+                nbytes = self.kv_fixed + move.num_tokens * self.kv_per_token
+                link.add(self.now, nbytes, 0.0, ("move", req, node, dst), self.num_layers)
+                self.windows[home].observe(req.num_prompt - req.num_cached, req.num_output)
+                return
+        # What the prefill site really reuses (refreshes its LRU, counts its hit rate).
+        req.num_cached = min(
+            d.num_cached_tokens, self.kv.use(d.prefill_site, hashes, req.num_prompt)
+        )
+        self.windows[home].observe(req.num_prompt - req.num_cached, req.num_output)
+        self._assign(req, node, site)
+
+    def _assign(self, req: SimRequest, node: Any, site: int) -> None:
+        uncached = req.num_prompt - req.num_cached
+        svc = node.cm.prefill_s(uncached, req.num_cached)
+        req.work_s = svc
+        now = self.now
+        node.free_at_s = (node.free_at_s if node.free_at_s > now else now) + svc
+        node.queue.append(req)
+        node.queued_tokens += uncached
+        self.site_queued[site] += 1
+        if self.site_queued[site] > self.peak_queued[site]:
+            self.peak_queued[site] = self.site_queued[site]
+        self.pools[(site, _PREFILL)].touch(node)
+        if not node.busy:
+            self._start_batch(node)
+
+    # -- prefill ----------------------------------------------------------------------------------
+    def _start_batch(self, node: PrefillNode) -> None:
+        queue = node.queue
+        head = [r.num_prompt - r.num_cached for r in list(queue)[:64]]
+        batch_plan = self.batcher.next_batch(head)
+        batch = [queue.popleft() for _ in range(batch_plan.num_requests)]
+        node.queued_tokens -= batch_plan.num_tokens
+        self.site_queued[node.site] -= len(batch)
+        # Sum of per-request times == CostModel.batch_prefill_s for the shipped profiles.
+        duration = sum(r.work_s for r in batch)
+        now = self.now
+        node.busy = True
+        node.busy_s += duration
+        for req in batch:
+            req.prefill_start_s = now
+            req.prefill_node = node
+            self._start_transfer(req, node, duration)
+        self.q.push(now + duration, ev.PREFILL_DONE, node, batch)
+
+    def _start_transfer(self, req: SimRequest, node: PrefillNode, duration: float) -> None:
+        home = req.home
+        view = self.views[home]
+        load = least_loaded(view, self.site_ids[home], _DECODE)
+        if load is None:
+            raise ScenarioError(f"site {self.site_ids[home]}: no decode node accepts work")
+        dec: Any = self.node_by_id[load.node_id]
+        dec.reserved += 1
+        self.pools[(home, _DECODE)].touch(dec)
+        req.decode_node = dec
+        req.kv_bytes = self.kv_fixed + (req.num_prompt + req.num_output) * self.kv_per_token
+        if node.site == home:
+            req.transfer_bytes = 0
+            return
+        nbytes = self.kv_fixed + (req.num_prompt - req.cached_home) * self.kv_per_token
+        req.transfer_bytes = nbytes
+        link = self.links[(node.site, home)]
+        req.flow = link.add(self.now, nbytes, duration, ("kv", req), self.num_layers)
+
+    def _on_prefill_done(self, node: PrefillNode, batch: list[SimRequest]) -> None:
+        now = self.now
+        node.busy = False
+        site = node.site
+        sid = self.site_ids[site]
+        local_rate = self.sc.local_fabric_gbps * 1e9 / 8
+        for req in batch:
+            req.prefill_end_s = now
+            self.site_prefilled[site] += 1
+            if req.block_hashes and self.sc.prefix_cache:
+                self.kv.store(sid, req.block_hashes, req.num_prompt)
+            if req.transfer_bytes:
+                if req.flow is not None:
+                    req.flow.link.produced(req.flow, now)
+            else:
+                last_layer = (self.kv_fixed + req.num_prompt * self.kv_per_token) / self.num_layers
+                self.q.push(now + last_layer / local_rate, ev.KV_ARRIVE, req)
+        if node.queue:
+            self._start_batch(node)
+        elif node.draining:
+            self._drained(node)
+
+    # -- links ------------------------------------------------------------------------------------
+    def _schedule_flow(self, flow: Flow, done_s: float) -> None:
+        self.q.push(done_s, ev.FLOW_DONE, flow, flow.version)
+
+    def _on_flow_done(self, flow: Flow, version: int) -> None:
+        if flow.version != version or flow.remaining <= 0:
+            return
+        link = flow.link
+        link.finish(flow, self.now)
+        payload = flow.payload
+        delay = link.rtt_s / 2
+        if payload[0] == "kv":
+            req = payload[1]
+            req.flow = None
+            if delay > 0:
+                self.q.push(self.now + delay, ev.KV_ARRIVE, req)
+            else:
+                self._on_kv_arrive(req, None)
+        else:
+            _, req, node, dst = payload
+            self.kv.store(self.site_ids[dst], req.block_hashes, req.num_cached + 1)
+            req.num_cached = min(
+                req.num_cached, self.kv.use(self.site_ids[dst], req.block_hashes, req.num_prompt)
+            )
+            self._assign(req, node, dst)
+
+    def _on_capacity(self, pair: tuple[int, int], gbps: float) -> None:
+        for key in (pair, (pair[1], pair[0])):
+            self.links[key].set_capacity(self.now, gbps * 1e9 / 8)
+
+    # -- decode -----------------------------------------------------------------------------------
+    def _on_kv_arrive(self, req: SimRequest, _: Any) -> None:
+        now = self.now
+        req.kv_ready_s = now
+        dec: DecodeNode = req.decode_node  # type: ignore[assignment]
+        dec.reserved -= 1
+        if not dec.waiting and self.admission[dec.site].admit_fast(
+            len(dec.members) + len(dec.pending), dec.kv_used, dec.kv_capacity, req.kv_bytes
+        ):
+            self._join(dec, req)
+        else:
+            dec.waiting.append(req)
+            s = dec.site
+            self.site_waiting[s] += 1
+            if self.site_waiting[s] > self.peak_waiting[s]:
+                self.peak_waiting[s] = self.site_waiting[s]
+
+    def _join(self, dec: DecodeNode, req: SimRequest) -> None:
+        dec.kv_used += req.kv_bytes
+        now = self.now
+        if not dec.members and not dec.pending:
+            req.decode_start_s = now
+            dec.members.append(req)
+            dec.ctx_sum += req.context
+            self._new_span(dec)
+            return
+        dec.pending.append(req)
+        cm = dec.cm
+        k = cm.decode_steps_within(dec.span_batch, dec.span_ctx, now - dec.span_start_s)
+        if k + 1 < dec.tick_steps:
+            dec.tick_steps = k + 1
+            dec.tick_s = dec.span_start_s + cm.decode_span_s(dec.span_batch, dec.span_ctx, k + 1)
+            dec.tick_version += 1
+            self.q.push(dec.tick_s, ev.DECODE_TICK, dec, dec.tick_version)
+
+    def _new_span(self, dec: DecodeNode) -> None:
+        members = dec.members
+        now = self.now
+        dec.span_start_s = now
+        dec.span_batch = len(members)
+        dec.span_ctx = dec.ctx_sum
+        steps = min(m.remaining_steps for m in members)
+        dec.tick_steps = steps
+        dec.tick_s = now + dec.cm.decode_span_s(dec.span_batch, dec.span_ctx, steps)
+        dec.tick_version += 1
+        self.q.push(dec.tick_s, ev.DECODE_TICK, dec, dec.tick_version)
+
+    def _on_decode_tick(self, dec: DecodeNode, version: int) -> None:
+        if version != dec.tick_version:
+            return
+        now = self.now
+        steps = dec.tick_steps
+        dec.busy_s += now - dec.span_start_s
+        keep = []
+        dec.ctx_sum += steps * len(dec.members)
+        for req in dec.members:
+            req.remaining_steps -= steps
+            req.context += steps
+            if req.remaining_steps <= 0:
+                self._finish(req, dec)
+            else:
+                keep.append(req)
+        for req in dec.pending:
+            req.decode_start_s = now
+            dec.ctx_sum += req.context
+            keep.append(req)
+        dec.pending = []
+        dec.members = keep
+        adm = self.admission[dec.site]
+        waiting = dec.waiting
+        while waiting and adm.admit_fast(
+            len(keep), dec.kv_used, dec.kv_capacity, waiting[0].kv_bytes
+        ):
+            req = waiting.popleft()
+            self.site_waiting[dec.site] -= 1
+            dec.kv_used += req.kv_bytes
+            req.decode_start_s = now
+            dec.ctx_sum += req.context
+            keep.append(req)
+        self.pools[(dec.site, _DECODE)].touch(dec)
+        if keep:
+            self._new_span(dec)
+        else:
+            dec.tick_s = float("inf")
+            dec.tick_steps = 0
+            if dec.draining and dec.is_idle():
+                self._drained(dec)
+
+    def _finish(self, req: SimRequest, dec: DecodeNode) -> None:
+        now = self.now
+        req.finish_s = now
+        dec.kv_used -= req.kv_bytes
+        dec.ctx_sum -= req.context
+        m = self.metrics
+        m.num_completed += 1
+        m.output_tokens += req.num_output
+        if now > m.last_finish_s:
+            m.last_finish_s = now
+        if req.arrival_s < self.sc.warmup_s:
+            return
+        ttft = req.kv_ready_s - req.arrival_s
+        tpot = (now - req.decode_start_s) / req.num_output
+        m.num_counted += 1
+        m.ttft_s.append(ttft)
+        m.tpot_s.append(tpot)
+        m.e2e_s.append(now - req.arrival_s)
+        if tpot > m.max_tpot_s:
+            m.max_tpot_s = tpot
+        if ttft <= self.sc.slo_ttft_s and tpot <= self.sc.slo_tpot_s * (1 + 1e-9):
+            m.num_good += 1
+
+    # -- rebalancing ------------------------------------------------------------------------------
+    def _drain(self, node: SimNode) -> None:
+        node.draining = True
+        if node.is_idle():  # type: ignore[attr-defined]
+            self._drained(node)
+
+    def _drained(self, node: SimNode) -> None:
+        self.pools[(node.site, node.role)].remove(node)
+        self.q.push(self.now + self.sc.role_switch_s, ev.CONVERT, node)
+
+    def _on_convert(self, node: SimNode, _: Any) -> None:
+        site = node.site
+        cm = node.cm
+        new: SimNode
+        if node.role is _PREFILL:
+            kv_cap = int(cm.hardware.instance_memory_bytes * self.sc.decode_kv_fraction)
+            if site not in self.admission:
+                self.admission[site] = DecodeAdmission(cm.max_decode_batch)
+                self.pools[(site, _DECODE)] = PoolIndex()
+            new = DecodeNode(node.node_id, node.index, site, node.site_id, cm,
+                             self.admission[site].max_batch, kv_cap)  # fmt: skip
+        else:
+            new = PrefillNode(node.node_id, node.index, site, node.site_id, cm)
+            new.free_at_s = self.now
+        new.busy_s = 0.0
+        self.nodes[node.index] = new
+        self.node_by_id[node.node_id] = new
+        self.pools[(site, new.role)].add(new)
+        self.metrics.role_changes.append(
+            {"t_s": round(self.now, 6), "node": node.node_id, "to": new.role.value}
+        )
+
+    def _on_control(self, _a: Any, _b: Any) -> None:
+        now = self.now
+        m = self.metrics
+        for h in self.homes:
+            view = self.views[h]
+            reb = self.rebalancers.get(h)
+            if reb is not None:
+                plan = reb.plan(view, now, self.windows[h])
+                if plan is not None:
+                    for change in plan.changes:
+                        self._drain(self.node_by_id[change.node_id])
+                    view.set_threshold_tokens(plan.threshold_tokens)
+                    m.threshold_updates.append(
+                        {"t_s": round(now, 6), "site": self.site_ids[h],
+                         "threshold_tokens": plan.threshold_tokens, "reason": plan.reason}
+                    )  # fmt: skip
+                    continue
+            tuner = self.tuners.get(h)
+            if tuner is not None:
+                upd = tuner.maybe_retune(view, now, self.windows[h])
+                if upd is not None:
+                    view.set_threshold_tokens(upd.threshold_tokens)
+                    m.threshold_updates.append(
+                        {"t_s": round(now, 6), "site": self.site_ids[h],
+                         "threshold_tokens": upd.threshold_tokens, "reason": upd.reason}
+                    )  # fmt: skip
+        if now < self.sc.duration_s + self.sc.drain_s:
+            self.q.push(now + self.sc.control_interval_s, ev.CONTROL)
+
+    # -- observation ------------------------------------------------------------------------------
+    def _on_sample(self, _a: Any, _b: Any) -> None:
+        now = self.now
+        m = self.metrics
+        dt = self.sc.sample_interval_s
+        m.samples_t.append(round(now, 6))
+        for key, link in self.links.items():
+            delivered = link.bytes_delivered(now)
+            rate = (delivered - self._last_bytes[key]) / dt if now > 0 else 0.0
+            self._last_bytes[key] = delivered
+            lid = link.link_id
+            cap = link.nominal_capacity
+            m.sample(f"link_util:{lid}", rate / cap if cap > 0 else 0.0)
+            m.sample(f"link_backlog_bytes:{lid}", link.backlog_bytes(now))
+        for i, sid in enumerate(self.site_ids):
+            m.sample(f"prefill_queue:{sid}", self.site_queued[i])
+            if self.site_kinds[i] is SiteKind.PD:
+                m.sample(f"decode_waiting:{sid}", self.site_waiting[i])
+        if now < self.sc.duration_s and not self.stop:
+            self.q.push(now + dt, ev.SAMPLE)
+
+    def _on_probe(self, _a: Any, _b: Any) -> None:
+        if self.probe is not None:
+            self.probe(self)
+
+    def schedule_probe(self, at_s: float, fn: Callable[[Simulator], None]) -> None:
+        self.probe = fn
+        self.q.push(at_s, ev.PROBE)

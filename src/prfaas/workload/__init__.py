@@ -1,0 +1,29 @@
+"""workload: what arrives and when: arrival processes, prompt-length distributions, trace readers.
+
+Pure: no torch, no asyncio, no clock reads. Randomness comes from a seeded ``random.Random`` passed
+in. The only I/O is the explicit trace reader (``read_mooncake``).
+"""
+
+from prfaas.workload.arrivals import (
+    ARRIVAL_KINDS,
+    ArrivalSpec,
+    arrival_times,
+)
+from prfaas.workload.lengths import EmpiricalLengths, FixedLengths, TruncatedLogNormal
+from prfaas.workload.mooncake import TraceError, TraceRecord, read_mooncake
+from prfaas.workload.requests import SimRequestSpec, synthetic_requests, trace_requests
+
+__all__ = [
+    "ARRIVAL_KINDS",
+    "ArrivalSpec",
+    "EmpiricalLengths",
+    "FixedLengths",
+    "SimRequestSpec",
+    "TraceError",
+    "TraceRecord",
+    "TruncatedLogNormal",
+    "arrival_times",
+    "read_mooncake",
+    "synthetic_requests",
+    "trace_requests",
+]

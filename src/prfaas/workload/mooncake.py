@@ -1,0 +1,84 @@
+"""Reader of the Mooncake JSONL trace format (one request per line).
+
+Each line: ``{"timestamp": ms, "input_length": int, "output_length": int, "hash_ids": [int, ...]}``.
+``hash_ids`` name the prompt's 512-token blocks; an id identifies its block *and the whole prefix
+before it* (equal ids at the same position mean a reusable prefix), which is what the prefix caches
+key on. A malformed line raises ``TraceError`` naming the file and line number. This module is the
+workload layer's one piece of file I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+TRACE_BLOCK_TOKENS = 512
+
+
+class TraceError(ValueError):
+    """A trace line that cannot be read; the message names the file and line."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRecord:
+    line_number: int
+    arrival_s: float
+    num_prompt_tokens: int
+    num_output_tokens: int
+    block_hashes: tuple[int, ...]
+
+
+def _int_field(obj: dict[str, object], key: str, where: str, minimum: int) -> int:
+    value = obj.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise TraceError(f"{where}: {key!r} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def parse_line(text: str, where: str, line_number: int) -> TraceRecord:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"{where}: not valid JSON ({exc.msg})") from None
+    if not isinstance(obj, dict):
+        raise TraceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    ts = obj.get("timestamp")
+    if not isinstance(ts, int | float) or isinstance(ts, bool) or ts < 0:
+        raise TraceError(f"{where}: 'timestamp' must be a number of ms >= 0, got {ts!r}")
+    num_in = _int_field(obj, "input_length", where, 1)
+    num_out = _int_field(obj, "output_length", where, 0)
+    hashes = obj.get("hash_ids", [])
+    if not isinstance(hashes, list) or not all(
+        isinstance(h, int) and not isinstance(h, bool) for h in hashes
+    ):
+        raise TraceError(f"{where}: 'hash_ids' must be a list of integers")
+    return TraceRecord(line_number, ts / 1000.0, num_in, max(1, num_out), tuple(hashes))
+
+
+def read_mooncake(path: str | Path, limit: int | None = None) -> Iterator[TraceRecord]:
+    """Records of a Mooncake JSONL trace, in file order (blank lines skipped).
+
+    Raises ``TraceError`` for a missing file or a malformed line (with its number), and for
+    timestamps that go backwards.
+    """
+    p = Path(path)
+    try:
+        fh = p.open(encoding="utf-8")
+    except OSError as exc:
+        raise TraceError(f"cannot read trace {str(p)!r}: {exc.strerror}") from None
+    with fh:
+        count = 0
+        last_s = 0.0
+        for number, text in enumerate(fh, start=1):
+            if limit is not None and count >= limit:
+                return
+            if not text.strip():
+                continue
+            record = parse_line(text, f"{p}:{number}", number)
+            if record.arrival_s < last_s:
+                raise TraceError(f"{p}:{number}: timestamp goes backwards")
+            last_s = record.arrival_s
+            count += 1
+            yield record
