@@ -1,0 +1,197 @@
+"""The engine interface shared by ``engine.torch`` (real models) and ``engine.timed`` (cost model).
+
+What crosses the boundary, as frozen dataclasses: a prefill request, the per-layer outputs a prefill
+hands out as each layer finishes, the prefill's result (first token, block checkpoints), cached
+prefixes, allocations for incoming transfers and the tokens a decode step streams out.
+Payload bytes are ``memoryview`` s laid out exactly as ``CacheSpec.layout`` says (tensors of a
+layer back to back, token-major), so they can go to a socket as they are.
+Must not import torch or asyncio.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from prfaas.spec import CacheLayout, DType, LayerKind, LayerSegment
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How tokens are chosen and when generation stops."""
+
+    max_new_tokens: int = 16
+    """Tokens to generate, the prefill's first token included."""
+    temperature: float = 0.0
+    """0 means greedy (argmax)."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches ``top_p``."""
+    seed: int = 0
+    """Seeds this request's own generator: same seed, same tokens, whatever the batch."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Generation stops after emitting one of these (the model's EOS is added unless ignore_eos)."""
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0 or not math.isfinite(self.temperature):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True, slots=True)
+class LayerOutput:
+    """One layer's share of a request's cache, ready to send: ``segment`` says what it is."""
+
+    request_id: str
+    position: int
+    """Index of this layer in the cache spec (= in the manifest), not the model's layer number."""
+    segment: LayerSegment
+    buffers: tuple[memoryview, ...]
+    """One buffer per tensor of ``segment``, in order; each exactly ``TensorSlice.num_bytes``."""
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(b.nbytes for b in self.buffers)
+
+    def pieces(self) -> tuple[tuple[int, memoryview], ...]:
+        """``(offset_bytes, view)`` pairs inside this layer's segment, tensors back to back."""
+        out, offset = [], 0
+        for buf in self.buffers:
+            out.append((offset, buf))
+            offset += buf.nbytes
+        return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class CachedPrefix:
+    """A request's cache as of ``num_tokens``: every layer of ``CacheSpec.layout(num_tokens, 0)``.
+
+    Full-attention layers carry KV rows ``[0, num_tokens)``; SWA and linear layers their state at
+    exactly ``num_tokens``. A prefill that starts from it computes only the suffix.
+    """
+
+    num_tokens: int
+    layers: tuple[LayerOutput, ...]
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(la.num_bytes for la in self.layers)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillRequest:
+    request_id: str
+    token_ids: tuple[int, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    cached: CachedPrefix | None = None
+    """Start from this prefix (its first ``num_tokens`` must be this prompt's first tokens)."""
+    checkpoint_block_tokens: int | None = None
+    """Keep the state at every multiple of this many tokens (block-aligned prefix checkpoints)."""
+
+    def __post_init__(self) -> None:
+        if not self.request_id:
+            raise ValueError("request_id must not be empty")
+        if not self.token_ids:
+            raise ValueError(f"request {self.request_id}: empty prompt")
+        if self.cached is not None and self.cached.num_tokens >= len(self.token_ids):
+            raise ValueError(
+                f"request {self.request_id}: cached prefix of {self.cached.num_tokens} tokens must "
+                f"be shorter than the prompt ({len(self.token_ids)} tokens)"
+            )
+        if self.checkpoint_block_tokens is not None and self.checkpoint_block_tokens <= 0:
+            raise ValueError(
+                f"checkpoint_block_tokens must be > 0, got {self.checkpoint_block_tokens}"
+            )
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_cached_tokens(self) -> int:
+        return 0 if self.cached is None else self.cached.num_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillResult:
+    """What a prefill ends with. The first generated token comes from the prefill's own logits,
+    so the prefill side sends it along with the cache."""
+
+    request_id: str
+    first_token: int
+    num_tokens: int
+    num_cached_tokens: int
+    checkpoints: tuple[CachedPrefix, ...] = ()
+    """Block-aligned prefixes (only when the request asked for checkpoints)."""
+
+
+class FinishReason(enum.Enum):
+    LENGTH = "length"
+    """``max_new_tokens`` reached."""
+    STOP = "stop"
+    """EOS or a stop token emitted."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """Tokens of one request produced by one decode step (or the prefill's first token)."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class ManifestTensor(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def dtype(self) -> DType: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+
+class ManifestLayer(Protocol):
+    @property
+    def layer_index(self) -> int: ...
+    @property
+    def kind(self) -> LayerKind: ...
+    @property
+    def first_token(self) -> int: ...
+    @property
+    def num_token_rows(self) -> int: ...
+    @property
+    def tensors(self) -> tuple[ManifestTensor, ...]: ...
+
+
+class ManifestLike(Protocol):
+    """What ``allocate`` reads from a transfer manifest (``prfaas.transfer.Manifest`` fits)."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def num_cached_tokens(self) -> int: ...
+    @property
+    def layers(self) -> tuple[ManifestLayer, ...]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """Buffers reserved for one incoming cache: ``layer_buffers[i]`` is layer ``i`` of ``layout``
+    (tensors back to back), writable. The transfer writes into them, then ``install`` takes them."""
+
+    request_id: str
+    layout: CacheLayout
+    layer_buffers: tuple[memoryview, ...]
+    reserved_bytes: int
+    """What the budget holds for this request (its cache at the end of generation)."""

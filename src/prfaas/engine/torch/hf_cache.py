@@ -1,0 +1,206 @@
+"""Every touch of transformers internals lives here (transformers pinned at 5.24.0).
+
+What this module knows and nobody else should: the ``cache=`` forward argument (5.24 renamed it
+from ``past_key_values``), the cache layer classes and their fields (``keys``/``values``,
+``cumulative_length`` of sliding-window layers, ``conv_states``/``recurrent_states`` and the
+``has_previous_state`` flag of linear layers, which must be set again when a cache is rebuilt or
+the next step is taken for a new prefill), where the decoder layers are, and how a model's cache
+tensors map to the spec's tensor names.
+
+A request's cache is kept as a ``RequestCache``: per spec position, the spec's tensor names mapped
+to tensors in the model's native layout with a batch axis of 1 (``[1, heads, tokens, dim]`` for
+attention, ``[1, *state]`` for linear layers). Decode steps combine several into one batched
+``DynamicCache`` (attention left-padded, right-aligned, so sliding windows line up) and split it
+back after the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicSlidingWindowLayer
+
+from prfaas.engine.hf_spec import HFCacheMap
+from prfaas.spec import LayerCache, LayerKind
+
+_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# Spec tensor name -> attribute of a transformers attention cache layer.
+_ATTN_FIELDS = {"k": "keys", "v": "values", "kv_latent": "keys", "k_rope": "values"}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return _TORCH_DTYPES[name]
+
+
+@dataclass(slots=True)
+class RequestCache:
+    """One request's cache: per spec position, tensor name -> native tensor (batch axis 1)."""
+
+    num_tokens: int
+    layers: list[dict[str, torch.Tensor]]
+
+
+def decoder_layers(model: PreTrainedModel) -> list[torch.nn.Module]:
+    return list(model.model.layers)
+
+
+def new_cache(model: PreTrainedModel) -> DynamicCache:
+    return DynamicCache(config=model.config)
+
+
+def forward(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    cache: DynamicCache,
+    position_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    last_only: bool = True,
+) -> torch.Tensor:
+    """Logits ``[batch, q, vocab]`` (only the last position if ``last_only``); fills ``cache``."""
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1 if last_only else 0,
+    )
+    logits: torch.Tensor = out.logits
+    return logits
+
+
+def _native_layer(cache: DynamicCache, model_layer: int) -> Any:
+    return cache.layers[model_layer]
+
+
+def read_layer(
+    cache: DynamicCache, cmap: HFCacheMap, pos: int, clone: bool = False
+) -> dict[str, torch.Tensor]:
+    """Spec position ``pos`` of a batch cache: name -> native tensor (all batch rows)."""
+    layer = _native_layer(cache, cmap.model_layers[pos])
+    spec = cmap.spec.layers[pos]
+    out: dict[str, torch.Tensor] = {}
+    if spec.kind is LayerKind.LINEAR:
+        out["recurrent_state"] = layer.recurrent_states[0]
+        out["conv_state"] = layer.conv_states[0]
+    else:
+        for t in spec.per_token:
+            out[t.name] = getattr(layer, _ATTN_FIELDS[t.name])
+    return {k: v.clone() for k, v in out.items()} if clone else out
+
+
+def read_request(cache: DynamicCache, cmap: HFCacheMap, num_tokens: int) -> RequestCache:
+    """A batch-1 cache as a ``RequestCache`` (no copies: the cache is not used again)."""
+    return RequestCache(
+        num_tokens, [read_layer(cache, cmap, p) for p in range(cmap.spec.num_layers)]
+    )
+
+
+def _fill_attention(layer: Any, k: torch.Tensor, v: torch.Tensor, num_tokens: int) -> None:
+    layer.lazy_initialization(k, v)
+    layer.keys, layer.values = k, v
+    if isinstance(layer, DynamicSlidingWindowLayer):
+        layer.cumulative_length = num_tokens
+
+
+def _fill_linear(layer: Any, conv: torch.Tensor, state: torch.Tensor) -> None:
+    layer.device, layer.dtype = conv.device, conv.dtype
+    layer.conv_states[0], layer.recurrent_states[0] = conv, state
+    layer.conv_kernel_size[0] = conv.shape[-1]
+    layer.is_conv_states_initialized[0] = layer.is_recurrent_states_initialized[0] = True
+    # Without this the next forward is taken for a fresh prefill and the state is ignored.
+    layer.has_previous_state[0] = True
+
+
+def _left_pad(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """Pad the token axis (-2) of ``[1, heads, tokens, dim]`` on the left up to ``rows``."""
+    missing = rows - t.shape[-2]
+    if missing == 0:
+        return t
+    pad = t.new_zeros((*t.shape[:-2], missing, t.shape[-1]))
+    return torch.cat([pad, t], dim=-2)
+
+
+def build_cache(
+    model: PreTrainedModel, cmap: HFCacheMap, requests: list[RequestCache]
+) -> tuple[DynamicCache, int]:
+    """One batched cache for ``requests`` (fresh tensors: the step may update states in place).
+
+    Attention rows are left-padded so every request's last token sits at the same index ``T - 1``
+    (``T`` = the longest); the caller masks the padding and passes each request's own positions.
+    Returns the cache and ``T``.
+    """
+    cache = new_cache(model)
+    max_tokens = max(r.num_tokens for r in requests)
+    for pos, spec in enumerate(cmap.spec.layers):
+        layer = _native_layer(cache, cmap.model_layers[pos])
+        if spec.kind is LayerKind.LINEAR:
+            conv = torch.cat([r.layers[pos]["conv_state"] for r in requests])
+            state = torch.cat([r.layers[pos]["recurrent_state"] for r in requests])
+            _fill_linear(layer, conv, state)
+            continue
+        names = [t.name for t in spec.per_token]
+        rows = spec.kept_tokens(max_tokens)
+        k, v = (torch.cat([_left_pad(r.layers[pos][n], rows) for r in requests]) for n in names)
+        _fill_attention(layer, k, v, max_tokens)
+    return cache, max_tokens
+
+
+def split_cache(cache: DynamicCache, cmap: HFCacheMap, num_tokens: list[int]) -> list[RequestCache]:
+    """Undo ``build_cache`` after a step: request ``b`` now holds ``num_tokens[b]`` tokens."""
+    out = [RequestCache(n, []) for n in num_tokens]
+    for pos, spec in enumerate(cmap.spec.layers):
+        native = read_layer(cache, cmap, pos)
+        for b, req in enumerate(out):
+            rows = spec.kept_tokens(req.num_tokens)
+            if spec.kind is LayerKind.LINEAR:
+                req.layers.append({k: t[b : b + 1] for k, t in native.items()})
+            else:
+                req.layers.append(
+                    {k: t[b : b + 1, :, t.shape[-2] - rows :] for k, t in native.items()}
+                )
+    return out
+
+
+# -- wire layout: token-major per-token tensors, state tensors without the batch axis -----------
+def to_wire(native: torch.Tensor, spec_shape: tuple[int, ...], per_token: bool) -> torch.Tensor:
+    """Native ``[1, heads, T, *rest]`` -> contiguous ``[T, *spec_shape]``; states drop the batch."""
+    if not per_token:
+        return native[0].contiguous()
+    x = native[0].movedim(1, 0)  # [T, heads, *rest]
+    return x.reshape(x.shape[0], *spec_shape).contiguous()
+
+
+def from_wire(wire: torch.Tensor, spec_shape: tuple[int, ...], per_token: bool) -> torch.Tensor:
+    """Inverse of ``to_wire``: a view where the layout allows (no copy)."""
+    if not per_token:
+        return wire.unsqueeze(0)
+    rows = wire.shape[0]
+    heads_first = wire.reshape(rows, 1, *spec_shape) if len(spec_shape) == 1 else wire
+    return heads_first.movedim(0, 1).unsqueeze(0)
+
+
+def tensor_from_bytes(buf: memoryview, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """A tensor over ``buf`` without copying (``buf`` must be writable and stay alive)."""
+    if buf.nbytes == 0:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).reshape(shape)
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous tensor, shared (the view keeps the tensor alive)."""
+    flat = t.contiguous().reshape(-1)
+    if flat.numel() == 0:
+        return memoryview(b"")
+    array: Any = flat.view(torch.uint8).numpy()
+    return memoryview(array).cast("B")
+
+
+def layer_spec_names(spec: LayerCache) -> list[tuple[str, tuple[int, ...], bool]]:
+    """(name, shape, per_token) of a layer's tensors in spec order."""
+    if spec.kind is LayerKind.LINEAR:
+        return [(t.name, t.shape, False) for t in spec.fixed]
+    return [(t.name, t.shape, True) for t in spec.per_token]

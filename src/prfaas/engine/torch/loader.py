@@ -1,0 +1,96 @@
+"""Loading a local Hugging Face model folder (config, safetensors, tokenizer); nothing downloaded.
+
+Checks the folder before touching transformers so a mistake gets one clear line: a missing folder
+or file, an unreadable config, an architecture the engine does not run.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+
+from prfaas.engine.errors import ModelFolderError
+from prfaas.engine.hf_spec import HFCacheMap, cache_map_from_config, check_architecture
+from prfaas.engine.torch.hf_cache import torch_dtype
+from prfaas.spec import DType
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    model: PreTrainedModel
+    cmap: HFCacheMap
+    eos_token_ids: tuple[int, ...]
+    vocab_size: int
+
+
+def read_config(model_dir: Path) -> dict[str, Any]:
+    if not model_dir.is_dir():
+        raise ModelFolderError(f"model folder {model_dir} does not exist")
+    path = model_dir / "config.json"
+    if not path.is_file():
+        raise ModelFolderError(f"model folder {model_dir} has no config.json")
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelFolderError(f"cannot read {path}: {exc}") from None
+    if not isinstance(cfg, dict):
+        raise ModelFolderError(f"{path} is not a JSON object")
+    return cfg
+
+
+def check_folder(model_dir: Path) -> dict[str, Any]:
+    cfg = read_config(model_dir)
+    if not any(model_dir.glob("*.safetensors")):
+        raise ModelFolderError(f"model folder {model_dir} has no *.safetensors weights")
+    missing = [f for f in TOKENIZER_FILES if not (model_dir / f).is_file()]
+    if missing:
+        raise ModelFolderError(
+            f"model folder {model_dir} lacks tokenizer file(s): {', '.join(missing)}"
+        )
+    return cfg
+
+
+def config_mapping(config: PretrainedConfig) -> dict[str, Any]:
+    """``config.to_dict()`` plus what transformers computes or aliases (layer types, context)."""
+    out = config.to_dict()
+    for key in ("layer_types", "max_position_embeddings"):
+        value = getattr(config, key, None)
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def _eos_ids(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    return tuple(int(v) for v in value)
+
+
+def load_model(model_dir: Path | str, dtype: DType | None = None) -> LoadedModel:
+    """Load the model of ``model_dir`` in ``dtype`` (default: the config's) for inference."""
+    path = Path(model_dir)
+    cfg = check_folder(path)
+    check_architecture(cfg.get("model_type"))  # before loading anything
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise ModelFolderError(f"cannot read the config of {path}: {exc}") from None
+    cmap = cache_map_from_config(config_mapping(config), dtype)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(cmap.dtype.value))
+    except (OSError, ValueError) as exc:
+        raise ModelFolderError(f"cannot load model from {path}: {exc}") from None
+    model.eval()  # type: ignore[no-untyped-call]
+    eos = _eos_ids(model.generation_config.eos_token_id) or _eos_ids(model.config.eos_token_id)
+    return LoadedModel(model, cmap, eos, int(model.config.vocab_size))
+
+
+__all__ = ["LoadedModel", "check_folder", "load_model", "read_config"]
