@@ -38,22 +38,21 @@ KIND_NAMES = {
 
 
 class EventQueue:
-    __slots__ = ("_heap", "_seq", "num_pushed")
+    __slots__ = ("_seq", "heap")
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, int, Any, Any]] = []
+        self.heap: list[tuple[float, int, int, Any, Any]] = []
         self._seq = 0
-        self.num_pushed = 0
 
     def push(self, time_s: float, kind: int, a: Any = None, b: Any = None) -> None:
         self._seq += 1
-        heapq.heappush(self._heap, (time_s, kind, self._seq, a, b))
+        heapq.heappush(self.heap, (time_s, kind, self._seq, a, b))
 
     def pop(self) -> tuple[float, int, int, Any, Any]:
-        return heapq.heappop(self._heap)
+        return heapq.heappop(self.heap)
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return len(self.heap)
 
     def peek_time(self) -> float:
-        return self._heap[0][0] if self._heap else float("inf")
+        return self.heap[0][0] if self.heap else float("inf")

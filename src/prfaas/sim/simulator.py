@@ -67,6 +67,7 @@ class Simulator:
         self._requests = requests if requests is not None else self._workload()
         self.probe: Callable[[Simulator], None] | None = None
         self.stop = False
+        self._primed = False
 
     # -- construction ----------------------------------------------------------------------------
     def _cm(self, hardware: str) -> CostModel:
@@ -200,7 +201,9 @@ class Simulator:
     # -- the loop ----------------------------------------------------------------------------------
     def run(self, until_s: float | None = None) -> Metrics:
         horizon = until_s if until_s is not None else self.sc.duration_s + self.sc.drain_s
-        self._next_arrival()
+        if not self._primed:
+            self._primed = True
+            self._next_arrival()
         q = self.q
         handlers: list[Callable[[Any, Any], None]] = [
             self._on_capacity, self._on_flow_done, self._on_prefill_done, self._on_kv_arrive,
@@ -208,15 +211,19 @@ class Simulator:
             self._on_sample, self._on_probe,
         ]  # fmt: skip
         n = 0
-        while len(q) and not self.stop:
-            t, kind, _, a, b = q.pop()
-            if t > horizon:
-                break
+        heap = q.heap
+        pop = q.pop
+        while heap and heap[0][0] <= horizon and not self.stop:
+            t, kind, _, a, b = pop()
             self.now = t
             handlers[kind](a, b)
             n += 1
-        self.num_events = n
+        self.num_events += n
         return self.metrics
+
+    @property
+    def done(self) -> bool:
+        return self.stop or (self._primed and not len(self.q))
 
     def _next_arrival(self) -> None:
         spec = next(self._requests, None)

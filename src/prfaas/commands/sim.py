@@ -1,0 +1,357 @@
+"""``prfaas sim``: simulate a deployment (defaults: the paper's case study, PrfaaS-PD).
+
+A scenario comes from flags, or from a YAML file (``--config``) whose keys are ``SimScenario``'s
+fields (``sites`` and ``links`` as lists of mappings); flags given explicitly override it.
+``--find-max-rate`` searches the highest sustainable arrival rate (rule: ``prfaas.sim.maxrate``).
+``--json`` prints one object (schema: docs/simulation.md). Bad input -> one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any
+
+from prfaas.errors import UsageError
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "sim",
+        help="discrete-event simulation of a PrfaaS deployment",
+        description=(
+            "Simulate a PrfaaS / PD deployment with the same policy code as the live system: "
+            "queues, bursts, prefix caches, a shared inter-site link with TCP window caps and "
+            "capacity dips, rebalancing. Defaults: the paper's case study (PrfaaS-PD, t and "
+            "N_p/N_d from the planner, uniform arrivals, log-normal prompts, 1024 output tokens)."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    a = p.add_argument
+    a("--config", type=Path, default=None, help="YAML scenario (keys: SimScenario fields)")
+    a(
+        "--deployment",
+        default="paper-prfaas",
+        help="paper-prfaas | paper-homogeneous | paper-naive (Table 6 counts)",
+    )
+    a("--policy", default=None, help="router: local_only | naive | threshold | prfaas")
+    a("--arrival", default="uniform", help="uniform | poisson | gamma | onoff")
+    a(
+        "--rate",
+        type=float,
+        default=None,
+        help="mean arrival rate, requests/s (default 80%% of the planner's lambda_max_exact)",
+    )
+    a("--cv", type=float, default=2.0, help="gamma arrivals: inter-arrival CV")
+    a("--on-s", type=float, default=10.0, help="onoff arrivals: mean on period, s")
+    a("--on-fraction", type=float, default=0.5, help="onoff arrivals: share of time on")
+    a("--trace", type=Path, default=None, help="Mooncake JSONL trace to replay")
+    a("--trace-limit", type=int, default=None, help="replay only the first N requests")
+    a("--rate-scale", type=float, default=1.0, help="trace: >1 replays faster")
+    a("--duration", type=float, default=None, help="seconds of arrivals (default 600)")
+    a("--seed", type=int, default=0)
+    a("--threshold", type=int, default=None, help="offload threshold t, tokens")
+    a("--n-p", type=int, default=None, help="local prefill nodes (paper deployments)")
+    a("--n-d", type=int, default=None, help="local decode nodes (paper deployments)")
+    a("--pd-sites", type=int, default=1, help="PD sites sharing the PrfaaS site(s)")
+    a("--prfaas-sites", type=int, default=1, help="PrfaaS sites (the paper's 4 nodes each)")
+    a("--link-gbps", type=float, default=100.0, help="inter-site bandwidth")
+    a("--rtt-ms", type=float, default=5.0, help="inter-site round-trip time")
+    a("--connections", type=int, default=8, help="TCP connections per transfer")
+    a("--window-mib", type=float, default=16.0, help="TCP window per connection, MiB")
+    a("--link-schedule", default="", help="capacity steps 'TIME_S:GBPS,...' e.g. '60:10,120:100'")
+    a("--rebalance", action="store_true", help="enable the P/D rebalancer")
+    a("--no-tune", action="store_true", help="prfaas policy: do not re-search t online")
+    a("--no-cache", action="store_true", help="disable prefix caching")
+    a("--output-tokens", type=int, default=1024)
+    a("--warmup", type=float, default=0.0, help="seconds of arrivals not counted")
+    a("--find-max-rate", action="store_true", help="search the highest sustainable rate")
+    a("--max-rate-requests", type=int, default=20000, help="requests per max-rate trial")
+    a("--json", action="store_true", help="print one JSON object")
+    a("--timeseries", action="store_true", help="include 1 s time series in the JSON")
+    a("--plot", type=Path, default=None, help="write PNG plots to this folder")
+    p.set_defaults(run=run)
+
+
+def _schedule(text: str) -> tuple[tuple[float, float], ...]:
+    out = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        try:
+            t_s, gbps = (float(x) for x in item.split(":"))
+        except ValueError:
+            raise UsageError(f"--link-schedule: bad step {item!r} (want TIME_S:GBPS)") from None
+        if t_s < 0 or gbps < 0 or not math.isfinite(t_s + gbps):
+            raise UsageError(f"--link-schedule: step {item!r} must be >= 0")
+        out.append((t_s, gbps))
+    return tuple(out)
+
+
+def _from_yaml(path: Path) -> Any:
+    import yaml
+
+    from prfaas.sim import LengthConfig, LinkConfig, SimScenario, SiteConfig
+    from prfaas.workload import ArrivalSpec
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise UsageError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: expected a mapping of scenario fields")
+    known = {f.name for f in fields(SimScenario)}
+    bad = sorted(set(data) - known)
+    if bad:
+        raise UsageError(f"{path}: unknown scenario key(s) {', '.join(bad)}")
+    try:
+        data["sites"] = tuple(SiteConfig(**s) for s in data.get("sites", ()))
+        links = []
+        for lk in data.get("links", ()):
+            lk = dict(lk)
+            lk["schedule"] = tuple(tuple(x) for x in lk.get("schedule", ()))
+            links.append(LinkConfig(**lk))
+        data["links"] = tuple(links)
+        if "arrival" in data:
+            data["arrival"] = ArrivalSpec(**data["arrival"])
+        if "lengths" in data:
+            data["lengths"] = LengthConfig(**data["lengths"])
+        return SimScenario(**data)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"{path}: {exc}") from None
+
+
+def _multi_site(sc: Any, args: argparse.Namespace) -> Any:
+    """Replicate the PD site ``--pd-sites`` times and the PrfaaS site ``--prfaas-sites`` times."""
+    from prfaas.sim import LinkConfig, SiteConfig
+
+    pd = [s for s in sc.sites if s.kind == "pd"][0]
+    remote = [s for s in sc.sites if s.kind == "prfaas"]
+    sites: list[SiteConfig] = [
+        replace(pd, name=f"pd{i}" if args.pd_sites > 1 else pd.name) for i in range(args.pd_sites)
+    ]
+    links: list[LinkConfig] = []
+    if remote:
+        base = sc.links[0]
+        for j in range(args.prfaas_sites):
+            r = replace(remote[0], name=f"prfaas{j}" if args.prfaas_sites > 1 else remote[0].name)
+            sites.append(r)
+            for s in sites[: args.pd_sites]:
+                links.append(replace(base, src=r.name, dst=s.name))
+    return replace(sc, sites=tuple(sites), links=tuple(links))
+
+
+def build_scenario(args: argparse.Namespace) -> tuple[Any, float | None]:
+    """(scenario, the planner's lambda_max_exact for the deployment or None)."""
+    from prfaas.sim import DEPLOYMENTS, paper_deployment
+    from prfaas.workload import ArrivalSpec
+
+    for name in ("duration", "rate", "rate_scale", "link_gbps", "cv", "on_s"):
+        v = getattr(args, name)
+        if v is not None and not (v > 0 and math.isfinite(v)):
+            raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {v:g}")
+    for name in ("pd_sites", "prfaas_sites", "connections", "output_tokens", "max_rate_requests"):
+        if getattr(args, name) <= 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be > 0")
+    if args.rtt_ms < 0 or args.window_mib <= 0:
+        raise UsageError("--rtt-ms must be >= 0 and --window-mib > 0")
+    exact: float | None = None
+    if args.config is not None:
+        sc = _from_yaml(args.config)
+    else:
+        if args.deployment not in DEPLOYMENTS:
+            raise UsageError(
+                f"unknown deployment {args.deployment!r} (known: {', '.join(DEPLOYMENTS)})"
+            )
+        sc = paper_deployment(
+            args.deployment, threshold_tokens=args.threshold, n_p=args.n_p, n_d=args.n_d,
+            link_gbps=args.link_gbps, rtt_s=args.rtt_ms / 1000,
+        )  # fmt: skip
+        if sc.links:
+            link = replace(
+                sc.links[0], connections=args.connections, window_bytes=args.window_mib * 2**20,
+                schedule=_schedule(args.link_schedule),
+            )  # fmt: skip
+            sc = replace(sc, links=(link,))
+        if args.pd_sites > 1 or args.prfaas_sites > 1:
+            sc = _multi_site(sc, args)
+        from prfaas.analytic import plan
+
+        res = plan()
+        exact = {
+            "paper-prfaas": res.prfaas, "paper-homogeneous": res.homogeneous,
+            "paper-naive": res.naive,
+        }[args.deployment].lambda_max_exact * args.pd_sites  # fmt: skip
+        if args.n_p is not None or args.n_d is not None or args.prfaas_sites > 1:
+            exact = None  # not the planner's deployment any more
+    rate = args.rate if args.rate is not None else (0.8 * exact if exact else sc.arrival.rate_rps)
+    arrival = ArrivalSpec(args.arrival, rate, args.cv, args.on_s, args.on_fraction)
+    changes: dict[str, Any] = {"arrival": arrival, "seed": args.seed, "warmup_s": args.warmup}
+    if args.policy is not None:
+        changes["policy"] = args.policy
+    if args.duration is not None or args.config is None:
+        changes["duration_s"] = args.duration or 600.0
+    if args.trace is not None:
+        changes.update(trace=str(args.trace), trace_limit=args.trace_limit,
+                       rate_scale=args.rate_scale, prefix_cache=not args.no_cache)  # fmt: skip
+    elif args.no_cache:
+        changes["prefix_cache"] = False
+    if args.rebalance:
+        changes["rebalance"] = True
+    if args.no_tune:
+        changes["tune"] = False
+    if args.output_tokens != 1024 or args.config is None:
+        changes["output_tokens"] = args.output_tokens
+    if args.timeseries or args.plot is not None:
+        changes["timeseries"] = True
+    return replace(sc, **changes), exact
+
+
+def _run_one(sc: Any, progress: bool) -> dict[str, Any]:
+    from prfaas.sim import Simulator, summary
+
+    sim = Simulator(sc)
+    horizon = sc.duration_s + sc.drain_s
+    start = time.monotonic()
+    step = horizon / 50
+    until = 0.0
+    shown = False
+    while not sim.done and until < horizon:
+        until = min(horizon, until + step)
+        sim.run(until_s=until)
+        if progress and sys.stderr.isatty() and time.monotonic() - start > 3:
+            shown = True
+            pct = 100 * min(1.0, sim.now / max(sc.duration_s, 1e-9))
+            print(f"\rsimulating: {pct:5.1f}% of arrivals, {sim.metrics.num_completed} done",
+                  end="", file=sys.stderr)  # fmt: skip
+    if shown:
+        print(file=sys.stderr)
+    return summary(sim)
+
+
+def run(args: argparse.Namespace) -> int:
+    from prfaas.sim import ScenarioError
+    from prfaas.workload import TraceError
+
+    try:
+        sc, exact = build_scenario(args)
+        sc.validate()
+        if args.find_max_rate:
+            from prfaas.sim import MaxRateRule, find_max_rate
+
+            if sc.trace is not None:
+                raise UsageError("--find-max-rate needs synthetic arrivals, not --trace")
+            start = exact or sc.arrival.rate_rps
+            res = find_max_rate(replace(sc, stratified=True), start,
+                                MaxRateRule(num_requests=args.max_rate_requests))  # fmt: skip
+            out: dict[str, Any] = {
+                "schema": "prfaas.sim.max_rate/1",
+                "max_rate_rps": res.max_rate_rps,
+                "lambda_max_exact": exact,
+                "ratio_to_exact": res.max_rate_rps / exact if exact else None,
+                "rule": {
+                    "num_requests": res.rule.num_requests,
+                    "backlog_fraction": res.rule.backlog_fraction,
+                    "rel_tol": res.rule.rel_tol,
+                },  # fmt: skip
+                "trials": [
+                    {
+                        "rate_rps": t.rate_rps,
+                        "passed": t.passed,
+                        "worst_stage": t.worst_stage,
+                        "worst_backlog_s": t.worst_backlog_s,
+                    }  # fmt: skip
+                    for t in res.trials
+                ],
+            }
+        else:
+            out = _run_one(sc, progress=not args.json)
+            if args.plot is not None:
+                _plots(args.plot, sc, out)
+    except (ScenarioError, TraceError) as exc:
+        raise UsageError(str(exc)) from None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.json:
+        print(json.dumps(out, sort_keys=False))
+    else:
+        _print_human(out)
+    return 0
+
+
+def _print_human(out: dict[str, Any]) -> None:
+    if "max_rate_rps" in out:
+        ratio = out["ratio_to_exact"]
+        extra = f" ({ratio:.4f} x lambda_max_exact {out['lambda_max_exact']:.4f})" if ratio else ""
+        print(f"max_rate_rps: {out['max_rate_rps']:.4f}{extra}")
+        return
+    req = out["requests"]
+    print(f"requests: {req['arrived']} arrived, {req['completed']} completed, "
+          f"{req['offloaded']} offloaded, {req['rerouted']} rerouted")  # fmt: skip
+    print(f"throughput {out['throughput_rps']:.3f} req/s, goodput {out['goodput_rps']:.3f} req/s")
+    for key in ("ttft_s", "tpot_s"):
+        d = out[key]
+        print(f"{key}: mean {d['mean']:.3f} p50 {d['p50']:.3f} p90 {d['p90']:.3f} "
+              f"p99 {d['p99']:.3f}")  # fmt: skip
+    for sid, s in out["sites"].items():
+        print(f"site {sid}: prefilled {s['requests_prefilled']}, prefill util "
+              f"{s['prefill_utilisation']:.2f}, decode util {s['decode_utilisation']:.2f}, "
+              f"hit rate {s['prefix_hit_rate']:.3f}")  # fmt: skip
+    for lid, lk in out["links"].items():
+        if lk["num_transfers"]:
+            print(f"link {lid}: {lk['bytes_moved'] / 1e9:.1f} GB, mean {lk['mean_gbps']:.2f} Gbps,"
+                  f" peak backlog {lk['peak_backlog_bytes'] / 1e9:.2f} GB")  # fmt: skip
+
+
+def _plots(folder: Path, sc: Any, out: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    # TTFT CDF per policy: the scenario re-run under each router that applies to it.
+    policies = [sc.policy] + [
+        p for p in ("threshold", "prfaas") if p != sc.policy and any(s.kind == "prfaas"
+                                                                     for s in sc.sites)
+    ]  # fmt: skip
+    fig, ax = plt.subplots(figsize=(6, 4))
+    from prfaas.sim import Simulator
+
+    for pol in policies:
+        sim = Simulator(replace(sc, policy=pol, timeseries=False))
+        m = sim.run()
+        xs = sorted(m.ttft_s)
+        if xs:
+            ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=pol)
+    ax.set_xlabel("TTFT (s)")
+    ax.set_ylabel("CDF")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(folder / "ttft_cdf.png", dpi=120)
+    plt.close(fig)
+    ts = out.get("timeseries", {})
+    t = ts.get("t_s", [])
+    for prefix, fname, ylabel in (
+        ("link_util:", "link_utilisation.png", "link utilisation"),
+        ("prefill_queue:", "queue_depths.png", "requests queued"),
+    ):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for key, ys in ts.items():
+            if key.startswith(prefix) or (prefix == "prefill_queue:" and
+                                          key.startswith("decode_waiting:")):  # fmt: skip
+                if any(ys):
+                    ax.plot(t[: len(ys)], ys, label=key)
+        ax.set_xlabel("time (s)")
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(folder / fname, dpi=120)
+        plt.close(fig)
