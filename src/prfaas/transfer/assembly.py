@@ -27,6 +27,10 @@ class Assembly:
         self._ranges = Ranges(manifest.layer_bytes())
         self._records: list[tuple[int, int, int, int]] = []
         self._end: F.End | None = None
+        self._layer_bytes = manifest.layer_bytes()
+        # Claimed ranges (``_ranges``) are reserved when a chunk's meta arrives, before its payload;
+        # completion counts only bytes whose checksum was verified.
+        self._verified_per_layer = [0] * manifest.num_layers
         self.verified_bytes = 0
 
     def accept(self, buffers: Sequence[object]) -> None:
@@ -72,7 +76,8 @@ class Assembly:
             )
         self._records.append((chunk.layer, chunk.offset, chunk.length, chunk.checksum))
         self.verified_bytes += chunk.length
-        return self._ranges.layer_full(chunk.layer)
+        self._verified_per_layer[chunk.layer] += chunk.length
+        return self.layer_full(chunk.layer)
 
     def end(self, end: F.End) -> None:
         if self.state is not SessionState.STREAMING:
@@ -81,7 +86,8 @@ class Assembly:
         self.state = advance(self.state, SessionState.ENDED)
 
     def layer_full(self, layer: int) -> bool:
-        return self._ranges.layer_full(layer)
+        """Every byte of ``layer`` arrived and passed its chunk checksum."""
+        return self._verified_per_layer[layer] == self._layer_bytes[layer]
 
     @property
     def first_token(self) -> int:
@@ -91,7 +97,7 @@ class Assembly:
         """After END and full coverage: check the count and digest. True once VERIFIED."""
         if self.state is not SessionState.ENDED or self._end is None:
             return False
-        if self._ranges.missing():
+        if self.verified_bytes != self.manifest.num_bytes:
             return False
         if len(self._records) != self._end.num_chunks:
             raise self._fail(

@@ -1,0 +1,388 @@
+"""``Receiver`` (accepts senders' connections) and ``InboundSession`` (one request's KV coming in).
+
+On OPEN the receiver checks the manifest's size, then asks its consumer ``allocate(manifest)`` for
+one writable buffer per layer; ``allocate`` may raise ``Refused(reason)``, which aborts the session
+(REFUSED) before a payload byte moves. Chunk payloads are received straight into those buffers
+(see ``channel``), checksummed, acknowledged; a layer is announced when all its bytes are verified,
+and the session is handed over by ``complete()`` only after END, full coverage and the digest
+check. Faults abort one session (with a readable reason, sent to the sender too) and leave the
+others running; a broken connection aborts the sessions of its sender. A watchdog aborts sessions
+that make no progress for ``stall_timeout_s``. asyncio; no policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+
+from prfaas.transfer import frames as F
+from prfaas.transfer.assembly import Assembly
+from prfaas.transfer.channel import Channel, ProtocolChannel
+from prfaas.transfer.codec import Authenticated, ChunkReceived, Connection, Role
+from prfaas.transfer.config import TransferConfig
+from prfaas.transfer.errors import AbortCode, ProtocolError, Refused, SessionAborted
+from prfaas.transfer.manifest import Manifest
+from prfaas.transfer.session_state import SessionState
+from prfaas.transfer.waiting import Signal, wait_until
+
+Allocate = Callable[[Manifest], Sequence[object]]
+"""The consumer's allocator: one writable buffer (bytearray, numpy array, tensor memory, ...) per
+manifest layer, each exactly ``layer.num_bytes`` long; or raise ``Refused(reason)``."""
+
+_KEEP_FINISHED = 1024  # finished sessions remembered per sender, so late chunks are discarded
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A verified session: the consumer's own buffers, now holding every byte of the manifest."""
+
+    request_id: str
+    manifest: Manifest
+    buffers: tuple[memoryview, ...]
+    first_token: int
+
+
+class InboundSession:
+    """One request's KV arriving. ``await layer(i)``, ``await complete()``, ``abort(reason)``."""
+
+    def __init__(self, receiver: Receiver, peer: _Peer, session_id: int, manifest: Manifest):
+        self.receiver = receiver
+        self.session_id = session_id
+        self.manifest = manifest
+        self.request_id = manifest.request_id
+        self.assembly = Assembly(session_id, manifest)
+        self.error: SessionAborted | None = None
+        self.progress_at_s = asyncio.get_running_loop().time()
+        self._peer = peer
+        self._signal = Signal()
+        self._delivery: Delivery | None = None
+        self._active = False
+
+    @property
+    def state(self) -> SessionState:
+        return self.assembly.state
+
+    async def layer(self, index: int, timeout_s: float | None = None) -> memoryview:
+        """Layer ``index``'s buffer once every byte of it is checksum-verified (the session digest
+        is checked only by ``complete``)."""
+        if not 0 <= index < self.manifest.num_layers:
+            raise IndexError(f"layer {index} not in 0..{self.manifest.num_layers - 1}")
+        await wait_until(
+            self._signal,
+            lambda: self.error is None and self.assembly.layer_full(index),
+            lambda: self.error,
+            timeout_s or self.receiver.config.timeout_s,
+            f"layer {index} of request {self.request_id}",
+        )
+        return self.assembly.buffers[index]
+
+    async def complete(self, timeout_s: float | None = None) -> Delivery:
+        """The verified session. Raises SessionAborted (with the reason) if it failed."""
+        await wait_until(
+            self._signal,
+            lambda: self._delivery is not None,
+            lambda: self.error,
+            timeout_s or self.receiver.config.timeout_s,
+            f"request {self.request_id}",
+        )
+        assert self._delivery is not None
+        return self._delivery
+
+    def abort(self, reason: str, code: AbortCode = AbortCode.CANCELLED) -> None:
+        """Receiver-side cancel: the sender is told; the buffers are no longer written."""
+        self.receiver._abort(self, SessionAborted(code, reason), tell_peer=True)
+
+    async def __aenter__(self) -> InboundSession:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.error is None and self._delivery is None:
+            self.abort("consumer closed the session" if e is None else f"consumer failed: {e!r}")
+
+    # -- engine side --------------------------------------------------------------------------
+    def _changed(self) -> None:
+        self._signal.fire()
+
+    def _verified(self) -> None:
+        a = self.assembly
+        self._delivery = Delivery(self.request_id, self.manifest, a.buffers, a.first_token)
+        self._changed()
+
+
+class _Peer:
+    """One sender (by its peer id): its connections and sessions."""
+
+    def __init__(self, peer_id: bytes) -> None:
+        self.peer_id = peer_id
+        self.channels: list[Channel] = []
+        self.sessions: OrderedDict[int, InboundSession] = OrderedDict()
+        self.num_active = 0
+
+
+class Receiver:
+    """Accepts authenticated senders and reassembles their sessions into consumer buffers."""
+
+    def __init__(self, config: TransferConfig, allocate: Allocate) -> None:
+        self.config = config
+        self.allocate = allocate
+        self._peers: dict[bytes, _Peer] = {}
+        self._channels: set[Channel] = set()
+        self._incoming: asyncio.Queue[InboundSession] = asyncio.Queue()
+        self._server: asyncio.Server | None = None
+        self._watchdog: asyncio.Task[None] | None = None
+        self._closed = False
+        self.num_refused_connections = 0
+        self.bytes_verified = 0
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def __aenter__(self) -> Receiver:
+        self._watchdog = asyncio.create_task(self._watch())
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def listen(self, host: str = "127.0.0.1", port: int = 0) -> tuple[str, int]:
+        """Start accepting connections; returns the bound (host, port)."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            self._new_protocol, host, port, ssl=self.config.ssl_context, backlog=256
+        )
+        addr = self._server.sockets[0].getsockname()
+        return addr[0], addr[1]
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._server is not None:
+            self._server.close()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watchdog
+        for peer in list(self._peers.values()):
+            for s in list(peer.sessions.values()):
+                self._abort(s, SessionAborted(AbortCode.SHUTDOWN, "receiver closing"), True)
+        for ch in list(self._channels):
+            ch.close()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(self.config.timeout_s):
+                    await self._server.wait_closed()
+
+    # -- consumer API -------------------------------------------------------------------------
+    async def next_session(self, timeout_s: float | None = None) -> InboundSession:
+        """The next accepted session (buffers allocated, bytes may still be arriving)."""
+        async with asyncio.timeout(timeout_s or self.config.timeout_s):
+            return await self._incoming.get()
+
+    async def __aiter__(self) -> AsyncIterator[InboundSession]:
+        while True:
+            yield await self._incoming.get()
+
+    # -- channels -----------------------------------------------------------------------------
+    def _codec(self) -> Connection:
+        return Connection(
+            Role.ACCEPTOR,
+            self.config.psk,
+            nonce=os.urandom(F.NONCE_BYTES),
+            name=self.config.name,
+            max_chunk_bytes=self.config.max_chunk_bytes,
+        )
+
+    def _new_protocol(self) -> ProtocolChannel:
+        ch = ProtocolChannel(self._codec(), self, handshake_timeout_s=self.config.timeout_s)
+        ch.codec.chunk_sink = self._sink_for(ch)
+        self._channels.add(ch)
+        return ch
+
+    def _sink_for(self, ch: Channel) -> Callable[[F.Chunk], memoryview | None]:
+        def sink(chunk: F.Chunk) -> memoryview | None:
+            peer = ch.tag
+            assert isinstance(peer, _Peer)  # the codec allows CHUNK only after authentication
+            s = peer.sessions.get(chunk.session_id)
+            if s is None:
+                raise ProtocolError(f"chunk for unknown session {chunk.session_id}")
+            if s.error is not None or s.state.terminal:
+                return None  # aborted or done: read and drop, keep the stream in step
+            try:
+                return s.assembly.sink(chunk)
+            except SessionAborted as err:
+                self._abort(s, err, tell_peer=True)
+                return None
+
+        return sink
+
+    # -- ChannelHandler -----------------------------------------------------------------------
+    def on_events(self, ch: Channel) -> None:
+        while (ev := ch.codec.next_event()) is not None:
+            match ev:
+                case Authenticated(peer_id):
+                    peer = self._peers.get(peer_id) or self._peers.setdefault(
+                        peer_id, _Peer(peer_id)
+                    )
+                    peer.channels.append(ch)
+                    ch.tag = peer
+                case ChunkReceived(chunk, sink):
+                    if sink is not None:
+                        self._on_chunk(ch, chunk, sink)
+                case F.Open():
+                    self._on_open(ch, ev)
+                case F.End():
+                    self._on_end(ch, ev)
+                case F.Abort(0):
+                    pass  # the codec closed; on_closed follows
+                case F.Abort(sid, code, reason):
+                    s = self._session(ch, sid)
+                    if s is not None:
+                        self._abort(s, SessionAborted(code, reason, by_peer=True), False)
+
+    def on_closed(self, ch: Channel, exc: BaseException | None) -> None:
+        self._channels.discard(ch)
+        peer = ch.tag
+        if peer is None:  # closed before authenticating (wrong key, garbage, timeout)
+            self.num_refused_connections += 1
+        if not isinstance(peer, _Peer):
+            return
+        with contextlib.suppress(ValueError):
+            peer.channels.remove(ch)
+        reason = f"a connection of this sender broke: {exc!r}"
+        for s in list(peer.sessions.values()):
+            self._abort(s, SessionAborted(AbortCode.CONNECTION_LOST, reason), tell_peer=True)
+        if not peer.channels:
+            self._peers.pop(peer.peer_id, None)
+
+    # -- session events -----------------------------------------------------------------------
+    def _session(self, ch: Channel, sid: int) -> InboundSession | None:
+        peer = ch.tag
+        return peer.sessions.get(sid) if isinstance(peer, _Peer) else None
+
+    def _send(self, ch: Channel, frame: F.Frame) -> None:
+        if not ch.closed:
+            ch.write_nowait(ch.codec.send(frame))
+
+    def _on_open(self, ch: Channel, ev: F.Open) -> None:
+        peer = ch.tag
+        assert isinstance(peer, _Peer)
+        old = peer.sessions.get(ev.session_id)
+        if old is not None:
+            err = SessionAborted(AbortCode.PROTOCOL, f"duplicate OPEN of session {ev.session_id}")
+            self._abort(old, err, tell_peer=True)
+            return
+        s = InboundSession(self, peer, ev.session_id, ev.manifest)
+        peer.sessions[ev.session_id] = s
+        self._forget_old(peer)
+        m = ev.manifest
+        try:
+            if peer.num_active >= self.config.max_sessions_per_peer:
+                raise SessionAborted(AbortCode.REFUSED, "too many open sessions from this sender")
+            if m.num_bytes > self.config.max_session_bytes:
+                raise SessionAborted(
+                    AbortCode.TOO_LARGE,
+                    f"manifest of {m.num_bytes} bytes exceeds {self.config.max_session_bytes}",
+                )
+            try:
+                buffers = self.allocate(m)
+            except Refused as exc:
+                raise SessionAborted(AbortCode.REFUSED, exc.reason) from None
+            except Exception as exc:  # the consumer's bug must not take the receiver down
+                raise SessionAborted(AbortCode.INTERNAL, f"allocate failed: {exc!r}") from None
+            s.assembly.accept(buffers)
+        except SessionAborted as err:
+            self._abort(s, err, tell_peer=True)
+            return
+        peer.num_active += 1
+        s._active = True
+        self._send(ch, F.Accept(ev.session_id))
+        self._incoming.put_nowait(s)
+
+    def _on_chunk(self, ch: Channel, chunk: F.Chunk, payload: memoryview) -> None:
+        s = self._session(ch, chunk.session_id)
+        if s is None or s.state.terminal:
+            return
+        try:
+            layer_done = s.assembly.chunk_arrived(chunk, payload)
+        except SessionAborted as err:
+            self._abort(s, err, tell_peer=True)
+            return
+        s.progress_at_s = asyncio.get_running_loop().time()
+        self.bytes_verified += chunk.length
+        self._send(ch, F.Ack(chunk.session_id, s.assembly.verified_bytes))
+        if layer_done:
+            s._changed()
+        self._maybe_verified(ch, s)
+
+    def _on_end(self, ch: Channel, ev: F.End) -> None:
+        s = self._session(ch, ev.session_id)
+        if s is None:
+            why = f"END of unknown session {ev.session_id}"
+            self._send(ch, F.Abort(ev.session_id, AbortCode.PROTOCOL, why))
+            return
+        if s.state.terminal:
+            return
+        try:
+            s.assembly.end(ev)
+        except SessionAborted as err:
+            self._abort(s, err, tell_peer=True)
+            return
+        s.progress_at_s = asyncio.get_running_loop().time()
+        self._maybe_verified(ch, s)
+
+    def _maybe_verified(self, ch: Channel, s: InboundSession) -> None:
+        try:
+            done = s.assembly.try_verify()
+        except SessionAborted as err:
+            self._abort(s, err, tell_peer=True)
+            return
+        if done:
+            s._active = False
+            s._peer.num_active -= 1
+            s._verified()
+            self._send(ch, F.Complete(s.session_id))
+
+    def _abort(self, s: InboundSession, err: SessionAborted, tell_peer: bool) -> None:
+        # The assembly may already be ABORTED (it raised ``err``); ``error`` says if we handled it.
+        if s.error is not None or s.state is SessionState.VERIFIED:
+            return
+        s.assembly.abort()
+        s.assembly.buffers = ()  # never touch the consumer's memory again
+        s.error = err
+        if s._active:
+            s._active = False
+            s._peer.num_active -= 1
+        if tell_peer:
+            for ch in s._peer.channels[:1]:
+                self._send(ch, F.Abort(s.session_id, err.code, err.reason))
+        s._changed()
+
+    def _forget_old(self, peer: _Peer) -> None:
+        while len(peer.sessions) > _KEEP_FINISHED + peer.num_active:
+            sid, old = next(iter(peer.sessions.items()))
+            if not old.state.terminal:
+                peer.sessions.move_to_end(sid)
+                break
+            del peer.sessions[sid]
+
+    async def _watch(self) -> None:
+        """Abort sessions with no progress for ``stall_timeout_s`` (a stalled or dead sender)."""
+        loop = asyncio.get_running_loop()
+        period = min(1.0, self.config.stall_timeout_s / 4)
+        while True:
+            await asyncio.sleep(period)
+            now = loop.time()
+            for peer in list(self._peers.values()):
+                for s in list(peer.sessions.values()):
+                    idle = now - s.progress_at_s
+                    if s._active and idle > self.config.stall_timeout_s:
+                        why = f"stalled: no bytes for {idle:.1f} s"
+                        self._abort(s, SessionAborted(AbortCode.TIMEOUT, why), tell_peer=True)

@@ -1,0 +1,452 @@
+"""``Link`` (N connections to one receiver) and ``OutboundSession`` (one request's KV going out).
+
+The producer calls ``await session.send(layer, offset, view)`` for any byte range as soon as it is
+computed; ``send`` checksums it, queues it (holding a reference, not a copy) and returns unless the
+session's or the link's in-flight bytes (queued or unacknowledged) are over their bound. One writer
+task per connection takes the next chunk from the link's queue, paces it through the token bucket
+and writes it, so chunks are striped over the connections and a faster connection takes more.
+``finish(first_token)`` sends END with the session digest and waits for the receiver's COMPLETE.
+Every wait is bounded by ``TransferConfig.timeout_s`` without progress. asyncio; no policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import socket
+from dataclasses import dataclass
+from types import TracebackType
+
+from prfaas.transfer import frames as F
+from prfaas.transfer.channel import (
+    Channel,
+    MemoryChannel,
+    ProtocolChannel,
+    SocketChannel,
+    all_sockets,
+    memory_pair,
+)
+from prfaas.transfer.codec import Authenticated, Connection, Role
+from prfaas.transfer.config import TransferConfig
+from prfaas.transfer.errors import AbortCode, ConnectError, SessionAborted
+from prfaas.transfer.integrity import Ranges, make_chunk, session_digest
+from prfaas.transfer.manifest import Manifest
+from prfaas.transfer.pacing import TokenBucket
+from prfaas.transfer.session_state import SessionState, advance
+from prfaas.transfer.waiting import Signal, wait_until
+
+
+@dataclass(frozen=True, slots=True)
+class LinkCounters:
+    """Cumulative byte counts of a link (the monitor differentiates them)."""
+
+    bytes_queued: int
+    bytes_sent: int
+    bytes_acked: int
+    bytes_dropped: int
+    num_sessions_open: int
+
+    @property
+    def backlog_bytes(self) -> int:
+        """Accepted for sending, not yet acknowledged by the receiver, not given up."""
+        return self.bytes_queued - self.bytes_acked - self.bytes_dropped
+
+
+@dataclass(slots=True)
+class _Item:
+    session: OutboundSession
+    chunk: F.Chunk
+    view: memoryview
+
+
+class OutboundSession:
+    """One request's KV on its way out. Use as ``async with link.session(manifest) as s``."""
+
+    def __init__(self, link: Link, session_id: int, manifest: Manifest) -> None:
+        self.link = link
+        self.session_id = session_id
+        self.manifest = manifest
+        self.state = SessionState.OPENING
+        self.error: SessionAborted | None = None
+        self.bytes_queued = 0
+        self.bytes_sent = 0
+        self.bytes_acked = 0
+        self._ranges = Ranges(manifest.layer_bytes())
+        self._records: list[tuple[int, int, int, int]] = []
+        self._channel = link._channels[session_id % len(link._channels)]
+
+    # -- producer API -------------------------------------------------------------------------
+    async def send(self, layer: int, offset: int, view: object) -> None:
+        """Queue bytes ``[offset, offset+len(view))`` of manifest layer ``layer``. The producer must
+        not modify ``view``'s memory until ``finish`` returns. ValueError for a bad range;
+        SessionAborted if the session died."""
+        self._raise_if_dead()
+        if self.state is not SessionState.STREAMING:
+            raise ValueError(f"send() in session state {self.state.value}")
+        data = memoryview(view).cast("B")  # type: ignore[arg-type]
+        why = self._ranges.check(layer, offset, len(data))
+        if why is not None:
+            raise ValueError(f"request {self.manifest.request_id}: {why}")
+        self._ranges.claim(layer, offset, len(data))
+        step = self.link.config.chunk_bytes
+        for start in range(0, len(data), step):
+            piece = data[start : start + step]
+            await self.link._reserve(self, len(piece))
+            chunk = make_chunk(self.session_id, layer, offset + start, piece)
+            self._records.append((layer, chunk.offset, chunk.length, chunk.checksum))
+            self.link._enqueue(_Item(self, chunk, piece))
+
+    async def finish(self, first_token: int = -1) -> None:
+        """All bytes were sent: send END and wait until the receiver verified the session."""
+        self._raise_if_dead()
+        missing = self._ranges.missing()
+        if missing:
+            desc = ", ".join(f"layer {i}: {n} bytes" for i, n in missing[:5])
+            raise ValueError(f"request {self.manifest.request_id}: not all sent ({desc})")
+        end = F.End(self.session_id, len(self._records), session_digest(self._records), first_token)
+        self.state = advance(self.state, SessionState.ENDED)
+        await self.link._write_control(self._channel, end)
+        await wait_until(
+            self.link._signal,
+            lambda: self.state is SessionState.VERIFIED,
+            lambda: self.error,
+            self.link.config.timeout_s,
+            f"COMPLETE of request {self.manifest.request_id}",
+        )
+
+    async def abort(self, reason: str, code: AbortCode = AbortCode.CANCELLED) -> None:
+        """Give up on the session; the receiver is told and frees its buffers."""
+        if self.state.terminal:
+            return
+        self._set_aborted(SessionAborted(code, reason))
+        with contextlib.suppress(ConnectionError, OSError):
+            await self.link._write_control(self._channel, F.Abort(self.session_id, code, reason))
+
+    async def __aenter__(self) -> OutboundSession:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if not self.state.terminal:
+            reason = "closed before finish" if e is None else f"producer failed: {e!r}"
+            await asyncio.shield(self.abort(reason))
+
+    # -- engine side --------------------------------------------------------------------------
+    def _raise_if_dead(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def _set_aborted(self, error: SessionAborted) -> None:
+        if self.state.terminal:
+            return
+        self.state = advance(self.state, SessionState.ABORTED)
+        self.error = error
+        self.link._release(self, self.bytes_queued - self.bytes_acked)
+        self.link._sessions.pop(self.session_id, None)
+        self.link._signal.fire()
+
+
+class Link:
+    """N authenticated connections to one receiver, carrying many sessions at once."""
+
+    def __init__(self, config: TransferConfig) -> None:
+        self.config = config
+        self.peer_id = os.urandom(F.PEER_ID_BYTES)
+        self._channels: list[Channel] = []
+        self._sessions: dict[int, OutboundSession] = {}
+        self._next_session_id = 1
+        self._queue: asyncio.Queue[_Item] = asyncio.Queue()
+        self._signal = Signal()
+        self._inflight = 0
+        self._counts = [0, 0, 0, 0]  # queued, sent, acked, dropped (aborted before acked)
+        self._writers: list[asyncio.Task[None]] = []
+        self._error: ConnectError | None = None
+        self._closed = False
+        loop = asyncio.get_running_loop()
+        rate = config.rate_limit_bytes_per_s
+        self._bucket = None if rate is None else _bucket(rate, config.chunk_bytes, loop.time())
+
+    # -- construction -------------------------------------------------------------------------
+    def _codec(self) -> Connection:
+        return Connection(
+            Role.INITIATOR,
+            self.config.psk,
+            nonce=os.urandom(F.NONCE_BYTES),
+            peer_id=self.peer_id,
+            name=self.config.name,
+        )
+
+    @classmethod
+    async def connect(cls, host: str, port: int, config: TransferConfig) -> Link:
+        """Open ``config.num_connections`` connections and authenticate each."""
+        link = cls(config)
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(config.timeout_s):
+                for _ in range(config.num_connections):
+                    if config.ssl_context is None:
+                        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                        sock.setblocking(False)
+                        try:
+                            await loop.sock_connect(sock, (host, port))
+                        except BaseException:
+                            sock.close()
+                            raise
+                        ch: Channel = SocketChannel(sock, link._codec(), link)
+                    else:
+                        codec = link._codec()
+                        _, ch = await loop.create_connection(
+                            lambda c=codec: ProtocolChannel(  # type: ignore[misc]
+                                c, link, handshake_timeout_s=config.timeout_s
+                            ),
+                            host,
+                            port,
+                            ssl=config.ssl_context,
+                            server_hostname=config.server_hostname or host,
+                        )
+                    link._channels.append(ch)
+                await link._handshake()
+        except BaseException as exc:
+            await link.aclose()
+            if isinstance(exc, ConnectError):
+                raise
+            if isinstance(exc, (OSError, TimeoutError)):
+                raise ConnectError(f"cannot connect to {host}:{port}: {exc}") from exc
+            raise
+        return link
+
+    @classmethod
+    async def in_memory(
+        cls, receiver: object, config: TransferConfig, rng: random.Random | None = None
+    ) -> Link:
+        """A link to ``receiver`` (a ``Receiver``) over in-memory channels: same engine, no
+        sockets; bytes arrive cut at random boundaries."""
+        from prfaas.transfer.receiver import Receiver
+
+        assert isinstance(receiver, Receiver)
+        link = cls(config)
+        rng = rng or random.Random(0)
+        for _ in range(config.num_connections):
+            mine, theirs = memory_pair((link._codec(), link), (receiver._codec(), receiver), rng)
+            theirs.codec.chunk_sink = receiver._sink_for(theirs)
+            link._channels.append(mine)
+            receiver._channels.add(theirs)
+        try:
+            await link._handshake()
+        except BaseException:
+            await link.aclose()
+            raise
+        return link
+
+    async def _handshake(self) -> None:
+        for ch in self._channels:
+            hello = ch.codec.initiate()
+            if isinstance(ch, MemoryChannel):
+                ch.write_nowait(hello)
+            else:
+                await ch.write(hello)
+        await wait_until(
+            self._signal,
+            lambda: all(ch.tag == "ready" for ch in self._channels),
+            lambda: self._error,
+            self.config.timeout_s,
+            "the handshake",
+        )
+        self._writers = [asyncio.create_task(self._writer(ch)) for ch in self._channels]
+
+    # -- public API ---------------------------------------------------------------------------
+    def session(self, manifest: Manifest) -> _OpenSession:
+        """``async with link.session(manifest) as s``: OPEN, wait for ACCEPT (SessionAborted with
+        code REFUSED if the receiver refused), stream, ``finish``; aborted if the block raises."""
+        return _OpenSession(self, manifest)
+
+    async def open(self, manifest: Manifest) -> OutboundSession:
+        if self._error is not None:
+            raise self._error
+        if self._closed:
+            raise ConnectError("link closed")
+        sid = self._next_session_id
+        self._next_session_id += 1
+        s = OutboundSession(self, sid, manifest)
+        self._sessions[sid] = s
+        try:
+            await self._write_control(s._channel, F.Open(sid, manifest))
+            await wait_until(
+                self._signal,
+                lambda: s.state is not SessionState.OPENING,
+                lambda: s.error or self._error,
+                self.config.timeout_s,
+                f"ACCEPT of request {manifest.request_id}",
+            )
+        except BaseException as exc:
+            if not s.state.terminal:
+                await asyncio.shield(s.abort(f"open failed: {exc!r}"))
+            raise
+        return s
+
+    def counters(self) -> LinkCounters:
+        q, s, a, d = self._counts
+        return LinkCounters(q, s, a, d, len(self._sessions))
+
+    def sockets(self) -> list[socket.socket]:
+        """The connections' sockets (for ``TCP_INFO``; empty in memory)."""
+        return all_sockets(self._channels)
+
+    @property
+    def rate_bytes_per_s(self) -> float | None:
+        """The pacing rate in force (None: unpaced)."""
+        return None if self._bucket is None else self._bucket.rate_bytes_per_s
+
+    def set_rate(self, rate_bytes_per_s: float | None) -> None:
+        """Change the pacing rate (None: unpaced) for chunks not yet written."""
+        now = asyncio.get_running_loop().time()
+        if rate_bytes_per_s is None:
+            self._bucket = None
+        elif self._bucket is None:
+            self._bucket = _bucket(rate_bytes_per_s, self.config.chunk_bytes, now)
+        else:
+            self._bucket.set_rate(rate_bytes_per_s, now)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for s in list(self._sessions.values()):
+            s._set_aborted(SessionAborted(AbortCode.SHUTDOWN, "link closed"))
+        for w in self._writers:
+            w.cancel()
+        for w in self._writers:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await w
+        for ch in self._channels:
+            ch.close()
+
+    async def __aenter__(self) -> Link:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    # -- internals ----------------------------------------------------------------------------
+    async def _reserve(self, s: OutboundSession, num_bytes: int) -> None:
+        cfg = self.config
+
+        def fits() -> bool:
+            # Always let one chunk through when nothing is in flight, or it could never go.
+            return (
+                s.bytes_queued - s.bytes_acked + num_bytes <= cfg.max_inflight_bytes_per_session
+                or s.bytes_queued == s.bytes_acked
+            ) and (
+                self._inflight + num_bytes <= cfg.max_inflight_bytes_per_link or not self._inflight
+            )
+
+        await wait_until(
+            self._signal, fits, lambda: s.error or self._error, cfg.timeout_s, "send window"
+        )
+        s.bytes_queued += num_bytes
+        self._inflight += num_bytes
+        self._counts[0] += num_bytes
+
+    def _release(self, s: OutboundSession, num_bytes: int) -> None:
+        """Bytes of ``s`` that will never be acknowledged (aborted) leave the window."""
+        self._inflight -= num_bytes
+        self._counts[3] += num_bytes
+
+    def _enqueue(self, item: _Item) -> None:
+        self._queue.put_nowait(item)
+
+    async def _write_control(self, ch: Channel, frame: F.Frame) -> None:
+        if ch.closed:
+            raise ConnectionResetError("connection closed")
+        await ch.write(ch.codec.send(frame))
+
+    async def _writer(self, ch: Channel) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            item = await self._queue.get()
+            s = item.session
+            if s.state.terminal:
+                continue  # its credit was released when it aborted
+            if self._bucket is not None:
+                wait_s = self._bucket.reserve(item.chunk.length, loop.time())
+                if wait_s > 0:
+                    await asyncio.sleep(wait_s)
+            try:
+                await ch.write(ch.codec.send(item.chunk), item.view)
+            except (ConnectionError, OSError):
+                return  # on_closed fails the link and its sessions
+            s.bytes_sent += item.chunk.length
+            self._counts[1] += item.chunk.length
+
+    # -- ChannelHandler -----------------------------------------------------------------------
+    def on_events(self, ch: Channel) -> None:
+        while (ev := ch.codec.next_event()) is not None:
+            match ev:
+                case Authenticated():
+                    ch.tag = "ready"
+                case F.Accept(sid):
+                    s = self._sessions.get(sid)
+                    if s is not None and s.state is SessionState.OPENING:
+                        s.state = advance(s.state, SessionState.STREAMING)
+                case F.Ack(sid, num_bytes):
+                    s = self._sessions.get(sid)
+                    if s is not None and num_bytes > s.bytes_acked:
+                        delta = num_bytes - s.bytes_acked
+                        s.bytes_acked = num_bytes
+                        self._inflight -= delta
+                        self._counts[2] += delta
+                case F.Complete(sid):
+                    s = self._sessions.pop(sid, None)
+                    if s is not None and s.state is SessionState.ENDED:
+                        s.state = advance(s.state, SessionState.VERIFIED)
+                        # ACKs may trail COMPLETE on other connections: settle the window now.
+                        delta = s.bytes_queued - s.bytes_acked
+                        s.bytes_acked = s.bytes_queued
+                        self._inflight -= delta
+                        self._counts[2] += delta
+                case F.Abort(0, code, reason):
+                    why = f"receiver closed the connection ({code.name}): {reason}"
+                    self._fail(ConnectError(why))
+                case F.Abort(sid, code, reason):
+                    s = self._sessions.get(sid)
+                    if s is not None:
+                        s._set_aborted(SessionAborted(code, reason, by_peer=True))
+        self._signal.fire()
+
+    def on_closed(self, ch: Channel, exc: BaseException | None) -> None:
+        if not self._closed:
+            self._fail(ConnectError(f"connection lost: {exc!r}"))
+
+    def _fail(self, error: ConnectError) -> None:
+        if self._error is None:
+            self._error = error
+        for s in list(self._sessions.values()):
+            s._set_aborted(SessionAborted(AbortCode.CONNECTION_LOST, str(error)))
+        self._signal.fire()
+
+
+def _bucket(rate_bytes_per_s: float, chunk_bytes: int, now_s: float) -> TokenBucket:
+    # Burst of one chunk or 10 ms of rate, whichever is larger: smooth enough for a tbf queue.
+    return TokenBucket(rate_bytes_per_s, max(chunk_bytes, rate_bytes_per_s * 0.01), now_s)
+
+
+class _OpenSession:
+    def __init__(self, link: Link, manifest: Manifest) -> None:
+        self._link = link
+        self._manifest = manifest
+        self._session: OutboundSession | None = None
+
+    async def __aenter__(self) -> OutboundSession:
+        self._session = await self._link.open(self._manifest)
+        return self._session
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        assert self._session is not None
+        await self._session.__aexit__(et, e, tb)

@@ -1,0 +1,158 @@
+"""The engine over loopback TCP (and TLS): byte-exact delivery, refusal of wrong keys, monitor."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import random
+import socket
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from prfaas.core import LinkId
+from prfaas.transfer import ConnectError, Link, LinkMonitor, Receiver, TransferConfig
+from prfaas.transfer import frames as F
+from prfaas.transfer.codec import Connection, Role
+from prfaas.transfer.integrity import make_chunk
+from transfer_helpers import (
+    KEY,
+    Allocator,
+    random_manifest,
+    random_payload,
+    random_ranges,
+    send_all,
+    tls_contexts,
+)
+
+pytestmark = pytest.mark.timeout(60)
+CFG = TransferConfig(psk=KEY, num_connections=3, chunk_bytes=8192, timeout_s=5)
+
+
+async def _roundtrip(seed: int, cfg: TransferConfig, rx_cfg: TransferConfig | None = None) -> None:
+    rng = random.Random(seed)
+    async with Receiver(rx_cfg or cfg, Allocator()) as rx:
+        host, port = await rx.listen()
+        async with await Link.connect(host, port, cfg) as link:
+            for k in range(2):
+                m = random_manifest(rng, f"r{k}")
+                payload = random_payload(rng, m)
+                async with link.session(m) as s:
+                    ins = await rx.next_session()
+                    await send_all(s, payload, random_ranges(rng, payload), first=k)
+                d = await ins.complete()
+                assert [bytes(b) for b in d.buffers] == payload and d.first_token == k
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32), conns=st.integers(1, 4))
+def test_random_manifests_over_loopback(seed: int, conns: int) -> None:
+    asyncio.run(_roundtrip(seed, dataclasses.replace(CFG, num_connections=conns)))
+
+
+async def test_tls_roundtrip(tmp_path: Path) -> None:
+    ctx = tls_contexts(tmp_path)
+    if ctx is None:
+        pytest.skip("openssl CLI not available to make a test certificate")
+    server, client = ctx
+    rx_cfg = dataclasses.replace(CFG, ssl_context=server)
+    tx_cfg = dataclasses.replace(CFG, ssl_context=client, server_hostname="localhost")
+    await _roundtrip(1, tx_cfg, rx_cfg)
+
+
+async def _raw_client(port: int) -> socket.socket:
+    loop = asyncio.get_running_loop()
+    sock = socket.socket()
+    sock.setblocking(False)
+    await loop.sock_connect(sock, ("127.0.0.1", port))
+    return sock
+
+
+async def _read_until_closed(sock: socket.socket) -> bytes:
+    loop = asyncio.get_running_loop()
+    got = b""
+    async with asyncio.timeout(5):
+        while chunk := await loop.sock_recv(sock, 65536):
+            got += chunk
+    return got
+
+
+async def test_wrong_key_peer_is_refused_before_any_kv_byte() -> None:
+    """A client that ignores the acceptor's proof, sends a wrong AUTH and then a CHUNK: refused at
+    AUTH, connection closed, nothing allocated, nothing written."""
+    alloc = Allocator()
+    async with Receiver(CFG, alloc) as rx:
+        _, port = await rx.listen()
+        sock = await _raw_client(port)
+        rogue = Connection(Role.INITIATOR, b"wrong-key-wrong-key!", nonce=os.urandom(16))
+        loop = asyncio.get_running_loop()
+        await loop.sock_sendall(sock, rogue.initiate())
+        await asyncio.sleep(0.05)
+        manifest = random_manifest(random.Random(0))
+        junk = (
+            F.encode_frame(F.Auth(b"\0" * 32))
+            + F.encode_frame(F.Open(1, manifest))
+            + F.encode_frame(make_chunk(1, 0, 0, b"KV" * 100))
+            + b"KV" * 100
+        )
+        with contextlib.suppress(OSError):  # the receiver may already have closed: fine
+            await loop.sock_sendall(sock, junk)
+        reply = await _read_until_closed(sock)
+        sock.close()
+        assert F.encode_frame(F.Abort(0, F.AbortCode.AUTH, "authentication failed")) in reply
+        assert alloc.calls == [] and rx.bytes_verified == 0
+        assert rx.num_refused_connections == 1
+
+
+async def test_silent_or_garbage_clients_are_dropped() -> None:
+    alloc = Allocator()
+    async with Receiver(dataclasses.replace(CFG, timeout_s=0.3), alloc) as rx:
+        _, port = await rx.listen()
+        silent = await _raw_client(port)
+        garbage = await _raw_client(port)
+        await asyncio.get_running_loop().sock_sendall(garbage, b"GET / HTTP/1.1\r\n\r\n")
+        await _read_until_closed(garbage)
+        await _read_until_closed(silent)  # closed by the handshake timeout
+        silent.close()
+        garbage.close()
+        assert alloc.calls == [] and rx.num_refused_connections == 2
+
+
+async def test_sender_with_wrong_key_gets_connect_error() -> None:
+    alloc = Allocator()
+    async with Receiver(CFG, alloc) as rx:
+        host, port = await rx.listen()
+        with pytest.raises(ConnectError):
+            await Link.connect(host, port, dataclasses.replace(CFG, psk=b"x" * 16))
+        assert alloc.calls == []
+
+
+async def test_connect_to_nothing_is_a_connect_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ConnectError, match="cannot connect"):
+        await Link.connect("127.0.0.1", port, CFG)
+
+
+async def test_monitor_publishes_link_state() -> None:
+    rng = random.Random(3)
+    async with Receiver(CFG, Allocator()) as rx:
+        host, port = await rx.listen()
+        async with await Link.connect(host, port, CFG) as link:
+            mon = LinkMonitor(link, LinkId("a->b"))
+            loop = asyncio.get_running_loop()
+            assert mon.sample(loop.time()) is None
+            m = random_manifest(rng)
+            payload = random_payload(rng, m)
+            async with link.session(m) as s:
+                await send_all(s, payload, random_ranges(rng, payload))
+            await asyncio.sleep(0.01)
+            state = mon.sample(loop.time())
+            assert state is not None and state.link_id == "a->b"
+            assert state.goodput_bytes_per_s > 0 and state.rtt_s > 0
+            assert state.backlog_bytes == 0 and state.retransmit_rate == 0.0
