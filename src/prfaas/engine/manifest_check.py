@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from prfaas.engine.api import ManifestLike
 from prfaas.engine.errors import ManifestMismatch
-from prfaas.spec import CacheLayout, CacheSpec, LayerSegment
+from prfaas.spec import CacheLayout, CacheSpec, DType, LayerSegment, TensorSlice
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,8 +27,11 @@ class LayoutManifest:
         return cls(request_id, layout.num_tokens, layout.num_cached_tokens, layout.segments)
 
 
-def check_manifest(spec: CacheSpec, manifest: ManifestLike, max_tokens: int) -> CacheLayout:
-    """The layout this engine expects for ``manifest``; ``ManifestMismatch`` if they differ."""
+def check_manifest(
+    spec: CacheSpec, manifest: ManifestLike, max_tokens: int, byte_divisor: int = 1
+) -> CacheLayout:
+    """The (real, unscaled) layout of ``manifest``; ``ManifestMismatch`` if it differs from what
+    this spec expects (scaled by ``byte_divisor`` as ``scale_layout`` does, for emulated nodes)."""
     rid = manifest.request_id
     if not 0 < manifest.num_tokens <= max_tokens:
         raise ManifestMismatch(
@@ -39,6 +42,11 @@ def check_manifest(spec: CacheSpec, manifest: ManifestLike, max_tokens: int) -> 
         layout = spec.layout(manifest.num_tokens, manifest.num_cached_tokens)
     except ValueError as exc:
         raise ManifestMismatch(f"request {rid}: {exc}") from None
+    _compare(rid, manifest, scale_layout(layout, byte_divisor))
+    return layout
+
+
+def _compare(rid: str, manifest: ManifestLike, layout: CacheLayout) -> None:
     if len(manifest.layers) != len(layout.segments):
         raise ManifestMismatch(
             f"request {rid}: manifest has {len(manifest.layers)} layers, "
@@ -72,4 +80,21 @@ def check_manifest(spec: CacheSpec, manifest: ManifestLike, max_tokens: int) -> 
                 raise ManifestMismatch(
                     f"{where}, tensor {g.name}: shape {tuple(g.shape)}, expected {w.shape}"
                 )
-    return layout
+
+
+def scale_layout(layout: CacheLayout, byte_divisor: int) -> CacheLayout:
+    """``layout`` with every tensor shrunk to ceil(bytes / divisor) bytes (1-byte elements)."""
+    if byte_divisor == 1:
+        return layout
+    segments = []
+    for seg in layout.segments:
+        tensors = []
+        for t in seg.tensors:
+            n = -(-t.num_bytes // byte_divisor)
+            tensors.append(TensorSlice(t.name, DType.FP8, (n,), n))
+        segments.append(
+            LayerSegment(
+                seg.layer_index, seg.kind, seg.first_token, seg.num_token_rows, tuple(tensors)
+            )
+        )
+    return CacheLayout(layout.num_tokens, layout.num_cached_tokens, tuple(segments))

@@ -36,7 +36,7 @@ from prfaas.engine.torch.export import export_cache, import_cache, split_layer_b
 from prfaas.engine.torch.loader import LoadedModel, load_model
 from prfaas.engine.torch.prefill import run_prefill
 from prfaas.engine.torch.sampling import choose
-from prfaas.spec import CacheSpec, DType
+from prfaas.spec import CacheLayout, CacheSpec, DType
 
 DEFAULT_KV_BUDGET_BYTES = 4 << 30
 
@@ -88,6 +88,11 @@ class TorchEngine:
 
     def running_ids(self) -> tuple[str, ...]:
         return tuple(self._running)
+
+    def layout(self, num_tokens: int, num_cached_tokens: int = 0) -> CacheLayout:
+        """What crosses for a request of ``num_tokens`` whose receiver holds the first
+        ``num_cached_tokens``."""
+        return self.cache_spec.layout(num_tokens, num_cached_tokens)
 
     def _check_length(self, request_id: str, num_tokens: int, max_new_tokens: int) -> None:
         if num_tokens + max_new_tokens > self.max_context_tokens:
