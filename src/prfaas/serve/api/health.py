@@ -1,0 +1,71 @@
+"""The read-only routes: ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health`` and
+``GET /metrics``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI
+from starlette.responses import JSONResponse, Response
+
+from prfaas.serve.api.errors import ApiError
+from prfaas.serve.api.metrics import CONTENT_TYPE
+
+if TYPE_CHECKING:
+    from prfaas.serve.api.app import Gateway
+
+HEALTH_TIMEOUT_S = 5.0
+_CREATED = int(time.time())
+
+
+def add_info_routes(app: FastAPI, gateway: Gateway) -> None:
+    def model_card() -> dict[str, Any]:
+        info = gateway.backend.model_info()
+        return {
+            "id": info.name,
+            "object": "model",
+            "created": _CREATED,
+            "owned_by": "prfaas",
+            "max_model_len": info.max_context_tokens,
+        }
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> Response:
+        card = model_card()
+        if model_id != card["id"]:
+            from prfaas.serve.api.app import error_response
+
+            return error_response(
+                ApiError(
+                    404, f"model {model_id!r} does not exist", param="model", code="model_not_found"
+                )
+            )
+        return JSONResponse(card)
+
+    @app.get("/health")
+    async def health() -> Response:
+        admission = gateway.admission
+        body: dict[str, Any] = {
+            "status": "ok",
+            "in_flight": admission.num_in_flight,
+            "queued": admission.num_queued,
+        }
+        try:
+            backend = await asyncio.wait_for(gateway.backend.health(), HEALTH_TIMEOUT_S)
+        except Exception as exc:  # the point of /health is to report this, not to raise
+            backend = {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
+        body["backend"] = backend
+        if not isinstance(backend, dict) or backend.get("status", "ok") != "ok":
+            body["status"] = "unavailable"
+            return JSONResponse(body, status_code=503)
+        return JSONResponse(body)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(gateway.metrics.render(), media_type=CONTENT_TYPE)

@@ -1,0 +1,126 @@
+"""``Relay``: runs one backend generation in its own task and hands its output out as text deltas.
+
+The pump task iterates ``backend.generate(req)`` into a bounded queue (a slow client holds back
+the backend, never memory). The consumer reads with the request's deadline, applies the
+``max_tokens`` cap, detokenizes incrementally, and maps failures to ``ApiError``. ``close()``
+cancels the pump, which closes the backend's generator: that is how a client that went away, a
+deadline or a cap aborts the request in the backend. ``close()`` is idempotent and every exit
+path of the app calls it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from prfaas.serve.api.errors import from_generation_error, internal_error, timeout_error
+from prfaas.serve.api.tokenizer import IncrementalDetokenizer, Tokenizer
+from prfaas.serve.api.tracking import RequestTracker
+from prfaas.serve.backend import Backend, GenerationError, GenerationRequest, TokenEvent
+
+_END = object()
+# How long close() waits for the backend's cleanup (its `finally`) before leaving it running.
+_CLOSE_GRACE_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str | None
+
+
+class Relay:
+    def __init__(
+        self,
+        backend: Backend,
+        req: GenerationRequest,
+        tokenizer: Tokenizer,
+        tracker: RequestTracker,
+        *,
+        timeout_s: float,
+        buffer_events: int,
+    ) -> None:
+        self._backend = backend
+        self.req = req
+        self._tracker = tracker
+        self._timeout_s = timeout_s
+        self._deadline = asyncio.get_running_loop().time() + timeout_s
+        self._queue: asyncio.Queue[object] = asyncio.Queue(maxsize=buffer_events)
+        self._detok = IncrementalDetokenizer(tokenizer)
+        self._task: asyncio.Task[None] | None = None
+        self._finished = False
+        self.num_tokens = 0
+        self.token_ids: list[int] = []
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._pump(), name=f"relay-{self.req.request_id}")
+
+    async def _pump(self) -> None:
+        stream = self._backend.generate(self.req)
+        try:
+            async for event in stream:
+                await self._queue.put(event)
+            await self._queue.put(_END)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # GenerationError or a backend bug: the consumer reports it
+            await self._queue.put(exc)
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                # Reaching here by cancellation while the generator sits at a `yield`: this is
+                # what raises GeneratorExit inside it, so the backend aborts the request.
+                await aclose()
+
+    async def _next_event(self) -> object:
+        remaining_s = self._deadline - asyncio.get_running_loop().time()
+        try:
+            if remaining_s <= 0:
+                raise TimeoutError
+            return await asyncio.wait_for(self._queue.get(), remaining_s)
+        except TimeoutError:
+            raise timeout_error(self._timeout_s) from None
+
+    async def next(self) -> Delta | None:
+        """The next delta, or None once finished. Raises ``ApiError`` on failure or deadline."""
+        if self._finished:
+            return None
+        item = await self._next_event()
+        if isinstance(item, GenerationError):
+            await self.close()
+            raise from_generation_error(item)
+        if isinstance(item, Exception):
+            await self.close()
+            raise internal_error(item)
+        if item is _END:  # the backend stopped without saying why
+            item = TokenEvent((), "length" if self.num_tokens >= self.req.max_tokens else "stop")
+        assert isinstance(item, TokenEvent)
+        room = self.req.max_tokens - self.num_tokens
+        ids = item.token_ids[:room]
+        reason = item.finish_reason
+        if len(ids) < len(item.token_ids) or (reason is None and len(ids) == room):
+            reason = "length"  # enforce the cap even on a backend that overruns it
+        self.num_tokens += len(ids)
+        self.token_ids.extend(ids)
+        self._tracker.on_tokens(len(ids))
+        text = self._detok.add(ids)
+        if reason is not None:
+            text += self._detok.flush()
+            self._finished = True
+            await self.close()
+        return Delta(text, ids, reason)
+
+    async def deltas(self) -> AsyncIterator[Delta]:
+        while (delta := await self.next()) is not None:
+            yield delta
+
+    async def close(self) -> None:
+        task = self._task
+        if task is None or task.done():
+            return
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait({task}, timeout=_CLOSE_GRACE_S)
