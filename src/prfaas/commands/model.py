@@ -1,0 +1,105 @@
+"""``prfaas model``: tiny random-weight models for tests and benchmarks, and a model's cache spec.
+
+``make-tiny --arch ARCH --out DIR`` writes a random-weight model of a supported architecture with a
+byte-level BPE tokenizer trained on local text (nothing is downloaded). ``info DIR`` prints the
+cache layout ``engine.torch`` derives from a model folder. torch is imported only inside ``run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from prfaas.errors import UsageError
+
+
+def register(subparsers: Any) -> None:
+    from prfaas.engine.hf_spec import SUPPORTED_ARCHITECTURES
+
+    p = subparsers.add_parser(
+        "model",
+        help="make tiny random-weight models; show a model folder's cache layout",
+        description="Local model folders for engine.torch. Architectures: "
+        + ", ".join(SUPPORTED_ARCHITECTURES)
+        + ".",
+    )
+    sub = p.add_subparsers(dest="model_command", required=True, metavar="SUBCOMMAND")
+    mk = sub.add_parser(
+        "make-tiny",
+        help="write a tiny random-weight model with a locally trained tokenizer",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    mk.add_argument("--arch", required=True, help="architecture (Hugging Face model_type)")
+    mk.add_argument("--out", required=True, type=Path, help="output folder")
+    mk.add_argument("--seed", type=int, default=0, help="weight seed")
+    mk.add_argument("--vocab-size", type=int, default=512, help="tokenizer vocabulary")
+    mk.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    mk.set_defaults(run=run_make_tiny)
+    info = sub.add_parser("info", help="print the cache layout derived from a model folder")
+    info.add_argument("model_dir", type=Path)
+    info.add_argument("--json", action="store_true")
+    info.set_defaults(run=run_info)
+
+
+def _arch(name: str) -> str:
+    from prfaas.engine.hf_spec import SUPPORTED_ARCHITECTURES
+
+    arch = name.replace("-", "_").lower()
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise UsageError(
+            f"unknown architecture {name!r} (known: {', '.join(SUPPORTED_ARCHITECTURES)})"
+        )
+    return arch
+
+
+def run_make_tiny(args: argparse.Namespace) -> int:
+    arch = _arch(args.arch)
+    if args.vocab_size < 300:
+        raise UsageError(f"--vocab-size must be >= 300 (bytes + merges), got {args.vocab_size}")
+    if args.out.exists() and not args.out.is_dir():
+        raise UsageError(f"--out {args.out} exists and is not a folder")
+    from prfaas.engine.torch.tiny import make_tiny
+
+    out = make_tiny(arch, args.out, seed=args.seed, vocab_size=args.vocab_size, dtype=args.dtype)
+    print(f"wrote a tiny {arch} model to {out}")
+    return 0
+
+
+def run_info(args: argparse.Namespace) -> int:
+    from transformers import AutoConfig
+
+    from prfaas.engine.hf_spec import cache_map_from_config, check_architecture
+    from prfaas.engine.torch.loader import config_mapping, read_config
+
+    raw = read_config(args.model_dir)  # clear errors for a missing folder / config
+    check_architecture(raw.get("model_type"))
+    cmap = cache_map_from_config(config_mapping(AutoConfig.from_pretrained(args.model_dir)))
+    rows = [
+        {
+            "position": pos,
+            "model_layer": cmap.model_layers[pos],
+            "kind": la.kind.value,
+            "tensors": [
+                {"name": t.name, "shape": list(t.shape), "dtype": t.dtype.value}
+                for t in (*la.per_token, *la.fixed)
+            ],
+            "bytes_per_token": la.bytes_per_token,
+            "fixed_bytes": la.fixed_bytes,
+        }
+        for pos, la in enumerate(cmap.spec.layers)
+    ]
+    if args.json:
+        print(
+            json.dumps({"model_type": cmap.model_type, "dtype": cmap.dtype.value, "layers": rows})
+        )
+        return 0
+    print(f"{cmap.model_type} ({cmap.dtype.value}), max context {cmap.max_context_tokens} tokens")
+    for r in rows:
+        shapes = ", ".join(f"{t['name']}{tuple(t['shape'])}:{t['dtype']}" for t in r["tensors"])
+        print(f"  {r['position']:3d} (layer {r['model_layer']:3d}) {r['kind']:6s} {shapes}")
+    spec = cmap.spec
+    per_token, fixed = spec.full_attention_bytes_per_token, spec.fixed_bytes
+    print(f"full-attention bytes/token {per_token}, fixed bytes {fixed}")
+    return 0
