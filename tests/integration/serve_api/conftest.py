@@ -19,5 +19,7 @@ def server() -> Iterator[Server]:
 def tiny_server() -> Iterator[Server]:
     """One slot, one queue place: the third concurrent request is refused."""
     yield from serve(
-        GatewayHTTPConfig(max_in_flight=1, max_queued=1, queue_timeout_s=5.0, retry_after_s=3)
+        GatewayHTTPConfig(
+            max_in_flight=1, max_queued=1, queue_timeout_s=5.0, retry_after_s=3, max_body_bytes=4096
+        )
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Sized
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,7 +128,7 @@ def _prompt_ids(
 
 
 def _vocab_size(tokenizer: Tokenizer) -> int | None:
-    if hasattr(tokenizer, "__len__"):
+    if isinstance(tokenizer, Sized):
         return len(tokenizer)
     size = getattr(tokenizer, "vocab_size", None)
     return size if isinstance(size, int) else None

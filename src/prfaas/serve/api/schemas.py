@@ -44,10 +44,17 @@ class _Sampling(BaseModel):
     stop: StrictStr | list[StrictStr] | None = None
     """Stop *strings* are not supported (tokens only: ``stop_token_ids``); null or [] is fine."""
     stop_token_ids: list[NonNegInt] = Field(default_factory=list)
-    presence_penalty: Literal[0, 0.0] = 0.0
-    frequency_penalty: Literal[0, 0.0] = 0.0
+    presence_penalty: Annotated[float, Field(strict=True)] = 0.0
+    frequency_penalty: Annotated[float, Field(strict=True)] = 0.0
     user: StrictStr | None = None
     return_token_ids: StrictBool = False
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalties(cls, value: float) -> float:
+        if value != 0:
+            raise ValueError("penalties are not supported; only 0 is accepted")
+        return value
 
     @field_validator("stop")
     @classmethod

@@ -1,0 +1,173 @@
+"""Bad input gets a 4xx with an OpenAI-style error body (never a 500 or a hung stream); backend
+failures keep their status, or end a started stream with an error event."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from serve_api_fakes import MAX_CONTEXT_TOKENS, MODEL, Server
+
+pytestmark = pytest.mark.timeout(30)
+
+OK = {"model": MODEL, "prompt": "hello", "max_tokens": 4}
+OK_CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+def post(server: Server, path: str, **kwargs: Any) -> httpx.Response:
+    return httpx.post(server.url + path, timeout=10, **kwargs)
+
+
+def assert_error(
+    resp: httpx.Response, status: int, code: str | None = None, param: Any = ...
+) -> None:
+    assert resp.status_code == status, resp.text
+    assert resp.headers["content-type"].startswith("application/json")
+    error = resp.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and error["message"]
+    if code is not None:
+        assert error["code"] == code, error
+    if param is not ...:
+        assert error["param"] == param, error
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("change", "status", "code", "param"),
+    [
+        ({"model": "gpt-nope"}, 404, "model_not_found", "model"),
+        ({"prompt": ""}, 400, "empty_prompt", "prompt"),
+        ({"prompt": []}, 400, "empty_prompt", "prompt"),
+        ({"max_tokens": 0}, 400, None, "max_tokens"),
+        ({"max_tokens": -3}, 400, None, "max_tokens"),
+        ({"max_tokens": MAX_CONTEXT_TOKENS}, 400, "context_length_exceeded", "max_tokens"),
+        ({"prompt": "a" * MAX_CONTEXT_TOKENS}, 400, "context_length_exceeded", "prompt"),
+        ({"prompt": [1] * (MAX_CONTEXT_TOKENS + 5)}, 400, "context_length_exceeded", "prompt"),
+        ({"frobnicate": True}, 400, "extra_forbidden", "frobnicate"),
+        ({"temperature": "hot"}, 400, None, "temperature"),
+        ({"temperature": 9.0}, 400, None, "temperature"),
+        ({"top_p": 0}, 400, None, "top_p"),
+        ({"max_tokens": "10"}, 400, None, "max_tokens"),
+        ({"max_tokens": 2.5}, 400, None, "max_tokens"),
+        ({"prompt": 5}, 400, None, "prompt"),
+        ({"prompt": ["a", "b"]}, 400, None, None),
+        ({"prompt": [1, -2]}, 400, None, "prompt.1"),
+        ({"prompt": [300]}, 400, None, "prompt"),
+        ({"n": 2}, 400, None, "n"),
+        ({"stop": ["\n"]}, 400, None, "stop"),
+        ({"seed": "x"}, 400, None, "seed"),
+        ({"presence_penalty": 0.5}, 400, None, "presence_penalty"),
+        ({"model": None}, 400, None, "model"),
+    ],
+)
+def test_bad_completion_request(
+    server: Server, stream: bool, change: dict[str, Any], status: int, code: str | None, param: Any
+) -> None:
+    body = {**OK, "stream": stream, **change}
+    before = len(server.backend.started)
+    resp = post(server, "/v1/completions", json=body)
+    if param is None:
+        assert_error(resp, status, code)
+    else:
+        assert_error(resp, status, code, param)
+    assert len(server.backend.started) == before  # refused before the backend
+
+
+@pytest.mark.parametrize(
+    ("change", "status", "param"),
+    [
+        ({"messages": []}, 400, "messages"),
+        ({"messages": [{"role": "user", "content": ""}]}, 400, "messages"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, 400, "messages.0.role"),
+        ({"messages": [{"role": "user", "content": "x", "extra": 1}]}, 400, "messages.0.extra"),
+        ({"messages": "hi"}, 400, "messages"),
+        ({"max_completion_tokens": 3}, 400, "max_tokens"),
+        ({"model": "other"}, 404, "model"),
+        ({"stream_options": {"include_usage": True}}, 400, "stream_options"),
+    ],
+)
+def test_bad_chat_request(server: Server, change: dict[str, Any], status: int, param: str) -> None:
+    assert_error(
+        post(server, "/v1/chat/completions", json={**OK_CHAT, **change}), status, None, param
+    )
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"{not json",
+        b"",
+        b"[1, 2]",
+        b'"text"',
+        b"\xff\xfe",
+        b'{"model": "fake-model", "prompt": "a",',
+    ],
+)
+def test_malformed_json(server: Server, content: bytes) -> None:
+    resp = post(
+        server, "/v1/completions", content=content, headers={"content-type": "application/json"}
+    )
+    assert_error(resp, 400)
+
+
+def test_body_too_large(tiny_server: Server) -> None:
+    body = {**OK, "prompt": "a" * 5000}
+    assert_error(post(tiny_server, "/v1/completions", json=body), 413, "request_too_large")
+
+
+def test_unknown_route_and_method(server: Server) -> None:
+    assert_error(httpx.get(server.url + "/v1/nothing", timeout=5), 404)
+    assert_error(httpx.get(server.url + "/v1/completions", timeout=5), 405)
+
+
+def test_openai_client_sees_typed_errors(server: Server) -> None:
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=10)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="x")
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=MODEL, prompt="x", max_tokens=0)
+    assert info.value.param == "max_tokens"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_backend_error_before_first_token_keeps_its_status(server: Server, stream: bool) -> None:
+    resp = post(server, "/v1/completions", json={**OK, "prompt": "[503]", "stream": stream})
+    assert_error(resp, 503)
+    assert resp.json()["error"]["type"] == "service_unavailable"
+    assert "no decode node" in resp.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_deadline_gives_504_and_cancels_backend(server: Server, stream: bool) -> None:
+    cancelled = len(server.backend.cancelled)
+    resp = post(server, "/v1/completions", json={**OK, "prompt": "[hang]", "stream": stream})
+    assert_error(resp, 504, "timeout")
+    assert server.wait_cancelled(cancelled + 1)
+
+
+def test_backend_crash_without_stream_is_a_500_with_body(server: Server) -> None:
+    resp = post(server, "/v1/completions", json={**OK, "prompt": "[boom]"})
+    assert_error(resp, 500, "internal_error")
+    assert "engine exploded" in resp.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("marker", "message"), [("[boom]", "engine exploded"), ("[gerr]", "decode node lost")]
+)
+def test_failure_mid_stream_ends_with_error_event(
+    server: Server, marker: str, message: str
+) -> None:
+    body = {**OK, "prompt": marker, "max_tokens": 8, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=10) as resp:
+        assert resp.status_code == 200
+        events = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert message in events[-2] and '"error"' in events[-2]
+    assert len(events) == 2 + 2  # two tokens, the error, [DONE]
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=10)
+    with pytest.raises(openai.APIError, match=message):
+        for _ in client.completions.create(model=MODEL, prompt=marker, max_tokens=8, stream=True):
+            pass
