@@ -1,0 +1,254 @@
+"""``prfaas bench``: replay a synthetic or trace workload against any OpenAI-compatible endpoint
+(streaming ``/v1/completions``) and report throughput, TTFT and per-token latency percentiles."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from prfaas.errors import UsageError
+
+PREFLIGHT_TIMEOUT_S = 5.0
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "bench",
+        help="load-test an OpenAI-compatible endpoint (throughput, TTFT, per-token latency)",
+        description=(
+            "Sends streaming /v1/completions requests at their arrival times (Poisson or uniform "
+            "at --rate with truncated log-normal prompt lengths, or a Mooncake --trace) with at "
+            "most --concurrency in flight, and reports throughput, TTFT, per-token and end-to-end "
+            "latency (P50/P90/P99) and failures by reason. Prompts are synthesised "
+            "deterministically from --seed (trace blocks from their hash ids, so shared prefixes "
+            "are real). Exit status: 0 when any request completed, 1 when none did, 2 on bad "
+            "flags or an unreachable URL."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )  # fmt: skip
+    p.add_argument(
+        "--url", default="http://127.0.0.1:8000", help="server base URL (with or without /v1)"
+    )
+    p.add_argument("--model", help="model id (default: the first one /v1/models lists)")
+    p.add_argument("--rate", type=float, default=1.0, help="synthetic arrival rate, requests/s")
+    p.add_argument(
+        "--arrival", choices=("poisson", "uniform"), default="poisson", help="arrival process"
+    )
+    p.add_argument(
+        "--num-requests", type=int, help="requests to send (default 100 unless --duration)"
+    )
+    p.add_argument("--duration", type=float, help="stop sending after this many seconds")
+    p.add_argument(
+        "--trace", type=Path, help="Mooncake JSONL trace to replay instead of a synthetic load"
+    )
+    p.add_argument("--rate-scale", type=float, default=1.0, help="trace: speed-up of arrival times")
+    p.add_argument("--mu", type=float, default=9.90, help="log-normal mu of prompt lengths")
+    p.add_argument("--sigma", type=float, default=1.00, help="log-normal sigma of prompt lengths")
+    p.add_argument("--min-tokens", type=int, default=128, help="shortest prompt (tokens)")
+    p.add_argument("--max-tokens", type=int, default=131072, help="longest prompt (tokens)")
+    p.add_argument(
+        "--output-tokens",
+        type=int,
+        help="max_tokens per request (default 64; trace: its output_length)",
+    )
+    p.add_argument("--concurrency", type=int, default=64, help="most requests in flight")
+    p.add_argument("--timeout", type=float, default=300.0, help="per-request timeout, seconds")
+    p.add_argument("--seed", type=int, default=0, help="seed of arrivals, lengths and prompts")
+    p.add_argument(
+        "--vocab-size", type=int, default=256, help="prompt token ids are drawn below this"
+    )
+    p.add_argument(
+        "--prompt-format",
+        choices=("tokens", "text"),
+        default="tokens",
+        help="tokens: exact lengths (vLLM, prfaas); text: ~1 word per token, any server",
+    )
+    p.add_argument(
+        "--no-clip",
+        action="store_true",
+        help="send prompts longer than the server's max_model_len as they are",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=run)  # fmt: skip
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    from prfaas.commands.common import positive
+
+    positive("--rate", args.rate)
+    positive("--rate-scale", args.rate_scale)
+    positive("--timeout", args.timeout)
+    positive("--sigma", args.sigma)
+    if args.duration is not None:
+        positive("--duration", args.duration)
+    for flag, value in (
+        ("--num-requests", args.num_requests),
+        ("--output-tokens", args.output_tokens),
+    ):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be >= 1, got {value}")
+    if args.concurrency < 1:
+        raise UsageError(f"--concurrency must be >= 1, got {args.concurrency}")
+    if args.vocab_size < 2:
+        raise UsageError(f"--vocab-size must be >= 2, got {args.vocab_size}")
+    if not 0 < args.min_tokens < args.max_tokens:
+        raise UsageError(
+            f"need 0 < --min-tokens < --max-tokens, got {args.min_tokens}, {args.max_tokens}"
+        )
+    if not args.url.startswith(("http://", "https://")):
+        raise UsageError(f"--url must start with http:// or https://, got {args.url!r}")
+    if args.trace is not None and not args.trace.is_file():
+        raise UsageError(f"trace file {args.trace} does not exist")
+
+
+def base_url(url: str) -> str:
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def preflight(url: str, model: str | None) -> tuple[str, int | None]:
+    """The model to use and its context length (if the server says), or UsageError."""
+    import httpx
+
+    try:
+        resp = httpx.get(url + "/v1/models", timeout=PREFLIGHT_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        raise UsageError(f"cannot reach {url}: {type(exc).__name__}: {exc}") from None
+    cards: list[dict[str, Any]] = []
+    if resp.status_code == 200:
+        try:
+            cards = [c for c in resp.json().get("data", []) if isinstance(c, dict)]
+        except (ValueError, AttributeError):
+            cards = []
+    by_id = {str(c.get("id")): c for c in cards}
+    if model is None:
+        if not cards:
+            raise UsageError(
+                f"{url}/v1/models lists no model (status {resp.status_code}); give --model"
+            )
+        model = str(cards[0].get("id"))
+    elif by_id and model not in by_id:
+        raise UsageError(f"model {model!r} is not served at {url} (it serves: {', '.join(by_id)})")
+    limit = by_id.get(model, {}).get("max_model_len")
+    return model, limit if isinstance(limit, int) else None
+
+
+def build_workload(args: argparse.Namespace) -> list[Any]:
+    from prfaas.analytic import TruncatedLogNormal
+    from prfaas.serve.loadgen import synthetic_workload, trace_workload
+
+    num_requests = args.num_requests
+    if num_requests is None and args.duration is None:
+        num_requests = 100
+    try:
+        if args.trace is not None:
+            return trace_workload(
+                args.trace, rate_scale=args.rate_scale, num_requests=num_requests,
+                duration_s=args.duration, num_output_tokens=args.output_tokens,
+            )  # fmt: skip
+        lengths = TruncatedLogNormal(args.mu, args.sigma, args.min_tokens, args.max_tokens)
+        return synthetic_workload(
+            rate_rps=args.rate, arrival=args.arrival, lengths=lengths,
+            num_output_tokens=args.output_tokens or 64, num_requests=num_requests,
+            duration_s=args.duration, seed=args.seed,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def clip_to_context(requests: list[Any], max_model_len: int) -> tuple[list[Any], int]:
+    """Make every request fit the server's context; return them and how many changed.
+
+    The prompt keeps room for min(max_tokens, a quarter of the context) output tokens, then
+    max_tokens is cut to what is left: long prompts stay long, long answers get shorter.
+    """
+    import dataclasses
+
+    out, num_clipped = [], 0
+    for r in requests:
+        reserve = max(1, min(r.max_tokens, max_model_len // 4))
+        num_prompt = min(r.num_prompt_tokens, max_model_len - reserve)
+        max_tokens = min(r.max_tokens, max_model_len - num_prompt)
+        if (num_prompt, max_tokens) != (r.num_prompt_tokens, r.max_tokens):
+            num_clipped += 1
+            r = dataclasses.replace(r, num_prompt_tokens=num_prompt, max_tokens=max_tokens)
+        out.append(r)
+    return out, num_clipped
+
+
+def run(args: argparse.Namespace) -> int:
+    from prfaas.serve.loadgen import PromptSynth, run_workload, summarize
+
+    _check_flags(args)
+    url = base_url(args.url)
+    requests = build_workload(args)
+    model, max_model_len = preflight(url, args.model)
+    num_clipped = 0
+    if max_model_len is not None and not args.no_clip:
+        requests, num_clipped = clip_to_context(requests, max_model_len)
+    synth = PromptSynth(args.seed, args.vocab_size, args.prompt_format)
+    meta = {
+        "url": url,
+        "model": model,
+        "workload": {
+            "source": str(args.trace) if args.trace else f"{args.arrival} x lognormal",
+            "rate_rps": None if args.trace else args.rate,
+            "rate_scale": args.rate_scale if args.trace else None,
+            "seed": args.seed,
+            "concurrency": args.concurrency,
+            "prompt_format": args.prompt_format,
+            "num_clipped_to_context": num_clipped,
+        },
+    }
+    results, wall_s = _run_with_progress(args, requests, url, model, synth, run_workload)
+    summary = summarize(results, wall_s, meta)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        from rich.console import Console
+
+        from prfaas.serve.loadgen.report import render
+
+        Console().print(render(summary))
+    return 0 if summary["completed"] > 0 or not results else 1
+
+
+def _run_with_progress(
+    args: argparse.Namespace,
+    requests: list[Any],
+    url: str,
+    model: str,
+    synth: Any,
+    run_workload: Any,
+) -> tuple[list[Any], float]:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    show = not args.no_progress and console.is_terminal
+    with Progress(
+        TextColumn("bench"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(), console=console, transient=True, disable=not show,
+    ) as progress:  # fmt: skip
+        task = progress.add_task("bench", total=len(requests), status="")
+        failed = 0
+
+        def on_done(result: Any) -> None:
+            nonlocal failed
+            failed += not result.ok
+            progress.update(task, advance=1, status=f"{failed} failed")
+
+        coro = run_workload(
+            requests, base_url=url, model=model, synth=synth, concurrency=args.concurrency,
+            timeout_s=args.timeout, duration_s=args.duration, on_done=on_done,
+        )  # fmt: skip
+        try:
+            return asyncio.run(coro)  # type: ignore[no-any-return]
+        except KeyboardInterrupt:
+            print("prfaas bench: interrupted", file=sys.stderr)
+            raise
