@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 from prfaas.spec.cache_spec import CacheSpec, LayerKind
 
+# Entry keys are ints: ``hash * 2`` for a block, ``hash * 2 + 1`` for a checkpoint (no tuple
+# allocation on the hot path; hashes are non-negative ints, as in the trace).
 _BLOCK = 0
 _CKPT = 1
 
@@ -64,8 +66,8 @@ class HybridPrefixCache:
         self.capacity_bytes = capacity_bytes
         self.checkpoint_every_blocks = checkpoint_every_blocks
         self._needs_ckpt = sizing.checkpoint_bytes > 0
-        # (kind, hash) -> bytes, in LRU order (oldest first).
-        self._lru: OrderedDict[tuple[int, int], int] = OrderedDict()
+        # entry key -> bytes, in LRU order (oldest first).
+        self._lru: OrderedDict[int, int] = OrderedDict()
         self.used_bytes = 0
         self.num_evictions = 0
         self.num_lookups = 0
@@ -79,11 +81,19 @@ class HybridPrefixCache:
         if max_tokens is not None:
             limit = min(limit, max_tokens // self.sizing.block_tokens)
         lru = self._lru
+        if not self._needs_ckpt:
+            k = 0
+            while k < limit and block_hashes[k] * 2 in lru:
+                k += 1
+            return k
         k = 0
         best = 0
-        while k < limit and (_BLOCK, block_hashes[k]) in lru:
+        while k < limit:
+            key = block_hashes[k] * 2
+            if key not in lru:
+                break
             k += 1
-            if not self._needs_ckpt or (_CKPT, block_hashes[k - 1]) in lru:
+            if key + 1 in lru:
                 best = k
         return best
 
@@ -98,11 +108,13 @@ class HybridPrefixCache:
         self.num_lookup_tokens += num_prompt_tokens
         self.num_hit_tokens += k * self.sizing.block_tokens
         lru = self._lru
+        move = lru.move_to_end
+        ckpt = self._needs_ckpt
         for i in range(k - 1, -1, -1):
-            h = block_hashes[i]
-            lru.move_to_end((_BLOCK, h))
-            if self._needs_ckpt and (_CKPT, h) in lru:
-                lru.move_to_end((_CKPT, h))
+            key = block_hashes[i] * 2
+            move(key)
+            if ckpt and key + 1 in lru:
+                move(key + 1)
         return k * self.sizing.block_tokens
 
     # -- updates -------------------------------------------------------------------------------
@@ -113,20 +125,28 @@ class HybridPrefixCache:
         if num_full == 0:
             return
         every = self.checkpoint_every_blocks
-        for i in range(num_full - 1, -1, -1):
-            h = block_hashes[i]
-            if self._needs_ckpt and (i == num_full - 1 or (i + 1) % every == 0):
-                self._put((_CKPT, h), self.sizing.checkpoint_bytes)
-            self._put((_BLOCK, h), self.sizing.block_bytes)
-        self._evict()
-
-    def _put(self, key: tuple[int, int], num_bytes: int) -> None:
         lru = self._lru
-        if key in lru:
-            lru.move_to_end(key)
-            return
-        lru[key] = num_bytes
-        self.used_bytes += num_bytes
+        move = lru.move_to_end
+        block_bytes = self.sizing.block_bytes
+        ckpt_bytes = self.sizing.checkpoint_bytes
+        ckpt = self._needs_ckpt
+        added = 0
+        for i in range(num_full - 1, -1, -1):
+            key = block_hashes[i] * 2
+            if ckpt and (i == num_full - 1 or (i + 1) % every == 0):
+                if key + 1 in lru:
+                    move(key + 1)
+                else:
+                    lru[key + 1] = ckpt_bytes
+                    added += ckpt_bytes
+            if key in lru:
+                move(key)
+            else:
+                lru[key] = block_bytes
+                added += block_bytes
+        self.used_bytes += added
+        if self.used_bytes > self.capacity_bytes:
+            self._evict()
 
     def _evict(self) -> None:
         lru = self._lru
@@ -148,7 +168,8 @@ class HybridPrefixCache:
     def check_integrity(self) -> None:
         """Raise ``AssertionError`` if a counter disagrees with the entries."""
         total = 0
-        for (kind, _), num_bytes in self._lru.items():
+        for key, num_bytes in self._lru.items():
+            kind = key & 1
             expected = self.sizing.block_bytes if kind == _BLOCK else self.sizing.checkpoint_bytes
             if num_bytes != expected:
                 raise AssertionError(f"entry of kind {kind} weighs {num_bytes}, not {expected}")
@@ -157,5 +178,5 @@ class HybridPrefixCache:
             raise AssertionError(f"used_bytes {self.used_bytes} != sum of entries {total}")
         if self.used_bytes > self.capacity_bytes:
             raise AssertionError(f"used {self.used_bytes} > capacity {self.capacity_bytes}")
-        if not self._needs_ckpt and any(k == _CKPT for k, _ in self._lru):
+        if not self._needs_ckpt and any(k & 1 == _CKPT for k in self._lru):
             raise AssertionError("checkpoint stored for a model without bounded layers")

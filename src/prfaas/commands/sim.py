@@ -130,7 +130,7 @@ def _multi_site(sc: Any, args: argparse.Namespace) -> Any:
     """Replicate the PD site ``--pd-sites`` times and the PrfaaS site ``--prfaas-sites`` times."""
     from prfaas.sim import LinkConfig, SiteConfig
 
-    pd = [s for s in sc.sites if s.kind == "pd"][0]
+    pd = next(s for s in sc.sites if s.kind == "pd")
     remote = [s for s in sc.sites if s.kind == "prfaas"]
     sites: list[SiteConfig] = [
         replace(pd, name=f"pd{i}" if args.pd_sites > 1 else pd.name) for i in range(args.pd_sites)
@@ -258,14 +258,14 @@ def run(args: argparse.Namespace) -> int:
                     "num_requests": res.rule.num_requests,
                     "backlog_fraction": res.rule.backlog_fraction,
                     "rel_tol": res.rule.rel_tol,
-                },  # fmt: skip
+                },
                 "trials": [
                     {
                         "rate_rps": t.rate_rps,
                         "passed": t.passed,
                         "worst_stage": t.worst_stage,
                         "worst_backlog_s": t.worst_backlog_s,
-                    }  # fmt: skip
+                    }
                     for t in res.trials
                 ],
             }
@@ -344,10 +344,9 @@ def _plots(folder: Path, sc: Any, out: dict[str, Any]) -> None:
     ):
         fig, ax = plt.subplots(figsize=(6, 4))
         for key, ys in ts.items():
-            if key.startswith(prefix) or (prefix == "prefill_queue:" and
-                                          key.startswith("decode_waiting:")):  # fmt: skip
-                if any(ys):
-                    ax.plot(t[: len(ys)], ys, label=key)
+            queues = prefix == "prefill_queue:" and key.startswith("decode_waiting:")
+            if (key.startswith(prefix) or queues) and any(ys):
+                ax.plot(t[: len(ys)], ys, label=key)
         ax.set_xlabel("time (s)")
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=7)

@@ -54,6 +54,7 @@ __all__ = [
     "SampleCapacity",
     "ThresholdRouter",
     "ThresholdTuner",
+    "ThresholdUpdate",
     "TuningConfig",
     "least_loaded",
     "make_router",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from prfaas.core.ids import SiteId
+from prfaas.core.ids import NodeId, SiteId
 from prfaas.core.topology import NodeRole
 from prfaas.core.views import ClusterView, NodeLoad
 
@@ -20,6 +20,10 @@ class IndexedClusterView(Protocol):
     """Optional extension of ``ClusterView`` for large deployments."""
 
     def least_loaded(self, site_id: SiteId, role: NodeRole) -> NodeLoad | None: ...
+
+    def work_left_s(self, node_id: NodeId) -> float:
+        """Seconds of prefill work queued at or running on ``node_id``."""
+        ...
 
 
 def _scan_key(load: NodeLoad) -> tuple[int, int, int]:
@@ -41,3 +45,13 @@ def least_loaded(cluster: ClusterView, site_id: SiteId, role: NodeRole) -> NodeL
 
 def has_accepting(cluster: ClusterView, site_id: SiteId, role: NodeRole) -> bool:
     return least_loaded(cluster, site_id, role) is not None
+
+
+def work_left_s(cluster: ClusterView, load: NodeLoad, per_token_s: float) -> float:
+    """Prefill work ahead of a new request at ``load``'s node: the driver's figure when its view
+    has one, else queued tokens times a per-token estimate."""
+    fast = getattr(cluster, "work_left_s", None)
+    if fast is not None:
+        result: float = fast(load.node_id)
+        return result
+    return load.queued_tokens * per_token_s

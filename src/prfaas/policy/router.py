@@ -7,8 +7,11 @@ several PD sites sharing PrfaaS sites each have their own. Four policies:
 - ``threshold``: the paper's static rule: PrfaaS when the uncached length at home exceeds ``t``.
 - ``prfaas``: the paper's short-timescale rules. Bandwidth is *scarce* when a PrfaaS link's
   utilisation, backlog drain time or congestion flag says so; then only the home cache counts
-  (``l_total - l_pd > t`` offloads) and, beyond the paper, a request that would wait behind more
-  than ``max_link_wait_s`` of link backlog is kept local (``rerouted``). When bandwidth is
+  (``l_total - l_pd > t`` offloads) and, beyond the paper, a request that would offload is kept
+  local (``rerouted``) when its estimated first-token time is earlier there: remote = max(prefill
+  queue + ``T_prfaas(l)``, link backlog + its own bytes at the link's capacity), local = prefill
+  queue + ``T_local(l)`` (cost models given), or, without cost models, when the link backlog
+  exceeds ``max_link_wait_s`` and the local queue is short. When bandwidth is
   *abundant*, the longest prefix anywhere counts (``l_total - max(l_prfaas, l_pd) > t``) and the
   longer cache is moved to where the prefill runs. ``t`` itself is re-searched by
   ``ThresholdTuner`` when the link or the queues change.
@@ -24,8 +27,9 @@ from typing import Protocol
 from prfaas.core.ids import SiteId
 from prfaas.core.topology import NodeRole
 from prfaas.core.views import ClusterView, LinkState, NodeLoad, RequestView
+from prfaas.perf import CostModel
 from prfaas.policy.decisions import CacheMove, RouteDecision
-from prfaas.policy.placement import least_loaded
+from prfaas.policy.placement import least_loaded, work_left_s
 
 ROUTER_NAMES = ("local_only", "naive", "threshold", "prfaas")
 
@@ -52,6 +56,9 @@ class BandwidthRules:
     """When scarce, keep a long request local if the link backlog would delay it this long..."""
     max_local_queue: int = 4
     """...and the least-loaded home prefill node has fewer than this many requests waiting."""
+    max_local_wait_s: float = 0.0
+    """With cost models: reroute only to a home prefill node with at most this much work queued
+    (0: only an idle node), and only if the request's first token comes sooner there."""
 
 
 def _decision(
@@ -146,9 +153,15 @@ class BandwidthAwareRouter(_Base):
         home_site: SiteId,
         prfaas_sites: Sequence[SiteId] = (),
         rules: BandwidthRules | None = None,
+        remote: CostModel | None = None,
+        local: CostModel | None = None,
     ) -> None:
         super().__init__(home_site, prfaas_sites)
         self.rules = rules or BandwidthRules()
+        self.remote = remote
+        self.local = local
+        # Rough per-token prefill cost, used only when a view cannot say how long a queue is.
+        self._per_token_s = local.prefill_s(8192) / 8192 if local is not None else 0.0
 
     def is_scarce(self, link: LinkState | None) -> bool:
         if link is None:
@@ -159,6 +172,30 @@ class BandwidthAwareRouter(_Base):
             or link.utilisation >= r.scarce_utilisation
             or link.drain_time_s() >= r.scarce_drain_s
         )
+
+    def _local_is_sooner(
+        self, request: RequestView, cluster: ClusterView, rload: NodeLoad, local: NodeLoad,
+        link: LinkState, l_pd: int, l_prfaas: int,
+    ) -> bool:  # fmt: skip
+        if self.remote is None or self.local is None:
+            return (
+                link.drain_time_s() > self.rules.max_link_wait_s
+                and local.queue_depth < self.rules.max_local_queue
+            )
+        total = request.num_prompt_tokens
+        pt = self._per_token_s
+        remote_compute = work_left_s(cluster, rload, pt) + self.remote.prefill_s(
+            total - l_prfaas, l_prfaas
+        )
+        nbytes = self.remote.kv_bytes(total - l_pd)
+        cap = link.capacity_bytes_per_s
+        remote_done = max(remote_compute, (link.backlog_bytes + nbytes) / cap if cap > 0 else 1e18)
+        local_wait = work_left_s(cluster, local, pt)
+        if local_wait > self.rules.max_local_wait_s:
+            # Short requests have nowhere else to go: only spare local capacity is borrowed.
+            return False
+        local_done = local_wait + self.local.prefill_s(total - l_pd, l_pd)
+        return local_done < remote_done
 
     def route(self, request: RequestView, cluster: ClusterView, now: float) -> RouteDecision:
         t = cluster.threshold_tokens
@@ -179,12 +216,9 @@ class BandwidthAwareRouter(_Base):
             if total - l_pd <= t:
                 return _decision(local, l_pd, False, f"scarce: uncached {total - l_pd} <= t {t}")
             assert link is not None
-            if (
-                link.drain_time_s() > self.rules.max_link_wait_s
-                and local.queue_depth < self.rules.max_local_queue
-            ):
+            if self._local_is_sooner(request, cluster, rload, local, link, l_pd, l_prfaas):
                 return _decision(
-                    local, l_pd, False, "scarce: link backlog too long, kept local", rerouted=True
+                    local, l_pd, False, "scarce: sooner locally than over the link", rerouted=True
                 )
             return _decision(rload, l_prfaas, True, f"scarce: uncached {total - l_pd} > t {t}")
         l_prefix = max(l_prfaas, l_pd)
@@ -205,6 +239,8 @@ def make_router(
     home_site: SiteId,
     prfaas_sites: Sequence[SiteId],
     rules: BandwidthRules | None = None,
+    remote: CostModel | None = None,
+    local: CostModel | None = None,
 ) -> Router:
     if name == "local_only":
         return LocalOnlyRouter(home_site, prfaas_sites)
@@ -213,5 +249,5 @@ def make_router(
     if name == "threshold":
         return ThresholdRouter(home_site, prfaas_sites)
     if name == "prfaas":
-        return BandwidthAwareRouter(home_site, prfaas_sites, rules)
+        return BandwidthAwareRouter(home_site, prfaas_sites, rules, remote, local)
     raise ValueError(f"unknown router {name!r} (known: {', '.join(ROUTER_NAMES)})")

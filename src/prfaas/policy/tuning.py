@@ -4,7 +4,13 @@
 Both evaluate the paper's Eqs. 3-8 on the observed window of lengths (``SampleCapacity``) with the
 cost model, the link capacity and the node counts they read from the ``ClusterView``:
 - the tuner re-searches ``t`` when a PrfaaS link's capacity moved by more than
-  ``capacity_change`` since the last search, when the node counts changed, or every ``period_s``;
+  ``capacity_change`` since the last search, when the node counts changed, or every ``period_s``.
+  It keeps the planned threshold (the one in force at its first call) while every prefill stage
+  and the link stay under ``target_utilisation`` at the observed arrival rate; otherwise it takes
+  the smallest larger ``t`` that brings the PrfaaS side (compute and link) under the target while
+  the local side stays under it too, and, if none does, the capacity-maximising ``t`` (Eq. 7).
+  Balancing utilisation alone would move long prompts to the slower local hardware even when
+  nothing is short of capacity, which costs TTFT; this rule moves them only when it must.
 - the rebalancer acts when ``Theta_prfaas + Theta_pdp`` and ``Theta_pdd`` differ by more than
   ``imbalance`` (Eq. 8 far off) *and* the best split beats the current one by ``min_gain``; it
   returns every role change at once (the driver drains each node before converting it), then waits
@@ -14,6 +20,7 @@ Pure: ``now`` passed in; imports ``perf`` for timing, never the simulator.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,13 +35,14 @@ from prfaas.policy.window import LengthWindow
 
 @dataclass(frozen=True, slots=True)
 class TuningConfig:
-    min_samples: int = 200
+    min_samples: int = 100
     """Do nothing until the window holds this many requests."""
     period_s: float = 30.0
     capacity_change: float = 0.10
     imbalance: float = 0.25
     min_gain: float = 0.05
     cooldown_s: float = 60.0
+    target_utilisation: float = 0.9
 
 
 class _Costs:
@@ -46,6 +54,13 @@ class _Costs:
         self.prfaas_sites = tuple(prfaas_sites)
         self.remote = remote
         self.local = local
+        # S_kv is affine in length beyond the SWA windows: fixed states + per-token full KV.
+        cache = local.model.cache
+        self._kv_fixed = local.kv_bytes(1) - cache.full_attention_bytes_per_token
+        self._kv_per_token = cache.full_attention_bytes_per_token
+
+    def _kv_bytes(self, num_tokens: int) -> int:
+        return self._kv_fixed + self._kv_per_token * num_tokens
 
     def sample(self, window: LengthWindow) -> SampleCapacity:
         remote = self.remote
@@ -53,7 +68,7 @@ class _Costs:
             window.prompt_lengths(),
             remote.prefill_s if remote is not None else None,
             self.local.prefill_s,
-            self.local.kv_bytes,
+            self._kv_bytes,
         )
 
     def decode_rps_per_node(self, window: LengthWindow) -> float:
@@ -91,11 +106,14 @@ class ThresholdTuner:
         self._last_s = float("-inf")
         self._last_bytes_per_s = -1.0
         self._last_counts: tuple[int, int, int, bool] | None = None
+        self._base_t: int | None = None
 
     def maybe_retune(
         self, cluster: ClusterView, now: float, window: LengthWindow
     ) -> ThresholdUpdate | None:
         cfg = self.config
+        if self._base_t is None:
+            self._base_t = cluster.threshold_tokens
         if len(window) < cfg.min_samples or not self._costs.prfaas_sites:
             return None
         bw = self._costs.link_bytes_per_s(cluster)
@@ -115,12 +133,31 @@ class ThresholdTuner:
         num_prfaas, num_p, num_d, _ = counts
         if num_d == 0 or (num_p == 0 and num_prfaas == 0):
             return None
-        best = self._costs.sample(window).best_threshold(
-            num_prfaas, num_p, num_d, self._costs.decode_rps_per_node(window), bw
-        )
-        if best.threshold_tokens == cluster.threshold_tokens:
+        sample = self._costs.sample(window)
+        decode_rps = self._costs.decode_rps_per_node(window)
+        best = sample.best_threshold(num_prfaas, num_p, num_d, decode_rps, bw)
+        chosen_t, lam = best.threshold_tokens, best.lambda_rps
+        rate = window.rate_rps()
+        if rate > 0 and num_p > 0:
+            target = cfg.target_utilisation
+            lengths = sample.lengths
+            n = len(lengths)
+            k0 = bisect.bisect_right(lengths, self._base_t)
+            for k in range(k0, n + 1):
+                if k0 < k < n and lengths[k - 1] == lengths[k]:
+                    continue
+                p = sample.point(k, num_prfaas, num_p, num_d, decode_rps, bw)
+                off = p.fraction_offloaded
+                u_remote = rate * off / p.theta_prfaas_rps if off > 0 else 0.0
+                u_local = rate * (1 - off) / p.theta_pdp_rps if off < 1 else 0.0
+                if u_remote <= target:
+                    if u_local <= target:
+                        chosen_t = self._base_t if k == k0 else p.threshold_tokens
+                        lam = p.lambda_rps
+                    break
+        if chosen_t == cluster.threshold_tokens:
             return None
-        return ThresholdUpdate(best.threshold_tokens, best.lambda_rps, reason)
+        return ThresholdUpdate(chosen_t, lam, reason)
 
 
 class Rebalancer:

@@ -12,6 +12,7 @@ of ``(time_s, gbps)`` steps). Delivery adds half an RTT of propagation. Pure.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from prfaas.core.ids import LinkId
@@ -63,6 +64,14 @@ class SimLink:
         self.peak_backlog_bytes = 0.0
         self.num_flows_done = 0
         self.congested_drain_s = congested_drain_s
+        self.ewma_s = 2.0
+        self._ewma_t = 0.0
+        self._ewma_bytes = 0.0
+        self._ewma_rate = 0.0
+        self.version = 0
+        """Bumped on every rate change (a cached ``LinkState`` is valid while it holds)."""
+        self._state: LinkState | None = None
+        self._state_version = -1
 
     # -- flows ---------------------------------------------------------------------------------
     def add(self, now: float, num_bytes: float, produce_s: float, payload: object,
@@ -78,6 +87,7 @@ class SimLink:
         self.sum_caps += cap
         self._agg_a += num_bytes
         self.bytes_added += num_bytes
+        self.version += 1
         self._reshape(now, flow)
         b = self.backlog_bytes(now)
         if b > self.peak_backlog_bytes:
@@ -106,6 +116,7 @@ class SimLink:
 
     def set_capacity(self, now: float, capacity_bytes_per_s: float) -> None:
         self.capacity = capacity_bytes_per_s
+        self.version += 1
         self._waterfill(now)
 
     # -- rates ---------------------------------------------------------------------------------
@@ -116,6 +127,7 @@ class SimLink:
         flow.last_s = now
 
     def _set_rate(self, flow: Flow, rate: float, now: float) -> None:
+        self.version += 1
         # Keep the backlog aggregate exact: remove the old linear term, add the new one.
         self._agg_a -= flow.rate * flow.last_s
         self._agg_r -= flow.rate
@@ -163,13 +175,29 @@ class SimLink:
         return len(self._flows)
 
     def state(self, now: float) -> LinkState:
+        cached = self._state
+        if (
+            cached is not None
+            and cached.sampled_at_s == now
+            and self._state_version == self.version
+        ):
+            return cached
         backlog = self.backlog_bytes(now)
-        goodput = min(self._agg_r, self.capacity)
+        # Goodput is an exponentially weighted average over ~``ewma_s`` (a monitor's view), not
+        # the instantaneous sum of rates, which flickers to 100% whenever one flow is unpaced.
+        delivered = self.bytes_added - backlog
+        dt = now - self._ewma_t
+        if dt > 0:
+            inst = (delivered - self._ewma_bytes) / dt
+            w = 1.0 - math.exp(-dt / self.ewma_s)
+            self._ewma_rate += w * (inst - self._ewma_rate)
+            self._ewma_t, self._ewma_bytes = now, delivered
+        goodput = self._ewma_rate
         util = goodput / self.capacity if self.capacity > 0 else 1.0
-        congested = self._congested or (
-            self.capacity > 0 and backlog / self.capacity > self.congested_drain_s
-        )
-        return LinkState(
+        congested = self.capacity <= 0 or backlog / self.capacity > self.congested_drain_s
+        self._state = LinkState(
             self.link_id, self.capacity, util, goodput, int(backlog), self.rtt_s, 0.0, congested,
             now,
         )  # fmt: skip
+        self._state_version = self.version
+        return self._state

@@ -22,6 +22,7 @@ Pure.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from prfaas.core.topology import NodeRole
 from prfaas.sim.scenario import SimScenario
@@ -69,16 +70,16 @@ def trial(scenario: SimScenario, rate_rps: float, rule: MaxRateRule) -> Trial:
     def measure(s: Simulator) -> None:
         now = s.now
         for (site, role), pool in s.pools.items():
-            nodes = list(pool.members.values())
+            nodes: list[Any] = list(pool.members.values())
             if not nodes:
                 continue
             name = f"{role.value}:{s.site_ids[site]}"
             if role is NodeRole.PREFILL:
-                work = sum(max(0.0, n.free_at_s - now) for n in nodes)  # type: ignore[attr-defined]
+                work = sum(max(0.0, n.free_at_s - now) for n in nodes)
                 probe[name] = work / len(nodes)
             else:
-                waiting = sum(len(n.waiting) for n in nodes)  # type: ignore[attr-defined]
-                slots = sum(n.max_batch for n in nodes)  # type: ignore[attr-defined]
+                waiting = sum(len(n.waiting) for n in nodes)
+                slots = sum(n.max_batch for n in nodes)
                 one = nodes[0].cm.decode_step_s(1, 1) * sc.output_tokens
                 probe[name] = waiting * one / slots
         for link in s.links.values():

@@ -19,7 +19,8 @@ from prfaas.sim.request import SimRequest
 
 
 class SimNode:
-    __slots__ = ("busy_s", "cm", "draining", "index", "node_id", "role", "site", "site_id")
+    __slots__ = ("busy_s", "cached_load", "cm", "draining", "index", "node_id", "role", "site",
+                 "site_id")  # fmt: skip
 
     def __init__(
         self, node_id: NodeId, index: int, site: int, site_id: SiteId, role: NodeRole,
@@ -32,6 +33,8 @@ class SimNode:
         self.role = role
         self.cm = cm
         self.draining = False
+        self.cached_load: NodeLoad | None = None
+        """The last ``NodeLoad`` built; the simulator clears it whenever the node changes."""
         self.busy_s = 0.0
         """Seconds spent working (prefill) or with a non-empty batch (decode)."""
 
@@ -54,16 +57,19 @@ class PrefillNode(SimNode):
         return self.free_at_s
 
     def load(self, now: float) -> NodeLoad:
-        return NodeLoad(
-            self.node_id, self.site_id, self.role, len(self.queue), self.queued_tokens,
-            1 if self.busy else 0, 0, 0, self.draining, True, now,
-        )  # fmt: skip
+        load = self.cached_load
+        if load is None:
+            load = self.cached_load = NodeLoad(
+                self.node_id, self.site_id, self.role, len(self.queue), self.queued_tokens,
+                1 if self.busy else 0, 0, 0, self.draining, True, now,
+            )  # fmt: skip
+        return load
 
 
 class DecodeNode(SimNode):
-    __slots__ = ("ctx_sum", "kv_capacity", "kv_used", "max_batch", "members", "pending",
-                 "reserved", "span_batch", "span_ctx", "span_start_s", "tick_s", "tick_steps",
-                 "tick_version", "waiting")  # fmt: skip
+    __slots__ = ("ctx_sum", "kv_capacity", "kv_used", "max_batch", "members",
+                 "reserved", "seq", "slot_s", "span_batch", "span_ctx", "span_start_s", "step",
+                 "tick_s", "tick_steps", "tick_version", "waiting")  # fmt: skip
 
     def __init__(
         self, node_id: NodeId, index: int, site: int, site_id: SiteId, cm: CostModel,
@@ -73,9 +79,13 @@ class DecodeNode(SimNode):
         self.max_batch = max_batch
         self.kv_capacity = kv_capacity
         self.kv_used = 0
-        self.members: list[SimRequest] = []
-        self.pending: list[SimRequest] = []
-        """Admitted, joining at the next step boundary."""
+        self.members: list[tuple[int, int, SimRequest]] = []
+        """Heap of (finish step, join order, request)."""
+        self.step = 0
+        """Decode steps this node has completed (at the start of the current span)."""
+        self.seq = 0
+        self.slot_s = 0.0
+        """Integral of batch size over time (slot-seconds used)."""
         self.waiting: deque[SimRequest] = deque()
         """KV arrived, no slot or memory yet."""
         self.reserved = 0
@@ -89,17 +99,19 @@ class DecodeNode(SimNode):
         self.tick_version = 0
 
     def is_idle(self) -> bool:
-        return not (self.members or self.pending or self.waiting or self.reserved)
+        return not (self.members or self.waiting or self.reserved)
 
     def load_key(self) -> int:
-        return len(self.members) + len(self.pending) + len(self.waiting) + self.reserved
+        return len(self.members) + len(self.waiting) + self.reserved
 
     def load(self, now: float) -> NodeLoad:
-        return NodeLoad(
-            self.node_id, self.site_id, self.role, len(self.waiting) + self.reserved, 0,
-            len(self.members) + len(self.pending), self.kv_used, self.kv_capacity, self.draining,
-            True, now,
-        )  # fmt: skip
+        load = self.cached_load
+        if load is None:
+            load = self.cached_load = NodeLoad(
+                self.node_id, self.site_id, self.role, len(self.waiting) + self.reserved, 0,
+                len(self.members), self.kv_used, self.kv_capacity, self.draining, True, now,
+            )  # fmt: skip
+        return load
 
 
 class PoolIndex:
@@ -118,6 +130,7 @@ class PoolIndex:
         self.members.pop(node.index, None)
 
     def touch(self, node: SimNode) -> None:
+        node.cached_load = None
         heapq.heappush(self._heap, (node.load_key(), node.index, node))  # type: ignore[attr-defined]
         if len(self._heap) > 4 * len(self.members) + 64:
             self._rebuild()

@@ -188,8 +188,8 @@ def paper_deployment(
     arrival = ArrivalSpec("uniform", rate_rps)
     if name == "paper-homogeneous":
         d = result.homogeneous
-        sites = (SiteConfig("pd", "pd", "h20", n_p or d.n_p, n_d or d.n_d),)
-        return SimScenario(sites, (), policy="local_only", arrival=arrival, prefix_cache=False)
+        homog = (SiteConfig("pd", "pd", "h20", n_p or d.n_p, n_d or d.n_d),)
+        return SimScenario(homog, (), policy="local_only", arrival=arrival, prefix_cache=False)
     d = result.prfaas if name == "paper-prfaas" else result.naive
     num_p = d.n_p if n_p is None else n_p
     num_d = d.n_d if n_d is None else n_d

@@ -13,12 +13,14 @@ called through the workload iterator it is given).
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from prfaas.cache import GlobalKVManager, HybridPrefixCache, sizing_for
-from prfaas.core.ids import NodeId, SiteId, link_id_for
+from prfaas.core.ids import NodeId, RequestId, SiteId, link_id_for
 from prfaas.core.topology import NodeRole, SiteKind
 from prfaas.core.views import RequestView
 from prfaas.perf import CostModel, cost_model_for
@@ -90,6 +92,7 @@ class Simulator:
         self.nodes: list[SimNode] = []
         self.node_by_id: dict[NodeId, SimNode] = {}
         self.pools: dict[tuple[int, NodeRole], PoolIndex] = {}
+        self._pool_by_name: dict[tuple[SiteId, NodeRole], PoolIndex] | None = None
         self.admission: dict[int, DecodeAdmission] = {}
         model_cache = self._cm(sc.sites[0].hardware).model.cache
         self.kv_fixed = 0
@@ -133,6 +136,15 @@ class Simulator:
         self.peak_waiting = [0] * len(sc.sites)
         self.batcher = PrefillBatcher(sc.prefill_token_budget)
 
+    @property
+    def pool_by_name(self) -> dict[tuple[SiteId, NodeRole], PoolIndex]:
+        cached = self._pool_by_name
+        if cached is None or len(cached) != len(self.pools):
+            cached = self._pool_by_name = {
+                (self.site_ids[s], role): pool for (s, role), pool in self.pools.items()
+            }
+        return cached
+
     def _add_node(self, node: SimNode) -> None:
         self.nodes.append(node)
         self.node_by_id[node.node_id] = node
@@ -151,6 +163,9 @@ class Simulator:
             for t_s, gbps in lc.schedule:
                 self.q.push(t_s, ev.CAPACITY, (a, b), gbps)
         self._last_bytes = {k: 0.0 for k in self.links}
+        self.link_by_name = {
+            (self.site_ids[a], self.site_ids[b]): link for (a, b), link in self.links.items()
+        }
 
     def _build_policies(self) -> None:
         sc = self.sc
@@ -165,10 +180,12 @@ class Simulator:
         remote_cm = self._cm(sc.sites[self.site_index[remote[0]]].hardware) if remote else None
         for h in self.homes:
             reach = [r for r in remote if (self.site_index[r], h) in self.links]
-            self.routers[h] = make_router(sc.policy, self.site_ids[h], reach)
+            local = self._cm(sc.sites[h].hardware)
+            self.routers[h] = make_router(
+                sc.policy, self.site_ids[h], reach, None, remote_cm, local
+            )
             self.views[h] = SimClusterView(self, sc.threshold_tokens)
             self.windows[h] = LengthWindow()
-            local = self._cm(sc.sites[h].hardware)
             if tune and reach:
                 self.tuners[h] = ThresholdTuner(self.site_ids[h], reach, remote_cm, local)
             if sc.rebalance:
@@ -247,7 +264,7 @@ class Simulator:
         hashes = req.block_hashes if sc.prefix_cache else ()
         cached = self.kv.peek(hashes, req.num_prompt) if hashes else {}
         view = RequestView(
-            f"r{req.index}",
+            RequestId(f"r{req.index}"),
             req.num_prompt,
             cached,
             hashes,
@@ -276,13 +293,15 @@ class Simulator:
                 req.num_cached = d.num_cached_tokens
                 nbytes = self.kv_fixed + move.num_tokens * self.kv_per_token
                 link.add(self.now, nbytes, 0.0, ("move", req, node, dst), self.num_layers)
-                self.windows[home].observe(req.num_prompt - req.num_cached, req.num_output)
+                self.windows[home].observe(
+                    req.num_prompt - req.num_cached, req.num_output, self.now
+                )
                 return
         # What the prefill site really reuses (refreshes its LRU, counts its hit rate).
         req.num_cached = min(
             d.num_cached_tokens, self.kv.use(d.prefill_site, hashes, req.num_prompt)
         )
-        self.windows[home].observe(req.num_prompt - req.num_cached, req.num_output)
+        self.windows[home].observe(req.num_prompt - req.num_cached, req.num_output, self.now)
         self._assign(req, node, site)
 
     def _assign(self, req: SimRequest, node: Any, site: int) -> None:
@@ -303,10 +322,11 @@ class Simulator:
     # -- prefill ----------------------------------------------------------------------------------
     def _start_batch(self, node: PrefillNode) -> None:
         queue = node.queue
-        head = [r.num_prompt - r.num_cached for r in list(queue)[:64]]
+        head = [r.num_prompt - r.num_cached for r in itertools.islice(queue, 64)]
         batch_plan = self.batcher.next_batch(head)
         batch = [queue.popleft() for _ in range(batch_plan.num_requests)]
         node.queued_tokens -= batch_plan.num_tokens
+        node.cached_load = None
         self.site_queued[node.site] -= len(batch)
         # Sum of per-request times == CostModel.batch_prefill_s for the shipped profiles.
         duration = sum(r.work_s for r in batch)
@@ -341,6 +361,7 @@ class Simulator:
     def _on_prefill_done(self, node: PrefillNode, batch: list[SimRequest]) -> None:
         now = self.now
         node.busy = False
+        node.cached_load = None
         site = node.site
         sid = self.site_ids[site]
         local_rate = self.sc.local_fabric_gbps * 1e9 / 8
@@ -369,7 +390,7 @@ class Simulator:
             return
         link = flow.link
         link.finish(flow, self.now)
-        payload = flow.payload
+        payload: Any = flow.payload
         delay = link.rtt_s / 2
         if payload[0] == "kv":
             req = payload[1]
@@ -396,8 +417,9 @@ class Simulator:
         req.kv_ready_s = now
         dec: DecodeNode = req.decode_node  # type: ignore[assignment]
         dec.reserved -= 1
+        dec.cached_load = None
         if not dec.waiting and self.admission[dec.site].admit_fast(
-            len(dec.members) + len(dec.pending), dec.kv_used, dec.kv_capacity, req.kv_bytes
+            len(dec.members), dec.kv_used, dec.kv_capacity, req.kv_bytes
         ):
             self._join(dec, req)
         else:
@@ -407,33 +429,48 @@ class Simulator:
             if self.site_waiting[s] > self.peak_waiting[s]:
                 self.peak_waiting[s] = self.site_waiting[s]
 
+    # Decode bookkeeping without a per-member loop: the node counts steps since it started
+    # (``dec.step``); a member joining at step j with context c finishes at step j + output and
+    # has context c + (s - j) at step s, so the batch's total context at step s is
+    # ``ctx_base + B * s`` with ``ctx_base = sum(c - j)``. Members sit in a heap by finish step.
+    def _enter(self, dec: DecodeNode, req: SimRequest, step: int, at_s: float) -> None:
+        req.decode_start_s = at_s
+        req.remaining_steps = step + req.num_output  # the finish step
+        req.context = req.num_prompt - step  # this member's share of ctx_base
+        dec.ctx_sum += req.context
+        dec.seq += 1
+        heapq.heappush(dec.members, (req.remaining_steps, dec.seq, req))
+
     def _join(self, dec: DecodeNode, req: SimRequest) -> None:
         dec.kv_used += req.kv_bytes
-        now = self.now
-        if not dec.members and not dec.pending:
-            req.decode_start_s = now
-            dec.members.append(req)
-            dec.ctx_sum += req.context
-            self._new_span(dec)
+        if not dec.members:
+            self._enter(dec, req, dec.step, self.now)
+            self._new_span(dec, self.now)
             return
-        dec.pending.append(req)
+        # Mid-span: the step in progress finishes without the newcomer; it joins at that step
+        # boundary, where a new span (new batch size and context) begins. One event, not two.
         cm = dec.cm
-        k = cm.decode_steps_within(dec.span_batch, dec.span_ctx, now - dec.span_start_s)
-        if k + 1 < dec.tick_steps:
-            dec.tick_steps = k + 1
-            dec.tick_s = dec.span_start_s + cm.decode_span_s(dec.span_batch, dec.span_ctx, k + 1)
-            dec.tick_version += 1
-            self.q.push(dec.tick_s, ev.DECODE_TICK, dec, dec.tick_version)
+        start = dec.span_start_s
+        elapsed = self.now - start
+        k = cm.decode_steps_within(dec.span_batch, dec.span_ctx, elapsed) + 1 if elapsed > 0 else 0
+        if k > dec.tick_steps:
+            k = dec.tick_steps  # the boundary is the pending tick itself
+        boundary_s = start + cm.decode_span_s(dec.span_batch, dec.span_ctx, k)
+        dec.busy_s += boundary_s - start
+        dec.slot_s += (boundary_s - start) * dec.span_batch
+        dec.step += k
+        self._enter(dec, req, dec.step, boundary_s)
+        self._new_span(dec, boundary_s)
 
-    def _new_span(self, dec: DecodeNode) -> None:
+    def _new_span(self, dec: DecodeNode, start_s: float) -> None:
         members = dec.members
-        now = self.now
-        dec.span_start_s = now
-        dec.span_batch = len(members)
-        dec.span_ctx = dec.ctx_sum
-        steps = min(m.remaining_steps for m in members)
+        b = len(members)
+        dec.span_start_s = start_s
+        dec.span_batch = b
+        dec.span_ctx = dec.ctx_sum + b * dec.step
+        steps = members[0][0] - dec.step
         dec.tick_steps = steps
-        dec.tick_s = now + dec.cm.decode_span_s(dec.span_batch, dec.span_ctx, steps)
+        dec.tick_s = start_s + dec.cm.decode_span_s(b, dec.span_ctx, steps)
         dec.tick_version += 1
         self.q.push(dec.tick_s, ev.DECODE_TICK, dec, dec.tick_version)
 
@@ -441,37 +478,25 @@ class Simulator:
         if version != dec.tick_version:
             return
         now = self.now
-        steps = dec.tick_steps
         dec.busy_s += now - dec.span_start_s
-        keep = []
-        dec.ctx_sum += steps * len(dec.members)
-        for req in dec.members:
-            req.remaining_steps -= steps
-            req.context += steps
-            if req.remaining_steps <= 0:
-                self._finish(req, dec)
-            else:
-                keep.append(req)
-        for req in dec.pending:
-            req.decode_start_s = now
-            dec.ctx_sum += req.context
-            keep.append(req)
-        dec.pending = []
-        dec.members = keep
+        dec.slot_s += (now - dec.span_start_s) * dec.span_batch
+        step = dec.step = dec.step + dec.tick_steps
+        members = dec.members
+        while members and members[0][0] <= step:
+            req = heapq.heappop(members)[2]
+            self._finish(req, dec)
         adm = self.admission[dec.site]
         waiting = dec.waiting
         while waiting and adm.admit_fast(
-            len(keep), dec.kv_used, dec.kv_capacity, waiting[0].kv_bytes
+            len(members), dec.kv_used, dec.kv_capacity, waiting[0].kv_bytes
         ):
             req = waiting.popleft()
             self.site_waiting[dec.site] -= 1
             dec.kv_used += req.kv_bytes
-            req.decode_start_s = now
-            dec.ctx_sum += req.context
-            keep.append(req)
+            self._enter(dec, req, step, now)
         self.pools[(dec.site, _DECODE)].touch(dec)
-        if keep:
-            self._new_span(dec)
+        if members:
+            self._new_span(dec, now)
         else:
             dec.tick_s = float("inf")
             dec.tick_steps = 0
@@ -504,6 +529,7 @@ class Simulator:
     # -- rebalancing ------------------------------------------------------------------------------
     def _drain(self, node: SimNode) -> None:
         node.draining = True
+        node.cached_load = None
         if node.is_idle():  # type: ignore[attr-defined]
             self._drained(node)
 

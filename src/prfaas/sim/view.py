@@ -42,16 +42,22 @@ class SimClusterView:
 
     def link(self, src_site: SiteId, dst_site: SiteId) -> LinkState | None:
         sim = self._sim
-        link = sim.links.get((sim.site_index[src_site], sim.site_index[dst_site]))
+        link = sim.link_by_name.get((src_site, dst_site))
         return None if link is None else link.state(sim.now)
 
     def least_loaded(self, site_id: SiteId, role: NodeRole) -> NodeLoad | None:
         sim = self._sim
-        pool = sim.pools.get((sim.site_index[site_id], role))
+        pool = sim.pool_by_name.get((site_id, role))
         if pool is None:
             return None
         node = pool.best()
         return None if node is None else node.load(sim.now)  # type: ignore[attr-defined]
+
+    def work_left_s(self, node_id: NodeId) -> float:
+        sim = self._sim
+        node = sim.node_by_id[node_id]
+        free_at: float = getattr(node, "free_at_s", sim.now)
+        return max(0.0, free_at - sim.now)
 
     @property
     def threshold_tokens(self) -> int:

@@ -50,10 +50,10 @@ def parse_line(text: str, where: str, line_number: int) -> TraceRecord:
     num_in = _int_field(obj, "input_length", where, 1)
     num_out = _int_field(obj, "output_length", where, 0)
     hashes = obj.get("hash_ids", [])
-    if not isinstance(hashes, list) or not all(
-        isinstance(h, int) and not isinstance(h, bool) for h in hashes
-    ):
+    if not isinstance(hashes, list) or not set(map(type, hashes)) <= {int}:
         raise TraceError(f"{where}: 'hash_ids' must be a list of integers")
+    if hashes and min(hashes) < 0:
+        raise TraceError(f"{where}: 'hash_ids' must be >= 0")
     return TraceRecord(line_number, ts / 1000.0, num_in, max(1, num_out), tuple(hashes))
 
 
