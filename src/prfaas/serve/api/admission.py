@@ -11,7 +11,12 @@ from collections import deque
 
 
 class Overloaded(Exception):
-    """No slot and no room (or no time) to wait for one; the message says which."""
+    """No slot and no room (or no time) to wait for one; ``reason`` says which."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        """"queue_full" or "queue_timeout"."""
 
 
 class Permit:
@@ -53,7 +58,9 @@ class Admission:
             self._in_flight += 1
             return Permit(self)
         if len(self._waiters) >= self.max_queued:
-            raise Overloaded(f"{self._in_flight} in flight and {len(self._waiters)} queued")
+            raise Overloaded(
+                "queue_full", f"{self._in_flight} in flight and {len(self._waiters)} queued"
+            )
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         try:
@@ -64,7 +71,7 @@ class Admission:
             if waiter.done() and not waiter.cancelled():
                 self._release()
             if isinstance(exc, TimeoutError):
-                raise Overloaded(f"no slot free within {timeout_s:g} s") from None
+                raise Overloaded("queue_timeout", f"no slot free within {timeout_s:g} s") from None
             raise
         finally:
             if waiter in self._waiters:

@@ -9,6 +9,8 @@ that ends the stream with an error event. The client leaving at any point cancel
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -33,19 +35,34 @@ from prfaas.serve.backend import Backend
 
 
 class _StreamWithCleanup(StreamingResponse):
-    """A StreamingResponse that runs ``on_close`` however it ends (done, failed, client gone)."""
+    """A StreamingResponse that runs ``on_close`` however it ends (done, failed, client gone),
+    and is cut off ``SEND_GRACE_S`` after the request's deadline even if the client stops
+    reading (token waits already honour the deadline; this bounds the waits on ``send``)."""
 
-    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]]):
-        super().__init__(
-            content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-        )
+    def __init__(
+        self,
+        content: AsyncIterator[bytes],
+        on_close: Callable[[], Awaitable[None]],
+        deadline_s: float,
+    ) -> None:
+        headers = {"Cache-Control": "no-cache"}
+        super().__init__(content, media_type="text/event-stream", headers=headers)
         self._on_close = on_close
+        self._deadline_s = deadline_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        remaining_s = self._deadline_s + SEND_GRACE_S - time.monotonic()
         try:
-            await super().__call__(scope, receive, send)
+            async with asyncio.timeout(max(remaining_s, 0.0)):
+                await super().__call__(scope, receive, send)
+        except TimeoutError:
+            pass  # uvicorn closes a response the app left unfinished
         finally:
             await self._on_close()
+
+
+SEND_GRACE_S = 1.0
+"""How long past its deadline a stream may still be blocked sending before it is cut off."""
 
 
 def error_response(exc: ApiError) -> JSONResponse:
@@ -110,7 +127,8 @@ class Gateway:
             if prepared.stream:
                 first = await until_disconnect(request, relay.next())
                 tracker.stage = "streaming"
-                return _StreamWithCleanup(self._sse(relay, first, fmt, prepared, tracker), cleanup)
+                sse_body = self._sse(relay, first, fmt, prepared, tracker)
+                return _StreamWithCleanup(sse_body, cleanup, relay.deadline_s)
             answer = await until_disconnect(request, self._collect(relay, fmt, prepared))
             tracker.finish(200)
             return JSONResponse(answer)
@@ -124,10 +142,10 @@ class Gateway:
 
     async def _admit(self) -> Permit:
         try:
-            return await self.admission.acquire(self.config.queue_timeout_s)
+            timeout_s = min(self.config.queue_timeout_s, self.config.request_timeout_s)
+            return await self.admission.acquire(timeout_s)
         except Overloaded as exc:
-            reason = "queue_timeout" if "within" in str(exc) else "queue_full"
-            self.metrics.rejected.labels(reason=reason).inc()
+            self.metrics.rejected.labels(reason=exc.reason).inc()
             raise overloaded(str(exc), self.config.retry_after_s) from None
 
     async def _collect(self, relay: Relay, fmt: Format, prepared: Prepared) -> dict[str, Any]:

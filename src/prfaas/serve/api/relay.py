@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -47,7 +48,9 @@ class Relay:
         self.req = req
         self._tracker = tracker
         self._timeout_s = timeout_s
-        self._deadline = asyncio.get_running_loop().time() + timeout_s
+        # The deadline runs from the request's arrival (queueing included), on the monotonic
+        # clock asyncio's loop uses too.
+        self.deadline_s = tracker.arrival_s + timeout_s
         self._queue: asyncio.Queue[object] = asyncio.Queue(maxsize=buffer_events)
         self._detok = IncrementalDetokenizer(tokenizer)
         self._task: asyncio.Task[None] | None = None
@@ -76,7 +79,7 @@ class Relay:
                 await aclose()
 
     async def _next_event(self) -> object:
-        remaining_s = self._deadline - asyncio.get_running_loop().time()
+        remaining_s = self.deadline_s - time.monotonic()
         try:
             if remaining_s <= 0:
                 raise TimeoutError
