@@ -62,8 +62,9 @@ class Relay:
         self._task = asyncio.create_task(self._pump(), name=f"relay-{self.req.request_id}")
 
     async def _pump(self) -> None:
-        stream = self._backend.generate(self.req)
+        stream: AsyncIterator[TokenEvent] | None = None
         try:
+            stream = self._backend.generate(self.req)
             async for event in stream:
                 await self._queue.put(event)
             await self._queue.put(_END)
