@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from prfaas.transfer import frames as F
 from prfaas.transfer.errors import AbortCode, SessionAborted
-from prfaas.transfer.integrity import Ranges, session_digest, verify_chunk
+from prfaas.transfer.integrity import Ranges, session_digest
 from prfaas.transfer.manifest import Manifest
 from prfaas.transfer.session_state import SessionState, advance
 
@@ -28,6 +28,7 @@ class Assembly:
         self._records: list[tuple[int, int, int, int]] = []
         self._end: F.End | None = None
         self._layer_bytes = manifest.layer_bytes()
+        self._total_bytes = sum(self._layer_bytes)
         # Claimed ranges (``_ranges``) are reserved when a chunk's meta arrives, before its payload;
         # completion counts only bytes whose checksum was verified.
         self._verified_per_layer = [0] * manifest.num_layers
@@ -66,9 +67,10 @@ class Assembly:
         self._ranges.claim(chunk.layer, chunk.offset, chunk.length)
         return self.buffers[chunk.layer][chunk.offset : chunk.offset + chunk.length]
 
-    def chunk_arrived(self, chunk: F.Chunk, payload: memoryview) -> bool:
-        """Verify the chunk. True if it completed its layer."""
-        if not verify_chunk(chunk, payload):
+    def chunk_arrived(self, chunk: F.Chunk, valid: bool) -> bool:
+        """Record the chunk (``valid``: its checksum matched, as the codec computed while the
+        bytes landed). True if it completed its layer."""
+        if not valid:
             raise self._fail(
                 AbortCode.CHECKSUM,
                 f"checksum mismatch in layer {chunk.layer} bytes "
@@ -97,7 +99,7 @@ class Assembly:
         """After END and full coverage: check the count and digest. True once VERIFIED."""
         if self.state is not SessionState.ENDED or self._end is None:
             return False
-        if self.verified_bytes != self.manifest.num_bytes:
+        if self.verified_bytes != self._total_bytes:
             return False
         if len(self._records) != self._end.num_chunks:
             raise self._fail(

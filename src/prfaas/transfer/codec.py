@@ -20,6 +20,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import xxhash
+
 from prfaas.transfer import frames as F
 from prfaas.transfer.errors import (
     AbortCode,
@@ -85,10 +87,13 @@ class Authenticated:
 
 @dataclass(frozen=True, slots=True)
 class ChunkReceived:
-    """A CHUNK's payload has fully arrived in ``sink`` (None: it was discarded)."""
+    """A CHUNK's payload has fully arrived in ``sink`` (None: it was discarded). ``valid`` says
+    whether it matched its checksum, computed piece by piece as the bytes landed (while they are
+    still in cache: a second pass over cold memory cost more than the copy itself)."""
 
     chunk: F.Chunk
     sink: memoryview | None
+    valid: bool = False
 
 
 Event = Authenticated | ChunkReceived | F.Open | F.Accept | F.End | F.Ack | F.Complete | F.Abort
@@ -155,6 +160,7 @@ class Connection:
         self._body_len = 0
         self._chunk: F.Chunk | None = None
         self._sink: memoryview | None = None
+        self._hasher = xxhash.xxh3_64()
         self._filled = 0
         self._direct = False
         self._events: deque[Event] = deque()
@@ -230,6 +236,8 @@ class Connection:
         self.bytes_received += num_bytes
         try:
             if self._direct:
+                if self._sink is not None:
+                    self._hasher.update(self._sink[self._filled : self._filled + num_bytes])
                 self._filled += num_bytes
                 self._maybe_chunk_done()
             else:
@@ -284,9 +292,10 @@ class Connection:
                 remaining = self._body_len - F.CHUNK_META_BYTES - self._filled
                 take = min(avail, remaining)
                 if self._sink is not None:
-                    self._sink[self._filled : self._filled + take] = self._buf[
-                        self._start : self._start + take
-                    ]
+                    piece = memoryview(self._buf)[self._start : self._start + take]
+                    self._sink[self._filled : self._filled + take] = piece
+                    self._hasher.update(piece)
+                    piece.release()
                 self._start += take
                 self._filled += take
                 if not self._maybe_chunk_done():
@@ -330,7 +339,11 @@ class Connection:
         return nxt
 
     def _read_meta(self) -> None:
-        chunk = F.decode_chunk_meta(memoryview(self._buf)[self._start : self._start + 32])
+        meta = memoryview(self._buf)[self._start : self._start + F.CHUNK_META_BYTES]
+        chunk = F.decode_chunk_meta(meta)
+        self._hasher.reset()
+        self._hasher.update(meta[: F.CHUNK_META.size])
+        meta.release()
         self._start += F.CHUNK_META_BYTES
         if chunk.length != self._body_len - F.CHUNK_META_BYTES:
             raise ProtocolError(f"chunk length {chunk.length} disagrees with frame length")
@@ -344,7 +357,8 @@ class Connection:
         if self._filled < self._body_len - F.CHUNK_META_BYTES:
             return False
         assert self._chunk is not None
-        self._events.append(ChunkReceived(self._chunk, self._sink))
+        valid = self._sink is not None and self._hasher.intdigest() == self._chunk.checksum
+        self._events.append(ChunkReceived(self._chunk, self._sink, valid))
         self._chunk, self._sink = None, None
         self._phase = _Phase.HEADER
         self._direct = False

@@ -38,6 +38,10 @@ class TransferConfig:
     """Receiver: larger manifests are refused (TOO_LARGE) before ``allocate`` is called."""
     max_chunk_bytes: int = 16 << 20
     """Receiver: larger chunks are a protocol error (checked at the frame header)."""
+    ack_every_bytes: int = 4 << 20
+    """Receiver: acknowledge verified bytes at least this often ..."""
+    ack_delay_s: float = 0.001
+    """... or this long after the first unacknowledged byte (so small windows never stall)."""
     max_sessions_per_peer: int = 4096
     """Receiver: open sessions one sender may hold; beyond it OPEN is refused."""
     name: str = ""

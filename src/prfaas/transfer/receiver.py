@@ -62,6 +62,8 @@ class InboundSession:
         self._signal = Signal()
         self._delivery: Delivery | None = None
         self._active = False
+        self._acked_bytes = 0
+        self._ack_timer: asyncio.TimerHandle | None = None
 
     @property
     def state(self) -> SessionState:
@@ -233,9 +235,9 @@ class Receiver:
                     )
                     peer.channels.append(ch)
                     ch.tag = peer
-                case ChunkReceived(chunk, sink):
+                case ChunkReceived(chunk, sink, valid):
                     if sink is not None:
-                        self._on_chunk(ch, chunk, sink)
+                        self._on_chunk(ch, chunk, valid)
                 case F.Open():
                     self._on_open(ch, ev)
                 case F.End():
@@ -306,21 +308,40 @@ class Receiver:
         self._send(ch, F.Accept(ev.session_id))
         self._incoming.put_nowait(s)
 
-    def _on_chunk(self, ch: Channel, chunk: F.Chunk, payload: memoryview) -> None:
+    def _on_chunk(self, ch: Channel, chunk: F.Chunk, valid: bool) -> None:
         s = self._session(ch, chunk.session_id)
         if s is None or s.state.terminal:
             return
         try:
-            layer_done = s.assembly.chunk_arrived(chunk, payload)
+            layer_done = s.assembly.chunk_arrived(chunk, valid)
         except SessionAborted as err:
             self._abort(s, err, tell_peer=True)
             return
         s.progress_at_s = asyncio.get_running_loop().time()
         self.bytes_verified += chunk.length
-        self._send(ch, F.Ack(chunk.session_id, s.assembly.verified_bytes))
         if layer_done:
             s._changed()
-        self._maybe_verified(ch, s)
+        if not self._maybe_verified(ch, s):
+            self._ack_later(ch, s)
+
+    def _ack_later(self, ch: Channel, s: InboundSession) -> None:
+        """Acknowledge every ``ack_every_bytes``, or ``ack_delay_s`` after the first unacknowledged
+        byte (a delayed ACK: one small frame per chunk cost a syscall and a wakeup on each side)."""
+        unacked = s.assembly.verified_bytes - s._acked_bytes
+        if unacked >= self.config.ack_every_bytes:
+            self._ack_now(ch, s)
+        elif s._ack_timer is None:
+            s._ack_timer = asyncio.get_running_loop().call_later(
+                self.config.ack_delay_s, self._ack_now, ch, s
+            )
+
+    def _ack_now(self, ch: Channel, s: InboundSession) -> None:
+        if s._ack_timer is not None:
+            s._ack_timer.cancel()
+            s._ack_timer = None
+        if s.error is None and s.assembly.verified_bytes > s._acked_bytes:
+            s._acked_bytes = s.assembly.verified_bytes
+            self._send(ch, F.Ack(s.session_id, s._acked_bytes))
 
     def _on_end(self, ch: Channel, ev: F.End) -> None:
         s = self._session(ch, ev.session_id)
@@ -338,17 +359,21 @@ class Receiver:
         s.progress_at_s = asyncio.get_running_loop().time()
         self._maybe_verified(ch, s)
 
-    def _maybe_verified(self, ch: Channel, s: InboundSession) -> None:
+    def _maybe_verified(self, ch: Channel, s: InboundSession) -> bool:
         try:
             done = s.assembly.try_verify()
         except SessionAborted as err:
             self._abort(s, err, tell_peer=True)
-            return
+            return True
         if done:
             s._active = False
             s._peer.num_active -= 1
+            if s._ack_timer is not None:
+                s._ack_timer.cancel()
+                s._ack_timer = None
             s._verified()
-            self._send(ch, F.Complete(s.session_id))
+            self._send(ch, F.Complete(s.session_id))  # settles the sender's window too
+        return done
 
     def _abort(self, s: InboundSession, err: SessionAborted, tell_peer: bool) -> None:
         # The assembly may already be ABORTED (it raised ``err``); ``error`` says if we handled it.
@@ -356,6 +381,9 @@ class Receiver:
             return
         s.assembly.abort()
         s.assembly.buffers = ()  # never touch the consumer's memory again
+        if s._ack_timer is not None:
+            s._ack_timer.cancel()
+            s._ack_timer = None
         s.error = err
         if s._active:
             s._active = False
