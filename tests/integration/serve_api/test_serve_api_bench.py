@@ -40,7 +40,8 @@ def test_synthetic_run_reports_the_schema(
     assert summary["throughput_rps"] > 0 and summary["duration_s"] > 0
     for key in ("ttft_s", "tpot_s", "itl_s", "latency_s"):
         assert set(summary[key]) == DIST_KEYS
-    assert summary["ttft_s"]["count"] == 12 and summary["itl_s"]["count"] == 12 * 5
+    assert summary["ttft_s"]["count"] == 12
+    assert summary["itl_s"]["count"] <= 12 * 5  # fewer when the gateway merged waiting tokens
     d = summary["ttft_s"]
     assert 0 < d["p50"] <= d["p90"] <= d["p99"] <= d["max"]
     assert summary["workload"]["num_clipped_to_context"] == 0

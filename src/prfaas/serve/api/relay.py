@@ -24,6 +24,7 @@ from prfaas.serve.backend import Backend, GenerationError, GenerationRequest, To
 _END = object()
 # How long close() waits for the backend's cleanup (its `finally`) before leaving it running.
 _CLOSE_GRACE_S = 5.0
+_MAX_COALESCED_TOKENS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +56,7 @@ class Relay:
         self._detok = IncrementalDetokenizer(tokenizer)
         self._task: asyncio.Task[None] | None = None
         self._finished = False
+        self._pending: object | None = None
         self.num_tokens = 0
         self.token_ids: list[int] = []
 
@@ -92,7 +94,10 @@ class Relay:
         """The next delta, or None once finished. Raises ``ApiError`` on failure or deadline."""
         if self._finished:
             return None
-        item = await self._next_event()
+        item = self._pending if self._pending is not None else await self._next_event()
+        self._pending = None
+        if isinstance(item, TokenEvent) and item.finish_reason is None:
+            item = self._coalesce(item)
         if isinstance(item, GenerationError):
             await self.close()
             raise from_generation_error(item)
@@ -116,6 +121,21 @@ class Relay:
             self._finished = True
             await self.close()
         return Delta(text, ids, reason)
+
+    def _coalesce(self, event: TokenEvent) -> TokenEvent:
+        """Merge the token events already waiting into one, so a client that falls behind gets
+        fewer, larger chunks (the cost per chunk, not per token, dominates the relay). Stops at a
+        finish, an error or the end, which is kept for the next call."""
+        ids = list(event.token_ids)
+        reason = None
+        while reason is None and len(ids) < _MAX_COALESCED_TOKENS and not self._queue.empty():
+            item = self._queue.get_nowait()
+            if not isinstance(item, TokenEvent):
+                self._pending = item
+                break
+            ids.extend(item.token_ids)
+            reason = item.finish_reason
+        return event if len(ids) == len(event.token_ids) else TokenEvent(tuple(ids), reason)
 
     async def deltas(self) -> AsyncIterator[Delta]:
         while (delta := await self.next()) is not None:

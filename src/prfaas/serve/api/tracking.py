@@ -44,13 +44,14 @@ class RequestTracker:
         if self.first_token_s is None:
             self.first_token_s = now
             m.ttft_seconds.observe(now - self.arrival_s)
-            num_gaps = num_tokens - 1
+            # Tokens that arrive with the first one follow it with no gap.
+            for _ in range(num_tokens - 1):
+                m.inter_token_seconds.observe(0.0)
         else:
-            num_gaps = num_tokens
-        if num_gaps and self.last_token_s is not None:
             # Several tokens in one event share its gap evenly (one observation per token).
-            per_token_s = (now - self.last_token_s) / num_gaps
-            for _ in range(num_gaps):
+            assert self.last_token_s is not None
+            per_token_s = (now - self.last_token_s) / num_tokens
+            for _ in range(num_tokens):
                 m.inter_token_seconds.observe(per_token_s)
         self.last_token_s = now
         self.num_tokens += num_tokens
