@@ -86,3 +86,21 @@ async def test_close_mid_generation_raises_generator_exit_in_backend() -> None:
     assert not backend.aborted
     await r.close()
     assert backend.aborted
+
+
+async def test_waiting_events_are_merged_up_to_the_finish() -> None:
+    class Burst(Scripted):
+        async def _gen(self) -> AsyncIterator[TokenEvent]:
+            for t in b"xyz":
+                yield TokenEvent((t,))
+            yield TokenEvent((), "stop")
+
+    tracker = RequestTracker(GatewayMetrics(), "completions")
+    req = GenerationRequest("r2", (1,), 10, 0.0, 1.0, None, (), 0.0)
+    r = Relay(Burst("fast"), req, ByteTokenizer(), tracker, timeout_s=5.0, buffer_events=16)
+    r.start()
+    await asyncio.sleep(0.05)  # let the backend run ahead of the client
+    delta = await r.next()
+    assert delta is not None
+    assert (delta.text, delta.finish_reason) == ("xyz", "stop")
+    assert (await r.next()) is None and tracker.num_tokens == 3
