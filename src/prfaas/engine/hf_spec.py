@@ -68,10 +68,30 @@ def _linear(conv_channels: int, kernel: int, state: tuple[int, ...], dtype: DTyp
 
 
 def _layer_types(cfg: Mapping[str, Any]) -> list[str]:
-    types = cfg.get("layer_types") or cfg.get("layers_block_type")
+    types = cfg.get("layer_types") or cfg.get("layers_block_type") or _raw_layer_types(cfg)
     if not types:
         raise ModelFolderError(f"config of a {cfg.get('model_type')} model lacks layer_types")
     return [str(t) for t in types]
+
+
+_PATTERN_LETTERS = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
+
+
+def _raw_layer_types(cfg: Mapping[str, Any]) -> list[str] | None:
+    """Layer types as a raw config.json states them when it has no ``layer_types`` (transformers
+    derives them the same way)."""
+    n = int(cfg.get("num_hidden_layers") or 0)
+    la = cfg.get("linear_attn_config")
+    if isinstance(la, Mapping) and "full_attn_layers" in la:  # Kimi Linear: 1-based numbers
+        full = {int(i) - 1 for i in la["full_attn_layers"]}
+        return ["full_attention" if i in full else "linear_attention" for i in range(n)]
+    if cfg.get("attn_layer_indices") is not None:  # Bamba
+        full = {int(i) for i in cfg["attn_layer_indices"]}
+        return ["full_attention" if i in full else "linear_attention" for i in range(n)]
+    pattern = cfg.get("hybrid_override_pattern")  # NemotronH: one letter per layer
+    if isinstance(pattern, str):
+        return [_PATTERN_LETTERS.get(c, c) for c in pattern]
+    return None
 
 
 def _qwen3_next(cfg: Mapping[str, Any], dtype: DType) -> list[LayerCache | None]:

@@ -253,6 +253,8 @@ class TorchEngine:
         if not ids:
             return ()
         runs = [self._running[r] for r in ids]
+        if len(runs) == 1 and self._loaded.batch_invariant:
+            runs = runs * 2  # a one-row step takes another GEMM kernel (see hf_cache)
         cache, max_tokens = hf_cache.build_cache(self._model, self.cmap, [r.cache for r in runs])
         lengths = [r.cache.num_tokens for r in runs]
         # Left-padded batch: request b's tokens end at index max_tokens; mask the padding.
@@ -265,7 +267,7 @@ class TorchEngine:
             logits = hf_cache.forward(self._model, input_ids, cache, positions, mask)
         caches = hf_cache.split_cache(cache, self.cmap, [n + 1 for n in lengths])
         events = []
-        for b, (rid, run) in enumerate(zip(ids, runs, strict=True)):
+        for b, (rid, run) in enumerate(zip(ids, runs[: len(ids)], strict=True)):
             run.cache = caches[b]
             token = choose(logits[b, -1].float(), run.sampling, run.num_generated)
             run.num_generated += 1

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicSlidingWindowLayer
 
 from prfaas.engine.hf_spec import HFCacheMap
@@ -47,8 +47,54 @@ def decoder_layers(model: PreTrainedModel) -> list[torch.nn.Module]:
     return list(model.model.layers)
 
 
+# Batch invariance (bf16/fp16 on CPU): a request must get the same tokens whatever its batch-mates.
+# Measured here: a bf16 GEMM gives the same row whatever the row count M >= 2, but M = 1 takes
+# another kernel (rarely 1 ulp off); fp32 GEMMs change with M everywhere. Hence: the engine never
+# runs a one-row decode step (it duplicates the row); MoE experts run one token at a time
+# (transformers' "batched_mm": a bmm per token, invariant); routers that compute in fp32 inside a
+# bf16 model (Kimi Linear, NemotronH) route one token at a time.
+_FP32_ROUTERS = ("KimiLinearTopkRouter", "NemotronHTopkRouter")
+BATCH_INVARIANT_EXPERTS = "batched_mm"
+
+
+def make_routing_batch_invariant(model: PreTrainedModel) -> int:
+    """Wrap fp32 routers to route row by row; returns how many."""
+    count = 0
+    for module in model.modules():
+        if type(module).__name__ in _FP32_ROUTERS:
+            hidden_dim: Any = module.hidden_dim
+            module.forward = _row_by_row(module.forward, int(hidden_dim))
+            count += 1
+    return count
+
+
+def _row_by_row(forward: Any, hidden_dim: int) -> Any:
+    def routed(hidden_states: torch.Tensor) -> Any:
+        rows = hidden_states.reshape(-1, hidden_dim)
+        if rows.shape[0] == 1:
+            return forward(rows)
+        parts = [forward(rows[i : i + 1]) for i in range(rows.shape[0])]
+        return tuple(torch.cat(p) for p in zip(*parts, strict=True))
+
+    return routed
+
+
 def new_cache(model: PreTrainedModel) -> DynamicCache:
     return DynamicCache(config=model.config)
+
+
+def load_pretrained(path: Any, dtype: torch.dtype, batch_invariant: bool) -> PreTrainedModel:
+    """``from_pretrained``; MoE experts token by token when ``batch_invariant``."""
+    if batch_invariant:
+        try:
+            model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
+                path, dtype=dtype, experts_implementation=BATCH_INVARIANT_EXPERTS
+            )
+            return model
+        except (ValueError, KeyError, TypeError):
+            pass  # no experts in this architecture
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return model
 
 
 def forward(
@@ -187,6 +233,8 @@ def tensor_from_bytes(buf: memoryview, dtype: torch.dtype, shape: tuple[int, ...
     """A tensor over ``buf`` without copying (``buf`` must be writable and stay alive)."""
     if buf.nbytes == 0:
         return torch.empty(shape, dtype=dtype)
+    if buf.readonly:  # torch tensors are writable: give them their own copy
+        buf = memoryview(bytearray(buf))
     return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).reshape(shape)
 
 

@@ -11,11 +11,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
 from prfaas.engine.errors import ModelFolderError
 from prfaas.engine.hf_spec import HFCacheMap, cache_map_from_config, check_architecture
-from prfaas.engine.torch.hf_cache import torch_dtype
+from prfaas.engine.torch.hf_cache import (
+    load_pretrained,
+    make_routing_batch_invariant,
+    torch_dtype,
+)
 from prfaas.spec import DType
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -27,6 +31,8 @@ class LoadedModel:
     cmap: HFCacheMap
     eos_token_ids: tuple[int, ...]
     vocab_size: int
+    batch_invariant: bool
+    """Decode steps give a request the same tokens whatever its batch (see hf_cache)."""
 
 
 def read_config(model_dir: Path) -> dict[str, Any]:
@@ -74,8 +80,15 @@ def _eos_ids(value: Any) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
 
 
-def load_model(model_dir: Path | str, dtype: DType | None = None) -> LoadedModel:
-    """Load the model of ``model_dir`` in ``dtype`` (default: the config's) for inference."""
+def load_model(
+    model_dir: Path | str, dtype: DType | None = None, batch_invariant: bool | None = None
+) -> LoadedModel:
+    """Load the model of ``model_dir`` in ``dtype`` (default: the config's) for inference.
+
+    ``batch_invariant`` (default: for bf16/fp16) makes a request's tokens independent of its
+    batch-mates bit for bit, at some cost (MoE experts token by token, no one-row decode steps).
+    fp32 GEMMs on CPU round differently for every batch size, so fp32 is left as it is.
+    """
     path = Path(model_dir)
     cfg = check_folder(path)
     check_architecture(cfg.get("model_type"))  # before loading anything
@@ -84,13 +97,16 @@ def load_model(model_dir: Path | str, dtype: DType | None = None) -> LoadedModel
     except (OSError, ValueError) as exc:
         raise ModelFolderError(f"cannot read the config of {path}: {exc}") from None
     cmap = cache_map_from_config(config_mapping(config), dtype)
+    invariant = cmap.dtype is not DType.FP32 if batch_invariant is None else batch_invariant
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(cmap.dtype.value))
+        model = load_pretrained(path, torch_dtype(cmap.dtype.value), invariant)
     except (OSError, ValueError) as exc:
         raise ModelFolderError(f"cannot load model from {path}: {exc}") from None
     model.eval()  # type: ignore[no-untyped-call]
+    if invariant:
+        make_routing_batch_invariant(model)
     eos = _eos_ids(model.generation_config.eos_token_id) or _eos_ids(model.config.eos_token_id)
-    return LoadedModel(model, cmap, eos, int(model.config.vocab_size))
+    return LoadedModel(model, cmap, eos, int(model.config.vocab_size), invariant)
 
 
 __all__ = ["LoadedModel", "check_folder", "load_model", "read_config"]
