@@ -4,6 +4,7 @@ failures keep their status, or end a started stream with an error event."""
 from __future__ import annotations
 
 import json
+import socket
 from typing import Any
 
 import httpx
@@ -173,3 +174,15 @@ def test_failure_mid_stream_ends_with_error_event(
     with pytest.raises(openai.APIError, match=message):
         for _ in client.completions.create(model=MODEL, prompt=marker, max_tokens=8, stream=True):
             pass
+
+
+def test_body_that_never_arrives_gets_408(server: Server) -> None:
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100\r\n\r\n{"
+        )  # 1 of 100 bytes, then silence
+        reply = conn.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:80]
+    assert b'"request_timeout"' in reply

@@ -16,7 +16,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -88,7 +88,9 @@ class Gateway:
     async def handle(self, request: Request, *, chat: bool) -> Response:
         tracker = RequestTracker(self.metrics, "chat" if chat else "completions")
         try:
-            body = await read_json(request, self.config.max_body_bytes)
+            body = await read_json(
+                request, self.config.max_body_bytes, self.config.request_timeout_s
+            )
             prepared = prepare(
                 body,
                 chat=chat,
@@ -102,7 +104,7 @@ class Gateway:
         except ApiError as exc:
             tracker.finish(exc.status)
             return error_response(exc)
-        except ClientGone:
+        except (ClientGone, ClientDisconnect):
             tracker.finish(CLIENT_GONE)
             return Response(status_code=CLIENT_GONE)
         self.metrics.prompt_tokens.inc(len(prepared.req.prompt_token_ids))

@@ -6,6 +6,7 @@ prompt (chat template or the plain join), and resolves ``max_tokens`` against th
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Sized
@@ -31,17 +32,24 @@ class Prepared:
     return_token_ids: bool
 
 
-async def read_json(request: Request, max_body_bytes: int) -> dict[str, Any]:
+async def read_json(request: Request, max_body_bytes: int, timeout_s: float) -> dict[str, Any]:
+    """The body as a JSON object; 413 if too large, 408 if it does not arrive within
+    ``timeout_s``, ``ClientDisconnect`` (starlette) if the client leaves meanwhile."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
         raise _too_large(max_body_bytes)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_body_bytes:
-            raise _too_large(max_body_bytes)
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > max_body_bytes:
+                    raise _too_large(max_body_bytes)
+                chunks.append(chunk)
+    except TimeoutError:
+        message = f"request body not received within {timeout_s:g} s"
+        raise ApiError(408, message, code="request_timeout") from None
     try:
         body = json.loads(b"".join(chunks))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
