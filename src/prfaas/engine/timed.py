@@ -50,6 +50,9 @@ class TimedConfig:
     max_batch: int | None = None
     """Decode batch limit; default: the cost model's BS_max."""
     vocab_size: int = 32000
+    catch_up_s: float = 0.01
+    """A step (or prefill) that starts at most this long (clock seconds) after the previous one
+    ended is taken to start when it ended, so wake-up lateness does not accumulate."""
 
     def __post_init__(self) -> None:
         if not (self.time_scale > 0 and math.isfinite(self.time_scale)):
@@ -94,6 +97,10 @@ class TimedEngine:
         self.budget = KvBudget(cfg.kv_budget_bytes or int(hw.instance_memory_bytes))
         self.max_batch = cfg.max_batch or max(1, cost_model.max_decode_batch)
         self._prefill_lock = asyncio.Lock()
+        # When the emulated instance is next free. A step that follows another at once starts at
+        # the previous deadline, not at the (slightly late) wake-up: lateness does not accumulate.
+        self._prefill_free_at_s = -math.inf
+        self._decode_free_at_s = -math.inf
         self._zeros = memoryview(b"")
         self._allocs: dict[str, Allocation] = {}
         self._running: dict[str, _Running] = {}
@@ -116,6 +123,10 @@ class TimedEngine:
         return scale_layout(
             self.cache_spec.layout(num_tokens, num_cached_tokens), self.config.byte_divisor
         )
+
+    def _start_s(self, free_at_s: float) -> float:
+        now = self.waiter.clock.now()
+        return free_at_s if now - free_at_s <= self.config.catch_up_s else now
 
     # -- pure timing ---------------------------------------------------------------------------
     def prefill_plan(self, num_tokens: int, num_cached_tokens: int = 0) -> PrefillPlan:
@@ -161,7 +172,8 @@ class TimedEngine:
         n, k = req.num_tokens, req.num_cached_tokens
         async with self._prefill_lock:
             plan = self.prefill_plan(n, k)
-            start = self.waiter.clock.now()
+            start = self._start_s(self._prefill_free_at_s)
+            self._prefill_free_at_s = start + plan.duration_s
             outputs = self._outputs(req.request_id, self.layout(n, k))
             for ready, out in zip(plan.layer_ready_s, outputs, strict=True):
                 await self.waiter.wait_until(start + ready)
@@ -217,16 +229,25 @@ class TimedEngine:
         self.budget.release(request_id)
 
     # -- decode ---------------------------------------------------------------------------------
-    async def step_async(self) -> tuple[TokenEvent, ...]:
-        """``token_chunk`` tokens (fewer if a request needs fewer) for each running request."""
+    def next_decode_plan(self) -> DecodePlan | None:
+        """What the next ``step_async`` will take (None when nothing runs)."""
         runs = list(self._running.values())[: self.max_batch]
         if not runs:
-            return ()
+            return None
         context = sum(r.num_tokens + r.num_generated for r in runs)
-        plan = self.decode_plan(
+        return self.decode_plan(
             context, [r.sampling.max_new_tokens - r.num_generated for r in runs]
         )
-        await self.waiter.wait_until(self.waiter.clock.now() + plan.duration_s)
+
+    async def step_async(self) -> tuple[TokenEvent, ...]:
+        """``token_chunk`` tokens (fewer if a request needs fewer) for each running request."""
+        plan = self.next_decode_plan()
+        if plan is None:
+            return ()
+        runs = list(self._running.values())[: self.max_batch]
+        start = self._start_s(self._decode_free_at_s)
+        self._decode_free_at_s = start + plan.duration_s
+        await self.waiter.wait_until(self._decode_free_at_s)
         events = []
         for run in runs:
             tokens = tuple(
