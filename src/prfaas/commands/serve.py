@@ -1,0 +1,56 @@
+"""``prfaas serve``: run one process of a deployment (the gateway, or nodes of one site)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from prfaas.errors import UsageError
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "serve",
+        help="run the gateway or prefill/decode nodes of a deployment",
+        description=(
+            "Run one process of the deployment described by --config. On real hosts, start "
+            "the gateway once and each node on its own host; `prfaas up` does all of it on one "
+            "machine. Nodes register with the gateway and heartbeat their load."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--role", required=True, choices=("gateway", "prefill", "decode", "node"),
+        help="gateway; or the role of the --node(s) (node: nodes of mixed roles of one site)",
+    )  # fmt: skip
+    p.add_argument("--config", type=Path, required=True, help="deployment YAML")
+    p.add_argument("--node", action="append", default=[], help="node name (repeatable)")
+    p.add_argument("--host", default="127.0.0.1", help="address the nodes listen on")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+
+    from prfaas.config import load_deployment
+    from prfaas.serve.run import run_gateway, run_worker
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    d = load_deployment(args.config)
+    if args.role == "gateway":
+        if args.node:
+            raise UsageError("--node is for node processes, not the gateway")
+        run_gateway(d)
+        return 0
+    if not args.node:
+        raise UsageError(f"--role {args.role} needs at least one --node NAME")
+    for name in args.node:
+        node = d.node(name)
+        if args.role != "node" and node.role != args.role:
+            raise UsageError(f"node {name} has role {node.role}, not {args.role}")
+    sites = {d.site_of(n).name for n in args.node}
+    if len(sites) > 1:
+        raise UsageError(f"one process hosts nodes of one site, got {sorted(sites)}")
+    run_worker(d, args.node, host=args.host)
+    return 0

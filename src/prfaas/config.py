@@ -1,0 +1,160 @@
+"""Deployment files: the one place that reads YAML. Validated with pydantic, errors name the field.
+
+A deployment is a gateway, sites (a PD site and PrfaaS sites) with their nodes, the links between
+sites, the engine every node runs (``timed``: the cost model's time on an emulated instance;
+``torch``: a real model folder), the scales that let a laptop emulate a datacenter (time by ``s``,
+bytes by ``b``: an R Gbps link is paced at R*b/s) and the inter-site key. ``prfaas up FILE`` runs
+one on this machine; ``prfaas serve --role ... --config FILE --node NAME`` runs one node of it.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from prfaas.errors import UsageError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NodeConfig(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    role: Literal["prefill", "decode"]
+    port: int = Field(0, ge=0, le=65535, description="HTTP control port (0: pick a free one)")
+    transfer_port: int = Field(0, ge=0, le=65535, description="KV receive port (decode nodes)")
+
+
+class SiteConfig(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    kind: Literal["pd", "prfaas"]
+    hardware: str = "h20"
+    nodes: list[NodeConfig]
+
+    @model_validator(mode="after")
+    def _roles_fit_the_kind(self) -> SiteConfig:
+        roles = [n.role for n in self.nodes]
+        if not roles:
+            raise ValueError(f"site {self.name} has no nodes")
+        if self.kind == "prfaas" and "decode" in roles:
+            raise ValueError(f"site {self.name} is a PrfaaS site: prefill nodes only")
+        if self.kind == "pd" and "decode" not in roles:
+            raise ValueError(f"PD site {self.name} needs at least one decode node")
+        return self
+
+
+class LinkConfig(_Strict):
+    src: str
+    dst: str
+    gbps: float = Field(gt=0, description="modelled capacity, Gbit/s")
+    rtt_ms: float = Field(0.0, ge=0)
+
+
+class EngineConfig(_Strict):
+    kind: Literal["timed", "torch"] = "timed"
+    model: str = Field("paper-1t", description="model preset (timed) or served model name")
+    model_path: str | None = Field(None, description="local Hugging Face folder (torch)")
+    time_scale: float = Field(0.1, gt=0, description="wall seconds per modelled second")
+    byte_divisor: int = Field(1000, ge=1, description="payloads are 1/byte_divisor of real size")
+    token_chunk: int = Field(16, ge=1, description="tokens per decode delivery (timed)")
+    block_tokens: int = Field(512, ge=16, description="prefix-cache block size")
+    checkpoint_every_blocks: int = Field(
+        16, ge=1, description="keep linear/SWA state checkpoints every this many blocks"
+    )
+    dtype: Literal["float32", "bfloat16"] = "float32"
+
+    @model_validator(mode="after")
+    def _torch_needs_a_folder(self) -> EngineConfig:
+        if self.kind == "torch" and not self.model_path:
+            raise ValueError("engine kind 'torch' needs model_path")
+        return self
+
+
+class GatewayConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    max_inflight: int = Field(256, ge=1)
+    max_queued: int = Field(512, ge=0)
+    request_timeout_s: float = Field(600.0, gt=0)
+    heartbeat_timeout_s: float = Field(3.0, gt=0, description="a silent node leaves rotation")
+
+
+class PolicyConfig(_Strict):
+    router: Literal["local_only", "naive", "threshold", "prfaas"] = "prfaas"
+    threshold_tokens: int | None = Field(None, ge=0, description="None: the planner's t")
+    rebalance: bool = False
+    rebalance_interval_s: float = Field(30.0, gt=0, description="modelled seconds")
+
+
+class DeploymentConfig(_Strict):
+    engine: EngineConfig = EngineConfig()
+    gateway: GatewayConfig = GatewayConfig()
+    policy: PolicyConfig = PolicyConfig()
+    sites: list[SiteConfig]
+    links: list[LinkConfig] = []
+    psk: str = Field(default_factory=lambda: secrets.token_hex(16), min_length=16)
+    tls: bool = False
+    netns: bool = Field(False, description="place the sites in network namespaces (root)")
+    heartbeat_interval_s: float = Field(0.5, gt=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DeploymentConfig:
+        names = [s.name for s in self.sites]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate site names in {names}")
+        nodes = [n.name for s in self.sites for n in s.nodes]
+        if len(set(nodes)) != len(nodes):
+            raise ValueError("duplicate node names")
+        if sum(1 for s in self.sites if s.kind == "pd") != 1:
+            raise ValueError("a deployment has exactly one PD site (the gateway's home)")
+        for link in self.links:
+            for end in (link.src, link.dst):
+                if end not in names:
+                    raise ValueError(f"link {link.src}->{link.dst} names unknown site {end!r}")
+        for site in self.sites:
+            if site.kind == "prfaas" and not any(
+                lk.src == site.name and lk.dst == self.home_site.name for lk in self.links
+            ):
+                raise ValueError(f"PrfaaS site {site.name} has no link to {self.home_site.name}")
+        return self
+
+    @property
+    def home_site(self) -> SiteConfig:
+        return next(s for s in self.sites if s.kind == "pd")
+
+    def site_of(self, node_name: str) -> SiteConfig:
+        for site in self.sites:
+            if any(n.name == node_name for n in site.nodes):
+                return site
+        raise UsageError(f"no node named {node_name!r} in the deployment")
+
+    def node(self, node_name: str) -> NodeConfig:
+        site = self.site_of(node_name)
+        return next(n for n in site.nodes if n.name == node_name)
+
+    def link_to_home(self, site_name: str) -> LinkConfig | None:
+        home = self.home_site.name
+        return next((lk for lk in self.links if lk.src == site_name and lk.dst == home), None)
+
+
+def load_deployment(path: Path) -> DeploymentConfig:
+    """Read and validate a deployment YAML; a ``UsageError`` names the file and the bad field."""
+    if not path.is_file():
+        raise UsageError(f"deployment file {path} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise UsageError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise UsageError(f"{path}: expected a mapping at the top level")
+    try:
+        return DeploymentConfig.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        raise UsageError(f"{path}: {where}: {first['msg']}") from None

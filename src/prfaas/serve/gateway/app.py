@@ -1,0 +1,176 @@
+"""The gateway process: ``serve.api``'s OpenAI surface in front of the ``ClusterDispatcher``, plus
+the control-plane routes nodes call (``/internal/register``, ``/internal/heartbeat``) and a
+read-only ``/internal/routes`` (what each request did; the demo compares it with the simulator).
+
+The policy objects are the ones the simulator drives: the router from ``policy.make_router``, the
+threshold ``t`` from the planner (``analytic``) unless the deployment fixes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+from fastapi import FastAPI, HTTPException
+
+from prfaas.analytic import Planner, Scenario
+from prfaas.cache import GlobalKVManager, HybridPrefixCache, sizing_for
+from prfaas.config import DeploymentConfig
+from prfaas.core import MutableClusterView, SiteId
+from prfaas.perf import CostModel, cost_model_for
+from prfaas.policy import make_router
+from prfaas.serve.api import GatewayHTTPConfig, GatewayMetrics, create_gateway_app
+from prfaas.serve.backend import ModelInfo
+from prfaas.serve.gateway.dispatcher import ClusterDispatcher
+from prfaas.serve.gateway.registry import NodeRegistry
+from prfaas.serve.node.messages import Heartbeat, Registration
+
+EXPIRY_PERIOD_S = 0.25
+DEFAULT_TORCH_THRESHOLD_TOKENS = 128
+
+
+def _cost_models(d: DeploymentConfig) -> tuple[CostModel | None, CostModel | None]:
+    if d.engine.kind != "timed":
+        return None, None
+    remote = next((s for s in d.sites if s.kind == "prfaas"), None)
+    local = cost_model_for(d.engine.model, d.home_site.hardware)
+    return (cost_model_for(d.engine.model, remote.hardware) if remote else None), local
+
+
+def planned_threshold(d: DeploymentConfig) -> int:
+    """The deployment's ``t``: fixed in the file, else the planner's for these node counts."""
+    if d.policy.threshold_tokens is not None:
+        return d.policy.threshold_tokens
+    if d.engine.kind != "timed":
+        return DEFAULT_TORCH_THRESHOLD_TOKENS
+    remote = [s for s in d.sites if s.kind == "prfaas"]
+    if not remote:
+        return 2**31 - 1  # nothing to offload to
+    home = d.home_site
+    link = d.link_to_home(remote[0].name)
+    assert link is not None
+    scenario = Scenario(
+        model=d.engine.model,
+        prfaas_hardware=remote[0].hardware,
+        local_hardware=home.hardware,
+        n_prfaas=sum(len(s.nodes) for s in remote),
+        n_local=max(2, len(home.nodes)),
+        link_gbps=link.gbps,
+    )
+    return int(Planner(scenario).plan().prfaas.threshold_tokens or 0)
+
+
+def _kv_manager(d: DeploymentConfig) -> GlobalKVManager:
+    caches = {}
+    for site in d.sites:
+        if d.engine.kind == "timed":
+            cost = cost_model_for(d.engine.model, site.hardware)
+            sizing = sizing_for(cost.model.cache, d.engine.block_tokens)
+            capacity = int(cost.hardware.instance_memory_bytes * 0.1)
+        else:
+            from prfaas.spec import CacheSpec, LayerCache
+
+            # Without a preset the manager only needs block structure, not byte-exact sizes.
+            sizing = sizing_for(CacheSpec((LayerCache.gqa(1, 1),)), d.engine.block_tokens)
+            capacity = 1 << 40
+        caches[SiteId(site.name)] = HybridPrefixCache(
+            sizing, capacity, checkpoint_every_blocks=d.engine.checkpoint_every_blocks
+        )
+    return GlobalKVManager(caches)
+
+
+def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo) -> FastAPI:
+    registry_view = MutableClusterView(
+        {SiteId(s.name): _site_kind(s.kind) for s in d.sites}, planned_threshold(d)
+    )
+    registry = NodeRegistry(d, registry_view)
+    remote, local = _cost_models(d)
+    home = SiteId(d.home_site.name)
+    prfaas_sites = [SiteId(s.name) for s in d.sites if s.kind == "prfaas"]
+    router = make_router(d.policy.router, home, prfaas_sites, remote=remote, local=local)
+    fallback = make_router("local_only", home, prfaas_sites)
+    metrics = GatewayMetrics()
+    dispatcher = ClusterDispatcher(
+        registry, router, fallback, _kv_manager(d), metrics, model, d.engine.block_tokens
+    )
+    g = d.gateway
+    http = GatewayHTTPConfig(
+        max_in_flight=g.max_inflight,
+        max_queued=g.max_queued,
+        request_timeout_s=g.request_timeout_s,
+        queue_timeout_s=min(30.0, g.request_timeout_s),
+    )
+    app = create_gateway_app(dispatcher, tokenizer, http, metrics=metrics)
+    app.state.registry = registry
+    app.state.dispatcher = dispatcher
+
+    @app.post("/internal/register")
+    async def register(reg: Registration) -> dict[str, str]:
+        try:
+            registry.register(reg, time.monotonic())
+        except ValueError as exc:
+            raise HTTPException(400, str(exc)) from None
+        return {"status": "registered"}
+
+    @app.post("/internal/heartbeat")
+    async def heartbeat(beat: Heartbeat) -> dict[str, str]:
+        if not registry.heartbeat(beat, time.monotonic()):
+            raise HTTPException(404, f"unknown process {beat.process}: register first")
+        return {"status": "ok"}
+
+    @app.get("/internal/routes")
+    async def routes() -> list[dict[str, object]]:
+        return [r.__dict__ if hasattr(r, "__dict__") else _record(r) for r in dispatcher.records]
+
+    @app.get("/internal/nodes")
+    async def nodes() -> list[dict[str, object]]:
+        return [
+            {"node": n.node_id, "site": n.site_id, "role": n.role.value, "healthy": n.healthy,
+             "draining": n.draining, "queue_depth": n.queue_depth, "batch_size": n.batch_size}
+            for n in registry.view
+        ]  # fmt: skip
+
+    async def control_loop() -> None:
+        while True:
+            await asyncio.sleep(EXPIRY_PERIOD_S)
+            registry.expire(time.monotonic())
+            _export_gauges(registry, metrics)
+
+    @app.on_event("startup")
+    async def start() -> None:
+        app.state.control = asyncio.create_task(control_loop())
+
+    @app.on_event("shutdown")
+    async def stop() -> None:
+        app.state.control.cancel()
+        with contextlib.suppress(BaseException):
+            await app.state.control
+        await dispatcher.aclose()
+
+    return app
+
+
+def _record(r: Any) -> dict[str, object]:
+    return {k: getattr(r, k) for k in r.__slots__}
+
+
+def _site_kind(kind: str) -> Any:
+    from prfaas.core import SiteKind
+
+    return SiteKind(kind)
+
+
+def _export_gauges(registry: NodeRegistry, metrics: GatewayMetrics) -> None:
+    for load in registry.view:
+        stage = "prefill_queue" if load.role.value == "prefill" else "decode_batch"
+        value = load.queue_depth if load.role.value == "prefill" else load.batch_size
+        metrics.stage_queue_depth.labels(stage=stage, node=load.node_id).set(value)
+    for state in registry.link_states():
+        metrics.link_utilisation.labels(link=state.link_id).set(state.utilisation)
+        metrics.link_backlog_bytes.labels(link=state.link_id).set(state.backlog_bytes)
+        metrics.cross_site_goodput_bytes_per_s.labels(link=state.link_id).set(
+            state.goodput_bytes_per_s
+        )
+        metrics.link_congested.labels(link=state.link_id).set(1.0 if state.congested else 0.0)

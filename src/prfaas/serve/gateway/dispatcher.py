@@ -1,0 +1,290 @@
+"""``ClusterDispatcher``: the gateway's ``Backend``. It carries out the policy's decisions on live
+nodes: asks the KV manager for every site's cached prefix, calls the shared router, picks the decode
+node, tells the decode node to expect the KV, tells the prefill node to compute it and stream it
+there, and relays the decode node's tokens. A lost prefill (node killed, link cut, transfer aborted)
+is retried once with local prefill on another node; a client that goes away aborts the request at
+both nodes (the decode stream closes, the prefill is cancelled) so its KV is freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+
+from prfaas.cache import GlobalKVManager
+from prfaas.core import NodeRole, RequestId, RequestView, SiteId
+from prfaas.policy import NoRouteError, Router, least_loaded
+from prfaas.policy.decisions import RouteDecision
+from prfaas.serve.api.metrics import GatewayMetrics
+from prfaas.serve.backend import GenerationError, GenerationRequest, ModelInfo, TokenEvent
+from prfaas.serve.gateway.hashing import block_hashes
+from prfaas.serve.gateway.registry import NodeRegistry
+from prfaas.serve.node.messages import (
+    DecodeCommand,
+    DecodeEvent,
+    PrefillCommand,
+    PrefillOutcome,
+    SamplingMsg,
+)
+
+MAX_ATTEMPTS = 2
+ABORT_TIMEOUT_S = 2.0
+
+
+class _Retryable(Exception):
+    """The attempt failed before any token reached the client: try again elsewhere."""
+
+    def __init__(self, reason: str, message: str, node: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.node = node
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRecord:
+    """What happened to one request (for the demo's report and the sim comparison)."""
+
+    request_id: str
+    prefill_site: str
+    prefill_node: str
+    decode_node: str
+    offloaded: bool
+    num_cached_tokens: int
+    kv_bytes: int
+    attempts: int
+
+
+class ClusterDispatcher:
+    def __init__(
+        self,
+        registry: NodeRegistry,
+        router: Router,
+        fallback: Router,
+        kv_manager: GlobalKVManager,
+        metrics: GatewayMetrics,
+        model: ModelInfo,
+        block_tokens: int,
+    ) -> None:
+        self.registry = registry
+        self.router = router
+        self.fallback = fallback
+        self.kv_manager = kv_manager
+        self.metrics = metrics
+        self._model = model
+        self.block_tokens = block_tokens
+        self.home = SiteId(registry.deployment.home_site.name)
+        self.records: list[RouteRecord] = []
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
+
+    def model_info(self) -> ModelInfo:
+        return self._model
+
+    async def health(self) -> dict[str, object]:
+        view = self.registry.view
+        return {
+            "nodes": sum(1 for n in view if n.healthy),
+            "links": len(self.registry.link_states()),
+        }
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    # -- the Backend contract ---------------------------------------------------------------------
+    async def generate(self, req: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        hashes = block_hashes(req.prompt_token_ids, self.block_tokens)
+        use_fallback = False
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            decision, decode_node = self._decide(req, hashes, use_fallback)
+            started = False
+            try:
+                async for event in self._attempt(req, hashes, decision, decode_node, attempt):
+                    started = True
+                    yield event
+                return
+            except _Retryable as exc:
+                if exc.node is not None:
+                    self.registry.mark_unhealthy(exc.node)
+                if started or attempt == MAX_ATTEMPTS:
+                    raise GenerationError(502, "server_error", f"request failed: {exc}") from None
+                self.metrics.retries.labels(reason=exc.reason).inc()
+                use_fallback = True  # a lost (remote) prefill falls back to local prefill
+
+    # -- one attempt ------------------------------------------------------------------------------
+    def _decide(
+        self, req: GenerationRequest, hashes: tuple[int, ...], use_fallback: bool
+    ) -> tuple[RouteDecision, str]:
+        n = len(req.prompt_token_ids)
+        view = RequestView(
+            RequestId(req.request_id),
+            n,
+            self.kv_manager.peek(hashes, n),
+            hashes,
+            req.max_tokens,
+        )
+        now = self.registry.modelled_s(time.monotonic())
+        router = self.fallback if use_fallback else self.router
+        try:
+            decision = router.route(view, self.registry.view, now)
+        except NoRouteError as exc:
+            raise GenerationError(503, "service_unavailable", f"no prefill node: {exc}") from None
+        decode = least_loaded(self.registry.view, self.home, NodeRole.DECODE)
+        if decode is None:
+            raise GenerationError(503, "service_unavailable", "no decode node available")
+        self.metrics.route_decisions.labels(
+            target="prfaas" if decision.offloaded else "local", reason=decision.reason
+        ).inc()
+        return decision, decode.node_id
+
+    async def _attempt(
+        self,
+        req: GenerationRequest,
+        hashes: tuple[int, ...],
+        decision: RouteDecision,
+        decode_node: str,
+        attempt: int,
+    ) -> AsyncIterator[TokenEvent]:
+        reg = self.registry
+        dec_ep = reg.endpoints[decode_node]
+        pre_ep = reg.endpoints[decision.prefill_node]
+        sampling = SamplingMsg(
+            max_new_tokens=req.max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            seed=req.seed or 0,
+            stop_token_ids=list(req.stop_token_ids),
+        )
+        decode_cmd = DecodeCommand(
+            request_id=req.request_id,
+            num_prompt_tokens=len(req.prompt_token_ids),
+            sampling=sampling,
+            timeout_s=reg.deployment.gateway.request_timeout_s,
+        )
+        prefill_cmd = PrefillCommand(
+            request_id=req.request_id,
+            token_ids=list(req.prompt_token_ids),
+            block_hashes=list(hashes),
+            use_cached_tokens=decision.num_cached_tokens,
+            decode_node=decode_node,
+            decode_host=dec_ep.host,
+            decode_transfer_port=dec_ep.transfer_port,
+            cross_site=decision.prefill_site != self.home,
+            sampling=sampling,
+        )
+        decode_url = f"http://{dec_ep.host}:{dec_ep.http_port}/nodes/{decode_node}/decode"
+        prefill_base = f"http://{pre_ep.host}:{pre_ep.http_port}/nodes/{decision.prefill_node}"
+        try:
+            async with self._client.stream(
+                "POST", decode_url, json=decode_cmd.model_dump()
+            ) as resp:
+                if resp.status_code != 200:
+                    raise _Retryable(
+                        "decode_refused", f"decode node {decode_node}: {resp.status_code}"
+                    )
+                lines = resp.aiter_lines()
+                ready = await _next_event(lines, decode_node)
+                if ready.kind != "ready":
+                    raise _Retryable("decode_failed", ready.error, decode_node)
+                prefill = asyncio.create_task(
+                    self._client.post(f"{prefill_base}/prefill", json=prefill_cmd.model_dump())
+                )
+                try:
+                    async for event in self._relay(lines, prefill, decision, decode_node, hashes,
+                                                   req, attempt):  # fmt: skip
+                        yield event
+                finally:
+                    if not prefill.done():
+                        prefill.cancel()
+                        with contextlib.suppress(Exception):
+                            await self._client.post(
+                                f"{prefill_base}/abort/{req.request_id}", timeout=ABORT_TIMEOUT_S
+                            )
+                    with contextlib.suppress(BaseException):
+                        await prefill
+        except httpx.HTTPError as exc:
+            raise _Retryable("decode_unreachable", f"decode node {decode_node}: {exc}",
+                             decode_node) from None  # fmt: skip
+
+    async def _relay(
+        self,
+        lines: AsyncIterator[str],
+        prefill: asyncio.Task[httpx.Response],
+        decision: RouteDecision,
+        decode_node: str,
+        hashes: tuple[int, ...],
+        req: GenerationRequest,
+        attempt: int,
+    ) -> AsyncIterator[TokenEvent]:
+        next_line: asyncio.Task[DecodeEvent] = asyncio.ensure_future(
+            _next_event(lines, decode_node)
+        )
+        try:
+            while True:
+                waiting = {next_line} if prefill is None or prefill.done() else {next_line, prefill}
+                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if prefill in done and not prefill.cancelled():
+                    self._on_prefill_done(prefill, decision, decode_node, hashes, req, attempt)
+                if next_line not in done:
+                    continue
+                event = next_line.result()
+                if event.kind == "error":
+                    raise _Retryable("decode_error", event.error)
+                yield TokenEvent(tuple(event.token_ids), event.finish_reason)
+                if event.finish_reason is not None:
+                    return
+                next_line = asyncio.ensure_future(_next_event(lines, decode_node))
+        finally:
+            if not next_line.done():
+                next_line.cancel()
+
+    def _on_prefill_done(
+        self,
+        task: asyncio.Task[httpx.Response],
+        decision: RouteDecision,
+        decode_node: str,
+        hashes: tuple[int, ...],
+        req: GenerationRequest,
+        attempt: int,
+    ) -> None:
+        node = decision.prefill_node
+        try:
+            resp = task.result()
+        except httpx.HTTPError as exc:
+            raise _Retryable("prefill_lost", f"prefill node {node}: {exc}", node) from None
+        if resp.status_code != 200:
+            raise _Retryable("prefill_refused", f"prefill node {node}: {resp.status_code}")
+        outcome = PrefillOutcome.model_validate_json(resp.content)
+        if not outcome.ok:
+            raise _Retryable("prefill_failed", f"prefill node {node}: {outcome.error}")
+        n = len(req.prompt_token_ids)
+        site = decision.prefill_site
+        self.kv_manager.use(SiteId(site), hashes, n)
+        self.kv_manager.store(SiteId(site), hashes, n)
+        self.metrics.observe_prefix_lookup(site, n, outcome.num_cached_tokens)
+        kv_bytes = outcome.kv_bytes_sent * self.registry.byte_divisor
+        if decision.offloaded:
+            self.metrics.cross_site_bytes.labels(src_site=site, dst_site=self.home).inc(kv_bytes)
+        self.records.append(
+            RouteRecord(
+                req.request_id, site, node, decode_node, decision.offloaded,
+                outcome.num_cached_tokens, kv_bytes, attempt,
+            )
+        )  # fmt: skip
+
+
+async def _next_event(lines: AsyncIterator[str], node: str) -> DecodeEvent:
+    while True:
+        try:
+            line = await anext(lines)
+        except StopAsyncIteration:
+            raise _Retryable("decode_closed", f"decode node {node} closed the stream") from None
+        if line.strip():
+            try:
+                return DecodeEvent.model_validate(json.loads(line))
+            except ValueError as exc:
+                raise _Retryable("decode_garbled", f"decode node {node}: {exc}") from None

@@ -1,0 +1,188 @@
+"""``NodeRegistry``: the gateway's control plane. Nodes register and heartbeat their load; the
+registry keeps the policy's ``MutableClusterView`` up to date one report at a time, derives each
+inter-site link's ``LinkState`` from the PrfaaS nodes' egress counters, and takes a node whose
+process stopped heartbeating out of rotation.
+
+Units: the view is in *modelled* units, like the simulator's: seconds of the emulated hardware
+(wall seconds / time_scale) and real KV bytes (payload bytes x byte_divisor), so the same policy
+objects and thresholds apply to both drivers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prfaas.config import DeploymentConfig
+from prfaas.core import LinkState, MutableClusterView, NodeId, NodeLoad, NodeRole, SiteId, SiteKind
+from prfaas.core.ids import link_id_for
+from prfaas.serve.node.messages import Heartbeat, NodeEndpoint, NodeReport, Registration
+
+CONGESTED_UTILISATION = 0.9
+CONGESTED_DRAIN_S = 1.0
+GOODPUT_SMOOTHING = 0.3
+
+
+@dataclass
+class _Process:
+    name: str
+    nodes: list[str]
+    last_seen_wall_s: float
+    alive: bool = True
+
+
+@dataclass
+class _LinkMeter:
+    capacity_bytes_per_s: float
+    last_bytes: int = 0
+    last_wall_s: float | None = None
+    goodput_bytes_per_s: float = 0.0
+    per_node_bytes: dict[str, int] = field(default_factory=dict)
+
+
+class NodeRegistry:
+    def __init__(self, deployment: DeploymentConfig, view: MutableClusterView) -> None:
+        self.deployment = deployment
+        self.view = view
+        eng = deployment.engine
+        self.time_scale = eng.time_scale if eng.kind == "timed" else 1.0
+        self.byte_divisor = eng.byte_divisor if eng.kind == "timed" else 1
+        self.endpoints: dict[str, NodeEndpoint] = {}
+        self.processes: dict[str, _Process] = {}
+        self._site_kind = {s.name: s.kind for s in deployment.sites}
+        home = deployment.home_site.name
+        self._meters = {
+            s.name: _LinkMeter(deployment.link_to_home(s.name).gbps * 1e9 / 8)  # type: ignore[union-attr]
+            for s in deployment.sites
+            if s.kind == "prfaas"
+        }
+        for site, meter in self._meters.items():
+            view.update_link(
+                LinkState(link_id_for(SiteId(site), SiteId(home)), meter.capacity_bytes_per_s)
+            )
+
+    # -- clocks and units -------------------------------------------------------------------------
+    def modelled_s(self, wall_s: float) -> float:
+        return wall_s / self.time_scale
+
+    # -- registration and heartbeats --------------------------------------------------------------
+    def register(self, reg: Registration, now_wall_s: float) -> None:
+        for ep in reg.nodes:
+            if ep.site not in self._site_kind:
+                raise ValueError(f"node {ep.node} reports unknown site {ep.site}")
+        self.processes[reg.process] = _Process(
+            reg.process, [ep.node for ep in reg.nodes], now_wall_s
+        )
+        for ep in reg.nodes:
+            self.endpoints[ep.node] = ep
+            self._update(NodeReport(node=ep.node, site=ep.site, role=ep.role), now_wall_s)
+
+    def heartbeat(self, beat: Heartbeat, now_wall_s: float) -> bool:
+        """False when the process is unknown (the node re-registers)."""
+        proc = self.processes.get(beat.process)
+        if proc is None or not proc.alive:
+            return False
+        proc.last_seen_wall_s = now_wall_s
+        for report in beat.reports:
+            if report.node in self.endpoints:
+                self.endpoints[report.node] = self.endpoints[report.node].model_copy(
+                    update={"role": report.role}
+                )
+                self._update(report, now_wall_s)
+        self._update_links(beat.reports, now_wall_s)
+        return True
+
+    def expire(self, now_wall_s: float) -> list[str]:
+        """Take nodes whose process stopped heartbeating out of rotation; returns their names."""
+        gone: list[str] = []
+        timeout = self.deployment.gateway.heartbeat_timeout_s
+        for proc in self.processes.values():
+            if proc.alive and now_wall_s - proc.last_seen_wall_s > timeout:
+                proc.alive = False
+                for name in proc.nodes:
+                    self.mark_unhealthy(name)
+                    gone.append(name)
+        for name in gone:
+            del self.processes[self._process_of(name)]
+        return gone
+
+    def _process_of(self, node: str) -> str:
+        return next(p.name for p in self.processes.values() if node in p.nodes)
+
+    def mark_unhealthy(self, node: str) -> None:
+        try:
+            load = self.view.node(NodeId(node))
+        except KeyError:
+            return
+        self.view.update_node(_replace_load(load, healthy=False))
+
+    def alive(self, node: str) -> bool:
+        try:
+            return self.view.node(NodeId(node)).healthy
+        except KeyError:
+            return False
+
+    def _update(self, r: NodeReport, now_wall_s: float) -> None:
+        self.view.update_node(
+            NodeLoad(
+                node_id=NodeId(r.node),
+                site_id=SiteId(r.site),
+                role=NodeRole(r.role),
+                queue_depth=r.queue_depth,
+                queued_tokens=r.queued_tokens,
+                batch_size=r.batch_size,
+                kv_used_bytes=r.kv_used_bytes,
+                kv_capacity_bytes=r.kv_capacity_bytes,
+                draining=r.draining,
+                healthy=True,
+                sampled_at_s=self.modelled_s(now_wall_s),
+            )
+        )
+
+    def _update_links(self, reports: list[NodeReport], now_wall_s: float) -> None:
+        home = self.deployment.home_site.name
+        for site, meter in self._meters.items():
+            mine = [r for r in reports if r.site == site]
+            if not mine:
+                continue
+            for r in mine:
+                meter.per_node_bytes[r.node] = r.egress_bytes
+            total = sum(meter.per_node_bytes.values()) * self.byte_divisor
+            backlog = sum(r.egress_backlog_bytes for r in mine) * self.byte_divisor
+            if meter.last_wall_s is not None and now_wall_s > meter.last_wall_s:
+                dt_modelled = self.modelled_s(now_wall_s - meter.last_wall_s)
+                rate = max(0, total - meter.last_bytes) / dt_modelled
+                a = GOODPUT_SMOOTHING
+                meter.goodput_bytes_per_s = (1 - a) * meter.goodput_bytes_per_s + a * rate
+            meter.last_bytes, meter.last_wall_s = total, now_wall_s
+            cap = meter.capacity_bytes_per_s
+            utilisation = meter.goodput_bytes_per_s / cap
+            congested = utilisation >= CONGESTED_UTILISATION or backlog / cap >= CONGESTED_DRAIN_S
+            self.view.update_link(
+                LinkState(
+                    link_id=link_id_for(SiteId(site), SiteId(home)),
+                    capacity_bytes_per_s=cap,
+                    utilisation=utilisation,
+                    goodput_bytes_per_s=meter.goodput_bytes_per_s,
+                    backlog_bytes=backlog,
+                    congested=congested,
+                    sampled_at_s=self.modelled_s(now_wall_s),
+                )
+            )
+
+    def link_states(self) -> list[LinkState]:
+        home = SiteId(self.deployment.home_site.name)
+        out = []
+        for site in self._meters:
+            state = self.view.link(SiteId(site), home)
+            if state is not None:
+                out.append(state)
+        return out
+
+    def site_kinds(self) -> dict[SiteId, SiteKind]:
+        return {SiteId(k): SiteKind(v) for k, v in self._site_kind.items()}
+
+
+def _replace_load(load: NodeLoad, **changes: object) -> NodeLoad:
+    from dataclasses import replace
+
+    return replace(load, **changes)  # type: ignore[arg-type]

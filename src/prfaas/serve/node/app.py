@@ -1,0 +1,119 @@
+"""The node process's internal HTTP API (called by the gateway only).
+
+``POST /nodes/{node}/prefill``   PrefillCommand -> PrefillOutcome (once the KV is verified there)
+``POST /nodes/{node}/decode``    DecodeCommand -> NDJSON stream of DecodeEvent (first line "ready")
+``POST /nodes/{node}/abort/{id}`` cancel a running prefill of that request
+``POST /nodes/{node}/role``      RoleCommand: drain, then switch role (the rebalancer's decision)
+``GET  /health``                 this process's registration and node reports
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, HTTPException
+from fastapi.responses import StreamingResponse
+
+from prfaas.serve.node.host import WorkerHost
+from prfaas.serve.node.messages import (
+    DecodeCommand,
+    PrefillCommand,
+    PrefillOutcome,
+    RoleCommand,
+)
+from prfaas.serve.node.worker import Node
+from prfaas.transfer import TransferError
+
+DRAIN_POLL_S = 0.05
+
+
+def create_node_app(host: WorkerHost) -> FastAPI:
+    running: dict[str, asyncio.Task[PrefillOutcome]] = {}
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await host.stop()
+
+    app = FastAPI(title=f"prfaas node {host.process_name}", lifespan=lifespan)
+
+    def node_or_404(name: str) -> Node:
+        node = host.nodes.get(name)
+        if node is None:
+            raise HTTPException(404, f"no node {name!r} in this process")
+        return node
+
+    @app.post("/nodes/{name}/prefill")
+    async def prefill(name: str, cmd: PrefillCommand) -> PrefillOutcome:
+        node = node_or_404(name)
+        if node.role != "prefill" or node.draining:
+            raise HTTPException(409, f"node {name} is not accepting prefills")
+        try:
+            link = await host.link_to(cmd.decode_host, cmd.decode_transfer_port, cmd.cross_site)
+        except (TransferError, OSError) as exc:
+            return PrefillOutcome(request_id=cmd.request_id, ok=False, error=f"connect: {exc}")
+        task = asyncio.create_task(node.prefill(cmd, link))
+        running[cmd.request_id] = task
+        try:
+            outcome = await task
+        except asyncio.CancelledError:
+            if task.cancelled():
+                return PrefillOutcome(request_id=cmd.request_id, ok=False, error="aborted")
+            raise
+        finally:
+            running.pop(cmd.request_id, None)
+        if not outcome.ok and "Connect" in outcome.error:
+            await host.drop_link(cmd.decode_host, cmd.decode_transfer_port, cmd.cross_site)
+        return outcome
+
+    @app.post("/nodes/{name}/abort/{request_id}")
+    async def abort(name: str, request_id: str) -> dict[str, bool]:
+        node_or_404(name)
+        task = running.get(request_id)
+        if task is not None:
+            task.cancel()
+        return {"aborted": task is not None}
+
+    @app.post("/nodes/{name}/decode")
+    async def decode(name: str, cmd: DecodeCommand) -> StreamingResponse:
+        node = node_or_404(name)
+        if node.role != "decode" or node.draining:
+            raise HTTPException(409, f"node {name} is not accepting decodes")
+        if node.expects(cmd.request_id):
+            raise HTTPException(409, f"request {cmd.request_id} is already expected here")
+
+        async def lines() -> AsyncIterator[bytes]:
+            async for event in node.decode(cmd):
+                yield event.model_dump_json().encode() + b"\n"
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+    @app.post("/nodes/{name}/role")
+    async def role(name: str, cmd: RoleCommand) -> dict[str, str]:
+        node = node_or_404(name)
+        if node.fixed_role and cmd.role != node.role:
+            raise HTTPException(409, f"node {name} at a PrfaaS site can only prefill")
+        if cmd.role == node.role:
+            return {"role": node.role}
+        node.draining = True
+
+        async def switch() -> None:
+            while not node.idle:
+                await asyncio.sleep(DRAIN_POLL_S)
+            node.role = cmd.role
+            node.draining = False
+
+        host.spawn(switch())
+        return {"role": node.role, "switching_to": cmd.role}
+
+    @app.get("/health")
+    async def health() -> dict[str, object]:
+        return {
+            "process": host.process_name,
+            "nodes": [n.report().model_dump() for n in host.nodes.values()],
+        }
+
+    app.state.host = host
+    return app

@@ -1,0 +1,44 @@
+"""Build a node's engine from the deployment: ``timed`` (cost model on the wall clock, scaled) or
+``torch`` (a local Hugging Face folder). torch is imported only for ``torch``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prfaas.config import EngineConfig
+from prfaas.core.clock import LoopClock
+from prfaas.engine.timed import TimedConfig, TimedEngine
+from prfaas.engine.waiting import LoopWaiter
+from prfaas.perf import cost_model_for
+
+TORCH_KV_BUDGET_BYTES = 1 << 30
+TORCH_PREFIX_STORE_BYTES = 256 << 20
+
+
+def build_engine(config: EngineConfig, hardware: str) -> Any:
+    if config.kind == "timed":
+        cost = cost_model_for(config.model, hardware)
+        timed = TimedConfig(
+            time_scale=config.time_scale,
+            byte_divisor=config.byte_divisor,
+            token_chunk=config.token_chunk,
+            vocab_size=256,  # made-up tokens that a byte tokenizer can show
+        )
+        return TimedEngine(cost, LoopWaiter(LoopClock()), timed)
+    import torch
+
+    from prfaas.engine.torch import TorchEngine
+
+    torch.set_num_threads(1)  # several processes share 2 cores
+    assert config.model_path is not None
+    return TorchEngine.from_folder(
+        config.model_path, dtype=config.dtype, kv_budget_bytes=TORCH_KV_BUDGET_BYTES
+    )
+
+
+def prefix_store_bytes(config: EngineConfig, hardware: str) -> int:
+    """What a site keeps for prefix checkpoints: a tenth of one instance's HBM (scaled)."""
+    if config.kind == "torch":
+        return TORCH_PREFIX_STORE_BYTES
+    memory = cost_model_for(config.model, hardware).hardware.instance_memory_bytes
+    return int(memory * 0.1 / config.byte_divisor)

@@ -1,0 +1,212 @@
+"""``WorkerHost``: one worker process's nodes, its transfer receiver and sender links, and its
+control-plane client (registration, heartbeats). One site per process.
+
+The receiver (one port per process) hands each incoming session to the node that expects its
+request; the sender links are pooled per (decode host, port), paced at the inter-site link's
+emulated rate when the KV crosses sites (an R Gbps link is paced at R / byte_divisor / time_scale).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+
+import httpx
+
+from prfaas.config import DeploymentConfig
+from prfaas.serve.node.engines import build_engine, prefix_store_bytes
+from prfaas.serve.node.messages import Heartbeat, NodeEndpoint, Registration
+from prfaas.serve.node.prefix_store import PrefixStore
+from prfaas.serve.node.worker import Node
+from prfaas.transfer import (
+    InboundSession,
+    Manifest,
+    Receiver,
+    Refused,
+    SessionAborted,
+    TransferConfig,
+)
+from prfaas.transfer import Link as TransferLink
+
+log = logging.getLogger("prfaas.node")
+
+
+class WorkerHost:
+    def __init__(
+        self,
+        deployment: DeploymentConfig,
+        node_names: Sequence[str],
+        gateway_url: str,
+        host: str = "127.0.0.1",
+        process_name: str = "",
+    ) -> None:
+        if not node_names:
+            raise ValueError("a worker process hosts at least one node")
+        sites = {deployment.site_of(n).name for n in node_names}
+        if len(sites) != 1:
+            raise ValueError(f"one worker process hosts nodes of one site, got {sorted(sites)}")
+        self.deployment = deployment
+        self.site = deployment.site_of(node_names[0])
+        self.host = host
+        self.gateway_url = gateway_url.rstrip("/")
+        self.process_name = process_name or "+".join(node_names)
+        eng = deployment.engine
+        self.prefix_store = PrefixStore(
+            prefix_store_bytes(eng, self.site.hardware),
+            eng.block_tokens,
+            eng.checkpoint_every_blocks,
+        )
+        self.nodes: dict[str, Node] = {}
+        for name in node_names:
+            cfg = deployment.node(name)
+            engine = build_engine(eng, self.site.hardware)
+            self.nodes[name] = Node(
+                name,
+                self.site.name,
+                cfg.role,
+                engine,
+                self.prefix_store,
+                fixed_role=self.site.kind == "prfaas",
+            )
+        self._psk = deployment.psk.encode()
+        self.receiver: Receiver | None = None
+        self.transfer_port = 0
+        self.http_port = 0
+        self._links: dict[tuple[str, int, bool], TransferLink] = {}
+        self._links_lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- transfer --------------------------------------------------------------------------------
+    def _allocate(self, manifest: Manifest) -> Sequence[memoryview]:
+        for node in self.nodes.values():
+            if node.expects(manifest.request_id):
+                return node.allocate(manifest)
+        raise Refused(f"no node of {self.process_name} expects {manifest.request_id}")
+
+    async def _consume_sessions(self) -> None:
+        assert self.receiver is not None
+        async for session in self.receiver:
+            task = asyncio.create_task(self._complete(session))
+            self._tasks.append(task)
+            task.add_done_callback(self._tasks.remove)
+
+    async def _complete(self, session: InboundSession) -> None:
+        rid = session.manifest.request_id
+        node = next((n for n in self.nodes.values() if n.expects(rid)), None)
+        try:
+            delivery = await session.complete(timeout_s=self.deployment.gateway.request_timeout_s)
+        except SessionAborted as exc:
+            if node is not None:
+                node.on_transfer_failed(rid, exc)
+            return
+        if node is not None:
+            node.on_delivered(rid, delivery.first_token)
+
+    def link_rate_bytes_per_s(self) -> float | None:
+        link = self.deployment.link_to_home(self.site.name)
+        if link is None:
+            return None
+        eng = self.deployment.engine
+        scale = eng.byte_divisor * (eng.time_scale if eng.kind == "timed" else 1.0)
+        return link.gbps * 1e9 / 8 / scale
+
+    async def link_to(self, host: str, port: int, cross_site: bool) -> TransferLink:
+        key = (host, port, cross_site)
+        async with self._links_lock:
+            link = self._links.get(key)
+            if link is not None:
+                return link
+            rate = self.link_rate_bytes_per_s() if cross_site else None
+            config = TransferConfig(
+                psk=self._psk,
+                rate_limit_bytes_per_s=rate,
+                timeout_s=30.0,
+                name=self.process_name,
+            )
+            link = await TransferLink.connect(host, port, config)
+            self._links[key] = link
+            return link
+
+    async def drop_link(self, host: str, port: int, cross_site: bool) -> None:
+        """Forget a link that failed; the next prefill to that peer reconnects."""
+        async with self._links_lock:
+            link = self._links.pop((host, port, cross_site), None)
+        if link is not None:
+            with contextlib.suppress(Exception):
+                await link.aclose()
+
+    # -- life cycle ------------------------------------------------------------------------------
+    async def start(self, http_port: int) -> None:
+        self.http_port = http_port
+        if self.site.kind == "pd":
+            config = TransferConfig(psk=self._psk, name=self.process_name)
+            self.receiver = Receiver(config, self._allocate)
+            await self.receiver.__aenter__()
+            wanted = max((self.deployment.node(n).transfer_port for n in self.nodes), default=0)
+            _, self.transfer_port = await self.receiver.listen(self.host, wanted)
+            self.spawn(self._consume_sessions())
+        for node in self.nodes.values():
+            self.spawn(node.decode_loop())
+        self.spawn(self._control_plane())
+
+    def spawn(self, coro: object) -> None:
+        task = asyncio.create_task(coro)  # type: ignore[arg-type]
+        self._tasks.append(task)
+        task.add_done_callback(lambda t: t in self._tasks and self._tasks.remove(t))
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
+        for link in self._links.values():
+            with contextlib.suppress(Exception):
+                await link.aclose()
+        if self.receiver is not None:
+            with contextlib.suppress(Exception):
+                await self.receiver.aclose()
+
+    def registration(self) -> Registration:
+        return Registration(
+            process=self.process_name,
+            nodes=[
+                NodeEndpoint(
+                    node=n.name,
+                    site=n.site,
+                    role=n.role,  # type: ignore[arg-type]
+                    host=self.host,
+                    http_port=self.http_port,
+                    transfer_port=self.transfer_port,
+                )
+                for n in self.nodes.values()
+            ],
+        )
+
+    async def _control_plane(self) -> None:
+        """Register (retrying until the gateway answers), then heartbeat; re-register when the
+        gateway forgot us (it answers 404 to a heartbeat from an unknown process)."""
+        interval = self.deployment.heartbeat_interval_s
+        registered = False
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            while True:
+                try:
+                    if not registered:
+                        body = self.registration().model_dump()
+                        r = await client.post(f"{self.gateway_url}/internal/register", json=body)
+                        registered = r.status_code == 200
+                    else:
+                        beat = Heartbeat(
+                            process=self.process_name,
+                            reports=[n.report() for n in self.nodes.values()],
+                        )
+                        r = await client.post(
+                            f"{self.gateway_url}/internal/heartbeat", json=beat.model_dump()
+                        )
+                        registered = r.status_code == 200
+                except httpx.HTTPError as exc:
+                    log.debug("control plane: %s", exc)
+                    registered = False
+                await asyncio.sleep(interval)

@@ -1,0 +1,108 @@
+"""The internal API between the gateway and node processes (pydantic: serve/ only).
+
+Gateway -> node: ``PrefillCommand`` (prefill these tokens, stream the KV to that decode node),
+``DecodeCommand`` (expect this request's KV, then stream its tokens back as NDJSON
+``DecodeEvent`` lines), aborts and role changes. Node -> gateway: ``Registration`` once, then a
+``Heartbeat`` with every node's ``NodeReport`` every ``heartbeat_interval_s``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SamplingMsg(_Msg):
+    max_new_tokens: int = Field(ge=1)
+    temperature: float = Field(0.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    seed: int = 0
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+
+
+class PrefillCommand(_Msg):
+    request_id: str
+    token_ids: list[int]
+    block_hashes: list[int] = []
+    """Hashes of the prompt's full blocks: the prefix-cache keys."""
+    use_cached_tokens: int = 0
+    """Prefix tokens the gateway expects this site to hold (0: compute everything)."""
+    store_prefix: bool = True
+    """Keep block-aligned checkpoints of this prompt for later requests."""
+    decode_node: str
+    decode_host: str
+    decode_transfer_port: int
+    cross_site: bool
+    """KV crosses the inter-site link: paced at the link's emulated rate."""
+    sampling: SamplingMsg
+
+
+class PrefillOutcome(_Msg):
+    request_id: str
+    ok: bool
+    first_token: int = -1
+    num_cached_tokens: int = 0
+    kv_bytes_sent: int = 0
+    prefill_s: float = 0.0
+    error: str = ""
+
+
+class DecodeCommand(_Msg):
+    request_id: str
+    num_prompt_tokens: int
+    sampling: SamplingMsg
+    timeout_s: float = Field(60.0, gt=0, description="longest wait for the KV to arrive")
+
+
+class DecodeEvent(_Msg):
+    """One NDJSON line of a decode stream."""
+
+    kind: Literal["ready", "tokens", "error"]
+    token_ids: list[int] = []
+    finish_reason: Literal["stop", "length"] | None = None
+    error: str = ""
+
+
+class NodeReport(_Msg):
+    node: str
+    site: str
+    role: Literal["prefill", "decode"]
+    queue_depth: int = 0
+    queued_tokens: int = 0
+    batch_size: int = 0
+    kv_used_bytes: int = 0
+    kv_capacity_bytes: int = 0
+    cached_blocks: int = 0
+    draining: bool = False
+    egress_bytes: int = 0
+    """KV bytes this node has sent across sites so far (prefill nodes)."""
+    egress_backlog_bytes: int = 0
+
+
+class NodeEndpoint(_Msg):
+    node: str
+    site: str
+    role: Literal["prefill", "decode"]
+    host: str
+    http_port: int
+    transfer_port: int = 0
+
+
+class Registration(_Msg):
+    process: str
+    nodes: list[NodeEndpoint]
+
+
+class Heartbeat(_Msg):
+    process: str
+    reports: list[NodeReport]
+
+
+class RoleCommand(_Msg):
+    role: Literal["prefill", "decode"]

@@ -1,0 +1,246 @@
+"""``Node``: one serving instance (prefill or decode role) around one engine.
+
+Prefill: runs the engine's layer-wise prefill and streams each layer into a transfer session to the
+decode node the gateway chose, as soon as the layer is handed out; the first token rides on the
+session's END. Decode: reserves buffers for an expected request when its KV session opens
+(``allocate``, which may refuse: over the KV budget), installs the verified session, and streams the
+tokens of the running batch (continuous batching is the engine's). A node can change role after it
+has drained (the rebalancer's decision). All waits are bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prfaas.engine import (
+    Allocation,
+    EngineError,
+    FinishReason,
+    LayerOutput,
+    PrefillRequest,
+    PrefillResult,
+    SamplingParams,
+    TokenEvent,
+)
+from prfaas.serve.node.messages import (
+    DecodeCommand,
+    DecodeEvent,
+    NodeReport,
+    PrefillCommand,
+    PrefillOutcome,
+    SamplingMsg,
+)
+from prfaas.serve.node.prefix_store import PrefixStore
+from prfaas.transfer import Link as TransferLink
+from prfaas.transfer import Manifest, Refused, SessionAborted, TransferError
+
+
+def sampling_from(msg: SamplingMsg) -> SamplingParams:
+    return SamplingParams(
+        max_new_tokens=msg.max_new_tokens,
+        temperature=msg.temperature,
+        top_p=msg.top_p,
+        seed=msg.seed,
+        stop_token_ids=tuple(msg.stop_token_ids),
+        ignore_eos=msg.ignore_eos,
+    )
+
+
+@dataclass
+class _Expected:
+    """A request this decode node was told to expect."""
+
+    command: DecodeCommand
+    sampling: SamplingParams
+    events: asyncio.Queue[DecodeEvent] = field(default_factory=asyncio.Queue)
+    allocation: Allocation | None = None
+    installed: bool = False
+
+
+class Node:
+    def __init__(
+        self,
+        name: str,
+        site: str,
+        role: str,
+        engine: Any,
+        prefix_store: PrefixStore | None,
+        fixed_role: bool = False,
+    ) -> None:
+        self.name = name
+        self.site = site
+        self.role = role
+        self.engine = engine
+        self.prefix_store = prefix_store
+        self.fixed_role = fixed_role
+        self.draining = False
+        self._expected: dict[str, _Expected] = {}
+        self._wake = asyncio.Event()
+        self._prefill_queue: dict[str, int] = {}
+        self.egress_bytes = 0
+        self._inflight_kv_bytes = 0
+
+    # -- load ------------------------------------------------------------------------------------
+    def report(self) -> NodeReport:
+        budget = self.engine.budget
+        return NodeReport(
+            node=self.name,
+            site=self.site,
+            role=self.role,  # type: ignore[arg-type]
+            queue_depth=len(self._prefill_queue)
+            if self.role == "prefill"
+            else sum(1 for e in self._expected.values() if not e.installed),
+            queued_tokens=sum(self._prefill_queue.values()),
+            batch_size=self.engine.num_running,
+            kv_used_bytes=budget.used_bytes,
+            kv_capacity_bytes=budget.budget_bytes,
+            cached_blocks=len(self.prefix_store) if self.prefix_store is not None else 0,
+            draining=self.draining,
+            egress_bytes=self.egress_bytes,
+            egress_backlog_bytes=self._inflight_kv_bytes,
+        )
+
+    @property
+    def idle(self) -> bool:
+        return not self._prefill_queue and not self._expected and self.engine.num_running == 0
+
+    # -- prefill ---------------------------------------------------------------------------------
+    async def prefill(self, cmd: PrefillCommand, link: TransferLink) -> PrefillOutcome:
+        rid = cmd.request_id
+        n = len(cmd.token_ids)
+        cached = None
+        if self.prefix_store is not None and cmd.use_cached_tokens > 0:
+            cached = self.prefix_store.lookup(cmd.block_hashes, n, cmd.use_cached_tokens)
+        k = 0 if cached is None else cached.num_tokens
+        self._prefill_queue[rid] = n - k
+        t0 = time.monotonic()
+        store = self.prefix_store
+        block = store.block_tokens * store.checkpoint_every_blocks if store is not None else None
+        req = PrefillRequest(
+            rid,
+            tuple(cmd.token_ids),
+            sampling_from(cmd.sampling),
+            cached=cached,
+            checkpoint_block_tokens=block if cmd.store_prefix and cmd.block_hashes else None,
+        )
+        manifest = Manifest.from_layout(rid, self.engine.layout(n, k))
+        result: PrefillResult | None = None
+        sent = 0
+        try:
+            async with link.session(manifest) as session:
+                async for out in self.engine.prefill_stream(req):
+                    if isinstance(out, LayerOutput):
+                        self._prefill_queue.pop(rid, None)  # computing now, no longer queued
+                        for offset, view in out.pieces():
+                            self._inflight_kv_bytes += view.nbytes
+                            try:
+                                await session.send(out.position, offset, view)
+                            finally:
+                                self._inflight_kv_bytes -= view.nbytes
+                            sent += view.nbytes
+                    else:
+                        result = out
+                assert result is not None
+                await session.finish(result.first_token)
+        except (TransferError, EngineError, OSError, ValueError) as exc:
+            return PrefillOutcome(request_id=rid, ok=False, error=f"{type(exc).__name__}: {exc}")
+        finally:
+            self._prefill_queue.pop(rid, None)
+        if cmd.cross_site:
+            self.egress_bytes += sent
+        if self.prefix_store is not None and result.checkpoints:
+            self.prefix_store.insert(cmd.block_hashes, result.checkpoints)
+        return PrefillOutcome(
+            request_id=rid,
+            ok=True,
+            first_token=result.first_token,
+            num_cached_tokens=k,
+            kv_bytes_sent=sent,
+            prefill_s=time.monotonic() - t0,
+        )
+
+    # -- decode ----------------------------------------------------------------------------------
+    def expects(self, request_id: str) -> bool:
+        return request_id in self._expected
+
+    def allocate(self, manifest: Manifest) -> Sequence[memoryview]:
+        """The transfer receiver's allocator for a session addressed to this node."""
+        exp = self._expected.get(manifest.request_id)
+        if exp is None:
+            raise Refused(f"decode node {self.name} does not expect {manifest.request_id}")
+        try:
+            exp.allocation = self.engine.allocate(manifest, exp.sampling.max_new_tokens)
+        except EngineError as exc:
+            raise Refused(f"decode node {self.name}: {exc}") from None
+        return exp.allocation.layer_buffers
+
+    def on_delivered(self, request_id: str, first_token: int) -> None:
+        exp = self._expected.get(request_id)
+        if exp is None or exp.allocation is None:
+            return
+        event = self.engine.install(exp.allocation, first_token, exp.sampling)
+        exp.installed = True
+        self._publish(event)
+        self._wake.set()
+
+    def on_transfer_failed(self, request_id: str, error: SessionAborted) -> None:
+        exp = self._expected.get(request_id)
+        if exp is not None:
+            exp.events.put_nowait(DecodeEvent(kind="error", error=f"KV transfer: {error}"))
+
+    def _publish(self, event: TokenEvent) -> None:
+        exp = self._expected.get(event.request_id)
+        if exp is None:
+            return
+        tokens = list(event.token_ids)
+        reason = None
+        if event.finish_reason is FinishReason.STOP:
+            reason = "stop"
+            if tokens:
+                tokens.pop()  # the stop token / EOS itself is not returned to the client
+        elif event.finish_reason is FinishReason.LENGTH:
+            reason = "length"
+        exp.events.put_nowait(DecodeEvent(kind="tokens", token_ids=tokens, finish_reason=reason))
+
+    async def decode_loop(self) -> None:
+        """Steps the running batch while there is one; sleeps until a request joins."""
+        while True:
+            if self.engine.num_running == 0:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            for event in await self.engine.step_async():
+                self._publish(event)
+
+    async def decode(self, cmd: DecodeCommand) -> AsyncIterator[DecodeEvent]:
+        rid = cmd.request_id
+        if rid in self._expected:
+            raise ValueError(f"request {rid} is already expected at {self.name}")
+        exp = _Expected(cmd, sampling_from(cmd.sampling))
+        self._expected[rid] = exp
+        finished = False
+        try:
+            yield DecodeEvent(kind="ready")
+            deadline = time.monotonic() + cmd.timeout_s
+            while True:
+                # before the KV lands: the transfer deadline; after: generous per-step bound
+                limit = deadline - time.monotonic() if not exp.installed else cmd.timeout_s
+                try:
+                    async with asyncio.timeout(max(limit, 0.0)):
+                        event = await exp.events.get()
+                except TimeoutError:
+                    what = "tokens" if exp.installed else "the KV cache"
+                    yield DecodeEvent(kind="error", error=f"timed out waiting for {what}")
+                    return
+                yield event
+                if event.kind == "error" or event.finish_reason is not None:
+                    finished = event.kind != "error"
+                    return
+        finally:
+            self._expected.pop(rid, None)
+            if not finished:
+                self.engine.release(rid)  # aborted: free the KV and leave the batch

@@ -1,0 +1,93 @@
+"""Run one process of a deployment: the gateway, or a worker hosting nodes of one site.
+
+Used by ``prfaas serve`` (one process per host in production) and by the launcher. Ports may be 0:
+the socket is bound first and its real port is what the node registers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import Any
+
+import uvicorn
+
+from prfaas.config import DeploymentConfig
+from prfaas.serve.backend import ModelInfo
+
+log = logging.getLogger("prfaas.serve")
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+async def _serve(app: Any, sock: socket.socket) -> None:
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    server = uvicorn.Server(config)
+    await server.serve(sockets=[sock])
+
+
+def gateway_tokenizer_and_model(d: DeploymentConfig) -> tuple[Any, ModelInfo]:
+    if d.engine.kind == "timed":
+        from prfaas.perf import cost_model_for
+        from prfaas.serve.api import ByteTokenizer
+
+        limit = cost_model_for(d.engine.model, d.home_site.hardware).model.max_context_tokens
+        return ByteTokenizer(), ModelInfo(d.engine.model, limit)
+    from transformers import AutoConfig, AutoTokenizer
+
+    assert d.engine.model_path is not None
+    tok = AutoTokenizer.from_pretrained(d.engine.model_path)
+    cfg = AutoConfig.from_pretrained(d.engine.model_path)
+    limit = int(getattr(cfg, "max_position_embeddings", 4096))
+    return _HFTokenizer(tok), ModelInfo(d.engine.model, limit)
+
+
+class _HFTokenizer:
+    def __init__(self, tok: Any) -> None:
+        self._tok = tok
+        self.eos_token_id = tok.eos_token_id
+        self.chat_template = getattr(tok, "chat_template", None)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=False))
+
+    def decode(self, token_ids: list[int]) -> str:
+        return str(self._tok.decode(token_ids, skip_special_tokens=True))
+
+    def apply_chat_template(self, messages: Any, **kwargs: Any) -> Any:
+        return self._tok.apply_chat_template(messages, **kwargs)
+
+
+def run_gateway(d: DeploymentConfig) -> None:
+    from prfaas.serve.gateway.app import create_cluster_gateway
+
+    tokenizer, model = gateway_tokenizer_and_model(d)
+    app = create_cluster_gateway(d, tokenizer, model)
+    sock = _bind(d.gateway.host, d.gateway.port)
+    asyncio.run(_serve(app, sock))
+
+
+def gateway_url(d: DeploymentConfig) -> str:
+    return f"http://{d.gateway.host}:{d.gateway.port}"
+
+
+def run_worker(d: DeploymentConfig, node_names: list[str], host: str = "127.0.0.1") -> None:
+    from prfaas.serve.node.app import create_node_app
+    from prfaas.serve.node.host import WorkerHost
+
+    async def main() -> None:
+        worker = WorkerHost(d, node_names, gateway_url(d), host=host)
+        port = max(d.node(n).port for n in node_names)
+        sock = _bind(host, port)
+        await worker.start(sock.getsockname()[1])
+        await _serve(create_node_app(worker), sock)
+
+    asyncio.run(main())
