@@ -29,7 +29,9 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 async def _serve(app: Any, sock: socket.socket) -> None:
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=2
+    )
     server = uvicorn.Server(config)
     await server.serve(sockets=[sock])
 
@@ -54,6 +56,7 @@ class _HFTokenizer:
     def __init__(self, tok: Any) -> None:
         self._tok = tok
         self.eos_token_id = tok.eos_token_id
+        self.vocab_size = len(tok)
         self.chat_template = getattr(tok, "chat_template", None)
 
     def encode(self, text: str) -> list[int]:

@@ -122,13 +122,14 @@ def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo
 
     @app.get("/internal/routes")
     async def routes() -> list[dict[str, object]]:
-        return [r.__dict__ if hasattr(r, "__dict__") else _record(r) for r in dispatcher.records]
+        return [_record(r) for r in dispatcher.records]
 
     @app.get("/internal/nodes")
     async def nodes() -> list[dict[str, object]]:
         return [
             {"node": n.node_id, "site": n.site_id, "role": n.role.value, "healthy": n.healthy,
-             "draining": n.draining, "queue_depth": n.queue_depth, "batch_size": n.batch_size}
+             "draining": n.draining, "queue_depth": n.queue_depth, "batch_size": n.batch_size,
+             "kv_used_bytes": n.kv_used_bytes}
             for n in registry.view
         ]  # fmt: skip
 

@@ -1,0 +1,69 @@
+"""Helpers for live-deployment tests: write a deployment, launch it, always tear it down."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from prfaas.config import DeploymentConfig
+from prfaas.serve.launcher import Launcher
+
+
+def timed_deployment(**engine: Any) -> DeploymentConfig:
+    # fmt: off
+    raw: dict[str, Any] = {
+        "engine": {
+            "kind": "timed",
+            "model": "paper-1t",
+            "time_scale": 0.05,
+            "byte_divisor": 1000,
+            "token_chunk": 16,
+            **engine,
+        },
+        "gateway": {"port": 0, "request_timeout_s": 60, "heartbeat_timeout_s": 1.5},
+        "policy": {"router": "threshold", "threshold_tokens": 8192},
+        "heartbeat_interval_s": 0.2,
+        "sites": [
+            {"name": "prfaas", "kind": "prfaas", "hardware": "h200",
+             "nodes": [{"name": "pf0", "role": "prefill"}]},
+            {"name": "pd", "kind": "pd", "hardware": "h20",
+             "nodes": [{"name": "p0", "role": "prefill"}, {"name": "d0", "role": "decode"},
+                       {"name": "d1", "role": "decode"}]},
+        ],
+        "links": [{"src": "prfaas", "dst": "pd", "gbps": 100, "rtt_ms": 10}],
+        "psk": "test-key-0123456789abcdef",
+    }
+    # fmt: on
+    return DeploymentConfig.model_validate(raw)
+
+
+@contextmanager
+def launched(deployment: DeploymentConfig, workdir: Path) -> Iterator[Launcher]:
+    launcher = Launcher(deployment, workdir)
+    try:
+        launcher.start(ready_timeout_s=60)
+        yield launcher
+    finally:
+        launcher.stop()
+
+
+def routes(launcher: Launcher) -> list[dict[str, Any]]:
+    result: list[dict[str, Any]] = httpx.get(f"{launcher.url}/internal/routes", timeout=5).json()
+    return result
+
+
+def wait_idle(launcher: Launcher, timeout_s: float = 20.0) -> list[dict[str, Any]]:
+    """Until no node holds a batch or KV; returns the last node listing."""
+    deadline = time.monotonic() + timeout_s
+    nodes: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        nodes = launcher.nodes()
+        if all(n["batch_size"] == 0 and n["kv_used_bytes"] == 0 for n in nodes):
+            return nodes
+        time.sleep(0.1)
+    return nodes
