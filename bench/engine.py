@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 BENCH_MODEL: dict[str, Any] = {  # ~100M parameters, Qwen3-Next-style hybrid
     "hidden_size": 768,
-    "intermediate_size": 2816,
+    "intermediate_size": 3584,
     "num_hidden_layers": 8,
     "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 2,
     "num_attention_heads": 12,

@@ -20,6 +20,7 @@ Importing this package does not import torch (only ``prfaas.engine.torch`` does)
 from prfaas.engine.api import (
     Allocation,
     CachedPrefix,
+    Engine,
     FinishReason,
     LayerOutput,
     ManifestLike,
@@ -51,6 +52,7 @@ __all__ = [
     "Allocation",
     "BudgetExceeded",
     "CachedPrefix",
+    "Engine",
     "EngineError",
     "FinishReason",
     "HFCacheMap",

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from prfaas.spec import CacheLayout, DType, LayerKind, LayerSegment
+from prfaas.spec import CacheLayout, CacheSpec, DType, LayerKind, LayerSegment
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,3 +196,41 @@ class Allocation:
     layer_buffers: tuple[memoryview, ...]
     reserved_bytes: int
     """What the budget holds for this request (its cache at the end of generation)."""
+
+
+class Engine(Protocol):
+    """What ``engine.torch.TorchEngine`` and ``engine.timed.TimedEngine`` both offer."""
+
+    @property
+    def cache_spec(self) -> CacheSpec: ...
+    @property
+    def max_context_tokens(self) -> int: ...
+    @property
+    def num_running(self) -> int: ...
+    def layout(self, num_tokens: int, num_cached_tokens: int = 0) -> CacheLayout:
+        """What crosses for such a request (the wire manifest is built from it)."""
+        ...
+
+    def prefill_stream(self, req: PrefillRequest) -> AsyncIterator[LayerOutput | PrefillResult]:
+        """Each layer's ``LayerOutput`` as soon as it is ready, then the ``PrefillResult``."""
+        ...
+
+    def allocate(self, manifest: ManifestLike, max_new_tokens: int) -> Allocation:
+        """Buffers for an incoming cache, or ``ManifestMismatch`` / ``PromptTooLong`` /
+        ``BudgetExceeded`` with nothing reserved."""
+        ...
+
+    def install(
+        self,
+        allocation: Allocation,
+        first_token: int,
+        sampling: SamplingParams,
+        prefix: CachedPrefix | None = None,
+    ) -> TokenEvent:
+        """Join the decode batch with a filled (verified) allocation; the first token's event."""
+        ...
+
+    def release(self, request_id: str) -> None: ...
+    async def step_async(self) -> tuple[TokenEvent, ...]:
+        """One decode step (or chunk of steps) for the running batch."""
+        ...

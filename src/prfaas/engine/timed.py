@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from prfaas.engine.api import (
     Allocation,
     CachedPrefix,
+    Engine,
     FinishReason,
     LayerOutput,
     ManifestLike,
@@ -264,3 +265,7 @@ class TimedEngine:
 
 def _rng(request_id: str, sampling: SamplingParams) -> random.Random:
     return random.Random(f"{request_id}:{sampling.seed}")
+
+
+def _conforms(engine: TimedEngine) -> Engine:
+    return engine  # mypy checks that TimedEngine offers the whole Engine interface

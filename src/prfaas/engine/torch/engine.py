@@ -20,6 +20,7 @@ import torch
 from prfaas.engine.api import (
     Allocation,
     CachedPrefix,
+    Engine,
     FinishReason,
     LayerOutput,
     ManifestLike,
@@ -292,3 +293,7 @@ class TorchEngine:
                 if ev.request_id == req.request_id:
                     tokens.extend(ev.token_ids)
         return tokens
+
+
+def _conforms(engine: TorchEngine) -> Engine:
+    return engine  # mypy checks that TorchEngine offers the whole Engine interface

@@ -16,6 +16,7 @@ back after the step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +78,27 @@ def _row_by_row(forward: Any, hidden_dim: int) -> Any:
         return tuple(torch.cat(p) for p in zip(*parts, strict=True))
 
     return routed
+
+
+def after_layers(
+    model: PreTrainedModel, cache: DynamicCache, callbacks: dict[int, Callable[[], None]]
+) -> list[Any]:
+    """Call ``callbacks[m]()`` as soon as decoder layer ``m`` has run a forward that fills
+    ``cache`` (other forwards, e.g. a decode step on another thread, are ignored). Returns the
+    hook handles; ``.remove()`` each when done."""
+
+    def hook_for(callback: Callable[[], None]) -> Callable[..., None]:
+        def hook(_module: Any, _args: Any, kwargs: dict[str, Any], _output: Any) -> None:
+            if kwargs.get("cache") is cache:
+                callback()
+
+        return hook
+
+    layers = decoder_layers(model)
+    return [
+        layers[m].register_forward_hook(hook_for(cb), with_kwargs=True)
+        for m, cb in callbacks.items()
+    ]
 
 
 def new_cache(model: PreTrainedModel) -> DynamicCache:

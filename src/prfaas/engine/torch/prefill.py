@@ -65,20 +65,17 @@ def run_prefill(
     ends = _chunk_ends(k, n, req.checkpoint_block_tokens)
     snapshots: dict[int, dict[int, dict[str, torch.Tensor]]] = {}
     pos_of = {m: p for p, m in enumerate(cmap.model_layers)}
-    layers = hf_cache.decoder_layers(model)
     logits = None
     begin = k
     for i, end in enumerate(ends):
         last = i == len(ends) - 1
         handles = []
         if last and on_layer is not None:
-            for m, layer in enumerate(layers):
-                if m in pos_of:
-                    handles.append(
-                        layer.register_forward_hook(
-                            _hand_out(cache, cmap, req, pos_of[m], on_layer)
-                        )
-                    )
+            handles = hf_cache.after_layers(
+                model,
+                cache,
+                {m: _hand_out(cache, cmap, req, pos, on_layer) for m, pos in pos_of.items()},
+            )
         try:
             with torch.inference_mode():
                 logits = hf_cache.forward(
@@ -103,8 +100,8 @@ def _hand_out(
     req: PrefillRequest,
     pos: int,
     on_layer: Callable[[LayerOutput], None],
-) -> Callable[..., None]:
-    def hook(_module: Any, _args: Any, _output: Any) -> None:
+) -> Callable[[], None]:
+    def hook() -> None:
         native = hf_cache.read_layer(cache, cmap, pos)
         on_layer(
             export_layer(req.request_id, cmap, pos, native, req.num_tokens, req.num_cached_tokens)
