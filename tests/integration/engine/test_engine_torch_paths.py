@@ -32,7 +32,7 @@ from prfaas.engine import (
     PromptTooLong,
     SamplingParams,
 )
-from prfaas.engine.torch import LoadedModel, TorchEngine
+from prfaas.engine.torch import LoadedModel, TorchEngine, hf_cache
 from prfaas.transfer import Link, Receiver, Refused, TransferConfig
 
 CASES = [(a, d) for a in ARCHS for d in DTYPES]
@@ -209,7 +209,7 @@ async def test_layer_i_is_handed_out_before_layer_i_plus_1_runs(arch: str, loade
 
     model = loaded(arch, "fp32")
     engine = TorchEngine(model)
-    layers = list(model.model.model.layers)
+    layers = hf_cache.decoder_layers(model.model)
     positions = {m: p for p, m in enumerate(model.cmap.model_layers)}
     received = {p: threading.Event() for p in positions.values()}
     log: list[str] = []
