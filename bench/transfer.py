@@ -46,6 +46,7 @@ from prfaas.transfer import (  # noqa: E402
 Json = dict[str, Any]
 PSK = b"bench-key-0123456789abcdef"
 MIB = 1 << 20
+SECTIONS = ["loopback", "tls", "shaped", "overlap"]
 
 
 def _cpu_s() -> float:
@@ -276,9 +277,9 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         result["notes"].append("iperf3 not installed (apt-get install -y iperf3): no ratios")
 
     # Loopback: connections sweep, iperf3 beside each.
-    rows = []
+    rows: list[Json] = []
     run = Run()
-    for n in args.connections:
+    for n in args.connections if "loopback" in args.only else []:
         g, cpu, ip = [], [], []
         for _ in range(reps):
             tx, rx, _ = run(n, *tput, "--layers", "16", "--layer-mib", "4")
@@ -299,7 +300,9 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     result["loopback"] = rows
 
     # TLS cost on loopback at the default connection count.
-    if shutil.which("openssl"):
+    if "tls" in args.only and shutil.which("openssl") is None:
+        result["notes"].append("openssl CLI missing: no TLS row")
+    elif "tls" in args.only:
         with tempfile.TemporaryDirectory() as d:
             make_cert(Path(d))
             g, cpu = [], []
@@ -309,10 +312,15 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 g.append(tx["goodput_bytes_per_s"])
                 cpu.append((tx["cpu_s"] + rx["cpu_s"]) / (tx["bytes"] / 1e9))
-        plain = next((r for r in rows if r["connections"] == DEFAULT_NUM_CONNECTIONS), rows[0])
-        result["tls"] = {"connections": DEFAULT_NUM_CONNECTIONS, "goodput_gbps": _med(g) * 8 / 1e9,
-                         "cpu_s_per_gb": _med(cpu),
-                         "goodput_vs_plain": _med(g) * 8 / 1e9 / plain["goodput_gbps"]}  # fmt: skip
+        plain = next((r for r in rows if r["connections"] == DEFAULT_NUM_CONNECTIONS), None)
+        tls_gbps = _med(g) * 8 / 1e9
+        result["tls"] = {
+            "connections": DEFAULT_NUM_CONNECTIONS,
+            "goodput_gbps": tls_gbps,
+            "cpu_s_per_gb": _med(cpu),
+            "plain_cpu_s_per_gb": plain["cpu_s_per_gb"] if plain else None,
+            "goodput_vs_plain": tls_gbps / plain["goodput_gbps"] if plain else None,
+        }
 
     # Shaped links and the layer-wise overlap (namespaces; root only).
     why = unavailable_reason()
@@ -322,7 +330,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         return result
     shaped_secs = max(secs, 3.0)
     stput = ["--mode", "throughput", "--seconds", f"{shaped_secs}", "--warmup-s", "1.5"]
-    for rate, rtt_ms, conns in args.shaped:
+    for rate, rtt_ms, conns in args.shaped if "shaped" in args.only else []:
         with TwoSiteTestbed(rate_mbit=rate, one_way_delay_s=rtt_ms / 2000) as tb:
             g = []
             for _ in range(reps if rtt_ms == 0 else max(1, reps - 1)):
@@ -337,12 +345,26 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             })  # fmt: skip
 
     # Overlap on the 1 Gbit/s link: compute per layer == one layer's transfer time.
-    one_g = next(r for r in result["shaped"] if r["rate_mbit"] == 1000 and r["rtt_ms"] == 0)
-    goodput = one_g["goodput_mbit"] * 1e6 / 8
+    if "overlap" in args.only:
+        result["overlap"] = overlap(args, result["shaped"], reps)
+    return result
+
+
+def overlap(args: argparse.Namespace, shaped: list[Json], reps: int) -> Json:
+    """Layer-wise streaming where each layer's compute time equals its transfer time."""
+    from prfaas.testbed import TwoSiteTestbed
+
     layers, layer_mib = 16, 8
-    layer_s = layer_mib * MIB / goodput
     with TwoSiteTestbed(rate_mbit=1000) as tb:
-        tx, _, verified = Run(tb)(
+        row = next((r for r in shaped if r["rate_mbit"] == 1000 and r["rtt_ms"] == 0), None)
+        if row is None:  # measure the goodput the producer is paced to
+            tput = ["--mode", "throughput", "--seconds", "3", "--warmup-s", "1.5"]
+            tx, _, _ = Run(tb)(DEFAULT_NUM_CONNECTIONS, *tput, "--layers", "16", "--layer-mib", "2")
+            goodput = tx["goodput_bytes_per_s"]
+        else:
+            goodput = row["goodput_mbit"] * 1e6 / 8
+        layer_s = layer_mib * MIB / goodput
+        tx, _, verified = Run(tb, slot_mib=layers * layer_mib)(
             DEFAULT_NUM_CONNECTIONS, "--mode", "overlap", "--warmup-s", "1.5",
             "--layers", str(layers), "--layer-mib", str(layer_mib),
             "--compute-s", f"{layer_s}", "--overlap-runs", str(max(3, reps)),
@@ -350,12 +372,12 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     at = {v["request_id"]: v["at"] for v in verified}
     tails = [at[r] - t for r, t in zip(tx["request_ids"], tx["last_layer_at"], strict=True)]
     tail = _med(tails)
-    result["overlap"] = {
-        "num_layers": layers, "layer_bytes": layer_mib * MIB, "compute_s_per_layer": layer_s,
-        "tail_s": tail, "layer_transfer_s": layer_s, "session_transfer_s": layers * layer_s,
-        "tail_over_layer": tail / layer_s, "tails_s": tails,
+    return {
+        "num_layers": layers, "layer_bytes": layer_mib * MIB, "goodput_mbit": goodput * 8 / 1e6,
+        "compute_s_per_layer": layer_s, "tail_s": tail, "layer_transfer_s": layer_s,
+        "session_transfer_s": layers * layer_s, "tail_over_layer": tail / layer_s,
+        "tails_s": tails,
     }  # fmt: skip
-    return result
 
 
 def _fmt(x: float | None, spec: str) -> str:
@@ -372,7 +394,8 @@ def print_table(r: dict[str, Any]) -> None:
     if "tls" in r:
         t = r["tls"]
         print(f"  TLS {t['connections']} conn    {t['goodput_gbps']:6.2f} Gb/s  "
-              f"({t['goodput_vs_plain']:.2f} of plain)        {t['cpu_s_per_gb']:.2f}")  # fmt: skip
+              f"({_fmt(t['goodput_vs_plain'], '.2f')} of plain)        "
+              f"{t['cpu_s_per_gb']:.2f}")  # fmt: skip
     if r["shaped"]:
         print("\nshaped (tbf)        conns  goodput        of rate   iperf3        ping RTT")
         for s in r["shaped"]:
@@ -419,6 +442,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seconds", type=float, default=2.0, help="measurement window per run")
     p.add_argument("--connections", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--only", nargs="+", default=SECTIONS, choices=SECTIONS, help="sections to run")
     args = p.parse_args()
     if args.role == "_rx":
         asyncio.run(rx_main(args))

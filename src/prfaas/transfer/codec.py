@@ -206,6 +206,13 @@ class Connection:
             self.buffer_updated(n)
             view = view[n:]
 
+    def discard_payload_of(self, session_id: int) -> None:
+        """If the chunk being received belongs to ``session_id``, send the rest of its payload to
+        the discard buffer: once a session is aborted its consumer may reuse the memory at once, so
+        not one more byte may land there. (Call between ``buffer_updated`` calls.)"""
+        if self._chunk is not None and self._chunk.session_id == session_id:
+            self._sink = None
+
     def next_event(self) -> Event | None:
         return self._events.popleft() if self._events else None
 

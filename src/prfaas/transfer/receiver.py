@@ -380,7 +380,9 @@ class Receiver:
         if s.error is not None or s.state is SessionState.VERIFIED:
             return
         s.assembly.abort()
-        s.assembly.buffers = ()  # never touch the consumer's memory again
+        s.assembly.buffers = ()  # never touch the consumer's memory again ...
+        for ch in s._peer.channels:  # ... not even the rest of a chunk now arriving
+            ch.codec.discard_payload_of(s.session_id)
         if s._ack_timer is not None:
             s._ack_timer.cancel()
             s._ack_timer = None

@@ -121,11 +121,11 @@ def _ready_server(sink: Sinks) -> Connection:
 
 
 def _expected(frames: list[object]) -> list[object]:
-    return [f if not isinstance(f, F.Chunk) else ("chunk", f) for f in frames]
+    return [f if not isinstance(f, F.Chunk) else ("chunk", f, True) for f in frames]
 
 
 def _observed(events: list[object]) -> list[object]:
-    return [("chunk", e.chunk) if isinstance(e, ChunkReceived) else e for e in events]
+    return [("chunk", e.chunk, e.valid) if isinstance(e, ChunkReceived) else e for e in events]
 
 
 def test_round_trip_at_every_split_point() -> None:
@@ -167,6 +167,23 @@ def test_large_payload_goes_straight_into_the_sink() -> None:
     server.buffer_updated(len(view))
     assert bytes(target) == payload
     assert isinstance(server.next_event(), ChunkReceived)
+
+
+def test_payload_of_an_aborted_session_stops_landing_mid_chunk() -> None:
+    sink = Sinks()
+    server = _ready_server(sink)
+    payload = b"\xff" * 100_000
+    stream = F.encode_frame(make_chunk(3, 0, 0, payload)) + payload
+    server.receive_data(stream[:50_000])
+    server.discard_payload_of(4)  # another session: no effect
+    server.receive_data(stream[50_000:60_000])
+    server.discard_payload_of(3)
+    server.receive_data(stream[60_000:])
+    target = sink.bufs[(3, 0, 0)]
+    written = 60_000 - F.HEADER_BYTES - F.CHUNK_META_BYTES
+    assert target[:written] == payload[:written] and not any(target[written:])
+    (event,) = server.events()
+    assert isinstance(event, ChunkReceived) and event.sink is None and not event.valid
 
 
 def test_discarded_chunk_keeps_the_stream_in_step() -> None:
