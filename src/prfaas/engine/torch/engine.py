@@ -69,10 +69,14 @@ class TorchEngine:
 
     @classmethod
     def from_folder(
-        cls, model_dir: Path | str, dtype: DType | str | None = None, **kwargs: int
+        cls,
+        model_dir: Path | str,
+        dtype: DType | str | None = None,
+        device: str = "cpu",
+        **kwargs: int,
     ) -> TorchEngine:
         dt = DType.parse(dtype) if isinstance(dtype, str) else dtype
-        return cls(load_model(model_dir, dt), **kwargs)
+        return cls(load_model(model_dir, dt, device=device), **kwargs)
 
     # -- what this engine is -----------------------------------------------------------------
     @property
@@ -211,7 +215,9 @@ class TorchEngine:
                 split_layer_buffer(layout, pos, buf)
                 for pos, buf in enumerate(allocation.layer_buffers)
             )
-            cache = import_cache(self.cmap, layout, per_layer, prefix, self.max_context_tokens)
+            cache = import_cache(
+                self.cmap, layout, per_layer, prefix, self.max_context_tokens, self._model.device
+            )
         except BaseException:
             self.release(rid)
             raise

@@ -25,6 +25,8 @@ from prfaas.engine.torch.hf_cache import (
 )
 from prfaas.spec import CacheLayout
 
+_CPU = torch.device("cpu")
+
 
 def export_layer(
     request_id: str,
@@ -59,7 +61,11 @@ def export_cache(
 
 
 def _layer_tensors(
-    cmap: HFCacheMap, pos: int, layout: CacheLayout, buffers: tuple[memoryview, ...]
+    cmap: HFCacheMap,
+    pos: int,
+    layout: CacheLayout,
+    buffers: tuple[memoryview, ...],
+    device: torch.device,
 ) -> dict[str, torch.Tensor]:
     spec = cmap.spec.layers[pos]
     seg = layout.segments[pos]
@@ -72,7 +78,8 @@ def _layer_tensors(
                 f"layer {pos}, tensor {name}: {buf.nbytes} bytes, expected {sl.num_bytes}"
             )
         wire = tensor_from_bytes(buf, torch_dtype(sl.dtype.value), sl.shape)
-        out[name] = from_wire(wire, shape, per_token)
+        # On CPU a view of the received bytes (no copy); elsewhere one copy to the device.
+        out[name] = from_wire(wire, shape, per_token).to(device)
     return out
 
 
@@ -91,6 +98,7 @@ def import_cache(
     layer_buffers: tuple[tuple[memoryview, ...], ...],
     prefix: CachedPrefix | None,
     max_tokens: int,
+    device: torch.device = _CPU,
 ) -> RequestCache:
     """Rebuild a request's cache from a transfer (and the cached prefix it extends)."""
     k = layout.num_cached_tokens
@@ -103,10 +111,10 @@ def import_cache(
         for pos, seg in enumerate(layout.segments):
             if seg.kind.grows_with_length:
                 bufs = prefix.layers[pos].buffers
-                prefix_layers[pos] = _layer_tensors(cmap, pos, prefix_layout, bufs)
+                prefix_layers[pos] = _layer_tensors(cmap, pos, prefix_layout, bufs, device)
     layers = []
     for pos, bufs in enumerate(layer_buffers):
-        tensors = _layer_tensors(cmap, pos, layout, bufs)
+        tensors = _layer_tensors(cmap, pos, layout, bufs, device)
         if pos in prefix_layers:
             tensors = {n: torch.cat([prefix_layers[pos][n], t], dim=-2) for n, t in tensors.items()}
         layers.append(tensors)
@@ -122,11 +130,13 @@ def check_prefix(cmap: HFCacheMap, prefix: CachedPrefix, max_tokens: int) -> Cac
     )
 
 
-def prefix_cache(cmap: HFCacheMap, prefix: CachedPrefix, max_tokens: int) -> RequestCache:
+def prefix_cache(
+    cmap: HFCacheMap, prefix: CachedPrefix, max_tokens: int, device: torch.device = _CPU
+) -> RequestCache:
     """A cached prefix as a ``RequestCache`` (cloned: a prefill updates states in place)."""
     layout = check_prefix(cmap, prefix, max_tokens)
     layers = []
     for pos, out in enumerate(prefix.layers):
-        tensors = _layer_tensors(cmap, pos, layout, out.buffers)
+        tensors = _layer_tensors(cmap, pos, layout, out.buffers, device)
         layers.append({n: t.clone() for n, t in tensors.items()})
     return RequestCache(prefix.num_tokens, layers)

@@ -128,10 +128,11 @@ def forward(
     last_only: bool = True,
 ) -> torch.Tensor:
     """Logits ``[batch, q, vocab]`` (only the last position if ``last_only``); fills ``cache``."""
+    device = model.device
     out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
+        input_ids=input_ids.to(device),
+        attention_mask=None if attention_mask is None else attention_mask.to(device),
+        position_ids=position_ids.to(device),
         cache=cache,
         use_cache=True,
         logits_to_keep=1 if last_only else 0,
@@ -262,7 +263,7 @@ def tensor_from_bytes(buf: memoryview, dtype: torch.dtype, shape: tuple[int, ...
 
 def tensor_bytes(t: torch.Tensor) -> memoryview:
     """The bytes of a contiguous tensor, shared (the view keeps the tensor alive)."""
-    flat = t.contiguous().reshape(-1)
+    flat = t.detach().cpu().contiguous().reshape(-1)
     if flat.numel() == 0:
         return memoryview(b"")
     array: Any = flat.view(torch.uint8).numpy()

@@ -81,13 +81,17 @@ def _eos_ids(value: Any) -> tuple[int, ...]:
 
 
 def load_model(
-    model_dir: Path | str, dtype: DType | None = None, batch_invariant: bool | None = None
+    model_dir: Path | str,
+    dtype: DType | None = None,
+    batch_invariant: bool | None = None,
+    device: str = "cpu",
 ) -> LoadedModel:
     """Load the model of ``model_dir`` in ``dtype`` (default: the config's) for inference.
 
     ``batch_invariant`` (default: for bf16/fp16) makes a request's tokens independent of its
     batch-mates bit for bit, at some cost (MoE experts token by token, no one-row decode steps).
     fp32 GEMMs on CPU round differently for every batch size, so fp32 is left as it is.
+    ``device``: where the model runs ("cpu"; "cuda" is supported by the code but untested here).
     """
     path = Path(model_dir)
     cfg = check_folder(path)
@@ -103,6 +107,10 @@ def load_model(
     except (OSError, ValueError) as exc:
         raise ModelFolderError(f"cannot load model from {path}: {exc}") from None
     model.eval()  # type: ignore[no-untyped-call]
+    try:
+        model.to(device)  # type: ignore[arg-type]
+    except (RuntimeError, ValueError) as exc:
+        raise ModelFolderError(f"cannot move the model to {device!r}: {exc}") from None
     if invariant:
         make_routing_batch_invariant(model)
     eos = _eos_ids(model.generation_config.eos_token_id) or _eos_ids(model.config.eos_token_id)

@@ -57,7 +57,7 @@ def run_prefill(
 ) -> PrefillOutcome:
     n, k = req.num_tokens, req.num_cached_tokens
     if req.cached is not None:
-        start = prefix_cache(cmap, req.cached, max_tokens)
+        start = prefix_cache(cmap, req.cached, max_tokens, model.device)
         cache, _ = hf_cache.build_cache(model, cmap, [start])
     else:
         cache = hf_cache.new_cache(model)

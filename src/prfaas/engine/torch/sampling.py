@@ -15,6 +15,7 @@ _SEED_STRIDE = 1_000_003
 
 def choose(logits: torch.Tensor, params: SamplingParams, token_index: int) -> int:
     """The token for ``logits [vocab]``; ``token_index`` counts generated tokens from 0."""
+    logits = logits.detach().float().cpu()
     if params.temperature == 0.0:
         return int(torch.argmax(logits).item())
     probs = torch.softmax(logits.float() / params.temperature, dim=-1)
