@@ -16,6 +16,7 @@ from prfaas.cli import main as cli_main
 from prfaas.engine import (
     BudgetExceeded,
     EngineError,
+    FinishReason,
     LayoutManifest,
     ManifestMismatch,
     ModelFolderError,
@@ -32,6 +33,7 @@ from prfaas.spec import DType, LayerKind
 from prfaas.transfer import Manifest
 
 Loaded = Callable[[str, str], LoadedModel]
+Reference = Callable[..., list[int]]
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
@@ -184,3 +186,42 @@ def test_kv_budget_overflow_is_refused_cleanly(loaded: Loaded) -> None:
     engine.release("a")
     engine.start(second, SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True))
     assert engine.running_ids() == ("b",)
+
+
+def test_stop_tokens_eos_and_one_token_requests(loaded: Loaded, reference: Reference) -> None:
+    model = loaded("llama", "fp32")
+    full = reference("llama", "fp32")
+    stop_at = next(i for i in range(3, NEW_TOKENS) if full[i] not in full[:i])
+    sampling = SamplingParams(
+        max_new_tokens=NEW_TOKENS, ignore_eos=True, stop_token_ids=(full[stop_at],)
+    )
+    engine = TorchEngine(model)
+    assert engine.generate(PrefillRequest("s", prompt(0), sampling)) == full[: stop_at + 1]
+    assert engine.num_running == 0 and engine.budget.used_bytes == 0
+    one = SamplingParams(max_new_tokens=1, ignore_eos=True)
+    event = engine.start(engine.prefill(PrefillRequest("one", prompt(0), one)), one)
+    assert event.token_ids == (full[0],) and event.finish_reason is FinishReason.LENGTH
+    assert engine.num_running == 0 and engine.budget.used_bytes == 0
+    # EOS stops a request unless it is ignored: the model's EOS joins the stop set.
+    eos = SamplingParams(max_new_tokens=NEW_TOKENS)
+    engine.start(engine.prefill(PrefillRequest("eos", prompt(0), eos)), eos)
+    assert set(model.eos_token_ids) <= engine._running["eos"].stop_ids
+    engine.release("eos")
+
+
+def test_prefix_from_another_model_is_refused(loaded: Loaded) -> None:
+    other = TorchEngine(loaded("llama", "fp32"))
+    warm = other.prefill(PrefillRequest("w", prompt(0), GREEDY, checkpoint_block_tokens=64))
+    engine = TorchEngine(loaded("qwen3_next", "fp32"))
+    with pytest.raises(ManifestMismatch, match="kind gqa, expected linear"):
+        engine.prefill(PrefillRequest("p", prompt(0), GREEDY, cached=warm.checkpoints[0]))
+    with pytest.raises(UnknownRequest):
+        engine.export("p")  # nothing half-held
+
+
+async def test_prefill_stream_raises_errors_on_the_awaiting_side(loaded: Loaded) -> None:
+    engine = TorchEngine(loaded("llama", "fp32"))
+    limit = engine.max_context_tokens
+    with pytest.raises(PromptTooLong):
+        async for _ in engine.prefill_stream(PrefillRequest("x", prompt(0, limit), GREEDY)):
+            pass
