@@ -18,6 +18,7 @@ from typing import Any
 
 from prfaas.engine import (
     Allocation,
+    CachedPrefix,
     EngineError,
     FinishReason,
     LayerOutput,
@@ -35,6 +36,7 @@ from prfaas.serve.node.messages import (
     SamplingMsg,
 )
 from prfaas.serve.node.prefix_store import PrefixStore
+from prfaas.spec import LayerSegment
 from prfaas.transfer import Link as TransferLink
 from prfaas.transfer import Manifest, Refused, SessionAborted, TransferError
 
@@ -127,7 +129,9 @@ class Node:
             cached=cached,
             checkpoint_block_tokens=block if cmd.store_prefix and cmd.block_hashes else None,
         )
-        manifest = Manifest.from_layout(rid, self.engine.layout(n, k))
+        # Decode nodes hold no prefix: whatever this node reused from its store is sent too.
+        full = self.engine.layout(n, 0)
+        manifest = Manifest.from_layout(rid, full)
         result: PrefillResult | None = None
         sent = 0
         try:
@@ -135,7 +139,7 @@ class Node:
                 async for out in self.engine.prefill_stream(req):
                     if isinstance(out, LayerOutput):
                         self._prefill_queue.pop(rid, None)  # computing now, no longer queued
-                        for offset, view in out.pieces():
+                        for offset, view in _full_pieces(out, cached, full.segments[out.position]):
                             self._inflight_kv_bytes += view.nbytes
                             try:
                                 await session.send(out.position, offset, view)
@@ -182,7 +186,12 @@ class Node:
         exp = self._expected.get(request_id)
         if exp is None or exp.allocation is None:
             return
-        event = self.engine.install(exp.allocation, first_token, exp.sampling)
+        try:
+            event = self.engine.install(exp.allocation, first_token, exp.sampling)
+        except EngineError as exc:  # a cache that does not fit this model: nothing installed
+            self.engine.release(request_id)
+            exp.events.put_nowait(DecodeEvent(kind="error", error=f"install: {exc}"))
+            return
         exp.installed = True
         self._publish(event)
         self._wake.set()
@@ -244,3 +253,26 @@ class Node:
             self._expected.pop(rid, None)
             if not finished:
                 self.engine.release(rid)  # aborted: free the KV and leave the batch
+
+
+def _full_pieces(
+    out: LayerOutput, cached: CachedPrefix | None, full: LayerSegment
+) -> list[tuple[int, memoryview]]:
+    """``(offset, view)`` pieces of one layer's *whole* cache when the prefill started from a
+    stored prefix: per full-attention tensor, the prefix rows then the new rows (no copy); SWA
+    windows and linear states are already whole. Scaled (timed) payloads are padded or cut to the
+    manifest's sizes, which per-tensor rounding can miss by a byte."""
+    if cached is None or not out.segment.kind.grows_with_length:
+        return list(out.pieces())
+    prefix = cached.layers[out.position]
+    pieces: list[tuple[int, memoryview]] = []
+    offset = 0
+    for i, tensor in enumerate(full.tensors):
+        head, tail = prefix.buffers[i], out.buffers[i]
+        if head.nbytes + tail.nbytes == tensor.num_bytes:
+            pieces += [(offset, head), (offset + head.nbytes, tail)]
+        else:
+            data = (bytes(head) + bytes(tail))[: tensor.num_bytes]
+            pieces.append((offset, memoryview(data.ljust(tensor.num_bytes, b"\0"))))
+        offset += tensor.num_bytes
+    return pieces

@@ -1,0 +1,119 @@
+"""A live two-site deployment of a real (tiny, random-weight) Qwen3-Next hybrid model on PyTorch:
+the tokens a client receives are identical whether the request was prefilled at the PrfaaS site or
+at PD-P, with or without a prefix hit, and identical to single-process generation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from live_helpers import launched, routes
+
+from prfaas.config import DeploymentConfig
+from prfaas.serve.launcher import Launcher
+
+pytestmark = pytest.mark.timeout(300)
+
+BLOCK = 64
+THRESHOLD = 100
+MAX_TOKENS = 24
+
+
+def _deployment(model_dir: Path) -> DeploymentConfig:
+    return DeploymentConfig.model_validate(
+        {
+            "engine": {
+                "kind": "torch", "model": "tiny-qwen3-next", "model_path": str(model_dir),
+                "block_tokens": BLOCK, "checkpoint_every_blocks": 1,
+            },
+            "gateway": {"port": 0, "request_timeout_s": 120},
+            "policy": {"router": "threshold", "threshold_tokens": THRESHOLD},
+            "sites": [
+                {"name": "prfaas", "kind": "prfaas", "hardware": "h200",
+                 "nodes": [{"name": "pf0", "role": "prefill"}]},
+                {"name": "pd", "kind": "pd", "hardware": "h20",
+                 "nodes": [{"name": "p0", "role": "prefill"}, {"name": "d0", "role": "decode"}]},
+            ],
+            "links": [{"src": "prfaas", "dst": "pd", "gbps": 100}],
+            "psk": "test-key-0123456789abcdef",
+        }
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from prfaas.engine.torch.tiny import make_tiny
+
+    return make_tiny("qwen3_next", tmp_path_factory.mktemp("tiny") / "qwen3_next")
+
+
+@pytest.fixture(scope="module")
+def live(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
+    with launched(_deployment(model_dir), tmp_path_factory.mktemp("live")) as launcher:
+        yield launcher
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir: Path) -> Any:
+    """Single-process greedy generation with the same engine code, in this process."""
+    import torch
+
+    from prfaas.engine import PrefillRequest, SamplingParams
+    from prfaas.engine.torch import TorchEngine
+
+    torch.set_num_threads(1)
+    engine = TorchEngine.from_folder(model_dir)
+    count = iter(range(10**6))
+
+    def generate(prompt: list[int]) -> list[int]:
+        sampling = SamplingParams(max_new_tokens=MAX_TOKENS)
+        req = PrefillRequest(f"ref-{next(count)}", tuple(prompt), sampling)
+        return engine.generate(req)
+
+    return generate
+
+
+def _served(live: Launcher, prompt: list[int]) -> tuple[list[int], str, dict[str, Any]]:
+    body = {
+        "model": "tiny-qwen3-next", "prompt": prompt, "max_tokens": MAX_TOKENS,
+        "temperature": 0, "return_token_ids": True,
+    }  # fmt: skip
+    r = httpx.post(f"{live.url}/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    route = next(x for x in routes(live) if x["request_id"] == r.json()["id"])
+    return list(choice["token_ids"]), choice["finish_reason"], route
+
+
+def _expected(reference_tokens: list[int], finish: str) -> list[int]:
+    # The client does not see a stop token (EOS); single-process generation includes it.
+    return reference_tokens[:-1] if finish == "stop" else reference_tokens
+
+
+def _prompt(seed: int, length: int) -> list[int]:
+    return [(seed * 7919 + i * 104729) % 400 + 50 for i in range(length)]
+
+
+def test_remote_prefill_with_and_without_prefix_hit(live: Launcher, reference: Any) -> None:
+    long = _prompt(1, 3 * BLOCK + 37)  # 3 blocks and a partial one: > t, offloaded
+    tokens, finish, route = _served(live, long)
+    assert route["prefill_site"] == "prfaas" and route["num_cached_tokens"] == 0
+    assert tokens == _expected(reference(long), finish)
+    again = long[: 3 * BLOCK] + _prompt(9, 41)  # shares 3 blocks with the first prompt
+    tokens, finish, route = _served(live, again)
+    assert route["prefill_site"] == "prfaas" and route["num_cached_tokens"] == 3 * BLOCK
+    assert tokens == _expected(reference(again), finish)
+
+
+def test_local_prefill_with_and_without_prefix_hit(live: Launcher, reference: Any) -> None:
+    short = _prompt(2, BLOCK + 20)  # <= t: PD-P
+    tokens, finish, route = _served(live, short)
+    assert route["prefill_site"] == "pd" and route["num_cached_tokens"] == 0
+    assert tokens == _expected(reference(short), finish)
+    longer = short[:BLOCK] + _prompt(3, 90)  # 154 tokens, but only 90 uncached at home: PD-P
+    tokens, finish, route = _served(live, longer)
+    assert route["prefill_site"] == "pd" and route["num_cached_tokens"] == BLOCK
+    assert tokens == _expected(reference(longer), finish)
