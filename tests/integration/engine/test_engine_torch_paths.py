@@ -31,6 +31,7 @@ from prfaas.engine import (
     PrefillResult,
     PromptTooLong,
     SamplingParams,
+    UnknownRequest,
 )
 from prfaas.engine.torch import LoadedModel, TorchEngine, hf_cache
 from prfaas.transfer import Link, Receiver, Refused, TransferConfig
@@ -107,6 +108,8 @@ async def test_layerwise_transfer_in_memory(
             sender = asyncio.create_task(send())
             delivery = await (await rx.next_session()).complete()
             await sender
+    with pytest.raises(UnknownRequest):
+        prefill_engine.export("t")  # streamed out: the prefill node keeps nothing
     alloc = allocations["t"]
     tokens = {"t": list(decode_engine.install(alloc, delivery.first_token, GREEDY).token_ids)}
     decode_all(decode_engine, tokens)

@@ -111,9 +111,13 @@ class TorchEngine:
 
     # -- prefill -------------------------------------------------------------------------------
     def prefill(
-        self, req: PrefillRequest, on_layer: Callable[[LayerOutput], None] | None = None
+        self,
+        req: PrefillRequest,
+        on_layer: Callable[[LayerOutput], None] | None = None,
+        keep: bool = True,
     ) -> PrefillResult:
-        """Prefill ``req`` and keep its cache (``export`` / ``start`` / ``release`` it next).
+        """Prefill ``req``; with ``keep`` the engine holds its cache for ``export`` / ``start``
+        (``release`` it otherwise).
 
         ``on_layer`` receives each layer's share of the cache as soon as that layer is computed.
         """
@@ -126,16 +130,18 @@ class TorchEngine:
             raise EngineError(f"request {req.request_id}: token id {bad[0]} outside [0, {vocab})")
         out = run_prefill(self._model, self.cmap, req, self.max_context_tokens, on_layer)
         first = choose(out.last_logits, req.sampling, 0)
-        self._held[req.request_id] = out.cache
+        if keep:
+            self._held[req.request_id] = out.cache
         return PrefillResult(
             req.request_id, first, req.num_tokens, req.num_cached_tokens, out.checkpoints
         )
 
     async def prefill_stream(
-        self, req: PrefillRequest
+        self, req: PrefillRequest, keep: bool = False
     ) -> AsyncIterator[LayerOutput | PrefillResult]:
         """``prefill`` on a worker thread; yields each ``LayerOutput`` as its layer finishes, then
-        the ``PrefillResult``. The event loop stays free to send while later layers compute."""
+        the ``PrefillResult``. The event loop stays free to send while later layers compute.
+        The cache is not kept afterwards (its layers were handed out) unless ``keep``."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[LayerOutput | PrefillResult | BaseException] = asyncio.Queue()
 
@@ -144,7 +150,7 @@ class TorchEngine:
                 loop.call_soon_threadsafe(queue.put_nowait, out)
 
             try:
-                result = self.prefill(req, hand_out)
+                result = self.prefill(req, hand_out, keep)
             except BaseException as exc:  # handed to the awaiting side, re-raised there
                 loop.call_soon_threadsafe(queue.put_nowait, exc)
                 return
