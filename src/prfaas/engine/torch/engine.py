@@ -261,11 +261,15 @@ class TorchEngine:
 
     # -- decode ---------------------------------------------------------------------------------
     def step(self) -> tuple[TokenEvent, ...]:
-        """One decode step for (up to ``max_batch`` of) the running requests."""
-        ids = list(self._running)[: self.max_batch]
-        if not ids:
+        """One decode step for (up to ``max_batch`` of) the running requests.
+
+        Works on a snapshot of the batch, so ``step_async`` (a worker thread) may overlap
+        ``install`` / ``release`` on the event loop: joiners wait for the next step."""
+        snapshot = list(self._running.items())[: self.max_batch]
+        if not snapshot:
             return ()
-        runs = [self._running[r] for r in ids]
+        ids = [rid for rid, _ in snapshot]
+        runs = [run for _, run in snapshot]
         if len(runs) == 1 and self._loaded.batch_invariant:
             runs = runs * 2  # a one-row step takes another GEMM kernel (see hf_cache)
         cache, max_tokens = hf_cache.build_cache(self._model, self.cmap, [r.cache for r in runs])
@@ -287,7 +291,7 @@ class TorchEngine:
             run.last_token = token
             reason = self._finish_reason(run, token)
             if reason is not None:
-                del self._running[rid]
+                self._running.pop(rid, None)  # may have been released meanwhile
                 self.budget.release(rid)
             events.append(TokenEvent(rid, (token,), reason))
         return tuple(events)
