@@ -18,6 +18,7 @@ Importing this package does not import torch (only ``prfaas.engine.torch`` does)
 """
 
 from prfaas.engine.api import (
+    DEFAULT_BLOCK_TOKENS,
     Allocation,
     CachedPrefix,
     Engine,
@@ -48,6 +49,7 @@ from prfaas.engine.hf_spec import (
 from prfaas.engine.manifest_check import LayoutManifest, check_manifest
 
 __all__ = [
+    "DEFAULT_BLOCK_TOKENS",
     "SUPPORTED_ARCHITECTURES",
     "Allocation",
     "BudgetExceeded",

@@ -18,6 +18,9 @@ from typing import Protocol
 
 from prfaas.spec import CacheLayout, CacheSpec, DType, LayerKind, LayerSegment
 
+DEFAULT_BLOCK_TOKENS = 512
+"""Prefix-cache block size (the trace's hash blocks): ask for checkpoints every this many tokens."""
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -92,7 +95,8 @@ class PrefillRequest:
     cached: CachedPrefix | None = None
     """Start from this prefix (its first ``num_tokens`` must be this prompt's first tokens)."""
     checkpoint_block_tokens: int | None = None
-    """Keep the state at every multiple of this many tokens (block-aligned prefix checkpoints)."""
+    """Keep the state at every multiple of this many tokens (block-aligned prefix checkpoints;
+    ``DEFAULT_BLOCK_TOKENS`` normally, 64 in tests). None: no checkpoints."""
 
     def __post_init__(self) -> None:
         if not self.request_id:
