@@ -363,7 +363,13 @@ class Link:
     async def _write_control(self, ch: Channel, frame: F.Frame) -> None:
         if ch.closed:
             raise ConnectionResetError("connection closed")
-        await ch.write(ch.codec.send(frame))
+        data = ch.codec.send(frame)
+        try:
+            async with asyncio.timeout(self.config.timeout_s):
+                await ch.write(data)
+        except TimeoutError:
+            ch.close(TimeoutError(f"no write progress for {self.config.timeout_s:g} s"))
+            raise
 
     async def _writer(self, ch: Channel) -> None:
         loop = asyncio.get_running_loop()
@@ -377,7 +383,11 @@ class Link:
                 if wait_s > 0:
                     await asyncio.sleep(wait_s)
             try:
-                await ch.write(ch.codec.send(item.chunk), item.view)
+                async with asyncio.timeout(self.config.timeout_s):
+                    await ch.write(ch.codec.send(item.chunk), item.view)
+            except TimeoutError:  # the peer stopped reading: this stream is stuck for good
+                ch.close(TimeoutError(f"no write progress for {self.config.timeout_s:g} s"))
+                return
             except (ConnectionError, OSError):
                 return  # on_closed fails the link and its sessions
             s.bytes_sent += item.chunk.length

@@ -15,7 +15,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prfaas.core import LinkId
-from prfaas.transfer import ConnectError, Link, LinkMonitor, Receiver, TransferConfig
+from prfaas.spec import DType, LayerKind
+from prfaas.transfer import (
+    ConnectError,
+    LayerEntry,
+    Link,
+    LinkMonitor,
+    Manifest,
+    Receiver,
+    SessionAborted,
+    TensorEntry,
+    TransferConfig,
+)
 from prfaas.transfer import frames as F
 from prfaas.transfer.codec import Connection, Role
 from prfaas.transfer.integrity import make_chunk
@@ -156,3 +167,41 @@ async def test_monitor_publishes_link_state() -> None:
             assert state is not None and state.link_id == "a->b"
             assert state.goodput_bytes_per_s > 0 and state.rtt_s > 0
             assert state.backlog_bytes == 0 and state.retransmit_rate == 0.0
+
+
+class _StallingReceiver(asyncio.Protocol):
+    """Authenticates, accepts every session, then stops reading: a stalled decode node."""
+
+    def __init__(self) -> None:
+        self.codec = Connection(Role.ACCEPTOR, KEY, nonce=os.urandom(16))
+        self.codec.chunk_sink = lambda chunk: None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.codec.receive_data(data)
+        self.transport.write(self.codec.data_to_send())
+        while (ev := self.codec.next_event()) is not None:
+            if isinstance(ev, F.Open):
+                self.transport.write(self.codec.send(F.Accept(ev.session_id)))
+                self.transport.pause_reading()
+
+
+async def test_stalled_receiver_times_out_the_sender() -> None:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(_StallingReceiver, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    cfg = dataclasses.replace(CFG, num_connections=2, timeout_s=1.0, chunk_bytes=1 << 20)
+    big = bytes(64 << 20)
+    tensor = TensorEntry("state", DType.FP32, (len(big) // 4,))
+    m = Manifest("big", 1, 0, (LayerEntry(0, LayerKind.LINEAR, 0, 0, (tensor,)),))
+    try:
+        async with await Link.connect("127.0.0.1", port, cfg) as link:
+            s = await link.open(m)
+            with pytest.raises((TimeoutError, SessionAborted)):
+                await s.send(0, 0, big)
+                await s.finish()
+    finally:
+        server.close()
