@@ -34,7 +34,7 @@ Allocate = Callable[[Manifest], Sequence[object]]
 """The consumer's allocator: one writable buffer (bytearray, numpy array, tensor memory, ...) per
 manifest layer, each exactly ``layer.num_bytes`` long; or raise ``Refused(reason)``."""
 
-_KEEP_FINISHED = 1024  # finished sessions remembered per sender, so late chunks are discarded
+_KEEP_FINISHED = 4096  # ids of finished sessions remembered per sender, to drop late chunks
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +61,6 @@ class InboundSession:
         self._peer = peer
         self._signal = Signal()
         self._delivery: Delivery | None = None
-        self._active = False
         self._acked_bytes = 0
         self._ack_timer: asyncio.TimerHandle | None = None
 
@@ -119,13 +118,20 @@ class InboundSession:
 
 
 class _Peer:
-    """One sender (by its peer id): its connections and sessions."""
+    """One sender (by its peer id): its connections, its live sessions, and the ids of finished
+    ones (only ids: a finished session's buffers belong to the consumer alone)."""
 
     def __init__(self, peer_id: bytes) -> None:
         self.peer_id = peer_id
         self.channels: list[Channel] = []
-        self.sessions: OrderedDict[int, InboundSession] = OrderedDict()
-        self.num_active = 0
+        self.sessions: dict[int, InboundSession] = {}
+        self.finished: OrderedDict[int, None] = OrderedDict()
+
+    def retire(self, s: InboundSession) -> None:
+        self.sessions.pop(s.session_id, None)
+        self.finished[s.session_id] = None
+        while len(self.finished) > _KEEP_FINISHED:
+            self.finished.popitem(last=False)
 
 
 class Receiver:
@@ -214,9 +220,9 @@ class Receiver:
             assert isinstance(peer, _Peer)  # the codec allows CHUNK only after authentication
             s = peer.sessions.get(chunk.session_id)
             if s is None:
+                if chunk.session_id in peer.finished:
+                    return None  # aborted or done: read and drop, keep the stream in step
                 raise ProtocolError(f"chunk for unknown session {chunk.session_id}")
-            if s.error is not None or s.state.terminal:
-                return None  # aborted or done: read and drop, keep the stream in step
             try:
                 return s.assembly.sink(chunk)
             except SessionAborted as err:
@@ -277,16 +283,19 @@ class Receiver:
         peer = ch.tag
         assert isinstance(peer, _Peer)
         old = peer.sessions.get(ev.session_id)
-        if old is not None:
-            err = SessionAborted(AbortCode.PROTOCOL, f"duplicate OPEN of session {ev.session_id}")
-            self._abort(old, err, tell_peer=True)
+        if old is not None or ev.session_id in peer.finished:
+            why = f"duplicate OPEN of session {ev.session_id}"
+            if old is not None:
+                self._abort(old, SessionAborted(AbortCode.PROTOCOL, why), tell_peer=True)
+            else:
+                self._send(ch, F.Abort(ev.session_id, AbortCode.PROTOCOL, why))
             return
         s = InboundSession(self, peer, ev.session_id, ev.manifest)
+        too_many = len(peer.sessions) >= self.config.max_sessions_per_peer
         peer.sessions[ev.session_id] = s
-        self._forget_old(peer)
         m = ev.manifest
         try:
-            if peer.num_active >= self.config.max_sessions_per_peer:
+            if too_many:
                 raise SessionAborted(AbortCode.REFUSED, "too many open sessions from this sender")
             if m.num_bytes > self.config.max_session_bytes:
                 raise SessionAborted(
@@ -303,8 +312,6 @@ class Receiver:
         except SessionAborted as err:
             self._abort(s, err, tell_peer=True)
             return
-        peer.num_active += 1
-        s._active = True
         self._send(ch, F.Accept(ev.session_id))
         self._incoming.put_nowait(s)
 
@@ -345,6 +352,9 @@ class Receiver:
 
     def _on_end(self, ch: Channel, ev: F.End) -> None:
         s = self._session(ch, ev.session_id)
+        peer = ch.tag
+        if s is None and isinstance(peer, _Peer) and ev.session_id in peer.finished:
+            return  # e.g. we aborted it while the sender was finishing
         if s is None:
             why = f"END of unknown session {ev.session_id}"
             self._send(ch, F.Abort(ev.session_id, AbortCode.PROTOCOL, why))
@@ -366,8 +376,7 @@ class Receiver:
             self._abort(s, err, tell_peer=True)
             return True
         if done:
-            s._active = False
-            s._peer.num_active -= 1
+            s._peer.retire(s)
             if s._ack_timer is not None:
                 s._ack_timer.cancel()
                 s._ack_timer = None
@@ -387,21 +396,11 @@ class Receiver:
             s._ack_timer.cancel()
             s._ack_timer = None
         s.error = err
-        if s._active:
-            s._active = False
-            s._peer.num_active -= 1
+        s._peer.retire(s)
         if tell_peer:
             for ch in s._peer.channels[:1]:
                 self._send(ch, F.Abort(s.session_id, err.code, err.reason))
         s._changed()
-
-    def _forget_old(self, peer: _Peer) -> None:
-        while len(peer.sessions) > _KEEP_FINISHED + peer.num_active:
-            sid, old = next(iter(peer.sessions.items()))
-            if not old.state.terminal:
-                peer.sessions.move_to_end(sid)
-                break
-            del peer.sessions[sid]
 
     async def _watch(self) -> None:
         """Abort sessions with no progress for ``stall_timeout_s`` (a stalled or dead sender)."""
@@ -413,6 +412,6 @@ class Receiver:
             for peer in list(self._peers.values()):
                 for s in list(peer.sessions.values()):
                     idle = now - s.progress_at_s
-                    if s._active and idle > self.config.stall_timeout_s:
+                    if idle > self.config.stall_timeout_s:
                         why = f"stalled: no bytes for {idle:.1f} s"
                         self._abort(s, SessionAborted(AbortCode.TIMEOUT, why), tell_peer=True)

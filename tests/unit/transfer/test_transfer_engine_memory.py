@@ -319,3 +319,33 @@ async def test_producer_mistakes_are_value_errors() -> None:
             await s.send(0, m.layer_bytes()[0], b"\0")
         with pytest.raises(ValueError, match="not all sent"):
             await s.finish()
+
+
+async def test_receiver_keeps_no_reference_to_finished_sessions_buffers() -> None:
+    import gc
+    import weakref
+
+    import numpy as np
+
+    refs: list[weakref.ref[np.ndarray]] = []
+
+    def allocate(m):  # type: ignore[no-untyped-def]
+        bufs = [np.zeros(n, np.uint8) for n in m.layer_bytes()]
+        refs.extend(weakref.ref(b) for b in bufs)
+        return bufs
+
+    rng = random.Random(21)
+    async with Receiver(CFG, allocate) as rx, await Link.in_memory(rx, CFG) as link:
+        for k in range(3):
+            m = random_manifest(rng, f"r{k}")
+            payload = random_payload(rng, m)
+            async with link.session(m) as s:
+                ins = await rx.next_session()
+                if k == 1:
+                    ins.abort("dropped by the consumer")
+                    continue
+                await send_all(s, payload, [(i, 0, len(b)) for i, b in enumerate(payload) if b])
+            await ins.complete()
+        del ins
+        gc.collect()
+        assert refs and all(r() is None for r in refs)
