@@ -129,6 +129,10 @@ def test_prefix_cache_start_and_incremental_transfer(
     assert [c.num_tokens for c in warm.checkpoints] == [BLOCK, 2 * BLOCK, 3 * BLOCK]
     prefix = warm.checkpoints[-1]
     assert prefix.num_bytes == model.cmap.spec.bytes_for(3 * BLOCK)
+    for small, big in zip(warm.checkpoints[0].layers, prefix.layers, strict=True):
+        if small.segment.kind.grows_with_length:  # checkpoints share one KV export, no copies
+            assert small.buffers[0].obj is big.buffers[0].obj
+            assert bytes(small.buffers[0]) == bytes(big.buffers[0])[: small.buffers[0].nbytes]
 
     engine = TorchEngine(model)
     result = engine.prefill(PrefillRequest("p", prompt(0), GREEDY, cached=prefix))

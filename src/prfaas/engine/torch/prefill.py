@@ -116,17 +116,39 @@ def _checkpoints(
     final: RequestCache,
     snapshots: dict[int, dict[int, dict[str, torch.Tensor]]],
 ) -> tuple[CachedPrefix, ...]:
+    if not snapshots:
+        return ()
+    # Full-attention KV is exported once, up to the last checkpoint; each checkpoint's rows are a
+    # prefix of it (token-major), so a checkpoint costs its states only, not another KV copy.
+    last = max(snapshots)
+    full_kv = {
+        pos: export_layer(
+            request_id,
+            cmap,
+            pos,
+            {n: t[:, :, :last] for n, t in final.layers[pos].items()},
+            last,
+            0,
+        )
+        for pos, spec in enumerate(cmap.spec.layers)
+        if spec.kind.grows_with_length
+    }
     out = []
     for num_tokens, states in sorted(snapshots.items()):
         layers = []
         for pos, spec in enumerate(cmap.spec.layers):
-            if spec.kind.grows_with_length:
-                native = {n: t[:, :, :num_tokens] for n, t in final.layers[pos].items()}
-            else:
-                native = states[pos]
-                if spec.kind is LayerKind.SWA:
-                    rows = spec.kept_tokens(num_tokens)
-                    native = {n: t[:, :, t.shape[-2] - rows :] for n, t in native.items()}
+            if pos in full_kv:
+                seg = cmap.spec.layout(num_tokens, 0).segments[pos]
+                bufs = tuple(
+                    buf[: t.num_bytes]
+                    for buf, t in zip(full_kv[pos].buffers, seg.tensors, strict=True)
+                )
+                layers.append(LayerOutput(request_id, pos, seg, bufs))
+                continue
+            native = states[pos]
+            if spec.kind is LayerKind.SWA:
+                rows = spec.kept_tokens(num_tokens)
+                native = {n: t[:, :, t.shape[-2] - rows :] for n, t in native.items()}
             layers.append(export_layer(request_id, cmap, pos, native, num_tokens, 0))
         out.append(CachedPrefix(num_tokens, tuple(layers)))
     return tuple(out)
