@@ -25,7 +25,13 @@ from prfaas.transfer.assembly import Assembly
 from prfaas.transfer.channel import Channel, ProtocolChannel
 from prfaas.transfer.codec import Authenticated, ChunkReceived, Connection, Role
 from prfaas.transfer.config import TransferConfig
-from prfaas.transfer.errors import AbortCode, ProtocolError, Refused, SessionAborted
+from prfaas.transfer.errors import (
+    AbortCode,
+    LocalProtocolError,
+    ProtocolError,
+    Refused,
+    SessionAborted,
+)
 from prfaas.transfer.manifest import Manifest
 from prfaas.transfer.session_state import SessionState
 from prfaas.transfer.waiting import Signal, wait_until
@@ -248,8 +254,9 @@ class Receiver:
                     self._on_open(ch, ev)
                 case F.End():
                     self._on_end(ch, ev)
-                case F.Abort(0):
-                    pass  # the codec closed; on_closed follows
+                case F.Abort(0, code, reason):
+                    ch.close(ConnectionResetError(f"sender aborted ({code.name}): {reason}"))
+                    return
                 case F.Abort(sid, code, reason):
                     s = self._session(ch, sid)
                     if s is not None:
@@ -276,8 +283,13 @@ class Receiver:
         return peer.sessions.get(sid) if isinstance(peer, _Peer) else None
 
     def _send(self, ch: Channel, frame: F.Frame) -> None:
-        if not ch.closed:
-            ch.write_nowait(ch.codec.send(frame))
+        if ch.closed:
+            return
+        try:
+            data = ch.codec.send(frame)
+        except LocalProtocolError:
+            return  # the connection failed a moment ago; it is being closed
+        ch.write_nowait(data)
 
     def _on_open(self, ch: Channel, ev: F.Open) -> None:
         peer = ch.tag

@@ -28,9 +28,9 @@ from prfaas.transfer.channel import (
     all_sockets,
     memory_pair,
 )
-from prfaas.transfer.codec import Authenticated, Connection, Role
+from prfaas.transfer.codec import Authenticated, Connection, ConnState, Role
 from prfaas.transfer.config import TransferConfig
-from prfaas.transfer.errors import AbortCode, ConnectError, SessionAborted
+from prfaas.transfer.errors import AbortCode, ConnectError, LocalProtocolError, SessionAborted
 from prfaas.transfer.integrity import Ranges, make_chunk, session_digest
 from prfaas.transfer.manifest import Manifest
 from prfaas.transfer.pacing import TokenBucket
@@ -93,7 +93,11 @@ class OutboundSession:
         step = self.link.config.chunk_bytes
         for start in range(0, len(data), step):
             piece = data[start : start + step]
-            await self.link._reserve(self, len(piece))
+            try:
+                await self.link._reserve(self, len(piece))
+            except TimeoutError as exc:
+                await self.abort(str(exc), AbortCode.TIMEOUT)
+                raise
             chunk = make_chunk(self.session_id, layer, offset + start, piece)
             self._records.append((layer, chunk.offset, chunk.length, chunk.checksum))
             self.link._enqueue(_Item(self, chunk, piece))
@@ -107,21 +111,25 @@ class OutboundSession:
             raise ValueError(f"request {self.manifest.request_id}: not all sent ({desc})")
         end = F.End(self.session_id, len(self._records), session_digest(self._records), first_token)
         self.state = advance(self.state, SessionState.ENDED)
-        await self.link._write_control(self._channel, end)
-        await wait_until(
-            self.link._signal,
-            lambda: self.state is SessionState.VERIFIED,
-            lambda: self.error,
-            self.link.config.timeout_s,
-            f"COMPLETE of request {self.manifest.request_id}",
-        )
+        try:
+            await self.link._write_control(self._channel, end)
+            await wait_until(
+                self.link._signal,
+                lambda: self.state is SessionState.VERIFIED,
+                lambda: self.error,
+                self.link.config.timeout_s,
+                f"COMPLETE of request {self.manifest.request_id}",
+            )
+        except TimeoutError as exc:  # the receiver is told, so it frees its buffers too
+            await self.abort(str(exc), AbortCode.TIMEOUT)
+            raise
 
     async def abort(self, reason: str, code: AbortCode = AbortCode.CANCELLED) -> None:
         """Give up on the session; the receiver is told and frees its buffers."""
         if self.state.terminal:
             return
         self._set_aborted(SessionAborted(code, reason))
-        with contextlib.suppress(ConnectionError, OSError):
+        with contextlib.suppress(ConnectionError, OSError, TimeoutError):
             await self.link._write_control(self._channel, F.Abort(self.session_id, code, reason))
 
     async def __aenter__(self) -> OutboundSession:
@@ -361,7 +369,7 @@ class Link:
         self._queue.put_nowait(item)
 
     async def _write_control(self, ch: Channel, frame: F.Frame) -> None:
-        if ch.closed:
+        if ch.closed or ch.codec.state is not ConnState.READY:
             raise ConnectionResetError("connection closed")
         data = ch.codec.send(frame)
         try:
@@ -388,8 +396,8 @@ class Link:
             except TimeoutError:  # the peer stopped reading: this stream is stuck for good
                 ch.close(TimeoutError(f"no write progress for {self.config.timeout_s:g} s"))
                 return
-            except (ConnectionError, OSError):
-                return  # on_closed fails the link and its sessions
+            except (ConnectionError, OSError, LocalProtocolError):
+                return  # the connection is gone: on_closed fails the link and its sessions
             s.bytes_sent += item.chunk.length
             self._counts[1] += item.chunk.length
 
@@ -422,6 +430,8 @@ class Link:
                 case F.Abort(0, code, reason):
                     why = f"receiver closed the connection ({code.name}): {reason}"
                     self._fail(ConnectError(why))
+                    ch.close(ConnectionResetError(why))
+                    break
                 case F.Abort(sid, code, reason):
                     s = self._sessions.get(sid)
                     if s is not None:
