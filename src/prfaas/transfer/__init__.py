@@ -21,6 +21,11 @@ Receiving side (decode worker)::
         await session.layer(i)                             # layer i's bytes checksum-verified
         delivery = await session.complete()                # whole session verified (digest)
 
+``view`` is any C-contiguous buffer (bytes, bytearray, memoryview, numpy array; a CPU torch tensor
+via ``t.view(torch.uint8).numpy()``); it is referenced, not copied, until ``finish`` returns.
+Buffers from ``allocate`` are written in place and must not be touched until ``complete()``
+returns or the session aborts.
+
 Errors: ``SessionAborted`` (``.code``: ``AbortCode``, ``.reason``, ``.by_peer``), ``ConnectError``,
 ``Refused``; the codec raises only ``ProtocolError`` subclasses. ``LinkMonitor`` turns a link's
 counters and ``TCP_INFO`` into ``prfaas.core.LinkState`` snapshots. ``Link.in_memory(receiver,

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from prfaas.transfer import frames as F
-from prfaas.transfer.codec import Connection
+from prfaas.transfer.codec import Connection, ConnState
 from prfaas.transfer.errors import ProtocolError
 
 Buffer = bytes | bytearray | memoryview
@@ -125,8 +125,6 @@ class ProtocolChannel(Channel, asyncio.BufferedProtocol):
         self._timer = loop.call_later(self._handshake_timeout_s, self._check_handshake)
 
     def _check_handshake(self) -> None:
-        from prfaas.transfer.codec import ConnState
-
         if self.codec.state is not ConnState.READY and not self.closed:
             self.close(TimeoutError("no authenticated handshake in time"))
 

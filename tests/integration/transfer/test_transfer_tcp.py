@@ -167,6 +167,13 @@ async def test_monitor_publishes_link_state() -> None:
             assert state is not None and state.link_id == "a->b"
             assert state.goodput_bytes_per_s > 0 and state.rtt_s > 0
             assert state.backlog_bytes == 0 and state.retransmit_rate == 0.0
+            published: list[object] = []
+            task = asyncio.create_task(mon.run(published.append, interval_s=0.01))
+            async with asyncio.timeout(10):
+                while len(published) < 2:
+                    await asyncio.sleep(0.01)
+            task.cancel()
+            assert all(getattr(p, "link_id", None) == "a->b" for p in published)
 
 
 class _StallingReceiver(asyncio.Protocol):
