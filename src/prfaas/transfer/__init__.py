@@ -31,26 +31,70 @@ Errors: ``SessionAborted`` (``.code``: ``AbortCode``, ``.reason``, ``.by_peer``)
 counters and ``TCP_INFO`` into ``prfaas.core.LinkState`` snapshots. ``Link.in_memory(receiver,
 config)`` runs the same engine without sockets (tests).
 
-Layering: codec, frames, manifest, integrity, assembly, pacing, session_state are pure (no asyncio,
-no I/O); channel, sender, receiver, monitor are the asyncio engine. Nothing here imports torch.
+Layering: codec, frames, manifest, integrity, assembly, pacing, session_state, config, errors are
+pure (no asyncio, no I/O) and importing them (or their names from here) loads no asyncio; channel,
+sender, receiver, monitor are the asyncio engine, loaded on first use. Nothing imports torch.
 """
 
-from prfaas.transfer.config import DEFAULT_NUM_CONNECTIONS, TransferConfig
-from prfaas.transfer.errors import (
-    AbortCode,
-    AuthenticationFailed,
-    ConnectError,
-    FrameTooLarge,
-    ProtocolError,
-    Refused,
-    SessionAborted,
-    TransferError,
-)
-from prfaas.transfer.manifest import LayerEntry, Manifest, TensorEntry
-from prfaas.transfer.monitor import CongestionRule, LinkMonitor
-from prfaas.transfer.receiver import Delivery, InboundSession, Receiver
-from prfaas.transfer.sender import Link, LinkCounters, OutboundSession
-from prfaas.transfer.session_state import SessionState
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Lazy exports (PEP 562): importing a pure submodule (``prfaas.transfer.codec``) or a pure name
+# (``Manifest``) must not pull in asyncio; the engine loads on first use of an engine name.
+_EXPORTS = {
+    "DEFAULT_NUM_CONNECTIONS": "config",
+    "TransferConfig": "config",
+    "AbortCode": "errors",
+    "AuthenticationFailed": "errors",
+    "ConnectError": "errors",
+    "FrameTooLarge": "errors",
+    "ProtocolError": "errors",
+    "Refused": "errors",
+    "SessionAborted": "errors",
+    "TransferError": "errors",
+    "LayerEntry": "manifest",
+    "Manifest": "manifest",
+    "TensorEntry": "manifest",
+    "CongestionRule": "monitor",
+    "LinkMonitor": "monitor",
+    "Delivery": "receiver",
+    "InboundSession": "receiver",
+    "Receiver": "receiver",
+    "Link": "sender",
+    "LinkCounters": "sender",
+    "OutboundSession": "sender",
+    "SessionState": "session_state",
+}
+
+if TYPE_CHECKING:
+    from prfaas.transfer.config import DEFAULT_NUM_CONNECTIONS, TransferConfig
+    from prfaas.transfer.errors import (
+        AbortCode,
+        AuthenticationFailed,
+        ConnectError,
+        FrameTooLarge,
+        ProtocolError,
+        Refused,
+        SessionAborted,
+        TransferError,
+    )
+    from prfaas.transfer.manifest import LayerEntry, Manifest, TensorEntry
+    from prfaas.transfer.monitor import CongestionRule, LinkMonitor
+    from prfaas.transfer.receiver import Delivery, InboundSession, Receiver
+    from prfaas.transfer.sender import Link, LinkCounters, OutboundSession
+    from prfaas.transfer.session_state import SessionState
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'prfaas.transfer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"prfaas.transfer.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DEFAULT_NUM_CONNECTIONS",
