@@ -43,6 +43,8 @@ class TuningConfig:
     min_gain: float = 0.05
     cooldown_s: float = 60.0
     target_utilisation: float = 0.9
+    rebalance_check_s: float = 10.0
+    """The rebalancer evaluates Eq. 8 at most this often (a search costs O(nodes x window))."""
 
 
 class _Costs:
@@ -168,6 +170,7 @@ class Rebalancer:
         self._costs = _Costs(home_site, prfaas_sites, remote, local)
         self.config = config or TuningConfig()
         self._last_s = float("-inf")
+        self._checked_s = float("-inf")
 
     def evaluate(
         self, cluster: ClusterView, window: LengthWindow
@@ -186,6 +189,9 @@ class Rebalancer:
         cfg = self.config
         if len(window) < cfg.min_samples or now - self._last_s < cfg.cooldown_s:
             return None
+        if now - self._checked_s < cfg.rebalance_check_s:
+            return None
+        self._checked_s = now
         c = self._costs
         _, num_p, num_d, draining = c.counts(cluster)
         if draining or num_p + num_d < 2:

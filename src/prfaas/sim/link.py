@@ -20,7 +20,7 @@ from prfaas.core.views import LinkState
 
 
 class Flow:
-    __slots__ = ("cap", "done_s", "key", "last_s", "link", "num_bytes", "payload", "rate",
+    __slots__ = ("cap", "done_s", "finished", "key", "last_s", "link", "num_bytes", "payload", "rate",
                  "remaining", "version")  # fmt: skip
 
     def __init__(self, link: SimLink, num_bytes: float, cap: float, payload: object) -> None:
@@ -31,6 +31,7 @@ class Flow:
         self.rate = 0.0
         self.last_s = 0.0
         self.version = 0
+        self.finished = False
         self.key = 0
         self.done_s = float("inf")
         self.payload = payload
@@ -96,7 +97,7 @@ class SimLink:
 
     def produced(self, flow: Flow, now: float) -> None:
         """The flow's prefill ended: the rest of its KV (last layer included) may go."""
-        if flow.remaining <= 0 or flow.cap == self.window_cap:
+        if flow.finished or flow.cap == self.window_cap:
             return
         self.sum_caps += self.window_cap - flow.cap
         flow.cap = self.window_cap
@@ -107,6 +108,7 @@ class SimLink:
         self._advance(flow, now)
         self._agg_a -= flow.remaining  # numerical remainder
         flow.remaining = 0.0
+        flow.finished = True
         self._set_rate(flow, 0.0, now)
         del self._flows[flow.key]
         self.sum_caps -= flow.cap
@@ -135,7 +137,13 @@ class SimLink:
         self._agg_a += rate * now
         self._agg_r += rate
         flow.version += 1
-        if flow.remaining > 0 and rate > 0:
+        if flow.finished:
+            flow.done_s = float("inf")
+        elif flow.remaining <= 1.0:
+            # Done up to rounding (several flows can end at the same instant): finish now.
+            flow.done_s = now
+            self._schedule_done(flow, now)
+        elif rate > 0:
             flow.done_s = now + flow.remaining / rate
             self._schedule_done(flow, flow.done_s)
         else:

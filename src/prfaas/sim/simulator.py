@@ -70,6 +70,8 @@ class Simulator:
         self.probe: Callable[[Simulator], None] | None = None
         self.stop = False
         self._primed = False
+        self.arrivals_done = False
+        self.last_arrival_s = 0.0
 
     # -- construction ----------------------------------------------------------------------------
     def _cm(self, hardware: str) -> CostModel:
@@ -246,6 +248,7 @@ class Simulator:
         spec = next(self._requests, None)
         if spec is None:
             self.last_arrival_s = self.now
+            self.arrivals_done = True
             return
         home = self.homes[spec.home_site % len(self.homes)]
         req = SimRequest(
@@ -386,7 +389,7 @@ class Simulator:
         self.q.push(done_s, ev.FLOW_DONE, flow, flow.version)
 
     def _on_flow_done(self, flow: Flow, version: int) -> None:
-        if flow.version != version or flow.remaining <= 0:
+        if flow.version != version or flow.finished:
             return
         link = flow.link
         link.finish(flow, self.now)
@@ -585,8 +588,13 @@ class Simulator:
                         {"t_s": round(now, 6), "site": self.site_ids[h],
                          "threshold_tokens": upd.threshold_tokens, "reason": upd.reason}
                     )  # fmt: skip
-        if now < self.sc.duration_s + self.sc.drain_s:
+        if now < self.sc.duration_s + self.sc.drain_s and not self._idle_for_good():
             self.q.push(now + self.sc.control_interval_s, ev.CONTROL)
+
+    def _idle_for_good(self) -> bool:
+        """No arrival to come and nothing in flight: periodic events may stop."""
+        m = self.metrics
+        return self.arrivals_done and m.num_arrived == m.num_completed + m.num_failed
 
     # -- observation ------------------------------------------------------------------------------
     def _on_sample(self, _a: Any, _b: Any) -> None:
@@ -606,7 +614,7 @@ class Simulator:
             m.sample(f"prefill_queue:{sid}", self.site_queued[i])
             if self.site_kinds[i] is SiteKind.PD:
                 m.sample(f"decode_waiting:{sid}", self.site_waiting[i])
-        if now < self.sc.duration_s and not self.stop:
+        if now < self.sc.duration_s and not self.stop and not self._idle_for_good():
             self.q.push(now + dt, ev.SAMPLE)
 
     def _on_probe(self, _a: Any, _b: Any) -> None:
