@@ -20,8 +20,8 @@ from prfaas.core.views import LinkState
 
 
 class Flow:
-    __slots__ = ("cap", "done_s", "finished", "key", "last_s", "link", "num_bytes", "payload", "rate",
-                 "remaining", "version")  # fmt: skip
+    __slots__ = ("cap", "done_s", "finished", "key", "last_s", "link", "num_bytes", "payload",
+                 "rate", "remaining", "version")  # fmt: skip
 
     def __init__(self, link: SimLink, num_bytes: float, cap: float, payload: object) -> None:
         self.link = link

@@ -188,7 +188,11 @@ def paper_deployment(
     arrival = ArrivalSpec("uniform", rate_rps)
     if name == "paper-homogeneous":
         d = result.homogeneous
-        homog = (SiteConfig("pd", "pd", "h20", n_p or d.n_p, n_d or d.n_d),)
+        homog = (
+            SiteConfig(
+                "pd", "pd", "h20", d.n_p if n_p is None else n_p, d.n_d if n_d is None else n_d
+            ),
+        )
         return SimScenario(homog, (), policy="local_only", arrival=arrival, prefix_cache=False)
     d = result.prfaas if name == "paper-prfaas" else result.naive
     num_p = d.n_p if n_p is None else n_p

@@ -57,7 +57,7 @@ def test_rebalancer_reaches_the_analytic_split() -> None:
         sim.run(until_s=600.0)
         return sim, summary(sim)
 
-    fixed_sim, fixed = run(False)
+    _, fixed = run(False)
     sim, moved = run(True)
     roles = [n.role for n in sim.nodes if n.site == 0]
     assert roles.count(NodeRole.PREFILL) == 3

@@ -1,0 +1,78 @@
+"""The hybrid prefix cache: partial block matches, exact-length linear-state checkpoints, LRU
+eviction from the tail, byte capacity, integrity; and the global KV manager's per-site view."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prfaas.cache import GlobalKVManager, HybridPrefixCache, sizing_for
+from prfaas.core.ids import SiteId
+from prfaas.spec import get_model
+
+HYBRID = sizing_for(get_model("paper-1t").cache)
+DENSE = sizing_for(get_model("llama-3.1-70b").cache)
+
+
+def test_sizing_from_cache_spec() -> None:
+    spec = get_model("paper-1t").cache
+    assert HYBRID.block_bytes == spec.full_attention_bytes_per_token * 512
+    assert HYBRID.checkpoint_bytes == spec.fixed_bytes
+    assert DENSE.checkpoint_bytes == 0
+
+
+def test_hit_needs_blocks_and_a_checkpoint_at_that_length() -> None:
+    c = HybridPrefixCache(HYBRID, 10**13, checkpoint_every_blocks=4)
+    c.insert(list(range(10)), 10 * 512 + 100)  # checkpoints after blocks 4, 8 and 10
+    assert c.cached_tokens(list(range(10))) == 10 * 512
+    assert c.cached_tokens([0, 1, 2, 3, 4, 5, 6, 99]) == 4 * 512  # blocks match to 7, state at 4
+    assert c.cached_tokens([0, 1, 2]) == 0  # blocks present, no state at length 3*512
+    # One token must always be computed: a prompt exactly as long as the cache reuses less.
+    assert c.lookup(list(range(10)), 10 * 512) == 8 * 512
+    c.check_integrity()
+
+
+def test_dense_model_matches_any_block_prefix() -> None:
+    c = HybridPrefixCache(DENSE, 10**13)
+    c.insert([1, 2, 3], 3 * 512)
+    assert c.cached_tokens([1, 2, 7]) == 2 * 512
+    c.check_integrity()
+
+
+def test_lru_evicts_the_tail_of_old_prefixes_first() -> None:
+    per = DENSE.block_bytes
+    c = HybridPrefixCache(DENSE, 6 * per)
+    c.insert([1, 2, 3, 4], 4 * 512)
+    c.insert([10, 11, 12, 13], 4 * 512)  # over capacity by 2 blocks: prefix 1..4 loses 3, 4
+    assert c.cached_tokens([1, 2, 3, 4]) == 2 * 512
+    assert c.cached_tokens([10, 11, 12, 13]) == 4 * 512
+    assert c.num_evictions == 2
+    c.lookup([1, 2], 3 * 512)  # refresh: now 10..13's tail goes first
+    c.insert([20], 512)
+    assert c.cached_tokens([10, 11, 12, 13]) == 3 * 512
+    c.check_integrity()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(1, 12), st.booleans()), max_size=40))
+def test_integrity_holds_under_any_sequence(ops: list[tuple[int, int, bool]]) -> None:
+    c = HybridPrefixCache(HYBRID, 3 * HYBRID.checkpoint_bytes, checkpoint_every_blocks=3)
+    for family, n, is_insert in ops:
+        hashes = [family * 1000 + i for i in range(n)]
+        if is_insert:
+            c.insert(hashes, n * 512)
+        else:
+            got = c.lookup(hashes, n * 512 + 1)
+            assert got % 512 == 0 and got <= n * 512
+        c.check_integrity()
+
+
+def test_kv_manager_reports_each_site() -> None:
+    a, b = SiteId("a"), SiteId("b")
+    kv = GlobalKVManager({a: HybridPrefixCache(DENSE, 10**12), b: HybridPrefixCache(DENSE, 10**12)})
+    kv.store(a, [1, 2, 3], 3 * 512)
+    kv.store(b, [1], 512)
+    assert dict(kv.peek([1, 2, 3, 4], 4 * 512)) == {a: 3 * 512, b: 512}
+    assert kv.use(a, [1, 2, 3, 4], 4 * 512) == 3 * 512
+    assert kv.cache(a).hit_rate == 0.75
+    kv.check_integrity()

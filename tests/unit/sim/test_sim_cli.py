@@ -1,0 +1,99 @@
+"""``prfaas sim`` from the command line: JSON output, and bad input -> one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from prfaas.cli import main
+
+TRACE = (
+    Path(__file__).resolve().parents[4] / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
+)
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    rc = main(["sim", *argv])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_json_output_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = _run(["--duration", "60", "--json", "--link-schedule", "10:20,30:100"], capsys)
+    assert rc == 0
+    data = json.loads(out)
+    assert data["schema"] == "prfaas.sim/1"
+    for key in ("requests", "throughput_rps", "goodput_rps", "ttft_s", "tpot_s", "sites", "links"):
+        assert key in data
+    assert data["requests"]["completed"] == data["requests"]["arrived"] > 0
+
+
+def test_plot_writes_pngs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, _ = _run(["--duration", "30", "--plot", str(tmp_path), "--json"], capsys)
+    assert rc == 0
+    for name in ("ttft_cdf.png", "link_utilisation.png", "queue_depths.png"):
+        assert (tmp_path / name).stat().st_size > 1000
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--rate", "-1"], "--rate"),
+        (["--deployment", "paper-homogeneous", "--n-d", "0", "--n-p", "3"], "no decode node"),
+        (["--n-d", "0"], "no decode node"),
+        (["--link-gbps", "0"], "--link-gbps"),
+        (["--deployment", "nope"], "unknown deployment"),
+        (["--policy", "magic"], "unknown policy"),
+        (["--link-schedule", "10:x"], "--link-schedule"),
+        (["--arrival", "zipf"], "arrival"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, _, err = _run(["--duration", "10", *argv], capsys)
+    assert rc == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], err
+
+
+def test_zero_gbps_link_in_use_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(
+        "sites:\n"
+        "  - {name: pd, kind: pd, hardware: h20, num_prefill: 3, num_decode: 5}\n"
+        "  - {name: far, kind: prfaas, hardware: h200, num_prefill: 4}\n"
+        "links:\n  - {src: far, dst: pd, bandwidth_gbps: 0}\n"
+        "policy: threshold\n",
+        encoding="utf-8",
+    )
+    rc, _, err = _run(["--config", str(cfg)], capsys)
+    assert rc == 2 and "0 Gbps" in err and len(err.strip().splitlines()) == 1
+
+
+def test_malformed_trace_line_names_its_number(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    good = '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]}\n'
+    trace.write_text(good + good + '{"timestamp": 5, "input_length": "x"}\n', encoding="utf-8")
+    rc, _, err = _run(["--trace", str(trace)], capsys)
+    assert rc == 2
+    assert f"{trace}:3" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(not TRACE.is_file(), reason="Mooncake trace not present")
+def test_trace_replay_with_rate_scale(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = _run(
+        ["--trace", str(TRACE), "--trace-limit", "300", "--rate-scale", "2", "--json",
+         "--policy", "prfaas"],
+        capsys,
+    )  # fmt: skip
+    assert rc == 0
+    data = json.loads(out)
+    assert data["requests"]["completed"] == 300
+    assert data["sites"]["pd"]["prefix_hit_rate"] > 0

@@ -1,0 +1,128 @@
+"""Arrival processes, length distributions and the Mooncake reader."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import statistics
+from pathlib import Path
+
+import pytest
+
+from prfaas.workload import (
+    ArrivalSpec,
+    EmpiricalLengths,
+    TraceError,
+    TruncatedLogNormal,
+    arrival_times,
+    read_mooncake,
+    synthetic_requests,
+    trace_requests,
+)
+
+TRACE = (
+    Path(__file__).resolve().parents[4] / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
+)
+
+
+def _gaps(kind: str, **kw: float) -> list[float]:
+    ts = list(arrival_times(ArrivalSpec(kind, 2.0, **kw), 20000.0, random.Random(1)))
+    return [b - a for a, b in itertools.pairwise(ts)]
+
+
+def test_uniform_is_evenly_spaced() -> None:
+    ts = list(arrival_times(ArrivalSpec("uniform", 4.0), 10.0, random.Random(0)))
+    assert len(ts) == 40 and ts[1] == 0.25 and ts[-1] == 9.75
+
+
+@pytest.mark.parametrize(
+    ("kind", "kw", "cv"), [("poisson", {}, 1.0), ("gamma", {"cv": 3.0}, 3.0), ("onoff", {}, None)]
+)
+def test_random_arrivals_keep_the_mean_rate(kind: str, kw: dict, cv: float | None) -> None:  # type: ignore[type-arg]
+    gaps = _gaps(kind, **kw)
+    mean = statistics.mean(gaps)
+    assert mean == pytest.approx(0.5, rel=0.05)
+    measured_cv = statistics.pstdev(gaps) / mean
+    if cv is not None:
+        assert measured_cv == pytest.approx(cv, rel=0.1)
+    else:
+        assert measured_cv > 1.2  # on/off is burstier than Poisson
+
+
+def test_bad_arrival_specs() -> None:
+    with pytest.raises(ValueError, match="rate"):
+        ArrivalSpec("poisson", -1.0)
+    with pytest.raises(ValueError, match="unknown arrival"):
+        ArrivalSpec("zipf", 1.0)
+
+
+def test_truncated_lognormal_matches_the_paper() -> None:
+    d = TruncatedLogNormal()
+    xs = [x for _, x in zip(range(20000), d.stratified(random.Random(3)), strict=False)]
+    assert min(xs) >= 128 and max(xs) <= 131072
+    assert statistics.mean(xs) == pytest.approx(27485, rel=0.01)  # PAPER.md: mean ~27.5K
+    plain = [d.sample(random.Random(i)) for i in range(2000)]
+    assert 128 <= min(plain) and max(plain) <= 131072
+
+
+def test_empirical_lengths() -> None:
+    e = EmpiricalLengths.of([5, 1, 3])
+    assert e.values == (1, 3, 5)
+    assert {e.sample(random.Random(i)) for i in range(50)} == {1, 3, 5}
+
+
+def test_same_lengths_at_every_rate() -> None:
+    d = TruncatedLogNormal()
+    a = [
+        r.num_prompt_tokens
+        for r in synthetic_requests(
+            ArrivalSpec("uniform", 1.0), d, 1024, 100.0, random.Random(5), stratified=True
+        )
+    ]
+    b = [
+        r.num_prompt_tokens
+        for r in synthetic_requests(
+            ArrivalSpec("uniform", 2.0), d, 1024, 50.0, random.Random(5), stratified=True
+        )
+    ]
+    assert a == b  # common random numbers across a rate search
+
+
+@pytest.mark.skipif(not TRACE.is_file(), reason="Mooncake trace not present")
+def test_mooncake_reader_and_rate_scale() -> None:
+    recs = list(read_mooncake(TRACE, limit=5))
+    assert recs[0].num_prompt_tokens == 6758 and recs[0].block_hashes[:3] == (0, 1, 2)
+    assert recs[0].line_number == 1
+    scaled = list(trace_requests(read_mooncake(TRACE, limit=2000), rate_scale=2.0))
+    plain = list(trace_requests(read_mooncake(TRACE, limit=2000)))
+    assert scaled[-1].arrival_s == pytest.approx(plain[-1].arrival_s / 2)
+
+
+@pytest.mark.parametrize(
+    ("line", "needle"),
+    [
+        ("not json", "not valid JSON"),
+        ('{"timestamp": 1, "input_length": 0}', "input_length"),
+        ('{"timestamp": -1, "input_length": 5}', "timestamp"),
+        ('{"timestamp": 1, "input_length": 5, "output_length": 1, "hash_ids": ["a"]}', "hash_ids"),
+        ("[1, 2]", "JSON object"),
+    ],
+)
+def test_malformed_lines_name_their_line_number(tmp_path: Path, line: str, needle: str) -> None:
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"timestamp": 0, "input_length": 5, "output_length": 1}\n\n' + line + "\n")
+    with pytest.raises(TraceError, match=needle) as err:
+        list(read_mooncake(p))
+    assert f"{p}:3" in str(err.value)
+
+
+def test_backwards_timestamps_and_missing_file(tmp_path: Path) -> None:
+    p = tmp_path / "t.jsonl"
+    p.write_text(
+        '{"timestamp": 5, "input_length": 5, "output_length": 1}\n'
+        '{"timestamp": 1, "input_length": 5, "output_length": 1}\n'
+    )
+    with pytest.raises(TraceError, match=":2: timestamp goes backwards"):
+        list(read_mooncake(p))
+    with pytest.raises(TraceError, match="cannot read"):
+        list(read_mooncake(tmp_path / "missing.jsonl"))
