@@ -131,13 +131,14 @@ class ThresholdRouter(_Base):
         t = cluster.threshold_tokens
         cached_home = request.cached_tokens_at(self.home_site)
         uncached = request.num_prompt_tokens - cached_home
-        local = self._local(cluster)
-        if uncached > t or local is None:
+        local = None if uncached > t else self._local(cluster)
+        if local is None:
             remote = self._remote(cluster, request, prefer_cache=False)
             if remote is not None:
                 load = remote[0]
                 cached = request.cached_tokens_at(load.site_id)
                 return _decision(load, cached, True, f"uncached {uncached} > t {t}")
+            local = self._local(cluster)
         if local is None:
             raise self._no_route(request)
         return _decision(local, cached_home, False, f"uncached {uncached} <= t {t}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 from prfaas.core.ids import LinkId
 from prfaas.core.views import LinkState
@@ -37,6 +38,10 @@ class Flow:
         self.payload = payload
 
 
+def _by_cap(flow: Flow) -> float:
+    return flow.cap
+
+
 class SimLink:
     def __init__(
         self,
@@ -45,7 +50,8 @@ class SimLink:
         rtt_s: float,
         connections: int,
         window_bytes: float,
-        schedule_done: Callable[[Flow, float], None],
+        push: Callable[[float, int, Any, Any], None],
+        done_kind: int,
         congested_drain_s: float = 1.0,
     ) -> None:
         self.link_id = link_id
@@ -53,7 +59,9 @@ class SimLink:
         self.nominal_capacity = capacity_bytes_per_s
         self.rtt_s = rtt_s
         self.window_cap = connections * window_bytes / rtt_s if rtt_s > 0 else float("inf")
-        self._schedule_done = schedule_done
+        self._push = push
+        """Schedules ``(time, done_kind, flow, flow.version)``: the flow's completion event."""
+        self._done_kind = done_kind
         self._flows: dict[int, Flow] = {}
         self._next_id = 0
         self.sum_caps = 0.0
@@ -142,10 +150,10 @@ class SimLink:
         elif flow.remaining <= 1.0:
             # Done up to rounding (several flows can end at the same instant): finish now.
             flow.done_s = now
-            self._schedule_done(flow, now)
+            self._push(now, self._done_kind, flow, flow.version)
         elif rate > 0:
             flow.done_s = now + flow.remaining / rate
-            self._schedule_done(flow, flow.done_s)
+            self._push(flow.done_s, self._done_kind, flow, flow.version)
         else:
             flow.done_s = float("inf")
 
@@ -157,17 +165,21 @@ class SimLink:
             self._waterfill(now)
 
     def _waterfill(self, now: float) -> None:
-        flows = list(self._flows.values())
+        flows = sorted(self._flows.values(), key=_by_cap)
         for f in flows:
-            self._advance(f, now)
+            dt = now - f.last_s
+            if dt > 0 and f.rate > 0:
+                f.remaining -= f.rate * dt
+            f.last_s = now
         self._congested = self.sum_caps > self.capacity
         left = self.capacity
         n = len(flows)
-        for i, f in enumerate(sorted(flows, key=lambda f: f.cap)):
+        inf = float("inf")
+        for i, f in enumerate(flows):
             share = left / (n - i)
             rate = f.cap if f.cap <= share else share
             left -= rate
-            if rate != f.rate or f.done_s == float("inf"):
+            if rate != f.rate or f.done_s == inf:
                 self._set_rate(f, rate, now)
 
     # -- observation ---------------------------------------------------------------------------

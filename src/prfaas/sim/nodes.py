@@ -19,8 +19,8 @@ from prfaas.sim.request import SimRequest
 
 
 class SimNode:
-    __slots__ = ("busy_s", "cached_load", "cm", "draining", "index", "node_id", "role", "site",
-                 "site_id")  # fmt: skip
+    __slots__ = ("busy_s", "cached_load", "cm", "draining", "heap_key", "index", "node_id", "role",
+                 "site", "site_id")  # fmt: skip
 
     def __init__(
         self, node_id: NodeId, index: int, site: int, site_id: SiteId, role: NodeRole,
@@ -33,6 +33,8 @@ class SimNode:
         self.role = role
         self.cm = cm
         self.draining = False
+        self.heap_key: float = 0.0
+        """The load key last pushed to the pool's heap (entries with another key are stale)."""
         self.cached_load: NodeLoad | None = None
         """The last ``NodeLoad`` built; the simulator clears it whenever the node changes."""
         self.busy_s = 0.0
@@ -131,16 +133,17 @@ class PoolIndex:
 
     def touch(self, node: SimNode) -> None:
         node.cached_load = None
-        heapq.heappush(self._heap, (node.load_key(), node.index, node))  # type: ignore[attr-defined]
+        key = node.heap_key = node.load_key()  # type: ignore[attr-defined]
+        heapq.heappush(self._heap, (key, node.index, node))
         if len(self._heap) > 4 * len(self.members) + 64:
             self._rebuild()
 
     def _rebuild(self) -> None:
-        self._heap = [
-            (n.load_key(), n.index, n)  # type: ignore[attr-defined]
-            for n in self.members.values()
-            if not n.draining
-        ]
+        self._heap = []
+        for n in self.members.values():
+            if not n.draining:
+                n.heap_key = n.load_key()  # type: ignore[attr-defined]
+                self._heap.append((n.heap_key, n.index, n))
         heapq.heapify(self._heap)
 
     def best(self) -> SimNode | None:
@@ -148,7 +151,7 @@ class PoolIndex:
         members = self.members
         while heap:
             key, index, node = heap[0]
-            if members.get(index) is node and not node.draining and node.load_key() == key:  # type: ignore[attr-defined]
+            if node.heap_key == key and not node.draining and members.get(index) is node:
                 return node
             heapq.heappop(heap)
         if any(not n.draining for n in members.values()):

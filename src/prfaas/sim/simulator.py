@@ -66,6 +66,7 @@ class Simulator:
         self._build_sites()
         self._build_links()
         self._build_policies()
+        self._index_pools()
         self._requests = requests if requests is not None else self._workload()
         self.probe: Callable[[Simulator], None] | None = None
         self.stop = False
@@ -94,7 +95,11 @@ class Simulator:
         self.nodes: list[SimNode] = []
         self.node_by_id: dict[NodeId, SimNode] = {}
         self.pools: dict[tuple[int, NodeRole], PoolIndex] = {}
-        self._pool_by_name: dict[tuple[SiteId, NodeRole], PoolIndex] | None = None
+        self._prefill_by_name: dict[SiteId, PoolIndex] = {}
+        self._decode_by_name: dict[SiteId, PoolIndex] = {}
+        self._other_names: dict[SiteId, PoolIndex] = {}
+        self.prefill_pools: list[PoolIndex | None] = []
+        self.decode_pools: list[PoolIndex | None] = []
         self.admission: dict[int, DecodeAdmission] = {}
         model_cache = self._cm(sc.sites[0].hardware).model.cache
         self.kv_fixed = 0
@@ -138,14 +143,23 @@ class Simulator:
         self.peak_waiting = [0] * len(sc.sites)
         self.batcher = PrefillBatcher(sc.prefill_token_budget)
 
-    @property
-    def pool_by_name(self) -> dict[tuple[SiteId, NodeRole], PoolIndex]:
-        cached = self._pool_by_name
-        if cached is None or len(cached) != len(self.pools):
-            cached = self._pool_by_name = {
-                (self.site_ids[s], role): pool for (s, role), pool in self.pools.items()
-            }
-        return cached
+    def pool(self, site_id: SiteId, role: NodeRole) -> PoolIndex | None:
+        """The pool of ``role`` nodes at ``site_id`` (no enum hashing: this is a hot path)."""
+        names = self._prefill_by_name if role is _PREFILL else self._decode_by_name
+        if len(names) + len(self._other_names) != len(self.pools):
+            self._index_pools()
+            names = self._prefill_by_name if role is _PREFILL else self._decode_by_name
+        return names.get(site_id)
+
+    def _index_pools(self) -> None:
+        self._prefill_by_name = {}
+        self._decode_by_name = {}
+        self._other_names = {}
+        for (s, role), pool in self.pools.items():
+            target = self._prefill_by_name if role is _PREFILL else self._decode_by_name
+            target[self.site_ids[s]] = pool
+        self.prefill_pools = [self.pools.get((i, _PREFILL)) for i in range(len(self.site_ids))]
+        self.decode_pools = [self.pools.get((i, _DECODE)) for i in range(len(self.site_ids))]
 
     def _add_node(self, node: SimNode) -> None:
         self.nodes.append(node)
@@ -160,7 +174,7 @@ class Simulator:
                 lid = link_id_for(self.site_ids[src], self.site_ids[dst])
                 self.links[(src, dst)] = SimLink(
                     lid, lc.bandwidth_gbps * 1e9 / 8, lc.rtt_s, lc.connections, lc.window_bytes,
-                    self._schedule_flow,
+                    self.q.push, ev.FLOW_DONE,
                 )  # fmt: skip
             for t_s, gbps in lc.schedule:
                 self.q.push(t_s, ev.CAPACITY, (a, b), gbps)
@@ -231,9 +245,9 @@ class Simulator:
         ]  # fmt: skip
         n = 0
         heap = q.heap
-        pop = q.pop
+        pop = heapq.heappop
         while heap and heap[0][0] <= horizon and not self.stop:
-            t, kind, _, a, b = pop()
+            t, kind, _, a, b = pop(heap)
             self.now = t
             handlers[kind](a, b)
             n += 1
@@ -318,7 +332,7 @@ class Simulator:
         self.site_queued[site] += 1
         if self.site_queued[site] > self.peak_queued[site]:
             self.peak_queued[site] = self.site_queued[site]
-        self.pools[(site, _PREFILL)].touch(node)
+        self.prefill_pools[site].touch(node)  # type: ignore[union-attr]
         if not node.busy:
             self._start_batch(node)
 
@@ -350,7 +364,7 @@ class Simulator:
             raise ScenarioError(f"site {self.site_ids[home]}: no decode node accepts work")
         dec: Any = self.node_by_id[load.node_id]
         dec.reserved += 1
-        self.pools[(home, _DECODE)].touch(dec)
+        self.decode_pools[home].touch(dec)  # type: ignore[union-attr]
         req.decode_node = dec
         req.kv_bytes = self.kv_fixed + (req.num_prompt + req.num_output) * self.kv_per_token
         if node.site == home:
@@ -385,9 +399,6 @@ class Simulator:
             self._drained(node)
 
     # -- links ------------------------------------------------------------------------------------
-    def _schedule_flow(self, flow: Flow, done_s: float) -> None:
-        self.q.push(done_s, ev.FLOW_DONE, flow, flow.version)
-
     def _on_flow_done(self, flow: Flow, version: int) -> None:
         if flow.version != version or flow.finished:
             return
@@ -497,7 +508,7 @@ class Simulator:
             self.site_waiting[dec.site] -= 1
             dec.kv_used += req.kv_bytes
             self._enter(dec, req, step, now)
-        self.pools[(dec.site, _DECODE)].touch(dec)
+        self.decode_pools[dec.site].touch(dec)  # type: ignore[union-attr]
         if members:
             self._new_span(dec, now)
         else:

@@ -47,7 +47,7 @@ class SimClusterView:
 
     def least_loaded(self, site_id: SiteId, role: NodeRole) -> NodeLoad | None:
         sim = self._sim
-        pool = sim.pool_by_name.get((site_id, role))
+        pool = sim.pool(site_id, role)
         if pool is None:
             return None
         node = pool.best()

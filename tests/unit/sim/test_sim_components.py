@@ -72,7 +72,9 @@ def _link(
     capacity: float, rtt: float = 0.0, conns: int = 1, window: float = 1e18
 ) -> tuple[SimLink, list]:  # type: ignore[type-arg]
     events: list[tuple[float, Flow]] = []
-    link = SimLink(LinkId("a->b"), capacity, rtt, conns, window, lambda f, t: events.append((t, f)))
+    link = SimLink(
+        LinkId("a->b"), capacity, rtt, conns, window, lambda t, k, f, v: events.append((t, f)), 1
+    )
     return link, events
 
 
