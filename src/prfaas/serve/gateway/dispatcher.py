@@ -55,6 +55,7 @@ class RouteRecord:
     prefill_node: str
     decode_node: str
     offloaded: bool
+    num_prompt_tokens: int
     num_cached_tokens: int
     kv_bytes: int
     attempts: int
@@ -151,7 +152,6 @@ class ClusterDispatcher:
     ) -> AsyncIterator[TokenEvent]:
         reg = self.registry
         dec_ep = reg.endpoints[decode_node]
-        pre_ep = reg.endpoints[decision.prefill_node]
         sampling = SamplingMsg(
             max_new_tokens=req.max_tokens,
             temperature=req.temperature,
@@ -177,6 +177,30 @@ class ClusterDispatcher:
             sampling=sampling,
         )
         decode_url = f"http://{dec_ep.host}:{dec_ep.http_port}/nodes/{decode_node}/decode"
+        uncached = len(req.prompt_token_ids) - decision.num_cached_tokens
+        reg.track(decision.prefill_node, req.request_id, uncached)
+        reg.track(decode_node, req.request_id, len(req.prompt_token_ids))
+        try:
+            async for event in self._exchange(
+                req, decision, decode_node, decode_url, decode_cmd, prefill_cmd, hashes, attempt
+            ):
+                yield event
+        finally:
+            reg.untrack(decision.prefill_node, req.request_id)
+            reg.untrack(decode_node, req.request_id)
+
+    async def _exchange(
+        self,
+        req: GenerationRequest,
+        decision: RouteDecision,
+        decode_node: str,
+        decode_url: str,
+        decode_cmd: DecodeCommand,
+        prefill_cmd: PrefillCommand,
+        hashes: tuple[int, ...],
+        attempt: int,
+    ) -> AsyncIterator[TokenEvent]:
+        pre_ep = self.registry.endpoints[decision.prefill_node]
         prefill_base = f"http://{pre_ep.host}:{pre_ep.http_port}/nodes/{decision.prefill_node}"
         try:
             async with self._client.stream(
@@ -259,6 +283,7 @@ class ClusterDispatcher:
         if resp.status_code != 200:
             raise _Retryable("prefill_refused", f"prefill node {node}: {resp.status_code}")
         outcome = PrefillOutcome.model_validate_json(resp.content)
+        self.registry.untrack(node, req.request_id)  # its prefill work is done
         if not outcome.ok:
             raise _Retryable("prefill_failed", f"prefill node {node}: {outcome.error}")
         n = len(req.prompt_token_ids)
@@ -271,7 +296,7 @@ class ClusterDispatcher:
             self.metrics.cross_site_bytes.labels(src_site=site, dst_site=self.home).inc(kv_bytes)
         self.records.append(
             RouteRecord(
-                req.request_id, site, node, decode_node, decision.offloaded,
+                req.request_id, site, node, decode_node, decision.offloaded, n,
                 outcome.num_cached_tokens, kv_bytes, attempt,
             )
         )  # fmt: skip

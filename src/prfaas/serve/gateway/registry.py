@@ -47,6 +47,10 @@ class NodeRegistry:
         self.time_scale = eng.time_scale if eng.kind == "timed" else 1.0
         self.byte_divisor = eng.byte_divisor if eng.kind == "timed" else 1
         self.endpoints: dict[str, NodeEndpoint] = {}
+        # Work the gateway itself has sent and not seen finish, per node: request -> tokens.
+        # Authoritative for queues between heartbeats (a heartbeat is up to an interval old, and
+        # a burst routed on stale loads would pile onto one node).
+        self._pending: dict[str, dict[str, int]] = {}
         self.processes: dict[str, _Process] = {}
         self._site_kind = {s.name: s.kind for s in deployment.sites}
         home = deployment.home_site.name
@@ -121,9 +125,31 @@ class NodeRegistry:
         except KeyError:
             return False
 
+    # -- the gateway's own accounting of dispatched work ----------------------------------------
+    def track(self, node: str, request_id: str, tokens: int) -> None:
+        self._pending.setdefault(node, {})[request_id] = tokens
+        self._refresh(node)
+
+    def untrack(self, node: str, request_id: str) -> None:
+        if self._pending.get(node, {}).pop(request_id, None) is not None:
+            self._refresh(node)
+
+    def _refresh(self, node: str) -> None:
+        try:
+            load = self.view.node(NodeId(node))
+        except KeyError:
+            return
+        self.view.update_node(self._with_pending(load))
+
+    def _with_pending(self, load: NodeLoad) -> NodeLoad:
+        work = self._pending.get(load.node_id, {})
+        if load.role is NodeRole.PREFILL:
+            return _replace_load(load, queue_depth=len(work), queued_tokens=sum(work.values()))
+        return _replace_load(load, batch_size=len(work))
+
     def _update(self, r: NodeReport, now_wall_s: float) -> None:
         self.view.update_node(
-            NodeLoad(
+            self._with_pending(NodeLoad(
                 node_id=NodeId(r.node),
                 site_id=SiteId(r.site),
                 role=NodeRole(r.role),
@@ -135,8 +161,8 @@ class NodeRegistry:
                 draining=r.draining,
                 healthy=True,
                 sampled_at_s=self.modelled_s(now_wall_s),
-            )
-        )
+            ))
+        )  # fmt: skip
 
     def _update_links(self, reports: list[NodeReport], now_wall_s: float) -> None:
         home = self.deployment.home_site.name

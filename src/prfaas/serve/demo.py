@@ -1,0 +1,305 @@
+"""``prfaas demo``: the paper's PrfaaS-PD deployment, live on this machine, beside the simulator.
+
+Two deployments of emulated nodes of the paper's 1T model (``engine.timed``: H200 PrfaaS nodes,
+H20 PD nodes) run as real processes with real KV bytes on real sockets, one after the other, under
+the same workload: PrfaaS-PD (4 H200 + 3 PD-P + 5 PD-D, the planner's t, the ``threshold`` router)
+and the homogeneous baseline (12 H20 at 9 P / 3 D, ``local_only``). Time runs ``1/time_scale``
+times faster than the hardware and payloads are ``1/byte_divisor`` of the real size, so the
+100 Gbps link is paced at 100 / byte_divisor / time_scale Gbps; every figure is reported back in
+modelled units (seconds of the emulated hardware, real bytes). The simulator runs the same requests
+through the same policy objects, and the report sets the two side by side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from prfaas.analytic import plan
+from prfaas.config import DeploymentConfig
+from prfaas.serve.launcher import Launcher
+from prfaas.serve.loadgen import BenchRequest, PromptSynth, run_workload, summarize
+from prfaas.sim.report import summary as sim_summary
+from prfaas.sim.scenario import LinkConfig, SimScenario
+from prfaas.sim.scenario import SiteConfig as SimSite
+from prfaas.sim.simulator import Simulator
+from prfaas.workload.arrivals import ArrivalSpec
+from prfaas.workload.lengths import TruncatedLogNormal
+from prfaas.workload.requests import SimRequestSpec, synthetic_requests, trace_requests
+
+MODEL = "paper-1t"
+BLOCK_TOKENS = 512
+PREFIX_CACHE_BYTES = 1e12
+"""Modelled bytes of prefix cache per site (host memory of the site's nodes; an assumption)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DemoSettings:
+    num_requests: int = 120
+    rate_rps: float = 2.6
+    """Modelled arrivals per second: above the homogeneous capacity (2.11), below PrfaaS-PD's."""
+    output_tokens: int = 1024
+    time_scale: float = 0.25
+    byte_divisor: int = 1000
+    token_chunk: int = 64
+    seed: int = 0
+    trace: Path | None = None
+    rate_scale: float = 1.0
+    link_gbps: float = 100.0
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    name: str
+    policy: str
+    n_prfaas: int
+    n_p: int
+    n_d: int
+    threshold_tokens: int
+
+
+def deployments(link_gbps: float) -> list[Deployment]:
+    result = plan()
+    pf, ho = result.prfaas, result.homogeneous
+    return [
+        Deployment("prfaas-pd", "threshold", pf.n_prfaas, pf.n_p, pf.n_d, pf.threshold_tokens or 0),
+        Deployment("homogeneous", "local_only", 0, ho.n_p, ho.n_d, 0),
+    ]
+
+
+def workload(s: DemoSettings) -> list[SimRequestSpec]:
+    if s.trace is not None:
+        from prfaas.workload.mooncake import read_mooncake
+
+        records = read_mooncake(s.trace, limit=s.num_requests)
+        return list(trace_requests(records, rate_scale=s.rate_scale))
+    duration = s.num_requests / s.rate_rps
+    gen = synthetic_requests(
+        ArrivalSpec("uniform", s.rate_rps),
+        TruncatedLogNormal(),  # the paper's workload: mu 9.90, sigma 1.00 on [128, 131072]
+        s.output_tokens,
+        duration,
+        random.Random(s.seed),
+    )
+    return list(gen)[: s.num_requests]
+
+
+def deployment_config(dep: Deployment, s: DemoSettings) -> DeploymentConfig:
+    sites: list[dict[str, Any]] = [
+        {
+            "name": "pd", "kind": "pd", "hardware": "h20",
+            "nodes": [{"name": f"p{i}", "role": "prefill"} for i in range(dep.n_p)]
+            + [{"name": f"d{i}", "role": "decode"} for i in range(dep.n_d)],
+        }
+    ]  # fmt: skip
+    links = []
+    if dep.n_prfaas:
+        sites.append(
+            {
+                "name": "prfaas", "kind": "prfaas", "hardware": "h200",
+                "nodes": [{"name": f"pf{i}", "role": "prefill"} for i in range(dep.n_prfaas)],
+            }
+        )  # fmt: skip
+        links.append({"src": "prfaas", "dst": "pd", "gbps": s.link_gbps})
+    return DeploymentConfig.model_validate(
+        {
+            "engine": {
+                "kind": "timed", "model": MODEL, "time_scale": s.time_scale,
+                "byte_divisor": s.byte_divisor, "token_chunk": s.token_chunk,
+                "block_tokens": BLOCK_TOKENS, "checkpoint_every_blocks": 16,
+            },
+            "gateway": {"port": 0, "request_timeout_s": 600, "max_inflight": 1024,
+                        "max_queued": 1024},
+            "policy": {"router": dep.policy, "threshold_tokens": dep.threshold_tokens},
+            "sites": sites,
+            "links": links,
+        }
+    )  # fmt: skip
+
+
+def sim_scenario(dep: Deployment, s: DemoSettings, specs: Sequence[SimRequestSpec]) -> SimScenario:
+    sites = [SimSite("pd", "pd", "h20", dep.n_p, dep.n_d, PREFIX_CACHE_BYTES / max(1, dep.n_p))]
+    links: tuple[LinkConfig, ...] = ()
+    if dep.n_prfaas:
+        sites.append(SimSite("prfaas", "prfaas", "h200", dep.n_prfaas, 0,
+                             PREFIX_CACHE_BYTES / dep.n_prfaas))  # fmt: skip
+        links = (LinkConfig("prfaas", "pd", s.link_gbps, rtt_s=0.0),)
+    last = max(spec.arrival_s for spec in specs)
+    return SimScenario(
+        tuple(sites),
+        links,
+        model=MODEL,
+        policy=dep.policy,
+        threshold_tokens=dep.threshold_tokens,
+        duration_s=last + 1e-6,
+        drain_s=3600.0,
+        seed=s.seed,
+        prefix_cache=s.trace is not None,
+        block_tokens=BLOCK_TOKENS,
+        checkpoint_every_blocks=16,
+        tune=False,
+    )
+
+
+def run_sim(dep: Deployment, s: DemoSettings, specs: Sequence[SimRequestSpec]) -> dict[str, Any]:
+    sim = Simulator(sim_scenario(dep, s, specs), iter(specs))
+    sim.run()
+    out = sim_summary(sim)
+    link = next(iter(out["links"].values()), None)
+    end = max(out["simulated_s"], 1e-9)
+    return {
+        "requests": out["requests"]["arrived"],
+        "completed": out["requests"]["completed"],
+        "failed": out["requests"]["failed"],
+        "offloaded": out["requests"]["offloaded"],
+        "throughput_rps": out["requests"]["completed"] / end,
+        "ttft_p50_s": out["ttft_s"]["p50"],
+        "ttft_p90_s": out["ttft_s"]["p90"],
+        "cross_site_bytes": link["bytes_moved"] if link else 0,
+        "link_utilisation": link["mean_utilisation"] if link else 0.0,
+        "prefix_hit_rate": {k: v["prefix_hit_rate"] for k, v in out["sites"].items()},
+    }
+
+
+def _bench_requests(specs: Sequence[SimRequestSpec], time_scale: float) -> list[BenchRequest]:
+    return [
+        BenchRequest(
+            sp.index, sp.arrival_s * time_scale, sp.num_prompt_tokens, sp.num_output_tokens,
+            sp.block_hashes,
+        )
+        for sp in specs
+    ]  # fmt: skip
+
+
+def run_live(
+    dep: Deployment,
+    s: DemoSettings,
+    specs: Sequence[SimRequestSpec],
+    workdir: Path,
+    on_done: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    config = deployment_config(dep, s)
+    with Launcher(config, workdir / dep.name) as launcher:
+        results, wall_s = asyncio.run(
+            run_workload(
+                _bench_requests(specs, s.time_scale),
+                base_url=launcher.url,
+                model=MODEL,
+                synth=PromptSynth(seed=s.seed),
+                concurrency=1024,
+                timeout_s=600,
+                on_done=(lambda _r: on_done()) if on_done else None,
+            )
+        )
+        routes = httpx.get(f"{launcher.url}/internal/routes", timeout=10).json()
+    report = summarize(results, wall_s, {})
+    ok = [r for r in results if r.ok]
+    end_wall = max((r.sent_s + (r.latency_s or 0.0) for r in ok), default=1e-9)
+    ts = s.time_scale
+    moved = sum(r["kv_bytes"] for r in routes if r["offloaded"])
+    capacity_bytes = s.link_gbps * 1e9 / 8 * (end_wall / ts)
+    return {
+        "requests": report["requests"],
+        "completed": report["completed"],
+        "failed": report["failed"],
+        "offloaded": sum(1 for r in routes if r["offloaded"]),
+        "throughput_rps": len(ok) / (end_wall / ts),
+        "ttft_p50_s": (report["ttft_s"]["p50"] or 0.0) / ts,
+        "ttft_p90_s": (report["ttft_s"]["p90"] or 0.0) / ts,
+        "cross_site_bytes": moved,
+        "link_utilisation": moved / capacity_bytes if dep.n_prfaas else 0.0,
+        "prefix_hit_rate": _hit_rates(routes),
+    }
+
+
+def _hit_rates(routes: list[dict[str, Any]]) -> dict[str, float]:
+    """Per prefill site: prefix tokens reused over prompt tokens looked up (as the simulator)."""
+    looked: dict[str, int] = {}
+    hit: dict[str, int] = {}
+    for r in routes:
+        site = r["prefill_site"]
+        looked[site] = looked.get(site, 0) + r["num_prompt_tokens"]
+        hit[site] = hit.get(site, 0) + r["num_cached_tokens"]
+    return {site: hit[site] / looked[site] for site in looked}
+
+
+TORCH_PROMPTS = (
+    # Long enough (in the tiny model's tokens) to exceed the showcase threshold: PrfaaS prefill.
+    "Prefill-as-a-Service runs the long, uncached prefills of hybrid-attention models in a "
+    "remote cluster of compute-dense accelerators, and streams their key-value cache and "
+    "recurrent states layer by layer over ordinary Ethernet to a local cluster that decodes. "
+    "Only a few layers keep full attention, so the cache is small enough to cross datacenters.",
+    # Short: prefilled locally by the PD-P node.
+    "What does the decode node do?",
+)
+TORCH_THRESHOLD_TOKENS = 48
+TORCH_MAX_TOKENS = 16
+
+
+def torch_showcase(workdir: Path) -> dict[str, Any]:
+    """A real (tiny, random-weight) Qwen3-Next hybrid answering real prompts through both paths;
+    each answer is checked token for token against single-process generation."""
+    import torch
+
+    from prfaas.engine import PrefillRequest, SamplingParams
+    from prfaas.engine.torch import TorchEngine
+    from prfaas.engine.torch.tiny import make_tiny
+
+    torch.set_num_threads(1)
+    model_dir = make_tiny("qwen3_next", workdir / "tiny-qwen3-next")
+    config = DeploymentConfig.model_validate(
+        {
+            "engine": {"kind": "torch", "model": "tiny-qwen3-next", "model_path": str(model_dir),
+                       "block_tokens": 16, "checkpoint_every_blocks": 1},
+            "gateway": {"port": 0, "request_timeout_s": 120},
+            "policy": {"router": "threshold", "threshold_tokens": TORCH_THRESHOLD_TOKENS},
+            "sites": [
+                {"name": "prfaas", "kind": "prfaas", "hardware": "h200",
+                 "nodes": [{"name": "pf0", "role": "prefill"}]},
+                {"name": "pd", "kind": "pd", "hardware": "h20",
+                 "nodes": [{"name": "p0", "role": "prefill"}, {"name": "d0", "role": "decode"}]},
+            ],
+            "links": [{"src": "prfaas", "dst": "pd", "gbps": 100}],
+        }
+    )  # fmt: skip
+    reference = TorchEngine.from_folder(model_dir)
+    answers = []
+    with Launcher(config, workdir / "torch") as launcher:
+        for i, prompt in enumerate(TORCH_PROMPTS):
+            body = {"model": "tiny-qwen3-next", "prompt": prompt, "max_tokens": TORCH_MAX_TOKENS,
+                    "temperature": 0, "return_token_ids": True}  # fmt: skip
+            r = httpx.post(f"{launcher.url}/v1/completions", json=body, timeout=120)
+            r.raise_for_status()
+            choice = r.json()["choices"][0]
+            rid = r.json()["id"]
+            route = next(x for x in httpx.get(f"{launcher.url}/internal/routes").json()
+                         if x["request_id"] == rid)  # fmt: skip
+            ids = reference_ids = list(choice["token_ids"])
+            prompt_ids = launcher_tokenizer(model_dir).encode(prompt, add_special_tokens=False)
+            sampling = SamplingParams(max_new_tokens=TORCH_MAX_TOKENS)
+            reference_ids = reference.generate(
+                PrefillRequest(f"ref-{i}", tuple(prompt_ids), sampling)
+            )
+            if choice["finish_reason"] == "stop":
+                reference_ids = reference_ids[:-1]
+            answers.append(
+                {
+                    "prompt_tokens": len(prompt_ids),
+                    "prefill_site": route["prefill_site"],
+                    "text": choice["text"],
+                    "identical_to_single_process": ids == reference_ids,
+                }
+            )
+    return {"threshold_tokens": TORCH_THRESHOLD_TOKENS, "answers": answers}
+
+
+def launcher_tokenizer(model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
