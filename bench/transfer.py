@@ -276,24 +276,31 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     if shutil.which("iperf3") is None:
         result["notes"].append("iperf3 not installed (apt-get install -y iperf3): no ratios")
 
-    # Loopback: connections sweep, iperf3 beside each.
+    # Loopback: connections sweep, iperf3 beside each. Repeats go round-robin over the
+    # connection counts (and iperf3 right after each of ours) so that every row sees the same
+    # mix of machine load: on a shared machine, load drifts over a minute.
     rows: list[Json] = []
+    conns = args.connections if "loopback" in args.only else []
+    runs: dict[int, tuple[list[float], list[float], list[float]]] = {n: ([], [], []) for n in conns}
     run = Run()
-    for n in args.connections if "loopback" in args.only else []:
-        g, cpu, ip = [], [], []
-        for _ in range(reps):
+    for _ in range(reps):
+        for n in conns:
+            g, cpu, ip = runs[n]
             tx, rx, _ = run(n, *tput, "--layers", "16", "--layer-mib", "4")
             g.append(tx["goodput_bytes_per_s"])
             cpu.append((tx["cpu_s"] + rx["cpu_s"]) / (tx["bytes"] / 1e9))
             bps = iperf3_bps(None, n, secs)
             if bps is not None:
                 ip.append(bps)
+    for n in conns:
+        g, cpu, ip = runs[n]
         row = {
             "connections": n,
             "goodput_gbps": _med(g) * 8 / 1e9,
             "iperf3_gbps": _med(ip) * 8 / 1e9 if ip else None,
             "cpu_s_per_gb": _med(cpu),
             "runs_gbps": [x * 8 / 1e9 for x in g],
+            "iperf3_runs_gbps": [x * 8 / 1e9 for x in ip],
         }
         row["ratio"] = row["goodput_gbps"] / row["iperf3_gbps"] if ip else None
         rows.append(row)
