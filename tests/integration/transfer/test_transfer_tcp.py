@@ -212,3 +212,44 @@ async def test_stalled_receiver_times_out_the_sender() -> None:
                 await s.finish()
     finally:
         server.close()
+
+
+async def test_many_concurrent_sessions_share_the_connections() -> None:
+    rng = random.Random(77)
+    jobs = []
+    for k in range(40):
+        m = random_manifest(rng, f"many-{k}")
+        payload = random_payload(rng, m)
+        jobs.append((m, payload, random_ranges(rng, payload)))
+    cfg = dataclasses.replace(CFG, num_connections=4, chunk_bytes=4096)
+    async with Receiver(cfg, Allocator()) as rx:
+        host, port = await rx.listen()
+        async with await Link.connect(host, port, cfg) as link:
+
+            async def one(m: Manifest, payload: list[bytes], pieces: list) -> None:  # type: ignore[type-arg]
+                async with link.session(m) as s:
+                    await send_all(s, payload, pieces)
+
+            async with asyncio.TaskGroup() as tg:
+                for job in jobs:
+                    tg.create_task(one(*job))
+            got = {}
+            for _ in jobs:
+                d = await (await rx.next_session()).complete()
+                got[d.request_id] = [bytes(b) for b in d.buffers]
+            assert all(got[m.request_id] == payload for m, payload, _ in jobs)
+            assert link.counters().backlog_bytes == 0
+
+
+async def test_a_session_with_nothing_to_send_still_completes() -> None:
+    from prfaas.spec import CacheSpec, LayerCache
+
+    spec = CacheSpec((LayerCache.gqa(2, 8), LayerCache.mla(16, 4)))
+    m = Manifest.from_layout("all-cached", spec.layout(50, 50))
+    assert m.num_bytes == 0
+    async with Receiver(CFG, Allocator()) as rx:
+        host, port = await rx.listen()
+        async with await Link.connect(host, port, CFG) as link:
+            async with link.session(m) as s:
+                await s.finish(first_token=3)
+            assert (await (await rx.next_session()).complete()).first_token == 3
