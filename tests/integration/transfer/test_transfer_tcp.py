@@ -226,7 +226,9 @@ async def test_many_concurrent_sessions_share_the_connections() -> None:
         host, port = await rx.listen()
         async with await Link.connect(host, port, cfg) as link:
 
-            async def one(m: Manifest, payload: list[bytes], pieces: list) -> None:  # type: ignore[type-arg]
+            async def one(
+                m: Manifest, payload: list[bytes], pieces: list[tuple[int, int, int]]
+            ) -> None:
                 async with link.session(m) as s:
                     await send_all(s, payload, pieces)
 
