@@ -180,9 +180,9 @@ def build_scenario(args: argparse.Namespace) -> tuple[Any, float | None]:
             sc = replace(sc, links=(link,))
         if args.pd_sites > 1 or args.prfaas_sites > 1:
             sc = _multi_site(sc, args)
-        from prfaas.analytic import plan
+        from prfaas.sim.scenario import paper_plan
 
-        res = plan()
+        res = paper_plan(args.link_gbps)
         exact = {
             "paper-prfaas": res.prfaas, "paper-homogeneous": res.homogeneous,
             "paper-naive": res.naive,

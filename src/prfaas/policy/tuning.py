@@ -141,25 +141,45 @@ class ThresholdTuner:
         chosen_t, lam = best.threshold_tokens, best.lambda_rps
         rate = window.rate_rps()
         if rate > 0 and num_p > 0:
-            target = cfg.target_utilisation
-            lengths = sample.lengths
-            n = len(lengths)
-            k0 = bisect.bisect_right(lengths, self._base_t)
-            for k in range(k0, n + 1):
-                if k0 < k < n and lengths[k - 1] == lengths[k]:
-                    continue
-                p = sample.point(k, num_prfaas, num_p, num_d, decode_rps, bw)
-                off = p.fraction_offloaded
-                u_remote = rate * off / p.theta_prfaas_rps if off > 0 else 0.0
-                u_local = rate * (1 - off) / p.theta_pdp_rps if off < 1 else 0.0
-                if u_remote <= target:
-                    if u_local <= target:
-                        chosen_t = self._base_t if k == k0 else p.threshold_tokens
-                        lam = p.lambda_rps
-                    break
+            raised = self._least_raise(sample, rate, num_prfaas, num_p, num_d, decode_rps, bw)
+            if raised is not None:
+                chosen_t, lam = raised
         if chosen_t == cluster.threshold_tokens:
             return None
         return ThresholdUpdate(chosen_t, lam, reason)
+
+    def _least_raise(
+        self, sample: SampleCapacity, rate: float, num_prfaas: int, num_p: int, num_d: int,
+        decode_rps: float, bw: float,
+    ) -> tuple[int, float] | None:  # fmt: skip
+        """None when the local pool is over target at the planned ``t`` (then the caller takes the
+        capacity-maximising ``t``, which lowers it); else the planned ``t`` if every stage fits under the target at ``rate``; else the smallest
+        larger ``t`` that brings the PrfaaS side (compute, link) under it; but never a ``t`` that
+        pushes the local prefill pool over it (short requests have nowhere else to go, and a
+        backlog on the link drains far faster once the link recovers than one on the pool)."""
+        assert self._base_t is not None
+        target = self.config.target_utilisation
+        lengths = sample.lengths
+        n = len(lengths)
+        k0 = bisect.bisect_right(lengths, self._base_t)
+        last_ok: tuple[int, float] | None = None
+        for k in range(k0, n + 1):
+            if k0 < k < n and lengths[k - 1] == lengths[k]:
+                continue
+            p = sample.point(k, num_prfaas, num_p, num_d, decode_rps, bw)
+            off = p.fraction_offloaded
+            u_remote = rate * off / p.theta_prfaas_rps if off > 0 else 0.0
+            u_local = rate * (1 - off) / p.theta_pdp_rps if off < 1 else 0.0
+            if u_local > target:
+                if k == k0:
+                    return None  # the local pool is over target already: capacity-optimal t
+                break
+            last_ok = (self._base_t if k == k0 else p.threshold_tokens, p.lambda_rps)
+            if u_remote <= target:
+                break
+        if last_ok is None:
+            return self._base_t, 0.0
+        return last_ok
 
 
 class Rebalancer:
