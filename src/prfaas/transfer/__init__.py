@@ -59,12 +59,12 @@ _EXPORTS = {
     "TensorEntry": "manifest",
     "CongestionRule": "monitor",
     "LinkMonitor": "monitor",
-    "Delivery": "receiver",
-    "InboundSession": "receiver",
+    "Delivery": "inbound",
+    "InboundSession": "inbound",
     "Receiver": "receiver",
     "Link": "sender",
     "LinkCounters": "sender",
-    "OutboundSession": "sender",
+    "OutboundSession": "outbound",
     "SessionState": "session_state",
 }
 
@@ -80,10 +80,12 @@ if TYPE_CHECKING:
         SessionAborted,
         TransferError,
     )
+    from prfaas.transfer.inbound import Delivery, InboundSession
     from prfaas.transfer.manifest import LayerEntry, Manifest, TensorEntry
     from prfaas.transfer.monitor import CongestionRule, LinkMonitor
-    from prfaas.transfer.receiver import Delivery, InboundSession, Receiver
-    from prfaas.transfer.sender import Link, LinkCounters, OutboundSession
+    from prfaas.transfer.outbound import OutboundSession
+    from prfaas.transfer.receiver import Receiver
+    from prfaas.transfer.sender import Link, LinkCounters
     from prfaas.transfer.session_state import SessionState
 
 
