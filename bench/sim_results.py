@@ -117,8 +117,8 @@ def dip() -> None:
                                "--link-schedule", f"60:{gbps},120:100")  # fmt: skip
                 t = out["ttft_s"]
                 name = pol + (" (no re-search of t)" if extra else "")
-                row(gbps, load, name, f"{f(t['mean'])} / {f(t['p99'])}",
-                    f(out["links"]["prfaas->pd"]["peak_backlog_bytes"] / 1e9, 1),
+                backlog = out["links"]["prfaas->pd"]["peak_backlog_bytes"] / 1e9
+                row(gbps, load, name, f"{f(t['mean'])} / {f(t['p99'])}", f(backlog, 1),
                     out["requests"]["rerouted"], len(out["threshold_updates"]), f"`{cmd}`")  # fmt: skip
 
 
@@ -127,12 +127,18 @@ def rebalance() -> None:
     row("start split", "workload", "rebalancer", "final split", "completed", "TTFT p99 (s)",
         "command")  # fmt: skip
     row(*["---"] * 7)
-    for np_, nd in ((6, 2), (3, 5)):
+    cases = [
+        (6, 2, "9.9", "3.0"),
+        (3, 5, "9.9", "3.0"),
+        (3, 5, "10.4", "2.4"),
+        (3, 5, "9.0", "3.6"),
+    ]
+    for np_, nd, mu, rate in cases:
         for reb in ([], ["--rebalance"]):
-            cmd, out = sim("--n-p", str(np_), "--n-d", str(nd), "--rate", "3.0", "--duration",
-                           "1800", *reb)  # fmt: skip
+            cmd, out = sim("--n-p", str(np_), "--n-d", str(nd), "--mu", mu, "--rate", rate,
+                           "--duration", "1800", *reb)  # fmt: skip
             s = out["sites"]["pd"]
-            row(f"{np_}/{nd}", "paper (3 req/s)", bool(reb),
+            row(f"{np_}/{nd}", f"mu {mu}, {rate} req/s", bool(reb),
                 f"{s['num_prefill_nodes']}/{s['num_decode_nodes']}", out["requests"]["completed"],
                 f(out["ttft_s"]["p99"]), f"`{cmd}`")  # fmt: skip
 
@@ -173,8 +179,6 @@ def multisite(quick: bool) -> None:
         ("two PD sites, two PrfaaS sites", ["--pd-sites", "2", "--prfaas-sites", "2"]),
     ):  # fmt: skip
         cmd, out = sim(*extra, "--rate", "3.0", "--find-max-rate", "--max-rate-requests", n)
-        t = next((a for a, b in zip(extra, extra[1:]) if False), None)
-        del t
         tval = extra[extra.index("--threshold") + 1] if "--threshold" in extra else "19628"
         row(label, tval, f(out["max_rate_rps"], 3), f"`{cmd}`")
 

@@ -69,6 +69,8 @@ def register(subparsers: Any) -> None:
     a("--no-tune", action="store_true", help="prfaas policy: do not re-search t online")
     a("--no-cache", action="store_true", help="disable prefix caching")
     a("--output-tokens", type=int, default=1024)
+    a("--mu", type=float, default=9.90, help="log-normal mu of prompt length (paper: 9.90)")
+    a("--sigma", type=float, default=1.00, help="log-normal sigma of prompt length")
     a("--warmup", type=float, default=0.0, help="seconds of arrivals not counted")
     a("--find-max-rate", action="store_true", help="search the highest sustainable rate")
     a("--max-rate-requests", type=int, default=20000, help="requests per max-rate trial")
@@ -207,6 +209,10 @@ def build_scenario(args: argparse.Namespace) -> tuple[Any, float | None]:
         changes["tune"] = False
     if args.output_tokens != 1024 or args.config is None:
         changes["output_tokens"] = args.output_tokens
+    if args.mu != 9.90 or args.sigma != 1.00:
+        if not (args.sigma > 0 and math.isfinite(args.mu)):
+            raise UsageError(f"--sigma must be > 0, got {args.sigma:g}")
+        changes["lengths"] = replace(sc.lengths, mu=args.mu, sigma=args.sigma)
     if args.timeseries or args.plot is not None:
         changes["timeseries"] = True
     return replace(sc, **changes), exact

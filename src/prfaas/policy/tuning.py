@@ -153,10 +153,11 @@ class ThresholdTuner:
         decode_rps: float, bw: float,
     ) -> tuple[int, float] | None:  # fmt: skip
         """None when the local pool is over target at the planned ``t`` (then the caller takes the
-        capacity-maximising ``t``, which lowers it); else the planned ``t`` if every stage fits under the target at ``rate``; else the smallest
-        larger ``t`` that brings the PrfaaS side (compute, link) under it; but never a ``t`` that
-        pushes the local prefill pool over it (short requests have nowhere else to go, and a
-        backlog on the link drains far faster once the link recovers than one on the pool)."""
+        capacity-maximising ``t``, which lowers it); else the planned ``t`` if every stage fits
+        under the target at ``rate``; else the smallest larger ``t`` that brings the PrfaaS side
+        (compute, link) under it; but never a ``t`` that pushes the local prefill pool over it
+        (short requests have nowhere else to go, and a backlog on the link drains far faster once
+        the link recovers than one on the pool)."""
         assert self._base_t is not None
         target = self.config.target_utilisation
         lengths = sample.lengths
