@@ -118,8 +118,10 @@ def dip() -> None:
                 t = out["ttft_s"]
                 name = pol + (" (no re-search of t)" if extra else "")
                 backlog = out["links"]["prfaas->pd"]["peak_backlog_bytes"] / 1e9
-                row(gbps, load, name, f"{f(t['mean'])} / {f(t['p99'])}", f(backlog, 1),
-                    out["requests"]["rerouted"], len(out["threshold_updates"]), f"`{cmd}`")  # fmt: skip
+                moved = out["requests"]["rerouted"]
+                n_upd = len(out["threshold_updates"])
+                ttft = f"{f(t['mean'])} / {f(t['p99'])}"
+                row(gbps, load, name, ttft, f(backlog, 1), moved, n_upd, f"`{cmd}`")
 
 
 def rebalance() -> None:
