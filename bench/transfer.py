@@ -330,10 +330,12 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         }
 
     # Shaped links and the layer-wise overlap (namespaces; root only).
-    why = unavailable_reason()
     result["shaped"] = []
+    if "shaped" not in args.only and "overlap" not in args.only:
+        return result
+    why = unavailable_reason()
     if why is not None:
-        result["notes"].append(f"shaped rows skipped: {why}")
+        result["notes"].append(f"shaped and overlap rows skipped: {why}")
         return result
     shaped_secs = max(secs, 3.0)
     stput = ["--mode", "throughput", "--seconds", f"{shaped_secs}", "--warmup-s", "1.5"]
