@@ -87,8 +87,11 @@ class GatewayConfig(_Strict):
 class PolicyConfig(_Strict):
     router: Literal["local_only", "naive", "threshold", "prfaas"] = "prfaas"
     threshold_tokens: int | None = Field(None, ge=0, description="None: the planner's t")
-    rebalance: bool = False
-    rebalance_interval_s: float = Field(30.0, gt=0, description="modelled seconds")
+    rebalance: bool = Field(False, description="convert PD nodes between prefill and decode")
+    control_interval_s: float = Field(1.0, gt=0, description="modelled s between control ticks")
+    tune_min_samples: int = Field(
+        100, ge=1, description="requests observed before t is re-searched or nodes rebalanced"
+    )
 
 
 class DeploymentConfig(_Strict):

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from typing import Any
 
+import httpx
 from fastapi import FastAPI, HTTPException
 
 from prfaas.analytic import Planner, Scenario
@@ -20,14 +22,16 @@ from prfaas.cache import GlobalKVManager, HybridPrefixCache, sizing_for
 from prfaas.config import DeploymentConfig
 from prfaas.core import MutableClusterView, SiteId
 from prfaas.perf import CostModel, cost_model_for
-from prfaas.policy import make_router
+from prfaas.policy import TuningConfig, make_router
 from prfaas.serve.api import GatewayHTTPConfig, GatewayMetrics, create_gateway_app
 from prfaas.serve.backend import ModelInfo
+from prfaas.serve.gateway.control import ControlLoop
 from prfaas.serve.gateway.dispatcher import ClusterDispatcher
 from prfaas.serve.gateway.registry import NodeRegistry
 from prfaas.serve.node.messages import Heartbeat, Registration
 
 EXPIRY_PERIOD_S = 0.25
+log = logging.getLogger("prfaas.gateway")
 DEFAULT_TORCH_THRESHOLD_TOKENS = 128
 
 
@@ -124,6 +128,10 @@ def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo
     async def routes() -> list[dict[str, object]]:
         return [_record(r) for r in dispatcher.records]
 
+    @app.get("/internal/endpoints")
+    async def endpoints() -> list[dict[str, object]]:
+        return [ep.model_dump() for ep in registry.endpoints.values()]
+
     @app.get("/internal/nodes")
     async def nodes() -> list[dict[str, object]]:
         return [
@@ -133,11 +141,44 @@ def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo
             for n in registry.view
         ]  # fmt: skip
 
+    control = ControlLoop(
+        registry,
+        remote,
+        local,
+        tune=d.policy.router == "prfaas",
+        rebalance=d.policy.rebalance,
+        tuning=TuningConfig(min_samples=d.policy.tune_min_samples),
+    )
+    dispatcher.control = control
+    app.state.control_loop = control
+    period_s = min(EXPIRY_PERIOD_S, d.policy.control_interval_s * registry.time_scale)
+
     async def control_loop() -> None:
-        while True:
-            await asyncio.sleep(EXPIRY_PERIOD_S)
-            registry.expire(time.monotonic())
-            _export_gauges(registry, metrics)
+        async with httpx.AsyncClient() as client:
+            while True:
+                await asyncio.sleep(period_s)
+                try:
+                    await control.tick(client)
+                except Exception:  # a bad tick must not stop the control plane
+                    log.exception("control loop")
+                _export_gauges(registry, metrics)
+
+    @app.get("/internal/control")
+    async def control_state() -> dict[str, object]:
+        return {
+            "threshold_tokens": registry.view.threshold_tokens,
+            "window_requests": len(control.window),
+            "window_rate_rps": control.window.rate_rps(),
+            "ticks": control.num_ticks,
+            "threshold_updates": control.log.threshold_updates,
+            "role_changes": control.log.role_changes,
+            "links": [
+                {"link": s.link_id, "capacity_bytes_per_s": s.capacity_bytes_per_s,
+                 "utilisation": s.utilisation, "backlog_bytes": s.backlog_bytes,
+                 "congested": s.congested}
+                for s in registry.link_states()
+            ],
+        }  # fmt: skip
 
     @app.on_event("startup")
     async def start() -> None:

@@ -14,6 +14,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -81,6 +82,8 @@ class ClusterDispatcher:
         self.block_tokens = block_tokens
         self.home = SiteId(registry.deployment.home_site.name)
         self.records: list[RouteRecord] = []
+        self.control: Any = None
+        """The gateway's ``ControlLoop``; observes every routed request's lengths."""
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
 
     def model_info(self) -> ModelInfo:
@@ -137,9 +140,13 @@ class ClusterDispatcher:
         decode = least_loaded(self.registry.view, self.home, NodeRole.DECODE)
         if decode is None:
             raise GenerationError(503, "service_unavailable", "no decode node available")
+        # A bounded label set: the decision's own reason text names lengths.
+        kind = "rerouted" if decision.rerouted else "cache_move" if decision.cache_move else "rule"
         self.metrics.route_decisions.labels(
-            target="prfaas" if decision.offloaded else "local", reason=decision.reason
+            target="prfaas" if decision.offloaded else "local", reason=kind
         ).inc()
+        if self.control is not None:
+            self.control.observe(n - decision.num_cached_tokens, req.max_tokens)
         return decision, decode.node_id
 
     async def _attempt(

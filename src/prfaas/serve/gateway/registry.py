@@ -119,6 +119,14 @@ class NodeRegistry:
             return
         self.view.update_node(_replace_load(load, healthy=False))
 
+    def mark_draining(self, node: str) -> None:
+        """Out of rotation at once (the node's next heartbeat confirms and, later, flips role)."""
+        try:
+            load = self.view.node(NodeId(node))
+        except KeyError:
+            return
+        self.view.update_node(_replace_load(load, draining=True))
+
     def alive(self, node: str) -> bool:
         try:
             return self.view.node(NodeId(node)).healthy
@@ -174,6 +182,9 @@ class NodeRegistry:
                 meter.per_node_bytes[r.node] = r.egress_bytes
             total = sum(meter.per_node_bytes.values()) * self.byte_divisor
             backlog = sum(r.egress_backlog_bytes for r in mine) * self.byte_divisor
+            reported = [r.link_capacity_bytes_per_s for r in mine if r.link_capacity_bytes_per_s]
+            if reported:  # the rate the site's sender is paced at now (modelled bytes/s)
+                meter.capacity_bytes_per_s = min(reported)
             if meter.last_wall_s is not None and now_wall_s > meter.last_wall_s:
                 dt_modelled = self.modelled_s(now_wall_s - meter.last_wall_s)
                 rate = max(0, total - meter.last_bytes) / dt_modelled

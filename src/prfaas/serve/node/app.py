@@ -19,6 +19,7 @@ from fastapi.responses import StreamingResponse
 from prfaas.serve.node.host import WorkerHost
 from prfaas.serve.node.messages import (
     DecodeCommand,
+    LinkRateCommand,
     PrefillCommand,
     PrefillOutcome,
     RoleCommand,
@@ -108,11 +109,19 @@ def create_node_app(host: WorkerHost) -> FastAPI:
         host.spawn(switch())
         return {"role": node.role, "switching_to": cmd.role}
 
+    @app.post("/link/rate")
+    async def link_rate(cmd: LinkRateCommand) -> dict[str, float]:
+        """Shape this site's inter-site link (emulation without network namespaces)."""
+        if host.link_gbps is None:
+            raise HTTPException(409, f"site {host.site.name} sends nothing across sites")
+        host.set_link_gbps(cmd.gbps)
+        return {"gbps": cmd.gbps}
+
     @app.get("/health")
     async def health() -> dict[str, object]:
         return {
             "process": host.process_name,
-            "nodes": [n.report().model_dump() for n in host.nodes.values()],
+            "nodes": [r.model_dump() for r in host.reports()],
         }
 
     app.state.host = host

@@ -17,7 +17,7 @@ import httpx
 
 from prfaas.config import DeploymentConfig
 from prfaas.serve.node.engines import build_engine, prefix_store_bytes
-from prfaas.serve.node.messages import Heartbeat, NodeEndpoint, Registration
+from prfaas.serve.node.messages import Heartbeat, NodeEndpoint, NodeReport, Registration
 from prfaas.serve.node.prefix_store import PrefixStore
 from prfaas.serve.node.worker import Node
 from prfaas.transfer import (
@@ -71,6 +71,8 @@ class WorkerHost:
                 fixed_role=self.site.kind == "prfaas",
             )
         self._psk = deployment.psk.encode()
+        link = deployment.link_to_home(self.site.name)
+        self.link_gbps: float | None = link.gbps if link is not None else None
         self.receiver: Receiver | None = None
         self.transfer_port = 0
         self.http_port = 0
@@ -105,12 +107,27 @@ class WorkerHost:
             node.on_delivered(rid, delivery.first_token)
 
     def link_rate_bytes_per_s(self) -> float | None:
-        link = self.deployment.link_to_home(self.site.name)
-        if link is None:
+        """Wall-clock pacing rate of this site's KV sender: the modelled link scaled down."""
+        if self.link_gbps is None:
             return None
         eng = self.deployment.engine
         scale = eng.byte_divisor * (eng.time_scale if eng.kind == "timed" else 1.0)
-        return link.gbps * 1e9 / 8 / scale
+        return self.link_gbps * 1e9 / 8 / scale
+
+    def set_link_gbps(self, gbps: float) -> None:
+        """Shape the inter-site link (modelled Gbps): paces every cross-site sender from now on."""
+        self.link_gbps = gbps
+        rate = self.link_rate_bytes_per_s()
+        for (_host, _port, cross_site), link in self._links.items():
+            if cross_site:
+                link.set_rate(rate)
+
+    def reports(self) -> list[NodeReport]:
+        capacity = 0.0 if self.link_gbps is None else self.link_gbps * 1e9 / 8
+        return [
+            n.report().model_copy(update={"link_capacity_bytes_per_s": capacity})
+            for n in self.nodes.values()
+        ]
 
     async def link_to(self, host: str, port: int, cross_site: bool) -> TransferLink:
         key = (host, port, cross_site)
@@ -200,7 +217,7 @@ class WorkerHost:
                     else:
                         beat = Heartbeat(
                             process=self.process_name,
-                            reports=[n.report() for n in self.nodes.values()],
+                            reports=self.reports(),
                         )
                         r = await client.post(
                             f"{self.gateway_url}/internal/heartbeat", json=beat.model_dump()

@@ -83,6 +83,8 @@ class NodeReport(_Msg):
     egress_bytes: int = 0
     """KV bytes this node has sent across sites so far (prefill nodes)."""
     egress_backlog_bytes: int = 0
+    link_capacity_bytes_per_s: float = 0.0
+    """Modelled rate this node's inter-site sender is paced at (0: not a cross-site sender)."""
 
 
 class NodeEndpoint(_Msg):
@@ -102,6 +104,10 @@ class Registration(_Msg):
 class Heartbeat(_Msg):
     process: str
     reports: list[NodeReport]
+
+
+class LinkRateCommand(_Msg):
+    gbps: float = Field(gt=0, description="modelled capacity of the site's inter-site link")
 
 
 class RoleCommand(_Msg):

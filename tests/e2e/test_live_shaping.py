@@ -1,0 +1,86 @@
+"""The inter-site link shaped down to 10% of its rate under load, live: the bandwidth-aware policy
+(the same ThresholdTuner the simulator runs) raises the threshold, offloads less, and every request
+still completes (graceful degradation, not growing queues)."""
+
+from __future__ import annotations
+
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from live_helpers import launched, routes
+
+from prfaas.config import DeploymentConfig
+
+pytestmark = pytest.mark.timeout(240)
+
+LINK_GBPS = 20.0
+
+
+def _deployment() -> DeploymentConfig:
+    return DeploymentConfig.model_validate(
+        {
+            "engine": {"kind": "timed", "model": "paper-1t", "time_scale": 0.2,
+                       "byte_divisor": 1000, "token_chunk": 64},
+            "gateway": {"port": 0, "request_timeout_s": 120},
+            "policy": {"router": "prfaas", "tune_min_samples": 20, "control_interval_s": 1.0},
+            "heartbeat_interval_s": 0.1,
+            "sites": [
+                {"name": "prfaas", "kind": "prfaas", "hardware": "h200",
+                 "nodes": [{"name": "pf0", "role": "prefill"}]},
+                {"name": "pd", "kind": "pd", "hardware": "h20",
+                 "nodes": [{"name": "p0", "role": "prefill"}, {"name": "p1", "role": "prefill"},
+                           {"name": "p2", "role": "prefill"}, {"name": "d0", "role": "decode"},
+                           {"name": "d1", "role": "decode"}]},
+            ],
+            "links": [{"src": "prfaas", "dst": "pd", "gbps": LINK_GBPS}],
+            "psk": "test-key-0123456789abcdef",
+        }
+    )  # fmt: skip
+
+
+def _send(url: str, n: int, tag: int) -> int:
+    prompt = [(tag * 31 + i) % 200 + 1 for i in range(n)]
+    body = {"model": "paper-1t", "prompt": prompt, "max_tokens": 64}
+    return httpx.post(f"{url}/v1/completions", json=body, timeout=120).status_code
+
+
+def _wave(url: str, lengths: list[int], start_tag: int) -> list[int]:
+    with ThreadPoolExecutor(8) as pool:
+        futures = []
+        for i, n in enumerate(lengths):
+            futures.append(pool.submit(_send, url, n, start_tag + i))
+            time.sleep(0.1)  # ~2 requests per modelled second
+        return [f.result() for f in futures]
+
+
+def test_link_shaped_to_a_tenth_raises_threshold_and_degrades_gracefully(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    lengths = [int(min(120_000, rng.lognormvariate(9.9, 1.0))) + 200 for _ in range(60)]
+    with launched(_deployment(), tmp_path) as live:
+        control = f"{live.url}/internal/control"
+        assert _wave(live.url, lengths[:30], 0) == [200] * 30
+        before = httpx.get(control, timeout=5).json()
+        offloaded_before = sum(r["offloaded"] for r in routes(live)) / 30
+        # The site's sender is shaped through its node process's API (sender-side pacing).
+        endpoint = next(n for n in _node_endpoints(live) if n["node"] == "pf0")
+        r = httpx.post(f"{endpoint['url']}/link/rate", json={"gbps": LINK_GBPS / 10}, timeout=5)
+        assert r.status_code == 200
+        assert _wave(live.url, lengths[30:], 100) == [200] * 30  # nothing fails or hangs
+        after = httpx.get(control, timeout=5).json()
+        late = routes(live)[30:]
+        offloaded_after = sum(r["offloaded"] for r in late) / len(late)
+    capacities = [link["capacity_bytes_per_s"] for link in after["links"]]
+    assert capacities == [pytest.approx(LINK_GBPS / 10 * 1e9 / 8)]
+    updates = after["threshold_updates"][len(before["threshold_updates"]) :]
+    assert "link capacity changed" in [u["reason"] for u in updates], after["threshold_updates"]
+    assert after["threshold_tokens"] > before["threshold_tokens"]
+    assert offloaded_after < offloaded_before
+
+
+def _node_endpoints(live: object) -> list[dict[str, str]]:
+    health = httpx.get(f"{live.url}/internal/endpoints", timeout=5).json()  # type: ignore[attr-defined]
+    return [{"node": e["node"], "url": f"http://{e['host']}:{e['http_port']}"} for e in health]
