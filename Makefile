@@ -15,15 +15,17 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/prfaas plan
-	$(VENV)/bin/prfaas kv --model paper-1t --hardware h200
+	$(VENV)/bin/prfaas demo
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
 
+# Strict mypy on the pure layers, the transfer library, the testbed and the engine interface.
+TYPED := core spec perf analytic workload cache policy sim transfer testbed engine
+
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy src/prfaas/core src/prfaas/spec src/prfaas/perf src/prfaas/analytic
+	$(VENV)/bin/mypy $(addprefix src/prfaas/,$(TYPED))
 
 test: lint typecheck
 	$(PY) -m pytest -q
