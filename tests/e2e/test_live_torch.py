@@ -1,6 +1,7 @@
-"""A live two-site deployment of a real (tiny, random-weight) Qwen3-Next hybrid model on PyTorch:
-the tokens a client receives are identical whether the request was prefilled at the PrfaaS site or
-at PD-P, with or without a prefix hit, and identical to single-process generation."""
+"""A live two-site deployment of a real (tiny, random-weight) Qwen3-Next hybrid model on PyTorch,
+routed by the bandwidth-aware ``prfaas`` policy: the tokens a client receives are identical whether
+the request was prefilled at the PrfaaS site or at PD-P, with or without a prefix hit, with the
+prefix moved across sites first (both directions), and identical to single-process generation."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def _deployment(model_dir: Path) -> DeploymentConfig:
                 "block_tokens": BLOCK, "checkpoint_every_blocks": 1,
             },
             "gateway": {"port": 0, "request_timeout_s": 120},
-            "policy": {"router": "threshold", "threshold_tokens": THRESHOLD},
+            "policy": {"router": "prfaas", "threshold_tokens": THRESHOLD},
             "sites": [
                 {"name": "prfaas", "kind": "prfaas", "hardware": "h200",
                  "nodes": [{"name": "pf0", "role": "prefill"}]},
@@ -97,23 +98,33 @@ def _prompt(seed: int, length: int) -> list[int]:
     return [(seed * 7919 + i * 104729) % 400 + 50 for i in range(length)]
 
 
-def test_remote_prefill_with_and_without_prefix_hit(live: Launcher, reference: Any) -> None:
+def test_remote_prefill_then_prefix_moved_home(live: Launcher, reference: Any) -> None:
     long = _prompt(1, 3 * BLOCK + 37)  # 3 blocks and a partial one: > t, offloaded
     tokens, finish, route = _served(live, long)
     assert route["prefill_site"] == "prfaas" and route["num_cached_tokens"] == 0
     assert tokens == _expected(reference(long), finish)
-    again = long[: 3 * BLOCK] + _prompt(9, 41)  # shares 3 blocks with the first prompt
+    # Shares 3 blocks with the first prompt, cached at the PrfaaS site: only 41 tokens are new,
+    # <= t, so PD-P prefills it after pulling the 3-block prefix home (a cross-site cache move).
+    again = long[: 3 * BLOCK] + _prompt(9, 41)
     tokens, finish, route = _served(live, again)
-    assert route["prefill_site"] == "prfaas" and route["num_cached_tokens"] == 3 * BLOCK
+    assert route["prefill_site"] == "pd" and route["moved_tokens"] == 3 * BLOCK
+    assert route["num_cached_tokens"] == 3 * BLOCK
     assert tokens == _expected(reference(again), finish)
 
 
-def test_local_prefill_with_and_without_prefix_hit(live: Launcher, reference: Any) -> None:
+def test_local_prefill_then_prefix_moved_to_prfaas(live: Launcher, reference: Any) -> None:
     short = _prompt(2, BLOCK + 20)  # <= t: PD-P
     tokens, finish, route = _served(live, short)
     assert route["prefill_site"] == "pd" and route["num_cached_tokens"] == 0
     assert tokens == _expected(reference(short), finish)
-    longer = short[:BLOCK] + _prompt(3, 90)  # 154 tokens, but only 90 uncached at home: PD-P
+    longer = short[:BLOCK] + _prompt(3, 90)  # 90 new tokens <= t: PD-P, reusing its own block
     tokens, finish, route = _served(live, longer)
     assert route["prefill_site"] == "pd" and route["num_cached_tokens"] == BLOCK
+    assert route["moved_tokens"] == 0
     assert tokens == _expected(reference(longer), finish)
+    # 150 new tokens > t: offloaded, and the home block goes to the PrfaaS site first.
+    longest = short[:BLOCK] + _prompt(4, 150)
+    tokens, finish, route = _served(live, longest)
+    assert route["prefill_site"] == "prfaas" and route["moved_tokens"] == BLOCK
+    assert route["num_cached_tokens"] == BLOCK
+    assert tokens == _expected(reference(longest), finish)

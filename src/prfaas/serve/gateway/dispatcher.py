@@ -31,6 +31,7 @@ from prfaas.serve.node.messages import (
     DecodeEvent,
     PrefillCommand,
     PrefillOutcome,
+    PrefixPullCommand,
     SamplingMsg,
 )
 
@@ -60,6 +61,8 @@ class RouteRecord:
     num_cached_tokens: int
     kv_bytes: int
     attempts: int
+    moved_tokens: int = 0
+    """Prefix tokens moved across sites before the prefill (the router's ``CacheMove``)."""
 
 
 class ClusterDispatcher:
@@ -82,6 +85,7 @@ class ClusterDispatcher:
         self.block_tokens = block_tokens
         self.home = SiteId(registry.deployment.home_site.name)
         self.records: list[RouteRecord] = []
+        self._moved: dict[str, int] = {}
         self.control: Any = None
         """The gateway's ``ControlLoop``; observes every routed request's lengths."""
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
@@ -184,6 +188,8 @@ class ClusterDispatcher:
             sampling=sampling,
         )
         decode_url = f"http://{dec_ep.host}:{dec_ep.http_port}/nodes/{decode_node}/decode"
+        moved = await self._move_cache(decision, hashes)
+        self._moved[req.request_id] = moved
         uncached = len(req.prompt_token_ids) - decision.num_cached_tokens
         reg.track(decision.prefill_node, req.request_id, uncached)
         reg.track(decode_node, req.request_id, len(req.prompt_token_ids))
@@ -195,6 +201,40 @@ class ClusterDispatcher:
         finally:
             reg.untrack(decision.prefill_node, req.request_id)
             reg.untrack(decode_node, req.request_id)
+            self._moved.pop(req.request_id, None)
+
+    async def _move_cache(self, decision: RouteDecision, hashes: tuple[int, ...]) -> int:
+        """Carry out the router's ``CacheMove``: the prefill site pulls the longer prefix from the
+        site that holds it. Returns the tokens moved (0: none asked, or it failed and the prefill
+        will simply compute more)."""
+        move = decision.cache_move
+        if move is None or move.num_tokens <= 0:
+            return 0
+        src = least_loaded(self.registry.view, move.src_site, NodeRole.PREFILL)
+        if src is None:
+            return 0
+        src_ep = self.registry.endpoints[src.node_id]
+        dst_ep = self.registry.endpoints[decision.prefill_node]
+        num_blocks = move.num_tokens // self.block_tokens
+        cmd = PrefixPullCommand(
+            block_hashes=list(hashes[:num_blocks]),
+            num_tokens=move.num_tokens,
+            src_url=f"http://{src_ep.host}:{src_ep.http_port}",
+        )
+        try:
+            r = await self._client.post(
+                f"http://{dst_ep.host}:{dst_ep.http_port}/prefix/pull",
+                json=cmd.model_dump(),
+                timeout=cmd.timeout_s + 5.0,
+            )
+            ok = r.status_code == 200 and bool(r.json().get("ok"))
+        except httpx.HTTPError:
+            ok = False
+        if not ok:
+            self.metrics.retries.labels(reason="cache_move_failed").inc()
+            return 0
+        self.kv_manager.store(move.dst_site, hashes[:num_blocks], move.num_tokens)
+        return move.num_tokens
 
     async def _exchange(
         self,
@@ -304,7 +344,7 @@ class ClusterDispatcher:
         self.records.append(
             RouteRecord(
                 req.request_id, site, node, decode_node, decision.offloaded, n,
-                outcome.num_cached_tokens, kv_bytes, attempt,
+                outcome.num_cached_tokens, kv_bytes, attempt, self._moved.get(req.request_id, 0),
             )
         )  # fmt: skip
 

@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import httpx
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import StreamingResponse
 
@@ -22,6 +23,8 @@ from prfaas.serve.node.messages import (
     LinkRateCommand,
     PrefillCommand,
     PrefillOutcome,
+    PrefixPullCommand,
+    PrefixPushCommand,
     RoleCommand,
 )
 from prfaas.serve.node.worker import Node
@@ -33,9 +36,12 @@ DRAIN_POLL_S = 0.05
 def create_node_app(host: WorkerHost) -> FastAPI:
     running: dict[str, asyncio.Task[PrefillOutcome]] = {}
 
+    client = httpx.AsyncClient(timeout=30.0)
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
+        await client.aclose()
         await host.stop()
 
     app = FastAPI(title=f"prfaas node {host.process_name}", lifespan=lifespan)
@@ -108,6 +114,23 @@ def create_node_app(host: WorkerHost) -> FastAPI:
 
         host.spawn(switch())
         return {"role": node.role, "switching_to": cmd.role}
+
+    @app.post("/prefix/pull")
+    async def prefix_pull(cmd: PrefixPullCommand) -> dict[str, object]:
+        try:
+            num_tokens = await host.pull_prefix(cmd, client)
+        except Exception as exc:  # the move is an optimisation: report, never crash
+            return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        return {"ok": True, "num_tokens": num_tokens}
+
+    @app.post("/prefix/push")
+    async def prefix_push(cmd: PrefixPushCommand) -> dict[str, int]:
+        try:
+            return {"num_tokens": await host.push_prefix(cmd)}
+        except LookupError as exc:
+            raise HTTPException(404, str(exc)) from None
+        except (TransferError, OSError) as exc:
+            raise HTTPException(502, f"push failed: {exc}") from None
 
     @app.post("/link/rate")
     async def link_rate(cmd: LinkRateCommand) -> dict[str, float]:

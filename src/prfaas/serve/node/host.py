@@ -12,12 +12,21 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import httpx
 
 from prfaas.config import DeploymentConfig
 from prfaas.serve.node.engines import build_engine, prefix_store_bytes
-from prfaas.serve.node.messages import Heartbeat, NodeEndpoint, NodeReport, Registration
+from prfaas.serve.node.messages import (
+    Heartbeat,
+    NodeEndpoint,
+    NodeReport,
+    PrefixPullCommand,
+    PrefixPushCommand,
+    Registration,
+)
+from prfaas.serve.node.prefix_move import PendingMoves, is_move, new_move_id
 from prfaas.serve.node.prefix_store import PrefixStore
 from prfaas.serve.node.worker import Node
 from prfaas.transfer import (
@@ -53,11 +62,12 @@ class WorkerHost:
         self.gateway_url = gateway_url.rstrip("/")
         self.process_name = process_name or "+".join(node_names)
         eng = deployment.engine
-        self.prefix_store = PrefixStore(
+        self.prefix_store = store = PrefixStore(
             prefix_store_bytes(eng, self.site.hardware),
             eng.block_tokens,
             eng.checkpoint_every_blocks,
         )
+        self.moves = PendingMoves(store)
         self.nodes: dict[str, Node] = {}
         for name in node_names:
             cfg = deployment.node(name)
@@ -71,7 +81,16 @@ class WorkerHost:
                 fixed_role=self.site.kind == "prfaas",
             )
         self._psk = deployment.psk.encode()
-        link = deployment.link_to_home(self.site.name)
+        # One rate per inter-site link, both directions (PD -> PrfaaS carries prefix moves).
+        home = deployment.home_site.name
+        link = next(
+            (
+                lk
+                for lk in deployment.links
+                if self.site.name in (lk.src, lk.dst) and home in (lk.src, lk.dst)
+            ),
+            None,
+        )
         self.link_gbps: float | None = link.gbps if link is not None else None
         self.receiver: Receiver | None = None
         self.transfer_port = 0
@@ -81,7 +100,12 @@ class WorkerHost:
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- transfer --------------------------------------------------------------------------------
-    def _allocate(self, manifest: Manifest) -> Sequence[memoryview]:
+    def _allocate(self, manifest: Manifest) -> Sequence[object]:
+        if is_move(manifest.request_id):
+            buffers = self.moves.allocate(manifest)
+            if buffers is None:
+                raise Refused(f"{self.process_name} expects no prefix {manifest.request_id}")
+            return buffers
         for node in self.nodes.values():
             if node.expects(manifest.request_id):
                 return node.allocate(manifest)
@@ -96,6 +120,12 @@ class WorkerHost:
 
     async def _complete(self, session: InboundSession) -> None:
         rid = session.manifest.request_id
+        if is_move(rid):
+            try:
+                self.moves.delivered(await session.complete(timeout_s=30.0))
+            except SessionAborted as exc:
+                self.moves.failed(rid, exc)
+            return
         node = next((n for n in self.nodes.values() if n.expects(rid)), None)
         try:
             delivery = await session.complete(timeout_s=self.deployment.gateway.request_timeout_s)
@@ -154,16 +184,57 @@ class WorkerHost:
             with contextlib.suppress(Exception):
                 await link.aclose()
 
+    # -- prefix moves -----------------------------------------------------------------------------
+    def _any_engine(self) -> Any:
+        return next(iter(self.nodes.values())).engine
+
+    async def pull_prefix(self, cmd: PrefixPullCommand, client: httpx.AsyncClient) -> int:
+        """Fetch a prefix from another site into this process's store; returns its tokens."""
+        move_id = new_move_id(self.process_name)
+        layout = self._any_engine().layout(cmd.num_tokens, 0)
+        arrived = self.moves.expect(move_id, cmd.block_hashes, layout)
+        push = PrefixPushCommand(
+            move_id=move_id,
+            block_hashes=cmd.block_hashes,
+            num_tokens=cmd.num_tokens,
+            dst_host=self.host,
+            dst_transfer_port=self.transfer_port,
+            cross_site=cmd.cross_site,
+        )
+        try:
+            async with asyncio.timeout(cmd.timeout_s):
+                r = await client.post(f"{cmd.src_url}/prefix/push", json=push.model_dump())
+                if r.status_code != 200:
+                    raise RuntimeError(f"source refused the move: {r.status_code} {r.text}")
+                return await arrived
+        finally:
+            self.moves.forget(move_id)
+
+    async def push_prefix(self, cmd: PrefixPushCommand) -> int:
+        """Send a stored prefix to another process (the source side of a move)."""
+        num_tokens = cmd.num_tokens
+        prefix = self.prefix_store.lookup(cmd.block_hashes, num_tokens + 1, num_tokens)
+        if prefix is None or prefix.num_tokens != num_tokens:
+            raise LookupError(f"no stored prefix of {num_tokens} tokens here")
+        layout = self._any_engine().layout(num_tokens, 0)
+        link = await self.link_to(cmd.dst_host, cmd.dst_transfer_port, cmd.cross_site)
+        async with link.session(Manifest.from_layout(cmd.move_id, layout)) as session:
+            for layer in prefix.layers:
+                for offset, view in layer.pieces():
+                    await session.send(layer.position, offset, view)
+            await session.finish()
+        return num_tokens
+
     # -- life cycle ------------------------------------------------------------------------------
     async def start(self, http_port: int) -> None:
         self.http_port = http_port
-        if self.site.kind == "pd":
-            config = TransferConfig(psk=self._psk, name=self.process_name)
-            self.receiver = Receiver(config, self._allocate)
-            await self.receiver.__aenter__()
-            wanted = max((self.deployment.node(n).transfer_port for n in self.nodes), default=0)
-            _, self.transfer_port = await self.receiver.listen(self.host, wanted)
-            self.spawn(self._consume_sessions())
+        # Every site receives: KV (decode nodes) and prefix moves (any site).
+        config = TransferConfig(psk=self._psk, name=self.process_name)
+        self.receiver = Receiver(config, self._allocate)
+        await self.receiver.__aenter__()
+        wanted = max((self.deployment.node(n).transfer_port for n in self.nodes), default=0)
+        _, self.transfer_port = await self.receiver.listen(self.host, wanted)
+        self.spawn(self._consume_sessions())
         for node in self.nodes.values():
             self.spawn(node.decode_loop())
         self.spawn(self._control_plane())

@@ -112,3 +112,25 @@ class LinkRateCommand(_Msg):
 
 class RoleCommand(_Msg):
     role: Literal["prefill", "decode"]
+
+
+class PrefixPullCommand(_Msg):
+    """Gateway -> a node process of the destination site: fetch this prefix from the source."""
+
+    block_hashes: list[int]
+    num_tokens: int = Field(gt=0)
+    src_url: str
+    """Base URL of a node process of the source site."""
+    cross_site: bool = True
+    timeout_s: float = Field(30.0, gt=0)
+
+
+class PrefixPushCommand(_Msg):
+    """Destination -> source: send the stored prefix to my transfer port under ``move_id``."""
+
+    move_id: str
+    block_hashes: list[int]
+    num_tokens: int = Field(gt=0)
+    dst_host: str
+    dst_transfer_port: int
+    cross_site: bool = True
