@@ -126,23 +126,37 @@ def dip() -> None:
 
 def rebalance() -> None:
     print("\n### Rebalancing (30 min, uniform arrivals)\n")
-    row("start split", "workload", "rebalancer", "final split", "completed", "TTFT p99 (s)",
-        "command")  # fmt: skip
-    row(*["---"] * 7)
+    row("start split", "workload", "router", "rebalancer", "final split", "completed",
+        "TTFT p99 (s)", "command")  # fmt: skip
+    row(*["---"] * 8)
     cases = [
-        (6, 2, "9.9", "3.0"),
-        (3, 5, "9.9", "3.0"),
-        (3, 5, "10.4", "2.4"),
-        (3, 5, "9.0", "3.6"),
+        (6, 2, "9.9", "3.0", "threshold"),
+        (3, 5, "9.9", "3.0", "threshold"),
+        (3, 5, "10.4", "2.4", "prfaas"),
+        (3, 5, "9.0", "3.8", "prfaas"),
     ]
-    for np_, nd, mu, rate in cases:
+    for np_, nd, mu, rate, pol in cases:
         for reb in ([], ["--rebalance"]):
             cmd, out = sim("--n-p", str(np_), "--n-d", str(nd), "--mu", mu, "--rate", rate,
-                           "--duration", "1800", *reb)  # fmt: skip
+                           "--policy", pol, "--duration", "1800", *reb)  # fmt: skip
             s = out["sites"]["pd"]
-            row(f"{np_}/{nd}", f"mu {mu}, {rate} req/s", bool(reb),
+            row(f"{np_}/{nd}", f"mu {mu}, {rate} req/s", pol, bool(reb),
                 f"{s['num_prefill_nodes']}/{s['num_decode_nodes']}", out["requests"]["completed"],
                 f(out["ttft_s"]["p99"]), f"`{cmd}`")  # fmt: skip
+
+
+def rtt() -> None:
+    print("\n### RTT and TCP windows: TTFT at 80% load (10 min, Poisson)\n")
+    row("RTT (ms)", "TCP", "per-transfer cap (Gbps)", "TTFT mean / p99 (s)", "command")
+    row(*["---"] * 5)
+    for ms in ("1", "10", "25", "50"):
+        for conns, win in (("8", "16"), ("1", "4")):
+            cmd, out = sim("--rtt-ms", ms, "--connections", conns, "--window-mib", win,
+                           "--arrival", "poisson", "--duration", "600", "--seed", "2")  # fmt: skip
+            cap = int(conns) * float(win) * 2**20 * 8 / (float(ms) / 1000) / 1e9
+            t = out["ttft_s"]
+            ttft = f"{f(t['mean'])} / {f(t['p99'])}"
+            row(ms, f"{conns} x {win} MiB", f(min(cap, 100.0), 1), ttft, f"`{cmd}`")
 
 
 def sweep(quick: bool) -> None:
@@ -187,7 +201,7 @@ def multisite(quick: bool) -> None:
 
 SECTIONS = {
     "maxrate": maxrate, "arrivals": arrivals, "mooncake": mooncake, "dip": dip,
-    "rebalance": rebalance, "sweep": sweep, "multisite": multisite,
+    "rebalance": rebalance, "rtt": rtt, "sweep": sweep, "multisite": multisite,
 }  # fmt: skip
 
 
