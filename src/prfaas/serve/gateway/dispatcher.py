@@ -42,10 +42,15 @@ ABORT_TIMEOUT_S = 2.0
 class _Retryable(Exception):
     """The attempt failed before any token reached the client: try again elsewhere."""
 
-    def __init__(self, reason: str, message: str, node: str | None = None) -> None:
+    def __init__(
+        self, reason: str, message: str, node: str | None = None, busy: str | None = None
+    ) -> None:
         super().__init__(message)
         self.reason = reason
         self.node = node
+        """A node that looks dead: out of rotation until it heartbeats again."""
+        self.busy = busy
+        """A node that refused (draining, changing role): skip it until its next report."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +123,8 @@ class ClusterDispatcher:
             except _Retryable as exc:
                 if exc.node is not None:
                     self.registry.mark_unhealthy(exc.node)
+                if exc.busy is not None:
+                    self.registry.mark_draining(exc.busy)
                 if started or attempt == MAX_ATTEMPTS:
                     raise GenerationError(502, "server_error", f"request failed: {exc}") from None
                 self.metrics.retries.labels(reason=exc.reason).inc()
@@ -170,14 +177,17 @@ class ClusterDispatcher:
             seed=req.seed or 0,
             stop_token_ids=list(req.stop_token_ids),
         )
+        # Each attempt has its own id at the nodes: a retry must not collide with what is left of
+        # the attempt it replaces (a decode node frees a closed stream asynchronously).
+        attempt_id = f"{req.request_id}.{attempt}"
         decode_cmd = DecodeCommand(
-            request_id=req.request_id,
+            request_id=attempt_id,
             num_prompt_tokens=len(req.prompt_token_ids),
             sampling=sampling,
             timeout_s=reg.deployment.gateway.request_timeout_s,
         )
         prefill_cmd = PrefillCommand(
-            request_id=req.request_id,
+            request_id=attempt_id,
             token_ids=list(req.prompt_token_ids),
             block_hashes=list(hashes),
             use_cached_tokens=decision.num_cached_tokens,
@@ -255,7 +265,9 @@ class ClusterDispatcher:
             ) as resp:
                 if resp.status_code != 200:
                     raise _Retryable(
-                        "decode_refused", f"decode node {decode_node}: {resp.status_code}"
+                        "decode_refused",
+                        f"decode node {decode_node}: {resp.status_code}",
+                        busy=decode_node,
                     )
                 lines = resp.aiter_lines()
                 ready = await _next_event(lines, decode_node)
@@ -273,7 +285,8 @@ class ClusterDispatcher:
                         prefill.cancel()
                         with contextlib.suppress(Exception):
                             await self._client.post(
-                                f"{prefill_base}/abort/{req.request_id}", timeout=ABORT_TIMEOUT_S
+                                f"{prefill_base}/abort/{prefill_cmd.request_id}",
+                                timeout=ABORT_TIMEOUT_S,
                             )
                     with contextlib.suppress(BaseException):
                         await prefill
@@ -328,7 +341,9 @@ class ClusterDispatcher:
         except httpx.HTTPError as exc:
             raise _Retryable("prefill_lost", f"prefill node {node}: {exc}", node) from None
         if resp.status_code != 200:
-            raise _Retryable("prefill_refused", f"prefill node {node}: {resp.status_code}")
+            raise _Retryable(
+                "prefill_refused", f"prefill node {node}: {resp.status_code}", busy=node
+            )
         outcome = PrefillOutcome.model_validate_json(resp.content)
         self.registry.untrack(node, req.request_id)  # its prefill work is done
         if not outcome.ok:

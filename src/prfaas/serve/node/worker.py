@@ -84,6 +84,7 @@ class Node:
         self._wake = asyncio.Event()
         self._prefill_queue: dict[str, int] = {}
         self.egress_bytes = 0
+        self._num_prefilling = 0
         self._inflight_kv_bytes = 0
 
     # -- load ------------------------------------------------------------------------------------
@@ -108,7 +109,13 @@ class Node:
 
     @property
     def idle(self) -> bool:
-        return not self._prefill_queue and not self._expected and self.engine.num_running == 0
+        """Nothing queued, computing, streaming or decoding here: safe to change role."""
+        return (
+            not self._prefill_queue
+            and self._num_prefilling == 0
+            and not self._expected
+            and self.engine.num_running == 0
+        )
 
     # -- prefill ---------------------------------------------------------------------------------
     async def prefill(self, cmd: PrefillCommand, link: TransferLink) -> PrefillOutcome:
@@ -118,7 +125,6 @@ class Node:
         if self.prefix_store is not None and cmd.use_cached_tokens > 0:
             cached = self.prefix_store.lookup(cmd.block_hashes, n, cmd.use_cached_tokens)
         k = 0 if cached is None else cached.num_tokens
-        self._prefill_queue[rid] = n - k
         t0 = time.monotonic()
         store = self.prefix_store
         block = store.block_tokens * store.checkpoint_every_blocks if store is not None else None
@@ -134,6 +140,8 @@ class Node:
         manifest = Manifest.from_layout(rid, full)
         result: PrefillResult | None = None
         sent = 0
+        self._prefill_queue[rid] = n - k
+        self._num_prefilling += 1
         try:
             async with link.session(manifest) as session:
                 async for out in self.engine.prefill_stream(req):
@@ -154,6 +162,7 @@ class Node:
             return PrefillOutcome(request_id=rid, ok=False, error=f"{type(exc).__name__}: {exc}")
         finally:
             self._prefill_queue.pop(rid, None)
+            self._num_prefilling -= 1
         if cmd.cross_site:
             self.egress_bytes += sent
         if self.prefix_store is not None and result.checkpoints:
