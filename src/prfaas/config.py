@@ -75,6 +75,22 @@ class EngineConfig(_Strict):
         return self
 
 
+class TLSConfig(_Strict):
+    """TLS around every inter-node KV connection (the PSK handshake still runs inside it)."""
+
+    cert: str = Field(description="PEM certificate chain every worker presents")
+    key: str = Field(description="PEM private key of that certificate")
+    ca: str = Field(description="PEM CA bundle senders verify receivers against")
+    server_hostname: str = Field("localhost", description="name the certificate is issued to")
+
+    @model_validator(mode="after")
+    def _files_exist(self) -> TLSConfig:
+        for name in ("cert", "key", "ca"):
+            if not Path(getattr(self, name)).is_file():
+                raise ValueError(f"tls.{name}: file {getattr(self, name)!r} does not exist")
+        return self
+
+
 class GatewayConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
@@ -101,7 +117,7 @@ class DeploymentConfig(_Strict):
     sites: list[SiteConfig]
     links: list[LinkConfig] = []
     psk: str = Field(default_factory=lambda: secrets.token_hex(16), min_length=16)
-    tls: bool = False
+    tls: TLSConfig | None = None
     netns: bool = Field(False, description="place the sites in network namespaces (root)")
     heartbeat_interval_s: float = Field(0.5, gt=0)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Sequence
 from typing import Any
 
@@ -81,6 +82,7 @@ class WorkerHost:
                 fixed_role=self.site.kind == "prfaas",
             )
         self._psk = deployment.psk.encode()
+        self._server_ssl, self._client_ssl = _ssl_contexts(deployment)
         # One rate per inter-site link, both directions (PD -> PrfaaS carries prefix moves).
         home = deployment.home_site.name
         link = next(
@@ -166,11 +168,14 @@ class WorkerHost:
             if link is not None:
                 return link
             rate = self.link_rate_bytes_per_s() if cross_site else None
+            tls = self.deployment.tls
             config = TransferConfig(
                 psk=self._psk,
                 rate_limit_bytes_per_s=rate,
                 timeout_s=30.0,
                 name=self.process_name,
+                ssl_context=self._client_ssl,
+                server_hostname=tls.server_hostname if tls is not None else None,
             )
             link = await TransferLink.connect(host, port, config)
             self._links[key] = link
@@ -229,7 +234,7 @@ class WorkerHost:
     async def start(self, http_port: int) -> None:
         self.http_port = http_port
         # Every site receives: KV (decode nodes) and prefix moves (any site).
-        config = TransferConfig(psk=self._psk, name=self.process_name)
+        config = TransferConfig(psk=self._psk, name=self.process_name, ssl_context=self._server_ssl)
         self.receiver = Receiver(config, self._allocate)
         await self.receiver.__aenter__()
         wanted = max((self.deployment.node(n).transfer_port for n in self.nodes), default=0)
@@ -298,3 +303,13 @@ class WorkerHost:
                     log.debug("control plane: %s", exc)
                     registered = False
                 await asyncio.sleep(interval)
+
+
+def _ssl_contexts(d: DeploymentConfig) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
+    """(receiver context, sender context) from the deployment's TLS files, or none."""
+    if d.tls is None:
+        return None, None
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(d.tls.cert, d.tls.key)
+    client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=d.tls.ca)
+    return server, client

@@ -1,0 +1,42 @@
+"""Inter-site KV over TLS, set in the deployment file: requests are served through both routes with
+every KV connection wrapped in TLS (the PSK handshake runs inside it)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+from live_helpers import launched, routes, timed_deployment
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_kv_crosses_over_tls(tmp_path: Path) -> None:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl CLI not available to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    base = timed_deployment()
+    tls = {"cert": str(cert), "key": str(key), "ca": str(cert)}
+    deployment = base.model_validate({**base.model_dump(), "tls": tls})
+    with launched(deployment, tmp_path / "run") as live:
+        for prompt in ("a" * 200, "b" * 20_000):
+            body = {"model": "paper-1t", "prompt": prompt, "max_tokens": 16}
+            r = httpx.post(f"{live.url}/v1/completions", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+        assert [r["offloaded"] for r in routes(live)] == [False, True]
+
+
+def test_missing_tls_file_is_a_clear_config_error(tmp_path: Path) -> None:
+    base = timed_deployment()
+    bad = {**base.model_dump(), "tls": {"cert": "/nope.pem", "key": "/nope", "ca": "/nope"}}
+    with pytest.raises(ValueError, match=r"tls\.cert: file '/nope\.pem' does not exist"):
+        base.model_validate(bad)
