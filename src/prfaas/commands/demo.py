@@ -84,11 +84,27 @@ def run(args: argparse.Namespace) -> int:
             task = progress.add_task("tiny PyTorch hybrid model, both paths", total=1)
             out["torch"] = demo.torch_showcase(workdir)
             progress.advance(task)
+    out["agreement"] = {
+        policy: route_agreement(out["live"][policy], out["sim"][policy]) for policy in out["live"]
+    }
     if args.json:
         print(json.dumps(out, indent=2))
     else:
         _print(console, out, workdir)
     return 0
+
+
+def route_agreement(live: dict[str, Any], sim: dict[str, Any]) -> dict[str, Any]:
+    """Requests that took the same route (offloaded or not) live and in the simulator."""
+    pairs = list(zip(live["offloaded_by_request"], sim["offloaded_by_request"], strict=True))
+    same = sum(1 for a, b in pairs if a is not None and a == b)
+    return {
+        "requests": len(pairs),
+        "same_route": same,
+        "throughput_live_over_sim": live["throughput_rps"] / max(sim["throughput_rps"], 1e-9),
+        "ttft_p50_live_over_sim": live["ttft_p50_s"] / max(sim["ttft_p50_s"], 1e-9),
+        "ttft_p90_live_over_sim": live["ttft_p90_s"] / max(sim["ttft_p90_s"], 1e-9),
+    }
 
 
 def _settings_json(s: Any, specs: Any) -> dict[str, Any]:
@@ -132,16 +148,12 @@ def _print(console: Any, out: dict[str, Any], workdir: Path) -> None:
     for label, fmt in rows:
         table.add_row(label, *(cell(p, s, fmt) for p, s in runs))
     console.print(table)
-    live, sim = out["live"], out["sim"]
-    for policy in live:
-        a, b = live[policy], sim[policy]
-
-        def ratio(key: str, a: dict[str, Any] = a, b: dict[str, Any] = b) -> str:
-            return f"{a[key] / max(b[key], 1e-9):.2f}"
-
+    for policy, agree in out["agreement"].items():
         console.print(
-            f"{policy}: live / sim throughput {ratio('throughput_rps')}, "
-            f"TTFT P50 {ratio('ttft_p50_s')}, P90 {ratio('ttft_p90_s')}"
+            f"{policy}: {agree['same_route']}/{agree['requests']} requests took the same route "
+            f"live and simulated; live / sim throughput {agree['throughput_live_over_sim']:.2f}, "
+            f"TTFT P50 {agree['ttft_p50_live_over_sim']:.2f}, "
+            f"P90 {agree['ttft_p90_live_over_sim']:.2f}"
         )
     if "torch" in out:
         for ans in out["torch"]["answers"]:

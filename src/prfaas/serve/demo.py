@@ -23,6 +23,7 @@ import httpx
 
 from prfaas.analytic import plan
 from prfaas.config import DeploymentConfig
+from prfaas.serve.gateway.hashing import prompt_digest
 from prfaas.serve.launcher import Launcher
 from prfaas.serve.loadgen import BenchRequest, PromptSynth, run_workload, summarize
 from prfaas.sim.report import summary as sim_summary
@@ -149,6 +150,8 @@ def sim_scenario(dep: Deployment, s: DemoSettings, specs: Sequence[SimRequestSpe
 
 def run_sim(dep: Deployment, s: DemoSettings, specs: Sequence[SimRequestSpec]) -> dict[str, Any]:
     sim = Simulator(sim_scenario(dep, s, specs), iter(specs))
+    offloaded: dict[int, bool] = {}
+    sim.on_finish = lambda req: offloaded.__setitem__(req.index, bool(req.offloaded))
     sim.run()
     out = sim_summary(sim)
     link = next(iter(out["links"].values()), None)
@@ -164,6 +167,7 @@ def run_sim(dep: Deployment, s: DemoSettings, specs: Sequence[SimRequestSpec]) -
         "cross_site_bytes": link["bytes_moved"] if link else 0,
         "link_utilisation": link["mean_utilisation"] if link else 0.0,
         "prefix_hit_rate": {k: v["prefix_hit_rate"] for k, v in out["sites"].items()},
+        "offloaded_by_request": [offloaded.get(sp.index) for sp in specs],
     }
 
 
@@ -199,6 +203,12 @@ def run_live(
         )
         routes = httpx.get(f"{launcher.url}/internal/routes", timeout=10).json()
     report = summarize(results, wall_s, {})
+    synth = PromptSynth(seed=s.seed)
+    by_digest = {r["prompt_digest"]: r for r in routes}
+    offloaded_by_request = []
+    for req in _bench_requests(specs, s.time_scale):
+        route = by_digest.get(prompt_digest(synth.token_ids(req)))
+        offloaded_by_request.append(None if route is None else bool(route["offloaded"]))
     ok = [r for r in results if r.ok]
     end_wall = max((r.sent_s + (r.latency_s or 0.0) for r in ok), default=1e-9)
     ts = s.time_scale
@@ -215,6 +225,7 @@ def run_live(
         "cross_site_bytes": moved,
         "link_utilisation": moved / capacity_bytes if dep.n_prfaas else 0.0,
         "prefix_hit_rate": _hit_rates(routes),
+        "offloaded_by_request": offloaded_by_request,
     }
 
 

@@ -69,6 +69,8 @@ class Simulator:
         self._index_pools()
         self._requests = requests if requests is not None else self._workload()
         self.probe: Callable[[Simulator], None] | None = None
+        self.on_finish: Callable[[SimRequest], None] | None = None
+        """Called with each request as it completes (drivers comparing runs request by request)."""
         self.stop = False
         self._primed = False
         self.arrivals_done = False
@@ -520,6 +522,8 @@ class Simulator:
     def _finish(self, req: SimRequest, dec: DecodeNode) -> None:
         now = self.now
         req.finish_s = now
+        if self.on_finish is not None:
+            self.on_finish(req)
         dec.kv_used -= req.kv_bytes
         dec.ctx_sum -= req.context
         m = self.metrics

@@ -24,7 +24,7 @@ from prfaas.policy import NoRouteError, Router, least_loaded
 from prfaas.policy.decisions import RouteDecision
 from prfaas.serve.api.metrics import GatewayMetrics
 from prfaas.serve.backend import GenerationError, GenerationRequest, ModelInfo, TokenEvent
-from prfaas.serve.gateway.hashing import block_hashes
+from prfaas.serve.gateway.hashing import block_hashes, prompt_digest
 from prfaas.serve.gateway.registry import NodeRegistry
 from prfaas.serve.node.messages import (
     DecodeCommand,
@@ -68,6 +68,8 @@ class RouteRecord:
     attempts: int
     moved_tokens: int = 0
     """Prefix tokens moved across sites before the prefill (the router's ``CacheMove``)."""
+    prompt_digest: str = ""
+    """Hash of the prompt's token ids: lets a load generator match records to its requests."""
 
 
 class ClusterDispatcher:
@@ -360,6 +362,7 @@ class ClusterDispatcher:
             RouteRecord(
                 req.request_id, site, node, decode_node, decision.offloaded, n,
                 outcome.num_cached_tokens, kv_bytes, attempt, self._moved.get(req.request_id, 0),
+                prompt_digest(req.prompt_token_ids),
             )
         )  # fmt: skip
 

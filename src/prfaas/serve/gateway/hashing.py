@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
+import numpy as np
+
 
 def block_hashes(token_ids: Sequence[int], block_tokens: int) -> tuple[int, ...]:
     if block_tokens <= 0:
@@ -21,3 +23,9 @@ def block_hashes(token_ids: Sequence[int], block_tokens: int) -> tuple[int, ...]
         prev = h.digest()
         out.append(int.from_bytes(prev, "big") >> 1)  # non-negative, fits an int64
     return tuple(out)
+
+
+def prompt_digest(token_ids: Sequence[int]) -> str:
+    """A short hex digest of a whole prompt (token ids as little-endian int64)."""
+    data = np.asarray(token_ids, dtype="<i8").tobytes()
+    return hashlib.blake2b(data, digest_size=8).hexdigest()
