@@ -1,7 +1,7 @@
-"""Simulation predicts reality: one small saturated scenario run live (emulated ``timed`` nodes,
-real processes and sockets) and in the simulator with the same requests and seed: every request takes
-the same route in both, and both complete every request. (How close throughput and TTFT come is a
-measured figure, printed by `prfaas demo`, not asserted here.)"""
+"""Simulation predicts reality: one small saturated scenario run live (emulated ``timed``
+nodes, real processes and sockets) and in the simulator with the same requests and seed: every
+request takes the same route in both, and both complete every request. (How close throughput and
+TTFT come is a measured figure, printed by `prfaas demo`, not asserted here.)"""
 
 from __future__ import annotations
 
