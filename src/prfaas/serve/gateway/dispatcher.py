@@ -33,6 +33,7 @@ from prfaas.serve.node.messages import (
     PrefillOutcome,
     PrefixPullCommand,
     SamplingMsg,
+    pack_tokens,
 )
 
 MAX_ATTEMPTS = 2
@@ -190,7 +191,7 @@ class ClusterDispatcher:
         )
         prefill_cmd = PrefillCommand(
             request_id=attempt_id,
-            token_ids=list(req.prompt_token_ids),
+            tokens=pack_tokens(req.prompt_token_ids),
             block_hashes=list(hashes),
             use_cached_tokens=decision.num_cached_tokens,
             decode_node=decode_node,

@@ -1,7 +1,8 @@
 """Block hashes of a prompt: the prefix-cache keys the gateway, the KV manager and the nodes share.
 
-Block i's hash chains block i-1's hash with block i's token ids (blake2b, 8 bytes), so equal hashes
-at position i mean equal prefixes of (i + 1) blocks. Only full blocks are hashed.
+Block i's hash chains block i-1's hash with block i's token ids (blake2b, 8 bytes, over the ids as
+little-endian int64), so equal hashes at position i mean equal prefixes of (i + 1) blocks. Only
+full blocks are hashed.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import numpy as np
 def block_hashes(token_ids: Sequence[int], block_tokens: int) -> tuple[int, ...]:
     if block_tokens <= 0:
         raise ValueError(f"block_tokens must be > 0, got {block_tokens}")
+    data = np.asarray(token_ids, dtype="<i8")
     out: list[int] = []
     prev = b""
-    for start in range(0, len(token_ids) - block_tokens + 1, block_tokens):
+    for start in range(0, len(data) - block_tokens + 1, block_tokens):
         h = hashlib.blake2b(prev, digest_size=8)
-        h.update(b",".join(str(t).encode() for t in token_ids[start : start + block_tokens]))
+        h.update(data[start : start + block_tokens].tobytes())
         prev = h.digest()
         out.append(int.from_bytes(prev, "big") >> 1)  # non-negative, fits an int64
     return tuple(out)

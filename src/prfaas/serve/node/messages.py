@@ -8,8 +8,11 @@ Gateway -> node: ``PrefillCommand`` (prefill these tokens, stream the KV to that
 
 from __future__ import annotations
 
+import base64
+from collections.abc import Sequence
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -26,9 +29,20 @@ class SamplingMsg(_Msg):
     ignore_eos: bool = False
 
 
+def pack_tokens(token_ids: Sequence[int]) -> str:
+    """Token ids as base64 of little-endian int32: a 100K-token prompt parses in microseconds,
+    where a JSON list of ints costs tens of milliseconds at each hop."""
+    return base64.b64encode(np.asarray(token_ids, dtype="<i4").tobytes()).decode()
+
+
+def unpack_tokens(packed: str) -> tuple[int, ...]:
+    return tuple(np.frombuffer(base64.b64decode(packed), dtype="<i4").tolist())
+
+
 class PrefillCommand(_Msg):
     request_id: str
-    token_ids: list[int]
+    tokens: str
+    """The prompt's token ids, ``pack_tokens``-encoded."""
     block_hashes: list[int] = []
     """Hashes of the prompt's full blocks: the prefix-cache keys."""
     use_cached_tokens: int = 0

@@ -34,6 +34,7 @@ from prfaas.serve.node.messages import (
     PrefillCommand,
     PrefillOutcome,
     SamplingMsg,
+    unpack_tokens,
 )
 from prfaas.serve.node.prefix_store import PrefixStore
 from prfaas.spec import LayerSegment
@@ -120,7 +121,8 @@ class Node:
     # -- prefill ---------------------------------------------------------------------------------
     async def prefill(self, cmd: PrefillCommand, link: TransferLink) -> PrefillOutcome:
         rid = cmd.request_id
-        n = len(cmd.token_ids)
+        token_ids = unpack_tokens(cmd.tokens)
+        n = len(token_ids)
         cached = None
         if self.prefix_store is not None and cmd.use_cached_tokens > 0:
             cached = self.prefix_store.lookup(cmd.block_hashes, n, cmd.use_cached_tokens)
@@ -130,7 +132,7 @@ class Node:
         block = store.block_tokens * store.checkpoint_every_blocks if store is not None else None
         req = PrefillRequest(
             rid,
-            tuple(cmd.token_ids),
+            token_ids,
             sampling_from(cmd.sampling),
             cached=cached,
             checkpoint_block_tokens=block if cmd.store_prefix and cmd.block_hashes else None,
