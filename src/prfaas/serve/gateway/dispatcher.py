@@ -310,11 +310,14 @@ class ClusterDispatcher:
         next_line: asyncio.Task[DecodeEvent] = asyncio.ensure_future(
             _next_event(lines, decode_node)
         )
+        prefill_seen = False
         try:
             while True:
-                waiting = {next_line} if prefill is None or prefill.done() else {next_line, prefill}
+                waiting = {next_line} if prefill_seen else {next_line, prefill}
                 done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                if prefill in done and not prefill.cancelled():
+                # The prefill may also have finished while a token was being yielded.
+                if not prefill_seen and prefill.done():
+                    prefill_seen = True
                     self._on_prefill_done(prefill, decision, decode_node, hashes, req, attempt)
                 if next_line not in done:
                     continue
@@ -323,6 +326,14 @@ class ClusterDispatcher:
                     raise _Retryable("decode_error", event.error)
                 yield TokenEvent(tuple(event.token_ids), event.finish_reason)
                 if event.finish_reason is not None:
+                    if not prefill_seen:  # the last token can beat the prefill's own answer
+                        with contextlib.suppress(asyncio.TimeoutError):
+                            await asyncio.wait_for(asyncio.shield(prefill), ABORT_TIMEOUT_S)
+                        if prefill.done():
+                            with contextlib.suppress(_Retryable):  # the client has its answer
+                                self._on_prefill_done(
+                                    prefill, decision, decode_node, hashes, req, attempt
+                                )
                     return
                 next_line = asyncio.ensure_future(_next_event(lines, decode_node))
         finally:
