@@ -1,0 +1,67 @@
+"""Deployment files: validation names the bad field; `prfaas up`/`serve` turn it into exit 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from prfaas.cli import main
+from prfaas.config import load_deployment
+from prfaas.errors import UsageError
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "two-site.yaml"
+
+
+def _write(tmp_path: Path, data: object) -> Path:
+    path = tmp_path / "d.yaml"
+    path.write_text(yaml.safe_dump(data) if not isinstance(data, str) else data)
+    return path
+
+
+def test_the_example_deployment_loads() -> None:
+    d = load_deployment(EXAMPLE)
+    assert d.home_site.name == "pd" and d.link_to_home("prfaas") is not None
+    assert d.node("pf0").role == "prefill" and d.site_of("d1").kind == "pd"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        (lambda d: d["sites"][0]["nodes"].append({"name": "x", "role": "decode"}),
+         "PrfaaS site: prefill nodes only"),
+        (lambda d: d["links"].clear(), "PrfaaS site prfaas has no link to pd"),
+        (lambda d: d["links"][0].update(gbps=0), "links.0.gbps"),
+        (lambda d: d["engine"].update(kind="torch"), "needs model_path"),
+        (lambda d: d.update(surprise=1), "surprise"),
+        (lambda d: d["sites"][1]["nodes"].__setitem__(1, {"name": "p0", "role": "decode"}),
+         "duplicate node names"),
+        (lambda d: d.update(psk="short"), "psk"),
+    ],
+)  # fmt: skip
+def test_bad_deployments_name_the_field(tmp_path: Path, mutate: object, needle: str) -> None:
+    data = yaml.safe_load(EXAMPLE.read_text())
+    mutate(data)  # type: ignore[operator]
+    with pytest.raises(UsageError, match=needle.replace(".", r"\.")):
+        load_deployment(_write(tmp_path, data))
+
+
+def test_unreadable_files(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="does not exist"):
+        load_deployment(tmp_path / "missing.yaml")
+    with pytest.raises(UsageError, match="not valid YAML"):
+        load_deployment(_write(tmp_path, "sites: [unclosed"))
+    with pytest.raises(UsageError, match="mapping at the top level"):
+        load_deployment(_write(tmp_path, "- a\n- b\n"))
+
+
+def test_cli_exit_2_for_bad_deployments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["up", str(tmp_path / "missing.yaml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["serve", "--role", "prefill", "--config", str(EXAMPLE)]) == 2
+    assert "needs at least one --node" in capsys.readouterr().err
+    assert main(["serve", "--role", "decode", "--config", str(EXAMPLE), "--node", "pf0"]) == 2
+    assert "has role prefill, not decode" in capsys.readouterr().err
+    assert main(["demo", "--requests", "0"]) == 2
+    assert "--requests must be > 0" in capsys.readouterr().err
