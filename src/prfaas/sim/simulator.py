@@ -99,7 +99,7 @@ class Simulator:
         self.pools: dict[tuple[int, NodeRole], PoolIndex] = {}
         self._prefill_by_name: dict[SiteId, PoolIndex] = {}
         self._decode_by_name: dict[SiteId, PoolIndex] = {}
-        self._other_names: dict[SiteId, PoolIndex] = {}
+        self._num_indexed = -1
         self.prefill_pools: list[PoolIndex | None] = []
         self.decode_pools: list[PoolIndex | None] = []
         self.admission: dict[int, DecodeAdmission] = {}
@@ -147,16 +147,15 @@ class Simulator:
 
     def pool(self, site_id: SiteId, role: NodeRole) -> PoolIndex | None:
         """The pool of ``role`` nodes at ``site_id`` (no enum hashing: this is a hot path)."""
-        names = self._prefill_by_name if role is _PREFILL else self._decode_by_name
-        if len(names) + len(self._other_names) != len(self.pools):
+        if self._num_indexed != len(self.pools):
             self._index_pools()
-            names = self._prefill_by_name if role is _PREFILL else self._decode_by_name
+        names = self._prefill_by_name if role is _PREFILL else self._decode_by_name
         return names.get(site_id)
 
     def _index_pools(self) -> None:
         self._prefill_by_name = {}
         self._decode_by_name = {}
-        self._other_names = {}
+        self._num_indexed = len(self.pools)
         for (s, role), pool in self.pools.items():
             target = self._prefill_by_name if role is _PREFILL else self._decode_by_name
             target[self.site_ids[s]] = pool
