@@ -10,6 +10,7 @@ and probes/samples last. Pure.
 from __future__ import annotations
 
 import heapq
+import itertools
 from typing import Any
 
 CAPACITY = 0
@@ -42,11 +43,10 @@ class EventQueue:
 
     def __init__(self) -> None:
         self.heap: list[tuple[float, int, int, Any, Any]] = []
-        self._seq = 0
+        self._seq = itertools.count()
 
     def push(self, time_s: float, kind: int, a: Any = None, b: Any = None) -> None:
-        self._seq += 1
-        heapq.heappush(self.heap, (time_s, kind, self._seq, a, b))
+        heapq.heappush(self.heap, (time_s, kind, next(self._seq), a, b))
 
     def pop(self) -> tuple[float, int, int, Any, Any]:
         return heapq.heappop(self.heap)

@@ -31,7 +31,6 @@ from prfaas.policy import (
     PrefillBatcher,
     Rebalancer,
     ThresholdTuner,
-    least_loaded,
     make_router,
 )
 from prfaas.sim import events as ev
@@ -281,13 +280,9 @@ class Simulator:
         home = req.home
         hashes = req.block_hashes if sc.prefix_cache else ()
         cached = self.kv.peek(hashes, req.num_prompt) if hashes else {}
-        view = RequestView(
-            RequestId(f"r{req.index}"),
-            req.num_prompt,
-            cached,
-            hashes,
-            req.num_output,  # type: ignore[arg-type]
-        )
+        # RequestId is a NewType: the plain str is the same object at run time, minus a call.
+        rid: RequestId = f"r{req.index}"  # type: ignore[assignment]
+        view = RequestView(rid, req.num_prompt, cached, hashes, req.num_output)  # type: ignore[arg-type]
         try:
             d = self.routers[home].route(view, self.views[home], self.now)
         except NoRouteError:
@@ -340,10 +335,14 @@ class Simulator:
     # -- prefill ----------------------------------------------------------------------------------
     def _start_batch(self, node: PrefillNode) -> None:
         queue = node.queue
-        head = [r.num_prompt - r.num_cached for r in itertools.islice(queue, 64)]
-        batch_plan = self.batcher.next_batch(head)
-        batch = [queue.popleft() for _ in range(batch_plan.num_requests)]
-        node.queued_tokens -= batch_plan.num_tokens
+        if len(queue) == 1:  # the batcher's rule for a lone request: it goes, alone
+            batch = [queue.popleft()]
+            node.queued_tokens -= batch[0].num_prompt - batch[0].num_cached
+        else:
+            head = [r.num_prompt - r.num_cached for r in itertools.islice(queue, 64)]
+            batch_plan = self.batcher.next_batch(head)
+            batch = [queue.popleft() for _ in range(batch_plan.num_requests)]
+            node.queued_tokens -= batch_plan.num_tokens
         node.cached_load = None
         self.site_queued[node.site] -= len(batch)
         # Sum of per-request times == CostModel.batch_prefill_s for the shipped profiles.
@@ -359,8 +358,8 @@ class Simulator:
 
     def _start_transfer(self, req: SimRequest, node: PrefillNode, duration: float) -> None:
         home = req.home
-        view = self.views[home]
-        load = least_loaded(view, self.site_ids[home], _DECODE)
+        # The placement rule of ``policy.least_loaded``, asked of the view directly (hot path).
+        load = self.views[home].least_loaded(self.site_ids[home], _DECODE)
         if load is None:
             raise ScenarioError(f"site {self.site_ids[home]}: no decode node accepts work")
         dec: Any = self.node_by_id[load.node_id]
