@@ -129,21 +129,30 @@ class HybridPrefixCache:
         move = lru.move_to_end
         block_bytes = self.sizing.block_bytes
         ckpt_bytes = self.sizing.checkpoint_bytes
-        ckpt = self._needs_ckpt
         added = 0
-        for i in range(num_full - 1, -1, -1):
-            key = block_hashes[i] * 2
-            if ckpt and (i == num_full - 1 or (i + 1) % every == 0):
-                if key + 1 in lru:
-                    move(key + 1)
+        if not self._needs_ckpt:
+            for i in range(num_full - 1, -1, -1):
+                key = block_hashes[i] * 2
+                if key in lru:
+                    move(key)
                 else:
-                    lru[key + 1] = ckpt_bytes
-                    added += ckpt_bytes
-            if key in lru:
-                move(key)
-            else:
-                lru[key] = block_bytes
-                added += block_bytes
+                    lru[key] = block_bytes
+                    added += block_bytes
+        else:
+            last = num_full - 1
+            for i in range(last, -1, -1):
+                key = block_hashes[i] * 2
+                if i == last or (i + 1) % every == 0:
+                    if key + 1 in lru:
+                        move(key + 1)
+                    else:
+                        lru[key + 1] = ckpt_bytes
+                        added += ckpt_bytes
+                if key in lru:
+                    move(key)
+                else:
+                    lru[key] = block_bytes
+                    added += block_bytes
         self.used_bytes += added
         if self.used_bytes > self.capacity_bytes:
             self._evict()
