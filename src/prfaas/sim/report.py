@@ -41,6 +41,11 @@ def summary(sim: Simulator) -> dict[str, Any]:
             "requests_prefilled": sim.site_prefilled[i],
             "prefill_utilisation": r(sum(n.busy_s for n in pre) / (len(pre) * end)) if pre else 0.0,
             "decode_utilisation": r(sum(n.busy_s for n in dec) / (len(dec) * end)) if dec else 0.0,
+            "decode_slot_utilisation": r(
+                sum(n.slot_s for n in dec) / (sum(n.max_batch for n in dec) * end)  # type: ignore[attr-defined]
+            )
+            if dec
+            else 0.0,
             "peak_prefill_queue": sim.peak_queued[i],
             "peak_decode_waiting": sim.peak_waiting[i] if sim.site_kinds[i] is SiteKind.PD else 0,
             "prefix_hit_rate": r(cache.hit_rate),
