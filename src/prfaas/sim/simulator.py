@@ -358,11 +358,11 @@ class Simulator:
 
     def _start_transfer(self, req: SimRequest, node: PrefillNode, duration: float) -> None:
         home = req.home
-        # The placement rule of ``policy.least_loaded``, asked of the view directly (hot path).
-        load = self.views[home].least_loaded(self.site_ids[home], _DECODE)
-        if load is None:
+        # ``policy.least_loaded``'s rule for decode placement (fewest requests running, waiting
+        # or reserved), answered by the pool's heap without building a NodeLoad (hot path).
+        dec: Any = self.decode_pools[home].best()  # type: ignore[union-attr]
+        if dec is None:
             raise ScenarioError(f"site {self.site_ids[home]}: no decode node accepts work")
-        dec: Any = self.node_by_id[load.node_id]
         dec.reserved += 1
         self.decode_pools[home].touch(dec)  # type: ignore[union-attr]
         req.decode_node = dec
