@@ -13,6 +13,7 @@ of ``(time_s, gbps)`` steps). Delivery adds half an RTT of propagation. Pure.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -38,8 +39,7 @@ class Flow:
         self.payload = payload
 
 
-def _by_cap(flow: Flow) -> float:
-    return flow.cap
+_by_cap = operator.attrgetter("cap")
 
 
 class SimLink:
@@ -165,12 +165,10 @@ class SimLink:
             self._waterfill(now)
 
     def _waterfill(self, now: float) -> None:
+        # Max-min fair: in increasing order of cap, each flow gets min(cap, equal share of what is
+        # left). Only flows whose rate changes are advanced and rescheduled: an unchanged flow's
+        # (remaining, last_s, rate) still describe it exactly.
         flows = sorted(self._flows.values(), key=_by_cap)
-        for f in flows:
-            dt = now - f.last_s
-            if dt > 0 and f.rate > 0:
-                f.remaining -= f.rate * dt
-            f.last_s = now
         self._congested = self.sum_caps > self.capacity
         left = self.capacity
         n = len(flows)
@@ -180,6 +178,10 @@ class SimLink:
             rate = f.cap if f.cap <= share else share
             left -= rate
             if rate != f.rate or f.done_s == inf:
+                dt = now - f.last_s
+                if dt > 0 and f.rate > 0:
+                    f.remaining -= f.rate * dt
+                f.last_s = now
                 self._set_rate(f, rate, now)
 
     # -- observation ---------------------------------------------------------------------------
