@@ -20,6 +20,10 @@ from typing import Any
 from prfaas.errors import UsageError
 
 
+_DEFAULTS: dict[str, Any] = {}
+"""Flag defaults, to tell which flags a user gave explicitly (they override --config)."""
+
+
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "sim",
@@ -78,6 +82,7 @@ def register(subparsers: Any) -> None:
     a("--timeseries", action="store_true", help="include 1 s time series in the JSON")
     a("--plot", type=Path, default=None, help="write PNG plots to this folder")
     p.set_defaults(run=run)
+    _DEFAULTS.update({a.dest: a.default for a in p._actions})
 
 
 def _schedule(text: str) -> tuple[tuple[float, float], ...]:
@@ -192,8 +197,22 @@ def build_scenario(args: argparse.Namespace) -> tuple[Any, float | None]:
         if args.n_p is not None or args.n_d is not None or args.prfaas_sites > 1:
             exact = None  # not the planner's deployment any more
     rate = args.rate if args.rate is not None else (0.8 * exact if exact else sc.arrival.rate_rps)
-    arrival = ArrivalSpec(args.arrival, rate, args.cv, args.on_s, args.on_fraction)
-    changes: dict[str, Any] = {"arrival": arrival, "seed": args.seed, "warmup_s": args.warmup}
+    changes: dict[str, Any] = {}
+    # With --config, only flags given explicitly (different from their defaults) override it.
+    given = {k for k, v in vars(args).items() if v != _DEFAULTS.get(k, v)}
+    if args.config is None or given & {"arrival", "rate", "cv", "on_s", "on_fraction"}:
+        base = sc.arrival if args.config is not None else None
+        changes["arrival"] = ArrivalSpec(
+            args.arrival if base is None or "arrival" in given else base.kind,
+            rate,
+            args.cv if base is None or "cv" in given else base.cv,
+            args.on_s if base is None or "on_s" in given else base.on_s,
+            args.on_fraction if base is None or "on_fraction" in given else base.on_fraction,
+        )
+    if args.config is None or "seed" in given:
+        changes["seed"] = args.seed
+    if args.config is None or "warmup" in given:
+        changes["warmup_s"] = args.warmup
     if args.policy is not None:
         changes["policy"] = args.policy
     if args.duration is not None or args.config is None:

@@ -97,3 +97,15 @@ def test_trace_replay_with_rate_scale(capsys: pytest.CaptureFixture[str]) -> Non
     data = json.loads(out)
     assert data["requests"]["completed"] == 300
     assert data["sites"]["pd"]["prefix_hit_rate"] > 0
+
+
+def test_yaml_example_runs_and_flags_override_it(capsys: pytest.CaptureFixture[str]) -> None:
+    example = Path(__file__).resolve().parents[3] / "docs" / "examples" / "two_tenants.yaml"
+    rc, out, _ = _run(["--config", str(example), "--duration", "60", "--json"], capsys)
+    assert rc == 0
+    data = json.loads(out)
+    assert data["scenario"]["arrival"]["kind"] == "poisson"  # from the file
+    assert data["scenario"]["seed"] == 3
+    assert data["scenario"]["duration_s"] == 60  # from the flag
+    assert set(data["links"]) >= {"prfaas->pd-east", "prfaas->pd-west"}
+    assert data["requests"]["unfinished"] == 0
