@@ -19,7 +19,6 @@ from typing import Any
 
 from prfaas.errors import UsageError
 
-
 _DEFAULTS: dict[str, Any] = {}
 """Flag defaults, to tell which flags a user gave explicitly (they override --config)."""
 
