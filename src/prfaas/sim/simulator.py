@@ -34,6 +34,8 @@ from prfaas.policy import (
     make_router,
 )
 from prfaas.sim import events as ev
+from prfaas.sim.control import ControlDriver
+from prfaas.sim.decode_driver import DecodeDriver
 from prfaas.sim.link import Flow, SimLink
 from prfaas.sim.metrics import Metrics
 from prfaas.sim.nodes import DecodeNode, PoolIndex, PrefillNode, SimNode
@@ -54,7 +56,7 @@ _PREFILL = NodeRole.PREFILL
 _DECODE = NodeRole.DECODE
 
 
-class Simulator:
+class Simulator(DecodeDriver, ControlDriver):
     def __init__(self, scenario: SimScenario, requests: Iterator[SimRequestSpec] | None = None):
         scenario.validate()
         self.sc = scenario
@@ -425,215 +427,7 @@ class Simulator:
         for key in (pair, (pair[1], pair[0])):
             self.links[key].set_capacity(self.now, gbps * 1e9 / 8)
 
-    # -- decode -----------------------------------------------------------------------------------
-    def _on_kv_arrive(self, req: SimRequest, _: Any) -> None:
-        now = self.now
-        req.kv_ready_s = now
-        dec: DecodeNode = req.decode_node  # type: ignore[assignment]
-        dec.reserved -= 1
-        dec.cached_load = None
-        if not dec.waiting and self.admission[dec.site].admit_fast(
-            len(dec.members), dec.kv_used, dec.kv_capacity, req.kv_bytes
-        ):
-            self._join(dec, req)
-        else:
-            dec.waiting.append(req)
-            s = dec.site
-            self.site_waiting[s] += 1
-            if self.site_waiting[s] > self.peak_waiting[s]:
-                self.peak_waiting[s] = self.site_waiting[s]
-
-    # Decode bookkeeping without a per-member loop: the node counts steps since it started
-    # (``dec.step``); a member joining at step j with context c finishes at step j + output and
-    # has context c + (s - j) at step s, so the batch's total context at step s is
-    # ``ctx_base + B * s`` with ``ctx_base = sum(c - j)``. Members sit in a heap by finish step.
-    def _enter(self, dec: DecodeNode, req: SimRequest, step: int, at_s: float) -> None:
-        req.decode_start_s = at_s
-        req.remaining_steps = step + req.num_output  # the finish step
-        req.context = req.num_prompt - step  # this member's share of ctx_base
-        dec.ctx_sum += req.context
-        dec.seq += 1
-        heapq.heappush(dec.members, (req.remaining_steps, dec.seq, req))
-
-    def _join(self, dec: DecodeNode, req: SimRequest) -> None:
-        dec.kv_used += req.kv_bytes
-        if not dec.members:
-            self._enter(dec, req, dec.step, self.now)
-            self._new_span(dec, self.now)
-            return
-        # Mid-span: the step in progress finishes without the newcomer; it joins at that step
-        # boundary, where a new span (new batch size and context) begins. One event, not two.
-        cm = dec.cm
-        start = dec.span_start_s
-        elapsed = self.now - start
-        k = cm.decode_steps_within(dec.span_batch, dec.span_ctx, elapsed) + 1 if elapsed > 0 else 0
-        if k > dec.tick_steps:
-            k = dec.tick_steps  # the boundary is the pending tick itself
-        boundary_s = start + cm.decode_span_s(dec.span_batch, dec.span_ctx, k)
-        dec.busy_s += boundary_s - start
-        dec.slot_s += (boundary_s - start) * dec.span_batch
-        dec.step += k
-        self._enter(dec, req, dec.step, boundary_s)
-        self._new_span(dec, boundary_s)
-
-    def _new_span(self, dec: DecodeNode, start_s: float) -> None:
-        members = dec.members
-        b = len(members)
-        dec.span_start_s = start_s
-        dec.span_batch = b
-        dec.span_ctx = dec.ctx_sum + b * dec.step
-        steps = members[0][0] - dec.step
-        dec.tick_steps = steps
-        dec.tick_s = start_s + dec.cm.decode_span_s(b, dec.span_ctx, steps)
-        dec.tick_version += 1
-        self.q.push(dec.tick_s, ev.DECODE_TICK, dec, dec.tick_version)
-
-    def _on_decode_tick(self, dec: DecodeNode, version: int) -> None:
-        if version != dec.tick_version:
-            return
-        now = self.now
-        dec.busy_s += now - dec.span_start_s
-        dec.slot_s += (now - dec.span_start_s) * dec.span_batch
-        step = dec.step = dec.step + dec.tick_steps
-        members = dec.members
-        while members and members[0][0] <= step:
-            req = heapq.heappop(members)[2]
-            self._finish(req, dec)
-        adm = self.admission[dec.site]
-        waiting = dec.waiting
-        while waiting and adm.admit_fast(
-            len(members), dec.kv_used, dec.kv_capacity, waiting[0].kv_bytes
-        ):
-            req = waiting.popleft()
-            self.site_waiting[dec.site] -= 1
-            dec.kv_used += req.kv_bytes
-            self._enter(dec, req, step, now)
-        self.decode_pools[dec.site].touch(dec)  # type: ignore[union-attr]
-        if members:
-            self._new_span(dec, now)
-        else:
-            dec.tick_s = float("inf")
-            dec.tick_steps = 0
-            if dec.draining and dec.is_idle():
-                self._drained(dec)
-
-    def _finish(self, req: SimRequest, dec: DecodeNode) -> None:
-        now = self.now
-        req.finish_s = now
-        if self.on_finish is not None:
-            self.on_finish(req)
-        dec.kv_used -= req.kv_bytes
-        dec.ctx_sum -= req.context
-        m = self.metrics
-        m.num_completed += 1
-        m.output_tokens += req.num_output
-        if now > m.last_finish_s:
-            m.last_finish_s = now
-        if req.arrival_s < self.sc.warmup_s:
-            return
-        ttft = req.kv_ready_s - req.arrival_s
-        tpot = (now - req.decode_start_s) / req.num_output
-        m.num_counted += 1
-        m.ttft_s.append(ttft)
-        m.tpot_s.append(tpot)
-        m.e2e_s.append(now - req.arrival_s)
-        if tpot > m.max_tpot_s:
-            m.max_tpot_s = tpot
-        if ttft <= self.sc.slo_ttft_s and tpot <= self.sc.slo_tpot_s * (1 + 1e-9):
-            m.num_good += 1
-
-    # -- rebalancing ------------------------------------------------------------------------------
-    def _drain(self, node: SimNode) -> None:
-        node.draining = True
-        node.cached_load = None
-        if node.is_idle():  # type: ignore[attr-defined]
-            self._drained(node)
-
-    def _drained(self, node: SimNode) -> None:
-        self.pools[(node.site, node.role)].remove(node)
-        self.q.push(self.now + self.sc.role_switch_s, ev.CONVERT, node)
-
-    def _on_convert(self, node: SimNode, _: Any) -> None:
-        site = node.site
-        cm = node.cm
-        new: SimNode
-        if node.role is _PREFILL:
-            kv_cap = int(cm.hardware.instance_memory_bytes * self.sc.decode_kv_fraction)
-            if site not in self.admission:
-                self.admission[site] = DecodeAdmission(cm.max_decode_batch)
-                self.pools[(site, _DECODE)] = PoolIndex()
-            new = DecodeNode(node.node_id, node.index, site, node.site_id, cm,
-                             self.admission[site].max_batch, kv_cap)  # fmt: skip
-        else:
-            new = PrefillNode(node.node_id, node.index, site, node.site_id, cm)
-            new.free_at_s = self.now
-        new.busy_s = 0.0
-        self.nodes[node.index] = new
-        self.node_by_id[node.node_id] = new
-        self.pools[(site, new.role)].add(new)
-        self.metrics.role_changes.append(
-            {"t_s": round(self.now, 6), "node": node.node_id, "to": new.role.value}
-        )
-
-    def _on_control(self, _a: Any, _b: Any) -> None:
-        now = self.now
-        m = self.metrics
-        for h in self.homes:
-            view = self.views[h]
-            reb = self.rebalancers.get(h)
-            if reb is not None:
-                plan = reb.plan(view, now, self.windows[h])
-                if plan is not None:
-                    for change in plan.changes:
-                        self._drain(self.node_by_id[change.node_id])
-                    view.set_threshold_tokens(plan.threshold_tokens)
-                    m.threshold_updates.append(
-                        {"t_s": round(now, 6), "site": self.site_ids[h],
-                         "threshold_tokens": plan.threshold_tokens, "reason": plan.reason}
-                    )  # fmt: skip
-                    continue
-            tuner = self.tuners.get(h)
-            if tuner is not None:
-                upd = tuner.maybe_retune(view, now, self.windows[h])
-                if upd is not None:
-                    view.set_threshold_tokens(upd.threshold_tokens)
-                    m.threshold_updates.append(
-                        {"t_s": round(now, 6), "site": self.site_ids[h],
-                         "threshold_tokens": upd.threshold_tokens, "reason": upd.reason}
-                    )  # fmt: skip
-        if now < self.sc.duration_s + self.sc.drain_s and not self._idle_for_good():
-            self.q.push(now + self.sc.control_interval_s, ev.CONTROL)
-
-    def _idle_for_good(self) -> bool:
-        """No arrival to come and nothing in flight: periodic events may stop."""
-        m = self.metrics
-        return self.arrivals_done and m.num_arrived == m.num_completed + m.num_failed
-
-    # -- observation ------------------------------------------------------------------------------
-    def _on_sample(self, _a: Any, _b: Any) -> None:
-        now = self.now
-        m = self.metrics
-        dt = self.sc.sample_interval_s
-        m.samples_t.append(round(now, 6))
-        for key, link in self.links.items():
-            delivered = link.bytes_delivered(now)
-            rate = (delivered - self._last_bytes[key]) / dt if now > 0 else 0.0
-            self._last_bytes[key] = delivered
-            lid = link.link_id
-            cap = link.nominal_capacity
-            m.sample(f"link_util:{lid}", rate / cap if cap > 0 else 0.0)
-            m.sample(f"link_backlog_bytes:{lid}", link.backlog_bytes(now))
-        for i, sid in enumerate(self.site_ids):
-            m.sample(f"prefill_queue:{sid}", self.site_queued[i])
-            if self.site_kinds[i] is SiteKind.PD:
-                m.sample(f"decode_waiting:{sid}", self.site_waiting[i])
-        if now < self.sc.duration_s and not self.stop and not self._idle_for_good():
-            self.q.push(now + dt, ev.SAMPLE)
-
-    def _on_probe(self, _a: Any, _b: Any) -> None:
-        if self.probe is not None:
-            self.probe(self)
-
     def schedule_probe(self, at_s: float, fn: Callable[[Simulator], None]) -> None:
+        """Call ``fn(self)`` at ``at_s`` (after everything else due then); ``--find-max-rate``."""
         self.probe = fn
         self.q.push(at_s, ev.PROBE)
