@@ -199,6 +199,8 @@ def run_live(
                 concurrency=1024,
                 timeout_s=600,
                 on_done=(lambda _r: on_done()) if on_done else None,
+                # token ids in every chunk: TTFT is the first token, whatever text it makes
+                extra_body={"return_token_ids": True},
             )
         )
         routes = httpx.get(f"{launcher.url}/internal/routes", timeout=10).json()

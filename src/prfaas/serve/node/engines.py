@@ -22,7 +22,9 @@ def build_engine(config: EngineConfig, hardware: str) -> Any:
             time_scale=config.time_scale,
             byte_divisor=config.byte_divisor,
             token_chunk=config.token_chunk,
-            vocab_size=256,  # made-up tokens that a byte tokenizer can show
+            # Made-up tokens drawn from ASCII: each one is a whole character for the gateway's
+            # byte tokenizer, so a client sees text from the very first token.
+            vocab_size=128,
         )
         return TimedEngine(cost, LoopWaiter(LoopClock()), timed)
     import torch
