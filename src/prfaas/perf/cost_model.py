@@ -10,7 +10,7 @@ profiles, which were taken one request at a time). Pure: no I/O, no clock.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prfaas.perf.profiles import Profile, find_profile
 from prfaas.perf.roofline import Roofline
@@ -29,6 +29,9 @@ class CostModel:
     model: ModelSpec
     hardware: HardwareSpec
     profile: Profile | None = None
+    _decode_cache: dict[int, tuple[float, float]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @property
     def roofline(self) -> Roofline:
@@ -83,11 +86,16 @@ class CostModel:
     def _decode_parts(self, batch_size: int) -> tuple[float, float]:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be > 0, got {batch_size}")
-        decode = self.profile.decode if self.profile is not None else None
-        if decode is None:
-            return self.roofline.decode_step_parts(batch_size)
-        scale = max(1.0, batch_size / decode.max_batch)
-        return decode.step_s * scale, 0.0
+        # Memoised per batch size: the simulator asks for every batch membership change.
+        parts = self._decode_cache.get(batch_size)
+        if parts is None:
+            decode = self.profile.decode if self.profile is not None else None
+            if decode is None:
+                parts = self.roofline.decode_step_parts(batch_size)
+            else:
+                parts = (decode.step_s * max(1.0, batch_size / decode.max_batch), 0.0)
+            self._decode_cache[batch_size] = parts
+        return parts
 
     def decode_step_s(self, batch_size: int, context_tokens: int) -> float:
         """One decode step for ``batch_size`` requests whose contexts sum to ``context_tokens``."""

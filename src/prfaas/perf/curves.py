@@ -10,20 +10,22 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
 class PiecewiseLinearCurve:
     points: tuple[tuple[float, float], ...]
     """(tokens, seconds) pairs with strictly increasing tokens; at least two."""
+    _xs: tuple[float, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if len(self.points) < 2:
             raise ValueError("a piecewise-linear curve needs at least two points")
-        xs = [x for x, _ in self.points]
+        xs = tuple(x for x, _ in self.points)
         if any(b <= a for a, b in itertools.pairwise(xs)):
             raise ValueError(f"curve points must have strictly increasing lengths: {xs}")
+        object.__setattr__(self, "_xs", xs)  # the simulator calls this per request: no rebuild
 
     @classmethod
     def of(cls, points: Sequence[tuple[float, float]]) -> PiecewiseLinearCurve:
@@ -31,8 +33,7 @@ class PiecewiseLinearCurve:
 
     def __call__(self, tokens: float) -> float:
         pts = self.points
-        xs = [x for x, _ in pts]
-        i = bisect.bisect_right(xs, tokens) - 1
+        i = bisect.bisect_right(self._xs, tokens) - 1
         i = min(max(i, 0), len(pts) - 2)  # extend the end segments beyond the measured range
         (x0, y0), (x1, y1) = pts[i], pts[i + 1]
         return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
