@@ -259,12 +259,15 @@ def torch_showcase(workdir: Path) -> dict[str, Any]:
     """A real (tiny, random-weight) Qwen3-Next hybrid answering real prompts through both paths;
     each answer is checked token for token against single-process generation."""
     import torch
+    from transformers.utils import logging as hf_logging
 
     from prfaas.engine import PrefillRequest, SamplingParams
     from prfaas.engine.torch import TorchEngine
     from prfaas.engine.torch.tiny import make_tiny
 
     torch.set_num_threads(1)
+    hf_logging.set_verbosity_error()  # no notes about GPU kernels a CPU run does not have
+    hf_logging.disable_progress_bar()
     model_dir = make_tiny("qwen3_next", workdir / "tiny-qwen3-next")
     config = DeploymentConfig.model_validate(
         {

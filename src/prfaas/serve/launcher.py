@@ -101,6 +101,8 @@ class Launcher:
     def _spawn(self, name: str, args: list[str]) -> Child:
         log_path = self.workdir / f"{name}.log"
         cmd = [sys.executable, "-m", "prfaas.cli", "serve", "--config", str(self.config_path)]
+        # Workers log warnings, not transformers' notes about missing GPU kernels.
+        env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
                 cmd + args,
@@ -108,6 +110,7 @@ class Launcher:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                env=env,
             )
         child = Child(name, proc, log_path)
         self.children.append(child)
