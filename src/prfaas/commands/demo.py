@@ -31,7 +31,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--rate", type=float, default=2.6, help="modelled arrivals per second")
     p.add_argument("--trace", type=Path, default=None, help="replay a Mooncake JSONL slice")
     p.add_argument("--rate-scale", type=float, default=1.0, help="trace speed-up")
-    p.add_argument("--time-scale", type=float, default=0.25, help="wall s per modelled s")
+    p.add_argument("--time-scale", type=float, default=0.5, help="wall s per modelled s")
     p.add_argument("--byte-divisor", type=int, default=1000, help="payload size divisor")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-torch", action="store_true", help="skip the tiny PyTorch model part")

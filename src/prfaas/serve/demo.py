@@ -46,7 +46,7 @@ class DemoSettings:
     rate_rps: float = 2.6
     """Modelled arrivals per second: above the homogeneous capacity (2.11), below PrfaaS-PD's."""
     output_tokens: int = 1024
-    time_scale: float = 0.25
+    time_scale: float = 0.5
     byte_divisor: int = 1000
     token_chunk: int = 64
     seed: int = 0
