@@ -35,12 +35,11 @@ def run(args: argparse.Namespace) -> int:
     from prfaas.serve.launcher import Launcher, LaunchError
 
     d = load_deployment(args.deployment)
-    if d.netns:
-        raise UsageError(
-            "netns: true is not supported by `prfaas up` yet; the link is paced in the sender"
-        )
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="prfaas-up-"))
-    launcher = Launcher(d, workdir, args.process_per_node)
+    try:
+        launcher = Launcher(d, workdir, args.process_per_node)
+    except LaunchError as exc:
+        raise UsageError(str(exc)) from None
     stop = False
 
     def on_signal(signum: int, _frame: object) -> None:

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import httpx
 import yaml
@@ -56,6 +57,9 @@ class Launcher:
     def __init__(
         self, deployment: DeploymentConfig, workdir: Path, process_per_node: bool = False
     ) -> None:
+        self.testbed: Any = None
+        if deployment.netns:
+            deployment = self._network(deployment)
         gw = deployment.gateway
         if gw.port == 0:
             gw = gw.model_copy(update={"port": free_port(gw.host)})
@@ -65,6 +69,33 @@ class Launcher:
         self.process_per_node = process_per_node or deployment.engine.kind == "torch"
         self.children: list[Child] = []
         self.config_path = workdir / "deployment.resolved.yaml"
+
+    def _network(self, d: DeploymentConfig) -> DeploymentConfig:
+        """Put the PrfaaS site in its own network namespace, joined to this one (the PD site and
+        the gateway) by a veth whose PrfaaS -> PD direction is tbf-shaped to the link's emulated
+        rate, with the link's RTT from a userspace delay line (``prfaas.testbed``). The gateway
+        and PD workers then listen on this side's veth address."""
+        from prfaas.testbed import TwoSiteTestbed, unavailable_reason
+
+        remote = [s for s in d.sites if s.kind == "prfaas"]
+        if len(remote) != 1:
+            raise LaunchError("netns: true places exactly one PrfaaS site in a namespace")
+        reason = unavailable_reason()
+        if reason is not None:
+            raise LaunchError(f"netns: true: {reason}")
+        link = d.link_to_home(remote[0].name)
+        assert link is not None
+        eng = d.engine
+        scale = eng.byte_divisor * (eng.time_scale if eng.kind == "timed" else 1.0)
+        self.testbed = TwoSiteTestbed(
+            rate_mbit=link.gbps * 1000 / scale,
+            one_way_delay_s=link.rtt_ms / 2000 * (eng.time_scale if eng.kind == "timed" else 1.0),
+            tcp_mem_max_bytes=64 << 20,
+            b_in_root=True,
+        )
+        self.testbed.setup()
+        gateway = d.gateway.model_copy(update={"host": self.testbed.ip_b})
+        return d.model_copy(update={"gateway": gateway})
 
     @property
     def url(self) -> str:
@@ -92,15 +123,19 @@ class Launcher:
                 args = ["--role", "node"]
                 for n in nodes:
                     args += ["--node", n]
-                self._spawn(name, args)
+                site = self.deployment.site_of(nodes[0])
+                self._spawn(name, args, site="a" if site.kind == "prfaas" else "b")
             self.wait_nodes(ready_timeout_s)
         except BaseException:
             self.stop()
             raise
 
-    def _spawn(self, name: str, args: list[str]) -> Child:
+    def _spawn(self, name: str, args: list[str], site: str = "b") -> Child:
         log_path = self.workdir / f"{name}.log"
         cmd = [sys.executable, "-m", "prfaas.cli", "serve", "--config", str(self.config_path)]
+        if self.testbed is not None and name != "gateway":
+            args = [*args, "--host", self.testbed.ip_a if site == "a" else self.testbed.ip_b]
+            cmd = self.testbed.netns_argv(site, cmd)
         # Workers log warnings, not transformers' notes about missing GPU kernels.
         env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
         with log_path.open("wb") as log:
@@ -179,6 +214,8 @@ class Launcher:
                 os.killpg(child.proc.pid, signal.SIGKILL)  # the group: helpers included
             child.proc.wait()
         self.children.clear()
+        if self.testbed is not None:
+            self.testbed.teardown()  # namespaces, veth, delay line
 
     def __enter__(self) -> Launcher:
         self.start()

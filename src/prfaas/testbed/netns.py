@@ -105,17 +105,23 @@ class TwoSiteTestbed:
     """tbf queue bound expressed as time at the rate (the ``latency`` parameter)."""
     tcp_mem_max_bytes: int | None = None
     """Raise net.ipv4.tcp_wmem/rmem maxima inside A and B (None: kernel defaults)."""
+    b_in_root: bool = False
+    """Site B is this machine's own (root) namespace, so B's services stay reachable from it (the
+    live launcher's PD site and gateway); only A gets a namespace. B's end is a uniquely named
+    veth in the root namespace, deleted with A's (or M's) namespace."""
     run_id: str = field(default_factory=lambda: f"{PREFIX}{os.getpid()}x{secrets.token_hex(3)}")
     ns_a: str = ""
     ns_b: str = ""
     ns_m: str = ""
     ip_a: str = ""
     ip_b: str = ""
+    dev_b: str = ""
     _helpers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     _up: bool = False
 
     def __post_init__(self) -> None:
         self.ns_a, self.ns_b, self.ns_m = (f"{self.run_id}{s}" for s in "abm")
+        self.dev_b = f"pb{secrets.token_hex(4)}" if self.b_in_root else "b0"
         subnet = 16 + secrets.randbelow(200)
         self.ip_a, self.ip_b = f"10.77.{subnet}.1", f"10.77.{subnet}.2"
 
@@ -146,25 +152,27 @@ class TwoSiteTestbed:
         self._up = True
         self._save_state()
         a, b, m = self.ns_a, self.ns_b, self.ns_m
-        for ns in (a, b):
+        for ns in (a,) if self.b_in_root else (a, b):
             _sh("ip", "netns", "add", ns)
             _sh("ip", "-n", ns, "link", "set", "dev", "lo", "up")
+        b_side = () if self.b_in_root else ("netns", b)  # where B's veth end goes
         if self.one_way_delay_s > 0:
             _sh("ip", "netns", "add", m)
             _sh("ip", "-n", m, "link", "set", "dev", "lo", "up")
             _sh("ip", "link", "add", "dev", "a0", "netns", a,
                 "type", "veth", "peer", "name", "ma", "netns", m)  # fmt: skip
-            _sh("ip", "link", "add", "dev", "b0", "netns", b,
+            _sh("ip", "link", "add", "dev", self.dev_b, *b_side,
                 "type", "veth", "peer", "name", "mb", "netns", m)  # fmt: skip
             for dev in ("ma", "mb"):
                 _sh("ip", "-n", m, "link", "set", "dev", dev, "up")
         else:
             _sh("ip", "link", "add", "dev", "a0", "netns", a,
-                "type", "veth", "peer", "name", "b0", "netns", b)  # fmt: skip
-        for ns, dev, ip in ((a, "a0", self.ip_a), (b, "b0", self.ip_b)):
-            _sh("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev)
-            _sh("ip", "-n", ns, "link", "set", "dev", dev, "up")
-            if self.tcp_mem_max_bytes is not None:
+                "type", "veth", "peer", "name", self.dev_b, *b_side)  # fmt: skip
+        for ns, dev, ip in ((a, "a0", self.ip_a), (b, self.dev_b, self.ip_b)):
+            where = () if ns == b and self.b_in_root else ("-n", ns)
+            _sh("ip", *where, "addr", "add", f"{ip}/24", "dev", dev)
+            _sh("ip", *where, "link", "set", "dev", dev, "up")
+            if self.tcp_mem_max_bytes is not None and where:
                 mx = str(self.tcp_mem_max_bytes)
                 for key in ("net.ipv4.tcp_wmem", "net.ipv4.tcp_rmem"):
                     _sh("ip", "netns", "exec", ns, "sysctl", "-q", "-w", f"{key}=4096 131072 {mx}")
@@ -210,12 +218,16 @@ class TwoSiteTestbed:
         self._helpers.clear()
         for ns in (self.ns_a, self.ns_b, self.ns_m):
             _sh("ip", "netns", "del", ns, check=False)
+        if self.b_in_root:  # normally gone with its peer's namespace; make sure
+            _sh("ip", "link", "del", "dev", self.dev_b, check=False)
         with contextlib.suppress(OSError):
             (STATE_DIR / f"{self.run_id}.json").unlink()
 
     # -- use ----------------------------------------------------------------------------------
     def netns_argv(self, site: str, argv: list[str]) -> list[str]:
         """``argv`` wrapped to run inside site ``"a"`` or ``"b"``."""
+        if site == "b" and self.b_in_root:
+            return list(argv)
         ns = {"a": self.ns_a, "b": self.ns_b}[site]
         return ["ip", "netns", "exec", ns, *argv]
 

@@ -139,8 +139,9 @@ class WorkerHost:
             node.on_delivered(rid, delivery.first_token)
 
     def link_rate_bytes_per_s(self) -> float | None:
-        """Wall-clock pacing rate of this site's KV sender: the modelled link scaled down."""
-        if self.link_gbps is None:
+        """Wall-clock pacing rate of this site's KV sender: the modelled link scaled down (none
+        when the deployment runs in network namespaces: tbf shapes the real link then)."""
+        if self.link_gbps is None or self.deployment.netns:
             return None
         eng = self.deployment.engine
         scale = eng.byte_divisor * (eng.time_scale if eng.kind == "timed" else 1.0)

@@ -1,0 +1,37 @@
+"""`prfaas up` with `netns: true` (root): the PrfaaS site runs in its own network namespace, its KV
+crosses a tbf-shaped veth with a delay line to the PD site, and stopping removes every namespace."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+from live_helpers import launched, routes, timed_deployment
+
+from prfaas.testbed import unavailable_reason
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_prfaas_site_in_its_own_namespace_over_a_shaped_link(tmp_path: Path) -> None:
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    base = timed_deployment()
+    deployment = base.model_validate({**base.model_dump(), "netns": True})
+    with launched(deployment, tmp_path) as live:
+        namespace = live.testbed.ns_a
+        pid = live.child("prfaas").proc.pid
+        assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
+        for prompt in ("a" * 300, "b" * 30_000):
+            body = {"model": "paper-1t", "prompt": prompt, "max_tokens": 16}
+            r = httpx.post(f"{live.url}/v1/completions", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+        done = routes(live)
+        assert [r["offloaded"] for r in done] == [False, True]
+        assert done[1]["kv_bytes"] > 0
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert namespace not in listed  # torn down with the deployment
