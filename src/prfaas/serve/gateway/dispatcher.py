@@ -37,6 +37,9 @@ from prfaas.serve.node.messages import (
 )
 
 MAX_ATTEMPTS = 2
+"""Real failures (a lost node or transfer) a request survives: the first, retried locally."""
+MAX_BUSY_SKIPS = 2
+"""Refusals by nodes that are draining (changing role) skipped on top of that."""
 ABORT_TIMEOUT_S = 2.0
 
 
@@ -115,7 +118,8 @@ class ClusterDispatcher:
     async def generate(self, req: GenerationRequest) -> AsyncIterator[TokenEvent]:
         hashes = block_hashes(req.prompt_token_ids, self.block_tokens)
         use_fallback = False
-        for attempt in range(1, MAX_ATTEMPTS + 1):
+        failures = 0
+        for attempt in range(1, MAX_ATTEMPTS + MAX_BUSY_SKIPS + 1):
             decision, decode_node = self._decide(req, hashes, use_fallback)
             started = False
             try:
@@ -127,11 +131,13 @@ class ClusterDispatcher:
                 if exc.node is not None:
                     self.registry.mark_unhealthy(exc.node)
                 if exc.busy is not None:
-                    self.registry.mark_draining(exc.busy)
-                if started or attempt == MAX_ATTEMPTS:
+                    self.registry.mark_draining(exc.busy)  # refused: try another node
+                else:
+                    failures += 1
+                    use_fallback = True  # a lost (remote) prefill falls back to local prefill
+                if started or failures == MAX_ATTEMPTS or attempt == MAX_ATTEMPTS + MAX_BUSY_SKIPS:
                     raise GenerationError(502, "server_error", f"request failed: {exc}") from None
                 self.metrics.retries.labels(reason=exc.reason).inc()
-                use_fallback = True  # a lost (remote) prefill falls back to local prefill
 
     # -- one attempt ------------------------------------------------------------------------------
     def _decide(

@@ -51,6 +51,8 @@ class NodeRegistry:
         # Authoritative for queues between heartbeats (a heartbeat is up to an interval old, and
         # a burst routed on stale loads would pile onto one node).
         self._pending: dict[str, dict[str, int]] = {}
+        # Nodes the gateway took out of rotation -> the role they had then.
+        self._draining: dict[str, NodeRole] = {}
         self.processes: dict[str, _Process] = {}
         self._site_kind = {s.name: s.kind for s in deployment.sites}
         home = deployment.home_site.name
@@ -120,11 +122,13 @@ class NodeRegistry:
         self.view.update_node(_replace_load(load, healthy=False))
 
     def mark_draining(self, node: str) -> None:
-        """Out of rotation at once (the node's next heartbeat confirms and, later, flips role)."""
+        """Out of rotation at once, and kept out until the node itself reports draining or its new
+        role (a heartbeat sent before it heard of the change must not put it back)."""
         try:
             load = self.view.node(NodeId(node))
         except KeyError:
             return
+        self._draining[node] = load.role
         self.view.update_node(_replace_load(load, draining=True))
 
     def alive(self, node: str) -> bool:
@@ -156,6 +160,12 @@ class NodeRegistry:
         return _replace_load(load, batch_size=len(work))
 
     def _update(self, r: NodeReport, now_wall_s: float) -> None:
+        held = self._draining.get(r.node)
+        if held is not None:
+            if r.draining or NodeRole(r.role) is not held:
+                del self._draining[r.node]  # the node knows: its own report rules again
+            else:
+                r = r.model_copy(update={"draining": True})
         self.view.update_node(
             self._with_pending(NodeLoad(
                 node_id=NodeId(r.node),
