@@ -52,10 +52,15 @@ class PrefixStore:
         return None
 
     def insert(self, block_hashes: Sequence[int], checkpoints: Sequence[CachedPrefix]) -> None:
+        """Keep the checkpoints every ``checkpoint_every_blocks`` blocks and at the last full
+        block, like ``cache.HybridPrefixCache`` (the gateway's model of this store)."""
+        last = max((c.num_tokens // self.block_tokens for c in checkpoints), default=0)
         for prefix in checkpoints:
             k = prefix.num_tokens // self.block_tokens
             if prefix.num_tokens % self.block_tokens or k > len(block_hashes) or k == 0:
                 continue  # only block-aligned prefixes of known blocks are reusable
+            if k % self.checkpoint_every_blocks and k != last:
+                continue
             key = tuple(block_hashes[:k])
             old = self._entries.pop(key, None)
             if old is not None:

@@ -128,8 +128,10 @@ class Node:
             cached = self.prefix_store.lookup(cmd.block_hashes, n, cmd.use_cached_tokens)
         k = 0 if cached is None else cached.num_tokens
         t0 = time.monotonic()
+        # Checkpoint at every block; the store keeps what the KV manager's cache model keeps
+        # (every ``checkpoint_every_blocks`` blocks and the last full block).
         store = self.prefix_store
-        block = store.block_tokens * store.checkpoint_every_blocks if store is not None else None
+        block = store.block_tokens if store is not None else None
         req = PrefillRequest(
             rid,
             token_ids,
