@@ -59,6 +59,8 @@ def test_models_and_metrics(live: Launcher) -> None:
     assert models["data"][0]["id"] == "paper-1t"
     text = httpx.get(f"{live.url}/metrics", timeout=5).text
     assert "prfaas_route_decisions_total" in text and "prfaas_ttft_seconds_bucket" in text
+    for family in ("prfaas_prefix_hit_rate", "prfaas_link_utilisation", "prfaas_stage_queue_depth"):
+        assert family in text, family
     bad = httpx.post(
         f"{live.url}/v1/completions", json={"model": "gpt-9", "prompt": "hi"}, timeout=5
     )

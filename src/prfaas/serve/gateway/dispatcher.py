@@ -97,6 +97,8 @@ class ClusterDispatcher:
         self.home = SiteId(registry.deployment.home_site.name)
         self.records: list[RouteRecord] = []
         self._moved: dict[str, int] = {}
+        self._prefix_counts: dict[str, tuple[int, int]] = {}
+        """Per site: (prompt tokens looked up, tokens found cached), since start."""
         self.control: Any = None
         """The gateway's ``ControlLoop``; observes every routed request's lengths."""
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
@@ -373,6 +375,10 @@ class ClusterDispatcher:
         self.kv_manager.use(SiteId(site), hashes, n)
         self.kv_manager.store(SiteId(site), hashes, n)
         self.metrics.observe_prefix_lookup(site, n, outcome.num_cached_tokens)
+        looked, hit = self._prefix_counts.get(site, (0, 0))
+        looked, hit = looked + n, hit + outcome.num_cached_tokens
+        self._prefix_counts[site] = (looked, hit)
+        self.metrics.prefix_hit_rate.labels(site=site).set(hit / looked)
         kv_bytes = outcome.kv_bytes_sent * self.registry.byte_divisor
         if decision.offloaded:
             self.metrics.cross_site_bytes.labels(src_site=site, dst_site=self.home).inc(kv_bytes)
