@@ -80,8 +80,8 @@ class Allocator:
         return [bytearray(layer.num_bytes) for layer in manifest.layers]
 
 
-def tls_contexts(tmp: Path) -> tuple[ssl.SSLContext, ssl.SSLContext] | None:
-    """(server, client) contexts with a fresh self-signed certificate; None without openssl."""
+def self_signed_cert(tmp: Path) -> tuple[Path, Path] | None:
+    """(cert, key) PEM files for ``localhost`` / 127.0.0.1, made by openssl; None without it."""
     if shutil.which("openssl") is None:
         return None
     cert, key = tmp / "cert.pem", tmp / "key.pem"
@@ -91,6 +91,15 @@ def tls_contexts(tmp: Path) -> tuple[ssl.SSLContext, ssl.SSLContext] | None:
          "-keyout", str(key), "-out", str(cert)],
         check=True, capture_output=True, timeout=60,
     )  # fmt: skip
+    return cert, key
+
+
+def tls_contexts(tmp: Path) -> tuple[ssl.SSLContext, ssl.SSLContext] | None:
+    """(server, client) contexts with a fresh self-signed certificate; None without openssl."""
+    files = self_signed_cert(tmp)
+    if files is None:
+        return None
+    cert, key = files
     server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server.load_cert_chain(cert, key)
     client = ssl.create_default_context(cafile=str(cert))

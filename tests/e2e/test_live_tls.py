@@ -3,27 +3,22 @@ every KV connection wrapped in TLS (the PSK handshake runs inside it)."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
 from live_helpers import launched, routes, timed_deployment
 
+from transfer_helpers import self_signed_cert
+
 pytestmark = pytest.mark.timeout(120)
 
 
 def test_kv_crosses_over_tls(tmp_path: Path) -> None:
-    if shutil.which("openssl") is None:
+    files = self_signed_cert(tmp_path)
+    if files is None:
         pytest.skip("openssl CLI not available to make a test certificate")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
-         "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
+    cert, key = files
     base = timed_deployment()
     tls = {"cert": str(cert), "key": str(key), "ca": str(cert)}
     deployment = base.model_validate({**base.model_dump(), "tls": tls})
