@@ -90,3 +90,21 @@ def test_workdir_has_logs(live: Launcher) -> None:
     assert {p.name for p in Path(live.workdir).glob("*.log")} == {
         "gateway.log", "prfaas.log", "pd.log",
     }  # fmt: skip
+
+
+def test_only_what_the_decode_site_lacks_crosses(live: Launcher) -> None:
+    # A local request leaves its 3 full blocks (and a checkpoint at the last one) in the PD
+    # site's store, which the PD site's decode nodes share; a long continuation is offloaded and
+    # only its KV past those blocks crosses.
+    base = [(7 * i) % 250 + 1 for i in range(3 * 512 + 100)]
+    body = {"model": "paper-1t", "prompt": base, "max_tokens": 4}
+    assert httpx.post(f"{live.url}/v1/completions", json=body, timeout=60).status_code == 200
+    longer = base[: 3 * 512] + [(11 * i) % 250 + 1 for i in range(20_000)]
+    body = {"model": "paper-1t", "prompt": longer, "max_tokens": 4}
+    assert httpx.post(f"{live.url}/v1/completions", json=body, timeout=60).status_code == 200
+    route = routes(live)[-1]
+    assert route["offloaded"]
+    spec = get_model("paper-1t").cache
+    incremental = spec.transfer_bytes(len(longer), 3 * 512)
+    assert incremental <= route["kv_bytes"] < incremental * 1.001
+    assert route["kv_bytes"] < spec.bytes_for(len(longer))

@@ -74,6 +74,7 @@ def reference(model_dir: Path) -> Any:
         req = PrefillRequest(f"ref-{next(count)}", tuple(prompt), sampling)
         return engine.generate(req)
 
+    generate.cache_spec = engine.cache_spec  # type: ignore[attr-defined]
     return generate
 
 
@@ -127,4 +128,6 @@ def test_local_prefill_then_prefix_moved_to_prfaas(live: Launcher, reference: An
     tokens, finish, route = _served(live, longest)
     assert route["prefill_site"] == "prfaas" and route["moved_tokens"] == BLOCK
     assert route["num_cached_tokens"] == BLOCK
+    # torch nodes run one per process, so the decode node's own store is empty: all of it crossed.
+    assert route["kv_bytes"] == reference.cache_spec.bytes_for(len(longest))
     assert tokens == _expected(reference(longest), finish)

@@ -211,6 +211,12 @@ class ClusterDispatcher:
         decode_url = f"http://{dec_ep.host}:{dec_ep.http_port}/nodes/{decode_node}/decode"
         moved = await self._move_cache(decision, hashes)
         self._moved[req.request_id] = moved
+        # The decode node's site may already store a prefix: then only the rest crosses.
+        n = len(req.prompt_token_ids)
+        home_tokens = self.kv_manager.peek(hashes, n).get(self.home, 0)
+        decode_cmd = decode_cmd.model_copy(
+            update={"block_hashes": list(hashes), "prefix_tokens": home_tokens}
+        )
         uncached = len(req.prompt_token_ids) - decision.num_cached_tokens
         reg.track(decision.prefill_node, req.request_id, uncached)
         reg.track(decode_node, req.request_id, len(req.prompt_token_ids))
@@ -284,6 +290,9 @@ class ClusterDispatcher:
                 ready = await _next_event(lines, decode_node)
                 if ready.kind != "ready":
                     raise _Retryable("decode_failed", ready.error, decode_node)
+                prefill_cmd = prefill_cmd.model_copy(
+                    update={"receiver_cached_tokens": ready.prefix_tokens}
+                )
                 prefill = asyncio.create_task(
                     self._client.post(f"{prefill_base}/prefill", json=prefill_cmd.model_dump())
                 )

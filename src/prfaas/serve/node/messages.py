@@ -54,6 +54,8 @@ class PrefillCommand(_Msg):
     decode_transfer_port: int
     cross_site: bool
     """KV crosses the inter-site link: paced at the link's emulated rate."""
+    receiver_cached_tokens: int = Field(0, ge=0)
+    """Prefix tokens the decode node already holds (its site's store): only the rest crosses."""
     sampling: SamplingMsg
 
 
@@ -70,6 +72,9 @@ class PrefillOutcome(_Msg):
 class DecodeCommand(_Msg):
     request_id: str
     num_prompt_tokens: int
+    block_hashes: list[int] = []
+    prefix_tokens: int = Field(0, ge=0)
+    """Prefix tokens the gateway believes this site stores; the node answers what it pinned."""
     sampling: SamplingMsg
     timeout_s: float = Field(60.0, gt=0, description="longest wait for the KV to arrive")
 
@@ -78,6 +83,8 @@ class DecodeEvent(_Msg):
     """One NDJSON line of a decode stream."""
 
     kind: Literal["ready", "tokens", "error"]
+    prefix_tokens: int = 0
+    """``ready`` only: prefix tokens of the site's store this node will reuse."""
     token_ids: list[int] = []
     finish_reason: Literal["stop", "length"] | None = None
     error: str = ""

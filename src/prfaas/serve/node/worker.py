@@ -62,6 +62,8 @@ class _Expected:
     events: asyncio.Queue[DecodeEvent] = field(default_factory=asyncio.Queue)
     allocation: Allocation | None = None
     installed: bool = False
+    prefix: CachedPrefix | None = None
+    """The stored prefix this request's transfer extends (pinned: eviction cannot drop it)."""
 
 
 class Node:
@@ -139,8 +141,10 @@ class Node:
             cached=cached,
             checkpoint_block_tokens=block if cmd.store_prefix and cmd.block_hashes else None,
         )
-        # Decode nodes hold no prefix: whatever this node reused from its store is sent too.
-        full = self.engine.layout(n, 0)
+        # The receiver holds ``receiver_cached_tokens`` of the prefix (its site's store); all the
+        # rest crosses, including what this node reused from its own store.
+        receiver_tokens = min(cmd.receiver_cached_tokens, n - 1)
+        full = self.engine.layout(n, receiver_tokens)
         manifest = Manifest.from_layout(rid, full)
         result: PrefillResult | None = None
         sent = 0
@@ -151,7 +155,10 @@ class Node:
                 async for out in self.engine.prefill_stream(req):
                     if isinstance(out, LayerOutput):
                         self._prefill_queue.pop(rid, None)  # computing now, no longer queued
-                        for offset, view in _full_pieces(out, cached, full.segments[out.position]):
+                        target = full.segments[out.position]
+                        for offset, view in _pieces_for_receiver(
+                            out, cached, target, receiver_tokens
+                        ):
                             self._inflight_kv_bytes += view.nbytes
                             try:
                                 await session.send(out.position, offset, view)
@@ -199,8 +206,9 @@ class Node:
         exp = self._expected.get(request_id)
         if exp is None or exp.allocation is None:
             return
+        prefix = exp.prefix if exp.allocation.layout.num_cached_tokens > 0 else None
         try:
-            event = self.engine.install(exp.allocation, first_token, exp.sampling)
+            event = self.engine.install(exp.allocation, first_token, exp.sampling, prefix)
         except EngineError as exc:  # a cache that does not fit this model: nothing installed
             self.engine.release(request_id)
             exp.events.put_nowait(DecodeEvent(kind="error", error=f"install: {exc}"))
@@ -243,10 +251,14 @@ class Node:
         if rid in self._expected:
             raise ValueError(f"request {rid} is already expected at {self.name}")
         exp = _Expected(cmd, sampling_from(cmd.sampling))
+        store = self.prefix_store
+        if store is not None and cmd.prefix_tokens > 0:
+            exp.prefix = store.lookup(cmd.block_hashes, cmd.num_prompt_tokens, cmd.prefix_tokens)
         self._expected[rid] = exp
         finished = False
         try:
-            yield DecodeEvent(kind="ready")
+            held = 0 if exp.prefix is None else exp.prefix.num_tokens
+            yield DecodeEvent(kind="ready", prefix_tokens=held)
             deadline = time.monotonic() + cmd.timeout_s
             while True:
                 # before the KV lands: the transfer deadline; after: generous per-step bound
@@ -268,24 +280,37 @@ class Node:
                 self.engine.release(rid)  # aborted: free the KV and leave the batch
 
 
-def _full_pieces(
-    out: LayerOutput, cached: CachedPrefix | None, full: LayerSegment
+def _pieces_for_receiver(
+    out: LayerOutput,
+    cached: CachedPrefix | None,
+    target: LayerSegment,
+    receiver_tokens: int,
 ) -> list[tuple[int, memoryview]]:
-    """``(offset, view)`` pieces of one layer's *whole* cache when the prefill started from a
-    stored prefix: per full-attention tensor, the prefix rows then the new rows (no copy); SWA
-    windows and linear states are already whole. Scaled (timed) payloads are padded or cut to the
-    manifest's sizes, which per-tensor rounding can miss by a byte."""
-    if cached is None or not out.segment.kind.grows_with_length:
+    """``(offset, view)`` pieces of one layer as the receiver needs it: full-attention rows from
+    ``receiver_tokens`` on (it holds the rows before), taken from this node's stored prefix and the
+    new rows (no copy); SWA windows and linear states are whole already. Scaled (timed) payloads,
+    whose per-tensor rounding does not split by rows, are padded or cut to the manifest's sizes."""
+    computed_from = 0 if cached is None else cached.num_tokens
+    if not out.segment.kind.grows_with_length or computed_from == receiver_tokens:
         return list(out.pieces())
-    prefix = cached.layers[out.position]
     pieces: list[tuple[int, memoryview]] = []
     offset = 0
-    for i, tensor in enumerate(full.tensors):
-        head, tail = prefix.buffers[i], out.buffers[i]
-        if head.nbytes + tail.nbytes == tensor.num_bytes:
-            pieces += [(offset, head), (offset + head.nbytes, tail)]
-        else:
-            data = (bytes(head) + bytes(tail))[: tensor.num_bytes]
-            pieces.append((offset, memoryview(data.ljust(tensor.num_bytes, b"\0"))))
+    new_rows = out.segment.num_token_rows
+    for i, tensor in enumerate(target.tensors):
+        tail = out.buffers[i]
+        row = tail.nbytes // new_rows if new_rows else 0
+        if receiver_tokens > computed_from:  # the receiver holds some of what was computed here
+            parts = [tail[(receiver_tokens - computed_from) * row :]]
+        else:  # send stored prefix rows [receiver_tokens, computed_from) first
+            assert cached is not None
+            head = cached.layers[out.position].buffers[i]
+            parts = [head[receiver_tokens * row :], tail]
+        if row * new_rows == tail.nbytes and sum(p.nbytes for p in parts) == tensor.num_bytes:
+            for part in parts:
+                pieces.append((offset, part))
+                offset += part.nbytes
+            continue
+        data = b"".join(bytes(p) for p in parts)[: tensor.num_bytes]
+        pieces.append((offset, memoryview(data.ljust(tensor.num_bytes, b"\0"))))
         offset += tensor.num_bytes
     return pieces
