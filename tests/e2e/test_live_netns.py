@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import httpx
@@ -33,6 +34,15 @@ def test_prfaas_site_in_its_own_namespace_over_a_shaped_link(tmp_path: Path) -> 
         done = routes(live)
         assert [r["offloaded"] for r in done] == [False, True]
         assert done[1]["kv_bytes"] > 0
+        # The transfer monitor's TCP_INFO reaches the policy's LinkState (after a heartbeat).
+        rtts: list[float] = []
+        for _ in range(30):
+            links = httpx.get(f"{live.url}/internal/control", timeout=5).json()["links"]
+            rtts = [link["rtt_s"] for link in links]
+            if rtts and rtts[0] > 0:
+                break
+            time.sleep(0.1)
+        assert rtts and rtts[0] > 0, rtts
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert namespace not in listed  # torn down with the deployment
 
@@ -44,8 +54,6 @@ def test_link_cut_for_seconds_stops_offloading_then_resumes(tmp_path: Path) -> N
     reason = unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
-    import time
-
     base = timed_deployment()
     deployment = base.model_validate({**base.model_dump(), "netns": True})
     with launched(deployment, tmp_path) as live:

@@ -175,6 +175,7 @@ def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo
             "links": [
                 {"link": s.link_id, "capacity_bytes_per_s": s.capacity_bytes_per_s,
                  "utilisation": s.utilisation, "backlog_bytes": s.backlog_bytes,
+                 "rtt_s": s.rtt_s, "retransmit_rate": s.retransmit_rate,
                  "congested": s.congested}
                 for s in registry.link_states()
             ],

@@ -203,7 +203,10 @@ class NodeRegistry:
             meter.last_bytes, meter.last_wall_s = total, now_wall_s
             cap = meter.capacity_bytes_per_s
             utilisation = meter.goodput_bytes_per_s / cap
-            congested = utilisation >= CONGESTED_UTILISATION or backlog / cap >= CONGESTED_DRAIN_S
+            lossy = any(r.link_lossy for r in mine)
+            congested = (
+                lossy or utilisation >= CONGESTED_UTILISATION or backlog / cap >= CONGESTED_DRAIN_S
+            )
             self.view.update_link(
                 LinkState(
                     link_id=link_id_for(SiteId(site), SiteId(home)),
@@ -211,6 +214,8 @@ class NodeRegistry:
                     utilisation=utilisation,
                     goodput_bytes_per_s=meter.goodput_bytes_per_s,
                     backlog_bytes=backlog,
+                    rtt_s=max(r.link_rtt_s for r in mine) / self.time_scale,
+                    retransmit_rate=max(r.link_retransmit_rate for r in mine),
                     congested=congested,
                     sampled_at_s=self.modelled_s(now_wall_s),
                 )

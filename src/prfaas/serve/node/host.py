@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from prfaas.config import DeploymentConfig
+from prfaas.core import LinkId
 from prfaas.serve.node.engines import build_engine, prefix_store_bytes
 from prfaas.serve.node.messages import (
     Heartbeat,
@@ -31,7 +32,9 @@ from prfaas.serve.node.prefix_move import PendingMoves, is_move, new_move_id
 from prfaas.serve.node.prefix_store import PrefixStore
 from prfaas.serve.node.worker import Node
 from prfaas.transfer import (
+    CongestionRule,
     InboundSession,
+    LinkMonitor,
     Manifest,
     Receiver,
     Refused,
@@ -98,6 +101,7 @@ class WorkerHost:
         self.transfer_port = 0
         self.http_port = 0
         self._links: dict[tuple[str, int, bool], TransferLink] = {}
+        self._monitors: dict[tuple[str, int, bool], LinkMonitor] = {}
         self._links_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -157,10 +161,25 @@ class WorkerHost:
 
     def reports(self) -> list[NodeReport]:
         capacity = 0.0 if self.link_gbps is None else self.link_gbps * 1e9 / 8
-        return [
-            n.report().model_copy(update={"link_capacity_bytes_per_s": capacity})
-            for n in self.nodes.values()
-        ]
+        update: dict[str, object] = {"link_capacity_bytes_per_s": capacity}
+        update.update(self._link_health())
+        return [n.report().model_copy(update=update) for n in self.nodes.values()]
+
+    def _link_health(self) -> dict[str, object]:
+        """What the transfer monitor saw on this site's inter-site connections since the last
+        report (TCP_INFO): the worst RTT and retransmit rate, and whether segments are being lost.
+        Only loss counts as congestion here: the monitor's queueing rule reads wall-clock RTT,
+        which a busy emulation host inflates without any network cause."""
+        now = asyncio.get_running_loop().time()
+        states = [s for m in self._monitors.values() if (s := m.sample(now)) is not None]
+        if not states:
+            return {}
+        rate = max(s.retransmit_rate for s in states)
+        return {
+            "link_rtt_s": max(s.rtt_s for s in states),
+            "link_retransmit_rate": rate,
+            "link_lossy": rate > CongestionRule().max_retransmit_rate,
+        }
 
     async def link_to(self, host: str, port: int, cross_site: bool) -> TransferLink:
         key = (host, port, cross_site)
@@ -180,12 +199,15 @@ class WorkerHost:
             )
             link = await TransferLink.connect(host, port, config)
             self._links[key] = link
+            if cross_site:
+                self._monitors[key] = LinkMonitor(link, LinkId(f"{self.site.name}->{host}:{port}"))
             return link
 
     async def drop_link(self, host: str, port: int, cross_site: bool) -> None:
         """Forget a link that failed; the next prefill to that peer reconnects."""
         async with self._links_lock:
             link = self._links.pop((host, port, cross_site), None)
+            self._monitors.pop((host, port, cross_site), None)
         if link is not None:
             with contextlib.suppress(Exception):
                 await link.aclose()

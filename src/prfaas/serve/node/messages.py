@@ -106,6 +106,11 @@ class NodeReport(_Msg):
     egress_backlog_bytes: int = 0
     link_capacity_bytes_per_s: float = 0.0
     """Modelled rate this node's inter-site sender is paced at (0: not a cross-site sender)."""
+    link_rtt_s: float = 0.0
+    """Smoothed wall-clock RTT of the inter-site connections (TCP_INFO), worst connection."""
+    link_retransmit_rate: float = 0.0
+    link_lossy: bool = False
+    """The transfer monitor saw retransmissions above its threshold since the last report."""
 
 
 class NodeEndpoint(_Msg):
