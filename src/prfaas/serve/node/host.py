@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 import httpx
@@ -120,9 +120,7 @@ class WorkerHost:
     async def _consume_sessions(self) -> None:
         assert self.receiver is not None
         async for session in self.receiver:
-            task = asyncio.create_task(self._complete(session))
-            self._tasks.append(task)
-            task.add_done_callback(self._tasks.remove)
+            self.spawn(self._complete(session))
 
     async def _complete(self, session: InboundSession) -> None:
         rid = session.manifest.request_id
@@ -267,10 +265,14 @@ class WorkerHost:
             self.spawn(node.decode_loop())
         self.spawn(self._control_plane())
 
-    def spawn(self, coro: object) -> None:
-        task = asyncio.create_task(coro)  # type: ignore[arg-type]
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
         self._tasks.append(task)
-        task.add_done_callback(lambda t: t in self._tasks and self._tasks.remove(t))
+        task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        if task in self._tasks:
+            self._tasks.remove(task)
 
     async def stop(self) -> None:
         for task in list(self._tasks):

@@ -14,7 +14,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from prfaas.engine import (
     Allocation,
@@ -227,7 +227,7 @@ class Node:
         if exp is None:
             return
         tokens = list(event.token_ids)
-        reason = None
+        reason: Literal["stop", "length"] | None = None
         if event.finish_reason is FinishReason.STOP:
             reason = "stop"
             if tokens:
