@@ -7,7 +7,9 @@ A reservation that would overflow is refused before anything is allocated. Pure.
 
 from __future__ import annotations
 
+from prfaas.engine.api import Allocation
 from prfaas.engine.errors import BudgetExceeded
+from prfaas.spec import CacheLayout
 
 
 class KvBudget:
@@ -46,3 +48,10 @@ class KvBudget:
 
     def release(self, request_id: str) -> None:
         self._reserved.pop(request_id, None)
+
+    def allocate(self, request_id: str, layout: CacheLayout, num_bytes: int) -> Allocation:
+        """Reserve ``num_bytes`` for ``request_id`` (or refuse), then the zeroed, writable
+        per-layer buffers an incoming transfer of ``layout`` lands in. Both engines use it."""
+        self.reserve(request_id, num_bytes)
+        buffers = tuple(memoryview(bytearray(seg.num_bytes)) for seg in layout.segments)
+        return Allocation(request_id, layout, buffers, num_bytes)

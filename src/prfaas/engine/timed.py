@@ -199,10 +199,8 @@ class TimedEngine:
         )
         self._check_length(rid, real.num_tokens, max_new_tokens)
         reserved = self.cache_spec.bytes_for(real.num_tokens + max_new_tokens)
-        self.budget.reserve(rid, reserved)
         layout = self.layout(real.num_tokens, real.num_cached_tokens)
-        bufs = tuple(memoryview(bytearray(seg.num_bytes)) for seg in layout.segments)
-        alloc = Allocation(rid, layout, bufs, reserved)
+        alloc = self.budget.allocate(rid, layout, reserved)
         self._allocs[rid] = alloc
         return alloc
 

@@ -197,9 +197,7 @@ class TorchEngine:
         layout = check_manifest(self.cache_spec, manifest, self.max_context_tokens)
         self._check_length(rid, layout.num_tokens, max_new_tokens)
         reserved = self._reserve_bytes(layout.num_tokens, max_new_tokens)
-        self.budget.reserve(rid, reserved)
-        bufs = tuple(memoryview(bytearray(seg.num_bytes)) for seg in layout.segments)
-        alloc = Allocation(rid, layout, bufs, reserved)
+        alloc = self.budget.allocate(rid, layout, reserved)
         self._allocs[rid] = alloc
         return alloc
 
