@@ -14,21 +14,24 @@ its last full block (where the next turn of a conversation resumes).
 
 LRU: a lookup refreshes the matched entries tail first, so the *head* of a prefix stays the most
 recent and eviction eats prefixes from their tail (evicting a head block would strand its tail).
+Recency is a *use stamp* per entry (a counter value; larger is more recent) rather than a position
+in an ``OrderedDict``: refreshing a prompt's blocks is then one ``dict.update`` over a zip of hashes
+and stamps, done in C, where moving each entry to the end took a Python loop (the cache was a fifth
+of a prefix-cached simulation). Eviction takes the smallest stamps: it sorts a snapshot of the
+entries once and walks it, skipping entries refreshed or evicted since (their stamp changed), and
+sorts again only when the walk runs out; the order evicted is exactly that of a move-to-end LRU.
+An eviction costs a little more than an ``OrderedDict.popitem`` (a Python step per entry walked):
+about even on a cache that evicts on every insert, a clear gain on one that rarely evicts.
 Pure: no I/O, no clock; ``check_integrity`` re-derives every counter for tests.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import chain, repeat
 
 from prfaas.spec.cache_spec import CacheSpec, LayerKind
-
-# Entry keys are ints: ``hash * 2`` for a block, ``hash * 2 + 1`` for a checkpoint (no tuple
-# allocation on the hot path; hashes are non-negative ints, as in the trace).
-_BLOCK = 0
-_CKPT = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +69,15 @@ class HybridPrefixCache:
         self.capacity_bytes = capacity_bytes
         self.checkpoint_every_blocks = checkpoint_every_blocks
         self._needs_ckpt = sizing.checkpoint_bytes > 0
-        # entry key -> bytes, in LRU order (oldest first).
-        self._lru: OrderedDict[int, int] = OrderedDict()
+        self._blocks: dict[int, int] = {}
+        """Block hash -> use stamp of the block's full-attention KV."""
+        self._ckpts: dict[int, int] = {}
+        """Block hash -> use stamp of the checkpoint taken at the end of that block."""
+        self._clock = 0
+        """The next use stamp (stamps only grow, so they order entries by recency)."""
+        self._victims: Iterator[tuple[int, int, bool]] = iter(())
+        """Eviction candidates, oldest first: the rest of a snapshot (stamp, block hash, is
+        checkpoint) of the entries, taken when the previous one ran out."""
         self.used_bytes = 0
         self.num_evictions = 0
         self.num_lookups = 0
@@ -80,22 +90,17 @@ class HybridPrefixCache:
         limit = len(block_hashes)
         if max_tokens is not None:
             limit = min(limit, max_tokens // self.sizing.block_tokens)
-        lru = self._lru
-        if not self._needs_ckpt:
-            k = 0
-            while k < limit and block_hashes[k] * 2 in lru:
-                k += 1
-            return k
+        blocks = self._blocks
         k = 0
-        best = 0
-        while k < limit:
-            key = block_hashes[k] * 2
-            if key not in lru:
+        for block_hash in block_hashes:
+            if k == limit or block_hash not in blocks:
                 break
             k += 1
-            if key + 1 in lru:
-                best = k
-        return best
+        if self._needs_ckpt:
+            ckpts = self._ckpts
+            while k and block_hashes[k - 1] not in ckpts:
+                k -= 1
+        return k
 
     def cached_tokens(self, block_hashes: Sequence[int], max_tokens: int | None = None) -> int:
         return self.match_blocks(block_hashes, max_tokens) * self.sizing.block_tokens
@@ -107,14 +112,17 @@ class HybridPrefixCache:
         self.num_lookups += 1
         self.num_lookup_tokens += num_prompt_tokens
         self.num_hit_tokens += k * self.sizing.block_tokens
-        lru = self._lru
-        move = lru.move_to_end
-        ckpt = self._needs_ckpt
-        for i in range(k - 1, -1, -1):
-            key = block_hashes[i] * 2
-            move(key)
-            if ckpt and key + 1 in lru:
-                move(key + 1)
+        if k:
+            # Tail first: block i, then its checkpoint, from i = k - 1 down to 0.
+            base = self._clock
+            self._clock += 2 * k
+            prefix = block_hashes[k - 1 :: -1]
+            self._blocks.update(zip(prefix, range(base, base + 2 * k, 2), strict=True))
+            if self._needs_ckpt:
+                ckpts = self._ckpts
+                for p, block_hash in enumerate(prefix):
+                    if block_hash in ckpts:
+                        ckpts[block_hash] = base + 2 * p + 1
         return k * self.sizing.block_tokens
 
     # -- updates -------------------------------------------------------------------------------
@@ -124,50 +132,61 @@ class HybridPrefixCache:
         num_full = min(len(block_hashes), num_prompt_tokens // self.sizing.block_tokens)
         if num_full == 0:
             return
-        every = self.checkpoint_every_blocks
-        lru = self._lru
-        move = lru.move_to_end
-        block_bytes = self.sizing.block_bytes
-        ckpt_bytes = self.sizing.checkpoint_bytes
-        added = 0
-        if not self._needs_ckpt:
-            for i in range(num_full - 1, -1, -1):
-                key = block_hashes[i] * 2
-                if key in lru:
-                    move(key)
-                else:
-                    lru[key] = block_bytes
-                    added += block_bytes
-        else:
-            last = num_full - 1
-            for i in range(last, -1, -1):
-                key = block_hashes[i] * 2
-                if i == last or (i + 1) % every == 0:
-                    if key + 1 in lru:
-                        move(key + 1)
-                    else:
-                        lru[key + 1] = ckpt_bytes
-                        added += ckpt_bytes
-                if key in lru:
-                    move(key)
-                else:
-                    lru[key] = block_bytes
-                    added += block_bytes
+        # Tail first: from i = last down to 0, block i's checkpoint (if it takes one), then block i.
+        last = num_full - 1
+        base = self._clock
+        self._clock += 2 * num_full
+        blocks = self._blocks
+        num_before = len(blocks)
+        stamps = range(base + 1, base + 2 * num_full, 2)
+        blocks.update(zip(block_hashes[last::-1], stamps, strict=True))
+        added = (len(blocks) - num_before) * self.sizing.block_bytes
+        if self._needs_ckpt:
+            ckpts = self._ckpts
+            num_before = len(ckpts)
+            every = self.checkpoint_every_blocks
+            for i in chain((last,), reversed(range(every - 1, last, every))):
+                ckpts[block_hashes[i]] = base + 2 * (last - i)
+            added += (len(ckpts) - num_before) * self.sizing.checkpoint_bytes
         self.used_bytes += added
         if self.used_bytes > self.capacity_bytes:
             self._evict()
 
     def _evict(self) -> None:
-        lru = self._lru
-        while self.used_bytes > self.capacity_bytes and lru:
-            _, num_bytes = lru.popitem(last=False)
-            self.used_bytes -= num_bytes
-            self.num_evictions += 1
+        """Drop the least recently used entries until the cache fits its capacity."""
+        blocks, ckpts = self._blocks, self._ckpts
+        block_bytes, ckpt_bytes = self.sizing.block_bytes, self.sizing.checkpoint_bytes
+        used, capacity = self.used_bytes, self.capacity_bytes
+        num_evicted = 0
+        while used > capacity:
+            for stamp, block_hash, is_ckpt in self._victims:
+                # An entry refreshed or evicted since the snapshot has another stamp (or none):
+                # it is newer than every entry still ahead in the snapshot, so it stays.
+                table = ckpts if is_ckpt else blocks
+                if table.get(block_hash) == stamp:
+                    del table[block_hash]
+                    used -= ckpt_bytes if is_ckpt else block_bytes
+                    num_evicted += 1
+                    if used <= capacity:
+                        break
+            else:
+                self._victims = iter(self._snapshot())
+        self.used_bytes = used
+        self.num_evictions += num_evicted
+
+    def _snapshot(self) -> list[tuple[int, int, bool]]:
+        """Every entry as (stamp, block hash, is checkpoint), oldest first."""
+        return sorted(
+            chain(
+                zip(self._blocks.values(), self._blocks, repeat(False)),
+                zip(self._ckpts.values(), self._ckpts, repeat(True)),
+            )
+        )
 
     # -- checks --------------------------------------------------------------------------------
     @property
     def num_entries(self) -> int:
-        return len(self._lru)
+        return len(self._blocks) + len(self._ckpts)
 
     @property
     def hit_rate(self) -> float:
@@ -176,16 +195,18 @@ class HybridPrefixCache:
 
     def check_integrity(self) -> None:
         """Raise ``AssertionError`` if a counter disagrees with the entries."""
-        total = 0
-        for key, num_bytes in self._lru.items():
-            kind = key & 1
-            expected = self.sizing.block_bytes if kind == _BLOCK else self.sizing.checkpoint_bytes
-            if num_bytes != expected:
-                raise AssertionError(f"entry of kind {kind} weighs {num_bytes}, not {expected}")
-            total += num_bytes
+        total = (
+            len(self._blocks) * self.sizing.block_bytes
+            + len(self._ckpts) * self.sizing.checkpoint_bytes
+        )
         if total != self.used_bytes:
             raise AssertionError(f"used_bytes {self.used_bytes} != sum of entries {total}")
         if self.used_bytes > self.capacity_bytes:
             raise AssertionError(f"used {self.used_bytes} > capacity {self.capacity_bytes}")
-        if not self._needs_ckpt and any(k & 1 == _CKPT for k in self._lru):
+        if not self._needs_ckpt and self._ckpts:
             raise AssertionError("checkpoint stored for a model without bounded layers")
+        stamps = [*self._blocks.values(), *self._ckpts.values()]
+        if len(set(stamps)) != len(stamps):
+            raise AssertionError("two entries share a use stamp: recency order is ambiguous")
+        if stamps and not 0 <= min(stamps) <= max(stamps) < self._clock:
+            raise AssertionError(f"use stamps outside [0, {self._clock})")

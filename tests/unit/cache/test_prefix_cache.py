@@ -3,6 +3,8 @@ eviction from the tail, byte capacity, integrity; and the global KV manager's pe
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -76,3 +78,71 @@ def test_kv_manager_reports_each_site() -> None:
     assert kv.use(a, [1, 2, 3, 4], 4 * 512) == 3 * 512
     assert kv.cache(a).hit_rate == 0.75
     kv.check_integrity()
+
+
+class _ReferenceLRU:
+    """The cache's rules written the slow, obvious way: one ``OrderedDict`` in recency order,
+    each touch a ``move_to_end``. The use-stamp cache must evict exactly as this does."""
+
+    def __init__(self, capacity_bytes: int, every: int) -> None:
+        self.capacity_bytes = capacity_bytes
+        self.every = every
+        self.lru: OrderedDict[tuple[str, int], int] = OrderedDict()
+
+    def _touch(self, key: tuple[str, int]) -> None:
+        if key in self.lru:
+            self.lru.move_to_end(key)
+        else:
+            self.lru[key] = HYBRID.block_bytes if key[0] == "block" else HYBRID.checkpoint_bytes
+
+    def match(self, hashes: list[int], max_tokens: int) -> int:
+        k = best = 0
+        while k < min(len(hashes), max_tokens // 512) and ("block", hashes[k]) in self.lru:
+            k += 1
+            if ("ckpt", hashes[k - 1]) in self.lru:
+                best = k
+        return best
+
+    def lookup(self, hashes: list[int], num_tokens: int) -> int:
+        k = self.match(hashes, num_tokens - 1)
+        for i in range(k - 1, -1, -1):
+            self._touch(("block", hashes[i]))
+            if ("ckpt", hashes[i]) in self.lru:
+                self._touch(("ckpt", hashes[i]))
+        return k * 512
+
+    def insert(self, hashes: list[int], num_tokens: int) -> None:
+        last = min(len(hashes), num_tokens // 512) - 1
+        for i in range(last, -1, -1):
+            if i == last or (i + 1) % self.every == 0:
+                self._touch(("ckpt", hashes[i]))
+            self._touch(("block", hashes[i]))
+        while sum(self.lru.values()) > self.capacity_bytes:
+            self.lru.popitem(last=False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(2, 12),
+    st.lists(
+        st.tuples(st.integers(0, 3), st.integers(0, 9), st.integers(1, 9), st.booleans()),
+        max_size=60,
+    ),
+)
+def test_evicts_exactly_like_a_move_to_end_lru(
+    capacity_ckpts: int, ops: list[tuple[int, int, int, bool]]
+) -> None:
+    capacity = capacity_ckpts * HYBRID.checkpoint_bytes
+    c = HybridPrefixCache(HYBRID, capacity, checkpoint_every_blocks=3)
+    ref = _ReferenceLRU(capacity, 3)
+    for family, fork, n, is_insert in ops:
+        # Prompts of one family share blocks up to ``fork``, then diverge (chained hashes).
+        hashes = [family * 1000 + (i if i < fork else 100 * fork + i) for i in range(n)]
+        if is_insert:
+            c.insert(hashes, n * 512)
+            ref.insert(hashes, n * 512)
+        else:
+            assert c.lookup(hashes, n * 512 + 1) == ref.lookup(hashes, n * 512 + 1)
+        assert c.cached_tokens(hashes) == ref.match(hashes, 10**9) * 512
+        assert c.used_bytes == sum(ref.lru.values())
+        c.check_integrity()
