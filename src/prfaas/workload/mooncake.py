@@ -37,10 +37,29 @@ def _int_field(obj: dict[str, object], key: str, where: str, minimum: int) -> in
     return value
 
 
+_raw_decode = json.JSONDecoder().raw_decode
+_INT_ONLY = frozenset({int})
+
+
+def _decode(text: str) -> object:
+    """``json.loads(text)``, a third faster on the usual line (an object, then at most
+    whitespace): the decoder's C scanner is called directly, without ``loads``' regex scans for
+    whitespace around it. Any other line goes through ``json.loads``: same value, or its error."""
+    if text.startswith("{"):
+        try:
+            obj, end = _raw_decode(text)
+        except json.JSONDecodeError:
+            pass
+        else:
+            if end == len(text) or text[end:].isspace():
+                return obj
+    return json.loads(text)
+
+
 def parse_line(text: str, where: str | Path, line_number: int) -> TraceRecord:
     """One trace line; ``where`` (the file) and ``line_number`` name it in errors."""
     try:
-        obj = json.loads(text)
+        obj = _decode(text)
     except json.JSONDecodeError as exc:
         raise TraceError(f"{where}:{line_number}: not valid JSON ({exc.msg})") from None
     # Fast path for well-formed lines (a trace has millions); the checks below explain failures.
@@ -57,7 +76,7 @@ def parse_line(text: str, where: str | Path, line_number: int) -> TraceRecord:
             and type(num_out) is int
             and num_out >= 0
             and type(hashes) is list
-            and set(map(type, hashes)) <= {int}
+            and set(map(type, hashes)) <= _INT_ONLY
             and (not hashes or min(hashes) >= 0)
         ):
             return TraceRecord(line_number, ts / 1000.0, num_in, max(1, num_out), tuple(hashes))
@@ -97,7 +116,7 @@ def read_mooncake(path: str | Path, limit: int | None = None) -> Iterator[TraceR
         for number, text in enumerate(fh, start=1):
             if limit is not None and count >= limit:
                 return
-            if not text.strip():
+            if text.isspace():  # a blank line (file lines are never empty)
                 continue
             record = parse_line(text, p, number)
             if record.arrival_s < last_s:
