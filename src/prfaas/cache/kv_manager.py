@@ -39,14 +39,24 @@ class GlobalKVManager:
                 out[site] = n
         return out
 
-    def use(self, site_id: SiteId, block_hashes: Sequence[int], num_prompt_tokens: int) -> int:
-        """Record a lookup at the prefill site; returns the prefix tokens it reuses."""
+    def use(
+        self,
+        site_id: SiteId,
+        block_hashes: Sequence[int],
+        num_prompt_tokens: int,
+        peeked_tokens: int | None = None,
+    ) -> int:
+        """Record a lookup at the prefill site; returns the prefix tokens it reuses.
+
+        ``peeked_tokens``: that site's figure from a ``peek`` of this prompt with no cache update
+        since (0 where the peek omitted the site); spares matching the prompt again.
+        """
         if not block_hashes:
             cache = self._caches[site_id]
             cache.num_lookups += 1
             cache.num_lookup_tokens += num_prompt_tokens
             return 0
-        return self._caches[site_id].lookup(block_hashes, num_prompt_tokens)
+        return self._caches[site_id].lookup(block_hashes, num_prompt_tokens, peeked_tokens)
 
     def store(self, site_id: SiteId, block_hashes: Sequence[int], num_tokens: int) -> None:
         if block_hashes:

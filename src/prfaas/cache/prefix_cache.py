@@ -105,10 +105,20 @@ class HybridPrefixCache:
     def cached_tokens(self, block_hashes: Sequence[int], max_tokens: int | None = None) -> int:
         return self.match_blocks(block_hashes, max_tokens) * self.sizing.block_tokens
 
-    def lookup(self, block_hashes: Sequence[int], num_prompt_tokens: int) -> int:
+    def lookup(
+        self, block_hashes: Sequence[int], num_prompt_tokens: int, peeked_tokens: int | None = None
+    ) -> int:
         """Cached prefix tokens usable for a prompt (at least one token is always computed);
-        refreshes the matched entries and counts the hit."""
-        k = self.match_blocks(block_hashes, num_prompt_tokens - 1)
+        refreshes the matched entries and counts the hit.
+
+        ``peeked_tokens``: what ``cached_tokens(block_hashes, num_prompt_tokens - 1)`` answered
+        just before, with no update since (a driver peeks every site, routes, then looks up at
+        the chosen one): spares matching the prompt a second time.
+        """
+        if peeked_tokens is None:
+            k = self.match_blocks(block_hashes, num_prompt_tokens - 1)
+        else:
+            k = peeked_tokens // self.sizing.block_tokens
         self.num_lookups += 1
         self.num_lookup_tokens += num_prompt_tokens
         self.num_hit_tokens += k * self.sizing.block_tokens

@@ -312,9 +312,11 @@ class Simulator(DecodeDriver, ControlDriver):
                     req.num_prompt - req.num_cached, req.num_output, self.now
                 )
                 return
-        # What the prefill site really reuses (refreshes its LRU, counts its hit rate).
+        # What the prefill site really reuses (refreshes its LRU, counts its hit rate); no cache
+        # changed since the peek, so its figure for that site holds.
+        peeked = cached.get(d.prefill_site, 0)
         req.num_cached = min(
-            d.num_cached_tokens, self.kv.use(d.prefill_site, hashes, req.num_prompt)
+            d.num_cached_tokens, self.kv.use(d.prefill_site, hashes, req.num_prompt, peeked)
         )
         self.windows[home].observe(req.num_prompt - req.num_cached, req.num_output, self.now)
         self._assign(req, node, site)

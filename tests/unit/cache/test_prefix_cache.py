@@ -76,6 +76,9 @@ def test_kv_manager_reports_each_site() -> None:
     kv.store(b, [1], 512)
     assert dict(kv.peek([1, 2, 3, 4], 4 * 512)) == {a: 3 * 512, b: 512}
     assert kv.use(a, [1, 2, 3, 4], 4 * 512) == 3 * 512
+    # A peeked figure spares the re-match and must give what matching gives.
+    peeked = kv.peek([1, 2, 9], 3 * 512)
+    assert kv.use(b, [1, 2, 9], 3 * 512, peeked.get(b, 0)) == kv.use(b, [1, 2, 9], 3 * 512) == 512
     assert kv.cache(a).hit_rate == 0.75
     kv.check_integrity()
 
