@@ -19,6 +19,7 @@ class GlobalKVManager:
     def __init__(self, caches: Mapping[SiteId, HybridPrefixCache]) -> None:
         self._caches = dict(caches)
         self._order = tuple(caches)
+        self._in_order = tuple(self._caches.items())
 
     @property
     def site_ids(self) -> tuple[SiteId, ...]:
@@ -33,10 +34,10 @@ class GlobalKVManager:
             return MappingProxyType({})
         out: dict[SiteId, int] = {}
         limit = num_prompt_tokens - 1
-        for site in self._order:
-            n = self._caches[site].cached_tokens(block_hashes, limit)
-            if n:
-                out[site] = n
+        for site, cache in self._in_order:
+            k = cache.match_blocks(block_hashes, limit)
+            if k:
+                out[site] = k * cache.sizing.block_tokens
         return out
 
     def use(
