@@ -48,11 +48,14 @@ class Channel:
         self.close_reason: BaseException | None = None
         self.tag: object = None
         """The engine's per-channel data (e.g. which peer it belongs to)."""
+        self.write_timeout_s = 30.0
+        """``write`` raises TimeoutError after this long without room to write."""
 
     # -- subclass interface -------------------------------------------------------------------
     async def write(self, *parts: Buffer) -> None:
         """Write ``parts`` back to back (never interleaved with another write); returns when the
-        bytes are with the kernel or bounded buffering. Raises ConnectionError if closed."""
+        bytes are with the kernel or bounded buffering. Raises ConnectionError if closed, and
+        TimeoutError after ``write_timeout_s`` without room (the caller closes the channel)."""
         raise NotImplementedError
 
     def write_nowait(self, data: bytes) -> None:
@@ -160,7 +163,8 @@ class ProtocolChannel(Channel, asyncio.BufferedProtocol):
         for part in parts:  # no await in between: frames never interleave
             self.transport.write(part)
         if not self._can_write.is_set():
-            await self._can_write.wait()
+            async with asyncio.timeout(self.write_timeout_s):
+                await self._can_write.wait()
             if self.closed:
                 raise ConnectionResetError("channel closed")
 
@@ -245,7 +249,8 @@ class SocketChannel(Channel):
 
         self._loop.add_writer(fd, ready)
         try:
-            await fut
+            async with asyncio.timeout(self.write_timeout_s):  # armed only when the socket is full
+                await fut
         finally:
             if not self.closed:
                 self._loop.remove_writer(fd)
