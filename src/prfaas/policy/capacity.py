@@ -61,8 +61,28 @@ class SampleCapacity:
         link_bytes_per_s: float,
     ) -> CapacityPoint:
         """Eqs. 3-6 when the ``num_short`` shortest sampled requests stay local."""
+        theta_prfaas, theta_pdp, theta_pdd, lam = self._thetas(
+            num_short, num_prfaas, num_prefill, num_decode, decode_rps_per_node, link_bytes_per_s
+        )
         n = len(self.lengths)
-        k = num_short
+        t = self.lengths[num_short - 1] if num_short else 0
+        return CapacityPoint(
+            t, (n - num_short) / n, theta_prfaas, theta_pdp, theta_pdd, lam, num_prefill,
+            num_decode,
+        )  # fmt: skip
+
+    def _thetas(
+        self,
+        k: int,
+        num_prfaas: int,
+        num_prefill: int,
+        num_decode: int,
+        decode_rps_per_node: float,
+        link_bytes_per_s: float,
+    ) -> tuple[float, float, float, float]:
+        """(Theta_prfaas, Theta_pdp, Theta_pdd, lambda) of ``point``: the search evaluates every
+        split point and builds a ``CapacityPoint`` only for the best one."""
+        n = len(self.lengths)
         inf = float("inf")
         num_long = n - k
         if num_long:
@@ -81,11 +101,7 @@ class SampleCapacity:
         else:
             theta_pdp, b = 0.0, inf
         theta_pdd = num_decode * decode_rps_per_node
-        t = self.lengths[k - 1] if k else 0
-        return CapacityPoint(
-            t, num_long / n, theta_prfaas, theta_pdp, theta_pdd, min(a, b, theta_pdd),
-            num_prefill, num_decode,
-        )  # fmt: skip
+        return theta_prfaas, theta_pdp, theta_pdd, min(a, b, theta_pdd)
 
     def best_threshold(
         self,
@@ -101,17 +117,17 @@ class SampleCapacity:
         hi = n if num_prefill > 0 else 0
         if lo > hi:
             raise ValueError("no prefill capacity at all: no PrfaaS and no local prefill node")
-        best: CapacityPoint | None = None
+        best_k = -1
+        best_lambda = 0.0
+        lengths = self.lengths
+        args = (num_prfaas, num_prefill, num_decode, decode_rps_per_node, link_bytes_per_s)
         for k in range(lo, hi + 1):
-            if 0 < k < n and self.lengths[k - 1] == self.lengths[k]:
+            if 0 < k < n and lengths[k - 1] == lengths[k]:
                 continue  # a threshold cannot split equal lengths
-            p = self.point(
-                k, num_prfaas, num_prefill, num_decode, decode_rps_per_node, link_bytes_per_s
-            )
-            if best is None or p.lambda_rps > best.lambda_rps * (1 + 1e-12):
-                best = p
-        assert best is not None
-        return best
+            lam = self._thetas(k, *args)[3]
+            if best_k < 0 or lam > best_lambda * (1 + 1e-12):
+                best_k, best_lambda = k, lam
+        return self.point(best_k, *args)
 
     def best_split(
         self,

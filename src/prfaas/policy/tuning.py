@@ -21,6 +21,7 @@ Pure: ``now`` passed in; imports ``perf`` for timing, never the simulator.
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -56,6 +57,12 @@ class _Costs:
         self.prfaas_sites = tuple(prfaas_sites)
         self.remote = remote
         self.local = local
+        # A search re-reads a window that mostly holds the lengths of the last one: per-length
+        # prefill times are memoised (bounded) instead of asking the cost model ~4,000 times.
+        self._remote_prefill_s = (
+            functools.lru_cache(maxsize=1 << 14)(remote.prefill_s) if remote is not None else None
+        )
+        self._local_prefill_s = functools.lru_cache(maxsize=1 << 14)(local.prefill_s)
         # S_kv is affine in length beyond the SWA windows: fixed states + per-token full KV.
         cache = local.model.cache
         self._kv_fixed = local.kv_bytes(1) - cache.full_attention_bytes_per_token
@@ -65,12 +72,8 @@ class _Costs:
         return self._kv_fixed + self._kv_per_token * num_tokens
 
     def sample(self, window: LengthWindow) -> SampleCapacity:
-        remote = self.remote
         return SampleCapacity(
-            window.prompt_lengths(),
-            remote.prefill_s if remote is not None else None,
-            self.local.prefill_s,
-            self._kv_bytes,
+            window.prompt_lengths(), self._remote_prefill_s, self._local_prefill_s, self._kv_bytes
         )
 
     def decode_rps_per_node(self, window: LengthWindow) -> float:
