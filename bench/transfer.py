@@ -350,7 +350,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                 "rate_mbit": rate, "rtt_ms": rtt_ms, "connections": conns,
                 "goodput_mbit": _med(g) * 8 / 1e6, "fraction": _med(g) * 8 / 1e6 / rate,
                 "iperf3_mbit": None if ip is None else ip * 8 / 1e6,
-                "ping_rtt_ms": tb.ping_rtt_s() * 1000 if rtt_ms else None,
+                "measured_rtt_ms": tb.probe_rtt_s() * 1000 if rtt_ms else None,
             })  # fmt: skip
 
     # Overlap on the 1 Gbit/s link: compute per layer == one layer's transfer time.
@@ -406,12 +406,12 @@ def print_table(r: dict[str, Any]) -> None:
               f"({_fmt(t['goodput_vs_plain'], '.2f')} of plain)        "
               f"{t['cpu_s_per_gb']:.2f}")  # fmt: skip
     if r["shaped"]:
-        print("\nshaped (tbf)        conns  goodput        of rate   iperf3        ping RTT")
+        print("\nshaped (tbf)        conns  goodput        of rate   iperf3        RTT")
         for s in r["shaped"]:
             print(f"  {s['rate_mbit']:5.0f} Mb/s rtt {s['rtt_ms']:3.0f}ms  {s['connections']}   "
                   f"{s['goodput_mbit']:7.1f} Mb/s   {s['fraction']:.3f}    "
                   f"{_fmt(s['iperf3_mbit'], '7.1f')} Mb/s  "
-                  f"{_fmt(s['ping_rtt_ms'], '.1f')}")  # fmt: skip
+                  f"{_fmt(s['measured_rtt_ms'], '.1f')}")  # fmt: skip
     if "overlap" in r:
         o = r["overlap"]
         print(

@@ -255,7 +255,7 @@ class TwoSiteTestbed:
         self._save_state()
         return proc  # type: ignore[no-any-return]
 
-    def ping_rtt_s(self, count: int = 3) -> float:
+    def probe_rtt_s(self, count: int = 3) -> float:
         """Median round trip from A to B (seconds), without ``ping`` (not installed everywhere): a
         TCP connect from A to a closed port of B is refused after exactly one round trip."""
         out = _sh("ip", "netns", "exec", self.ns_a, sys.executable, "-c", _RTT_PROBE, self.ip_b,

@@ -32,7 +32,7 @@ def _netns() -> set[str]:
 def test_kv_crosses_a_shaped_delayed_link_byte_exact() -> None:
     num = 3
     with TwoSiteTestbed(rate_mbit=200, one_way_delay_s=0.01) as tb:
-        assert tb.ping_rtt_s() >= 0.02  # the delay line cannot deliver early
+        assert tb.probe_rtt_s() >= 0.02  # the delay line cannot deliver early
         rx = tb.popen("b", [sys.executable, PEER, "rx", tb.ip_b, str(num)],
                       stdout=subprocess.PIPE, text=True)  # fmt: skip
         assert rx.stdout is not None
