@@ -221,6 +221,13 @@ class Connection:
         self._events.clear()
         return out
 
+    def payload_bytes_expected(self) -> int:
+        """Bytes of the CHUNK payload now arriving that are still to come (0 between payloads):
+        the stream will certainly carry that many, so a channel may sleep until they are there."""
+        if self._phase is _Phase.PAYLOAD and self._start == self._end:
+            return self._body_len - F.CHUNK_META_BYTES - self._filled
+        return 0
+
     def get_buffer(self) -> memoryview:
         """Where the next received bytes should go (never empty)."""
         self._check_alive()
