@@ -305,9 +305,10 @@ class Link:
     def _take_batch(self, first: _Item) -> list[_Item]:
         """``first`` and, if more chunks wait, up to this connection's share of them (at most
         ``_BATCH_BYTES``): written in one gather syscall, they cost one loop turn instead of one
-        each (MEASURED in docs/transfer.md), and the share keeps every connection busy."""
+        each (measured: docs/transfer.md), and the share keeps every connection busy. A paced
+        link writes chunk by chunk: a batch would leave the token bucket as one burst."""
         items = [first] if not first.session.state.terminal else []
-        share = self._queue.qsize() // len(self._channels)
+        share = 0 if self._bucket is not None else self._queue.qsize() // len(self._channels)
         size = first.chunk.length
         while share > 0 and size < _BATCH_BYTES:
             item = self._queue.get_nowait()
