@@ -18,12 +18,11 @@ from prfaas.core.ids import SiteId
 class GlobalKVManager:
     def __init__(self, caches: Mapping[SiteId, HybridPrefixCache]) -> None:
         self._caches = dict(caches)
-        self._order = tuple(caches)
         self._in_order = tuple(self._caches.items())
 
     @property
     def site_ids(self) -> tuple[SiteId, ...]:
-        return self._order
+        return tuple(site for site, _ in self._in_order)
 
     def cache(self, site_id: SiteId) -> HybridPrefixCache:
         return self._caches[site_id]

@@ -80,8 +80,9 @@ class SampleCapacity:
         decode_rps_per_node: float,
         link_bytes_per_s: float,
     ) -> tuple[float, float, float, float]:
-        """(Theta_prfaas, Theta_pdp, Theta_pdd, lambda) of ``point``: the search evaluates every
-        split point and builds a ``CapacityPoint`` only for the best one."""
+        """(Theta_prfaas, Theta_pdp, Theta_pdd, lambda) when the ``k`` shortest stay local: the
+        threshold search evaluates every ``k`` with this and builds a ``CapacityPoint`` only for
+        the best one."""
         n = len(self.lengths)
         inf = float("inf")
         num_long = n - k
