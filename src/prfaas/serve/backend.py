@@ -44,6 +44,14 @@ class GenerationRequest:
     """Extra stop tokens besides the model's EOS."""
     arrival_s: float
     """When the gateway received the request, on the gateway's monotonic clock."""
+    top_k: int = -1
+    """Sample among the k most likely tokens; -1 (or 0) means no limit."""
+    min_tokens: int = 0
+    """EOS and stop tokens are suppressed until this many tokens were generated."""
+    repetition_penalty: float = 1.0
+    """vLLM/HF-style penalty (> 0) on logits of tokens already in prompt or output; 1 is off."""
+    ignore_eos: bool = False
+    """Keep generating past EOS (benchmark clients ask for it); stop tokens still stop."""
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -69,6 +77,9 @@ class TokenEvent:
     token_ids: tuple[int, ...]
     finish_reason: str | None = None
     """None while generating; "stop" or "length" on the last event."""
+    num_cached_tokens: int | None = None
+    """Prompt tokens the request found in a prefix cache, once the backend knows it (at the
+    latest on the last event); None on events that do not carry it."""
 
     def __post_init__(self) -> None:
         if self.finish_reason is not None and self.finish_reason not in FINISH_REASONS:
@@ -126,4 +137,10 @@ class Backend(Protocol):
     async def health(self) -> dict[str, Any]:
         """Anything JSON-serialisable; ``{"status": "ok", ...}`` when able to serve. A
         ``"status"`` other than "ok", or an exception, makes ``GET /health`` answer 503."""
+        ...
+
+    async def ready(self) -> str | None:
+        """None when a request could be served now (``GET /ready`` answers 200); otherwise the
+        reason it could not (``GET /ready`` answers 503 with it), e.g. "no decode node in
+        rotation"."""
         ...

@@ -27,6 +27,10 @@ class SamplingMsg(_Msg):
     seed: int = 0
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
+    top_k: int = Field(-1, ge=-1)
+    """-1 or 0: no limit."""
+    min_tokens: int = Field(0, ge=0)
+    repetition_penalty: float = Field(1.0, gt=0)
 
 
 def pack_tokens(token_ids: Sequence[int]) -> str:
@@ -111,6 +115,11 @@ class NodeReport(_Msg):
     link_retransmit_rate: float = 0.0
     link_lossy: bool = False
     """The transfer monitor saw retransmissions above its threshold since the last report."""
+    fault: str = ""
+    """Non-empty when the node cannot serve (its engine thread died, say): the gateway takes it
+    out of rotation until a report without a fault."""
+    handshake_failures: int = 0
+    """KV-transfer handshakes this process's receiver refused since it started (wrong key...)."""
 
 
 class NodeEndpoint(_Msg):
