@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from prfaas.errors import UsageError
 
@@ -67,6 +75,20 @@ class EngineConfig(_Strict):
         16, ge=1, description="keep linear/SWA state checkpoints every this many blocks"
     )
     dtype: Literal["float32", "bfloat16"] = "float32"
+
+    @field_validator("model")
+    @classmethod
+    def _timed_model_is_a_preset(cls, model: str, info: ValidationInfo) -> str:
+        # A timed node builds its cost model from the preset when it starts: an unknown name
+        # must fail here, naming engine.model, not as a traceback in a child process.
+        if info.data.get("kind", "timed") == "timed":
+            from prfaas.spec import get_model
+
+            try:
+                get_model(model)
+            except KeyError as exc:
+                raise ValueError(exc.args[0]) from None
+        return model
 
     @model_validator(mode="after")
     def _torch_needs_a_folder(self) -> EngineConfig:
