@@ -120,6 +120,31 @@ class GatewayConfig(_Strict):
     max_queued: int = Field(512, ge=0)
     request_timeout_s: float = Field(600.0, gt=0)
     heartbeat_timeout_s: float = Field(3.0, gt=0, description="a silent node leaves rotation")
+    control_port: int = Field(
+        8001,
+        ge=0,
+        le=65535,
+        description="the control listener (/internal/*, signed calls only; 0: pick a free one)",
+    )
+
+    @model_validator(mode="after")
+    def _two_listeners(self) -> GatewayConfig:
+        if self.control_port != 0 and self.control_port == self.port:
+            raise ValueError(
+                f"gateway.control_port {self.control_port} is gateway.port too: the control "
+                "listener needs its own port"
+            )
+        return self
+
+    @property
+    def url(self) -> str:
+        """Base URL of the client-facing (OpenAI) listener."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def control_url(self) -> str:
+        """Base URL of the control listener nodes register and heartbeat to."""
+        return f"http://{self.host}:{self.control_port}"
 
 
 class PolicyConfig(_Strict):
@@ -178,13 +203,22 @@ class DeploymentConfig(_Strict):
         site = self.site_of(node_name)
         return next(n for n in site.nodes if n.name == node_name)
 
+    @property
+    def control_url(self) -> str:
+        """The gateway's control listener (``gateway.control_port``)."""
+        return self.gateway.control_url
+
     def link_to_home(self, site_name: str) -> LinkConfig | None:
         home = self.home_site.name
         return next((lk for lk in self.links if lk.src == site_name and lk.dst == home), None)
 
 
-def load_deployment(path: Path) -> DeploymentConfig:
-    """Read and validate a deployment YAML; a ``UsageError`` names the file and the bad field."""
+def load_deployment(path: Path, require_psk: bool = False) -> DeploymentConfig:
+    """Read and validate a deployment YAML; a ``UsageError`` names the file and the bad field.
+
+    ``require_psk``: the file must name the key (processes started separately, ``prfaas serve``:
+    a key drawn at random per process would fail every handshake and signed call between them).
+    """
     if not path.is_file():
         raise UsageError(f"deployment file {path} does not exist")
     try:
@@ -193,6 +227,12 @@ def load_deployment(path: Path) -> DeploymentConfig:
         raise UsageError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
         raise UsageError(f"{path}: expected a mapping at the top level")
+    if require_psk and "psk" not in raw:
+        raise UsageError(
+            f"{path}: psk: missing. Processes started one by one (prfaas serve) must share the "
+            "deployment's key: add `psk: <a secret of at least 16 characters>` to the file "
+            "(prfaas up draws one for its own children)"
+        )
     try:
         return DeploymentConfig.model_validate(raw)
     except ValidationError as exc:
