@@ -96,7 +96,7 @@ class ControlLoop:
             log.warning("role change of %s failed: %s", node, exc)
             return
         if r.status_code == 200:
-            self.registry.mark_draining(node)
+            self.registry.mark_switching(node)
             entry = {"t_s": round(self.registry.modelled_s(time.monotonic()), 3), "node": node,
                      "to": role}  # fmt: skip
             self.log.role_changes.append(entry)

@@ -1,30 +1,41 @@
 """``ClusterDispatcher``: the gateway's ``Backend``. It carries out the policy's decisions on live
-nodes: asks the KV manager for every site's cached prefix, calls the shared router, picks the decode
-node, tells the decode node to expect the KV, tells the prefill node to compute it and stream it
-there, and relays the decode node's tokens. A lost prefill (node killed, link cut, transfer aborted)
-is retried once with local prefill on another node; a client that goes away aborts the request at
-both nodes (the decode stream closes, the prefill is cancelled) so its KV is freed.
+nodes: the ``AttemptPlanner`` decides an attempt (route, decode node, commands), the dispatcher
+runs it through a ``NodeClient`` (tell the decode node to expect the KV, tell the prefill node to
+compute it and stream it there, relay the decode node's tokens), and the ``OutcomeBook`` records
+what the prefill left behind. Node I/O sits behind ``NodeClient``, so all of this runs against
+in-memory nodes in unit tests.
+
+Failures and rotation: a node that cannot be reached is quarantined by the registry until a
+heartbeat after its quarantine; a node that answers 409 is skipped until its next report; a request
+that failed at a node for its own reasons (an engine error, a refused transfer) is retried once with
+local prefill elsewhere, and the node stays in rotation. A client that goes away aborts the request
+at both nodes (the decode stream closes, the prefill is cancelled) so its KV is freed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import time
+from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from prfaas.cache import GlobalKVManager
-from prfaas.core import NodeRole, RequestId, RequestView, SiteId
-from prfaas.policy import NoRouteError, Router, least_loaded
-from prfaas.policy.decisions import RouteDecision
+from prfaas.core import NodeRole, SiteId
+from prfaas.policy import Router, least_loaded
 from prfaas.serve.api.metrics import GatewayMetrics
 from prfaas.serve.backend import GenerationError, GenerationRequest, ModelInfo, TokenEvent
-from prfaas.serve.gateway.hashing import block_hashes, prompt_digest
+from prfaas.serve.gateway.attempt import AttemptPlan, AttemptPlanner
+from prfaas.serve.gateway.hashing import block_hashes
+from prfaas.serve.gateway.node_client import (
+    ABORT_TIMEOUT_S,
+    HttpNodeClient,
+    NodeCallFailed,
+    NodeClient,
+)
+from prfaas.serve.gateway.outcomes import OutcomeBook, RouteRecord
 from prfaas.serve.gateway.registry import NodeRegistry
 from prfaas.serve.node.messages import (
     DecodeCommand,
@@ -32,48 +43,35 @@ from prfaas.serve.node.messages import (
     PrefillCommand,
     PrefillOutcome,
     PrefixPullCommand,
-    SamplingMsg,
-    pack_tokens,
 )
 
 MAX_ATTEMPTS = 2
 """Real failures (a lost node or transfer) a request survives: the first, retried locally."""
 MAX_BUSY_SKIPS = 2
 """Refusals by nodes that are draining (changing role) skipped on top of that."""
-ABORT_TIMEOUT_S = 2.0
+DEFAULT_ROUTE_LOG_SIZE = 10_000
+
+__all__ = ["ClusterDispatcher", "RouteRecord"]
 
 
-class _Retryable(Exception):
-    """The attempt failed before any token reached the client: try again elsewhere."""
+class AttemptFailed(Exception):
+    """One attempt failed; ``stage`` (prefill, decode) and ``kind`` (``NodeCallFailed`` kinds)
+    decide what happens to the node and whether the request is tried again."""
 
-    def __init__(
-        self, reason: str, message: str, node: str | None = None, busy: str | None = None
-    ) -> None:
+    def __init__(self, stage: str, kind: str, node: str, message: str) -> None:
         super().__init__(message)
-        self.reason = reason
+        self.stage = stage
+        self.kind = kind
         self.node = node
-        """A node that looks dead: out of rotation until it heartbeats again."""
-        self.busy = busy
-        """A node that refused (draining, changing role): skip it until its next report."""
 
+    @classmethod
+    def of(cls, stage: str, exc: NodeCallFailed) -> AttemptFailed:
+        return cls(stage, exc.kind, exc.node, str(exc))
 
-@dataclass(frozen=True, slots=True)
-class RouteRecord:
-    """What happened to one request (for the demo's report and the sim comparison)."""
-
-    request_id: str
-    prefill_site: str
-    prefill_node: str
-    decode_node: str
-    offloaded: bool
-    num_prompt_tokens: int
-    num_cached_tokens: int
-    kv_bytes: int
-    attempts: int
-    moved_tokens: int = 0
-    """Prefix tokens moved across sites before the prefill (the router's ``CacheMove``)."""
-    prompt_digest: str = ""
-    """Hash of the prompt's token ids: lets a load generator match records to its requests."""
+    @property
+    def reason(self) -> str:
+        """A bounded metrics label, e.g. ``prefill_unreachable``."""
+        return f"{self.stage}_{self.kind}"
 
 
 class ClusterDispatcher:
@@ -86,22 +84,35 @@ class ClusterDispatcher:
         metrics: GatewayMetrics,
         model: ModelInfo,
         block_tokens: int,
+        *,
+        node_client: NodeClient | None = None,
+        node_auth: httpx.Auth | None = None,
+        route_log_size: int = DEFAULT_ROUTE_LOG_SIZE,
     ) -> None:
         self.registry = registry
-        self.router = router
-        self.fallback = fallback
         self.kv_manager = kv_manager
         self.metrics = metrics
         self._model = model
         self.block_tokens = block_tokens
         self.home = SiteId(registry.deployment.home_site.name)
-        self.records: list[RouteRecord] = []
-        self._moved: dict[str, int] = {}
-        self._prefix_counts: dict[str, tuple[int, int]] = {}
-        """Per site: (prompt tokens looked up, tokens found cached), since start."""
-        self.control: Any = None
+        self.nodes: NodeClient = node_client or HttpNodeClient(node_auth)
+        self.planner = AttemptPlanner(registry, router, fallback, kv_manager, metrics)
+        self.book = OutcomeBook(
+            kv_manager, metrics, self.home, registry.byte_divisor, route_log_size
+        )
+
+    @property
+    def records(self) -> deque[RouteRecord]:
+        return self.book.records
+
+    @property
+    def control(self) -> Any:
         """The gateway's ``ControlLoop``; observes every routed request's lengths."""
-        self._client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
+        return self.planner.control
+
+    @control.setter
+    def control(self, loop: Any) -> None:
+        self.planner.control = loop
 
     def model_info(self) -> ModelInfo:
         return self._model
@@ -110,154 +121,91 @@ class ClusterDispatcher:
         view = self.registry.view
         return {
             "nodes": sum(1 for n in view if n.healthy),
+            "nodes_in_rotation": sum(1 for n in view if n.accepting),
             "links": len(self.registry.link_states()),
         }
 
+    async def ready(self) -> str | None:
+        view = self.registry.view
+        if not any(True for _ in view):
+            return "no node has registered yet"
+        if least_loaded(view, self.home, NodeRole.DECODE) is None:
+            return f"no decode node of site {self.home} is in rotation"
+        sites = self.registry.site_kinds()
+        if all(least_loaded(view, site, NodeRole.PREFILL) is None for site in sites):
+            return "no prefill node is in rotation"
+        return None
+
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self.nodes.aclose()
 
     # -- the Backend contract ---------------------------------------------------------------------
     async def generate(self, req: GenerationRequest) -> AsyncIterator[TokenEvent]:
         hashes = block_hashes(req.prompt_token_ids, self.block_tokens)
         use_fallback = False
         failures = 0
-        for attempt in range(1, MAX_ATTEMPTS + MAX_BUSY_SKIPS + 1):
-            decision, decode_node = self._decide(req, hashes, use_fallback)
+        last = MAX_ATTEMPTS + MAX_BUSY_SKIPS
+        for number in range(1, last + 1):
+            plan = self.planner.plan(req, hashes, number, use_fallback)
             started = False
             try:
-                async for event in self._attempt(req, hashes, decision, decode_node, attempt):
+                async for event in self._attempt(req, hashes, plan):
                     started = True
                     yield event
                 return
-            except _Retryable as exc:
-                if exc.node is not None:
-                    self.registry.mark_unhealthy(exc.node)
-                if exc.busy is not None:
-                    self.registry.mark_draining(exc.busy)  # refused: try another node
-                else:
+            except AttemptFailed as exc:
+                self._on_failure(exc)
+                if exc.kind != "refused":
                     failures += 1
                     use_fallback = True  # a lost (remote) prefill falls back to local prefill
-                if started or failures == MAX_ATTEMPTS or attempt == MAX_ATTEMPTS + MAX_BUSY_SKIPS:
+                if started or failures == MAX_ATTEMPTS or number == last:
                     raise GenerationError(502, "server_error", f"request failed: {exc}") from None
                 self.metrics.retries.labels(reason=exc.reason).inc()
 
-    # -- one attempt ------------------------------------------------------------------------------
-    def _decide(
-        self, req: GenerationRequest, hashes: tuple[int, ...], use_fallback: bool
-    ) -> tuple[RouteDecision, str]:
-        n = len(req.prompt_token_ids)
-        view = RequestView(
-            RequestId(req.request_id),
-            n,
-            self.kv_manager.peek(hashes, n),
-            hashes,
-            req.max_tokens,
-        )
-        now = self.registry.modelled_s(time.monotonic())
-        router = self.fallback if use_fallback else self.router
-        try:
-            decision = router.route(view, self.registry.view, now)
-        except NoRouteError as exc:
-            raise GenerationError(503, "service_unavailable", f"no prefill node: {exc}") from None
-        decode = least_loaded(self.registry.view, self.home, NodeRole.DECODE)
-        if decode is None:
-            raise GenerationError(503, "service_unavailable", "no decode node available")
-        # A bounded label set: the decision's own reason text names lengths.
-        kind = "rerouted" if decision.rerouted else "cache_move" if decision.cache_move else "rule"
-        self.metrics.route_decisions.labels(
-            target="prfaas" if decision.offloaded else "local", reason=kind
-        ).inc()
-        if self.control is not None:
-            self.control.observe(n - decision.num_cached_tokens, req.max_tokens)
-        return decision, decode.node_id
+    def _on_failure(self, exc: AttemptFailed) -> None:
+        now_wall_s = asyncio.get_running_loop().time()
+        if exc.kind == "unreachable":
+            self.registry.mark_unreachable(exc.node, str(exc), now_wall_s)
+        elif exc.kind == "refused":
+            self.registry.mark_refused(exc.node, now_wall_s)
+        # "rejected" / "closed": this request failed there; the node keeps serving.
 
+    # -- one attempt ------------------------------------------------------------------------------
     async def _attempt(
-        self,
-        req: GenerationRequest,
-        hashes: tuple[int, ...],
-        decision: RouteDecision,
-        decode_node: str,
-        attempt: int,
+        self, req: GenerationRequest, hashes: tuple[int, ...], plan: AttemptPlan
     ) -> AsyncIterator[TokenEvent]:
         reg = self.registry
-        dec_ep = reg.endpoints[decode_node]
-        sampling = SamplingMsg(
-            max_new_tokens=req.max_tokens,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            seed=req.seed or 0,
-            stop_token_ids=list(req.stop_token_ids),
-        )
-        # Each attempt has its own id at the nodes: a retry must not collide with what is left of
-        # the attempt it replaces (a decode node frees a closed stream asynchronously).
-        attempt_id = f"{req.request_id}.{attempt}"
-        decode_cmd = DecodeCommand(
-            request_id=attempt_id,
-            num_prompt_tokens=len(req.prompt_token_ids),
-            sampling=sampling,
-            timeout_s=reg.deployment.gateway.request_timeout_s,
-        )
-        prefill_cmd = PrefillCommand(
-            request_id=attempt_id,
-            tokens=pack_tokens(req.prompt_token_ids),
-            block_hashes=list(hashes),
-            use_cached_tokens=decision.num_cached_tokens,
-            decode_node=decode_node,
-            decode_host=dec_ep.host,
-            decode_transfer_port=dec_ep.transfer_port,
-            cross_site=decision.prefill_site != self.home,
-            sampling=sampling,
-        )
-        decode_url = f"http://{dec_ep.host}:{dec_ep.http_port}/nodes/{decode_node}/decode"
-        moved = await self._move_cache(decision, hashes)
-        self._moved[req.request_id] = moved
-        # The decode node's site may already store a prefix: then only the rest crosses.
-        n = len(req.prompt_token_ids)
-        home_tokens = self.kv_manager.peek(hashes, n).get(self.home, 0)
-        decode_cmd = decode_cmd.model_copy(
-            update={"block_hashes": list(hashes), "prefix_tokens": home_tokens}
-        )
+        moved = await self._move_cache(plan, hashes)
+        decode_cmd, prefill_cmd = self.planner.commands(req, hashes, plan)
+        decision = plan.decision
         uncached = len(req.prompt_token_ids) - decision.num_cached_tokens
         reg.track(decision.prefill_node, req.request_id, uncached)
-        reg.track(decode_node, req.request_id, len(req.prompt_token_ids))
+        reg.track(plan.decode_node, req.request_id, len(req.prompt_token_ids))
         try:
-            async for event in self._exchange(
-                req, decision, decode_node, decode_url, decode_cmd, prefill_cmd, hashes, attempt
-            ):
+            async for event in self._exchange(req, hashes, plan, decode_cmd, prefill_cmd, moved):
                 yield event
         finally:
             reg.untrack(decision.prefill_node, req.request_id)
-            reg.untrack(decode_node, req.request_id)
-            self._moved.pop(req.request_id, None)
+            reg.untrack(plan.decode_node, req.request_id)
 
-    async def _move_cache(self, decision: RouteDecision, hashes: tuple[int, ...]) -> int:
+    async def _move_cache(self, plan: AttemptPlan, hashes: tuple[int, ...]) -> int:
         """Carry out the router's ``CacheMove``: the prefill site pulls the longer prefix from the
         site that holds it. Returns the tokens moved (0: none asked, or it failed and the prefill
         will simply compute more)."""
-        move = decision.cache_move
+        move = plan.decision.cache_move
         if move is None or move.num_tokens <= 0:
             return 0
         src = least_loaded(self.registry.view, move.src_site, NodeRole.PREFILL)
         if src is None:
             return 0
-        src_ep = self.registry.endpoints[src.node_id]
-        dst_ep = self.registry.endpoints[decision.prefill_node]
         num_blocks = move.num_tokens // self.block_tokens
         cmd = PrefixPullCommand(
             block_hashes=list(hashes[:num_blocks]),
             num_tokens=move.num_tokens,
-            src_url=f"http://{src_ep.host}:{src_ep.http_port}",
+            src_url=self.nodes.base_url(self.registry.endpoints[src.node_id]),
         )
-        try:
-            r = await self._client.post(
-                f"http://{dst_ep.host}:{dst_ep.http_port}/prefix/pull",
-                json=cmd.model_dump(),
-                timeout=cmd.timeout_s + 5.0,
-            )
-            ok = r.status_code == 200 and bool(r.json().get("ok"))
-        except httpx.HTTPError:
-            ok = False
-        if not ok:
+        dst = self.registry.endpoints[plan.decision.prefill_node]
+        if not await self.nodes.pull_prefix(dst, cmd):
             self.metrics.retries.labels(reason="cache_move_failed").inc()
             return 0
         self.kv_manager.store(move.dst_site, hashes[:num_blocks], move.num_tokens)
@@ -266,148 +214,124 @@ class ClusterDispatcher:
     async def _exchange(
         self,
         req: GenerationRequest,
-        decision: RouteDecision,
-        decode_node: str,
-        decode_url: str,
+        hashes: tuple[int, ...],
+        plan: AttemptPlan,
         decode_cmd: DecodeCommand,
         prefill_cmd: PrefillCommand,
-        hashes: tuple[int, ...],
-        attempt: int,
+        moved: int,
     ) -> AsyncIterator[TokenEvent]:
-        pre_ep = self.registry.endpoints[decision.prefill_node]
-        prefill_base = f"http://{pre_ep.host}:{pre_ep.http_port}/nodes/{decision.prefill_node}"
+        dec_ep = self.registry.endpoints[plan.decode_node]
+        pre_ep = self.registry.endpoints[plan.decision.prefill_node]
         try:
-            async with self._client.stream(
-                "POST", decode_url, json=decode_cmd.model_dump()
-            ) as resp:
-                if resp.status_code != 200:
-                    raise _Retryable(
-                        "decode_refused",
-                        f"decode node {decode_node}: {resp.status_code}",
-                        busy=decode_node,
-                    )
-                lines = resp.aiter_lines()
-                ready = await _next_event(lines, decode_node)
+            async with self.nodes.decode(dec_ep, decode_cmd) as events:
+                ready = await anext(events)
                 if ready.kind != "ready":
-                    raise _Retryable("decode_failed", ready.error, decode_node)
+                    raise AttemptFailed("decode", "rejected", plan.decode_node, ready.error)
                 prefill_cmd = prefill_cmd.model_copy(
                     update={"receiver_cached_tokens": ready.prefix_tokens}
                 )
-                prefill = asyncio.create_task(
-                    self._client.post(f"{prefill_base}/prefill", json=prefill_cmd.model_dump())
-                )
+                prefill = asyncio.create_task(self.nodes.prefill(pre_ep, prefill_cmd))
+                relay = _Relay(self, req, hashes, plan, prefill, moved)
                 try:
-                    async for event in self._relay(lines, prefill, decision, decode_node, hashes,
-                                                   req, attempt):  # fmt: skip
+                    async for event in relay.run(events):
                         yield event
                 finally:
                     if not prefill.done():
                         prefill.cancel()
-                        with contextlib.suppress(Exception):
-                            await self._client.post(
-                                f"{prefill_base}/abort/{prefill_cmd.request_id}",
-                                timeout=ABORT_TIMEOUT_S,
-                            )
+                        await self.nodes.abort(pre_ep, prefill_cmd.request_id)
                     with contextlib.suppress(BaseException):
                         await prefill
-        except httpx.HTTPError as exc:
-            raise _Retryable("decode_unreachable", f"decode node {decode_node}: {exc}",
-                             decode_node) from None  # fmt: skip
+        except NodeCallFailed as exc:
+            raise AttemptFailed.of("decode", exc) from None
 
-    async def _relay(
+
+class _Relay:
+    """One attempt's token relay: decode events out, the prefill's outcome booked when it lands
+    (it may land after the first tokens, or, rarely, after the last one)."""
+
+    def __init__(
         self,
-        lines: AsyncIterator[str],
-        prefill: asyncio.Task[httpx.Response],
-        decision: RouteDecision,
-        decode_node: str,
-        hashes: tuple[int, ...],
+        dispatcher: ClusterDispatcher,
         req: GenerationRequest,
-        attempt: int,
-    ) -> AsyncIterator[TokenEvent]:
-        next_line: asyncio.Task[DecodeEvent] = asyncio.ensure_future(
-            _next_event(lines, decode_node)
-        )
-        prefill_seen = False
+        hashes: tuple[int, ...],
+        plan: AttemptPlan,
+        prefill: asyncio.Task[PrefillOutcome],
+        moved: int,
+    ) -> None:
+        self.d = dispatcher
+        self.req = req
+        self.hashes = hashes
+        self.plan = plan
+        self.prefill = prefill
+        self.moved = moved
+        self.num_cached_tokens: int | None = None
+
+    async def run(self, events: AsyncIterator[DecodeEvent]) -> AsyncIterator[TokenEvent]:
+        next_event: asyncio.Future[DecodeEvent] = asyncio.ensure_future(anext(events))
         try:
             while True:
-                waiting = {next_line} if prefill_seen else {next_line, prefill}
-                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                # The prefill may also have finished while a token was being yielded.
-                if not prefill_seen and prefill.done():
-                    prefill_seen = True
-                    self._on_prefill_done(prefill, decision, decode_node, hashes, req, attempt)
-                if next_line not in done:
+                waiting: set[asyncio.Future[Any]] = {next_event}
+                if not self.prefill_seen:
+                    waiting.add(self.prefill)
+                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if not self.prefill_seen and self.prefill.done():
+                    self._book_prefill()  # raises when the prefill failed
+                if not next_event.done():
                     continue
-                event = next_line.result()
+                try:
+                    event = next_event.result()
+                except NodeCallFailed as exc:
+                    raise AttemptFailed.of("decode", exc) from None
                 if event.kind == "error":
-                    raise _Retryable("decode_error", event.error)
-                yield TokenEvent(tuple(event.token_ids), event.finish_reason)
+                    raise AttemptFailed("decode", "rejected", self.plan.decode_node, event.error)
                 if event.finish_reason is not None:
-                    if not prefill_seen:  # the last token can beat the prefill's own answer
-                        with contextlib.suppress(asyncio.TimeoutError):
-                            await asyncio.wait_for(asyncio.shield(prefill), ABORT_TIMEOUT_S)
-                        if prefill.done():
-                            with contextlib.suppress(_Retryable):  # the client has its answer
-                                self._on_prefill_done(
-                                    prefill, decision, decode_node, hashes, req, attempt
-                                )
+                    await self._settle_prefill()
+                    self.d.registry.record_success(self.plan.decode_node)
+                    yield TokenEvent(
+                        tuple(event.token_ids), event.finish_reason, self._cached_or_planned()
+                    )
                     return
-                next_line = asyncio.ensure_future(_next_event(lines, decode_node))
+                yield TokenEvent(tuple(event.token_ids), None, self.num_cached_tokens)
+                next_event = asyncio.ensure_future(anext(events))
         finally:
-            if not next_line.done():
-                next_line.cancel()
+            if not next_event.done():
+                next_event.cancel()
+                with contextlib.suppress(BaseException):
+                    await next_event
 
-    def _on_prefill_done(
-        self,
-        task: asyncio.Task[httpx.Response],
-        decision: RouteDecision,
-        decode_node: str,
-        hashes: tuple[int, ...],
-        req: GenerationRequest,
-        attempt: int,
-    ) -> None:
-        node = decision.prefill_node
+    @property
+    def prefill_seen(self) -> bool:
+        return self.num_cached_tokens is not None
+
+    async def _settle_prefill(self) -> None:
+        """The last token can beat the prefill's own answer: give it a moment, then book it (the
+        client has its answer either way, so a late failure is not raised)."""
+        if self.prefill_seen:
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.prefill), ABORT_TIMEOUT_S)
+        if self.prefill.done():
+            with contextlib.suppress(AttemptFailed):
+                self._book_prefill()
+
+    def _cached_or_planned(self) -> int:
+        if self.num_cached_tokens is not None:
+            return self.num_cached_tokens
+        return self.plan.decision.num_cached_tokens
+
+    def _book_prefill(self) -> None:
+        node = self.plan.decision.prefill_node
+        self.num_cached_tokens = 0  # seen, whatever it says
         try:
-            resp = task.result()
-        except httpx.HTTPError as exc:
-            raise _Retryable("prefill_lost", f"prefill node {node}: {exc}", node) from None
-        if resp.status_code != 200:
-            raise _Retryable(
-                "prefill_refused", f"prefill node {node}: {resp.status_code}", busy=node
-            )
-        outcome = PrefillOutcome.model_validate_json(resp.content)
-        self.registry.untrack(node, req.request_id)  # its prefill work is done
+            outcome = self.prefill.result()
+        except NodeCallFailed as exc:
+            raise AttemptFailed.of("prefill", exc) from None
+        self.d.registry.untrack(node, self.req.request_id)  # its prefill work is done
         if not outcome.ok:
-            raise _Retryable("prefill_failed", f"prefill node {node}: {outcome.error}")
-        n = len(req.prompt_token_ids)
-        site = decision.prefill_site
-        self.kv_manager.use(SiteId(site), hashes, n)
-        self.kv_manager.store(SiteId(site), hashes, n)
-        self.metrics.observe_prefix_lookup(site, n, outcome.num_cached_tokens)
-        looked, hit = self._prefix_counts.get(site, (0, 0))
-        looked, hit = looked + n, hit + outcome.num_cached_tokens
-        self._prefix_counts[site] = (looked, hit)
-        self.metrics.prefix_hit_rate.labels(site=site).set(hit / looked)
-        kv_bytes = outcome.kv_bytes_sent * self.registry.byte_divisor
-        if decision.offloaded:
-            self.metrics.cross_site_bytes.labels(src_site=site, dst_site=self.home).inc(kv_bytes)
-        self.records.append(
-            RouteRecord(
-                req.request_id, site, node, decode_node, decision.offloaded, n,
-                outcome.num_cached_tokens, kv_bytes, attempt, self._moved.get(req.request_id, 0),
-                prompt_digest(req.prompt_token_ids),
-            )
+            raise AttemptFailed("prefill", "rejected", node, f"node {node}: {outcome.error}")
+        self.num_cached_tokens = outcome.num_cached_tokens
+        self.d.registry.record_success(node)
+        self.d.book.prefill_done(
+            self.req.request_id, self.req.prompt_token_ids, self.hashes, self.plan.decision,
+            self.plan.decode_node, outcome, self.plan.number, self.moved,
         )  # fmt: skip
-
-
-async def _next_event(lines: AsyncIterator[str], node: str) -> DecodeEvent:
-    while True:
-        try:
-            line = await anext(lines)
-        except StopAsyncIteration:
-            raise _Retryable("decode_closed", f"decode node {node} closed the stream") from None
-        if line.strip():
-            try:
-                return DecodeEvent.model_validate(json.loads(line))
-            except ValueError as exc:
-                raise _Retryable("decode_garbled", f"decode node {node}: {exc}") from None

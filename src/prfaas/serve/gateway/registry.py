@@ -6,6 +6,9 @@ process stopped heartbeating out of rotation.
 Units: the view is in *modelled* units, like the simulator's: seconds of the emulated hardware
 (wall seconds / time_scale) and real KV bytes (payload bytes x byte_divisor), so the same policy
 objects and thresholds apply to both drivers.
+
+Whether a node takes new work is its ``Rotation`` (``rotation.py``: the reasons and the way back
+from each); the view's ``healthy`` and ``draining`` flags are derived from it on every change.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from dataclasses import dataclass, field
 from prfaas.config import DeploymentConfig
 from prfaas.core import LinkState, MutableClusterView, NodeId, NodeLoad, NodeRole, SiteId, SiteKind
 from prfaas.core.ids import link_id_for
+from prfaas.serve.gateway.rotation import Rotation
 from prfaas.serve.node.messages import Heartbeat, NodeEndpoint, NodeReport, Registration
 
 CONGESTED_UTILISATION = 0.9
@@ -51,8 +55,9 @@ class NodeRegistry:
         # Authoritative for queues between heartbeats (a heartbeat is up to an interval old, and
         # a burst routed on stale loads would pile onto one node).
         self._pending: dict[str, dict[str, int]] = {}
-        # Nodes the gateway took out of rotation -> the role they had then.
-        self._draining: dict[str, NodeRole] = {}
+        self._rotation: dict[str, Rotation] = {}
+        self.handshake_failures: dict[str, int] = {}
+        """Per node: KV handshakes its process's receiver refused (from its reports)."""
         self.processes: dict[str, _Process] = {}
         self._site_kind = {s.name: s.kind for s in deployment.sites}
         home = deployment.home_site.name
@@ -75,9 +80,13 @@ class NodeRegistry:
         for ep in reg.nodes:
             if ep.site not in self._site_kind:
                 raise ValueError(f"node {ep.node} reports unknown site {ep.site}")
-        self.processes[reg.process] = _Process(
-            reg.process, [ep.node for ep in reg.nodes], now_wall_s
-        )
+        names = [ep.node for ep in reg.nodes]
+        for proc in list(self.processes.values()):  # a node belongs to one process: the newest
+            if proc.name != reg.process:
+                proc.nodes = [n for n in proc.nodes if n not in names]
+                if not proc.nodes:
+                    del self.processes[proc.name]
+        self.processes[reg.process] = _Process(reg.process, names, now_wall_s)
         for ep in reg.nodes:
             self.endpoints[ep.node] = ep
             self._update(NodeReport(node=ep.node, site=ep.site, role=ep.role), now_wall_s)
@@ -104,38 +113,67 @@ class NodeRegistry:
         for proc in self.processes.values():
             if proc.alive and now_wall_s - proc.last_seen_wall_s > timeout:
                 proc.alive = False
-                for name in proc.nodes:
-                    self.mark_unhealthy(name)
-                    gone.append(name)
+                gone.extend(proc.nodes)
+        for proc in [p for p in self.processes.values() if not p.alive]:
+            del self.processes[proc.name]
         for name in gone:
-            del self.processes[self._process_of(name)]
+            self._rotation[name].on_silent()
+            self._refresh(name)
         return gone
 
-    def _process_of(self, node: str) -> str:
-        return next(p.name for p in self.processes.values() if node in p.nodes)
+    # -- rotation ---------------------------------------------------------------------------------
+    def mark_unreachable(self, node: str, reason: str, now_wall_s: float) -> None:
+        """The gateway could not reach the node: out until a heartbeat after its quarantine."""
+        if (rot := self._rotation.get(node)) is not None:
+            rot.on_unreachable(reason, now_wall_s)
+            self._refresh(node)
 
-    def mark_unhealthy(self, node: str) -> None:
-        try:
-            load = self.view.node(NodeId(node))
-        except KeyError:
-            return
-        self.view.update_node(_replace_load(load, healthy=False))
+    def mark_refused(self, node: str, now_wall_s: float) -> None:
+        """The node answered "not now" (409): out until a report sent after the refusal."""
+        if (rot := self._rotation.get(node)) is not None:
+            rot.on_refused(now_wall_s, self.deployment.heartbeat_interval_s)
+            self._refresh(node)
 
-    def mark_draining(self, node: str) -> None:
-        """Out of rotation at once, and kept out until the node itself reports draining or its new
-        role (a heartbeat sent before it heard of the change must not put it back)."""
-        try:
-            load = self.view.node(NodeId(node))
-        except KeyError:
-            return
-        self._draining[node] = load.role
-        self.view.update_node(_replace_load(load, draining=True))
+    def mark_switching(self, node: str) -> None:
+        """Asked to change role: out until the node reports draining or its new role (a report
+        sent before it heard of the change must not put it back)."""
+        if (rot := self._rotation.get(node)) is not None:
+            rot.on_switch()
+            self._refresh(node)
+
+    def record_success(self, node: str) -> None:
+        """A request completed at the node: its retry budget is whole again."""
+        if (rot := self._rotation.get(node)) is not None:
+            rot.on_success()
+
+    def drain(self, node: str) -> None:
+        """An operator takes the node out of rotation until ``resume``."""
+        self._rotation_or_raise(node).drained = True
+        self._refresh(node)
+
+    def resume(self, node: str) -> None:
+        self._rotation_or_raise(node).drained = False
+        self._refresh(node)
+
+    def rotation(self, node: str) -> tuple[bool, str]:
+        """(in rotation, why not) for ``prfaas status``."""
+        rot = self._rotation_or_raise(node)
+        why = rot.why_not()
+        return not why, why
+
+    def in_flight(self, node: str) -> int:
+        """Requests the gateway sent to the node that have not finished there."""
+        return len(self._pending.get(node, {}))
 
     def alive(self, node: str) -> bool:
-        try:
-            return self.view.node(NodeId(node)).healthy
-        except KeyError:
-            return False
+        rot = self._rotation.get(node)
+        return rot is not None and rot.healthy
+
+    def _rotation_or_raise(self, node: str) -> Rotation:
+        rot = self._rotation.get(node)
+        if rot is None:
+            raise KeyError(f"no node named {node!r} has registered")
+        return rot
 
     # -- the gateway's own accounting of dispatched work ----------------------------------------
     def track(self, node: str, request_id: str, tokens: int) -> None:
@@ -151,6 +189,9 @@ class NodeRegistry:
             load = self.view.node(NodeId(node))
         except KeyError:
             return
+        rot = self._rotation.get(node)
+        if rot is not None:
+            load = _replace_load(load, healthy=rot.healthy, draining=rot.held)
         self.view.update_node(self._with_pending(load))
 
     def _with_pending(self, load: NodeLoad) -> NodeLoad:
@@ -160,12 +201,9 @@ class NodeRegistry:
         return _replace_load(load, batch_size=len(work))
 
     def _update(self, r: NodeReport, now_wall_s: float) -> None:
-        held = self._draining.get(r.node)
-        if held is not None:
-            if r.draining or NodeRole(r.role) is not held:
-                del self._draining[r.node]  # the node knows: its own report rules again
-            else:
-                r = r.model_copy(update={"draining": True})
+        rot = self._rotation.setdefault(r.node, Rotation(r.role))
+        rot.on_report(r.role, r.draining, r.fault, now_wall_s)
+        self.handshake_failures[r.node] = r.handshake_failures
         self.view.update_node(
             self._with_pending(NodeLoad(
                 node_id=NodeId(r.node),
@@ -176,8 +214,8 @@ class NodeRegistry:
                 batch_size=r.batch_size,
                 kv_used_bytes=r.kv_used_bytes,
                 kv_capacity_bytes=r.kv_capacity_bytes,
-                draining=r.draining,
-                healthy=True,
+                draining=rot.held,
+                healthy=rot.healthy,
                 sampled_at_s=self.modelled_s(now_wall_s),
             ))
         )  # fmt: skip

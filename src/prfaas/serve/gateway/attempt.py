@@ -1,0 +1,118 @@
+"""``AttemptPlanner``: deciding one attempt of a request, with no node I/O. It builds the
+``RequestView`` (every site's cached prefix from the KV manager), calls the shared router (or the
+local-only fallback after a lost prefill), picks the decode node, and writes the commands the two
+nodes get. The dispatcher carries the plan out through a ``NodeClient``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from prfaas.cache import GlobalKVManager
+from prfaas.core import NodeRole, RequestId, RequestView, SiteId
+from prfaas.policy import NoRouteError, Router, least_loaded
+from prfaas.policy.decisions import RouteDecision
+from prfaas.serve.api.metrics import GatewayMetrics
+from prfaas.serve.backend import GenerationError, GenerationRequest
+from prfaas.serve.gateway.registry import NodeRegistry
+from prfaas.serve.node.messages import DecodeCommand, PrefillCommand, SamplingMsg, pack_tokens
+
+SEED_MODULUS = 2**63
+"""Node seeds stay in the range every engine's generator accepts."""
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptPlan:
+    number: int
+    """1 for the first attempt of a request."""
+    attempt_id: str
+    """The request's id at the nodes for this attempt: a retry must not collide with what is left
+    of the attempt it replaces (a decode node frees a closed stream asynchronously)."""
+    decision: RouteDecision
+    decode_node: str
+
+
+class AttemptPlanner:
+    def __init__(
+        self,
+        registry: NodeRegistry,
+        router: Router,
+        fallback: Router,
+        kv_manager: GlobalKVManager,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self.registry = registry
+        self.router = router
+        self.fallback = fallback
+        self.kv_manager = kv_manager
+        self.metrics = metrics
+        self.home = SiteId(registry.deployment.home_site.name)
+        self.control: Any = None
+        """The gateway's ``ControlLoop``; observes every routed request's lengths."""
+
+    def plan(
+        self, req: GenerationRequest, hashes: tuple[int, ...], number: int, use_fallback: bool
+    ) -> AttemptPlan:
+        """Route the request now; ``GenerationError(503)`` when no node can take it."""
+        n = len(req.prompt_token_ids)
+        view = RequestView(
+            RequestId(req.request_id), n, self.kv_manager.peek(hashes, n), hashes, req.max_tokens
+        )
+        now = self.registry.modelled_s(time.monotonic())
+        router = self.fallback if use_fallback else self.router
+        try:
+            decision = router.route(view, self.registry.view, now)
+        except NoRouteError as exc:
+            raise GenerationError(503, "service_unavailable", f"no prefill node: {exc}") from None
+        decode = least_loaded(self.registry.view, self.home, NodeRole.DECODE)
+        if decode is None:
+            raise GenerationError(503, "service_unavailable", "no decode node in rotation")
+        # A bounded label set: the decision's own reason text names lengths.
+        kind = "rerouted" if decision.rerouted else "cache_move" if decision.cache_move else "rule"
+        self.metrics.route_decisions.labels(
+            target="prfaas" if decision.offloaded else "local", reason=kind
+        ).inc()
+        if self.control is not None:
+            self.control.observe(n - decision.num_cached_tokens, req.max_tokens)
+        return AttemptPlan(number, f"{req.request_id}.{number}", decision, decode.node_id)
+
+    def commands(
+        self, req: GenerationRequest, hashes: tuple[int, ...], plan: AttemptPlan
+    ) -> tuple[DecodeCommand, PrefillCommand]:
+        """The decode and prefill nodes' commands. Call after any cache move: the decode node's
+        site may already store a prefix, and then only the rest crosses."""
+        n = len(req.prompt_token_ids)
+        sampling = SamplingMsg(
+            max_new_tokens=req.max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            seed=(req.seed or 0) % SEED_MODULUS,
+            stop_token_ids=list(req.stop_token_ids),
+            ignore_eos=req.ignore_eos,
+            top_k=max(req.top_k, -1),
+            min_tokens=req.min_tokens,
+            repetition_penalty=req.repetition_penalty,
+        )
+        decode_ep = self.registry.endpoints[plan.decode_node]
+        decode = DecodeCommand(
+            request_id=plan.attempt_id,
+            num_prompt_tokens=n,
+            block_hashes=list(hashes),
+            prefix_tokens=self.kv_manager.peek(hashes, n).get(self.home, 0),
+            sampling=sampling,
+            timeout_s=self.registry.deployment.gateway.request_timeout_s,
+        )
+        prefill = PrefillCommand(
+            request_id=plan.attempt_id,
+            tokens=pack_tokens(req.prompt_token_ids),
+            block_hashes=list(hashes),
+            use_cached_tokens=plan.decision.num_cached_tokens,
+            decode_node=plan.decode_node,
+            decode_host=decode_ep.host,
+            decode_transfer_port=decode_ep.transfer_port,
+            cross_site=plan.decision.prefill_site != self.home,
+            sampling=sampling,
+        )
+        return decode, prefill

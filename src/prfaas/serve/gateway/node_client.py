@@ -1,0 +1,149 @@
+"""``NodeClient``: the gateway's calls to node processes, behind one small interface, so the
+dispatcher's decisions and bookkeeping can be tested against in-memory nodes (no sockets).
+
+``HttpNodeClient`` is the live implementation (httpx, signed when given an ``auth``). Every failure
+comes out as one ``NodeCallFailed`` whose ``kind`` says what it means for rotation:
+
+- ``unreachable``: no answer (connect refused or timed out, connection reset, stream cut): the node
+  may be dead; the registry quarantines it until a heartbeat proves otherwise.
+- ``refused``: the node answered 409 (draining, changing role): not now, try another node.
+- ``rejected``: any other non-200 answer, or an answer that does not parse: this request failed
+  there; the node stays in rotation.
+- ``closed``: a decode stream ended before its last token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Literal, Protocol
+
+import httpx
+
+from prfaas.serve.node.messages import (
+    DecodeCommand,
+    DecodeEvent,
+    NodeEndpoint,
+    PrefillCommand,
+    PrefillOutcome,
+    PrefixPullCommand,
+)
+
+FailureKind = Literal["unreachable", "refused", "rejected", "closed"]
+ABORT_TIMEOUT_S = 2.0
+CONNECT_TIMEOUT_S = 5.0
+
+
+class NodeCallFailed(Exception):
+    def __init__(self, node: str, kind: FailureKind, message: str) -> None:
+        super().__init__(f"node {node}: {message}")
+        self.node = node
+        self.kind: FailureKind = kind
+
+
+class NodeClient(Protocol):
+    def decode(
+        self, ep: NodeEndpoint, cmd: DecodeCommand
+    ) -> AbstractAsyncContextManager[AsyncIterator[DecodeEvent]]:
+        """Open the node's decode stream for ``cmd``: its events, first ``ready``. Iterating raises
+        ``NodeCallFailed`` (``closed`` when the stream ends without a finished event)."""
+        ...
+
+    async def prefill(self, ep: NodeEndpoint, cmd: PrefillCommand) -> PrefillOutcome:
+        """Run the prefill; returns once the node has its outcome (the KV verified at the decode
+        node, or why not)."""
+        ...
+
+    async def abort(self, ep: NodeEndpoint, request_id: str) -> None:
+        """Best effort: cancel a running prefill (never raises)."""
+        ...
+
+    async def pull_prefix(self, dst: NodeEndpoint, cmd: PrefixPullCommand) -> bool:
+        """Ask ``dst`` to fetch a prefix from ``cmd.src_url``; False when it did not."""
+        ...
+
+    def base_url(self, ep: NodeEndpoint) -> str: ...
+
+    async def aclose(self) -> None: ...
+
+
+class HttpNodeClient:
+    def __init__(self, auth: httpx.Auth | None = None) -> None:
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S), auth=auth
+        )
+
+    def base_url(self, ep: NodeEndpoint) -> str:
+        return f"http://{ep.host}:{ep.http_port}"
+
+    @asynccontextmanager
+    async def decode(
+        self, ep: NodeEndpoint, cmd: DecodeCommand
+    ) -> AsyncIterator[AsyncIterator[DecodeEvent]]:
+        url = f"{self.base_url(ep)}/nodes/{ep.node}/decode"
+        try:
+            async with self._client.stream("POST", url, json=cmd.model_dump()) as resp:
+                if resp.status_code != 200:
+                    await resp.aread()
+                    raise _answer_failure(ep.node, resp)
+                yield _events(ep.node, resp.aiter_lines())
+        except httpx.HTTPError as exc:
+            raise NodeCallFailed(ep.node, "unreachable", f"{type(exc).__name__}: {exc}") from None
+
+    async def prefill(self, ep: NodeEndpoint, cmd: PrefillCommand) -> PrefillOutcome:
+        url = f"{self.base_url(ep)}/nodes/{ep.node}/prefill"
+        try:
+            resp = await self._client.post(url, json=cmd.model_dump())
+        except httpx.HTTPError as exc:
+            raise NodeCallFailed(ep.node, "unreachable", f"{type(exc).__name__}: {exc}") from None
+        if resp.status_code != 200:
+            raise _answer_failure(ep.node, resp)
+        try:
+            return PrefillOutcome.model_validate_json(resp.content)
+        except ValueError as exc:
+            raise NodeCallFailed(ep.node, "rejected", f"unreadable outcome: {exc}") from None
+
+    async def abort(self, ep: NodeEndpoint, request_id: str) -> None:
+        url = f"{self.base_url(ep)}/nodes/{ep.node}/abort/{request_id}"
+        # The node may be gone or slow: its own deadlines free the request then.
+        with contextlib.suppress(httpx.HTTPError):
+            await self._client.post(url, timeout=ABORT_TIMEOUT_S)
+
+    async def pull_prefix(self, dst: NodeEndpoint, cmd: PrefixPullCommand) -> bool:
+        try:
+            r = await self._client.post(
+                f"{self.base_url(dst)}/prefix/pull",
+                json=cmd.model_dump(),
+                timeout=cmd.timeout_s + 5.0,
+            )
+            return r.status_code == 200 and bool(r.json().get("ok"))
+        except (httpx.HTTPError, ValueError):
+            return False
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def _answer_failure(node: str, resp: httpx.Response) -> NodeCallFailed:
+    detail = resp.text[:200]
+    kind: FailureKind = "refused" if resp.status_code == 409 else "rejected"
+    return NodeCallFailed(node, kind, f"HTTP {resp.status_code}: {detail}")
+
+
+async def _events(node: str, lines: AsyncIterator[str]) -> AsyncIterator[DecodeEvent]:
+    try:
+        async for line in lines:
+            if not line.strip():
+                continue
+            try:
+                event = DecodeEvent.model_validate(json.loads(line))
+            except ValueError as exc:
+                raise NodeCallFailed(node, "rejected", f"garbled decode event: {exc}") from None
+            yield event
+            if event.finish_reason is not None or event.kind == "error":
+                return
+    except httpx.HTTPError as exc:
+        raise NodeCallFailed(node, "unreachable", f"{type(exc).__name__}: {exc}") from None
+    raise NodeCallFailed(node, "closed", "the decode stream ended before its last token")

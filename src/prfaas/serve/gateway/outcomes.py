@@ -1,0 +1,88 @@
+"""``OutcomeBook``: what the gateway learns when a prefill finishes, in one place: the KV
+manager's model of each site's prefix cache (use + store), the prefix hit-rate and cross-site byte
+metrics, and the bounded route log (``RouteRecord`` per request, newest last) that ``/internal/
+routes``, ``prfaas status`` and the demo's live-vs-sim comparison read. No I/O.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from prfaas.cache import GlobalKVManager
+from prfaas.core import SiteId
+from prfaas.policy.decisions import RouteDecision
+from prfaas.serve.api.metrics import GatewayMetrics
+from prfaas.serve.gateway.hashing import prompt_digest
+from prfaas.serve.node.messages import PrefillOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRecord:
+    """What happened to one request (for the demo's report and the sim comparison)."""
+
+    request_id: str
+    prefill_site: str
+    prefill_node: str
+    decode_node: str
+    offloaded: bool
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    kv_bytes: int
+    attempts: int
+    moved_tokens: int = 0
+    """Prefix tokens moved across sites before the prefill (the router's ``CacheMove``)."""
+    prompt_digest: str = ""
+    """Hash of the prompt's token ids: lets a load generator match records to its requests."""
+
+
+class OutcomeBook:
+    def __init__(
+        self,
+        kv_manager: GlobalKVManager,
+        metrics: GatewayMetrics,
+        home: SiteId,
+        byte_divisor: int,
+        route_log_size: int,
+    ) -> None:
+        self.kv_manager = kv_manager
+        self.metrics = metrics
+        self.home = home
+        self.byte_divisor = byte_divisor
+        self.records: deque[RouteRecord] = deque(maxlen=route_log_size)
+        """The newest ``route_log_size`` requests' routes; older ones are dropped."""
+        self._prefix_counts: dict[str, tuple[int, int]] = {}
+        """Per site: (prompt tokens looked up, tokens found cached), since start."""
+
+    def prefill_done(
+        self,
+        request_id: str,
+        prompt_token_ids: tuple[int, ...],
+        hashes: tuple[int, ...],
+        decision: RouteDecision,
+        decode_node: str,
+        outcome: PrefillOutcome,
+        attempt: int,
+        moved_tokens: int,
+    ) -> None:
+        """A prefill succeeded: the site now holds the prompt's prefix, and the request's route is
+        logged."""
+        n = len(prompt_token_ids)
+        site = decision.prefill_site
+        self.kv_manager.use(SiteId(site), hashes, n)
+        self.kv_manager.store(SiteId(site), hashes, n)
+        self.metrics.observe_prefix_lookup(site, n, outcome.num_cached_tokens)
+        looked, hit = self._prefix_counts.get(site, (0, 0))
+        looked, hit = looked + n, hit + outcome.num_cached_tokens
+        self._prefix_counts[site] = (looked, hit)
+        self.metrics.prefix_hit_rate.labels(site=site).set(hit / looked)
+        kv_bytes = outcome.kv_bytes_sent * self.byte_divisor
+        if decision.offloaded:
+            self.metrics.cross_site_bytes.labels(src_site=site, dst_site=self.home).inc(kv_bytes)
+        self.records.append(
+            RouteRecord(
+                request_id, site, decision.prefill_node, decode_node, decision.offloaded, n,
+                outcome.num_cached_tokens, kv_bytes, attempt, moved_tokens,
+                prompt_digest(prompt_token_ids),
+            )
+        )  # fmt: skip
