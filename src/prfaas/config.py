@@ -120,6 +120,9 @@ class GatewayConfig(_Strict):
     max_queued: int = Field(512, ge=0)
     request_timeout_s: float = Field(600.0, gt=0)
     heartbeat_timeout_s: float = Field(3.0, gt=0, description="a silent node leaves rotation")
+    route_log_size: int = Field(
+        10_000, ge=1, description="routes kept for /internal/routes (the newest; a ring)"
+    )
     control_port: int = Field(
         8001,
         ge=0,

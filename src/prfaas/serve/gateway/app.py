@@ -97,8 +97,9 @@ def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo
     fallback = make_router("local_only", home, prfaas_sites)
     metrics = GatewayMetrics()
     dispatcher = ClusterDispatcher(
-        registry, router, fallback, _kv_manager(d), metrics, model, d.engine.block_tokens
-    )
+        registry, router, fallback, _kv_manager(d), metrics, model, d.engine.block_tokens,
+        route_log_size=d.gateway.route_log_size,
+    )  # fmt: skip
     g = d.gateway
     http = GatewayHTTPConfig(
         max_in_flight=g.max_inflight,
