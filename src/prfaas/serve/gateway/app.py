@@ -1,6 +1,10 @@
-"""The gateway process: ``serve.api``'s OpenAI surface in front of the ``ClusterDispatcher``, plus
-the control-plane routes nodes call (``/internal/register``, ``/internal/heartbeat``) and a
-read-only ``/internal/routes`` (what each request did; the demo compares it with the simulator).
+"""The gateway process: ``serve.api``'s OpenAI surface in front of the ``ClusterDispatcher`` (the
+*client* app), and the control plane on its own listener (the *control* app,
+``gateway.control_port``): ``/internal/register`` and ``/internal/heartbeat`` (nodes),
+``/internal/nodes``, ``/internal/endpoints``, ``/internal/routes``, ``/internal/control`` and
+``/internal/nodes/{node}/drain|resume`` (``prfaas status`` / ``prfaas drain``, the demo). Every
+control call must be signed with the deployment's key (``serve.auth``); the client port serves none
+of them. The gateway's own calls to the nodes (dispatcher, control loop) are signed the same way.
 
 The policy objects are the ones the simulator drives: the router from ``policy.make_router``, the
 threshold ``t`` from the planner (``analytic``) unless the deployment fixes it.
@@ -12,18 +16,22 @@ import asyncio
 import contextlib
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from fastapi import FastAPI, HTTPException
+from prometheus_client import Counter, Gauge
 
 from prfaas.analytic import Planner, Scenario
 from prfaas.cache import GlobalKVManager, HybridPrefixCache, sizing_for
 from prfaas.config import DeploymentConfig
-from prfaas.core import MutableClusterView, SiteId
+from prfaas.core import MutableClusterView, NodeId, SiteId
 from prfaas.perf import CostModel, cost_model_for
 from prfaas.policy import TuningConfig, make_router
+from prfaas.serve import internal_errors
 from prfaas.serve.api import GatewayHTTPConfig, GatewayMetrics, create_gateway_app
+from prfaas.serve.auth import Refusal, SignatureMiddleware, SignedAuth, Verifier
 from prfaas.serve.backend import ModelInfo
 from prfaas.serve.gateway.control import ControlLoop
 from prfaas.serve.gateway.dispatcher import ClusterDispatcher
@@ -85,7 +93,19 @@ def _kv_manager(d: DeploymentConfig) -> GlobalKVManager:
     return GlobalKVManager(caches)
 
 
-def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo) -> FastAPI:
+@dataclass(frozen=True, slots=True)
+class GatewayApps:
+    """The gateway's two listeners' apps: ``client`` (OpenAI surface, with the lifespan that runs
+    the control loop) and ``control`` (signed ``/internal/*`` only)."""
+
+    client: FastAPI
+    control: FastAPI
+    """The control routes, behind ``SignatureMiddleware``."""
+    verifier: Verifier
+    """The control listener's signature check (its ``refused`` counts by reason)."""
+
+
+def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo) -> GatewayApps:
     registry_view = MutableClusterView(
         {SiteId(s.name): _site_kind(s.kind) for s in d.sites}, planned_threshold(d)
     )
@@ -96,9 +116,10 @@ def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo
     router = make_router(d.policy.router, home, prfaas_sites, remote=remote, local=local)
     fallback = make_router("local_only", home, prfaas_sites)
     metrics = GatewayMetrics()
+    psk = d.psk.encode()
     dispatcher = ClusterDispatcher(
         registry, router, fallback, _kv_manager(d), metrics, model, d.engine.block_tokens,
-        route_log_size=d.gateway.route_log_size,
+        route_log_size=d.gateway.route_log_size, node_auth=SignedAuth(psk),
     )  # fmt: skip
     g = d.gateway
     http = GatewayHTTPConfig(
@@ -110,6 +131,89 @@ def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo
     app = create_gateway_app(dispatcher, tokenizer, http, metrics=metrics)
     app.state.registry = registry
     app.state.dispatcher = dispatcher
+    control = ControlLoop(
+        registry,
+        remote,
+        local,
+        tune=d.policy.router == "prfaas",
+        rebalance=d.policy.rebalance,
+        tuning=TuningConfig(min_samples=d.policy.tune_min_samples),
+    )
+    dispatcher.control = control
+    app.state.control_loop = control
+    period_s = min(EXPIRY_PERIOD_S, d.policy.control_interval_s * registry.time_scale)
+    security = _SecurityMetrics(metrics)
+
+    async def control_loop() -> None:
+        async with httpx.AsyncClient(auth=SignedAuth(psk), trust_env=False) as client:
+            while True:
+                await asyncio.sleep(period_s)
+                try:
+                    await control.tick(client)
+                except Exception:  # a bad tick must not stop the control plane
+                    log.exception("control loop")
+                _export_gauges(registry, metrics)
+
+    @app.on_event("startup")
+    async def start() -> None:
+        app.state.control = asyncio.create_task(control_loop())
+
+    @app.on_event("shutdown")
+    async def stop() -> None:
+        app.state.control.cancel()
+        with contextlib.suppress(BaseException):
+            await app.state.control
+        await dispatcher.aclose()
+
+    internal = _control_app(registry, dispatcher, control, security)
+    verifier = Verifier(psk)
+    internal.add_middleware(SignatureMiddleware, verifier=verifier, on_refused=security.refused)
+    return GatewayApps(client=app, control=internal, verifier=verifier)
+
+
+class _SecurityMetrics:
+    """What the control plane refused, and the KV handshakes each node's receiver refused."""
+
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        r = metrics.registry
+        self.auth_refused = Counter(
+            "control_auth_refused", "Unsigned or badly signed calls to the control listener",
+            ["code"], namespace="prfaas", registry=r,
+        )  # fmt: skip
+        self.handshake_failures = Gauge(
+            "kv_handshake_failures",
+            "KV-transfer handshakes a node's receiver refused since its process started "
+            "(wrong key, bad HELLO): offloads to it fall back to local prefill",
+            ["node"], namespace="prfaas", registry=r,
+        )  # fmt: skip
+        self.by_node: dict[str, int] = {}
+
+    def refused(self, refusal: Refusal) -> None:
+        self.auth_refused.labels(code=refusal.code).inc()
+
+    def on_reports(self, beat: Heartbeat) -> None:
+        for report in beat.reports:
+            before = self.by_node.get(report.node, 0)
+            now = report.handshake_failures
+            if now > before:
+                log.warning(
+                    "node %s: %d KV handshake(s) refused since its last report (%d in all): a "
+                    "peer with another key? offloads to it fall back to local prefill",
+                    report.node, now - before, now,
+                )  # fmt: skip
+            self.by_node[report.node] = now
+            self.handshake_failures.labels(node=report.node).set(now)
+
+
+def _control_app(
+    registry: NodeRegistry,
+    dispatcher: ClusterDispatcher,
+    control: ControlLoop,
+    security: _SecurityMetrics,
+) -> FastAPI:
+    """The routes of the control listener (the caller wraps them in the signature check)."""
+    app = FastAPI(title="prfaas control", docs_url=None, redoc_url=None, openapi_url=None)
+    internal_errors.install(app)
 
     @app.post("/internal/register")
     async def register(reg: Registration) -> dict[str, str]:
@@ -123,6 +227,7 @@ def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo
     async def heartbeat(beat: Heartbeat) -> dict[str, str]:
         if not registry.heartbeat(beat, time.monotonic()):
             raise HTTPException(404, f"unknown process {beat.process}: register first")
+        security.on_reports(beat)
         return {"status": "ok"}
 
     @app.get("/internal/routes")
@@ -135,34 +240,15 @@ def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo
 
     @app.get("/internal/nodes")
     async def nodes() -> list[dict[str, object]]:
-        return [
-            {"node": n.node_id, "site": n.site_id, "role": n.role.value, "healthy": n.healthy,
-             "draining": n.draining, "queue_depth": n.queue_depth, "batch_size": n.batch_size,
-             "kv_used_bytes": n.kv_used_bytes}
-            for n in registry.view
-        ]  # fmt: skip
+        return [_node_row(registry, n) for n in registry.view]
 
-    control = ControlLoop(
-        registry,
-        remote,
-        local,
-        tune=d.policy.router == "prfaas",
-        rebalance=d.policy.rebalance,
-        tuning=TuningConfig(min_samples=d.policy.tune_min_samples),
-    )
-    dispatcher.control = control
-    app.state.control_loop = control
-    period_s = min(EXPIRY_PERIOD_S, d.policy.control_interval_s * registry.time_scale)
+    @app.post("/internal/nodes/{node}/drain")
+    async def drain(node: str) -> dict[str, object]:
+        return _operate(registry, node, registry.drain)
 
-    async def control_loop() -> None:
-        async with httpx.AsyncClient() as client:
-            while True:
-                await asyncio.sleep(period_s)
-                try:
-                    await control.tick(client)
-                except Exception:  # a bad tick must not stop the control plane
-                    log.exception("control loop")
-                _export_gauges(registry, metrics)
+    @app.post("/internal/nodes/{node}/resume")
+    async def resume(node: str) -> dict[str, object]:
+        return _operate(registry, node, registry.resume)
 
     @app.get("/internal/control")
     async def control_state() -> dict[str, object]:
@@ -182,18 +268,31 @@ def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo
             ],
         }  # fmt: skip
 
-    @app.on_event("startup")
-    async def start() -> None:
-        app.state.control = asyncio.create_task(control_loop())
-
-    @app.on_event("shutdown")
-    async def stop() -> None:
-        app.state.control.cancel()
-        with contextlib.suppress(BaseException):
-            await app.state.control
-        await dispatcher.aclose()
-
     return app
+
+
+def _node_row(registry: NodeRegistry, n: Any) -> dict[str, object]:
+    try:
+        in_rotation, why_not = registry.rotation(n.node_id)
+    except KeyError:  # in the view before its first report
+        in_rotation, why_not = False, "not registered"
+    return {
+        "node": n.node_id, "site": n.site_id, "role": n.role.value,
+        "in_rotation": in_rotation, "why_not": why_not, "draining": n.draining,
+        "healthy": n.healthy, "kv_used_bytes": n.kv_used_bytes,
+        "in_flight": registry.in_flight(n.node_id), "queue_depth": n.queue_depth,
+        "batch_size": n.batch_size,
+        "handshake_failures": registry.handshake_failures.get(n.node_id, 0),
+    }  # fmt: skip
+
+
+def _operate(registry: NodeRegistry, node: str, action: Any) -> dict[str, object]:
+    try:
+        action(node)
+        load = registry.view.node(NodeId(node))
+    except KeyError:
+        raise HTTPException(404, f"no node named {node!r} has registered") from None
+    return _node_row(registry, load)
 
 
 def _record(r: Any) -> dict[str, object]:

@@ -7,11 +7,22 @@ nodes get. The dispatcher carries the plan out through a ``NodeClient``.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from prfaas.cache import GlobalKVManager
-from prfaas.core import NodeRole, RequestId, RequestView, SiteId
+from prfaas.core import (
+    ClusterView,
+    LinkState,
+    NodeId,
+    NodeLoad,
+    NodeRole,
+    RequestId,
+    RequestView,
+    SiteId,
+    SiteKind,
+)
 from prfaas.policy import NoRouteError, Router, least_loaded
 from prfaas.policy.decisions import RouteDecision
 from prfaas.serve.api.metrics import GatewayMetrics
@@ -53,20 +64,29 @@ class AttemptPlanner:
         """The gateway's ``ControlLoop``; observes every routed request's lengths."""
 
     def plan(
-        self, req: GenerationRequest, hashes: tuple[int, ...], number: int, use_fallback: bool
+        self,
+        req: GenerationRequest,
+        hashes: tuple[int, ...],
+        number: int,
+        use_fallback: bool,
+        avoid: frozenset[str] = frozenset(),
     ) -> AttemptPlan:
-        """Route the request now; ``GenerationError(503)`` when no node can take it."""
+        """Route the request now, on other nodes than ``avoid`` (where the request failed before)
+        where there are others; ``GenerationError(503)`` when no node can take it."""
         n = len(req.prompt_token_ids)
         view = RequestView(
             RequestId(req.request_id), n, self.kv_manager.peek(hashes, n), hashes, req.max_tokens
         )
         now = self.registry.modelled_s(time.monotonic())
         router = self.fallback if use_fallback else self.router
+        cluster: ClusterView = self.registry.view
+        if avoid:
+            cluster = _Avoiding(cluster, avoid)
         try:
-            decision = router.route(view, self.registry.view, now)
+            decision = router.route(view, cluster, now)
         except NoRouteError as exc:
             raise GenerationError(503, "service_unavailable", f"no prefill node: {exc}") from None
-        decode = least_loaded(self.registry.view, self.home, NodeRole.DECODE)
+        decode = least_loaded(cluster, self.home, NodeRole.DECODE)
         if decode is None:
             raise GenerationError(503, "service_unavailable", "no decode node in rotation")
         # A bounded label set: the decision's own reason text names lengths.
@@ -116,3 +136,35 @@ class AttemptPlanner:
             sampling=sampling,
         )
         return decode, prefill
+
+
+class _Avoiding:
+    """A ``ClusterView`` in which the nodes a request already failed at take no work, in every
+    (site, role) group that has another node accepting (a lone node is tried again rather than
+    failing the request)."""
+
+    def __init__(self, inner: ClusterView, avoid: frozenset[str]) -> None:
+        self._inner = inner
+        self._avoid = avoid
+
+    def site_ids(self) -> Sequence[SiteId]:
+        return self._inner.site_ids()
+
+    def site_kind(self, site_id: SiteId) -> SiteKind:
+        return self._inner.site_kind(site_id)
+
+    def nodes(self, site_id: SiteId, role: NodeRole) -> Sequence[NodeLoad]:
+        loads = self._inner.nodes(site_id, role)
+        if not any(n.accepting and n.node_id not in self._avoid for n in loads):
+            return loads
+        return tuple(replace(n, draining=True) if n.node_id in self._avoid else n for n in loads)
+
+    def node(self, node_id: NodeId) -> NodeLoad:
+        return self._inner.node(node_id)
+
+    def link(self, src_site: SiteId, dst_site: SiteId) -> LinkState | None:
+        return self._inner.link(src_site, dst_site)
+
+    @property
+    def threshold_tokens(self) -> int:
+        return self._inner.threshold_tokens

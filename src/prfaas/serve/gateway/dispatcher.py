@@ -144,17 +144,22 @@ class ClusterDispatcher:
         hashes = block_hashes(req.prompt_token_ids, self.block_tokens)
         use_fallback = False
         failures = 0
+        failed_at: set[str] = set()
         last = MAX_ATTEMPTS + MAX_BUSY_SKIPS
         for number in range(1, last + 1):
-            plan = self.planner.plan(req, hashes, number, use_fallback)
+            plan = self.planner.plan(req, hashes, number, use_fallback, frozenset(failed_at))
             started = False
             try:
-                async for event in self._attempt(req, hashes, plan):
-                    started = True
-                    yield event
+                # aclosing: a client that leaves closes every nested generator at once, down to
+                # the decode stream (left to the garbage collector, they would hold it open).
+                async with contextlib.aclosing(self._attempt(req, hashes, plan)) as events:
+                    async for event in events:
+                        started = True
+                        yield event
                 return
             except AttemptFailed as exc:
                 self._on_failure(exc)
+                failed_at.add(exc.node)
                 if exc.kind != "refused":
                     failures += 1
                     use_fallback = True  # a lost (remote) prefill falls back to local prefill
@@ -181,9 +186,11 @@ class ClusterDispatcher:
         uncached = len(req.prompt_token_ids) - decision.num_cached_tokens
         reg.track(decision.prefill_node, req.request_id, uncached)
         reg.track(plan.decode_node, req.request_id, len(req.prompt_token_ids))
+        exchange = self._exchange(req, hashes, plan, decode_cmd, prefill_cmd, moved)
         try:
-            async for event in self._exchange(req, hashes, plan, decode_cmd, prefill_cmd, moved):
-                yield event
+            async with contextlib.aclosing(exchange):
+                async for event in exchange:
+                    yield event
         finally:
             reg.untrack(decision.prefill_node, req.request_id)
             reg.untrack(plan.decode_node, req.request_id)
@@ -233,8 +240,9 @@ class ClusterDispatcher:
                 prefill = asyncio.create_task(self.nodes.prefill(pre_ep, prefill_cmd))
                 relay = _Relay(self, req, hashes, plan, prefill, moved)
                 try:
-                    async for event in relay.run(events):
-                        yield event
+                    async with contextlib.aclosing(relay.run(events)) as relayed:
+                        async for event in relayed:
+                            yield event
                 finally:
                     if not prefill.done():
                         prefill.cancel()

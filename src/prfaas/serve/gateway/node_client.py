@@ -88,7 +88,8 @@ class HttpNodeClient:
                 if resp.status_code != 200:
                     await resp.aread()
                     raise _answer_failure(ep.node, resp)
-                yield _events(ep.node, resp.aiter_lines())
+                async with contextlib.aclosing(_events(ep.node, resp.aiter_lines())) as events:
+                    yield events
         except httpx.HTTPError as exc:
             raise NodeCallFailed(ep.node, "unreachable", f"{type(exc).__name__}: {exc}") from None
 
