@@ -16,7 +16,18 @@ from collections.abc import Sequence
 from prfaas.errors import UsageError
 
 # Subcommand modules, in the order `prfaas --help` lists them. Add one line per new command.
-COMMANDS: tuple[str, ...] = ("plan", "kv", "sim", "model", "bench", "serve", "up", "demo")
+COMMANDS: tuple[str, ...] = (
+    "plan",
+    "kv",
+    "sim",
+    "model",
+    "bench",
+    "serve",
+    "up",
+    "status",
+    "drain",
+    "demo",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

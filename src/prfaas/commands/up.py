@@ -1,11 +1,15 @@
-"""``prfaas up``: start a whole deployment on this machine; Ctrl-C stops it, leaving nothing."""
+"""``prfaas up``: start a whole deployment on this machine and keep it running (supervised: a dead
+process is restarted with backoff, one that keeps dying is reported and left down); Ctrl-C or
+SIGTERM stops it, leaving nothing."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
+import sys
 import tempfile
-import time
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +19,15 @@ from prfaas.errors import UsageError
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "up",
-        help="run a whole deployment (gateway, sites, nodes) on this machine",
+        help="run a whole deployment (gateway, sites, nodes) on this machine, supervised",
         description=(
             "Start the gateway and every node of DEPLOYMENT.yaml as separate processes on this "
-            "machine, wait until all nodes have registered, print the endpoint, and run until "
-            "Ctrl-C (or SIGTERM), then stop every process. See README for the file format."
+            "machine, wait until the gateway's /ready says it can serve, print the endpoints and "
+            "the resolved deployment file (real ports; `prfaas status` and `prfaas drain` take "
+            "it), and keep every process running until Ctrl-C (or SIGTERM): a process that dies "
+            "is started again after a backoff (0.5 s doubling to 10 s); one that dies "
+            "--max-deaths times within 60 s is reported and left down. Logs: one per process "
+            "in the workdir, rotated at 10 MB, 3 kept. See README for the file format."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -27,38 +35,78 @@ def register(subparsers: Any) -> None:
     p.add_argument("--workdir", type=Path, default=None, help="logs and resolved config")
     p.add_argument("--process-per-node", action="store_true", help="one process per node")
     p.add_argument("--ready-timeout", type=float, default=120.0, help="seconds to come up")
+    p.add_argument(
+        "--max-deaths", type=int, default=5, help="deaths within 60 s before a process is left down"
+    )
+    p.add_argument("--no-restart", action="store_true", help="report deaths, restart nothing")
     p.set_defaults(run=run)
+
+
+def _say(message: str) -> None:
+    print(f"prfaas: {message}", flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
     from prfaas.config import load_deployment
-    from prfaas.serve.launcher import Launcher, LaunchError
+    from prfaas.serve.launcher import Launcher, LaunchError, RestartPolicy
+    from prfaas.serve.supervisor import Event, EventKind
 
+    if args.ready_timeout <= 0:
+        raise UsageError(f"--ready-timeout must be > 0, got {args.ready_timeout:g}")
+    if args.max_deaths < 1:
+        raise UsageError(f"--max-deaths must be >= 1, got {args.max_deaths}")
     d = load_deployment(args.deployment)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="prfaas-up-"))
+    policy = None if args.no_restart else RestartPolicy(max_deaths=args.max_deaths)
     try:
-        launcher = Launcher(d, workdir, args.process_per_node)
+        launcher = Launcher(d, workdir, args.process_per_node, restart=policy)
     except LaunchError as exc:
         raise UsageError(str(exc)) from None
-    stop = False
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("prfaas: %(message)s"))
+    logging.getLogger("prfaas.launcher").addHandler(handler)
+    logging.getLogger("prfaas.launcher").setLevel(logging.WARNING)
 
-    def on_signal(signum: int, _frame: object) -> None:
-        nonlocal stop
-        stop = True
+    stop = threading.Event()
+    gateway_lost: list[str] = []
 
-    signal.signal(signal.SIGTERM, on_signal)
+    def on_event(event: Event) -> None:
+        if event.member == "gateway" and event.kind is EventKind.GAVE_UP:
+            gateway_lost.append(event.detail)
+            stop.set()  # nothing can serve without it: stop rather than run headless
+
+    launcher.on_event = on_event
+    started = False
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        if not started:
+            raise KeyboardInterrupt  # interrupts the start-up wait; start() stops what it began
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, on_signal)
     try:
-        launcher.start(args.ready_timeout)
-    except LaunchError as exc:
-        raise UsageError(f"deployment did not come up: {exc}") from None
-    try:
-        print(f"prfaas: {len(launcher.nodes())} nodes up; OpenAI endpoint {launcher.url}/v1")
-        print(f"prfaas: logs in {workdir}; Ctrl-C stops everything")
-        while not stop:
-            time.sleep(0.2)
+        _say(f"starting {args.deployment} (logs in {workdir})")
+        try:
+            launcher.start(args.ready_timeout, progress=_say)
+        except LaunchError as exc:
+            print(f"prfaas up: error: deployment did not come up: {exc}", file=sys.stderr)
+            return 1
+        started = True
+        nodes = launcher.nodes()
+        _say(f"ready: {len(nodes)} nodes in rotation ({', '.join(n['node'] for n in nodes)})")
+        _say(f"OpenAI endpoint  {launcher.url}/v1")
+        _say(f"control endpoint {launcher.control_url} (signed with the file's psk)")
+        _say(f"resolved deployment {launcher.config_path} (for `prfaas status` / `prfaas drain`)")
+        _say(f"logs in {workdir} (NAME.log, rotated); Ctrl-C stops everything")
+        while not stop.wait(0.5):
+            pass
     except KeyboardInterrupt:
         pass
     finally:
         launcher.stop()
-        print("prfaas: stopped")
+        _say("stopped")
+    if gateway_lost:
+        print(f"prfaas up: error: the gateway kept dying ({gateway_lost[0]})", file=sys.stderr)
+        return 1
     return 0

@@ -1,21 +1,37 @@
-"""``Launcher``: a whole deployment on one machine, as real processes, stopped cleanly.
+"""``Launcher``: a whole deployment on one machine, as real supervised processes, stopped cleanly.
 
-The gateway starts first (its port resolved if the file says 0), then one worker process per site
-(``timed`` nodes of a site share a process; ``torch`` nodes get one each). Every child runs in its
-own session (process group), so stopping kills each group: SIGTERM, then SIGKILL after a grace
-period; nothing is left behind even if a child spawned helpers. The resolved deployment file and one
-log per process go to ``workdir``.
+The gateway starts first (its client and control ports resolved if the file says 0), then one
+worker process per site (``timed`` nodes of a site share a process; ``torch`` nodes get one each).
+The resolved file (real ports, the key) is written to ``workdir`` (mode 0600) and every child reads
+it, restarted children included, so they come back on the same ports with the same arguments.
+
+Supervision (``serve.supervisor``): with a ``RestartPolicy`` a watcher thread notices every death
+(``poll`` reaps it: no zombies), kills what is left of the dead child's process group, and starts
+members of the desired set again with backoff; a member that keeps dying is reported and left
+down. ``remove(name)`` takes a member out of the set before stopping it. Without a policy deaths are
+reaped and reported, not restarted (what fault-injection tests want). The state of every member is
+written to ``workdir/processes.json`` on each change (``prfaas status`` shows it).
+
+Every child runs in its own session (process group): stopping kills each group, SIGTERM then
+SIGKILL after a grace period, so nothing is left behind even if a child spawned helpers; a
+namespaced testbed is torn down. Each child's stdout/stderr goes through a pipe into a size-capped,
+rotated ``NAME.log`` (``serve.childlog``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -25,8 +41,24 @@ import httpx
 import yaml
 
 from prfaas.config import DeploymentConfig
+from prfaas.serve.childlog import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, LogPump, RotatingLog
+from prfaas.serve.control_client import ControlClient, GatewayUnreachable
+from prfaas.serve.supervisor import (
+    Event,
+    EventKind,
+    MemberState,
+    MemberStatus,
+    RestartPolicy,
+    Supervisor,
+    describe_exit,
+)
 
 STOP_GRACE_S = 5.0
+WATCH_PERIOD_S = 0.1
+POLL_PERIOD_S = 0.1
+RESOLVED_NAME = "deployment.resolved.yaml"
+PROCESSES_NAME = "processes.json"
+log = logging.getLogger("prfaas.launcher")
 
 
 class LaunchError(RuntimeError):
@@ -41,34 +73,50 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 @dataclass
 class Child:
+    """One supervised member as it is now: its current process (a restart replaces it)."""
+
     name: str
     proc: subprocess.Popen[bytes]
-    log_path: Path
+    log: RotatingLog
+
+    @property
+    def log_path(self) -> Path:
+        return self.log.path
 
     def log_tail(self, lines: int = 15) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join(text[-lines:])
+        return self.log.tail(lines)
 
 
 class Launcher:
     def __init__(
-        self, deployment: DeploymentConfig, workdir: Path, process_per_node: bool = False
+        self,
+        deployment: DeploymentConfig,
+        workdir: Path,
+        process_per_node: bool = False,
+        restart: RestartPolicy | None = None,
+        log_max_bytes: int = DEFAULT_MAX_BYTES,
+        log_backups: int = DEFAULT_BACKUPS,
     ) -> None:
         self.testbed: Any = None
         if deployment.netns:
             deployment = self._network(deployment)
-        gw = deployment.gateway
-        if gw.port == 0:
-            gw = gw.model_copy(update={"port": free_port(gw.host)})
-            deployment = deployment.model_copy(update={"gateway": gw})
-        self.deployment = deployment
+        self.deployment = _resolved(deployment)
         self.workdir = workdir
         self.process_per_node = process_per_node or deployment.engine.kind == "torch"
-        self.children: list[Child] = []
-        self.config_path = workdir / "deployment.resolved.yaml"
+        self.config_path = workdir / RESOLVED_NAME
+        self.supervisor = Supervisor(self._spawn, restart)
+        self.events: deque[tuple[float, Event]] = deque(maxlen=200)
+        """Recent supervisor events with their wall time (newest last)."""
+        self.on_event: Callable[[Event], None] | None = None
+        self._log_cap = (log_max_bytes, log_backups)
+        self._args: dict[str, list[str]] = {}
+        self._logs: dict[str, RotatingLog] = {}
+        self._procs: dict[str, _Handle] = {}
+        self._pumps: list[LogPump] = []
+        self._lock = threading.RLock()
+        self._stopping = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._control: ControlClient | None = None
 
     def _network(self, d: DeploymentConfig) -> DeploymentConfig:
         """Put the PrfaaS site in its own network namespace, joined to this one (the PD site and
@@ -102,8 +150,19 @@ class Launcher:
         g = self.deployment.gateway
         return f"http://{g.host}:{g.port}"
 
+    @property
+    def control_url(self) -> str:
+        return self.control.url
+
+    @property
+    def control(self) -> ControlClient:
+        """Signed client of the gateway's control listener (made on first use)."""
+        if self._control is None:
+            self._control = ControlClient(self.deployment)
+        return self._control
+
     def groups(self) -> list[tuple[str, list[str]]]:
-        out = []
+        out: list[tuple[str, list[str]]] = []
         for site in self.deployment.sites:
             names = [n.name for n in site.nodes]
             if self.process_per_node:
@@ -113,109 +172,253 @@ class Launcher:
         return out
 
     # -- life cycle ------------------------------------------------------------------------------
-    def start(self, ready_timeout_s: float = 120.0) -> None:
+    def start(
+        self, ready_timeout_s: float = 120.0, progress: Callable[[str], None] | None = None
+    ) -> None:
+        """Start everything and return once every node is in rotation and ``/ready`` says so.
+        A child that dies meanwhile is a ``LaunchError`` with its log tail (no restarts yet)."""
+        say = _Progress(progress)
+        deadline = time.monotonic() + ready_timeout_s
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.config_path.write_text(yaml.safe_dump(self.deployment.model_dump(mode="json")))
+        self._write_resolved()
         try:
-            self._spawn("gateway", ["--role", "gateway"])
-            self._wait_gateway(ready_timeout_s)
+            self._add("gateway", ["--role", "gateway"])
+            self._wait_gateway(deadline, say)
             for name, nodes in self.groups():
                 args = ["--role", "node"]
                 for n in nodes:
                     args += ["--node", n]
-                site = self.deployment.site_of(nodes[0])
-                self._spawn(name, args, site="a" if site.kind == "prfaas" else "b")
-            self.wait_nodes(ready_timeout_s)
+                self._add(name, args)
+            self._wait_nodes(deadline, None, say)
+            self._wait_ready(deadline, say)
         except BaseException:
             self.stop()
             raise
+        self._watcher = threading.Thread(target=self._watch, name="supervisor", daemon=True)
+        self._watcher.start()
 
-    def _spawn(self, name: str, args: list[str], site: str = "b") -> Child:
-        log_path = self.workdir / f"{name}.log"
+    def _write_resolved(self) -> None:
+        # The file holds the key: readable by this user only.
+        fd = os.open(self.config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(yaml.safe_dump(self.deployment.model_dump(mode="json")))
+        os.chmod(self.config_path, 0o600)
+
+    def _add(self, name: str, args: list[str]) -> None:
+        with self._lock:
+            self._args[name] = args
+            self._report(self.supervisor.add(name, time.monotonic()))
+
+    def _spawn(self, name: str) -> _Handle:
+        """Start (or restart) member ``name``: the same arguments, the resolved file."""
+        args = self._args[name]
         cmd = [sys.executable, "-m", "prfaas.cli", "serve", "--config", str(self.config_path)]
         if self.testbed is not None and name != "gateway":
-            args = [*args, "--host", self.testbed.ip_a if site == "a" else self.testbed.ip_b]
-            cmd = self.testbed.netns_argv(site, cmd)
-        # Workers log warnings, not transformers' notes about missing GPU kernels.
-        env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
-        with log_path.open("wb") as log:
+            site = self.deployment.site_of(args[args.index("--node") + 1])
+            ns = "a" if site.kind == "prfaas" else "b"
+            args = [*args, "--host", self.testbed.ip_a if ns == "a" else self.testbed.ip_b]
+            cmd = self.testbed.netns_argv(ns, cmd)
+        log_ = self._logs.get(name)
+        if log_ is None:
+            log_ = self._logs[name] = RotatingLog(self.workdir / f"{name}.log", *self._log_cap)
+        log_.write(f"--- prfaas launcher: starting {name}: {' '.join(args)}\n".encode())
+        # Workers log warnings, not transformers' notes about missing GPU kernels; unbuffered, so
+        # a crash's last lines reach the log before the process is gone.
+        env = {
+            **os.environ,
+            "TRANSFORMERS_VERBOSITY": "error",
+            "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+        read_fd, write_fd = os.pipe()
+        try:
             proc = subprocess.Popen(
                 cmd + args,
-                stdout=log,
+                stdout=write_fd,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
                 env=env,
             )
-        child = Child(name, proc, log_path)
-        self.children.append(child)
-        return child
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
+        handle = self._procs[name] = _Handle(proc)
+        self._pumps = [p for p in self._pumps if not p.join(0)]
+        self._pumps.append(LogPump(read_fd, log_, name))
+        return handle
 
     def _check_alive(self) -> None:
-        for child in self.children:
-            if child.proc.poll() is not None:
-                raise LaunchError(
-                    f"process {child.name} exited with status {child.proc.returncode}:\n"
-                    + child.log_tail()
-                )
+        with self._lock:
+            for name in self.supervisor.names():
+                code = self._procs[name].poll()
+                if code is not None:
+                    raise LaunchError(
+                        f"process {name} {describe_exit(code)} during start-up "
+                        f"(log {self._logs[name].path}):\n" + self._logs[name].tail()
+                    )
 
-    def _wait_gateway(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
+    def _wait_gateway(self, deadline: float, say: _Progress) -> None:
+        say(f"starting the gateway at {self.url}")
         while time.monotonic() < deadline:
             self._check_alive()
             try:
-                if httpx.get(f"{self.url}/v1/models", timeout=1.0).status_code == 200:
+                if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
+                    say(f"gateway answering at {self.url}; starting {len(self.groups())} workers")
                     return
             except httpx.HTTPError:
                 pass
-            time.sleep(0.1)
-        raise LaunchError(f"gateway did not answer within {timeout_s:.0f} s")
+            time.sleep(POLL_PERIOD_S)
+        raise LaunchError(f"gateway did not answer at {self.url} in time")
 
-    def nodes(self) -> list[dict[str, object]]:
-        nodes: list[dict[str, object]] = httpx.get(f"{self.url}/internal/nodes", timeout=2.0).json()
-        return nodes
+    def nodes(self) -> list[dict[str, Any]]:
+        return self.control.nodes()
 
     def wait_nodes(self, timeout_s: float, names: list[str] | None = None) -> None:
+        """Until the named nodes (default: all) are registered and in rotation."""
+        self._wait_nodes(time.monotonic() + timeout_s, names, _Progress(None))
+
+    def _wait_nodes(self, deadline: float, names: list[str] | None, say: _Progress) -> None:
         wanted = set(names or [n.name for s in self.deployment.sites for n in s.nodes])
-        deadline = time.monotonic() + timeout_s
+        serving: set[str] = set()
+        while time.monotonic() < deadline:
+            if self._watcher is None:
+                self._check_alive()  # during start-up a death is fatal
+            try:
+                serving = {str(n["node"]) for n in self.nodes() if _serving(n)}
+            except (GatewayUnreachable, httpx.HTTPError):
+                serving = set()
+            if wanted <= serving:
+                return
+            say(f"{len(wanted & serving)}/{len(wanted)} nodes in rotation; waiting for "
+                + ", ".join(sorted(wanted - serving)))  # fmt: skip
+            time.sleep(POLL_PERIOD_S)
+        missing = ", ".join(sorted(wanted - serving))
+        raise LaunchError(f"nodes {missing} did not come into rotation in time")
+
+    def _wait_ready(self, deadline: float, say: _Progress) -> None:
+        reason: str | None = "no answer"
         while time.monotonic() < deadline:
             self._check_alive()
             try:
-                healthy = {str(n["node"]) for n in self.nodes() if n["healthy"]}
-                if wanted <= healthy:
+                reason = self.control.ready()
+            except GatewayUnreachable as exc:
+                reason = str(exc)
+            if reason is None:
+                return
+            say(f"gateway not ready yet: {reason}")
+            time.sleep(POLL_PERIOD_S)
+        raise LaunchError(f"gateway {self.url}/ready still says: {reason}")
+
+    # -- supervision -----------------------------------------------------------------------------
+    def _watch(self) -> None:
+        while not self._stopping.wait(WATCH_PERIOD_S):
+            with self._lock:
+                if self._stopping.is_set():
                     return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise LaunchError(f"nodes {sorted(wanted)} did not all register within {timeout_s:.0f} s")
+                self._report(self.supervisor.tick(time.monotonic()))
+
+    def _report(self, events: list[Event]) -> None:
+        for event in events:
+            level = logging.ERROR if event.kind is EventKind.GAVE_UP else logging.WARNING
+            if event.kind is EventKind.STARTED and "restarted" not in event.detail:
+                level = logging.INFO
+            log.log(level, "%s: %s", event.member, event.detail)
+            if event.member in self._logs and event.kind is not EventKind.STARTED:
+                self._logs[event.member].write(
+                    f"--- prfaas launcher: {event.member} {event.detail}\n".encode()
+                )
+            self.events.append((time.time(), event))
+            if self.on_event is not None:
+                self.on_event(event)
+        if events:
+            self._write_processes()
+
+    def status(self) -> tuple[MemberStatus, ...]:
+        with self._lock:
+            return self.supervisor.status()
+
+    def _write_processes(self, stopped: bool = False) -> None:
+        doc = {
+            "launcher_pid": os.getpid(),
+            "stopped": stopped,
+            "processes": [
+                {
+                    "name": m.name,
+                    "state": "stopped" if stopped else m.state.value,
+                    "pid": None if stopped else m.pid,
+                    "restarts": max(0, m.num_starts - 1),
+                    "last_exit": m.last_exit,
+                    "log": str(self._logs[m.name].path) if m.name in self._logs else None,
+                }
+                for m in self.supervisor.status()
+            ],
+            "events": [
+                {
+                    "at_unix_s": round(at, 3),
+                    "member": e.member,
+                    "kind": e.kind.value,
+                    "detail": e.detail,
+                }
+                for at, e in list(self.events)[-20:]
+            ],
+        }
+        tmp = self.workdir / f".{PROCESSES_NAME}.tmp"
+        with contextlib.suppress(OSError):
+            tmp.write_text(json.dumps(doc, indent=1))
+            tmp.replace(self.workdir / PROCESSES_NAME)
 
     def child(self, name: str) -> Child:
-        return next(c for c in self.children if c.name == name)
+        with self._lock:
+            return Child(name, self._procs[name].proc, self._logs[name])
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
-        """Kill one process group (fault injection)."""
-        child = self.child(name)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.proc.pid, sig)
-        child.proc.wait(timeout=STOP_GRACE_S)
+        """Signal one process group (fault injection) and wait until its leader is dead and
+        reaped; with a restart policy the watcher starts it again."""
+        with self._lock:  # the watcher cannot reap it between our look and our kill
+            handle = self._procs[name]
+            if handle.poll() is None:
+                _killpg(handle.pid, sig)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline:
+            with self._lock:
+                if handle.poll() is not None:
+                    return
+            time.sleep(0.02)
+        raise LaunchError(f"{name} (pid {handle.pid}) still alive {STOP_GRACE_S:g} s after {sig}")
+
+    def remove(self, name: str) -> None:
+        """Take ``name`` out of the desired set, then stop its process group: it stays down."""
+        with self._lock:
+            proc, events = self.supervisor.remove(name, time.monotonic())
+            self._report(events)
+        if proc is not None:
+            assert isinstance(proc, _Handle)
+            _terminate([proc])
 
     def stop(self) -> None:
-        for child in reversed(self.children):
-            if child.proc.poll() is None:
-                try:
-                    os.killpg(child.proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    continue
-        deadline = time.monotonic() + STOP_GRACE_S
-        for child in self.children:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.proc.pid, signal.SIGKILL)  # the group: helpers included
-            child.proc.wait()
-        self.children.clear()
+        self._stopping.set()
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join()
+        with self._lock:
+            procs = list(self._procs.values())
+        _terminate(list(reversed(procs)))  # workers first, the gateway last
+        for pump in self._pumps:
+            pump.join(2.0)
+        if self.workdir.exists():
+            self._write_processes(stopped=True)
+        for name in list(self.supervisor.names()):
+            self.supervisor.remove(name, time.monotonic())
+        for log_ in self._logs.values():
+            log_.close()
+        if self._control is not None:
+            self._control.close()
+            self._control = None
         if self.testbed is not None:
             self.testbed.teardown()  # namespaces, veth, delay line
+            self.testbed = None
 
     def __enter__(self) -> Launcher:
         self.start()
@@ -228,3 +431,87 @@ class Launcher:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class _Handle:
+    """A child as the supervisor sees it. ``poll`` first looks without reaping (``WNOWAIT``): a
+    dead leader left unreaped (a zombie) still holds its process group's id, so what is left in
+    the group (helpers the child spawned) can be killed with no risk of the id having been given
+    to another process; then it reaps."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def exited(self) -> bool:
+        if self.proc.returncode is not None:
+            return True
+        try:
+            return (
+                os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+            )
+        except ChildProcessError:  # reaped behind our back: nothing left to look at
+            return True
+
+    def poll(self) -> int | None:
+        if self.proc.returncode is None and self.exited():
+            _killpg(self.proc.pid, signal.SIGKILL)
+        return self.proc.poll()
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _terminate(handles: list[_Handle], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM each live process group, wait up to ``grace_s`` for the leaders, then SIGKILL each
+    group while its leader is still unreaped (its id cannot be reused), and reap."""
+    live = [h for h in handles if h.proc.returncode is None]
+    for h in live:
+        if not h.exited():
+            _killpg(h.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and not all(h.exited() for h in live):
+        time.sleep(0.02)
+    for h in live:
+        _killpg(h.pid, signal.SIGKILL)  # the group: helpers included
+        h.proc.wait()
+
+
+def _resolved(d: DeploymentConfig) -> DeploymentConfig:
+    """Real ports for the ones the file leaves at 0: what every child (and a restarted one) reads.
+    A file without ``psk`` got a random key when it was loaded; the resolved file carries it, so
+    this launcher's children share it."""
+    gw = d.gateway
+    update: dict[str, int] = {}
+    if gw.port == 0:
+        update["port"] = free_port(gw.host)
+    if gw.control_port == 0:
+        update["control_port"] = free_port(gw.host)
+    if update:
+        d = d.model_copy(update={"gateway": gw.model_copy(update=update)})
+    return d
+
+
+def _serving(node: dict[str, Any]) -> bool:
+    return bool(node.get("in_rotation", node.get("healthy")))
+
+
+class _Progress:
+    """Says a progress line when it differs from the last one (polls repeat themselves)."""
+
+    def __init__(self, sink: Callable[[str], None] | None) -> None:
+        self._sink = sink
+        self._last = ""
+
+    def __call__(self, message: str) -> None:
+        if self._sink is not None and message != self._last:
+            self._last = message
+            self._sink(message)
+
+
+__all__ = ["Child", "LaunchError", "Launcher", "MemberState", "RestartPolicy", "free_port"]
