@@ -16,7 +16,9 @@ def register(subparsers: Any) -> None:
         description=(
             "Run one process of the deployment described by --config. On real hosts, start "
             "the gateway once and each node on its own host; `prfaas up` does all of it on one "
-            "machine. Nodes register with the gateway and heartbeat their load."
+            "machine. Nodes register with the gateway's control listener "
+            "(gateway.control_port) and heartbeat their load; every call between the "
+            "processes is signed with the file's psk, which must be set."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -37,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
     from prfaas.serve.run import run_gateway, run_worker
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    d = load_deployment(args.config)
+    # Processes started one by one must share the file's key: no random per-process default.
+    d = load_deployment(args.config, require_psk=True)
     if args.role == "gateway":
         if args.node:
             raise UsageError("--node is for node processes, not the gateway")
@@ -45,6 +48,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.node:
         raise UsageError(f"--role {args.role} needs at least one --node NAME")
+    if d.gateway.control_port == 0:
+        raise UsageError(
+            f"{args.config}: gateway.control_port: 0 picks a free port at the gateway, which "
+            "nodes cannot know: give the gateway's real control port"
+        )
     for name in args.node:
         node = d.node(name)
         if args.role != "node" and node.role != args.role:

@@ -1,42 +1,22 @@
 """Run one process of a deployment: the gateway, or a worker hosting nodes of one site.
 
 Used by ``prfaas serve`` (one process per host in production) and by the launcher. Ports may be 0:
-the socket is bound first and its real port is what the node registers.
+the socket is bound first and its real port is what the node registers. The gateway listens twice,
+in one uvicorn server (``serve.listeners``): the client port (OpenAI API) and the control port
+(signed ``/internal/*``, what nodes register and heartbeat to).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from typing import Any
-
-import uvicorn
 
 from prfaas.config import DeploymentConfig
 from prfaas.serve.backend import ModelInfo
+from prfaas.serve.listeners import PortRouter, bind, serve
 
 log = logging.getLogger("prfaas.serve")
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    # Accepted sockets inherit it: without it, a response written in two parts waits for the
-    # peer's delayed ACK (40 ms on Linux) on every keep-alive request.
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind((host, port))
-    sock.listen(1024)
-    sock.setblocking(False)
-    return sock
-
-
-async def _serve(app: Any, sock: socket.socket) -> None:
-    config = uvicorn.Config(
-        app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=2
-    )
-    server = uvicorn.Server(config)
-    await server.serve(sockets=[sock])
 
 
 def gateway_tokenizer_and_model(d: DeploymentConfig) -> tuple[Any, ModelInfo]:
@@ -76,13 +56,15 @@ def run_gateway(d: DeploymentConfig) -> None:
     from prfaas.serve.gateway.app import create_cluster_gateway
 
     tokenizer, model = gateway_tokenizer_and_model(d)
-    app = create_cluster_gateway(d, tokenizer, model)
-    sock = _bind(d.gateway.host, d.gateway.port)
-    asyncio.run(_serve(app, sock))
-
-
-def gateway_url(d: DeploymentConfig) -> str:
-    return f"http://{d.gateway.host}:{d.gateway.port}"
+    apps = create_cluster_gateway(d, tokenizer, model)
+    g = d.gateway
+    client_sock = bind(g.host, g.port)
+    control_sock = bind(g.host, g.control_port)
+    control_port = control_sock.getsockname()[1]
+    if g.control_port == 0:  # nobody can guess it: say it (the launcher picks ports itself)
+        log.warning("control listener on %s:%d", g.host, control_port)
+    router = PortRouter(apps.client, {control_port: apps.control})
+    asyncio.run(serve(router, [client_sock, control_sock]))
 
 
 def run_worker(d: DeploymentConfig, node_names: list[str], host: str = "127.0.0.1") -> None:
@@ -90,10 +72,10 @@ def run_worker(d: DeploymentConfig, node_names: list[str], host: str = "127.0.0.
     from prfaas.serve.node.host import WorkerHost
 
     async def main() -> None:
-        worker = WorkerHost(d, node_names, gateway_url(d), host=host)
+        worker = WorkerHost(d, node_names, d.control_url, host=host)
         port = max(d.node(n).port for n in node_names)
-        sock = _bind(host, port)
+        sock = bind(host, port)
         await worker.start(sock.getsockname()[1])
-        await _serve(create_node_app(worker), sock)
+        await serve(create_node_app(worker), [sock])
 
     asyncio.run(main())

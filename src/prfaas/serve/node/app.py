@@ -1,10 +1,14 @@
-"""The node process's internal HTTP API (called by the gateway only).
+"""The node process's internal HTTP API (called by the gateway and by other workers only). Every
+route but ``/health`` needs a request signed with the deployment's key (``serve.auth``, 401
+otherwise); ``/health`` tells liveness and loads, never ports.
 
 ``POST /nodes/{node}/prefill``   PrefillCommand -> PrefillOutcome (once the KV is verified there)
 ``POST /nodes/{node}/decode``    DecodeCommand -> NDJSON stream of DecodeEvent (first line "ready")
 ``POST /nodes/{node}/abort/{id}`` cancel a running prefill of that request
 ``POST /nodes/{node}/role``      RoleCommand: drain, then switch role (the rebalancer's decision)
-``GET  /health``                 this process's registration and node reports
+``POST /prefix/pull``, ``/prefix/push`` cross-site prefix moves (pull asks the source to push)
+``POST /link/rate``              shape this site's inter-site link (emulation)
+``GET  /health``                 this process's node reports (open: no ports in it)
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import httpx
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import StreamingResponse
 
+from prfaas.serve import internal_errors
+from prfaas.serve.auth import SignatureMiddleware, Verifier
 from prfaas.serve.node.host import WorkerHost
 from prfaas.serve.node.messages import (
     DecodeCommand,
@@ -36,7 +42,8 @@ DRAIN_POLL_S = 0.05
 def create_node_app(host: WorkerHost) -> FastAPI:
     running: dict[str, asyncio.Task[PrefillOutcome]] = {}
 
-    client = httpx.AsyncClient(timeout=30.0)
+    client = httpx.AsyncClient(timeout=30.0, auth=host.auth, trust_env=False)
+    verifier = Verifier(host.deployment.psk.encode())
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -44,7 +51,15 @@ def create_node_app(host: WorkerHost) -> FastAPI:
         await client.aclose()
         await host.stop()
 
-    app = FastAPI(title=f"prfaas node {host.process_name}", lifespan=lifespan)
+    app = FastAPI(
+        title=f"prfaas node {host.process_name}",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    internal_errors.install(app)
+    app.add_middleware(SignatureMiddleware, verifier=verifier, exempt=("/health",))
 
     def node_or_404(name: str) -> Node:
         node = host.nodes.get(name)
@@ -145,6 +160,7 @@ def create_node_app(host: WorkerHost) -> FastAPI:
         return {
             "process": host.process_name,
             "nodes": [r.model_dump() for r in host.reports()],
+            "auth_refused": verifier.num_refused,
         }
 
     app.state.host = host

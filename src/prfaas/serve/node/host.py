@@ -1,15 +1,19 @@
 """``WorkerHost``: one worker process's nodes, its transfer receiver and sender links, and its
-control-plane client (registration, heartbeats). One site per process.
+control-plane client (registration, heartbeats to the gateway's control listener, signed with the
+deployment's key). One site per process.
 
 The receiver (one port per process) hands each incoming session to the node that expects its
 request; the sender links are pooled per (decode host, port), paced at the inter-site link's
 emulated rate when the KV crosses sites (an R Gbps link is paced at R / byte_divisor / time_scale).
+Links are opened per peer, at most one connect per peer at a time, each bounded by
+``CONNECT_TIMEOUT_S``: a peer that does not answer delays only the prefills aimed at it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import ssl
 from collections.abc import Coroutine, Sequence
@@ -19,6 +23,7 @@ import httpx
 
 from prfaas.config import DeploymentConfig
 from prfaas.core import LinkId
+from prfaas.serve.auth import SignedAuth
 from prfaas.serve.node.engines import build_engine, prefix_store_bytes
 from prfaas.serve.node.messages import (
     Heartbeat,
@@ -33,6 +38,7 @@ from prfaas.serve.node.prefix_store import PrefixStore
 from prfaas.serve.node.worker import Node
 from prfaas.transfer import (
     CongestionRule,
+    ConnectError,
     InboundSession,
     LinkMonitor,
     Manifest,
@@ -45,13 +51,16 @@ from prfaas.transfer import Link as TransferLink
 
 log = logging.getLogger("prfaas.node")
 
+CONNECT_TIMEOUT_S = 5.0
+"""Longest a KV link may take to connect and authenticate (every connection of it)."""
+
 
 class WorkerHost:
     def __init__(
         self,
         deployment: DeploymentConfig,
         node_names: Sequence[str],
-        gateway_url: str,
+        control_url: str,
         host: str = "127.0.0.1",
         process_name: str = "",
     ) -> None:
@@ -63,7 +72,7 @@ class WorkerHost:
         self.deployment = deployment
         self.site = deployment.site_of(node_names[0])
         self.host = host
-        self.gateway_url = gateway_url.rstrip("/")
+        self.control_url = control_url.rstrip("/")
         self.process_name = process_name or "+".join(node_names)
         eng = deployment.engine
         self.prefix_store = store = PrefixStore(
@@ -85,6 +94,8 @@ class WorkerHost:
                 fixed_role=self.site.kind == "prfaas",
             )
         self._psk = deployment.psk.encode()
+        self.auth = SignedAuth(self._psk)
+        """Signs this process's calls: to the gateway's control listener and to other workers."""
         self._server_ssl, self._client_ssl = _ssl_contexts(deployment)
         # One rate per inter-site link, both directions (PD -> PrfaaS carries prefix moves).
         home = deployment.home_site.name
@@ -102,7 +113,9 @@ class WorkerHost:
         self.http_port = 0
         self._links: dict[tuple[str, int, bool], TransferLink] = {}
         self._monitors: dict[tuple[str, int, bool], LinkMonitor] = {}
-        self._links_lock = asyncio.Lock()
+        # One connect per peer at a time, shared by every prefill waiting for that peer; no lock
+        # across peers (a connect to a dead peer must not stall the others).
+        self._connecting: dict[tuple[str, int, bool], asyncio.Task[TransferLink]] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- transfer --------------------------------------------------------------------------------
@@ -157,9 +170,17 @@ class WorkerHost:
             if cross_site:
                 link.set_rate(rate)
 
+    def handshake_failures(self) -> int:
+        """KV handshakes this process's receiver refused since it started."""
+        # Read defensively: the counter is the transfer receiver's (``num_handshake_failures``).
+        return int(getattr(self.receiver, "num_handshake_failures", 0) or 0)
+
     def reports(self) -> list[NodeReport]:
         capacity = 0.0 if self.link_gbps is None else self.link_gbps * 1e9 / 8
-        update: dict[str, object] = {"link_capacity_bytes_per_s": capacity}
+        update: dict[str, object] = {
+            "link_capacity_bytes_per_s": capacity,
+            "handshake_failures": self.handshake_failures(),
+        }
         update.update(self._link_health())
         return [n.report().model_copy(update=update) for n in self.nodes.values()]
 
@@ -180,32 +201,56 @@ class WorkerHost:
         }
 
     async def link_to(self, host: str, port: int, cross_site: bool) -> TransferLink:
+        """The pooled link to a peer's receiver, connecting it first if needed (at most one
+        connect per peer at once; a waiter that is cancelled leaves the connect to the others)."""
         key = (host, port, cross_site)
-        async with self._links_lock:
-            link = self._links.get(key)
-            if link is not None:
-                return link
-            rate = self.link_rate_bytes_per_s() if cross_site else None
-            tls = self.deployment.tls
-            config = TransferConfig(
-                psk=self._psk,
-                rate_limit_bytes_per_s=rate,
-                timeout_s=30.0,
-                name=self.process_name,
-                ssl_context=self._client_ssl,
-                server_hostname=tls.server_hostname if tls is not None else None,
-            )
-            link = await TransferLink.connect(host, port, config)
-            self._links[key] = link
-            if cross_site:
-                self._monitors[key] = LinkMonitor(link, LinkId(f"{self.site.name}->{host}:{port}"))
+        link = self._links.get(key)
+        if link is not None:
             return link
+        pending = self._connecting.get(key)
+        if pending is None:
+            pending = asyncio.create_task(self._connect(key))
+            self._connecting[key] = pending
+            pending.add_done_callback(functools.partial(self._connected, key))
+        return await asyncio.shield(pending)
+
+    async def _connect(self, key: tuple[str, int, bool]) -> TransferLink:
+        host, port, cross_site = key
+        rate = self.link_rate_bytes_per_s() if cross_site else None
+        tls = self.deployment.tls
+        config = TransferConfig(
+            psk=self._psk,
+            rate_limit_bytes_per_s=rate,
+            timeout_s=30.0,
+            name=self.process_name,
+            ssl_context=self._client_ssl,
+            server_hostname=tls.server_hostname if tls is not None else None,
+        )
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                link = await TransferLink.connect(host, port, config)
+        except TimeoutError:
+            raise ConnectError(
+                f"cannot connect to {host}:{port}: no authenticated link within "
+                f"{CONNECT_TIMEOUT_S:g} s"
+            ) from None
+        self._links[key] = link
+        if cross_site:
+            self._monitors[key] = LinkMonitor(link, LinkId(f"{self.site.name}->{host}:{port}"))
+        return link
+
+    def _connected(self, key: tuple[str, int, bool], task: asyncio.Task[TransferLink]) -> None:
+        if self._connecting.get(key) is task:
+            del self._connecting[key]
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            # Every prefill waiting for this peer gets the error (it falls back to local
+            # prefill); say it once, with the peer: a wrong key on either side shows up here.
+            log.warning("KV link to %s:%d failed: %s", key[0], key[1], exc)
 
     async def drop_link(self, host: str, port: int, cross_site: bool) -> None:
         """Forget a link that failed; the next prefill to that peer reconnects."""
-        async with self._links_lock:
-            link = self._links.pop((host, port, cross_site), None)
-            self._monitors.pop((host, port, cross_site), None)
+        link = self._links.pop((host, port, cross_site), None)
+        self._monitors.pop((host, port, cross_site), None)
         if link is not None:
             with contextlib.suppress(Exception):
                 await link.aclose()
@@ -229,7 +274,9 @@ class WorkerHost:
         )
         try:
             async with asyncio.timeout(cmd.timeout_s):
-                r = await client.post(f"{cmd.src_url}/prefix/push", json=push.model_dump())
+                r = await client.post(
+                    f"{cmd.src_url}/prefix/push", json=push.model_dump(), auth=self.auth
+                )
                 if r.status_code != 200:
                     raise RuntimeError(f"source refused the move: {r.status_code} {r.text}")
                 return await arrived
@@ -275,8 +322,11 @@ class WorkerHost:
             self._tasks.remove(task)
 
     async def stop(self) -> None:
-        for task in list(self._tasks):
+        for task in [*self._tasks, *self._connecting.values()]:
             task.cancel()
+        for pending in list(self._connecting.values()):
+            with contextlib.suppress(BaseException):
+                await pending
         for task in list(self._tasks):
             with contextlib.suppress(BaseException):
                 await task
@@ -305,25 +355,27 @@ class WorkerHost:
 
     async def _control_plane(self) -> None:
         """Register (retrying until the gateway answers), then heartbeat; re-register when the
-        gateway forgot us (it answers 404 to a heartbeat from an unknown process)."""
+        gateway forgot us (it answers 404 to a heartbeat from an unknown process). A refusal of
+        our signature (401: another key) is logged at WARNING each time it starts."""
         interval = self.deployment.heartbeat_interval_s
         registered = False
-        async with httpx.AsyncClient(timeout=5.0) as client:
+        refused = ""
+        async with httpx.AsyncClient(timeout=5.0, auth=self.auth, trust_env=False) as client:
             while True:
                 try:
                     if not registered:
                         body = self.registration().model_dump()
-                        r = await client.post(f"{self.gateway_url}/internal/register", json=body)
-                        registered = r.status_code == 200
+                        r = await client.post(f"{self.control_url}/internal/register", json=body)
                     else:
-                        beat = Heartbeat(
-                            process=self.process_name,
-                            reports=self.reports(),
-                        )
+                        beat = Heartbeat(process=self.process_name, reports=self.reports())
                         r = await client.post(
-                            f"{self.gateway_url}/internal/heartbeat", json=beat.model_dump()
+                            f"{self.control_url}/internal/heartbeat", json=beat.model_dump()
                         )
-                        registered = r.status_code == 200
+                    registered = r.status_code == 200
+                    why = "" if r.status_code in (200, 404) else f"{r.status_code} {r.text[:200]}"
+                    if why and why != refused:
+                        log.warning("gateway %s refused us: %s", self.control_url, why)
+                    refused = why
                 except httpx.HTTPError as exc:
                     log.debug("control plane: %s", exc)
                     registered = False

@@ -1,0 +1,131 @@
+"""The HTTP listeners of every process: uvicorn (h11) with a request-head timeout, and one server
+on several sockets with requests routed by the local port they arrived on.
+
+uvicorn has no header timeout: a connection that sends half a request line, or nothing, is kept
+forever (its keep-alive timer only runs after a response). ``HeadTimeoutProtocol`` cuts a
+connection whose request head (request line + headers) has not fully arrived ``head_timeout_s``
+after the connection opened or the previous response ended; once the head is in, a slow body or a
+long response is not limited here (the apps have their own deadlines).
+
+``PortRouter`` lets the gateway serve its client app and its control app from one uvicorn server
+(one event loop, one set of signal handlers, one graceful shutdown): uvicorn puts the socket's
+local address in ``scope["server"]``; a request that arrived on the control port goes to the
+control app, everything else to the client app; lifespan events go to the client app only (the
+control app keeps no state of its own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+HEAD_TIMEOUT_S = 10.0
+log = logging.getLogger("prfaas.serve")
+
+
+class HeadTimeoutProtocol(H11Protocol):
+    """uvicorn's h11 protocol plus a deadline on each request head."""
+
+    head_timeout_s = HEAD_TIMEOUT_S
+    num_cut = 0
+    """Connections cut for a slow head, in this process (all listeners)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._watch_head()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._watch_head()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._watch_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_head_timer()
+        super().connection_lost(exc)
+
+    def _watch_head(self) -> None:
+        # h11 leaves IDLE for the client once a whole request head has been parsed (a pipelined
+        # request parsed from the buffer included).
+        waiting = self.conn.their_state is h11.IDLE and not self.transport.is_closing()
+        if not waiting:
+            self._stop_head_timer()
+        elif self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_timed_out)
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            type(self).num_cut += 1
+            log.debug("cut %s: no complete request head in %g s", self.client, self.head_timeout_s)
+            self.transport.close()
+
+
+def protocol_with_head_timeout(head_timeout_s: float) -> type[HeadTimeoutProtocol]:
+    if head_timeout_s <= 0:
+        raise ValueError(f"head_timeout_s={head_timeout_s} must be positive")
+    return type("HeadTimeoutProtocol", (HeadTimeoutProtocol,), {"head_timeout_s": head_timeout_s})
+
+
+class PortRouter:
+    """ASGI app: requests by local port to ``by_port``'s app, others (and lifespan) to
+    ``default``."""
+
+    def __init__(self, default: Any, by_port: Mapping[int, Any]) -> None:
+        self.default = default
+        self.by_port = dict(by_port)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        app = self.default
+        server = scope.get("server")
+        if scope["type"] != "lifespan" and server is not None and len(server) > 1:
+            app = self.by_port.get(server[1], self.default)
+        await app(scope, receive, send)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # Accepted sockets inherit it: without it, a response written in two parts waits for the
+    # peer's delayed ACK (40 ms on Linux) on every keep-alive request.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+def server_for(app: Any, head_timeout_s: float = HEAD_TIMEOUT_S) -> uvicorn.Server:
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=2,
+        http=protocol_with_head_timeout(head_timeout_s),
+    )
+    return uvicorn.Server(config)
+
+
+async def serve(
+    app: Any, sockets: Sequence[socket.socket], head_timeout_s: float = HEAD_TIMEOUT_S
+) -> None:
+    await server_for(app, head_timeout_s).serve(sockets=list(sockets))
