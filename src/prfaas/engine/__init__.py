@@ -33,6 +33,7 @@ from prfaas.engine.api import (
 from prfaas.engine.budget import KvBudget
 from prfaas.engine.errors import (
     BudgetExceeded,
+    EngineDead,
     EngineError,
     ManifestMismatch,
     ModelFolderError,
@@ -55,6 +56,7 @@ __all__ = [
     "BudgetExceeded",
     "CachedPrefix",
     "Engine",
+    "EngineDead",
     "EngineError",
     "FinishReason",
     "HFCacheMap",

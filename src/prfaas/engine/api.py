@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -37,6 +37,14 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     """Generation stops after emitting one of these (the model's EOS is added unless ignore_eos)."""
     ignore_eos: bool = False
+    top_k: int = -1
+    """Keep only the ``top_k`` most likely tokens before top-p; -1 or 0: no limit."""
+    min_tokens: int = 0
+    """EOS and ``stop_token_ids`` cannot be chosen until this many tokens have been generated
+    (counted like ``max_new_tokens``, the prefill's first token included)."""
+    repetition_penalty: float = 1.0
+    """Hugging Face semantics over the prompt and the output so far: a seen token's positive
+    logit is divided by it, a negative one multiplied. 1: off."""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -45,6 +53,15 @@ class SamplingParams:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be -1, 0 (no limit) or > 0, got {self.top_k}")
+        if not 0 <= self.min_tokens <= self.max_new_tokens:
+            raise ValueError(
+                f"min_tokens must be in [0, max_new_tokens={self.max_new_tokens}], "
+                f"got {self.min_tokens}"
+            )
+        if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +157,8 @@ class FinishReason(enum.Enum):
     """``max_new_tokens`` reached."""
     STOP = "stop"
     """EOS or a stop token emitted."""
+    ERROR = "error"
+    """The engine failed this request alone (``TokenEvent.error`` says why); it left the batch."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +168,8 @@ class TokenEvent:
     request_id: str
     token_ids: tuple[int, ...]
     finish_reason: FinishReason | None = None
+    error: str = ""
+    """Why, when ``finish_reason`` is ``ERROR``."""
 
     @property
     def finished(self) -> bool:
@@ -211,6 +232,11 @@ class Engine(Protocol):
     def max_context_tokens(self) -> int: ...
     @property
     def num_running(self) -> int: ...
+    @property
+    def fault(self) -> str:
+        """Non-empty when the engine can serve nothing more (its engine thread died): why."""
+        ...
+
     def layout(self, num_tokens: int, num_cached_tokens: int = 0) -> CacheLayout:
         """What crosses for such a request (the wire manifest is built from it)."""
         ...
@@ -230,11 +256,18 @@ class Engine(Protocol):
         first_token: int,
         sampling: SamplingParams,
         prefix: CachedPrefix | None = None,
+        prompt_token_ids: Sequence[int] = (),
     ) -> TokenEvent:
-        """Join the decode batch with a filled (verified) allocation; the first token's event."""
+        """Join the decode batch with a filled (verified) allocation; the first token's event.
+        ``prompt_token_ids`` (when known) feed the repetition penalty."""
         ...
 
     def release(self, request_id: str) -> None: ...
     async def step_async(self) -> tuple[TokenEvent, ...]:
-        """One decode step (or chunk of steps) for the running batch."""
+        """One decode step (or chunk of steps) for the running batch. A request the engine fails
+        alone gets an event with ``FinishReason.ERROR``; a dead engine raises ``EngineDead``."""
+        ...
+
+    def close(self) -> None:
+        """Stop (and join) whatever the engine runs on; pending work fails with a reason."""
         ...

@@ -35,3 +35,8 @@ class BudgetExceeded(EngineError):
 
 class UnknownRequest(EngineError):
     """A request id the engine does not hold (or holds in another state)."""
+
+
+class EngineDead(EngineError):
+    """The engine's thread has stopped (it died, or the engine was closed): nothing more runs.
+    The message is the engine's ``fault``."""

@@ -5,7 +5,11 @@ Prefill and decode take the cost model's time for the configured model and hardw
 payloads with the exact per-layer sizes of ``CacheSpec.layout`` (each tensor divided by
 ``byte_divisor``, rounded up, when the real bytes would not fit a laptop). Decode delivers
 ``token_chunk`` tokens per request at a time, costed in closed form (``decode_span_s``), so a dozen
-emulated H200/H20 nodes fit in one process on 2 cores. Token ids are made up (seeded per request).
+emulated H200/H20 nodes fit in one process on 2 cores. Token ids are made up (seeded per request);
+lengths follow the torch engine's rules that mean something for made-up tokens: ``max_new_tokens``,
+and ``stop_token_ids`` once ``min_tokens`` are out (a stop id drawn earlier is drawn again). There
+is no EOS, so ``ignore_eos`` changes nothing; top-k, top-p and the repetition penalty shape real
+logits only and are accepted without effect.
 The timing math (``prefill_plan``, ``decode_plan``) is pure; only ``Waiter`` touches asyncio.
 Must not import torch.
 """
@@ -15,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from prfaas.engine.api import (
@@ -86,6 +90,7 @@ class _Running:
     sampling: SamplingParams
     num_generated: int
     rng: random.Random
+    stop_ids: frozenset[int]
 
 
 class TimedEngine:
@@ -118,6 +123,14 @@ class TimedEngine:
     @property
     def num_running(self) -> int:
         return len(self._running)
+
+    @property
+    def fault(self) -> str:
+        """Always "": nothing runs outside the event loop that could die."""
+        return ""
+
+    def close(self) -> None:
+        """Nothing to stop (no thread): present for the ``Engine`` interface."""
 
     def layout(self, num_tokens: int, num_cached_tokens: int = 0) -> CacheLayout:
         """What crosses for such a request (scaled by ``byte_divisor``)."""
@@ -186,7 +199,7 @@ class TimedEngine:
                 CachedPrefix(b, tuple(self._outputs(req.request_id, self.layout(b, 0))))
                 for b in range((k // block + 1) * block, n + 1, block)
             )
-        first = _rng(req.request_id, req.sampling).randrange(self.config.vocab_size)
+        first = self._draw(_rng(req.request_id, req.sampling), req.sampling, 0)
         yield PrefillResult(req.request_id, first, n, k, checkpoints)
 
     # -- joining the decode batch -------------------------------------------------------------
@@ -210,17 +223,40 @@ class TimedEngine:
         first_token: int,
         sampling: SamplingParams,
         prefix: CachedPrefix | None = None,
+        prompt_token_ids: Sequence[int] = (),
     ) -> TokenEvent:
         rid = allocation.request_id
         if self._allocs.pop(rid, None) is not allocation:
             raise UnknownRequest(f"request {rid} has no pending allocation here")
-        run = _Running(rid, allocation.layout.num_tokens, sampling, 1, _rng(rid, sampling))
-        run.rng.randrange(self.config.vocab_size)  # the first token was drawn by the prefill
-        if sampling.max_new_tokens <= 1:
+        stop = frozenset(sampling.stop_token_ids)
+        run = _Running(rid, allocation.layout.num_tokens, sampling, 1, _rng(rid, sampling), stop)
+        self._draw(run.rng, sampling, 0)  # the first token was drawn by the prefill: skip it
+        reason = self._reason(run, first_token)
+        if reason is not None:
             self.budget.release(rid)
-            return TokenEvent(rid, (first_token,), FinishReason.LENGTH)
+            return TokenEvent(rid, (first_token,), reason)
         self._running[rid] = run
         return TokenEvent(rid, (first_token,))
+
+    def _draw(self, rng: random.Random, sampling: SamplingParams, token_index: int) -> int:
+        """A made-up token; while ``token_index < min_tokens`` never a stop id (like masking)."""
+        vocab = self.config.vocab_size
+        token = rng.randrange(vocab)
+        if token_index >= sampling.min_tokens or token not in sampling.stop_token_ids:
+            return token
+        for _ in range(64):  # a few redraws, then the first allowed id: always terminates
+            token = rng.randrange(vocab)
+            if token not in sampling.stop_token_ids:
+                return token
+        return next((t for t in range(vocab) if t not in sampling.stop_token_ids), token)
+
+    @staticmethod
+    def _reason(run: _Running, token: int) -> FinishReason | None:
+        if token in run.stop_ids:
+            return FinishReason.STOP
+        if run.num_generated >= run.sampling.max_new_tokens:
+            return FinishReason.LENGTH
+        return None
 
     def release(self, request_id: str) -> None:
         self._allocs.pop(request_id, None)
@@ -249,15 +285,16 @@ class TimedEngine:
         await self.waiter.wait_until(self._decode_free_at_s)
         events = []
         for run in runs:
-            tokens = tuple(
-                run.rng.randrange(self.config.vocab_size) for _ in range(plan.num_tokens)
-            )
-            run.num_generated += plan.num_tokens
+            tokens: list[int] = []
             reason = None
-            if run.num_generated >= run.sampling.max_new_tokens:
-                reason = FinishReason.LENGTH
+            while reason is None and len(tokens) < plan.num_tokens:
+                token = self._draw(run.rng, run.sampling, run.num_generated)
+                tokens.append(token)
+                run.num_generated += 1
+                reason = self._reason(run, token)
+            if reason is not None:
                 self.release(run.request_id)
-            events.append(TokenEvent(run.request_id, tokens, reason))
+            events.append(TokenEvent(run.request_id, tuple(tokens), reason))
         return tuple(events)
 
 

@@ -1,19 +1,33 @@
 """``TorchEngine``: real prefill and decode of a local Hugging Face model on PyTorch.
 
-Holds three tables: caches prefilled here and not yet decoding (``held``: exportable, or started
-locally), allocations waiting for an incoming transfer, and the running decode batch. A decode
-step combines the running requests' caches into one batch, runs one forward, splits the caches
-back and samples one token per request; requests join (``start``/``install``) and leave (finish,
-``release``) between steps. KV is accounted in bytes against a budget: a request reserves what its
-cache will weigh at its last token, or is refused before anything is allocated.
+Every forward pass (prefill chunks and decode steps) runs on the engine's one thread
+(``core.EngineLoop``); the asyncio side awaits futures, the blocking API waits on them. Prefills
+are cut into passes of ``prefill_chunk_tokens`` and a waiting decode step runs between two, so a
+long prompt does not stall the running streams. A request whose prefill, decode pass or sampling
+raises fails alone (``FinishReason.ERROR``); if the thread itself stops, ``fault`` says why and
+every pending call fails with ``EngineDead``.
+
+Holds three tables (under one lock, shared by the caller's thread and the engine thread): caches
+prefilled here and not yet decoding (``held``: exportable, or started locally), allocations waiting
+for an incoming transfer, and the running decode batch. A decode step combines the running
+requests' caches into one batch, runs one forward, splits the caches back and samples one token
+per request; requests join (``start``/``install``) and leave (finish, ``release``) between steps.
+KV is accounted in bytes against a budget: a request reserves what its cache will weigh at its
+last token, or is refused before anything is allocated.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import concurrent.futures
+import contextlib
+import itertools
+import threading
+import weakref
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -30,16 +44,27 @@ from prfaas.engine.api import (
     TokenEvent,
 )
 from prfaas.engine.budget import KvBudget
-from prfaas.engine.errors import EngineError, PromptTooLong, UnknownRequest
+from prfaas.engine.errors import EngineDead, EngineError, PromptTooLong, UnknownRequest
 from prfaas.engine.manifest_check import check_manifest
 from prfaas.engine.torch import hf_cache
+from prfaas.engine.torch.core import EngineFault, EngineLoop, Task
 from prfaas.engine.torch.export import export_cache, import_cache, split_layer_buffer
 from prfaas.engine.torch.loader import LoadedModel, load_model
-from prfaas.engine.torch.prefill import run_prefill
-from prfaas.engine.torch.sampling import choose
+from prfaas.engine.torch.prefill import PrefillJob
+from prfaas.engine.torch.sampling import choose, seen_mask
 from prfaas.spec import CacheLayout, CacheSpec, DType
 
 DEFAULT_KV_BUDGET_BYTES = 4 << 30
+DEFAULT_PREFILL_CHUNK_TOKENS = 512
+"""Longest prefill pass: a decode step of the running batch waits at most one such pass. Smaller
+costs prefill speed (more, shorter passes) for smoother streams; None runs a prompt in one pass."""
+_names = itertools.count()
+
+
+@dataclass(slots=True)
+class _Held:
+    cache: hf_cache.RequestCache
+    prompt_token_ids: tuple[int, ...]
 
 
 @dataclass(slots=True)
@@ -49,6 +74,59 @@ class _Running:
     stop_ids: frozenset[int]
     last_token: int
     num_generated: int
+    seen: torch.Tensor | None
+    """``bool [vocab]`` of prompt + output ids, kept only for a repetition penalty."""
+
+
+def _resolve(future: concurrent.futures.Future[Any], value: object) -> None:
+    # InvalidStateError: the waiter cancelled, nobody wants the value.
+    with contextlib.suppress(concurrent.futures.InvalidStateError):
+        future.set_result(value)
+
+
+class _StepTask(Task):
+    is_step = True
+
+    def __init__(self, step: Callable[[], tuple[TokenEvent, ...]]) -> None:
+        super().__init__()
+        self._step = step
+
+    def run_slice(self) -> bool:
+        _resolve(self.future, self._step())
+        return True
+
+
+class _PrefillTask(Task):
+    def __init__(
+        self,
+        make: Callable[[], PrefillJob],
+        finish: Callable[[_PrefillTask, PrefillJob], PrefillResult],
+        forget: Callable[[str], None],
+        request_id: str,
+    ) -> None:
+        super().__init__()
+        self._make, self._finish, self._forget = make, finish, forget
+        self.request_id = request_id
+        self._job: PrefillJob | None = None
+
+    def run_slice(self) -> bool:
+        if self._job is None:
+            self._job = self._make()
+        self._job.run_chunk()
+        if not self._job.done:
+            return False
+        _resolve(self.future, self._finish(self, self._job))
+        return True
+
+    def dropped(self) -> None:
+        self._job = None  # frees its cache now
+        self._forget(self.request_id)
+        self.fail(EngineError(f"request {self.request_id}: prefill cancelled"))
+
+    def fail(self, exc: BaseException) -> None:
+        self._job = None
+        self._forget(self.request_id)
+        super().fail(exc)
 
 
 class TorchEngine:
@@ -57,15 +135,26 @@ class TorchEngine:
         loaded: LoadedModel,
         kv_budget_bytes: int = DEFAULT_KV_BUDGET_BYTES,
         max_batch: int = 64,
+        prefill_chunk_tokens: int | None = DEFAULT_PREFILL_CHUNK_TOKENS,
     ) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if prefill_chunk_tokens is not None and prefill_chunk_tokens < 1:
+            raise ValueError(f"prefill_chunk_tokens must be >= 1, got {prefill_chunk_tokens}")
         self._loaded = loaded
         self._model = loaded.model
         self.cmap = loaded.cmap
         self.budget = KvBudget(kv_budget_bytes)
         self.max_batch = max_batch
-        self._held: dict[str, hf_cache.RequestCache] = {}
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self._lock = threading.Lock()
+        self._held: dict[str, _Held] = {}
+        self._prefilling: set[str] = set()
         self._allocs: dict[str, Allocation] = {}
         self._running: dict[str, _Running] = {}
+        self._loop = EngineLoop(f"prfaas-engine-{next(_names)}")
+        # The loop thread holds no reference to this engine: once nobody does, stop it.
+        weakref.finalize(self, self._loop.stop_soon)
 
     @classmethod
     def from_folder(
@@ -73,10 +162,37 @@ class TorchEngine:
         model_dir: Path | str,
         dtype: DType | str | None = None,
         device: str = "cpu",
-        **kwargs: int,
+        **kwargs: Any,
     ) -> TorchEngine:
         dt = DType.parse(dtype) if isinstance(dtype, str) else dtype
         return cls(load_model(model_dir, dt, device=device), **kwargs)
+
+    # -- life cycle ----------------------------------------------------------------------------
+    @property
+    def fault(self) -> str:
+        """Why the engine thread stopped ("" while it serves)."""
+        return self._loop.fault
+
+    def close(self) -> None:
+        """Stop the engine thread and join it; pending calls fail with ``EngineDead``."""
+        self._loop.close()
+
+    def __enter__(self) -> TorchEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_alive(self) -> None:
+        if self._loop.stopped:
+            raise EngineDead(self._loop.fault)
+
+    def _wait(self, task: Task) -> Any:
+        """Blocking callers: run ``task`` on the engine thread and wait for it."""
+        if self._loop.on_loop_thread():
+            raise EngineError("a blocking engine call from the engine thread would deadlock")
+        self._loop.submit(task)
+        return task.future.result()
 
     # -- what this engine is -----------------------------------------------------------------
     @property
@@ -106,66 +222,105 @@ class TorchEngine:
                 f"exceed the model's maximum of {self.max_context_tokens}"
             )
 
-    def _reserve_bytes(self, num_tokens: int, max_new_tokens: int) -> int:
-        return self.cache_spec.bytes_for(num_tokens + max_new_tokens)
-
     # -- prefill -------------------------------------------------------------------------------
+    def _stop_ids(self, sampling: SamplingParams) -> frozenset[int]:
+        stop = set(sampling.stop_token_ids)
+        if not sampling.ignore_eos:
+            stop.update(self._loaded.eos_token_ids)
+        return frozenset(stop)
+
+    def _seen(self, sampling: SamplingParams, token_ids: Sequence[int]) -> torch.Tensor | None:
+        if sampling.repetition_penalty == 1.0:
+            return None
+        return seen_mask(self._loaded.vocab_size, token_ids)
+
+    def _prefill_task(
+        self, req: PrefillRequest, on_layer: Callable[[LayerOutput], None] | None, keep: bool
+    ) -> _PrefillTask:
+        """Check ``req`` here (a refusal is immediate) and make its task for the engine thread."""
+        rid = req.request_id
+        self._check_length(rid, req.num_tokens, req.sampling.max_new_tokens)
+        vocab = self._loaded.vocab_size
+        bad = [t for t in req.token_ids if not 0 <= t < vocab]
+        if bad:
+            raise EngineError(f"request {rid}: token id {bad[0]} outside [0, {vocab})")
+        with self._lock:
+            if rid in self._held or rid in self._running or rid in self._prefilling:
+                raise EngineError(f"request {rid} is already held by this engine")
+            self._prefilling.add(rid)
+
+        def make() -> PrefillJob:
+            return PrefillJob(
+                self._loaded, req, self.max_context_tokens, self.prefill_chunk_tokens, on_layer
+            )
+
+        def finish(task: _PrefillTask, job: PrefillJob) -> PrefillResult:
+            out = job.result()
+            seen = self._seen(req.sampling, req.token_ids)
+            first = choose(out.last_logits, req.sampling, 0, self._stop_ids(req.sampling), seen)
+            with self._lock:  # with _abandon's lock: a cancelled stream never leaves it held
+                self._prefilling.discard(rid)
+                if keep and not task.cancelled:
+                    self._held[rid] = _Held(out.cache, req.token_ids)
+            return PrefillResult(rid, first, req.num_tokens, req.num_cached_tokens, out.checkpoints)
+
+        return _PrefillTask(make, finish, self._forget_prefill, rid)
+
+    def _forget_prefill(self, request_id: str) -> None:
+        with self._lock:
+            self._prefilling.discard(request_id)
+
     def prefill(
         self,
         req: PrefillRequest,
         on_layer: Callable[[LayerOutput], None] | None = None,
         keep: bool = True,
     ) -> PrefillResult:
-        """Prefill ``req``; with ``keep`` the engine holds its cache for ``export`` / ``start``
-        (``release`` it otherwise).
+        """Prefill ``req`` on the engine thread and wait; with ``keep`` the engine holds its cache
+        for ``export`` / ``start`` (``release`` it otherwise).
 
-        ``on_layer`` receives each layer's share of the cache as soon as that layer is computed.
-        """
-        if req.request_id in self._held or req.request_id in self._running:
-            raise EngineError(f"request {req.request_id} is already held by this engine")
-        self._check_length(req.request_id, req.num_tokens, req.sampling.max_new_tokens)
-        vocab = self._loaded.vocab_size
-        bad = [t for t in req.token_ids if not 0 <= t < vocab]
-        if bad:
-            raise EngineError(f"request {req.request_id}: token id {bad[0]} outside [0, {vocab})")
-        out = run_prefill(self._model, self.cmap, req, self.max_context_tokens, on_layer)
-        first = choose(out.last_logits, req.sampling, 0)
-        if keep:
-            self._held[req.request_id] = out.cache
-        return PrefillResult(
-            req.request_id, first, req.num_tokens, req.num_cached_tokens, out.checkpoints
-        )
+        ``on_layer`` receives each layer's share of the cache as soon as that layer is computed
+        (on the engine thread)."""
+        result: PrefillResult = self._wait(self._prefill_task(req, on_layer, keep))
+        return result
 
     async def prefill_stream(
         self, req: PrefillRequest, keep: bool = False
     ) -> AsyncIterator[LayerOutput | PrefillResult]:
-        """``prefill`` on a worker thread; yields each ``LayerOutput`` as its layer finishes, then
-        the ``PrefillResult``. The event loop stays free to send while later layers compute.
-        The cache is not kept afterwards (its layers were handed out) unless ``keep``."""
+        """Yields each ``LayerOutput`` as its layer finishes on the engine thread, then the
+        ``PrefillResult``; the event loop stays free to send while later layers compute. Leaving
+        the iteration early cancels the prefill at its next chunk boundary. The cache is not kept
+        afterwards (its layers were handed out) unless ``keep``."""
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[LayerOutput | PrefillResult | BaseException] = asyncio.Queue()
+        items: asyncio.Queue[LayerOutput | None] = asyncio.Queue()
 
-        def work() -> None:
-            def hand_out(out: LayerOutput) -> None:
-                loop.call_soon_threadsafe(queue.put_nowait, out)
+        def on_layer(out: LayerOutput) -> None:
+            loop.call_soon_threadsafe(items.put_nowait, out)
 
-            try:
-                result = self.prefill(req, hand_out, keep)
-            except BaseException as exc:  # handed to the awaiting side, re-raised there
-                loop.call_soon_threadsafe(queue.put_nowait, exc)
-                return
-            loop.call_soon_threadsafe(queue.put_nowait, result)
+        task = self._prefill_task(req, on_layer, keep)
+        # Posted after the last layer (same thread, same order): None means "the future is set".
+        task.future.add_done_callback(lambda _: loop.call_soon_threadsafe(items.put_nowait, None))
+        try:
+            self._loop.submit(task)
+        except EngineDead:
+            self._forget_prefill(req.request_id)
+            raise
+        finished = False
+        try:
+            while (item := await items.get()) is not None:
+                yield item
+            result: PrefillResult = task.future.result()  # the engine's error, if it failed
+            finished = True
+            yield result
+        finally:
+            if not finished:
+                self._abandon(task, keep)
 
-        task = loop.run_in_executor(None, work)
-        while True:
-            item = await queue.get()
-            if isinstance(item, BaseException):
-                await task
-                raise item
-            yield item
-            if isinstance(item, PrefillResult):
-                await task
-                return
+    def _abandon(self, task: _PrefillTask, keep: bool) -> None:
+        with self._lock:
+            task.cancel()
+            if keep and task.future.done() and task.future.exception() is None:
+                self._held.pop(task.request_id, None)
 
     def export(self, request_id: str, num_cached_tokens: int = 0) -> tuple[LayerOutput, ...]:
         """A held request's cache as it crosses to a node that holds its first
@@ -173,32 +328,38 @@ class TorchEngine:
         return export_cache(request_id, self.cmap, self._held_cache(request_id), num_cached_tokens)
 
     def _held_cache(self, request_id: str) -> hf_cache.RequestCache:
-        cache = self._held.get(request_id)
-        if cache is None:
+        return self._held_entry(request_id).cache
+
+    def _held_entry(self, request_id: str) -> _Held:
+        held = self._held.get(request_id)
+        if held is None:
             raise UnknownRequest(f"request {request_id} is not held (prefilled) here")
-        return cache
+        return held
 
     # -- joining the decode batch -------------------------------------------------------------
     def start(self, result: PrefillResult, sampling: SamplingParams) -> TokenEvent:
         """Decode a request prefilled here. Returns the first token's event."""
-        cache = self._held_cache(result.request_id)
-        self._check_length(result.request_id, cache.num_tokens, sampling.max_new_tokens)
-        self.budget.reserve(
-            result.request_id, self._reserve_bytes(cache.num_tokens, sampling.max_new_tokens)
-        )
-        del self._held[result.request_id]
-        return self._join(result.request_id, cache, result.first_token, sampling)
+        rid = result.request_id
+        self._check_alive()
+        with self._lock:
+            held = self._held_entry(rid)
+            self._check_length(rid, held.cache.num_tokens, sampling.max_new_tokens)
+            self.budget.reserve(rid, self._reserve_bytes(held.cache.num_tokens, sampling))
+            del self._held[rid]
+            return self._join(rid, held.cache, result.first_token, sampling, held.prompt_token_ids)
 
     def allocate(self, manifest: ManifestLike, max_new_tokens: int) -> Allocation:
         """Reserve buffers for an incoming cache, or refuse (mismatch, too long, over budget)."""
         rid = manifest.request_id
-        if rid in self._allocs or rid in self._running:
-            raise EngineError(f"request {rid} already has a cache here")
+        self._check_alive()
         layout = check_manifest(self.cache_spec, manifest, self.max_context_tokens)
         self._check_length(rid, layout.num_tokens, max_new_tokens)
-        reserved = self._reserve_bytes(layout.num_tokens, max_new_tokens)
-        alloc = self.budget.allocate(rid, layout, reserved)
-        self._allocs[rid] = alloc
+        reserved = self.cache_spec.bytes_for(layout.num_tokens + max_new_tokens)
+        with self._lock:
+            if rid in self._allocs or rid in self._running:
+                raise EngineError(f"request {rid} already has a cache here")
+            alloc = self.budget.allocate(rid, layout, reserved)
+            self._allocs[rid] = alloc
         return alloc
 
     def install(
@@ -207,13 +368,17 @@ class TorchEngine:
         first_token: int,
         sampling: SamplingParams,
         prefix: CachedPrefix | None = None,
+        prompt_token_ids: Sequence[int] = (),
     ) -> TokenEvent:
         """Join the decode batch with a verified transfer (its buffers become the cache: no copy
-        unless a cached prefix must be joined). On any error the allocation is released."""
+        unless a cached prefix must be joined). On any error the allocation is released.
+        ``prompt_token_ids`` feed the repetition penalty (without them it sees the output only)."""
         rid = allocation.request_id
-        if self._allocs.get(rid) is not allocation:
-            raise UnknownRequest(f"request {rid} has no pending allocation here")
+        with self._lock:
+            if self._allocs.get(rid) is not allocation:
+                raise UnknownRequest(f"request {rid} has no pending allocation here")
         try:
+            self._check_alive()
             layout = allocation.layout
             per_layer = tuple(
                 split_layer_buffer(layout, pos, buf)
@@ -225,22 +390,33 @@ class TorchEngine:
         except BaseException:
             self.release(rid)
             raise
-        del self._allocs[rid]
-        return self._join(rid, cache, first_token, sampling)
+        with self._lock:
+            if self._allocs.pop(rid, None) is not allocation:  # released meanwhile
+                raise UnknownRequest(f"request {rid} was released before it was installed")
+            return self._join(rid, cache, first_token, sampling, prompt_token_ids)
 
     def _join(
-        self, rid: str, cache: hf_cache.RequestCache, first: int, sampling: SamplingParams
+        self,
+        rid: str,
+        cache: hf_cache.RequestCache,
+        first: int,
+        sampling: SamplingParams,
+        prompt_token_ids: Sequence[int],
     ) -> TokenEvent:
-        stop = set(sampling.stop_token_ids)
-        if not sampling.ignore_eos:
-            stop.update(self._loaded.eos_token_ids)
-        run = _Running(cache, sampling, frozenset(stop), first, 1)
+        """(Under the lock.) The request's first token is out: run it, or finish it now."""
+        seen = self._seen(sampling, prompt_token_ids)
+        if seen is not None and 0 <= first < seen.shape[0]:
+            seen[first] = True
+        run = _Running(cache, sampling, self._stop_ids(sampling), first, 1, seen)
         reason = self._finish_reason(run, first)
         if reason is None:
             self._running[rid] = run
         else:
             self.budget.release(rid)
         return TokenEvent(rid, (first,), reason)
+
+    def _reserve_bytes(self, num_tokens: int, sampling: SamplingParams) -> int:
+        return self.cache_spec.bytes_for(num_tokens + sampling.max_new_tokens)
 
     @staticmethod
     def _finish_reason(run: _Running, token: int) -> FinishReason | None:
@@ -252,50 +428,109 @@ class TorchEngine:
 
     def release(self, request_id: str) -> None:
         """Drop whatever this engine holds for ``request_id`` (held, allocated or running)."""
-        self._held.pop(request_id, None)
-        self._allocs.pop(request_id, None)
-        self._running.pop(request_id, None)
-        self.budget.release(request_id)
+        with self._lock:
+            self._held.pop(request_id, None)
+            self._allocs.pop(request_id, None)
+            self._running.pop(request_id, None)
+            self.budget.release(request_id)
 
     # -- decode ---------------------------------------------------------------------------------
     def step(self) -> tuple[TokenEvent, ...]:
-        """One decode step for (up to ``max_batch`` of) the running requests.
-
-        Works on a snapshot of the batch, so ``step_async`` (a worker thread) may overlap
-        ``install`` / ``release`` on the event loop: joiners wait for the next step."""
-        snapshot = list(self._running.items())[: self.max_batch]
-        if not snapshot:
-            return ()
-        ids = [rid for rid, _ in snapshot]
-        runs = [run for _, run in snapshot]
-        if len(runs) == 1 and self._loaded.batch_invariant:
-            runs = runs * 2  # a one-row step takes another GEMM kernel (see hf_cache)
-        cache, max_tokens = hf_cache.build_cache(self._model, self.cmap, [r.cache for r in runs])
-        lengths = [r.cache.num_tokens for r in runs]
-        # Left-padded batch: request b's tokens end at index max_tokens; mask the padding.
-        mask = torch.zeros((len(runs), max_tokens + 1), dtype=torch.long)
-        for b, n in enumerate(lengths):
-            mask[b, max_tokens - n :] = 1
-        input_ids = torch.tensor([[r.last_token] for r in runs], dtype=torch.long)
-        positions = torch.tensor([[n] for n in lengths], dtype=torch.long)
-        with torch.inference_mode():
-            logits = hf_cache.forward(self._model, input_ids, cache, positions, mask)
-        caches = hf_cache.split_cache(cache, self.cmap, [n + 1 for n in lengths])
-        events = []
-        for b, (rid, run) in enumerate(zip(ids, runs[: len(ids)], strict=True)):
-            run.cache = caches[b]
-            token = choose(logits[b, -1].float(), run.sampling, run.num_generated)
-            run.num_generated += 1
-            run.last_token = token
-            reason = self._finish_reason(run, token)
-            if reason is not None:
-                self._running.pop(rid, None)  # may have been released meanwhile
-                self.budget.release(rid)
-            events.append(TokenEvent(rid, (token,), reason))
-        return tuple(events)
+        """One decode step (on the engine thread) for up to ``max_batch`` running requests."""
+        events: tuple[TokenEvent, ...] = self._wait(_StepTask(self._step_now))
+        return events
 
     async def step_async(self) -> tuple[TokenEvent, ...]:
-        return await asyncio.to_thread(self.step)
+        """``step`` awaited from the event loop: it runs between two prefill chunks."""
+        task = _StepTask(self._step_now)
+        self._loop.submit(task)
+        events: tuple[TokenEvent, ...] = await asyncio.wrap_future(task.future)
+        return events
+
+    def _step_now(self) -> tuple[TokenEvent, ...]:
+        """(Engine thread.) Works on a snapshot of the batch: ``install`` / ``release`` on
+        another thread meanwhile take effect at the next step."""
+        with self._lock:
+            batch = list(self._running.items())[: self.max_batch]
+            if len(self._running) > self.max_batch:  # round robin: the rest go first next time
+                for rid, run in batch:
+                    del self._running[rid]
+                    self._running[rid] = run
+        if not batch:
+            return ()
+        runs = [run for _, run in batch]
+        try:
+            stepped: list[tuple[hf_cache.RequestCache, torch.Tensor] | Exception] = list(
+                self._forward_step(runs)
+            )
+        except Exception as exc:
+            stepped = self._isolate(runs, exc)
+        events: list[TokenEvent] = []
+        for (rid, run), out in zip(batch, stepped, strict=True):
+            if isinstance(out, Exception):
+                events.append(_error_event(rid, "decode step", out))
+                continue
+            run.cache, logits = out
+            try:
+                token = choose(logits, run.sampling, run.num_generated, run.stop_ids, run.seen)
+            except Exception as exc:
+                events.append(_error_event(rid, "sampling", exc))
+                continue
+            run.num_generated += 1
+            run.last_token = token
+            if run.seen is not None and 0 <= token < run.seen.shape[0]:
+                run.seen[token] = True
+            events.append(TokenEvent(rid, (token,), self._finish_reason(run, token)))
+        with self._lock:
+            live = []
+            for (rid, run), event in zip(batch, events, strict=True):
+                if self._running.get(rid) is not run:
+                    continue  # released meanwhile: nobody wants its tokens
+                if event.finished:
+                    del self._running[rid]
+                    self.budget.release(rid)
+                live.append(event)
+        return tuple(live)
+
+    def _forward_step(
+        self, runs: list[_Running]
+    ) -> list[tuple[hf_cache.RequestCache, torch.Tensor]]:
+        """One batched decode forward: per request, its advanced cache and last logits."""
+        rows = runs
+        if len(rows) == 1 and self._loaded.batch_invariant:
+            rows = rows * 2  # a one-row step takes another GEMM kernel (see hf_cache)
+        cache, max_tokens = hf_cache.build_cache(self._model, self.cmap, [r.cache for r in rows])
+        lengths = [r.cache.num_tokens for r in rows]
+        # Left-padded batch: request b's tokens end at index max_tokens; mask the padding.
+        mask = torch.zeros((len(rows), max_tokens + 1), dtype=torch.long)
+        for b, n in enumerate(lengths):
+            mask[b, max_tokens - n :] = 1
+        input_ids = torch.tensor([[r.last_token] for r in rows], dtype=torch.long)
+        positions = torch.tensor([[n] for n in lengths], dtype=torch.long)
+        with self._loaded.forward_lock, torch.inference_mode():
+            logits = hf_cache.forward(self._model, input_ids, cache, positions, mask)
+        caches = hf_cache.split_cache(cache, self.cmap, [n + 1 for n in lengths])
+        return [(caches[b], logits[b, -1]) for b in range(len(runs))]
+
+    def _isolate(
+        self, runs: list[_Running], exc: Exception
+    ) -> list[tuple[hf_cache.RequestCache, torch.Tensor] | Exception]:
+        """A batched step raised: step each request alone, so only the requests that fail
+        alone fail. If every one of several fails alone too, it is the engine: stop it."""
+        if len(runs) == 1:
+            return [exc]
+        out: list[tuple[hf_cache.RequestCache, torch.Tensor] | Exception] = []
+        for run in runs:
+            try:
+                out.extend(self._forward_step([run]))
+            except Exception as alone:
+                out.append(alone)
+        if all(isinstance(o, Exception) for o in out):
+            raise EngineFault(
+                f"a decode step of {len(runs)} requests failed, each one alone too: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        return out
 
     # -- convenience ----------------------------------------------------------------------------
     def generate(self, req: PrefillRequest) -> list[int]:
@@ -305,8 +540,16 @@ class TorchEngine:
         while req.request_id in self._running:
             for ev in self.step():
                 if ev.request_id == req.request_id:
+                    if ev.finish_reason is FinishReason.ERROR:
+                        raise EngineError(ev.error)
                     tokens.extend(ev.token_ids)
         return tokens
+
+
+def _error_event(request_id: str, what: str, exc: Exception) -> TokenEvent:
+    return TokenEvent(
+        request_id, (), FinishReason.ERROR, error=f"{what}: {type(exc).__name__}: {exc}"
+    )
 
 
 def _conforms(engine: TorchEngine) -> Engine:

@@ -5,7 +5,7 @@ from ``past_key_values``), the cache layer classes and their fields (``keys``/``
 ``cumulative_length`` of sliding-window layers, ``conv_states``/``recurrent_states`` and the
 ``has_previous_state`` flag of linear layers, which must be set again when a cache is rebuilt or
 the next step is taken for a new prefill), where the decoder layers are, and how a model's cache
-tensors map to the spec's tensor names.
+tensors map to the spec's tensor names, and the decoder-layer hooks (``LayerTap``, installed once).
 
 A request's cache is kept as a ``RequestCache``: per spec position, the spec's tensor names mapped
 to tensors in the model's native layout with a batch axis of 1 (``[1, heads, tokens, dim]`` for
@@ -16,7 +16,9 @@ back after the step.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,25 +82,47 @@ def _row_by_row(forward: Any, hidden_dim: int) -> Any:
     return routed
 
 
-def after_layers(
-    model: PreTrainedModel, cache: DynamicCache, callbacks: dict[int, Callable[[], None]]
-) -> list[Any]:
-    """Call ``callbacks[m]()`` as soon as decoder layer ``m`` has run a forward that fills
-    ``cache`` (other forwards, e.g. a decode step on another thread, are ignored). Returns the
-    hook handles; ``.remove()`` each when done."""
+class LayerTap:
+    """Forward hooks installed once on every decoder layer of a model, never per request: adding
+    or removing hooks while another thread runs a forward is what broke concurrent prefills
+    (``hook() missing ... '_output'``), and a per-request hook fired inside another request's pass.
 
-    def hook_for(callback: Callable[[], None]) -> Callable[..., None]:
+    A hook acts only on the thread that armed the tap and only for a forward over the cache it
+    armed with: ``callbacks[m]()`` runs as soon as decoder layer ``m`` has filled that cache.
+    Any other pass (a decode step between prefill chunks, another engine sharing the model, a test
+    calling the model directly) goes through untouched."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self._local = threading.local()
+        self._handles = [
+            layer.register_forward_hook(self._hook_for(m), with_kwargs=True)
+            for m, layer in enumerate(decoder_layers(model))
+        ]
+
+    def _hook_for(self, m: int) -> Callable[..., None]:
         def hook(_module: Any, _args: Any, kwargs: dict[str, Any], _output: Any) -> None:
-            if kwargs.get("cache") is cache:
-                callback()
+            armed: tuple[DynamicCache, dict[int, Callable[[], None]]] | None = getattr(
+                self._local, "armed", None
+            )
+            if armed is not None and kwargs.get("cache") is armed[0]:
+                callback = armed[1].get(m)
+                if callback is not None:
+                    callback()
 
         return hook
 
-    layers = decoder_layers(model)
-    return [
-        layers[m].register_forward_hook(hook_for(cb), with_kwargs=True)
-        for m, cb in callbacks.items()
-    ]
+    @contextmanager
+    def armed(
+        self, cache: DynamicCache, callbacks: dict[int, Callable[[], None]]
+    ) -> Iterator[None]:
+        """Within this block, forwards of this thread over ``cache`` call ``callbacks``."""
+        if getattr(self._local, "armed", None) is not None:
+            raise RuntimeError("layer tap already armed on this thread")
+        self._local.armed = (cache, callbacks)
+        try:
+            yield
+        finally:
+            self._local.armed = None
 
 
 def new_cache(model: PreTrainedModel) -> DynamicCache:

@@ -7,7 +7,8 @@ or file, an unreadable config, an architecture the engine does not run.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 from prfaas.engine.errors import ModelFolderError
 from prfaas.engine.hf_spec import HFCacheMap, cache_map_from_config, check_architecture
 from prfaas.engine.torch.hf_cache import (
+    LayerTap,
     load_pretrained,
     make_routing_batch_invariant,
     torch_dtype,
@@ -33,6 +35,11 @@ class LoadedModel:
     vocab_size: int
     batch_invariant: bool
     """Decode steps give a request the same tokens whatever its batch (see hf_cache)."""
+    tap: LayerTap
+    """The model's layer-wise hand-out hooks, installed once at load."""
+    forward_lock: threading.Lock = field(default_factory=threading.Lock, compare=False)
+    """Held around every forward pass: engines sharing this model (tests do) never run two
+    passes on its modules at once, even from their own threads."""
 
 
 def read_config(model_dir: Path) -> dict[str, Any]:
@@ -114,7 +121,7 @@ def load_model(
     if invariant:
         make_routing_batch_invariant(model)
     eos = _eos_ids(model.generation_config.eos_token_id) or _eos_ids(model.config.eos_token_id)
-    return LoadedModel(model, cmap, eos, int(model.config.vocab_size), invariant)
+    return LoadedModel(model, cmap, eos, int(model.config.vocab_size), invariant, LayerTap(model))
 
 
 __all__ = ["LoadedModel", "check_folder", "load_model", "read_config"]

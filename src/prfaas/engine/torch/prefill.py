@@ -1,15 +1,17 @@
-"""Prefill of one request: optionally from a cached prefix, block-aligned state checkpoints, and
-each layer's output handed out the moment that layer finishes.
+"""Prefill of one request as a ``PrefillJob``: a series of forward passes (chunks) that the
+engine thread runs one at a time, so a decode step of the running batch can run between two.
 
-The prompt runs in one forward pass, or, when checkpoints are asked for, in chunks that end on
-block boundaries (the state at each boundary is copied as it passes). Layer-wise hand-out happens
-in the last pass: a forward hook on each decoder layer exports that layer's share of the cache
-(``CacheSpec.layout(num_tokens, num_cached_tokens)``) and passes it to ``on_layer`` before the
-next layer starts.
+Chunks end every ``chunk_tokens`` tokens and on every block boundary when checkpoints are asked
+for (the state at each boundary is copied as it passes); a cached prefix means only the suffix is
+computed. Layer-wise hand-out happens in the last chunk: the model's ``LayerTap`` (installed once)
+is armed with this job's cache, and as each decoder layer finishes, that layer's share of the
+cache (``CacheSpec.layout(num_tokens, num_cached_tokens)``) goes to ``on_layer`` before the next
+layer starts. Every pass holds the model's ``forward_lock``.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,22 +23,31 @@ from prfaas.engine.hf_spec import HFCacheMap
 from prfaas.engine.torch import hf_cache
 from prfaas.engine.torch.export import export_layer, prefix_cache
 from prfaas.engine.torch.hf_cache import RequestCache
+from prfaas.engine.torch.loader import LoadedModel
 from prfaas.spec import LayerKind
 
 
 @dataclass(slots=True)
-class PrefillOutcome:
+class PrefilledCache:
     cache: RequestCache
     last_logits: torch.Tensor
     """``[vocab]`` at the last prompt position, fp32."""
     checkpoints: tuple[CachedPrefix, ...]
 
 
-def _chunk_ends(start: int, end: int, block: int | None) -> list[int]:
-    if block is None:
-        return [end]
-    ends = list(range((start // block + 1) * block, end, block))
-    return [*ends, end]
+def chunk_ends(start: int, end: int, block: int | None, chunk_tokens: int | None) -> list[int]:
+    """Where each pass of a prefill of tokens ``[start, end)`` ends: every block boundary (when
+    checkpointing), and no pass longer than ``chunk_tokens`` (None: no limit)."""
+    marks = [] if block is None else list(range((start // block + 1) * block, end, block))
+    ends: list[int] = []
+    prev = start
+    for mark in [*marks, end]:
+        while chunk_tokens is not None and mark - prev > chunk_tokens:
+            prev += chunk_tokens
+            ends.append(prev)
+        ends.append(mark)
+        prev = mark
+    return ends
 
 
 def _snapshot_states(cache: Any, cmap: HFCacheMap) -> dict[int, dict[str, torch.Tensor]]:
@@ -48,50 +59,80 @@ def _snapshot_states(cache: Any, cmap: HFCacheMap) -> dict[int, dict[str, torch.
     }
 
 
-def run_prefill(
-    model: Any,
-    cmap: HFCacheMap,
-    req: PrefillRequest,
-    max_tokens: int,
-    on_layer: Callable[[LayerOutput], None] | None = None,
-) -> PrefillOutcome:
-    n, k = req.num_tokens, req.num_cached_tokens
-    if req.cached is not None:
-        start = prefix_cache(cmap, req.cached, max_tokens, model.device)
-        cache, _ = hf_cache.build_cache(model, cmap, [start])
-    else:
-        cache = hf_cache.new_cache(model)
-    ids = torch.tensor([req.token_ids], dtype=torch.long)
-    ends = _chunk_ends(k, n, req.checkpoint_block_tokens)
-    snapshots: dict[int, dict[int, dict[str, torch.Tensor]]] = {}
-    pos_of = {m: p for p, m in enumerate(cmap.model_layers)}
-    logits = None
-    begin = k
-    for i, end in enumerate(ends):
-        last = i == len(ends) - 1
-        handles = []
-        if last and on_layer is not None:
-            handles = hf_cache.after_layers(
-                model,
-                cache,
-                {m: _hand_out(cache, cmap, req, pos, on_layer) for m, pos in pos_of.items()},
+class PrefillJob:
+    """One request's prefill, one pass per ``run_chunk``; ``result()`` once ``done``."""
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        req: PrefillRequest,
+        max_tokens: int,
+        chunk_tokens: int | None,
+        on_layer: Callable[[LayerOutput], None] | None = None,
+    ) -> None:
+        self.req = req
+        self._loaded = loaded
+        self._max_tokens = max_tokens
+        self._on_layer = on_layer
+        self._ids = torch.tensor([req.token_ids], dtype=torch.long)
+        self._ends = chunk_ends(
+            req.num_cached_tokens, req.num_tokens, req.checkpoint_block_tokens, chunk_tokens
+        )
+        self._next = 0
+        self._begin = req.num_cached_tokens
+        self._cache: Any = None
+        self._logits: torch.Tensor | None = None
+        self._snapshots: dict[int, dict[int, dict[str, torch.Tensor]]] = {}
+
+    @property
+    def done(self) -> bool:
+        return self._next == len(self._ends)
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self._ends)
+
+    def _start_cache(self) -> Any:
+        loaded, req = self._loaded, self.req
+        if req.cached is None:
+            return hf_cache.new_cache(loaded.model)
+        start = prefix_cache(loaded.cmap, req.cached, self._max_tokens, loaded.model.device)
+        cache, _ = hf_cache.build_cache(loaded.model, loaded.cmap, [start])
+        return cache
+
+    def run_chunk(self) -> None:
+        """The next pass; the last one hands each layer out as it finishes."""
+        if self._cache is None:
+            self._cache = self._start_cache()
+        loaded, cmap, cache = self._loaded, self._loaded.cmap, self._cache
+        end = self._ends[self._next]
+        last = self._next == len(self._ends) - 1
+        tap: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        if last and self._on_layer is not None:
+            callbacks = {
+                m: _hand_out(cache, cmap, self.req, pos, self._on_layer)
+                for pos, m in enumerate(cmap.model_layers)
+            }
+            tap = loaded.tap.armed(cache, callbacks)
+        positions = torch.arange(self._begin, end).unsqueeze(0)
+        with loaded.forward_lock, torch.inference_mode(), tap:
+            logits = hf_cache.forward(
+                loaded.model, self._ids[:, self._begin : end], cache, positions
             )
-        try:
-            with torch.inference_mode():
-                logits = hf_cache.forward(
-                    model, ids[:, begin:end], cache, torch.arange(begin, end).unsqueeze(0)
-                )
-        finally:
-            for h in handles:
-                h.remove()
-        block = req.checkpoint_block_tokens
+        block = self.req.checkpoint_block_tokens
         if block is not None and end % block == 0:
-            snapshots[end] = _snapshot_states(cache, cmap)
-        begin = end
-    assert logits is not None
-    result = hf_cache.read_request(cache, cmap, n)
-    checkpoints = _checkpoints(req.request_id, cmap, result, snapshots)
-    return PrefillOutcome(result, logits[0, -1].float(), checkpoints)
+            self._snapshots[end] = _snapshot_states(cache, cmap)
+        self._begin = end
+        self._next += 1
+        if last:
+            self._logits = logits[0, -1].float()
+
+    def result(self) -> PrefilledCache:
+        assert self._logits is not None, "result() before the last chunk ran"
+        req, cmap = self.req, self._loaded.cmap
+        cache = hf_cache.read_request(self._cache, cmap, req.num_tokens)
+        checkpoints = _checkpoints(req.request_id, cmap, cache, self._snapshots)
+        return PrefilledCache(cache, self._logits, checkpoints)
 
 
 def _hand_out(
