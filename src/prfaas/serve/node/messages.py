@@ -81,6 +81,9 @@ class DecodeCommand(_Msg):
     """Prefix tokens the gateway believes this site stores; the node answers what it pinned."""
     sampling: SamplingMsg
     timeout_s: float = Field(60.0, gt=0, description="longest wait for the KV to arrive")
+    prompt_tokens: str = ""
+    """The prompt's token ids, ``pack_tokens``-encoded, for ``sampling.repetition_penalty`` != 1
+    (HF semantics count the prompt); "" (the default): the penalty sees the output only."""
 
 
 class DecodeEvent(_Msg):
