@@ -1,0 +1,134 @@
+"""``serve.listeners`` over loopback sockets: a request head that arrives too slowly (or never)
+gets the connection cut; complete heads, slow bodies and keep-alive reuse are unaffected; one server
+on two sockets routes by the local port."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+from fastapi import FastAPI, Request
+
+from prfaas.serve.listeners import HeadTimeoutProtocol, PortRouter, bind, server_for
+
+HEAD_TIMEOUT_S = 0.5
+HANG_BOUND_S = 20.0
+"""Generous: only a connection that is never cut fails (no timing is asserted)."""
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _app(name: str) -> FastAPI:
+    app = FastAPI()
+
+    @app.get("/who")
+    async def who() -> dict[str, str]:
+        return {"app": name}
+
+    @app.post("/echo")
+    async def echo(request: Request) -> dict[str, int]:
+        return {"bytes": len(await request.body())}
+
+    return app
+
+
+@asynccontextmanager
+async def _serving(app: object, num_sockets: int = 1) -> AsyncIterator[list[int]]:
+    socks = [bind("127.0.0.1", 0) for _ in range(num_sockets)]
+    ports = [s.getsockname()[1] for s in socks]
+    server = server_for(app, head_timeout_s=HEAD_TIMEOUT_S)
+    task = asyncio.create_task(server.serve(sockets=socks))
+    try:
+        while not server.started:
+            await asyncio.sleep(0.01)
+        yield ports
+    finally:
+        server.should_exit = True
+        await task
+
+
+async def _closed_by_server(reader: asyncio.StreamReader) -> bytes:
+    """Everything the server sent until it closed the connection."""
+    async with asyncio.timeout(HANG_BOUND_S):
+        return await reader.read()
+
+
+async def test_half_a_request_line_is_cut() -> None:
+    async with _serving(_app("a")) as (port,):
+        before = HeadTimeoutProtocol.num_cut
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /who HT")
+        await writer.drain()
+        assert await _closed_by_server(reader) == b""
+        writer.close()
+        assert HeadTimeoutProtocol.num_cut == before + 1
+
+
+async def test_headers_trickling_in_are_cut() -> None:
+    async with _serving(_app("a")) as (port,):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /who HTTP/1.1\r\nHost: x\r\n")
+        for i in range(100):  # one header line at a time, never the blank line
+            if reader.at_eof():
+                break
+            try:
+                writer.write(f"X-Slow-{i}: 1\r\n".encode())
+                await writer.drain()
+            except ConnectionError:
+                break
+            await asyncio.sleep(HEAD_TIMEOUT_S / 4)
+        assert await _closed_by_server(reader) == b""
+        writer.close()
+
+
+async def test_a_silent_connection_is_cut() -> None:
+    async with _serving(_app("a")) as (port,):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        assert await _closed_by_server(reader) == b""
+        writer.close()
+
+
+async def test_keep_alive_then_half_a_request_is_cut() -> None:
+    async with _serving(_app("a")) as (port,):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /who HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length")))  # fmt: skip
+        assert b'"a"' in await reader.readexactly(length)
+        writer.write(b"GET /who HTTP/1.1\r\nHo")  # the next request, never finished
+        await writer.drain()
+        assert await _closed_by_server(reader) == b""
+        writer.close()
+
+
+async def test_a_slow_body_after_a_complete_head_is_not_cut() -> None:
+    async with _serving(_app("a")) as (port,):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n12345")
+        await writer.drain()
+        await asyncio.sleep(HEAD_TIMEOUT_S * 3)
+        writer.write(b"67890")
+        await writer.drain()
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200")
+        writer.close()
+
+
+async def test_one_server_routes_two_sockets_by_local_port() -> None:
+    client, control = _app("client"), _app("control")
+    # The ports are only known once bound: route through a mutable mapping filled below.
+    router = PortRouter(client, {})
+    async with _serving(router, num_sockets=2) as (client_port, control_port):
+        router.by_port[control_port] = control
+        import httpx
+
+        async with httpx.AsyncClient(timeout=5, trust_env=False) as http:
+            a = await http.get(f"http://127.0.0.1:{client_port}/who")
+            b = await http.get(f"http://127.0.0.1:{control_port}/who")
+    assert a.json() == {"app": "client"}
+    assert b.json() == {"app": "control"}
