@@ -22,8 +22,9 @@ def load_with_ports(path: Path) -> DeploymentConfig:
     zero = [name for name in ("port", "control_port") if getattr(d.gateway, name) == 0]
     if zero:
         fields = " and ".join(f"gateway.{name}" for name in zero)
+        verb = "are" if len(zero) > 1 else "is"
         raise UsageError(
-            f"{path}: {fields} is 0 (a free port is picked when the gateway starts): pass the "
+            f"{path}: {fields} {verb} 0 (a free port is picked when the gateway starts): pass the "
             "resolved file `prfaas up` wrote, WORKDIR/deployment.resolved.yaml"
         )
     return d

@@ -83,6 +83,11 @@ class ControlClient:
         result: list[dict[str, Any]] = self._call("GET", "/internal/nodes")
         return result
 
+    def endpoints(self) -> list[dict[str, Any]]:
+        """Where each registered node listens (its process's latest registration)."""
+        result: list[dict[str, Any]] = self._call("GET", "/internal/endpoints")
+        return result
+
     def routes(self) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self._call("GET", "/internal/routes")
         return result
