@@ -336,6 +336,9 @@ class WorkerHost:
         if self.receiver is not None:
             with contextlib.suppress(Exception):
                 await self.receiver.aclose()
+        for node in self.nodes.values():  # joins each engine's thread; pending work fails
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(node.close)
 
     def registration(self) -> Registration:
         return Registration(
