@@ -6,11 +6,17 @@ session's END. Decode: reserves buffers for an expected request when its KV sess
 (``allocate``, which may refuse: over the KV budget), installs the verified session, and streams the
 tokens of the running batch (continuous batching is the engine's). A node can change role after it
 has drained (the rebalancer's decision). All waits are bounded.
+
+Failures stay with their request: whatever the engine or the transfer raises, a prefill returns
+``PrefillOutcome(ok=False, error=...)`` and a decode stream ends with ``DecodeEvent(kind="error")``
+(never an HTTP 500); other requests go on. If the engine cannot serve any more (its thread died),
+``report().fault`` says why and every request waiting on it fails with that reason.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -41,8 +47,13 @@ from prfaas.spec import LayerSegment
 from prfaas.transfer import Link as TransferLink
 from prfaas.transfer import Manifest, Refused, SessionAborted, TransferError
 
+log = logging.getLogger(__name__)
+STEP_FAILURE_BACKOFF_S = 0.05
+"""After a decode step fails as a whole, wait this long before the next (never a hot loop)."""
+
 
 def sampling_from(msg: SamplingMsg) -> SamplingParams:
+    """The engine's parameters; ``ValueError`` naming the field if they cannot be honoured."""
     return SamplingParams(
         max_new_tokens=msg.max_new_tokens,
         temperature=msg.temperature,
@@ -50,7 +61,14 @@ def sampling_from(msg: SamplingMsg) -> SamplingParams:
         seed=msg.seed,
         stop_token_ids=tuple(msg.stop_token_ids),
         ignore_eos=msg.ignore_eos,
+        top_k=msg.top_k,
+        min_tokens=msg.min_tokens,
+        repetition_penalty=msg.repetition_penalty,
     )
+
+
+def _reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
 @dataclass
@@ -59,6 +77,7 @@ class _Expected:
 
     command: DecodeCommand
     sampling: SamplingParams
+    prompt_token_ids: tuple[int, ...] = ()
     events: asyncio.Queue[DecodeEvent] = field(default_factory=asyncio.Queue)
     allocation: Allocation | None = None
     installed: bool = False
@@ -108,7 +127,20 @@ class Node:
             draining=self.draining,
             egress_bytes=self.egress_bytes,
             egress_backlog_bytes=self._inflight_kv_bytes,
+            fault=self.fault,
         )
+
+    @property
+    def fault(self) -> str:
+        """Why this node cannot serve ("" when it can): its engine stopped."""
+        fault: str = getattr(self.engine, "fault", "")
+        return fault
+
+    def close(self) -> None:
+        """Stop the engine (joins its thread); requests still pending there fail."""
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
 
     @property
     def idle(self) -> bool:
@@ -122,9 +154,25 @@ class Node:
 
     # -- prefill ---------------------------------------------------------------------------------
     async def prefill(self, cmd: PrefillCommand, link: TransferLink) -> PrefillOutcome:
+        """Prefill and stream ``cmd``'s KV; any failure (engine, transfer, bad parameters) is
+        this request's alone and comes back as ``ok=False`` with the reason."""
+        rid = cmd.request_id
+        self._num_prefilling += 1
+        try:
+            return await self._prefill(cmd, link)
+        except Exception as exc:
+            if not isinstance(exc, (TransferError, EngineError, OSError, ValueError)):
+                log.warning("node %s: prefill of %s failed", self.name, rid, exc_info=True)
+            return PrefillOutcome(request_id=rid, ok=False, error=_reason(exc))
+        finally:
+            self._prefill_queue.pop(rid, None)
+            self._num_prefilling -= 1
+
+    async def _prefill(self, cmd: PrefillCommand, link: TransferLink) -> PrefillOutcome:
         rid = cmd.request_id
         token_ids = unpack_tokens(cmd.tokens)
         n = len(token_ids)
+        sampling = sampling_from(cmd.sampling)
         cached = None
         if self.prefix_store is not None and cmd.use_cached_tokens > 0:
             cached = self.prefix_store.lookup(cmd.block_hashes, n, cmd.use_cached_tokens)
@@ -137,7 +185,7 @@ class Node:
         req = PrefillRequest(
             rid,
             token_ids,
-            sampling_from(cmd.sampling),
+            sampling,
             cached=cached,
             checkpoint_block_tokens=block if cmd.store_prefix and cmd.block_hashes else None,
         )
@@ -149,35 +197,30 @@ class Node:
         result: PrefillResult | None = None
         sent = 0
         self._prefill_queue[rid] = n - k
-        self._num_prefilling += 1
-        try:
-            async with link.session(manifest) as session:
-                async for out in self.engine.prefill_stream(req):
-                    if isinstance(out, LayerOutput):
-                        self._prefill_queue.pop(rid, None)  # computing now, no longer queued
-                        target = full.segments[out.position]
-                        for offset, view in _pieces_for_receiver(
-                            out, cached, target, receiver_tokens
-                        ):
-                            self._inflight_kv_bytes += view.nbytes
-                            try:
-                                await session.send(out.position, offset, view)
-                            finally:
-                                self._inflight_kv_bytes -= view.nbytes
-                            sent += view.nbytes
-                    else:
-                        result = out
-                assert result is not None
-                await session.finish(result.first_token)
-        except (TransferError, EngineError, OSError, ValueError) as exc:
-            return PrefillOutcome(request_id=rid, ok=False, error=f"{type(exc).__name__}: {exc}")
-        finally:
-            self._prefill_queue.pop(rid, None)
-            self._num_prefilling -= 1
+        async with link.session(manifest) as session:
+            async for out in self.engine.prefill_stream(req):
+                if isinstance(out, LayerOutput):
+                    self._prefill_queue.pop(rid, None)  # computing now, no longer queued
+                    target = full.segments[out.position]
+                    for offset, view in _pieces_for_receiver(out, cached, target, receiver_tokens):
+                        self._inflight_kv_bytes += view.nbytes
+                        try:
+                            await session.send(out.position, offset, view)
+                        finally:
+                            self._inflight_kv_bytes -= view.nbytes
+                        sent += view.nbytes
+                else:
+                    result = out
+            if result is None:
+                raise EngineError(f"request {rid}: the prefill ended without a result")
+            await session.finish(result.first_token)
         if cmd.cross_site:
             self.egress_bytes += sent
         if self.prefix_store is not None and result.checkpoints:
-            self.prefix_store.insert(cmd.block_hashes, result.checkpoints)
+            try:  # an optimisation: the request itself succeeded, whatever happens here
+                self.prefix_store.insert(cmd.block_hashes, result.checkpoints)
+            except Exception:
+                log.warning("node %s: storing %s's prefix failed", self.name, rid, exc_info=True)
         return PrefillOutcome(
             request_id=rid,
             ok=True,
@@ -198,8 +241,8 @@ class Node:
             raise Refused(f"decode node {self.name} does not expect {manifest.request_id}")
         try:
             exp.allocation = self.engine.allocate(manifest, exp.sampling.max_new_tokens)
-        except EngineError as exc:
-            raise Refused(f"decode node {self.name}: {exc}") from None
+        except Exception as exc:  # over budget, mismatch, a dead engine: the sender is told why
+            raise Refused(f"decode node {self.name}: {_reason(exc)}") from None
         return exp.allocation.layer_buffers
 
     def on_delivered(self, request_id: str, first_token: int) -> None:
@@ -208,10 +251,12 @@ class Node:
             return
         prefix = exp.prefix if exp.allocation.layout.num_cached_tokens > 0 else None
         try:
-            event = self.engine.install(exp.allocation, first_token, exp.sampling, prefix)
-        except EngineError as exc:  # a cache that does not fit this model: nothing installed
+            event = self.engine.install(
+                exp.allocation, first_token, exp.sampling, prefix, exp.prompt_token_ids
+            )
+        except Exception as exc:  # a cache that does not fit, a dead engine: nothing installed
             self.engine.release(request_id)
-            exp.events.put_nowait(DecodeEvent(kind="error", error=f"install: {exc}"))
+            exp.events.put_nowait(DecodeEvent(kind="error", error=f"install: {_reason(exc)}"))
             return
         exp.installed = True
         self._publish(event)
@@ -226,6 +271,9 @@ class Node:
         exp = self._expected.get(event.request_id)
         if exp is None:
             return
+        if event.finish_reason is FinishReason.ERROR:  # the engine failed this request alone
+            exp.events.put_nowait(DecodeEvent(kind="error", error=f"engine: {event.error}"))
+            return
         tokens = list(event.token_ids)
         reason: Literal["stop", "length"] | None = None
         if event.finish_reason is FinishReason.STOP:
@@ -237,23 +285,50 @@ class Node:
         exp.events.put_nowait(DecodeEvent(kind="tokens", token_ids=tokens, finish_reason=reason))
 
     async def decode_loop(self) -> None:
-        """Steps the running batch while there is one; sleeps until a request joins."""
+        """Steps the running batch while there is one; sleeps until a request joins. A step that
+        fails as a whole (a dead engine) fails every running request with its reason; the loop
+        itself never stops before it is cancelled."""
         while True:
             if self.engine.num_running == 0:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            for event in await self.engine.step_async():
+            try:
+                events = await self.engine.step_async()
+            except Exception as exc:
+                self._fail_waiting(f"decode step: {_reason(exc)}")
+                await asyncio.sleep(STEP_FAILURE_BACKOFF_S)
+                continue
+            for event in events:
                 self._publish(event)
+
+    def _fail_waiting(self, reason: str) -> None:
+        """Fail the running requests; with a faulty engine also those whose KV has yet to come
+        (their transfer would be refused: they must not wait out their deadline)."""
+        everyone = bool(self.fault)
+        for rid, exp in self._expected.items():
+            if exp.installed or everyone:
+                self.engine.release(rid)
+                exp.events.put_nowait(DecodeEvent(kind="error", error=reason))
 
     async def decode(self, cmd: DecodeCommand) -> AsyncIterator[DecodeEvent]:
         rid = cmd.request_id
         if rid in self._expected:
             raise ValueError(f"request {rid} is already expected at {self.name}")
-        exp = _Expected(cmd, sampling_from(cmd.sampling))
-        store = self.prefix_store
-        if store is not None and cmd.prefix_tokens > 0:
-            exp.prefix = store.lookup(cmd.block_hashes, cmd.num_prompt_tokens, cmd.prefix_tokens)
+        try:
+            prompt = unpack_tokens(cmd.prompt_tokens) if cmd.prompt_tokens else ()
+            exp = _Expected(cmd, sampling_from(cmd.sampling), prompt)
+            store = self.prefix_store
+            if store is not None and cmd.prefix_tokens > 0:
+                exp.prefix = store.lookup(
+                    cmd.block_hashes, cmd.num_prompt_tokens, cmd.prefix_tokens
+                )
+        except Exception as exc:  # parameters the engine cannot honour: this request fails
+            yield DecodeEvent(kind="error", error=_reason(exc))
+            return
+        if self.fault:
+            yield DecodeEvent(kind="error", error=f"node {self.name}: {self.fault}")
+            return
         self._expected[rid] = exp
         finished = False
         try:
