@@ -48,7 +48,6 @@ def assert_error(
         ({"max_tokens": MAX_CONTEXT_TOKENS}, 400, "context_length_exceeded", "max_tokens"),
         ({"prompt": "a" * MAX_CONTEXT_TOKENS}, 400, "context_length_exceeded", "prompt"),
         ({"prompt": [1] * (MAX_CONTEXT_TOKENS + 5)}, 400, "context_length_exceeded", "prompt"),
-        ({"frobnicate": True}, 400, "extra_forbidden", "frobnicate"),
         ({"temperature": "hot"}, 400, None, "temperature"),
         ({"temperature": 9.0}, 400, None, "temperature"),
         ({"top_p": 0}, 400, None, "top_p"),
@@ -57,11 +56,43 @@ def assert_error(
         ({"prompt": 5}, 400, None, "prompt"),
         ({"prompt": ["a", "b"]}, 400, None, None),
         ({"prompt": [1, -2]}, 400, None, "prompt.1"),
-        ({"prompt": [300]}, 400, None, "prompt"),
-        ({"n": 2}, 400, None, "n"),
-        ({"stop": ["\n"]}, 400, None, "stop"),
+        ({"prompt": [300]}, 400, None, "prompt.0"),
+        ({"prompt": [[1], [2]]}, 400, None, "prompt"),
+        ({"n": 2}, 400, "unsupported_value", "n"),
+        ({"n": True}, 400, "unsupported_value", "n"),
+        ({"best_of": 3}, 400, "unsupported_value", "best_of"),
+        ({"stop": ["\n"]}, 400, "unsupported_value", "stop"),
         ({"seed": "x"}, 400, None, "seed"),
-        ({"presence_penalty": 0.5}, 400, None, "presence_penalty"),
+        ({"seed": 10**30}, 400, None, "seed"),
+        ({"seed": -1}, 400, None, "seed"),
+        ({"presence_penalty": 0.5}, 400, "unsupported_value", "presence_penalty"),
+        ({"frequency_penalty": 0.5}, 400, "unsupported_value", "frequency_penalty"),
+        ({"logprobs": 5}, 400, "unsupported_value", "logprobs"),
+        ({"logprobs": 0}, 400, "unsupported_value", "logprobs"),
+        ({"echo": True}, 400, "unsupported_value", "echo"),
+        ({"suffix": "x"}, 400, "unsupported_value", "suffix"),
+        ({"logit_bias": {"5": 10}}, 400, "unsupported_value", "logit_bias"),
+        ({"min_p": 0.1}, 400, "unsupported_value", "min_p"),
+        ({"skip_special_tokens": False}, 400, "unsupported_value", "skip_special_tokens"),
+        ({"response_format": {"type": "json_object"}}, 400, None, "response_format"),
+        ({"guided_json": {}}, 400, "unsupported_value", "guided_json"),
+        ({"user": 5}, 400, "type_error", "user"),
+        ({"temperature": -0.1}, 400, None, "temperature"),
+        ({"temperature": True}, 400, None, "temperature"),
+        ({"top_p": 1.5}, 400, None, "top_p"),
+        ({"top_k": -2}, 400, None, "top_k"),
+        ({"top_k": 2**40}, 400, None, "top_k"),
+        ({"top_k": 1.5}, 400, None, "top_k"),
+        ({"repetition_penalty": 0}, 400, None, "repetition_penalty"),
+        ({"repetition_penalty": -1.0}, 400, None, "repetition_penalty"),
+        ({"repetition_penalty": "1"}, 400, None, "repetition_penalty"),
+        ({"min_tokens": 5}, 400, None, "min_tokens"),  # max_tokens is 4
+        ({"min_tokens": -1}, 400, None, "min_tokens"),
+        ({"ignore_eos": "yes"}, 400, None, "ignore_eos"),
+        ({"stop_token_ids": [300]}, 400, None, "stop_token_ids.0"),
+        ({"stop_token_ids": [1.5]}, 400, None, "stop_token_ids.0"),
+        ({"stream_options": {"include_usage": "x"}}, 400, None, "stream_options.include_usage"),
+        ({"max_completion_tokens": 0}, 400, None, "max_completion_tokens"),
         ({"model": None}, 400, None, "model"),
     ],
 )
@@ -84,17 +115,27 @@ def test_bad_completion_request(
         ({"messages": []}, 400, "messages"),
         ({"messages": [{"role": "user", "content": ""}]}, 400, "messages"),
         ({"messages": [{"role": "robot", "content": "x"}]}, 400, "messages.0.role"),
-        ({"messages": [{"role": "user", "content": "x", "extra": 1}]}, 400, "messages.0.extra"),
         ({"messages": "hi"}, 400, "messages"),
-        ({"max_completion_tokens": 3}, 400, "max_tokens"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, None),
+        ({"messages": [{"role": "user", "content": 5}]}, 400, "messages.0.content"),
         ({"model": "other"}, 404, "model"),
         ({"stream_options": {"include_usage": True}}, 400, "stream_options"),
+        ({"logprobs": True}, 400, "logprobs"),
+        ({"top_logprobs": 3}, 400, "top_logprobs"),
+        ({"tools": [{"type": "function"}]}, 400, "tools"),
+        ({"tool_choice": "required"}, 400, "tool_choice"),
+        ({"response_format": {"type": "json_schema"}}, 400, "response_format"),
+        ({"add_generation_prompt": "no"}, 400, "add_generation_prompt"),
     ],
 )
-def test_bad_chat_request(server: Server, change: dict[str, Any], status: int, param: str) -> None:
-    assert_error(
-        post(server, "/v1/chat/completions", json={**OK_CHAT, **change}), status, None, param
-    )
+def test_bad_chat_request(
+    server: Server, change: dict[str, Any], status: int, param: str | None
+) -> None:
+    resp = post(server, "/v1/chat/completions", json={**OK_CHAT, **change})
+    if param is None:
+        assert_error(resp, status)
+    else:
+        assert_error(resp, status, None, param)
 
 
 @pytest.mark.parametrize(
@@ -106,13 +147,42 @@ def test_bad_chat_request(server: Server, change: dict[str, Any], status: int, p
         b'"text"',
         b"\xff\xfe",
         b'{"model": "fake-model", "prompt": "a",',
+        b'{"model": "fake-model", "prompt": "a", "temperature": NaN}',
+        b'{"model": "fake-model", "prompt": "a", "top_p": -Infinity}',
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"a":' * 100_000 + b"1" + b"}" * 100_000,
+        b'{"model": "fake-model", "prompt": "a", "x": ' + b"[" * 500 + b"]" * 500 + b"}",
+        b'{"model": "fake-model", "prompt": "a", "max_tokens": ' + b"9" * 5000 + b"}",
+        b'{"model": "fake-model", "prompt": "\\ud800"}',
+        b'{"model": "fake-model", "prompt": "ok \\udfff then"}',
+        b'{"model": "fake-model", "messages": [{"role": "user", "content": "\\ud83d"}]}',
+        b'{"model": "fake-model", "prompt": "a", "\\udc00": 1}',
+        '{"model": "fake-model", "prompt": "a"}'.encode("utf-16"),
+        b"null",
+        b"1e999",
     ],
 )
-def test_malformed_json(server: Server, content: bytes) -> None:
-    resp = post(
-        server, "/v1/completions", content=content, headers={"content-type": "application/json"}
-    )
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/tokenize"])
+def test_malformed_json(server: Server, content: bytes, path: str) -> None:
+    resp = post(server, path, content=content, headers={"content-type": "application/json"})
     assert_error(resp, 400)
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_p", "repetition_penalty"])
+def test_infinite_number_names_the_field(server: Server, field: str) -> None:
+    content = b'{"model": "fake-model", "prompt": "a", "%s": 1e999}' % field.encode()
+    assert_error(post(server, "/v1/completions", content=content), 400, None, field)
+
+
+def test_lone_surrogate_names_the_field(server: Server) -> None:
+    content = b'{"model": "fake-model", "prompt": "\\ud800", "max_tokens": 2}'
+    resp = post(server, "/v1/completions", content=content)
+    assert_error(resp, 400, "invalid_unicode", "prompt")
+    # A valid pair, escaped the same way, is an ordinary character.
+    pair = b'{"model": "fake-model", "prompt": "\\ud83d\\ude00", "max_tokens": 2}'
+    resp = post(server, "/v1/completions", content=pair)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["usage"]["prompt_tokens"] == len("\U0001f600".encode())
 
 
 def test_body_too_large(tiny_server: Server) -> None:

@@ -1,17 +1,19 @@
 """``create_gateway_app``: the FastAPI app of the gateway's OpenAI-compatible HTTP surface.
 
-Flow of a generation request: read + validate (4xx) -> admit (429 + Retry-After when the bounded
-queue is full, before the backend is touched) -> relay the backend's tokens (JSON, or SSE chunks
-then ``data: [DONE]``). A streaming request waits for its first token before answering 200, so a
-failure before any token (503 no decode node, 504 deadline) keeps its HTTP status; a failure after
-that ends the stream with an error event. The client leaving at any point cancels the backend.
+Flow of a generation request: read + validate (4xx; unknown fields dropped and logged once) ->
+admit (429 + Retry-After when the bounded queue is full, before the backend is touched) -> relay
+the backend's tokens (JSON, or SSE chunks then ``data: [DONE]``). Admission, relay and answer run
+inside one ``Gateway.session`` (an async context manager owning the slot and the backend's
+generator), so every exit path releases both. The client leaving at any point cancels the backend.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI
@@ -21,52 +23,55 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from prfaas.serve.api.admission import Admission, Overloaded, Permit
+from prfaas.serve.api.api_keys import ApiKeyMiddleware
 from prfaas.serve.api.config import GatewayHTTPConfig
 from prfaas.serve.api.disconnect import ClientGone, until_disconnect
-from prfaas.serve.api.errors import ApiError, overloaded
-from prfaas.serve.api.formats import DONE, Format, sse
+from prfaas.serve.api.errors import ApiError, error_response, overloaded
+from prfaas.serve.api.formats import DONE, Format, sse, usage
 from prfaas.serve.api.health import add_info_routes
 from prfaas.serve.api.metrics import GatewayMetrics
 from prfaas.serve.api.prepare import Prepared, prepare, read_json
-from prfaas.serve.api.relay import Relay
+from prfaas.serve.api.relay import Delta, Relay
+from prfaas.serve.api.tokenization import add_tokenizer_routes
 from prfaas.serve.api.tokenizer import Tokenizer
 from prfaas.serve.api.tracking import CLIENT_GONE, RequestTracker
 from prfaas.serve.backend import Backend
 
+log = logging.getLogger("prfaas.serve.api")
 
-class _StreamWithCleanup(StreamingResponse):
-    """A StreamingResponse that runs ``on_close`` however it ends (done, failed, client gone),
-    and is cut off ``SEND_GRACE_S`` after the request's deadline even if the client stops
-    reading (token waits already honour the deadline; this bounds the waits on ``send``)."""
-
-    def __init__(
-        self,
-        content: AsyncIterator[bytes],
-        on_close: Callable[[], Awaitable[None]],
-        deadline_s: float,
-    ) -> None:
-        headers = {"Cache-Control": "no-cache"}
-        super().__init__(content, media_type="text/event-stream", headers=headers)
-        self._on_close = on_close
-        self._deadline_s = deadline_s
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        remaining_s = self._deadline_s + SEND_GRACE_S - time.monotonic()
-        try:
-            async with asyncio.timeout(max(remaining_s, 0.0)):
-                await super().__call__(scope, receive, send)
-        except TimeoutError:
-            pass  # uvicorn closes a response the app left unfinished
-        finally:
-            await self._on_close()
+__all__ = ["Gateway", "create_gateway_app", "error_response"]
 
 
 SEND_GRACE_S = 1.0
 """How long past its deadline a stream may still be blocked sending before it is cut off."""
 
 
-def error_response(exc: ApiError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+class UnknownFields:
+    """Logs the unknown fields of a request (they are dropped, as vLLM does), once per distinct
+    set: a client sending the same extra at 1,000 requests/s gives one line, not 1,000 a second.
+    Remembers at most ``MAX_SETS`` sets, then stops logging; names are shortened in the log."""
+
+    MAX_SETS = 1024
+    MAX_NAMES_LOGGED = 16
+
+    def __init__(self) -> None:
+        self._seen: set[tuple[str, tuple[str, ...]]] = set()
+
+    def note(self, endpoint: str, names: tuple[str, ...]) -> None:
+        key = (endpoint, tuple(sorted(names)))
+        if not names or key in self._seen or len(self._seen) >= self.MAX_SETS:
+            return
+        self._seen.add(key)
+        shown = ", ".join(repr(n[:64]) for n in key[1][: self.MAX_NAMES_LOGGED])
+        more = len(names) - self.MAX_NAMES_LOGGED
+        log.warning(
+            "%s: ignoring unknown field(s) %s%s (logged once per set)",
+            endpoint,
+            shown,
+            f" and {more} more" if more > 0 else "",
+        )
+        if len(self._seen) == self.MAX_SETS:
+            log.warning("%d sets of unknown fields seen; no more are logged", self.MAX_SETS)
 
 
 class Gateway:
@@ -82,10 +87,12 @@ class Gateway:
         self.config = config
         self.metrics = metrics
         self.admission = Admission(config.max_in_flight, config.max_queued)
+        self.unknown_fields = UnknownFields()
         metrics.in_flight.set_function(lambda: self.admission.num_in_flight)
         metrics.queued.set_function(lambda: self.admission.num_queued)
 
     async def handle(self, request: Request, *, chat: bool) -> Response:
+        """Parse and validate; the returned response does the rest (``_GenerationResponse``)."""
         tracker = RequestTracker(self.metrics, "chat" if chat else "completions")
         try:
             body = await read_json(
@@ -99,48 +106,44 @@ class Gateway:
                 config=self.config,
                 arrival_s=tracker.arrival_s,
             )
-            tracker.stage = "queued"
-            permit = await until_disconnect(request, self._admit())
         except ApiError as exc:
             tracker.finish(exc.status)
             return error_response(exc)
-        except (ClientGone, ClientDisconnect):
+        except ClientDisconnect:
             tracker.finish(CLIENT_GONE)
             return Response(status_code=CLIENT_GONE)
-        self.metrics.prompt_tokens.inc(len(prepared.req.prompt_token_ids))
-        tracker.stage = "waiting_first_token"
-        relay = Relay(
-            self.backend,
-            prepared.req,
-            self.tokenizer,
-            tracker,
-            timeout_s=self.config.request_timeout_s,
-            buffer_events=self.config.relay_buffer_events,
-        )
-        relay.start()
-        fmt = Format(chat, prepared.req.request_id, prepared.model, prepared.return_token_ids)
+        self.unknown_fields.note(request.url.path, prepared.unknown_fields)
+        return _GenerationResponse(self, prepared, tracker)
 
-        async def cleanup() -> None:
-            permit.release()  # first: cleanup may be cancelled at its first await
-            await relay.close()
-            tracker.finish(tracker.status or CLIENT_GONE)
-
+    @contextlib.asynccontextmanager
+    async def session(
+        self, prepared: Prepared, tracker: RequestTracker, receive: Receive
+    ) -> AsyncIterator[Relay]:
+        """Everything one generation holds, from admission to its last byte: an admission slot
+        and the relay running the backend's generator. Entering waits for the slot (an 429
+        ``ApiError``, or ``ClientGone`` if the client leaves meanwhile); leaving, however it
+        happens (done, failed, deadline, client gone, cancelled), closes the relay, which closes
+        the backend's generator, then gives the slot back."""
+        tracker.stage = "queued"
+        permit = await until_disconnect(receive, self._admit())
         try:
-            if prepared.stream:
-                first = await until_disconnect(request, relay.next())
-                tracker.stage = "streaming"
-                sse_body = self._sse(relay, first, fmt, prepared, tracker)
-                return _StreamWithCleanup(sse_body, cleanup, relay.deadline_s)
-            answer = await until_disconnect(request, self._collect(relay, fmt, prepared))
-            tracker.finish(200)
-            return JSONResponse(answer)
-        except ApiError as exc:
-            tracker.finish(exc.status)
-            await cleanup()
-            return error_response(exc)
-        except BaseException:  # ClientGone, cancellation, or a bug: never leak the slot or backend
-            await cleanup()
-            raise
+            self.metrics.prompt_tokens.inc(len(prepared.req.prompt_token_ids))
+            tracker.stage = "waiting_first_token"
+            relay = Relay(
+                self.backend,
+                prepared.req,
+                self.tokenizer,
+                tracker,
+                timeout_s=self.config.request_timeout_s,
+                buffer_events=self.config.relay_buffer_events,
+            )
+            relay.start()
+            try:
+                yield relay
+            finally:
+                await relay.close()
+        finally:
+            permit.release()  # also when relay.close() was cancelled at its await
 
     async def _admit(self) -> Permit:
         try:
@@ -150,23 +153,99 @@ class Gateway:
             self.metrics.rejected.labels(reason=exc.reason).inc()
             raise overloaded(str(exc), self.config.retry_after_s) from None
 
-    async def _collect(self, relay: Relay, fmt: Format, prepared: Prepared) -> dict[str, Any]:
+
+def _usage(prepared: Prepared, relay: Relay, num_completion_tokens: int) -> dict[str, Any]:
+    return usage(len(prepared.req.prompt_token_ids), num_completion_tokens, relay.num_cached_tokens)
+
+
+class _GenerationResponse(Response):
+    """One admitted generation, run as the response Starlette sends: admission, the backend's
+    tokens and the answer (JSON, or SSE chunks then ``data: [DONE]``) all happen inside one
+    ``Gateway.session``, so no exit path can keep a slot or leave the backend running.
+
+    A streaming request waits for its first token before answering 200, so a failure before
+    any token keeps its HTTP status; a failure after that ends the stream with an error event.
+    Errors are answered after the session is left (the slot is free before a slow client reads).
+    """
+
+    def __init__(self, gateway: Gateway, prepared: Prepared, tracker: RequestTracker) -> None:
+        super().__init__()
+        self._gateway = gateway
+        self._prepared = prepared
+        self._tracker = tracker
+        self._fmt = Format(
+            prepared.chat,
+            prepared.req.request_id,
+            prepared.model,
+            prepared.return_token_ids,
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        tracker = self._tracker
+        answer: Response | None
+        try:
+            answer = await self._generate(scope, receive, send)
+        except ApiError as exc:
+            tracker.finish(exc.status)
+            answer = error_response(exc)
+        except (ClientGone, ClientDisconnect):
+            answer = Response(status_code=CLIENT_GONE)  # nobody reads it; ends the exchange
+        finally:
+            tracker.finish(CLIENT_GONE)  # a no-op unless the client left or we were cancelled
+        if answer is not None:
+            await answer(scope, receive, send)
+
+    async def _generate(self, scope: Scope, receive: Receive, send: Send) -> Response | None:
+        prepared, tracker = self._prepared, self._tracker
+        async with self._gateway.session(prepared, tracker, receive) as relay:
+            if not prepared.stream:
+                body = await until_disconnect(receive, self._collect(relay))
+                tracker.finish(200)
+                return JSONResponse(body)
+            first = await until_disconnect(receive, relay.next())
+            tracker.stage = "streaming"
+            chunks = self._sse(relay, first)
+            stream = StreamingResponse(
+                chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+            )
+            # Token waits honour the deadline already; this bounds the waits on `send` when
+            # the client stops reading.
+            remaining_s = relay.deadline_s + SEND_GRACE_S - time.monotonic()
+            try:
+                async with asyncio.timeout(max(remaining_s, 0.0)):
+                    await stream(scope, receive, send)
+            except TimeoutError:
+                pass  # uvicorn closes a response the app left unfinished
+            finally:
+                await chunks.aclose()
+            return None
+
+    async def _collect(self, relay: Relay) -> dict[str, Any]:
         parts: list[str] = []
         finish = "stop"
         async for delta in relay.deltas():
             parts.append(delta.text)
             finish = delta.finish_reason or finish
-        return fmt.full("".join(parts), relay.token_ids, finish, len(prepared.req.prompt_token_ids))
+        text = "".join(parts)
+        return self._fmt.full(
+            text, relay.token_ids, finish, _usage(self._prepared, relay, relay.num_tokens)
+        )
 
-    async def _sse(
-        self, relay: Relay, first: Any, fmt: Format, prepared: Prepared, tracker: RequestTracker
-    ) -> AsyncIterator[bytes]:
+    async def _sse(self, relay: Relay, first: Delta | None) -> AsyncGenerator[bytes, None]:
+        fmt, prepared, tracker = self._fmt, self._prepared, self._tracker
+        every = prepared.continuous_usage
         try:
-            yield fmt.opening() + fmt.chunk(first)
+            opening = fmt.opening(_usage(prepared, relay, 0) if every else None)
+            if first is None:  # the backend ended at once without a token
+                yield opening
+            else:
+                yield opening + fmt.chunk(
+                    first, _usage(prepared, relay, relay.num_tokens) if every else None
+                )
             async for delta in relay.deltas():
-                yield fmt.chunk(delta)
+                yield fmt.chunk(delta, _usage(prepared, relay, relay.num_tokens) if every else None)
             if prepared.include_usage:
-                yield fmt.usage_chunk(len(prepared.req.prompt_token_ids), relay.num_tokens)
+                yield fmt.usage_chunk(_usage(prepared, relay, relay.num_tokens))
             tracker.finish(200)
             yield DONE
         except ApiError as exc:
@@ -198,6 +277,9 @@ def create_gateway_app(
         return await gateway.handle(request, chat=True)
 
     add_info_routes(app, gateway)
+    add_tokenizer_routes(app, gateway)
+    if gateway.config.api_keys:
+        app.add_middleware(ApiKeyMiddleware, keys=gateway.config.api_keys)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, exc: StarletteHTTPException) -> Response:

@@ -27,6 +27,10 @@ class GatewayHTTPConfig:
     """Larger request bodies get 413."""
     relay_buffer_events: int = 64
     """Token events buffered between the backend and a slow client (bounded memory)."""
+    api_keys: tuple[str, ...] = ()
+    """When any is set, ``/v1/*``, ``/tokenize`` and ``/detokenize`` need ``Authorization:
+    Bearer <one of them>`` (401 otherwise); ``/health``, ``/ready`` and ``/metrics`` stay open.
+    Each at least ``MIN_API_KEY_CHARS`` printable ASCII characters, no spaces."""
 
     def __post_init__(self) -> None:
         for name in ("max_in_flight", "retry_after_s", "default_max_tokens", "max_body_bytes"):
@@ -39,3 +43,23 @@ class GatewayHTTPConfig:
         for name in ("queue_timeout_s", "request_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 s, got {getattr(self, name)}")
+        for i, key in enumerate(self.api_keys):
+            # The message names the key's position, never the key.
+            if not valid_api_key(key):
+                raise ValueError(
+                    f"api_keys[{i}] must be at least {MIN_API_KEY_CHARS} printable ASCII "
+                    "characters without spaces"
+                )
+
+
+MIN_API_KEY_CHARS = 8
+
+
+def valid_api_key(key: object) -> bool:
+    return (
+        isinstance(key, str)
+        and len(key) >= MIN_API_KEY_CHARS
+        and key.isascii()
+        and key.isprintable()
+        and " " not in key
+    )

@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from starlette.requests import Request
+from starlette.types import Receive
 
 T = TypeVar("T")
 
@@ -22,16 +22,18 @@ class ClientGone(Exception):
     """The client closed the connection before the answer was complete."""
 
 
-async def _disconnected(request: Request) -> None:
+async def _disconnected(receive: Receive) -> None:
     while True:
-        message = await request.receive()
+        message = await receive()
         if message["type"] == "http.disconnect":
             return
 
 
-async def until_disconnect(request: Request, awaitable: Awaitable[T]) -> T:
+async def until_disconnect(receive: Receive, awaitable: Awaitable[T]) -> T:
+    """``await awaitable``, unless the client leaves first (``ClientGone``; the work is
+    cancelled). ``receive`` is the request's ASGI channel, its body already read."""
     work = asyncio.ensure_future(awaitable)
-    watch = asyncio.ensure_future(_disconnected(request))
+    watch = asyncio.ensure_future(_disconnected(receive))
     try:
         await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:  # server shutdown: take both down with us

@@ -1,12 +1,15 @@
 """OpenAI-style error answers: ``{"error": {"message", "type", "param", "code"}}`` with a status.
 
-``ApiError`` is raised anywhere in ``serve.api``; the app turns it into a JSON answer (or, once a
-stream has started, into a final SSE error event). No FastAPI import here.
+``ApiError`` is raised anywhere in ``serve.api``; ``error_response`` turns it into a JSON answer
+(once a stream has started, the app sends it as a final SSE error event instead). No FastAPI
+import here.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from starlette.responses import JSONResponse
 
 from prfaas.serve.backend import GenerationError
 
@@ -39,6 +42,10 @@ class ApiError(Exception):
                 "code": self.code,
             }
         }
+
+
+def error_response(exc: ApiError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
 
 def bad_request(message: str, *, param: str | None = None, code: str | None = None) -> ApiError:
@@ -76,3 +83,17 @@ def overloaded(reason: str, retry_after_s: int) -> ApiError:
         code="rate_limit_exceeded",
         headers={"Retry-After": str(retry_after_s)},
     )
+
+
+def unauthorized() -> ApiError:
+    # OpenAI's answer to a bad key; never says which keys exist or how close the guess was.
+    return ApiError(
+        401,
+        "missing or invalid API key: send the header 'Authorization: Bearer <key>'",
+        code="invalid_api_key",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+def not_ready(reason: str) -> ApiError:
+    return ApiError(503, f"not ready: {reason}", error_type="service_unavailable", code="not_ready")

@@ -19,11 +19,15 @@ def sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
-def usage(num_prompt_tokens: int, num_completion_tokens: int) -> dict[str, int]:
+def usage(
+    num_prompt_tokens: int, num_completion_tokens: int, num_cached_tokens: int = 0
+) -> dict[str, Any]:
+    """OpenAI's usage object; ``prompt_tokens_details.cached_tokens`` is the prefix-cache hit."""
     return {
         "prompt_tokens": num_prompt_tokens,
         "completion_tokens": num_completion_tokens,
         "total_tokens": num_prompt_tokens + num_completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": num_cached_tokens},
     }
 
 
@@ -45,7 +49,7 @@ class Format:
         return choice
 
     def full(
-        self, text: str, token_ids: list[int], finish: str, num_prompt_tokens: int
+        self, text: str, token_ids: list[int], finish: str, usage: dict[str, Any]
     ) -> dict[str, Any]:
         """The non-streaming answer."""
         if self.chat:
@@ -55,18 +59,21 @@ class Format:
         else:
             body = self._head("text_completion")
             body["choices"] = [self._choice("text", text, token_ids, finish)]
-        body["usage"] = usage(num_prompt_tokens, len(token_ids))
+        body["usage"] = usage
         return body
 
-    def opening(self) -> bytes:
-        """Chat streams open with an empty assistant delta, as OpenAI's do; completions don't."""
+    def opening(self, usage: dict[str, Any] | None = None) -> bytes:
+        """Chat streams open with an empty assistant delta, as OpenAI's do; completions don't.
+        ``usage``: the usage so far, on every chunk (``continuous_usage_stats``)."""
         if not self.chat:
             return b""
         body = self._head("chat.completion.chunk")
         body["choices"] = [self._choice("delta", {"role": "assistant", "content": ""}, (), None)]
+        if usage is not None:
+            body["usage"] = usage
         return sse(body)
 
-    def chunk(self, delta: Delta) -> bytes:
+    def chunk(self, delta: Delta, usage: dict[str, Any] | None = None) -> bytes:
         if self.chat:
             body = self._head("chat.completion.chunk")
             content = {"content": delta.text} if delta.text or not delta.finish_reason else {}
@@ -76,11 +83,13 @@ class Format:
             body["choices"] = [
                 self._choice("text", delta.text, delta.token_ids, delta.finish_reason)
             ]
+        if usage is not None:
+            body["usage"] = usage
         return sse(body)
 
-    def usage_chunk(self, num_prompt_tokens: int, num_completion_tokens: int) -> bytes:
+    def usage_chunk(self, usage: dict[str, Any]) -> bytes:
         """The last chunk when ``stream_options.include_usage``: no choices, just usage."""
         body = self._head("chat.completion.chunk" if self.chat else "text_completion")
         body["choices"] = []
-        body["usage"] = usage(num_prompt_tokens, num_completion_tokens)
+        body["usage"] = usage
         return sse(body)

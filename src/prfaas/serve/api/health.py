@@ -1,5 +1,6 @@
-"""The read-only routes: ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health`` and
-``GET /metrics``."""
+"""The read-only routes: ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health`` (liveness:
+the process answers; with in-flight and queued counts and the backend's own report), ``GET /ready``
+(readiness: the backend could serve a request now) and ``GET /metrics``."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI
 from starlette.responses import JSONResponse, Response
 
-from prfaas.serve.api.errors import ApiError
+from prfaas.serve.api.errors import ApiError, error_response, not_ready
 from prfaas.serve.api.metrics import CONTENT_TYPE
 
 if TYPE_CHECKING:
@@ -39,8 +40,6 @@ def add_info_routes(app: FastAPI, gateway: Gateway) -> None:
     async def model(model_id: str) -> Response:
         card = model_card()
         if model_id != card["id"]:
-            from prfaas.serve.api.app import error_response
-
             return error_response(
                 ApiError(
                     404, f"model {model_id!r} does not exist", param="model", code="model_not_found"
@@ -65,6 +64,18 @@ def add_info_routes(app: FastAPI, gateway: Gateway) -> None:
             body["status"] = "unavailable"
             return JSONResponse(body, status_code=503)
         return JSONResponse(body)
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        try:
+            reason = await asyncio.wait_for(gateway.backend.ready(), HEALTH_TIMEOUT_S)
+        except TimeoutError:
+            reason = f"the backend's readiness check took over {HEALTH_TIMEOUT_S:g} s"
+        except Exception as exc:  # reported, not raised: a probe must get an answer
+            reason = f"the backend's readiness check failed: {type(exc).__name__}: {exc}"
+        if reason is None:
+            return JSONResponse({"status": "ready"})
+        return error_response(not_ready(reason))
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -1,35 +1,62 @@
 """From an HTTP request to a validated ``GenerationRequest`` (or an ``ApiError`` saying why not).
 
-Reads the body with a size cap, parses JSON, validates the schema, checks the model, tokenizes the
-prompt (chat template or the plain join), and resolves ``max_tokens`` against the context left.
+Reads the body with a size cap and parses it as JSON, refusing what would break later code (deep
+nesting, lone UTF-16 surrogates, NaN); sorts its fields (``schemas.split_fields``), validates the
+honoured ones, checks the model, tokenizes the prompt (chat template or the plain join), resolves
+``max_tokens`` against the context left and range-checks sampling against it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import uuid
-from collections.abc import Sized
+from collections.abc import Sequence, Sized
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
 from starlette.requests import Request
 
 from prfaas.serve.api.config import GatewayHTTPConfig
 from prfaas.serve.api.errors import ApiError, bad_request
-from prfaas.serve.api.schemas import ChatCompletionRequest, CompletionRequest, validation_error
+from prfaas.serve.api.schemas import (
+    CHAT_RULES,
+    COMPLETION_RULES,
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    split_fields,
+    validate,
+)
 from prfaas.serve.api.tokenizer import Tokenizer, render_chat
 from prfaas.serve.backend import GenerationRequest, ModelInfo
+
+MAX_JSON_DEPTH = 32
+"""Deeper request bodies are refused: no request needs more, and deep trees make recursive code
+(validation, error messages) fail."""
+MIN_TEMPERATURE = 0.01
+"""A temperature in (0, 0.01) is raised to 0.01, as vLLM does: smaller ones overflow the softmax
+into NaN; 0 stays greedy."""
+
+# A surrogate escape: the only way a lone surrogate gets into a str from UTF-8 JSON (valid pairs
+# are escaped the same way, so a match only says the tree must be checked).
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
     req: GenerationRequest
+    chat: bool
     model: str
     stream: bool
     include_usage: bool
+    """A final usage chunk (``stream_options.include_usage``)."""
+    continuous_usage: bool
+    """Usage on every chunk (``stream_options.continuous_usage_stats`` with ``include_usage``)."""
     return_token_ids: bool
+    unknown_fields: tuple[str, ...]
+    """Fields the client sent that the gateway does not know (dropped; logged once)."""
 
 
 async def read_json(request: Request, max_body_bytes: int, timeout_s: float) -> dict[str, Any]:
@@ -50,13 +77,69 @@ async def read_json(request: Request, max_body_bytes: int, timeout_s: float) -> 
     except TimeoutError:
         message = f"request body not received within {timeout_s:g} s"
         raise ApiError(408, message, code="request_timeout") from None
+    return parse_json(b"".join(chunks))
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    """A JSON object from UTF-8 bytes, or a 400 that says what is wrong with them."""
     try:
-        body = json.loads(b"".join(chunks))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+        text = raw.decode("utf-8")
+        body = json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise _invalid_json(f"nests deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as exc:  # bad JSON or UTF-8, NaN/Infinity, an int of over 4300 digits
+        raise _invalid_json(f"is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise bad_request(f"request body must be a JSON object, got {type(body).__name__}")
+    # Cheap gates (C-speed scans) before walking the tree in Python.
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH or _SURROGATE_ESCAPE.search(text):
+        _check_tree(body)
     return body
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _invalid_json(what: str, param: str | None = None) -> ApiError:
+    return bad_request(f"request body {what}", param=param, code="invalid_json")
+
+
+def _check_tree(body: dict[str, Any]) -> None:
+    """Refuse nesting beyond ``MAX_JSON_DEPTH`` and strings holding a lone surrogate (no UTF-8
+    form: tokenizers and JSON answers quoting them would fail). Iterative: no recursion."""
+    stack: list[tuple[dict[str, Any] | list[Any], int, str]] = [(body, 1, "")]
+    while stack:
+        node, depth, path = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise _invalid_json(f"nests deeper than {MAX_JSON_DEPTH} levels", path or None)
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, item in items:
+            where = f"{path}.{key}" if path else str(key)
+            if isinstance(key, str) and _lone_surrogate(key):
+                raise _surrogate(path or None)
+            if isinstance(item, str):
+                if _lone_surrogate(item):
+                    raise _surrogate(where)
+            elif isinstance(item, dict | list):
+                stack.append((item, depth + 1, where))
+
+
+def _lone_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _surrogate(param: str | None) -> ApiError:
+    return bad_request(
+        f"invalid value for {param!r}: a lone UTF-16 surrogate escape (\\ud800-\\udfff without "
+        "its pair) is not Unicode text",
+        param=param,
+        code="invalid_unicode",
+    )
 
 
 def _too_large(max_body_bytes: int) -> ApiError:
@@ -72,70 +155,127 @@ def prepare(
     config: GatewayHTTPConfig,
     arrival_s: float,
 ) -> Prepared:
-    try:
-        parsed: CompletionRequest | ChatCompletionRequest = (
-            ChatCompletionRequest.model_validate(body)
-            if chat
-            else CompletionRequest.model_validate(body)
-        )
-    except ValidationError as exc:
-        raise validation_error(exc) from None
-    if parsed.model != info.name:
+    model_cls = ChatCompletionRequest if chat else CompletionRequest
+    fields, unknown = split_fields(body, CHAT_RULES if chat else COMPLETION_RULES, model_cls)
+    parsed: CompletionRequest | ChatCompletionRequest = validate(model_cls, fields)
+    check_model(parsed.model, info)
+    vocab = vocab_size(tokenizer)
+    prompt = _prompt_ids(parsed, tokenizer, vocab)
+    max_tokens = _max_tokens(parsed, len(prompt), info, config)
+    stream = bool(parsed.stream)
+    options = parsed.stream_options
+    if options is not None and not stream:
+        raise bad_request("stream_options is only allowed with stream=true", param="stream_options")
+    include_usage = bool(options and options.include_usage)
+    req = GenerationRequest(
+        request_id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
+        prompt_token_ids=tuple(prompt),
+        max_tokens=max_tokens,
+        arrival_s=arrival_s,
+        **_sampling(parsed, max_tokens, vocab),
+    )
+    return Prepared(
+        req,
+        chat,
+        info.name,
+        stream,
+        include_usage,
+        include_usage and bool(options and options.continuous_usage_stats),
+        bool(parsed.return_token_ids),
+        tuple(unknown + parsed.extra_names()),
+    )
+
+
+def check_model(model: str | None, info: ModelInfo) -> None:
+    if model is not None and model != info.name:
         raise ApiError(
             404,
-            f"model {parsed.model!r} does not exist; this gateway serves {info.name!r}",
+            f"model {model!r} does not exist; this gateway serves {info.name!r}",
             param="model",
             code="model_not_found",
         )
-    prompt = _prompt_ids(parsed, tokenizer)
-    max_tokens = _max_tokens(parsed, len(prompt), info, config)
-    prefix = "chatcmpl-" if chat else "cmpl-"
-    req = GenerationRequest(
-        request_id=prefix + uuid.uuid4().hex,
-        prompt_token_ids=tuple(prompt),
-        max_tokens=max_tokens,
-        temperature=parsed.temperature,
-        top_p=parsed.top_p,
-        seed=parsed.seed,
-        stop_token_ids=tuple(parsed.stop_token_ids),
-        arrival_s=arrival_s,
-    )
-    options = parsed.stream_options
-    if options is not None and not parsed.stream:
-        raise bad_request("stream_options is only allowed with stream=true", param="stream_options")
-    return Prepared(
-        req,
-        info.name,
-        parsed.stream,
-        bool(options and options.include_usage),
-        parsed.return_token_ids,
-    )
+
+
+def _sampling(
+    parsed: CompletionRequest | ChatCompletionRequest, max_tokens: int, vocab: int | None
+) -> dict[str, Any]:
+    """The sampling fields of ``GenerationRequest``, defaults filled in, checked against each
+    other and the vocabulary."""
+    temperature = 1.0 if parsed.temperature is None else float(parsed.temperature)
+    if 0 < temperature < MIN_TEMPERATURE:
+        temperature = MIN_TEMPERATURE
+    top_k = -1 if parsed.top_k in (None, 0) else parsed.top_k
+    assert top_k is not None
+    if vocab is not None and top_k >= vocab:
+        top_k = -1  # the whole vocabulary: the same as no limit
+    min_tokens = parsed.min_tokens or 0
+    if min_tokens > max_tokens:
+        raise bad_request(
+            f"min_tokens={min_tokens} exceeds max_tokens={max_tokens}", param="min_tokens"
+        )
+    stop = tuple(parsed.stop_token_ids or ())
+    check_vocab(stop, vocab, "stop_token_ids")
+    return {
+        "temperature": temperature,
+        "top_p": 1.0 if parsed.top_p is None else float(parsed.top_p),
+        "seed": parsed.seed,
+        "stop_token_ids": stop,
+        "top_k": top_k,
+        "min_tokens": min_tokens,
+        "repetition_penalty": (
+            1.0 if parsed.repetition_penalty is None else float(parsed.repetition_penalty)
+        ),
+        "ignore_eos": bool(parsed.ignore_eos),
+    }
 
 
 def _prompt_ids(
-    parsed: CompletionRequest | ChatCompletionRequest, tokenizer: Tokenizer
+    parsed: CompletionRequest | ChatCompletionRequest, tokenizer: Tokenizer, vocab: int | None
 ) -> list[int]:
     if isinstance(parsed, ChatCompletionRequest):
-        messages = [{"role": m.role, "content": m.text()} for m in parsed.messages]
-        if not any(m["content"] for m in messages):
-            raise bad_request("every message is empty", param="messages", code="empty_prompt")
-        return render_chat(tokenizer, messages)
+        add_generation_prompt = parsed.add_generation_prompt is not False
+        return chat_ids(tokenizer, parsed.messages, add_generation_prompt)
     if isinstance(parsed.prompt, str):
-        ids = list(tokenizer.encode(parsed.prompt)) if parsed.prompt else []
+        ids = encode(tokenizer, parsed.prompt, "prompt") if parsed.prompt else []
     else:
         ids = list(parsed.prompt)
-        vocab = _vocab_size(tokenizer)
-        bad = [t for t in ids if vocab is not None and t >= vocab]
-        if bad:
-            raise bad_request(
-                f"token id {bad[0]} is outside the vocabulary (size {vocab})", param="prompt"
-            )
+        check_vocab(ids, vocab, "prompt")
     if not ids:
         raise bad_request("prompt is empty", param="prompt", code="empty_prompt")
     return ids
 
 
-def _vocab_size(tokenizer: Tokenizer) -> int | None:
+def chat_ids(
+    tokenizer: Tokenizer, messages: Sequence[ChatMessage], add_generation_prompt: bool
+) -> list[int]:
+    """The token ids of a chat prompt, as every endpoint renders it."""
+    rendered = [{"role": m.role, "content": m.text()} for m in messages]
+    if not any(m["content"] for m in rendered):
+        raise bad_request("every message is empty", param="messages", code="empty_prompt")
+    try:
+        return render_chat(tokenizer, rendered, add_generation_prompt=add_generation_prompt)
+    except Exception as exc:  # the template refusing these messages (jinja's TemplateError, ...)
+        raise bad_request(f"messages could not be tokenized: {exc}", param="messages") from None
+
+
+def encode(tokenizer: Tokenizer, text: str, param: str) -> list[int]:
+    try:
+        return list(tokenizer.encode(text))
+    except ValueError as exc:
+        raise bad_request(f"{param} could not be tokenized: {exc}", param=param) from None
+
+
+def check_vocab(ids: Sequence[int], vocab: int | None, param: str) -> None:
+    if vocab is None:
+        return
+    for i, t in enumerate(ids):
+        if t >= vocab:
+            raise bad_request(
+                f"token id {t} is outside the vocabulary (size {vocab})", param=f"{param}.{i}"
+            )
+
+
+def vocab_size(tokenizer: Tokenizer) -> int | None:
     if isinstance(tokenizer, Sized):
         return len(tokenizer)
     size = getattr(tokenizer, "vocab_size", None)
@@ -158,9 +298,7 @@ def _max_tokens(
         )
     left = limit - num_prompt_tokens
     value, param = parsed.max_tokens, "max_tokens"
-    if isinstance(parsed, ChatCompletionRequest) and parsed.max_completion_tokens is not None:
-        if value is not None:
-            raise bad_request("give max_tokens or max_completion_tokens, not both", param=param)
+    if parsed.max_completion_tokens is not None:  # the newer name wins, as in vLLM
         value, param = parsed.max_completion_tokens, "max_completion_tokens"
     if value is None:
         return min(config.default_max_tokens, left)

@@ -59,6 +59,8 @@ class Relay:
         self._pending: object | None = None
         self.num_tokens = 0
         self.token_ids: list[int] = []
+        self.num_cached_tokens = 0
+        """Prompt tokens served from a prefix cache, as the backend last said (0 until then)."""
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._pump(), name=f"relay-{self.req.request_id}")
@@ -107,6 +109,8 @@ class Relay:
         if item is _END:  # the backend stopped without saying why
             item = TokenEvent((), "length" if self.num_tokens >= self.req.max_tokens else "stop")
         assert isinstance(item, TokenEvent)
+        if item.num_cached_tokens is not None:
+            self.num_cached_tokens = item.num_cached_tokens
         room = self.req.max_tokens - self.num_tokens
         ids = item.token_ids[:room]
         reason = item.finish_reason
@@ -128,14 +132,19 @@ class Relay:
         finish, an error or the end, which is kept for the next call."""
         ids = list(event.token_ids)
         reason = None
+        cached = event.num_cached_tokens
+        merged = False
         while reason is None and len(ids) < _MAX_COALESCED_TOKENS and not self._queue.empty():
             item = self._queue.get_nowait()
             if not isinstance(item, TokenEvent):
                 self._pending = item
                 break
+            merged = True
             ids.extend(item.token_ids)
             reason = item.finish_reason
-        return event if len(ids) == len(event.token_ids) else TokenEvent(tuple(ids), reason)
+            if item.num_cached_tokens is not None:
+                cached = item.num_cached_tokens
+        return TokenEvent(tuple(ids), reason, cached) if merged else event
 
     async def deltas(self) -> AsyncIterator[Delta]:
         while (delta := await self.next()) is not None:

@@ -33,18 +33,23 @@ class ByteTokenizer:
         return bytes(t for t in token_ids if 0 <= t < 256).decode("utf-8", errors="replace")
 
 
-def render_chat(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
-    """Token ids of a chat prompt, ready for the assistant's answer.
+def render_chat(
+    tokenizer: Any, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True
+) -> list[int]:
+    """Token ids of a chat prompt, by default ready for the assistant's answer.
 
-    With a Hugging Face chat template: ``apply_chat_template(..., add_generation_prompt=True)``.
-    Without one: one line per message, ``"<role>: <content>\\n"``, then ``"assistant:"``.
+    With a Hugging Face chat template: ``apply_chat_template(..., tokenize=False)`` then
+    ``encode``. Without one: one line per message, ``"<role>: <content>\\n"``, then
+    ``"assistant:"`` (when ``add_generation_prompt``).
     """
     if getattr(tokenizer, "chat_template", None) and hasattr(tokenizer, "apply_chat_template"):
         text = tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=True
+            list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
         )
         return list(tokenizer.encode(text))
-    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+    if add_generation_prompt:
+        text += "assistant:"
     return list(tokenizer.encode(text))
 
 
