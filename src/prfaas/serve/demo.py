@@ -115,8 +115,8 @@ def deployment_config(dep: Deployment, s: DemoSettings) -> DeploymentConfig:
                 "byte_divisor": s.byte_divisor, "token_chunk": s.token_chunk,
                 "block_tokens": BLOCK_TOKENS, "checkpoint_every_blocks": 16,
             },
-            "gateway": {"port": 0, "request_timeout_s": 600, "max_inflight": 1024,
-                        "max_queued": 1024},
+            "gateway": {"port": 0, "control_port": 0, "request_timeout_s": 600,
+                        "max_inflight": 1024, "max_queued": 1024},
             "policy": {"router": dep.policy, "threshold_tokens": dep.threshold_tokens},
             "sites": sites,
             "links": links,
@@ -203,7 +203,7 @@ def run_live(
                 extra_body={"return_token_ids": True},
             )
         )
-        routes = httpx.get(f"{launcher.url}/internal/routes", timeout=10).json()
+        routes = launcher.routes()  # signed, on the control listener
     report = summarize(results, wall_s, {})
     synth = PromptSynth(seed=s.seed)
     by_digest = {r["prompt_digest"]: r for r in routes}
@@ -294,7 +294,7 @@ def torch_showcase(workdir: Path) -> dict[str, Any]:
             r.raise_for_status()
             choice = r.json()["choices"][0]
             rid = r.json()["id"]
-            route = next(x for x in httpx.get(f"{launcher.url}/internal/routes").json()
+            route = next(x for x in launcher.routes()
                          if x["request_id"] == rid)  # fmt: skip
             ids = reference_ids = list(choice["token_ids"])
             prompt_ids = launcher_tokenizer(model_dir).encode(prompt, add_special_tokens=False)

@@ -274,7 +274,12 @@ class Launcher:
         raise LaunchError(f"gateway did not answer at {self.url} in time")
 
     def nodes(self) -> list[dict[str, Any]]:
+        """``GET /internal/nodes`` (signed, on the control listener)."""
         return self.control.nodes()
+
+    def routes(self) -> list[dict[str, Any]]:
+        """``GET /internal/routes`` (signed, on the control listener): what each request did."""
+        return self.control.routes()
 
     def wait_nodes(self, timeout_s: float, names: list[str] | None = None) -> None:
         """Until the named nodes (default: all) are registered and in rotation."""
