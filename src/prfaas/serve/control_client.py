@@ -111,6 +111,6 @@ class ControlClient:
             r = self._http.get(url, auth=None)
         except httpx.TransportError as exc:
             raise GatewayUnreachable(self.client_url, str(exc) or type(exc).__name__) from None
-        if r.status_code == 200 or r.status_code == 404:  # TODO(E): drop 404 once /ready lands
+        if r.status_code == 200:
             return None
         return _error_message(r)

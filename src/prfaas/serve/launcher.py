@@ -265,7 +265,8 @@ class Launcher:
         while time.monotonic() < deadline:
             self._check_alive()
             try:
-                if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
+                # Any answer will do (503 while no node has registered): the process serves.
+                if httpx.get(f"{self.url}/health", timeout=1.0).status_code in (200, 503):
                     say(f"gateway answering at {self.url}; starting {len(self.groups())} workers")
                     return
             except httpx.HTTPError:
