@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import httpx
 import pytest
 from fastapi import FastAPI, Request
 
@@ -125,8 +126,6 @@ async def test_one_server_routes_two_sockets_by_local_port() -> None:
     router = PortRouter(client, {})
     async with _serving(router, num_sockets=2) as (client_port, control_port):
         router.by_port[control_port] = control
-        import httpx
-
         async with httpx.AsyncClient(timeout=5, trust_env=False) as http:
             a = await http.get(f"http://127.0.0.1:{client_port}/who")
             b = await http.get(f"http://127.0.0.1:{control_port}/who")

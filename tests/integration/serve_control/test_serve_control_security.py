@@ -6,9 +6,11 @@ operator calls (drain/resume) work; a file without ``psk`` is refused by ``prfaa
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +20,8 @@ import yaml
 from control_helpers import PSK, Cluster, cluster, deployment_dict
 
 from prfaas.serve.auth import signed_headers
+from prfaas.transfer import ConnectError, TransferConfig
+from prfaas.transfer import Link as TransferLink
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -99,8 +103,6 @@ def test_a_fake_node_cannot_take_a_real_nodes_name(live: Cluster) -> None:
 def test_a_replayed_control_call_is_refused(live: Cluster) -> None:
     url = f"{live.control_url}/internal/nodes/d0/resume"
     host = url.split("/")[2]
-    import time
-
     headers = signed_headers(PSK.encode(), "POST", host, "/internal/nodes/d0/resume", b"",
                              time.time())  # fmt: skip
     first = httpx.post(url, headers=headers, timeout=5)
@@ -110,8 +112,6 @@ def test_a_replayed_control_call_is_refused(live: Cluster) -> None:
 
 
 def test_a_signature_for_one_path_does_not_open_another(live: Cluster) -> None:
-    import time
-
     host = live.control_url.split("/")[2]
     headers = signed_headers(PSK.encode(), "GET", host, "/internal/routes", b"", time.time())
     r = httpx.get(f"{live.control_url}/internal/endpoints", headers=headers, timeout=5)
@@ -140,9 +140,10 @@ def test_worker_health_is_open_and_shows_no_ports(live: Cluster) -> None:
 
 
 def test_signed_worker_calls_pass_the_check(live: Cluster) -> None:
-    # A signed, valid command reaches the handler (409: this PD site sends nothing across sites).
+    # A signed command reaches the handler (409: a PrfaaS node can only prefill); its errors
+    # have the OpenAI shape.
     with live.signed() as c:
-        r = c.post(f"{live.node_url('d0')}/link/rate", json={"gbps": 1.0})
+        r = c.post(f"{live.node_url('pf0')}/nodes/pf0/role", json={"role": "decode"})
         assert r.status_code == 409, r.text
         assert r.json()["error"]["type"] == "invalid_request_error"
         bad = c.post(f"{live.node_url('d0')}/link/rate", json={"gbps": -1})
@@ -171,7 +172,7 @@ def test_refusals_and_handshake_failures_are_in_metrics(live: Cluster) -> None:
     httpx.get(f"{live.control_url}/internal/nodes", timeout=5)  # one more refusal
     text = httpx.get(f"{live.url}/metrics", timeout=5).text
     assert 'prfaas_control_auth_refused_total{code="missing_signature"}' in text
-    assert 'prfaas_kv_handshake_failures{node="d0"} 0.0' in text
+    assert 'prfaas_kv_handshake_failures{node="d0"}' in text
 
 
 def test_prfaas_serve_refuses_a_file_without_psk(tmp_path: Path) -> None:
@@ -184,3 +185,40 @@ def test_prfaas_serve_refuses_a_file_without_psk(tmp_path: Path) -> None:
         )  # fmt: skip
         assert done.returncode == 2, done.stderr
         assert "psk" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_requests_flow_through_signed_calls_on_both_routes(live: Cluster) -> None:
+    for prompt in ("a" * 300, "b" * 20_000):  # local prefill, then offloaded to the PrfaaS site
+        body = {"model": "paper-1t", "prompt": prompt, "max_tokens": 8}
+        r = httpx.post(f"{live.url}/v1/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+    with live.signed() as c:
+        done = c.get(f"{live.control_url}/internal/routes").json()
+    assert [r["offloaded"] for r in done[-2:]] == [False, True]
+    assert done[-1]["kv_bytes"] > 0
+
+
+def test_a_kv_handshake_with_another_key_is_counted_and_shown(live: Cluster) -> None:
+    port = live.endpoints()["d0"]["transfer_port"]
+    config = TransferConfig(psk=b"attacker-key-0123456789", num_connections=1, timeout_s=5.0)
+
+    async def attempt() -> None:
+        with pytest.raises(ConnectError):
+            link = await TransferLink.connect("127.0.0.1", port, config)
+            await link.aclose()
+
+    asyncio.run(attempt())
+
+    def shown() -> bool:
+        row = next(n for n in live.nodes() if n["node"] == "d0")
+        return bool(row["handshake_failures"] >= 1)
+
+    deadline = time.monotonic() + 10
+    while not shown() and time.monotonic() < deadline:
+        time.sleep(0.1)  # the next heartbeat carries it
+    assert shown()
+    text = httpx.get(f"{live.url}/metrics", timeout=5).text
+    line = next(
+        x for x in text.splitlines() if x.startswith('prfaas_kv_handshake_failures{node="d0"}')
+    )
+    assert float(line.split()[-1]) >= 1
