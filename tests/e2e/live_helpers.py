@@ -1,4 +1,5 @@
-"""Helpers for live-deployment tests: write a deployment, launch it, always tear it down."""
+"""Helpers for live-deployment tests: write a deployment, launch it, always tear it down. Calls to
+the gateway's control listener and to worker APIs are signed with the deployment's key."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import httpx
 
 from prfaas.config import DeploymentConfig
+from prfaas.serve.auth import SignedAuth
 from prfaas.serve.launcher import Launcher
 
 
@@ -25,7 +27,8 @@ def timed_deployment(**engine: Any) -> DeploymentConfig:
             "token_chunk": 16,
             **engine,
         },
-        "gateway": {"port": 0, "request_timeout_s": 60, "heartbeat_timeout_s": 1.5},
+        "gateway": {"port": 0, "control_port": 0, "request_timeout_s": 60,
+                    "heartbeat_timeout_s": 1.5},
         "policy": {"router": "threshold", "threshold_tokens": 8192},
         "heartbeat_interval_s": 0.2,
         "sites": [
@@ -52,8 +55,22 @@ def launched(deployment: DeploymentConfig, workdir: Path) -> Iterator[Launcher]:
         launcher.stop()
 
 
+def signed(launcher: Launcher, timeout_s: float = 5.0) -> httpx.Client:
+    """An httpx client whose every request is signed with the deployment's key."""
+    psk = launcher.deployment.psk.encode()
+    return httpx.Client(auth=SignedAuth(psk), timeout=timeout_s, trust_env=False)
+
+
+def control(launcher: Launcher, path: str) -> Any:
+    """``GET`` a control-listener route (``/internal/...``), signed."""
+    with signed(launcher) as client:
+        r = client.get(f"{launcher.deployment.control_url}{path}")
+        r.raise_for_status()
+        return r.json()
+
+
 def routes(launcher: Launcher) -> list[dict[str, Any]]:
-    result: list[dict[str, Any]] = httpx.get(f"{launcher.url}/internal/routes", timeout=5).json()
+    result: list[dict[str, Any]] = control(launcher, "/internal/routes")
     return result
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from live_helpers import control as live_control
 from live_helpers import launched
 
 from prfaas.config import DeploymentConfig
@@ -23,7 +24,7 @@ def _deployment() -> DeploymentConfig:
         {
             "engine": {"kind": "timed", "model": "paper-1t", "time_scale": 0.02,
                        "byte_divisor": 1000, "token_chunk": 256},
-            "gateway": {"port": 0, "request_timeout_s": 120, "max_inflight": 24,
+            "gateway": {"port": 0, "control_port": 0, "request_timeout_s": 120, "max_inflight": 24,
                         "max_queued": 4},
             "policy": {"router": "local_only", "rebalance": True, "tune_min_samples": 20,
                        "control_interval_s": 1.0},
@@ -52,7 +53,7 @@ def test_rebalancer_converts_prefill_to_decode_and_overload_gets_429(tmp_path: P
                 futures.append(pool.submit(_send, live.url, i))
                 time.sleep(0.01)
             responses = [f.result() for f in futures]
-        control = httpx.get(f"{live.url}/internal/control", timeout=5).json()
+        control = live_control(live, "/internal/control")
         roles = {n["node"]: n["role"] for n in live.nodes()}
     statuses = [r.status_code for r in responses]
     odd = [r.text for r in responses if r.status_code not in (200, 429)]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from live_helpers import launched, routes, timed_deployment
+from live_helpers import control, launched, routes, timed_deployment
 
 from prfaas.testbed import unavailable_reason
 
@@ -37,7 +37,7 @@ def test_prfaas_site_in_its_own_namespace_over_a_shaped_link(tmp_path: Path) -> 
         # The transfer monitor's TCP_INFO reaches the policy's LinkState (after a heartbeat).
         rtts: list[float] = []
         for _ in range(30):
-            links = httpx.get(f"{live.url}/internal/control", timeout=5).json()["links"]
+            links = control(live, "/internal/control")["links"]
             rtts = [link["rtt_s"] for link in links]
             if rtts and rtts[0] > 0:
                 break

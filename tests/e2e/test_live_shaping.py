@@ -11,9 +11,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from live_helpers import launched, routes
+from live_helpers import control, launched, routes, signed
 
 from prfaas.config import DeploymentConfig
+from prfaas.serve.launcher import Launcher
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -25,7 +26,7 @@ def _deployment() -> DeploymentConfig:
         {
             "engine": {"kind": "timed", "model": "paper-1t", "time_scale": 0.2,
                        "byte_divisor": 1000, "token_chunk": 64},
-            "gateway": {"port": 0, "request_timeout_s": 120},
+            "gateway": {"port": 0, "control_port": 0, "request_timeout_s": 120},
             "policy": {"router": "prfaas", "tune_min_samples": 20, "control_interval_s": 1.0},
             "heartbeat_interval_s": 0.1,
             "sites": [
@@ -61,16 +62,16 @@ def test_link_shaped_to_a_tenth_raises_threshold_and_degrades_gracefully(tmp_pat
     rng = random.Random(7)
     lengths = [int(min(120_000, rng.lognormvariate(9.9, 1.0))) + 200 for _ in range(60)]
     with launched(_deployment(), tmp_path) as live:
-        control = f"{live.url}/internal/control"
         assert _wave(live.url, lengths[:30], 0) == [200] * 30
-        before = httpx.get(control, timeout=5).json()
+        before = control(live, "/internal/control")
         offloaded_before = sum(r["offloaded"] for r in routes(live)) / 30
         # The site's sender is shaped through its node process's API (sender-side pacing).
         endpoint = next(n for n in _node_endpoints(live) if n["node"] == "pf0")
-        r = httpx.post(f"{endpoint['url']}/link/rate", json={"gbps": LINK_GBPS / 10}, timeout=5)
+        with signed(live) as client:  # worker APIs take signed calls only
+            r = client.post(f"{endpoint['url']}/link/rate", json={"gbps": LINK_GBPS / 10})
         assert r.status_code == 200
         assert _wave(live.url, lengths[30:], 100) == [200] * 30  # nothing fails or hangs
-        after = httpx.get(control, timeout=5).json()
+        after = control(live, "/internal/control")
         late = routes(live)[30:]
         offloaded_after = sum(r["offloaded"] for r in late) / len(late)
     capacities = [link["capacity_bytes_per_s"] for link in after["links"]]
@@ -81,6 +82,6 @@ def test_link_shaped_to_a_tenth_raises_threshold_and_degrades_gracefully(tmp_pat
     assert offloaded_after < offloaded_before
 
 
-def _node_endpoints(live: object) -> list[dict[str, str]]:
-    health = httpx.get(f"{live.url}/internal/endpoints", timeout=5).json()  # type: ignore[attr-defined]
-    return [{"node": e["node"], "url": f"http://{e['host']}:{e['http_port']}"} for e in health]
+def _node_endpoints(live: Launcher) -> list[dict[str, str]]:
+    endpoints = control(live, "/internal/endpoints")
+    return [{"node": e["node"], "url": f"http://{e['host']}:{e['http_port']}"} for e in endpoints]

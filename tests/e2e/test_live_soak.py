@@ -83,7 +83,8 @@ def _torch_deployment(model_dir: Path) -> DeploymentConfig:
         {
             "engine": {"kind": "torch", "model": "tiny-qwen3-next", "model_path": str(model_dir),
                        "block_tokens": 64},
-            "gateway": {"port": 0, "request_timeout_s": 120, "heartbeat_timeout_s": 3},
+            "gateway": {"port": 0, "control_port": 0, "request_timeout_s": 120,
+                        "heartbeat_timeout_s": 3},
             "policy": {"router": "threshold", "threshold_tokens": 40},
             "heartbeat_interval_s": 0.3,
             "sites": [

@@ -30,7 +30,7 @@ def _deployment(model_dir: Path) -> DeploymentConfig:
                 "kind": "torch", "model": "tiny-qwen3-next", "model_path": str(model_dir),
                 "block_tokens": BLOCK, "checkpoint_every_blocks": 1,
             },
-            "gateway": {"port": 0, "request_timeout_s": 120},
+            "gateway": {"port": 0, "control_port": 0, "request_timeout_s": 120},
             "policy": {"router": "prfaas", "threshold_tokens": THRESHOLD},
             "sites": [
                 {"name": "prfaas", "kind": "prfaas", "hardware": "h200",
