@@ -133,6 +133,9 @@ class Up:
         doc = json.loads((self.workdir / "processes.json").read_text())
         procs = {p["name"]: p for p in doc["processes"]}
         self.groups |= {p["pid"] for p in procs.values() if p["pid"]}
+        # every start, also of processes that died or were stopped since ("started, pid N")
+        self.groups |= {int(e["detail"].rsplit(" ", 1)[1]) for e in doc["events"]
+                        if e["kind"] == "started"}  # fmt: skip
         return procs
 
     def stop(self) -> int:
@@ -322,3 +325,14 @@ def test_a_child_dying_during_start_up_is_reported_with_its_log(tmp_path: Path) 
     assert "process prfaas exit status" in message and "during start-up" in message
     assert "Address already in use" in message  # the log tail
     assert [c for c in children_of(os.getpid()) if c[1] == "Z"] == []
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_during_start_up_stops_what_was_started(up: Up) -> None:
+    up.wait_for("gateway answering")  # the workers are being started
+    started = up.processes()  # the gateway, and the workers spawned so far
+    os.kill(up.proc.pid, signal.SIGTERM)
+    assert up.proc.wait(timeout=30) == 0
+    up.processes()  # every member that was started, from the events
+    assert started and len(up.groups) >= 1 and alive_in_groups(up.groups) == []
+    assert json.loads((up.workdir / "processes.json").read_text())["stopped"] is True
