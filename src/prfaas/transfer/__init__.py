@@ -18,7 +18,7 @@ Receiving side (decode worker)::
     async with Receiver(TransferConfig(psk=key), allocate) as rx:
         await rx.listen(host, port)
         session = await rx.next_session()
-        await session.layer(i)                             # layer i's bytes checksum-verified
+        await session.layer(i)                             # layer i's bytes MAC-verified
         delivery = await session.complete()                # whole session verified (digest)
 
 ``view`` is any C-contiguous buffer (bytes, bytearray, memoryview, numpy array; a CPU torch tensor

@@ -2,9 +2,10 @@
 
 It owns the consumer's buffers (one writable view per manifest layer), hands out the exact slice a
 chunk's payload may be written to (after checking range and overlap, *before* a payload byte is
-written), verifies each chunk's checksum, tracks layer completion and END, and verifies the
-session digest. Errors come out as ``SessionAborted`` with a code and a readable reason; the
-engine turns them into ABORT frames. Pure: no asyncio, no I/O.
+written), records each chunk's MAC verdict (bytes that failed it abort the session: they are in
+the consumer's buffer but never counted, never handed over), tracks layer completion and END, and
+verifies the chunk count and session digest. Errors come out as ``SessionAborted`` with a code
+and a readable reason; the engine turns them into ABORT frames. Pure: no asyncio, no I/O.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ class Assembly:
         self.state = SessionState.OPENING
         self.buffers: tuple[memoryview, ...] = ()
         self._ranges = Ranges(manifest.layer_bytes())
-        self._records: list[tuple[int, int, int, int]] = []
+        self._records: list[tuple[int, int, int]] = []
         self._end: F.End | None = None
         self._layer_bytes = manifest.layer_bytes()
         self._total_bytes = sum(self._layer_bytes)
         # Claimed ranges (``_ranges``) are reserved when a chunk's meta arrives, before its payload;
-        # completion counts only bytes whose checksum was verified.
+        # completion counts only bytes whose MAC was verified.
         self._verified_per_layer = [0] * manifest.num_layers
         self.verified_bytes = 0
 
@@ -68,15 +69,16 @@ class Assembly:
         return self.buffers[chunk.layer][chunk.offset : chunk.offset + chunk.length]
 
     def chunk_arrived(self, chunk: F.Chunk, valid: bool) -> bool:
-        """Record the chunk (``valid``: its checksum matched, as the codec computed while the
-        bytes landed). True if it completed its layer."""
+        """Record the chunk (``valid``: its MAC matched, as the codec computed while the bytes
+        landed). True if it completed its layer."""
         if not valid:
             raise self._fail(
                 AbortCode.CHECKSUM,
-                f"checksum mismatch in layer {chunk.layer} bytes "
-                f"[{chunk.offset}, {chunk.offset + chunk.length})",
+                f"chunk MAC mismatch in layer {chunk.layer} bytes "
+                f"[{chunk.offset}, {chunk.offset + chunk.length}): changed on the wire (or sent "
+                "under another key); none of the session is used",
             )
-        self._records.append((chunk.layer, chunk.offset, chunk.length, chunk.checksum))
+        self._records.append((chunk.layer, chunk.offset, chunk.length))
         self.verified_bytes += chunk.length
         self._verified_per_layer[chunk.layer] += chunk.length
         return self.layer_full(chunk.layer)
@@ -88,7 +90,7 @@ class Assembly:
         self.state = advance(self.state, SessionState.ENDED)
 
     def layer_full(self, layer: int) -> bool:
-        """Every byte of ``layer`` arrived and passed its chunk checksum."""
+        """Every byte of ``layer`` arrived and passed its chunk's MAC."""
         return self._verified_per_layer[layer] == self._layer_bytes[layer]
 
     @property

@@ -11,6 +11,11 @@ own buffer), then parsed events are handed to the engine's ``ChannelHandler``. T
 - ``MemoryChannel``: an in-memory pair that delivers bytes split at random boundaries, so unit
   tests run the same engine with no sockets.
 
+Frames after the handshake are tagged with their position in the connection's stream, so they
+must reach the wire in the order they were tagged: ``write_frames`` tags them only once nothing
+can overtake them (for ``SocketChannel``: under its write lock), and a write that waited and was
+cancelled before it started has tagged nothing.
+
 Owns no policy: which frames to send and what events mean is the engine's business.
 """
 
@@ -20,7 +25,7 @@ import asyncio
 import contextlib
 import random
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from prfaas.transfer import frames as F
@@ -28,7 +33,12 @@ from prfaas.transfer.codec import Connection, ConnState
 from prfaas.transfer.errors import ProtocolError
 
 Buffer = bytes | bytearray | memoryview
+OutFrame = tuple[F.Frame, Buffer | None]
+"""A frame to write and, for a CHUNK, its payload."""
 _MAX_LOWAT_BYTES = 4 << 20
+_JUNK = bytearray(65536)
+"""Where bytes go that arrive after a channel closed: shared, never read (one per channel cost
+64 KiB for each unauthenticated connection)."""
 
 
 class ChannelHandler(Protocol):
@@ -60,8 +70,30 @@ class Channel:
         raise NotImplementedError
 
     def write_nowait(self, data: bytes) -> None:
-        """Queue a small control frame (acks, aborts)."""
+        """Queue a small control frame (acks, aborts), already tagged: the caller tags and queues
+        in one step, so the order holds (this returns before anything else can write)."""
         raise NotImplementedError
+
+    async def write_frames(self, frames: Sequence[OutFrame]) -> None:
+        """Tag ``frames`` and write them (each CHUNK followed by its payload) as ``write`` does.
+        Here tagging and the start of the write are one synchronous step, so nothing overtakes."""
+        parts: list[Buffer] = []
+        for frame, payload in frames:
+            parts.append(self.codec.send(frame, payload))
+            if payload is not None:
+                parts.append(payload)
+        await self.write(*parts)
+
+    def peer_address(self) -> str:
+        """``host:port`` of the other end, for logs."""
+        sock = self.socket()
+        if sock is None:
+            return "?"
+        try:
+            host, port, *_ = sock.getpeername()
+        except (OSError, ValueError):
+            return "?"
+        return f"{host}:{port}"
 
     def _shutdown(self) -> None:
         raise NotImplementedError
@@ -100,7 +132,7 @@ class Channel:
     def _fail(self, exc: ProtocolError) -> None:
         # Best effort: tell the peer why before closing (the auth failure already queued one).
         with contextlib.suppress(Exception):
-            self.write_nowait(F.encode_frame(F.Abort(0, exc.code, str(exc)[:500])))
+            self.write_nowait(self.codec.send(F.Abort(0, exc.code, str(exc)[:500])))
         self.close(exc)
 
 
@@ -108,14 +140,20 @@ class ProtocolChannel(Channel, asyncio.BufferedProtocol):
     """A channel on an asyncio transport (plain TCP or TLS)."""
 
     def __init__(
-        self, codec: Connection, handler: ChannelHandler, *, handshake_timeout_s: float
+        self,
+        codec: Connection,
+        handler: ChannelHandler,
+        *,
+        handshake_timeout_s: float,
+        refuse: str | None = None,
     ) -> None:
         super().__init__(codec, handler)
         self.transport: asyncio.Transport | None = None
         self._can_write = asyncio.Event()
         self._can_write.set()
-        self._junk = bytearray(65536)
         self._handshake_timeout_s = handshake_timeout_s
+        self._refuse = refuse  # close as soon as connected, with this reason
+        self._peer_address = "?"
         self._timer: asyncio.TimerHandle | None = None
         self._lowat_sock: Any = None
         self._lowat = 1
@@ -123,26 +161,34 @@ class ProtocolChannel(Channel, asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and len(peer) >= 2:
+            self._peer_address = f"{peer[0]}:{peer[1]}"
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if transport.get_extra_info("sslcontext") is None:  # TLS records: not our byte counts
                 self._lowat_sock = sock
+        if self._refuse is not None:
+            self.close(ConnectionRefusedError(self._refuse))
+            return
         loop = asyncio.get_running_loop()
         self._timer = loop.call_later(self._handshake_timeout_s, self._check_handshake)
 
     def _check_handshake(self) -> None:
+        # Absolute, not reset by progress: a peer trickling a byte at a time is cut all the same.
         if self.codec.state is not ConnState.READY and not self.closed:
-            self.close(TimeoutError("no authenticated handshake in time"))
+            why = f"no authenticated handshake within {self._handshake_timeout_s:g} s"
+            self.close(TimeoutError(why))
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self.closed:
-            return memoryview(self._junk)
+            return memoryview(_JUNK)
         try:
             return self.codec.get_buffer()
         except ProtocolError:
-            return memoryview(self._junk)
+            return memoryview(_JUNK)
 
     def buffer_updated(self, nbytes: int) -> None:
         if not self.closed and self._fed(nbytes) and self._lowat_sock is not None:
@@ -196,6 +242,9 @@ class ProtocolChannel(Channel, asyncio.BufferedProtocol):
     def socket(self) -> socket.socket | None:
         return None if self.transport is None else self.transport.get_extra_info("socket")
 
+    def peer_address(self) -> str:
+        return self._peer_address  # kept from connection_made: still known after the close
+
     def _shutdown(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
@@ -230,17 +279,31 @@ class SocketChannel(Channel):
 
     async def write(self, *parts: Buffer) -> None:
         async with self._lock:
+            await self._write_locked(parts)
+
+    async def write_frames(self, frames: Sequence[OutFrame]) -> None:
+        async with self._lock:  # tag only now: a frame waiting for the lock has no number yet
             if self.closed:
                 raise ConnectionResetError("channel closed")
-            try:
-                await self._sendmsg_all([memoryview(p).cast("B") for p in parts if len(p)])
-            except OSError as exc:
-                self.close(exc)
-                raise
-            except asyncio.CancelledError:
-                # A write cut short leaves half a frame on the wire: the stream is unusable.
-                self.close(ConnectionResetError("write cancelled mid-frame"))
-                raise
+            parts: list[Buffer] = []
+            for frame, payload in frames:
+                parts.append(self.codec.send(frame, payload))
+                if payload is not None:
+                    parts.append(payload)
+            await self._write_locked(parts)
+
+    async def _write_locked(self, parts: Sequence[Buffer]) -> None:
+        if self.closed:
+            raise ConnectionResetError("channel closed")
+        try:
+            await self._sendmsg_all([memoryview(p).cast("B") for p in parts if len(p)])
+        except OSError as exc:
+            self.close(exc)
+            raise
+        except asyncio.CancelledError:
+            # A write cut short leaves half a frame on the wire: the stream is unusable.
+            self.close(ConnectionResetError("write cancelled mid-frame"))
+            raise
 
     async def _sendmsg_all(self, views: list[memoryview]) -> None:
         """Gather-write header and payload in one syscall (one TCP segment train, not a 40-byte
@@ -336,6 +399,9 @@ class MemoryChannel(Channel):
             view = view[n:]
             if not self._fed(n):
                 return
+
+    def peer_address(self) -> str:
+        return "memory"
 
     def _shutdown(self) -> None:
         peer, self.peer = self.peer, None

@@ -1,12 +1,20 @@
 """Sans-I/O connection: bytes in -> events out, frames in -> bytes out, one state machine.
 
 ``Connection`` owns a connection's framing and its state (``ConnState``, changed only through the
-one ``TRANSITIONS`` table) including the HMAC handshake. It touches no socket and no clock: a driver
+one ``TRANSITIONS`` table) including the HMAC handshake, and the MAC of every frame after it: each
+end derives per-direction keys from the handshake (``mac``), tags every frame it sends and verifies
+every frame it receives, in wire order (the sequence number is the GCM IV). It touches no socket
+and no clock: a driver
 (asyncio engine, in-memory transport, test) feeds it bytes split at any boundary through either
 ``receive_data(bytes)`` or the zero-copy pair ``get_buffer()`` / ``buffer_updated(n)`` (the shape
 of ``asyncio.BufferedProtocol``). When a CHUNK's meta is parsed the codec asks ``chunk_sink`` for
 the destination of its payload, and then hands out that destination as the next receive buffer, so
-payload bytes land in the consumer's memory with no copy beyond the first few KiB.
+payload bytes land in the consumer's memory with no copy beyond the first few KiB; the payload's
+MAC is computed piece by piece as the bytes land, and ``ChunkReceived.valid`` is its verdict.
+
+Before authentication a connection holds at most ``PRE_AUTH_BUFFER_BYTES`` (every pre-auth frame
+type has a small body limit, checked at the header), so an unauthenticated peer cannot make the
+codec allocate more; the 16 KiB receive scratch is grown only once the peer proved the key.
 
 Only ``ProtocolError`` (and its subclasses) escapes for bad input. Pure: no asyncio, no I/O.
 """
@@ -20,16 +28,16 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import xxhash
-
 from prfaas.transfer import frames as F
 from prfaas.transfer.errors import (
     AbortCode,
     AuthenticationFailed,
     FrameTooLarge,
+    IntegrityError,
     LocalProtocolError,
     ProtocolError,
 )
+from prfaas.transfer.mac import FrameMac, GmacStream, derive_keys, tags_equal
 
 
 class Role(enum.Enum):
@@ -88,8 +96,11 @@ class Authenticated:
 @dataclass(frozen=True, slots=True)
 class ChunkReceived:
     """A CHUNK's payload has fully arrived in ``sink`` (None: it was discarded). ``valid`` says
-    whether it matched its checksum, computed piece by piece as the bytes landed (while they are
-    still in cache: a second pass over cold memory cost more than the copy itself)."""
+    whether the frame matched its MAC, computed piece by piece as the bytes landed (while they are
+    still in cache: a second pass over cold memory cost more than the copy itself). An invalid
+    chunk's bytes are in ``sink`` but unverified: its session must be aborted, and right after
+    this event the codec raises ``IntegrityError`` (a frame that fails its MAC ends the
+    connection, as a bad record MAC ends a TLS connection)."""
 
     chunk: F.Chunk
     sink: memoryview | None
@@ -101,9 +112,13 @@ ChunkSink = Callable[[F.Chunk], memoryview | None]
 """Given a chunk's meta, return a writable view of exactly ``chunk.length`` bytes for its payload,
 or None to discard the payload (e.g. its session was aborted). May raise ProtocolError."""
 
-_LABEL = b"prfaas-kv-v1 "
+_LABEL = b"prfaas-kv-v2 "
 _SCRATCH_BYTES = 16 << 10
 _DISCARD_BYTES = 256 << 10
+PRE_AUTH_BUFFER_BYTES = 1024
+"""A connection's whole receive buffer until the peer is authenticated (>= the largest pre-auth
+frame, ``frames.PRE_AUTH_FRAME_BYTES``)."""
+assert F.PRE_AUTH_FRAME_BYTES <= PRE_AUTH_BUFFER_BYTES
 
 
 def proof(psk: bytes, who: bytes, first_nonce: bytes, second_nonce: bytes, peer_id: bytes) -> bytes:
@@ -151,7 +166,7 @@ class Connection:
         self._peer_nonce = b""
         self.chunk_sink = chunk_sink
         self._max_chunk_bytes = min(max_chunk_bytes, F.MAX_CHUNK_BYTES)
-        self._buf = bytearray(_SCRATCH_BYTES)
+        self._buf = bytearray(PRE_AUTH_BUFFER_BYTES)
         self._discard = bytearray(0)
         self._start = 0
         self._end = 0
@@ -160,7 +175,10 @@ class Connection:
         self._body_len = 0
         self._chunk: F.Chunk | None = None
         self._sink: memoryview | None = None
-        self._hasher = xxhash.xxh3_64()
+        self._keys: tuple[FrameMac, FrameMac] | None = None  # (send, receive), once derived
+        self._tx_mac: FrameMac | None = None  # set when READY: every later frame is tagged
+        self._rx_mac: FrameMac | None = None
+        self._stream: GmacStream | None = None  # the MAC of the chunk now arriving
         self._filled = 0
         self._direct = False
         self._events: deque[Event] = deque()
@@ -175,19 +193,41 @@ class Connection:
         hello = F.Hello(self.peer_id, self._nonce, self._name)
         return self.send(hello)
 
-    def send(self, frame: F.Frame) -> bytes:
-        """Bytes for ``frame`` (for a CHUNK: header + meta; the payload goes right after)."""
+    def send(self, frame: F.Frame, payload: F.Buffer | None = None) -> bytes:
+        """Bytes for ``frame``, tagged once authenticated (for a CHUNK: header + meta with the tag
+        over ``payload`` too; the caller writes ``payload`` right after). Frames must reach the wire
+        in the order of their ``send`` calls: each takes the next sequence number."""
         ftype = F.FRAME_TYPE[type(frame)]
         if isinstance(frame, F.Abort) and frame.session_id == 0:
             self.state = ConnState.CLOSED
-            return F.encode_frame(frame)
+            return self._seal(frame, None)
         nxt = TRANSITIONS.get((self.role, self.state, Dir.SEND, ftype))
         if nxt is None:
             raise LocalProtocolError(f"{self.role.value} may not send {ftype.name} in {self.state}")
-        if isinstance(frame, F.Chunk) and not 0 < frame.length <= self._max_chunk_bytes:
-            raise LocalProtocolError(f"chunk length {frame.length} out of range")
+        if isinstance(frame, F.Chunk):
+            if not 0 < frame.length <= self._max_chunk_bytes:
+                raise LocalProtocolError(f"chunk length {frame.length} out of range")
+            if payload is None or memoryview(payload).nbytes != frame.length:
+                raise LocalProtocolError(f"a {frame.length}-byte chunk needs its payload")
         self.state = nxt
-        return F.encode_frame(frame)
+        return self._seal(frame, payload)
+
+    def _seal(self, frame: F.Frame, payload: F.Buffer | None) -> bytes:
+        mac = self._tx_mac
+        if mac is None:  # the handshake, or an ABORT before it
+            return F.encode_frame(frame)
+        if isinstance(frame, F.Chunk):
+            assert payload is not None
+            head = F.header(F.FrameType.CHUNK, F.CHUNK_META_BYTES + frame.length)
+            meta = F.chunk_meta(frame)
+            stream = mac.stream()
+            stream.update(head)
+            stream.update(meta)
+            stream.update(payload)
+            return head + meta + stream.tag()
+        body = F.encode_body(frame)
+        covered = F.header(F.FRAME_TYPE[type(frame)], len(body) + F.TAG_BYTES) + body
+        return covered + mac.tag(covered)
 
     def data_to_send(self) -> bytes:
         """Handshake replies produced while receiving; the driver writes them out."""
@@ -221,6 +261,17 @@ class Connection:
         self._events.clear()
         return out
 
+    @property
+    def authenticated(self) -> bool:
+        """The peer proved the key: frames are tagged from here on."""
+        return self._rx_mac is not None
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes this codec holds for the connection (receive buffer, discard scratch, replies):
+        at most ``PRE_AUTH_BUFFER_BYTES`` before authentication."""
+        return len(self._buf) + len(self._discard) + len(self._outbox)
+
     def payload_bytes_expected(self) -> int:
         """Bytes of the CHUNK payload now arriving that are still to come (0 between payloads):
         the stream will certainly carry that many, so a channel may sleep until they are there."""
@@ -240,8 +291,8 @@ class Connection:
                 self._discard = bytearray(_DISCARD_BYTES)
             return memoryview(self._discard)[: min(remaining, _DISCARD_BYTES)]
         self._direct = False
-        if self._end == len(self._buf):
-            self._compact(len(self._buf) + 1)
+        if self._end == len(self._buf):  # move unread bytes to the front; grow only if none read
+            self._compact(len(self._buf) + (1 if self._start == 0 else 0))
         return memoryview(self._buf)[self._end :]
 
     def buffer_updated(self, num_bytes: int) -> None:
@@ -250,8 +301,11 @@ class Connection:
         self.bytes_received += num_bytes
         try:
             if self._direct:
+                assert self._stream is not None
                 if self._sink is not None:
-                    self._hasher.update(self._sink[self._filled : self._filled + num_bytes])
+                    self._stream.update(self._sink[self._filled : self._filled + num_bytes])
+                else:  # discarded bytes are still the frame's: its MAC covers them too
+                    self._stream.update(memoryview(self._discard)[:num_bytes])
                 self._filled += num_bytes
                 self._maybe_chunk_done()
             else:
@@ -293,8 +347,7 @@ class Connection:
                     if len(self._buf) - self._start < self._body_len:
                         self._compact(self._body_len)
                     break
-                body = memoryview(self._buf)[self._start : self._start + self._body_len]
-                frame = F.decode_body(self._type, body)
+                frame = F.decode_body(self._type, self._verified_body())
                 self._start += self._body_len
                 self._phase = _Phase.HEADER
                 self._on_frame(frame)
@@ -305,11 +358,12 @@ class Connection:
             else:
                 remaining = self._body_len - F.CHUNK_META_BYTES - self._filled
                 take = min(avail, remaining)
+                piece = memoryview(self._buf)[self._start : self._start + take]
                 if self._sink is not None:
-                    piece = memoryview(self._buf)[self._start : self._start + take]
                     self._sink[self._filled : self._filled + take] = piece
-                    self._hasher.update(piece)
-                    piece.release()
+                assert self._stream is not None
+                self._stream.update(piece)
+                piece.release()
                 self._start += take
                 self._filled += take
                 if not self._maybe_chunk_done():
@@ -333,8 +387,12 @@ class Connection:
                 raise FrameTooLarge(f"chunk of {payload} bytes, limit {self._max_chunk_bytes}")
             if payload <= 0:
                 raise ProtocolError(f"CHUNK body of {body_len} bytes has no payload")
-        elif body_len > F.MAX_CONTROL_BODY_BYTES:
-            raise FrameTooLarge(f"{frame_type.name} body of {body_len} bytes")
+        else:
+            limit = F.MAX_BODY_BYTES[frame_type]
+            if body_len > limit:  # before a byte of it is buffered (HELLO: 98 bytes at most)
+                raise FrameTooLarge(f"{frame_type.name} body of {body_len} bytes, limit {limit}")
+            if self._rx_mac is not None and body_len < F.TAG_BYTES:
+                raise ProtocolError(f"{frame_type.name} body of {body_len} bytes has no MAC")
         # Check the state table before reading the body: an unauthenticated peer's CHUNK is refused
         # here, before a byte of its payload is looked at.
         if frame_type is not F.FrameType.ABORT:
@@ -352,11 +410,27 @@ class Connection:
             raise ProtocolError(f"{frame_type.name} not allowed in state {self.state.value}")
         return nxt
 
+    def _verified_body(self) -> memoryview:
+        """The body now complete in the buffer, its MAC checked and stripped once authenticated."""
+        body = memoryview(self._buf)[self._start : self._start + self._body_len]
+        if self._rx_mac is None:
+            return body
+        n = self._body_len - F.TAG_BYTES
+        covered = F.header(self._type, self._body_len) + bytes(body[:n])
+        if not tags_equal(self._rx_mac.tag(covered), body[n:]):
+            raise IntegrityError(
+                f"{self._type.name} frame failed its MAC: changed, replayed, reordered or dropped "
+                "on the wire"
+            )
+        return body[:n]
+
     def _read_meta(self) -> None:
         meta = memoryview(self._buf)[self._start : self._start + F.CHUNK_META_BYTES]
         chunk = F.decode_chunk_meta(meta)
-        self._hasher.reset()
-        self._hasher.update(meta[: F.CHUNK_META.size])
+        assert self._rx_mac is not None  # CHUNK is allowed only once authenticated
+        self._stream = self._rx_mac.stream()
+        self._stream.update(F.header(F.FrameType.CHUNK, self._body_len))
+        self._stream.update(meta[: F.CHUNK_META.size])
         meta.release()
         self._start += F.CHUNK_META_BYTES
         if chunk.length != self._body_len - F.CHUNK_META_BYTES:
@@ -370,12 +444,20 @@ class Connection:
     def _maybe_chunk_done(self) -> bool:
         if self._filled < self._body_len - F.CHUNK_META_BYTES:
             return False
-        assert self._chunk is not None
-        valid = self._sink is not None and self._hasher.intdigest() == self._chunk.checksum
-        self._events.append(ChunkReceived(self._chunk, self._sink, valid))
-        self._chunk, self._sink = None, None
+        chunk, stream = self._chunk, self._stream
+        assert chunk is not None and stream is not None
+        valid = tags_equal(stream.tag(), chunk.tag)
+        self._events.append(ChunkReceived(chunk, self._sink, valid))
+        self._chunk, self._sink, self._stream = None, None, None
         self._phase = _Phase.HEADER
         self._direct = False
+        if not valid:  # the event goes first, so the session the bytes landed in is named
+            end = chunk.offset + chunk.length
+            raise IntegrityError(
+                f"CHUNK of session {chunk.session_id} (layer {chunk.layer} bytes "
+                f"[{chunk.offset}, {end})) failed its MAC: changed, replayed, reordered or dropped "
+                "on the wire"
+            )
         return True
 
     def _on_frame(self, frame: F.Frame) -> None:
@@ -393,6 +475,7 @@ class Connection:
             case F.Auth():
                 self._on_auth(frame)
             case F.Ready():
+                self._start_tagging()
                 self._events.append(Authenticated(self.peer_id, self.peer_name))
             case F.Open() | F.Accept() | F.End() | F.Ack() | F.Complete():
                 self._events.append(frame)
@@ -410,6 +493,8 @@ class Connection:
             raise AuthenticationFailed("the acceptor does not know our pre-shared key")
         mine = proof(self._psk, b"initiator", ch.nonce, self._nonce, self.peer_id)
         self._outbox += F.encode_frame(F.Auth(mine))
+        keys = derive_keys(self._psk, self._nonce, ch.nonce, self.peer_id)
+        self._keys = FrameMac(keys.initiator_to_acceptor), FrameMac(keys.acceptor_to_initiator)
 
     def _on_auth(self, auth: F.Auth) -> None:
         expected = proof(self._psk, b"initiator", self._nonce, self._peer_nonce, self.peer_id)
@@ -417,4 +502,13 @@ class Connection:
             self._outbox += F.encode_frame(F.Abort(0, AbortCode.AUTH, "authentication failed"))
             raise AuthenticationFailed("the initiator does not know our pre-shared key")
         self._outbox += F.encode_frame(F.Ready())
+        keys = derive_keys(self._psk, self._peer_nonce, self._nonce, self.peer_id)
+        self._keys = FrameMac(keys.acceptor_to_initiator), FrameMac(keys.initiator_to_acceptor)
+        self._start_tagging()
         self._events.append(Authenticated(self.peer_id, self.peer_name))
+
+    def _start_tagging(self) -> None:
+        """From here every frame either way is tagged; the peer earned the full receive scratch."""
+        assert self._keys is not None
+        self._tx_mac, self._rx_mac = self._keys
+        self._compact(_SCRATCH_BYTES)

@@ -19,7 +19,8 @@ are as fast as 8 on loopback, where more connections only add scheduling overhea
 @dataclass(frozen=True, slots=True)
 class TransferConfig:
     psk: bytes
-    """Pre-shared key for the HMAC handshake (at least 16 bytes)."""
+    """Pre-shared key for the HMAC handshake, and (with both nonces) the source of every
+    connection's MAC keys (at least 16 bytes)."""
     num_connections: int = DEFAULT_NUM_CONNECTIONS
     """TCP connections a sender opens to one receiver; chunks are striped across them."""
     chunk_bytes: int = 1 << 20
@@ -34,6 +35,12 @@ class TransferConfig:
     """Longest any single wait may last without progress (connect, accept, space, complete)."""
     stall_timeout_s: float = 30.0
     """Receiver: a session with no chunk, OPEN or END for this long is aborted (TIMEOUT)."""
+    handshake_timeout_s: float = 10.0
+    """Receiver: a connection not authenticated this long after it was accepted is closed
+    (counted in ``Receiver.num_handshake_failures``). The handshake is 1.5 round trips."""
+    max_pending_handshakes: int = 256
+    """Receiver: connections accepted but not yet authenticated; beyond it a new connection is
+    closed at once (so unauthenticated peers hold at most this many x ~1 KiB of buffers)."""
     max_session_bytes: int = 64 << 30
     """Receiver: larger manifests are refused (TOO_LARGE) before ``allocate`` is called."""
     max_chunk_bytes: int = 16 << 20
@@ -65,7 +72,9 @@ class TransferConfig:
                 raise ValueError(f"{name} must be >= chunk_bytes, got {getattr(self, name)}")
         if self.rate_limit_bytes_per_s is not None and self.rate_limit_bytes_per_s <= 0:
             raise ValueError(f"rate_limit_bytes_per_s must be > 0: {self.rate_limit_bytes_per_s}")
-        for name in ("timeout_s", "stall_timeout_s"):
+        if self.max_pending_handshakes < 1:
+            raise ValueError(f"max_pending_handshakes must be >= 1: {self.max_pending_handshakes}")
+        for name in ("timeout_s", "stall_timeout_s", "handshake_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if len(self.name.encode()) > F.MAX_NAME_BYTES:

@@ -16,7 +16,8 @@ class AbortCode(enum.IntEnum):
     REFUSED = 1
     """The receiver's consumer refused to allocate for the manifest (e.g. over its KV budget)."""
     CHECKSUM = 2
-    """A chunk's checksum did not match its bytes."""
+    """A frame's MAC did not match: its bytes or header were changed on the wire (or it was
+    replayed, reordered or dropped), or a peer holds another key."""
     DIGEST = 3
     """All chunks arrived but the whole-session digest did not match."""
     PROTOCOL = 4
@@ -50,6 +51,13 @@ class FrameTooLarge(ProtocolError):
     """A length field exceeds its documented limit (detected before anything is allocated)."""
 
     code = AbortCode.TOO_LARGE
+
+
+class IntegrityError(ProtocolError):
+    """A frame after the handshake failed its MAC: someone on the path changed, replayed,
+    reordered or dropped bytes (or the peer holds another key). The connection is unusable."""
+
+    code = AbortCode.CHECKSUM
 
 
 class AuthenticationFailed(ProtocolError):

@@ -2,8 +2,10 @@
 
 Every frame is an 8-byte header (magic ``b"PK"``, version, type, body length, little-endian)
 followed by its body; see docs/wire-format.md. This module encodes and decodes *bodies* and owns
-every length limit; ``codec`` does framing and the connection state machine. A CHUNK's payload is
-not part of its ``Chunk`` value: the codec writes it straight into the receiver's buffer.
+every length limit; ``codec`` does framing, the connection state machine and the MAC tag that every
+frame after the handshake carries (at the end of a control body; in a CHUNK's meta, before the
+payload). A CHUNK's payload is not part of its ``Chunk`` value: the codec writes it straight into
+the receiver's buffer.
 Pure: no I/O, no asyncio.
 """
 
@@ -26,17 +28,21 @@ from prfaas.transfer.manifest import (
     TensorEntry,
 )
 
+Buffer = bytes | bytearray | memoryview
+
 MAGIC = b"PK"
-VERSION = 1
+VERSION = 2
 HEADER = struct.Struct("<2sBBI")
 HEADER_BYTES = HEADER.size  # 8
 NONCE_BYTES = 16
 PROOF_BYTES = 32  # HMAC-SHA256
+TAG_BYTES = 16  # AES-GMAC, on every frame after the handshake (``mac``)
 PEER_ID_BYTES = 16
 MAX_NAME_BYTES = 64
 MAX_REASON_BYTES = 512
 MAX_CONTROL_BODY_BYTES = 1 << 20
-"""No control frame (everything but CHUNK) may be longer: bounds the codec's own buffer."""
+"""No control frame (everything but CHUNK) may be longer; only OPEN (a manifest) comes near it,
+and only after authentication. Every other type has its own, far smaller bound below."""
 MAX_CHUNK_BYTES = 64 << 20
 """No chunk payload may be longer: bounds any single write into a receiver's buffer."""
 
@@ -98,13 +104,14 @@ class Accept:
 @dataclass(frozen=True, slots=True)
 class Chunk:
     """A byte range of one layer. ``layer`` is the position in the manifest; the payload (``length``
-    bytes) follows on the wire. ``checksum`` is xxh3_64 over the 24 meta bytes then the payload."""
+    bytes) follows on the wire. ``tag`` is the frame's MAC (header, 24 meta bytes, payload), set by
+    the sending codec and read by the receiving one; empty in a chunk about to be sent."""
 
     session_id: int
     layer: int
     offset: int
     length: int
-    checksum: int
+    tag: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +126,7 @@ class End:
 
 @dataclass(frozen=True, slots=True)
 class Ack:
-    """Receiver -> sender: cumulative bytes of the session received and checksum-verified."""
+    """Receiver -> sender: cumulative bytes of the session received and MAC-verified."""
 
     session_id: int
     num_bytes: int
@@ -157,8 +164,29 @@ FRAME_TYPE: dict[type, FrameType] = {
     Abort: FrameType.ABORT,
 }
 
-CHUNK_META = struct.Struct("<QIQI")  # session_id, layer, offset, length: 24 bytes, checksummed
-CHUNK_META_BYTES = CHUNK_META.size + 8  # + checksum u64
+CHUNK_META = struct.Struct("<QIQI")  # session_id, layer, offset, length: 24 bytes, MAC-covered
+CHUNK_META_BYTES = CHUNK_META.size + TAG_BYTES  # + the tag: 40
+
+_HELLO_MAX_BODY_BYTES = PEER_ID_BYTES + NONCE_BYTES + 2 + MAX_NAME_BYTES
+MAX_BODY_BYTES: dict[FrameType, int] = {
+    FrameType.HELLO: _HELLO_MAX_BODY_BYTES,  # 98
+    FrameType.CHALLENGE: NONCE_BYTES + PROOF_BYTES,
+    FrameType.AUTH: PROOF_BYTES,
+    FrameType.READY: 0,
+    FrameType.OPEN: MAX_CONTROL_BODY_BYTES,
+    FrameType.ACCEPT: 8 + TAG_BYTES,
+    FrameType.END: 28 + TAG_BYTES,
+    FrameType.ACK: 16 + TAG_BYTES,
+    FrameType.COMPLETE: 8 + TAG_BYTES,
+    FrameType.ABORT: 12 + MAX_REASON_BYTES + TAG_BYTES,
+}
+"""The largest body each control type may declare (tag included), checked at the header before a
+byte of the body is buffered: before authentication nothing larger than ``PRE_AUTH_FRAME_BYTES``
+is ever held for a peer."""
+_PRE_AUTH_TYPES = (FrameType.HELLO, FrameType.CHALLENGE, FrameType.AUTH, FrameType.READY)
+PRE_AUTH_FRAME_BYTES = HEADER_BYTES + max(
+    MAX_BODY_BYTES[t] for t in (*_PRE_AUTH_TYPES, FrameType.ABORT)
+)  # 548: an ABORT with the longest reason
 _U8 = struct.Struct("<B")
 _U16 = struct.Struct("<H")
 _U64 = struct.Struct("<Q")
@@ -179,7 +207,7 @@ def header(frame_type: FrameType, body_len: int) -> bytes:
 
 
 def chunk_meta(chunk: Chunk) -> bytes:
-    """The 24 bytes the checksum covers before the payload."""
+    """The 24 bytes the MAC covers between the header and the payload."""
     return CHUNK_META.pack(chunk.session_id, chunk.layer, chunk.offset, chunk.length)
 
 
@@ -217,7 +245,7 @@ def encode_body(frame: Frame) -> bytes:
         case Accept(session_id) | Complete(session_id):
             return _U64.pack(session_id)
         case Chunk():
-            return chunk_meta(frame) + _U64.pack(frame.checksum)
+            return chunk_meta(frame) + _fixed(frame.tag, TAG_BYTES, "tag")
         case End(session_id, num_chunks, digest, first_token):
             return _END.pack(session_id, num_chunks, digest, first_token)
         case Ack(session_id, num_bytes):
@@ -229,7 +257,8 @@ def encode_body(frame: Frame) -> bytes:
 
 
 def encode_frame(frame: Frame) -> bytes:
-    """Header + body. For a CHUNK the caller sends the payload right after these bytes."""
+    """Header + body, untagged: the handshake frames (after it, ``codec.Connection.send`` tags
+    every frame). For a CHUNK the caller sends the payload right after these bytes."""
     body = encode_body(frame)
     body_len = len(body) + (frame.length if isinstance(frame, Chunk) else 0)
     return header(FRAME_TYPE[type(frame)], body_len) + body
@@ -253,7 +282,7 @@ def _encode_manifest(m: Manifest) -> bytes:
             parts.append(_TENSOR_HEAD.pack(_DTYPE_CODE[t.dtype], len(t.shape)))
             parts.append(struct.pack(f"<{len(t.shape)}I", *t.shape))
     body = b"".join(parts)
-    if len(body) + 8 > MAX_CONTROL_BODY_BYTES:
+    if len(body) + 8 + TAG_BYTES > MAX_CONTROL_BODY_BYTES:
         raise ValueError(f"manifest encodes to {len(body)} bytes, over {MAX_CONTROL_BODY_BYTES}")
     return body
 
@@ -364,5 +393,5 @@ def _decode_manifest(r: _Reader) -> Manifest:
 
 def decode_chunk_meta(meta: bytes | memoryview) -> Chunk:
     sid, layer, offset, length = CHUNK_META.unpack_from(meta)
-    (checksum,) = _U64.unpack_from(meta, CHUNK_META.size)
-    return Chunk(sid, layer, offset, length, checksum)
+    tag = bytes(meta[CHUNK_META.size : CHUNK_META_BYTES])
+    return Chunk(sid, layer, offset, length, tag)

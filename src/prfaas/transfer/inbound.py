@@ -1,6 +1,6 @@
 """``InboundSession`` (one request's KV arriving, the consumer's handle) and ``Delivery``.
 
-The consumer awaits ``layer(i)`` (every byte of layer i checksum-verified) or ``complete()`` (the
+The consumer awaits ``layer(i)`` (every byte of layer i MAC-verified) or ``complete()`` (the
 whole session verified: coverage, chunk count, digest), or cancels with ``abort(reason)``. The
 ``Receiver`` (``receiver.py``) feeds it; ``_Peer`` groups one sender's connections and sessions.
 asyncio; no policy.
@@ -59,7 +59,7 @@ class InboundSession:
         return self.assembly.state
 
     async def layer(self, index: int, timeout_s: float | None = None) -> memoryview:
-        """Layer ``index``'s buffer once every byte of it is checksum-verified (the session digest
+        """Layer ``index``'s buffer once every byte of it is MAC-verified (the session digest
         is checked only by ``complete``)."""
         if not 0 <= index < self.manifest.num_layers:
             raise IndexError(f"layer {index} not in 0..{self.manifest.num_layers - 1}")

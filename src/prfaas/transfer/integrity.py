@@ -1,12 +1,12 @@
-"""Checksums and the session digest, and the byte-range bookkeeping both ends keep per session.
+"""The session digest and the byte-range bookkeeping both ends keep per session.
 
-A chunk's checksum is xxh3_64 over its 24 meta bytes (session, layer, offset, length) then its
-payload, so a corrupted header cannot put correct bytes in the wrong place unnoticed. The session
-digest is xxh3_64 over every chunk's (layer, offset, length, checksum), sorted by (layer, offset):
-chunks may arrive in any order over any connection, and the digest still proves that exactly the
-chunks the sender produced (and no others) were verified. ``Ranges`` rejects overlaps (so a
-duplicated chunk can never overwrite verified bytes) and tells when a layer is covered.
-Pure: no asyncio, no I/O.
+A chunk's bytes are proven by its MAC (``mac``, checked by the codec as they land). What is left
+to check at the end is the chunking itself: the session digest is xxh3_64 over every chunk's
+(layer, offset, length), sorted by (layer, offset), so chunks may arrive in any order over any
+connection and the receiver still confirms that it verified exactly the chunks the sender made
+(the END frame that carries it is MAC-tagged, so the digest needs no key). ``Ranges`` rejects
+overlaps (so a duplicated chunk can never overwrite verified bytes) and tells when a layer is
+covered. Pure: no asyncio, no I/O.
 """
 
 from __future__ import annotations
@@ -17,30 +17,11 @@ from collections.abc import Iterable
 
 import xxhash
 
-from prfaas.transfer import frames as F
-
-_RECORD = struct.Struct("<IQIQ")
+_RECORD = struct.Struct("<IQI")
 
 
-def chunk_checksum(chunk_meta: bytes, payload: memoryview | bytes) -> int:
-    h = xxhash.xxh3_64(chunk_meta)
-    h.update(payload)
-    return h.intdigest()
-
-
-def make_chunk(session_id: int, layer: int, offset: int, payload: memoryview | bytes) -> F.Chunk:
-    """The CHUNK frame (with its checksum) for ``payload`` at ``offset`` of ``layer``."""
-    length = len(payload)
-    meta = F.CHUNK_META.pack(session_id, layer, offset, length)
-    return F.Chunk(session_id, layer, offset, length, chunk_checksum(meta, payload))
-
-
-def verify_chunk(chunk: F.Chunk, payload: memoryview) -> bool:
-    return chunk_checksum(F.chunk_meta(chunk), payload) == chunk.checksum
-
-
-def session_digest(records: Iterable[tuple[int, int, int, int]]) -> int:
-    """Digest of (layer, offset, length, checksum) records, independent of their arrival order."""
+def session_digest(records: Iterable[tuple[int, int, int]]) -> int:
+    """Digest of (layer, offset, length) records, independent of their arrival order."""
     h = xxhash.xxh3_64()
     for rec in sorted(records):
         h.update(_RECORD.pack(*rec))

@@ -1,9 +1,11 @@
 """``OutboundSession``: one request's KV on its way out, the producer's handle.
 
-``send`` checks the byte range, checksums each chunk and queues it on its ``Link`` (a reference to
-the producer's memory, not a copy), waiting only for window space; ``finish`` sends END with the
-session digest and waits for the receiver's COMPLETE. A timeout aborts the session, and the
-receiver is told. The link (``sender.py``) does the writing. asyncio; no policy.
+``send`` checks the byte range, cuts it into chunks and queues them on its ``Link`` (a reference to
+the producer's memory, not a copy), waiting only for window space; the link's writer tags each
+chunk as it writes it (the tag depends on the connection and its position in that connection's
+stream). ``finish`` sends END with the session digest and waits for the receiver's COMPLETE. A
+timeout aborts the session, and the receiver is told. The link (``sender.py``) does the writing.
+asyncio; no policy.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from prfaas.transfer import frames as F
 from prfaas.transfer.errors import AbortCode, SessionAborted
-from prfaas.transfer.integrity import Ranges, make_chunk, session_digest
+from prfaas.transfer.integrity import Ranges, session_digest
 from prfaas.transfer.manifest import Manifest
 from prfaas.transfer.session_state import SessionState, advance
 from prfaas.transfer.waiting import wait_until
@@ -45,7 +47,7 @@ class OutboundSession:
         self.bytes_sent = 0
         self.bytes_acked = 0
         self._ranges = Ranges(manifest.layer_bytes())
-        self._records: list[tuple[int, int, int, int]] = []
+        self._records: list[tuple[int, int, int]] = []
         self._channel = link._channels[session_id % len(link._channels)]
 
     # -- producer API -------------------------------------------------------------------------
@@ -69,8 +71,8 @@ class OutboundSession:
             except TimeoutError as exc:
                 await self.abort(str(exc), AbortCode.TIMEOUT)
                 raise
-            chunk = make_chunk(self.session_id, layer, offset + start, piece)
-            self._records.append((layer, chunk.offset, chunk.length, chunk.checksum))
+            chunk = F.Chunk(self.session_id, layer, offset + start, len(piece))
+            self._records.append((layer, chunk.offset, chunk.length))
             self.link._enqueue(_Item(self, chunk, piece))
 
     async def finish(self, first_token: int = -1) -> None:

@@ -1,26 +1,32 @@
 """``Receiver``: accepts senders' connections and reassembles their sessions into consumer buffers.
 
+Before a connection authenticates it holds at most ~1 KiB (the codec's pre-auth bound), at most
+``max_pending_handshakes`` such connections are kept, and each is cut ``handshake_timeout_s`` after
+it was accepted; every connection that closes unauthenticated is counted in
+``num_handshake_failures`` and logged at WARNING with the peer's address and the reason.
+
 On OPEN the receiver checks the manifest's size, then asks its consumer ``allocate(manifest)`` for
 one writable buffer per layer; ``allocate`` may raise ``Refused(reason)``, which aborts the session
 (REFUSED) before a payload byte moves. Chunk payloads are received straight into those buffers
-(see ``channel``), checksummed, acknowledged; a layer is announced when all its bytes are verified,
-and the session is handed over by ``complete()`` only after END, full coverage and the digest
-check. Faults abort one session (with a readable reason, sent to the sender too) and leave the
-others running; a broken connection aborts the sessions of its sender. A watchdog aborts sessions
-that make no progress for ``stall_timeout_s``. asyncio; no policy.
+(see ``channel``), MAC-verified, acknowledged; a layer is announced when all its bytes are
+verified, and the session is handed over by ``complete()`` only after END, full coverage and the
+digest check. Faults abort one session (with a readable reason, sent to the sender too) and leave
+the others running; a broken connection aborts the sessions of its sender. A watchdog aborts
+sessions that make no progress for ``stall_timeout_s``. asyncio; no policy.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from types import TracebackType
 
 from prfaas.transfer import frames as F
 from prfaas.transfer.channel import Channel, ProtocolChannel
-from prfaas.transfer.codec import Authenticated, ChunkReceived, Connection, Role
+from prfaas.transfer.codec import Authenticated, ChunkReceived, Connection, ConnState, Role
 from prfaas.transfer.config import TransferConfig
 from prfaas.transfer.errors import (
     AbortCode,
@@ -32,6 +38,10 @@ from prfaas.transfer.errors import (
 from prfaas.transfer.inbound import InboundSession, _Peer
 from prfaas.transfer.manifest import Manifest
 from prfaas.transfer.session_state import SessionState
+
+log = logging.getLogger("prfaas.transfer")
+_LOG_WINDOW_S = 60.0
+_LOG_PER_WINDOW = 10  # refused handshakes logged per window: a flood must not flood the log
 
 Allocate = Callable[[Manifest], Sequence[object]]
 """The consumer's allocator: one writable buffer (bytearray, numpy array, tensor memory, ...) per
@@ -46,12 +56,18 @@ class Receiver:
         self.allocate = allocate
         self._peers: dict[bytes, _Peer] = {}
         self._channels: set[Channel] = set()
+        self._pending: set[Channel] = set()  # accepted, not yet authenticated
         self._incoming: asyncio.Queue[InboundSession] = asyncio.Queue()
         self._server: asyncio.Server | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self._closed = False
-        self.num_refused_connections = 0
+        self.num_handshake_failures = 0
+        """Connections closed before authenticating (wrong key, garbage, oversize or missing
+        HELLO, handshake timeout, over ``max_pending_handshakes``) since this receiver started."""
         self.bytes_verified = 0
+        self._log_window_at_s = -_LOG_WINDOW_S
+        self._logged_in_window = 0
+        self._unlogged = 0
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def __aenter__(self) -> Receiver:
@@ -102,6 +118,17 @@ class Receiver:
         while True:
             yield await self._incoming.get()
 
+    # -- accounting ---------------------------------------------------------------------------
+    @property
+    def num_pending_handshakes(self) -> int:
+        """Connections accepted and not yet authenticated."""
+        return len(self._pending)
+
+    def pre_auth_buffered_bytes(self) -> int:
+        """Bytes the codecs of unauthenticated connections hold (each at most
+        ``codec.PRE_AUTH_BUFFER_BYTES``)."""
+        return sum(ch.codec.buffered_bytes for ch in self._pending)
+
     # -- channels -----------------------------------------------------------------------------
     def _codec(self) -> Connection:
         return Connection(
@@ -113,10 +140,21 @@ class Receiver:
         )
 
     def _new_protocol(self) -> ProtocolChannel:
-        ch = ProtocolChannel(self._codec(), self, handshake_timeout_s=self.config.timeout_s)
+        full = len(self._pending) >= self.config.max_pending_handshakes
+        ch = ProtocolChannel(
+            self._codec(),
+            self,
+            handshake_timeout_s=self.config.handshake_timeout_s,
+            refuse=f"{len(self._pending)} handshakes already pending" if full else None,
+        )
+        self._adopt(ch)
+        return ch
+
+    def _adopt(self, ch: Channel) -> None:
+        """Take a new, unauthenticated channel (from the listener, or an in-memory pair)."""
         ch.codec.chunk_sink = self._sink_for(ch)
         self._channels.add(ch)
-        return ch
+        self._pending.add(ch)
 
     def _sink_for(self, ch: Channel) -> Callable[[F.Chunk], memoryview | None]:
         def sink(chunk: F.Chunk) -> memoryview | None:
@@ -140,6 +178,7 @@ class Receiver:
         while (ev := ch.codec.next_event()) is not None:
             match ev:
                 case Authenticated(peer_id):
+                    self._pending.discard(ch)
                     peer = self._peers.get(peer_id) or self._peers.setdefault(
                         peer_id, _Peer(peer_id)
                     )
@@ -162,9 +201,10 @@ class Receiver:
 
     def on_closed(self, ch: Channel, exc: BaseException | None) -> None:
         self._channels.discard(ch)
+        self._pending.discard(ch)
         peer = ch.tag
-        if peer is None:  # closed before authenticating (wrong key, garbage, timeout)
-            self.num_refused_connections += 1
+        if peer is None and not self._closed:  # before authenticating: key, garbage, timeout
+            self._handshake_failed(ch, exc)
         if not isinstance(peer, _Peer):
             return
         with contextlib.suppress(ValueError):
@@ -174,6 +214,26 @@ class Receiver:
             self._abort(s, SessionAborted(AbortCode.CONNECTION_LOST, reason), tell_peer=True)
         if not peer.channels:
             self._peers.pop(peer.peer_id, None)
+
+    def _handshake_failed(self, ch: Channel, exc: BaseException | None) -> None:
+        self.num_handshake_failures += 1
+        now = asyncio.get_running_loop().time()
+        if now - self._log_window_at_s >= _LOG_WINDOW_S:
+            self._log_window_at_s, self._logged_in_window = now, 0
+        if self._logged_in_window >= _LOG_PER_WINDOW:
+            self._unlogged += 1
+            return
+        self._logged_in_window += 1
+        reason = (str(exc) or type(exc).__name__) if exc is not None else "closed"
+        more = f" ({self._unlogged} more refused since, not logged)" if self._unlogged else ""
+        self._unlogged = 0
+        log.warning(
+            "KV handshake from %s refused (%s total): %s%s",
+            ch.peer_address(),
+            self.num_handshake_failures,
+            reason,
+            more,
+        )
 
     # -- session events -----------------------------------------------------------------------
     def _session(self, ch: Channel, sid: int) -> InboundSession | None:
@@ -307,8 +367,9 @@ class Receiver:
             s._ack_timer = None
         s.error = err
         s._peer.retire(s)
-        if tell_peer:
-            for ch in s._peer.channels[:1]:
+        if tell_peer:  # on a connection still in step (not one that just failed its MAC)
+            live = [ch for ch in s._peer.channels if ch.codec.state is ConnState.READY]
+            for ch in live[:1]:
                 self._send(ch, F.Abort(s.session_id, err.code, err.reason))
         s._changed()
 

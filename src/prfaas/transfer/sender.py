@@ -1,10 +1,11 @@
 """``Link``: N authenticated connections to one receiver, carrying many ``OutboundSession``s.
 
 The producer calls ``await session.send(layer, offset, view)`` for any byte range as soon as it is
-computed; ``send`` checksums it, queues it (holding a reference, not a copy) and returns unless the
-session's or the link's in-flight bytes (queued or unacknowledged) are over their bound. One writer
-task per connection takes the next chunk from the link's queue, paces it through the token bucket
-and writes it, so chunks are striped over the connections and a faster connection takes more.
+computed; ``send`` queues it (holding a reference, not a copy) and returns unless the session's or
+the link's in-flight bytes (queued or unacknowledged) are over their bound. One writer task per
+connection takes the next chunk from the link's queue, paces it through the token bucket, tags it
+(its MAC, under that connection's key) and writes it, so chunks are striped over the connections
+and a faster connection takes more.
 ``finish(first_token)`` sends END with the session digest and waits for the receiver's COMPLETE.
 Every wait is bounded by ``TransferConfig.timeout_s`` without progress. asyncio; no policy.
 """
@@ -137,9 +138,8 @@ class Link:
         rng = rng or random.Random(0)
         for _ in range(config.num_connections):
             mine, theirs = memory_pair((link._codec(), link), (receiver._codec(), receiver), rng)
-            theirs.codec.chunk_sink = receiver._sink_for(theirs)
+            receiver._adopt(theirs)
             link._channels.append(mine)
-            receiver._channels.add(theirs)
         try:
             await link._handshake()
         except BaseException:
@@ -270,9 +270,8 @@ class Link:
     async def _write_control(self, ch: Channel, frame: F.Frame) -> None:
         if ch.closed or ch.codec.state is not ConnState.READY:
             raise ConnectionResetError("connection closed")
-        data = ch.codec.send(frame)
         try:
-            await ch.write(data)
+            await ch.write_frames([(frame, None)])
         except TimeoutError:
             ch.close(TimeoutError(f"no write progress for {self.config.timeout_s:g} s"))
             raise
@@ -288,11 +287,8 @@ class Link:
                 wait_s = self._bucket.reserve(num_bytes, loop.time())
                 if wait_s > 0:
                     await asyncio.sleep(wait_s)
-            parts: list[memoryview | bytes] = []
-            for item in batch:
-                parts += (ch.codec.send(item.chunk), item.view)
             try:
-                await ch.write(*parts)
+                await ch.write_frames([(item.chunk, item.view) for item in batch])
             except TimeoutError:  # the peer stopped reading: this stream is stuck for good
                 ch.close(TimeoutError(f"no write progress for {self.config.timeout_s:g} s"))
                 return

@@ -29,7 +29,6 @@ from prfaas.transfer import (
 )
 from prfaas.transfer import frames as F
 from prfaas.transfer.codec import Connection, Role
-from prfaas.transfer.integrity import make_chunk
 from transfer_helpers import (
     KEY,
     Allocator,
@@ -107,7 +106,7 @@ async def test_wrong_key_peer_is_refused_before_any_kv_byte() -> None:
         junk = (
             F.encode_frame(F.Auth(b"\0" * 32))
             + F.encode_frame(F.Open(1, manifest))
-            + F.encode_frame(make_chunk(1, 0, 0, b"KV" * 100))
+            + F.encode_frame(F.Chunk(1, 0, 0, 200, b"\0" * F.TAG_BYTES))
             + b"KV" * 100
         )
         with contextlib.suppress(OSError):  # the receiver may already have closed: fine
@@ -116,12 +115,12 @@ async def test_wrong_key_peer_is_refused_before_any_kv_byte() -> None:
         sock.close()
         assert F.encode_frame(F.Abort(0, F.AbortCode.AUTH, "authentication failed")) in reply
         assert alloc.calls == [] and rx.bytes_verified == 0
-        assert rx.num_refused_connections == 1
+        assert rx.num_handshake_failures == 1
 
 
 async def test_silent_or_garbage_clients_are_dropped() -> None:
     alloc = Allocator()
-    async with Receiver(dataclasses.replace(CFG, timeout_s=0.3), alloc) as rx:
+    async with Receiver(dataclasses.replace(CFG, handshake_timeout_s=0.3), alloc) as rx:
         _, port = await rx.listen()
         silent = await _raw_client(port)
         garbage = await _raw_client(port)
@@ -130,7 +129,7 @@ async def test_silent_or_garbage_clients_are_dropped() -> None:
         await _read_until_closed(silent)  # closed by the handshake timeout
         silent.close()
         garbage.close()
-        assert alloc.calls == [] and rx.num_refused_connections == 2
+        assert alloc.calls == [] and rx.num_handshake_failures == 2
 
 
 async def test_sender_with_wrong_key_gets_connect_error() -> None:

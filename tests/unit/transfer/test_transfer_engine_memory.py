@@ -122,7 +122,7 @@ async def test_wrong_key_refused_and_nothing_allocated() -> None:
             await Link.in_memory(rx, bad)
         await asyncio.sleep(0.01)
         assert alloc.calls == [] and rx.bytes_verified == 0
-        assert rx.num_refused_connections >= 1
+        assert rx.num_handshake_failures >= 1
 
 
 def _tamper(link: Link, f):  # type: ignore[no-untyped-def]
@@ -131,52 +131,74 @@ def _tamper(link: Link, f):  # type: ignore[no-untyped-def]
         ch.tamper.append(f)
 
 
-def _flip_payload_byte(data: bytes) -> bytes:
-    if len(data) > 40 and data[3] == F.FrameType.CHUNK and data[:2] == F.MAGIC:
-        raw = bytearray(data)
-        raw[-1] ^= 0xFF
-        return bytes(raw)
-    return data
+def _is_chunk(data: bytes) -> bool:
+    return len(data) > 48 and data[:2] == F.MAGIC and data[3] == F.FrameType.CHUNK
 
 
-async def _two_sessions_one_bad(tamper, expect: AbortCode) -> None:  # type: ignore[no-untyped-def]
+def _once(f):  # type: ignore[no-untyped-def]
+    """Apply ``f`` to the first chunk written, then pass everything through."""
+    done = []
+
+    def tamper(data: bytes) -> bytes:
+        if done or not _is_chunk(data):
+            return data
+        done.append(True)
+        return f(data)  # type: ignore[no-any-return]
+
+    return tamper
+
+
+def _flip_last_byte(data: bytes) -> bytes:
+    raw = bytearray(data)
+    raw[-1] ^= 0xFF  # the last payload byte of the write
+    return bytes(raw)
+
+
+async def _one_tampered_chunk(tamper, expect: set[AbortCode]) -> None:  # type: ignore[no-untyped-def]
+    """One chunk of session "bad" is tampered with on the wire: that session is refused before
+    it is handed over (``expect`` says how); the tampered connection is closed, failing its link
+    and the other session on it with a reason; a fresh link is then served as usual."""
     rng = random.Random(7)
     good_m, bad_m = random_manifest(rng, "good"), random_manifest(rng, "bad")
     while bad_m.num_bytes < 100:
         bad_m = random_manifest(rng, "bad")
     good, bad = random_payload(rng, good_m), random_payload(rng, bad_m)
-    async with Receiver(CFG, Allocator()) as rx, await Link.in_memory(rx, CFG) as link:
-        s_good = await link.open(good_m)
-        s_bad = await link.open(bad_m)
-        in_good, in_bad = await rx.next_session(), await rx.next_session()
-        _tamper(link, tamper)
-        with pytest.raises(SessionAborted) as sent:
-            await send_all(s_bad, bad, [(i, 0, len(b)) for i, b in enumerate(bad) if b])
-        for ch in link._channels:
-            ch.tamper.clear()  # type: ignore[attr-defined]
-        with pytest.raises(SessionAborted) as got:
-            await in_bad.complete()
-        assert got.value.code is expect and sent.value.code is expect
-        assert sent.value.by_peer and "bad" in got.value.reason
-        await send_all(s_good, good, [(i, 0, len(b)) for i, b in enumerate(good) if b])
-        assert [bytes(b) for b in (await in_good.complete()).buffers] == good
+    alloc = Allocator()
+    async with Receiver(CFG, alloc) as rx:
+        async with await Link.in_memory(rx, CFG) as link:
+            s_good = await link.open(good_m)
+            s_bad = await link.open(bad_m)
+            in_good, in_bad = await rx.next_session(), await rx.next_session()
+            _tamper(link, _once(tamper))
+            with pytest.raises((SessionAborted, ConnectError)):
+                await send_all(s_bad, bad, [(i, 0, len(b)) for i, b in enumerate(bad) if b])
+            with pytest.raises(SessionAborted) as got:
+                await in_bad.complete()
+            assert got.value.code in expect and "bad" in got.value.reason
+            assert in_bad.assembly.buffers == ()  # the consumer's memory is left alone
+            with pytest.raises(SessionAborted) as other:
+                await in_good.complete()
+            assert other.value.code is AbortCode.CONNECTION_LOST
+            assert "failed its MAC" in other.value.reason
+            with pytest.raises((SessionAborted, ConnectError)):
+                await send_all(s_good, good, [(i, 0, len(b)) for i, b in enumerate(good) if b])
+        async with await Link.in_memory(rx, CFG) as fresh, fresh.session(good_m) as s:
+            await send_all(s, good, [(i, 0, len(b)) for i, b in enumerate(good) if b])
+        assert [bytes(b) for b in (await (await rx.next_session()).complete()).buffers] == good
 
 
-async def test_corrupted_chunk_aborts_that_session_only() -> None:
-    await _two_sessions_one_bad(_flip_payload_byte, AbortCode.CHECKSUM)
+async def test_corrupted_chunk_is_refused_before_install() -> None:
+    await _one_tampered_chunk(_flip_last_byte, {AbortCode.CHECKSUM})
 
 
-async def test_duplicated_chunk_aborts_that_session_only() -> None:
-    def dup(data: bytes) -> bytes:
-        is_chunk = len(data) > 40 and data[:2] == F.MAGIC and data[3] == F.FrameType.CHUNK
-        return data + data if is_chunk else data
-
-    await _two_sessions_one_bad(dup, AbortCode.PROTOCOL)
+async def test_replayed_chunk_is_refused_before_install() -> None:
+    # The copy claims bytes already received (PROTOCOL) and fails its MAC (wrong sequence number).
+    await _one_tampered_chunk(lambda data: data + data, {AbortCode.PROTOCOL})
 
 
-async def test_corrupted_chunk_header_is_caught_by_checksum() -> None:
+async def test_corrupted_chunk_header_is_caught_by_its_mac() -> None:
     def move(data: bytes) -> bytes:  # shift the chunk's offset field: right bytes, wrong place
-        if len(data) > 40 and data[:2] == F.MAGIC and data[3] == F.FrameType.CHUNK:
+        if _is_chunk(data):
             raw = bytearray(data)
             raw[8 + 12] ^= 0x01
             return bytes(raw)
@@ -210,7 +232,7 @@ async def test_unknown_frame_closes_that_sender_only() -> None:
         m = random_manifest(rng)
         s_bad = await bad_link.open(m)
         in_bad = await rx.next_session()
-        bad_link._channels[0].write_nowait(struct.pack("<2sBBI", b"PK", 1, 99, 0))
+        bad_link._channels[0].write_nowait(struct.pack("<2sBBI", b"PK", F.VERSION, 99, 0))
         with pytest.raises(SessionAborted) as got:
             await in_bad.complete()
         assert got.value.code is AbortCode.CONNECTION_LOST

@@ -63,9 +63,9 @@ def test_ranges_reject_overlap_and_track_coverage() -> None:
 
 
 def test_digest_ignores_arrival_order_but_not_content() -> None:
-    recs = [(0, 0, 4, 11), (0, 4, 4, 12), (1, 0, 8, 13)]
+    recs = [(0, 0, 4), (0, 4, 4), (1, 0, 8)]
     assert session_digest(recs) == session_digest(reversed(recs))
-    assert session_digest(recs) != session_digest([(0, 0, 4, 11), (0, 4, 4, 12), (1, 0, 8, 14)])
+    assert session_digest(recs) != session_digest([(0, 0, 4), (0, 4, 4), (1, 0, 7)])
 
 
 def test_manifest_from_cache_spec_layout() -> None:
@@ -94,7 +94,7 @@ def test_pure_modules_import_neither_asyncio_nor_torch() -> None:
     code = (
         "import sys\n"
         "import prfaas.transfer.codec, prfaas.transfer.assembly, prfaas.transfer.pacing\n"
-        "import prfaas.transfer.session_state, prfaas.transfer.integrity\n"
+        "import prfaas.transfer.session_state, prfaas.transfer.integrity, prfaas.transfer.mac\n"
         "from prfaas.transfer import Manifest, TransferConfig, SessionAborted\n"
         "bad = [m for m in ('asyncio', 'torch') if m in sys.modules]\n"
         "assert not bad, bad\n"
