@@ -104,10 +104,19 @@ def alive_in_groups(groups: set[int]) -> list[int]:
 class Up:
     """``prfaas up`` as a user runs it, in its own process group."""
 
-    def __init__(self, path: Path, workdir: Path) -> None:
+    def __init__(self, path: Path, workdir: Path, *extra: str) -> None:
         self.workdir = workdir
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "prfaas.cli", "up", str(path), "--workdir", str(workdir)],
+            [
+                sys.executable,
+                "-m",
+                "prfaas.cli",
+                "up",
+                str(path),
+                "--workdir",
+                str(workdir),
+                *extra,
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -336,3 +345,21 @@ def test_sigterm_during_start_up_stops_what_was_started(up: Up) -> None:
     up.processes()  # every member that was started, from the events
     assert started and len(up.groups) >= 1 and alive_in_groups(up.groups) == []
     assert json.loads((up.workdir / "processes.json").read_text())["stopped"] is True
+
+
+@pytest.mark.timeout(120)
+def test_up_stops_and_fails_when_the_gateway_keeps_dying(tmp_path: Path) -> None:
+    up = Up(deployment_file(tmp_path), tmp_path / "work", "--max-deaths", "1")
+    try:
+        up.wait_for("prfaas: ready:")
+        os.killpg(up.processes()["gateway"]["pid"], signal.SIGKILL)
+        up.wait_for("prfaas: stopped")
+        assert up.proc.wait(timeout=30) == 1
+        assert up.proc.stdout is not None
+        rest = up.proc.stdout.read()
+        assert "the gateway kept dying" in rest, "".join(up.lines) + rest
+        assert any("gateway: 1 deaths within 60 s" in line for line in up.lines)
+        up.processes()
+        assert alive_in_groups(up.groups) == []
+    finally:
+        up.stop()

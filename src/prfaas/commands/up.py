@@ -83,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
             raise KeyboardInterrupt  # interrupts the start-up wait; start() stops what it began
         stop.set()
 
-    for signum in (signal.SIGTERM, signal.SIGHUP):
+    # SIGINT too: a shell may start `up` in the background with SIGINT ignored.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, on_signal)
     try:
         _say(f"starting {args.deployment} (logs in {workdir})")
