@@ -129,6 +129,21 @@ class GatewayConfig(_Strict):
         le=65535,
         description="the control listener (/internal/*, signed calls only; 0: pick a free one)",
     )
+    api_keys: list[str] = Field(
+        default_factory=list,
+        description="client keys for the OpenAI port (Authorization: Bearer KEY); $PRFAAS_API_KEY "
+        "adds one; empty and unset: no key needed",
+    )
+
+    @field_validator("api_keys")
+    @classmethod
+    def _usable_keys(cls, keys: list[str]) -> list[str]:
+        for i, key in enumerate(keys):  # the message never repeats a key
+            if len(key) < 8 or not all("!" <= c <= "~" for c in key):
+                raise ValueError(
+                    f"key {i} must be at least 8 printable ASCII characters without spaces"
+                )
+        return keys
 
     @model_validator(mode="after")
     def _two_listeners(self) -> GatewayConfig:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,7 @@ from prfaas.perf import CostModel, cost_model_for
 from prfaas.policy import TuningConfig, make_router
 from prfaas.serve import internal_errors
 from prfaas.serve.api import GatewayHTTPConfig, GatewayMetrics, create_gateway_app
+from prfaas.serve.api.api_keys import resolve_api_keys
 from prfaas.serve.auth import Refusal, SignatureMiddleware, SignedAuth, Verifier
 from prfaas.serve.backend import ModelInfo
 from prfaas.serve.gateway.control import ControlLoop
@@ -127,6 +129,7 @@ def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo
         max_queued=g.max_queued,
         request_timeout_s=g.request_timeout_s,
         queue_timeout_s=min(30.0, g.request_timeout_s),
+        api_keys=resolve_api_keys(g.api_keys, os.environ),
     )
     app = create_gateway_app(dispatcher, tokenizer, http, metrics=metrics)
     app.state.registry = registry
