@@ -171,9 +171,9 @@ class WorkerHost:
                 link.set_rate(rate)
 
     def handshake_failures(self) -> int:
-        """KV handshakes this process's receiver refused since it started."""
-        # Read defensively: the counter is the transfer receiver's (``num_handshake_failures``).
-        return int(getattr(self.receiver, "num_handshake_failures", 0) or 0)
+        """KV handshakes this process's receiver refused since it started (wrong key, bad or
+        oversized HELLO, handshake timeout): the receiver logs each with the peer."""
+        return 0 if self.receiver is None else self.receiver.num_handshake_failures
 
     def reports(self) -> list[NodeReport]:
         capacity = 0.0 if self.link_gbps is None else self.link_gbps * 1e9 / 8
