@@ -185,3 +185,38 @@ def test_engine_package_imports_no_torch() -> None:
     code = "import sys, prfaas.engine, prfaas.engine.timed; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+async def _lengths(engine: TimedEngine, sampling: SamplingParams, n: int) -> list[list[int]]:
+    """Made-up tokens of ``n`` requests prefilled and decoded on one engine (chunks of 4)."""
+    out = []
+    for i in range(n):
+        rid = f"s{i}"
+        _, result = await _prefill(engine, PrefillRequest(rid, (1, 2, 3), sampling))
+        alloc = engine.allocate(LayoutManifest.of(rid, engine.layout(3)), sampling.max_new_tokens)
+        first = engine.install(alloc, result.first_token, sampling)
+        tokens = list(first.token_ids)
+        while not first.finished and engine.num_running:
+            for ev in await engine.step_async():
+                tokens.extend(ev.token_ids)
+        out.append(tokens)
+    return out
+
+
+async def test_made_up_tokens_stop_on_stop_ids_only_after_min_tokens() -> None:
+    """Half of the 128 made-up ids are stop ids: every request still gets min_tokens non-stop
+    tokens, then ends at its first stop id (the event's last token), like the torch engine."""
+    stops = tuple(range(0, 128, 2))
+    engine = _engine(TimedConfig(token_chunk=4, vocab_size=128))
+    free = SamplingParams(max_new_tokens=40, stop_token_ids=stops)
+    held = SamplingParams(max_new_tokens=40, stop_token_ids=stops, min_tokens=6)
+    for tokens in await _lengths(engine, held, 20):
+        assert not set(tokens[:6]) & set(stops)
+        assert tokens[-1] in stops and not set(tokens[6:-1]) & set(stops)
+    early = await _lengths(engine, free, 20)
+    assert min(len(t) for t in early) < 6  # without min_tokens, some stop sooner
+    for tokens in early:
+        assert tokens[-1] in stops and not set(tokens[:-1]) & set(stops)
+    no_stops = SamplingParams(max_new_tokens=40, ignore_eos=False)  # no EOS here: full length
+    assert {len(t) for t in await _lengths(engine, no_stops, 5)} == {40}
+    assert engine.budget.used_bytes == 0 and engine.num_running == 0

@@ -43,17 +43,14 @@ def generator_seed(seed: int, token_index: int) -> int:
     return (seed * _SEED_STRIDE + token_index) % _SEED_SPACE
 
 
-def choose(
+def processed_logits(
     logits: torch.Tensor,
     params: SamplingParams,
     token_index: int,
     stop_ids: frozenset[int] = frozenset(),
     seen: torch.Tensor | None = None,
-) -> int:
-    """The token for ``logits [vocab]``. ``token_index`` counts generated tokens from 0;
-    ``stop_ids`` (EOS unless ignored, plus the request's stop ids) are masked while
-    ``token_index < params.min_tokens``; ``seen`` (``bool [vocab]``) is penalised when
-    ``params.repetition_penalty != 1``."""
+) -> torch.Tensor:
+    """``logits [vocab]`` (fp32, CPU) after the repetition penalty and the min_tokens mask."""
     logits = logits.detach().float().cpu()
     if params.repetition_penalty != 1.0 and seen is not None:
         # HF's RepetitionPenaltyLogitsProcessor: shrink seen tokens' logits towards 0 (or push
@@ -71,6 +68,21 @@ def choose(
             f"token {token_index}: no finite logit left to choose from (min_tokens masking or a "
             "model output of inf/NaN)"
         )
+    return logits
+
+
+def choose(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    token_index: int,
+    stop_ids: frozenset[int] = frozenset(),
+    seen: torch.Tensor | None = None,
+) -> int:
+    """The token for ``logits [vocab]``. ``token_index`` counts generated tokens from 0;
+    ``stop_ids`` (EOS unless ignored, plus the request's stop ids) are masked while
+    ``token_index < params.min_tokens``; ``seen`` (``bool [vocab]``) is penalised when
+    ``params.repetition_penalty != 1``."""
+    logits = processed_logits(logits, params, token_index, stop_ids, seen)
     if params.temperature < GREEDY_BELOW_TEMPERATURE:
         return int(torch.argmax(logits).item())
     logits = logits / params.temperature
