@@ -1,8 +1,12 @@
-"""Benchmark of prfaas.transfer: loopback vs iperf3, shaped links, RTT, layer-wise overlap, TLS.
+"""Benchmark of prfaas.transfer: loopback vs iperf3, shaped links, RTT, layer-wise overlap, TLS,
+and the CPU cost of the per-frame MAC against a checkout from before it.
 
     .venv/bin/python bench/transfer.py            # table (medians of --repeats runs)
     .venv/bin/python bench/transfer.py --json     # one JSON object
     .venv/bin/python bench/transfer.py --quick    # 1 repeat, shorter windows
+    # MAC cost: sender and receiver CPU s/GB, this tree vs another (e.g. before the MAC), in turn
+    git archive bdcebf8 src bench | tar -x -C /tmp/prfaas-before
+    .venv/bin/python bench/transfer.py --only mac primitives --baseline /tmp/prfaas-before
 
 Sender and receiver run as separate processes (as they will live); shaped rows run them in the two
 namespaces of ``prfaas.testbed.TwoSiteTestbed`` (root only; skipped with a reason otherwise).
@@ -46,7 +50,7 @@ from prfaas.transfer import (  # noqa: E402
 Json = dict[str, Any]
 PSK = b"bench-key-0123456789abcdef"
 MIB = 1 << 20
-SECTIONS = ["loopback", "tls", "shaped", "overlap"]
+SECTIONS = ["loopback", "tls", "mac", "primitives", "shaped", "overlap"]
 
 
 def _cpu_s() -> float:
@@ -196,26 +200,34 @@ async def tx_main(args: argparse.Namespace) -> None:
 
 
 # -- orchestration ----------------------------------------------------------------------------
-def _py(*extra: str) -> list[str]:
-    return [sys.executable, str(Path(__file__).resolve()), *extra]
+def _py(*extra: str, tree: Path | None = None) -> list[str]:
+    """This bench (or the one in ``tree``, which then imports that tree's ``src``) as a child."""
+    script = Path(__file__).resolve() if tree is None else tree / "bench" / "transfer.py"
+    return [sys.executable, str(script), *extra]
 
 
 class Run:
     """One receiver + sender pair, optionally inside a testbed."""
 
     def __init__(
-        self, testbed: Any = None, tls: str | None = None, slots: int = 3, slot_mib: int = 64
+        self,
+        testbed: Any = None,
+        tls: str | None = None,
+        slots: int = 3,
+        slot_mib: int = 64,
+        tree: Path | None = None,
     ) -> None:
         self.slots, self.slot_mib = slots, slot_mib
         self.tb = testbed
         self.tls = tls
+        self.tree = tree
         self.host = "127.0.0.1" if testbed is None else testbed.ip_b
 
     def __call__(
         self, connections: int, *tx_args: str
     ) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
         rx_argv = _py("_rx", "--host", self.host, "--slots", str(self.slots),
-                      "--slot-mib", str(self.slot_mib))  # fmt: skip
+                      "--slot-mib", str(self.slot_mib), tree=self.tree)  # fmt: skip
         tx_extra = ["--tls", self.tls] if self.tls else []
         if self.tls:
             rx_argv += ["--tls", self.tls]
@@ -224,7 +236,8 @@ class Run:
         try:
             port = json.loads(rx.stdout.readline())["port"]
             tx_argv = _py("_tx", "--host", self.host, "--port", str(port),
-                          "--connections", str(connections), *tx_extra, *tx_args)  # fmt: skip
+                          "--connections", str(connections), *tx_extra, *tx_args,
+                          tree=self.tree)  # fmt: skip
             if self.tb:
                 tx_argv = self.tb.netns_argv("a", tx_argv)
             done = subprocess.run(tx_argv, capture_output=True, text=True, timeout=300)
@@ -329,6 +342,14 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             "goodput_vs_plain": tls_gbps / plain["goodput_gbps"] if plain else None,
         }
 
+    if "mac" in args.only:
+        if args.baseline is None:
+            result["notes"].append("mac section skipped: give --baseline DIR (a tree to compare)")
+        else:
+            result["mac"] = mac_cost(args.baseline, tput, reps)
+    if "primitives" in args.only:
+        result["primitives"] = primitives()
+
     # Shaped links and the layer-wise overlap (namespaces; root only).
     result["shaped"] = []
     if "shaped" not in args.only and "overlap" not in args.only:
@@ -357,6 +378,101 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     if "overlap" in args.only:
         result["overlap"] = overlap(args, result["shaped"], reps)
     return result
+
+
+def mac_cost(baseline: Path, tput: list[str], reps: int) -> Json:
+    """Loopback at the default connection count, this tree and ``baseline`` in turn (so both see
+    the same drift of machine load): CPU seconds per GB moved, sender and receiver apart."""
+    rows: dict[str, dict[str, list[float]]] = {}
+    for _ in range(reps):
+        for name, tree in (("this", None), ("baseline", baseline)):
+            tx, rx, _ = Run(tree=tree)(
+                DEFAULT_NUM_CONNECTIONS, *tput, "--layers", "16", "--layer-mib", "4"
+            )
+            gb = tx["bytes"] / 1e9
+            row = rows.setdefault(name, {"tx": [], "rx": [], "both": [], "gbps": []})
+            row["tx"].append(tx["cpu_s"] / gb)
+            row["rx"].append(rx["cpu_s"] / gb)
+            row["both"].append((tx["cpu_s"] + rx["cpu_s"]) / gb)
+            row["gbps"].append(tx["goodput_bytes_per_s"] * 8 / 1e9)
+    out: Json = {"baseline": str(baseline), "connections": DEFAULT_NUM_CONNECTIONS}
+    for name, row in rows.items():
+        out[name] = {
+            "sender_cpu_s_per_gb": _med(row["tx"]),
+            "receiver_cpu_s_per_gb": _med(row["rx"]),
+            "cpu_s_per_gb": _med(row["both"]),
+            "goodput_gbps": _med(row["gbps"]),
+            "runs_cpu_s_per_gb": row["both"],
+        }
+    for key in ("sender_cpu_s_per_gb", "receiver_cpu_s_per_gb", "cpu_s_per_gb"):
+        out[f"{key}_ratio"] = out["this"][key] / out["baseline"][key]
+    out["over_1_3x"] = out["cpu_s_per_gb_ratio"] > 1.3
+    return out
+
+
+def primitives() -> Json:
+    """Single-core speed of the candidate per-frame MACs (and xxh3, the unkeyed checksum they
+    replace), over 256 MiB cut into 1 MiB frames fed in 64 KiB pieces, as the receiver feeds them
+    (best of 3). Keyed BLAKE3 needs the ``blake3`` package, which prfaas does not depend on."""
+    import xxhash
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+    from cryptography.hazmat.primitives.poly1305 import Poly1305
+
+    from prfaas.transfer.mac import FrameMac
+
+    total, frame, piece = 256 * MIB, MIB, 64 << 10
+    data = memoryview(bytearray(os.urandom(total)))
+    key = os.urandom(32)
+    gmac = FrameMac(key)
+
+    def run_gmac(view: memoryview) -> None:
+        h = gmac.stream()
+        for p in range(0, len(view), piece):
+            h.update(view[p : p + piece])
+        h.tag()
+
+    def run_poly(view: memoryview) -> None:  # one-time key per frame, as ChaCha20-Poly1305 does
+        nonce = gmac.next_seq.to_bytes(16, "little")
+        gmac.next_seq += 1
+        otk = Cipher(algorithms.ChaCha20(key, nonce), None).encryptor().update(bytes(32))
+        h = Poly1305(otk)
+        for p in range(0, len(view), piece):
+            h.update(view[p : p + piece])
+        h.finalize()
+
+    def run_xxh3(view: memoryview) -> None:
+        h = xxhash.xxh3_64()
+        for p in range(0, len(view), piece):
+            h.update(view[p : p + piece])
+        h.intdigest()
+
+    cands: dict[str, Any] = {"xxh3_64 (unkeyed)": run_xxh3, "aes-256-gmac": run_gmac,
+                             "poly1305": run_poly}  # fmt: skip
+    try:
+        import blake3  # type: ignore[import-not-found]
+
+        def run_b3(view: memoryview) -> None:
+            h = blake3.blake3(key=key)
+            for p in range(0, len(view), piece):
+                h.update(view[p : p + piece])
+            h.digest(16)
+
+        cands["blake3 keyed"] = run_b3
+    except ImportError:
+        cands["blake3 keyed"] = None
+    out: Json = {}
+    for name, fn in cands.items():
+        if fn is None:
+            out[name] = None
+            continue
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for off in range(0, total, frame):
+                fn(data[off : off + frame])
+            best = min(best, time.perf_counter() - t0)
+        out[name] = total / best / 1e9
+    return {"gb_per_s": out, "frame_bytes": frame, "piece_bytes": piece}
 
 
 def overlap(args: argparse.Namespace, shaped: list[Json], reps: int) -> Json:
@@ -405,6 +521,21 @@ def print_table(r: dict[str, Any]) -> None:
         print(f"  TLS {t['connections']} conn    {t['goodput_gbps']:6.2f} Gb/s  "
               f"({_fmt(t['goodput_vs_plain'], '.2f')} of plain)        "
               f"{t['cpu_s_per_gb']:.2f}")  # fmt: skip
+    if "mac" in r:
+        m = r["mac"]
+        print(f"\nMAC cost, loopback {m['connections']} conn (CPU s/GB: sender / receiver / both)")
+        for name in ("baseline", "this"):
+            x = m[name]
+            tx, rx = x["sender_cpu_s_per_gb"], x["receiver_cpu_s_per_gb"]
+            print(f"  {name:9s} {tx:.3f} / {rx:.3f} / {x['cpu_s_per_gb']:.3f}   "
+                  f"{x['goodput_gbps']:6.2f} Gb/s")  # fmt: skip
+        print(f"  this / baseline: sender {m['sender_cpu_s_per_gb_ratio']:.2f}x, receiver "
+              f"{m['receiver_cpu_s_per_gb_ratio']:.2f}x, both {m['cpu_s_per_gb_ratio']:.2f}x"
+              + ("   OVER 1.3x" if m["over_1_3x"] else ""))  # fmt: skip
+    if "primitives" in r:
+        print("\nper-frame MAC candidates, one core (GB/s)")
+        for name, v in r["primitives"]["gb_per_s"].items():
+            print(f"  {name:20s} {_fmt(v, '6.2f')}")
     if r["shaped"]:
         print("\nshaped (tbf)        conns  goodput        of rate   iperf3        RTT")
         for s in r["shaped"]:
@@ -452,6 +583,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=2.0, help="measurement window per run")
     p.add_argument("--connections", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--only", nargs="+", default=SECTIONS, choices=SECTIONS, help="sections to run")
+    p.add_argument("--baseline", type=Path, help="a tree (src/ + bench/) for the mac section")
     args = p.parse_args()
     if args.role == "_rx":
         asyncio.run(rx_main(args))
