@@ -43,6 +43,7 @@ import yaml
 from prfaas.config import DeploymentConfig
 from prfaas.serve.childlog import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, LogPump, RotatingLog
 from prfaas.serve.control_client import ControlClient, GatewayUnreachable
+from prfaas.serve.process_group import ChildGroup, terminate
 from prfaas.serve.supervisor import (
     Event,
     EventKind,
@@ -111,7 +112,7 @@ class Launcher:
         self._log_cap = (log_max_bytes, log_backups)
         self._args: dict[str, list[str]] = {}
         self._logs: dict[str, RotatingLog] = {}
-        self._procs: dict[str, _Handle] = {}
+        self._procs: dict[str, ChildGroup] = {}
         self._pumps: list[LogPump] = []
         self._lock = threading.RLock()
         self._stopping = threading.Event()
@@ -209,7 +210,7 @@ class Launcher:
             self._args[name] = args
             self._report(self.supervisor.add(name, time.monotonic()))
 
-    def _spawn(self, name: str) -> _Handle:
+    def _spawn(self, name: str) -> ChildGroup:
         """Start (or restart) member ``name``: the same arguments, the resolved file."""
         args = self._args[name]
         cmd = [sys.executable, "-m", "prfaas.cli", "serve", "--config", str(self.config_path)]
@@ -245,7 +246,7 @@ class Launcher:
             raise
         finally:
             os.close(write_fd)
-        handle = self._procs[name] = _Handle(proc)
+        handle = self._procs[name] = ChildGroup(proc)
         self._pumps = [p for p in self._pumps if not p.join(0)]
         self._pumps.append(LogPump(read_fd, log_, name))
         return handle
@@ -386,7 +387,7 @@ class Launcher:
         with self._lock:  # the watcher cannot reap it between our look and our kill
             handle = self._procs[name]
             if handle.poll() is None:
-                _killpg(handle.pid, sig)
+                handle.signal_group(sig)
         deadline = time.monotonic() + STOP_GRACE_S
         while time.monotonic() < deadline:
             with self._lock:
@@ -401,8 +402,8 @@ class Launcher:
             proc, events = self.supervisor.remove(name, time.monotonic())
             self._report(events)
         if proc is not None:
-            assert isinstance(proc, _Handle)
-            _terminate([proc])
+            assert isinstance(proc, ChildGroup)
+            terminate([proc], STOP_GRACE_S)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -410,7 +411,7 @@ class Launcher:
             self._watcher.join()
         with self._lock:
             procs = list(self._procs.values())
-        _terminate(list(reversed(procs)))  # workers first, the gateway last
+        terminate(list(reversed(procs)), STOP_GRACE_S)  # workers first, the gateway last
         for pump in self._pumps:
             pump.join(2.0)
         if self.workdir.exists():
@@ -437,55 +438,6 @@ class Launcher:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-
-
-class _Handle:
-    """A child as the supervisor sees it. ``poll`` first looks without reaping (``WNOWAIT``): a
-    dead leader left unreaped (a zombie) still holds its process group's id, so what is left in
-    the group (helpers the child spawned) can be killed with no risk of the id having been given
-    to another process; then it reaps."""
-
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        self.proc = proc
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def exited(self) -> bool:
-        if self.proc.returncode is not None:
-            return True
-        try:
-            return (
-                os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-            )
-        except ChildProcessError:  # reaped behind our back: nothing left to look at
-            return True
-
-    def poll(self) -> int | None:
-        if self.proc.returncode is None and self.exited():
-            _killpg(self.proc.pid, signal.SIGKILL)
-        return self.proc.poll()
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def _terminate(handles: list[_Handle], grace_s: float = STOP_GRACE_S) -> None:
-    """SIGTERM each live process group, wait up to ``grace_s`` for the leaders, then SIGKILL each
-    group while its leader is still unreaped (its id cannot be reused), and reap."""
-    live = [h for h in handles if h.proc.returncode is None]
-    for h in live:
-        if not h.exited():
-            _killpg(h.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and not all(h.exited() for h in live):
-        time.sleep(0.02)
-    for h in live:
-        _killpg(h.pid, signal.SIGKILL)  # the group: helpers included
-        h.proc.wait()
 
 
 def _resolved(d: DeploymentConfig) -> DeploymentConfig:
