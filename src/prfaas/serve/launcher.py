@@ -3,10 +3,13 @@
 The gateway starts first (its client and control ports resolved if the file says 0), then one
 worker process per site (``timed`` nodes of a site share a process; ``torch`` nodes get one each).
 The resolved file (real ports, the key) is written to ``workdir`` (mode 0600) and every child reads
-it, restarted children included, so they come back on the same ports with the same arguments.
+it, restarted children included, with the same arguments: a restarted gateway binds the same
+ports, a restarted worker the file's node ports (fresh free ones where the file says 0; it
+registers whatever it bound).
 
-Supervision (``serve.supervisor``): with a ``RestartPolicy`` a watcher thread notices every death
-(``poll`` reaps it: no zombies), kills what is left of the dead child's process group, and starts
+Supervision (``serve.supervisor``): with a ``RestartPolicy`` a watcher thread notices every death,
+kills what is left of the dead child's process group and reaps it (``serve.process_group``: no
+zombies, no signal to a recycled id), and starts
 members of the desired set again with backoff; a member that keeps dying is reported and left
 down. ``remove(name)`` takes a member out of the set before stopping it. Without a policy deaths are
 reaped and reported, not restarted (what fault-injection tests want). The state of every member is
