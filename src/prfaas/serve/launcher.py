@@ -328,7 +328,10 @@ class Launcher:
             with self._lock:
                 if self._stopping.is_set():
                     return
-                self._report(self.supervisor.tick(time.monotonic()))
+                try:
+                    self._report(self.supervisor.tick(time.monotonic()))
+                except Exception:  # one bad tick must not end supervision for the whole run
+                    log.exception("supervisor tick")
 
     def _report(self, events: list[Event]) -> None:
         for event in events:
