@@ -283,3 +283,39 @@ async def test_a_decode_node_whose_engine_thread_dies_reports_it(
         decoding.cancel()
         node.close()
         prefiller.close()
+
+
+@pytest.mark.timeout(60)
+async def test_a_cancelled_prefill_stops_at_its_next_chunk(loaded: Loaded) -> None:
+    """The consumer of a prefill of 8 chunks goes away during chunk 2: no third chunk runs, the
+    engine holds nothing for it, and the next request runs."""
+    model = loaded("qwen3_next", "fp32")
+    engine = TorchEngine(model, prefill_chunk_tokens=32)
+    shapes: list[tuple[int, int]] = []
+    in_second, release = threading.Event(), threading.Event()
+
+    def pre_hook(_module: object, _args: object, kwargs: dict[str, object]) -> None:
+        shapes.append(tuple(kwargs["input_ids"].shape))  # type: ignore[attr-defined]
+        if len(shapes) == 2:
+            in_second.set()
+            release.wait(10)
+
+    handle = model.model.register_forward_pre_hook(pre_hook, with_kwargs=True)
+    try:
+        async with asyncio.timeout(40):
+            consumer = asyncio.ensure_future(
+                _prefill(engine, PrefillRequest("long", prompt(0), GREEDY))
+            )
+            assert await asyncio.to_thread(in_second.wait, 10)
+            consumer.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await consumer
+            release.set()
+            _, result = await _prefill(engine, PrefillRequest("next", prompt(1, 20), GREEDY))
+    finally:
+        handle.remove()
+        release.set()
+        engine.close()
+    assert shapes == [(1, 32), (1, 32), (1, 20)]
+    assert result.num_tokens == 20
+    assert engine._prefilling == set() and set(engine._held) == {"next"}

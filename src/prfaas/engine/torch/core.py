@@ -46,7 +46,8 @@ class Task:
 
     @property
     def cancelled(self) -> bool:
-        return self._cancelled.is_set()
+        """Its caller asked to cancel, or stopped waiting (the future was cancelled)."""
+        return self._cancelled.is_set() or self.future.cancelled()
 
     def cancel(self) -> None:
         self._cancelled.set()
@@ -141,12 +142,11 @@ class EngineLoop:
 
     def _round(self) -> None:
         """One decode step (if one is waiting), then one chunk of the oldest prefill."""
-        if self._steps:
-            self._slice(self._steps)
-        while self._prefills and self._prefills[0].cancelled:
-            self._prefills.popleft().dropped()
-        if self._prefills:
-            self._slice(self._prefills)
+        for tasks in (self._steps, self._prefills):
+            while tasks and tasks[0].cancelled:
+                tasks.popleft().dropped()
+            if tasks:
+                self._slice(tasks)
 
     def _slice(self, tasks: deque[Task]) -> None:
         task = tasks[0]

@@ -1,5 +1,6 @@
 """Build a node's engine from the deployment: ``timed`` (cost model on the wall clock, scaled) or
-``torch`` (a local Hugging Face folder). torch is imported only for ``torch``."""
+``torch`` (a local Hugging Face folder, run on the engine's own thread, prefills in chunks so
+decode streams keep going). torch is imported only for ``torch``."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from prfaas.engine.waiting import LoopWaiter
 from prfaas.perf import cost_model_for
 
 TORCH_KV_BUDGET_BYTES = 1 << 30
+TORCH_PREFILL_CHUNK_TOKENS = 512
+"""Longest prefill pass of a torch node: running streams wait at most one such pass per token."""
 TORCH_PREFIX_STORE_BYTES = 256 << 20
 
 
@@ -34,7 +37,10 @@ def build_engine(config: EngineConfig, hardware: str) -> Any:
     torch.set_num_threads(1)  # several processes share 2 cores
     assert config.model_path is not None
     return TorchEngine.from_folder(
-        config.model_path, dtype=config.dtype, kv_budget_bytes=TORCH_KV_BUDGET_BYTES
+        config.model_path,
+        dtype=config.dtype,
+        kv_budget_bytes=TORCH_KV_BUDGET_BYTES,
+        prefill_chunk_tokens=TORCH_PREFILL_CHUNK_TOKENS,
     )
 
 
