@@ -154,13 +154,19 @@ class ProtocolChannel(Channel, asyncio.BufferedProtocol):
         self._handshake_timeout_s = handshake_timeout_s
         self._refuse = refuse  # close as soon as connected, with this reason
         self._peer_address = "?"
-        self._timer: asyncio.TimerHandle | None = None
+        # Armed now, not in connection_made: under TLS that comes only after asyncio's own
+        # handshake, and a peer that never finishes it would otherwise never be timed out here.
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(handshake_timeout_s, self._check_handshake)
         self._lowat_sock: Any = None
         self._lowat = 1
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        if self.closed:  # timed out during the TLS handshake
+            transport.close()
+            return
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and len(peer) >= 2:
             self._peer_address = f"{peer[0]}:{peer[1]}"
@@ -172,9 +178,6 @@ class ProtocolChannel(Channel, asyncio.BufferedProtocol):
                 self._lowat_sock = sock
         if self._refuse is not None:
             self.close(ConnectionRefusedError(self._refuse))
-            return
-        loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(self._handshake_timeout_s, self._check_handshake)
 
     def _check_handshake(self) -> None:
         # Absolute, not reset by progress: a peer trickling a byte at a time is cut all the same.
@@ -246,8 +249,7 @@ class ProtocolChannel(Channel, asyncio.BufferedProtocol):
         return self._peer_address  # kept from connection_made: still known after the close
 
     def _shutdown(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        self._timer.cancel()
         if self.transport is not None:
             self.transport.close()
 

@@ -82,8 +82,15 @@ class Receiver:
     async def listen(self, host: str = "127.0.0.1", port: int = 0) -> tuple[str, int]:
         """Start accepting connections; returns the bound (host, port)."""
         loop = asyncio.get_running_loop()
+        tls = self.config.ssl_context
         self._server = await loop.create_server(
-            self._new_protocol, host, port, ssl=self.config.ssl_context, backlog=256
+            self._new_protocol,
+            host,
+            port,
+            ssl=tls,
+            backlog=256,
+            # asyncio's TLS handshake comes first (and holds a 256 KiB buffer): same deadline.
+            ssl_handshake_timeout=self.config.handshake_timeout_s if tls is not None else None,
         )
         addr = self._server.sockets[0].getsockname()
         return addr[0], addr[1]

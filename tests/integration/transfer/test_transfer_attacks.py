@@ -11,6 +11,7 @@ import os
 import random
 import socket
 import struct
+from pathlib import Path
 from types import TracebackType
 
 import pytest
@@ -27,7 +28,14 @@ from prfaas.transfer import (
 from prfaas.transfer import frames as F
 from prfaas.transfer.codec import PRE_AUTH_BUFFER_BYTES
 from prfaas.transfer.mac import FrameMac, derive_keys
-from transfer_helpers import KEY, Allocator, random_manifest, random_payload, send_all
+from transfer_helpers import (
+    KEY,
+    Allocator,
+    random_manifest,
+    random_payload,
+    send_all,
+    tls_contexts,
+)
 
 pytestmark = pytest.mark.timeout(120)
 CFG = TransferConfig(psk=KEY, num_connections=2, chunk_bytes=8192, timeout_s=5)
@@ -281,3 +289,29 @@ async def test_pending_handshakes_are_capped_and_refusals_are_logged(
     lines = [r.getMessage() for r in caplog.records if r.name == "prfaas.transfer"]
     assert all(x.startswith("KV handshake from 127.0.0.1:") for x in lines), lines
     assert any(f":{extra_port} " in x and "handshakes already pending" in x for x in lines), lines
+
+
+async def test_tls_connections_that_never_finish_any_handshake_are_cut(tmp_path: Path) -> None:
+    """Under TLS asyncio runs its own handshake before ours begins: a peer that sends nothing is
+    still cut after ``handshake_timeout_s`` and counted, and the pending slot is freed."""
+    ctx = tls_contexts(tmp_path)
+    if ctx is None:
+        pytest.skip("openssl CLI not available to make a test certificate")
+    server_ctx, client_ctx = ctx
+    cfg = dataclasses.replace(CFG, ssl_context=server_ctx, handshake_timeout_s=0.5)
+    socks: list[socket.socket] = []
+    try:
+        async with Receiver(cfg, Allocator()) as rx:
+            _, port = await rx.listen()
+            socks = [await _raw_client(port) for _ in range(5)]
+            await _until(lambda: rx.num_pending_handshakes == 5)
+            await asyncio.gather(*(_read_until_closed(s) for s in socks))
+            await _until(lambda: rx.num_pending_handshakes == 0)
+            assert rx.num_handshake_failures == 5
+            tx = dataclasses.replace(CFG, ssl_context=client_ctx, server_hostname="localhost")
+            async with await Link.connect("127.0.0.1", port, tx):  # a real peer still gets in
+                pass
+            assert rx.num_handshake_failures == 5
+    finally:
+        for s in socks:
+            s.close()
