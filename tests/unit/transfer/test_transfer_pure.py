@@ -88,6 +88,10 @@ def test_config_validation_names_the_value() -> None:
         TransferConfig(psk=b"short")
     with pytest.raises(ValueError, match="num_connections"):
         TransferConfig(psk=b"k" * 16, num_connections=0)
+    with pytest.raises(ValueError, match="handshake_timeout_s"):
+        TransferConfig(psk=b"k" * 16, handshake_timeout_s=0)
+    with pytest.raises(ValueError, match="max_pending_handshakes"):
+        TransferConfig(psk=b"k" * 16, max_pending_handshakes=0)
 
 
 def test_pure_modules_import_neither_asyncio_nor_torch() -> None:
