@@ -186,6 +186,24 @@ class DeploymentConfig(_Strict):
     netns: bool = Field(False, description="place the sites in network namespaces (root)")
     heartbeat_interval_s: float = Field(0.5, gt=0)
 
+    @field_validator("sites")
+    @classmethod
+    def _timed_hardware_is_a_preset(
+        cls, sites: list[SiteConfig], info: ValidationInfo
+    ) -> list[SiteConfig]:
+        # Like engine.model: a timed node's cost model needs its site's hardware preset, and an
+        # unknown name must fail here, not as a traceback when the process starts.
+        engine = info.data.get("engine")
+        if engine is not None and engine.kind == "timed":
+            from prfaas.spec import get_hardware
+
+            for site in sites:
+                try:
+                    get_hardware(site.hardware)
+                except KeyError as exc:
+                    raise ValueError(f"site {site.name}: hardware: {exc.args[0]}") from None
+        return sites
+
     @model_validator(mode="after")
     def _consistent(self) -> DeploymentConfig:
         names = [s.name for s in self.sites]

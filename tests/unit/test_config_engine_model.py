@@ -1,5 +1,6 @@
-"""An unknown ``engine.model`` preset for ``kind: timed`` fails validation, naming the field (it
-used to surface only when a child process built its cost model, as a traceback)."""
+"""An unknown ``engine.model`` (or site ``hardware``) preset for ``kind: timed`` fails validation,
+naming the field (it used to surface only when a child process built its cost model, as a
+traceback)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,20 @@ def _with_engine(tmp_path: Path, **engine: object) -> Path:
 def test_unknown_timed_model_names_engine_model(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"engine\.model: .*unknown model 'nope'.*paper-1t"):
         load_deployment(_with_engine(tmp_path, model="nope"))
+
+
+def test_unknown_timed_hardware_names_the_site(tmp_path: Path) -> None:
+    path = _with_engine(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    data["sites"][0]["hardware"] = "h999"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(
+        UsageError, match=r"sites: .*site prfaas: hardware: unknown hardware 'h999'"
+    ):
+        load_deployment(path)
+    data["engine"].update(kind="torch", model_path="/m")  # torch nodes do not use the preset
+    path.write_text(yaml.safe_dump(data))
+    assert load_deployment(path).sites[0].hardware == "h999"
 
 
 def test_preset_aliases_and_case_still_load(tmp_path: Path) -> None:
