@@ -22,6 +22,7 @@ COMMANDS: tuple[str, ...] = (
     "sim",
     "model",
     "bench",
+    "tokenizer",
     "serve",
     "up",
     "status",
