@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from prfaas.transfer import frames as F
 from prfaas.transfer.codec import Connection, ConnState
-from prfaas.transfer.errors import ProtocolError
+from prfaas.transfer.errors import LocalProtocolError, ProtocolError
 
 Buffer = bytes | bytearray | memoryview
 OutFrame = tuple[F.Frame, Buffer | None]
@@ -288,10 +288,13 @@ class SocketChannel(Channel):
             if self.closed:
                 raise ConnectionResetError("channel closed")
             parts: list[Buffer] = []
-            for frame, payload in frames:
-                parts.append(self.codec.send(frame, payload))
-                if payload is not None:
-                    parts.append(payload)
+            try:
+                for frame, payload in frames:
+                    parts.append(self.codec.send(frame, payload))
+                    if payload is not None:
+                        parts.append(payload)
+            except LocalProtocolError as exc:  # it failed or closed while this write waited
+                raise ConnectionResetError(f"connection no longer usable: {exc}") from exc
             await self._write_locked(parts)
 
     async def _write_locked(self, parts: Sequence[Buffer]) -> None:
