@@ -23,6 +23,7 @@ import json
 import os
 import resource
 import shutil
+import socket
 import ssl
 import statistics
 import subprocess
@@ -50,7 +51,7 @@ from prfaas.transfer import (  # noqa: E402
 Json = dict[str, Any]
 PSK = b"bench-key-0123456789abcdef"
 MIB = 1 << 20
-SECTIONS = ["loopback", "tls", "mac", "primitives", "shaped", "overlap"]
+SECTIONS = ["loopback", "tls", "mac", "primitives", "preauth", "shaped", "overlap"]
 
 
 def _cpu_s() -> float:
@@ -349,6 +350,8 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             result["mac"] = mac_cost(args.baseline, tput, reps)
     if "primitives" in args.only:
         result["primitives"] = primitives()
+    if "preauth" in args.only:
+        result["preauth"] = preauth(args.baseline)
 
     # Shaped links and the layer-wise overlap (namespaces; root only).
     result["shaped"] = []
@@ -475,6 +478,64 @@ def primitives() -> Json:
     return {"gb_per_s": out, "frame_bytes": frame, "piece_bytes": piece}
 
 
+PREAUTH_CONNECTIONS = 300
+
+
+def preauth(baseline: Path | None) -> Json:
+    """Unauthenticated connections that stop after a HELLO header declaring ``hello_bytes``: the
+    receiver process's RSS growth and its own count of pre-auth buffered bytes, 0.5 s after the
+    last one, in a fresh process each (this tree; the baseline too with ``--baseline``)."""
+    out: Json = {"connections": PREAUTH_CONNECTIONS}
+    trees: list[tuple[str, Path | None]] = [("this", None)]
+    if baseline is not None:
+        trees.append(("baseline", baseline))
+    for name, tree in trees:
+        src = str((ROOT if tree is None else tree) / "src")
+        for hello in (1 << 20, 98):
+            argv = _py("_preauth", "--src", src, "--hello-bytes", str(hello))
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True)
+            out[f"{name}_hello_{hello}"] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
+
+
+async def preauth_main(args: argparse.Namespace) -> None:
+    sys.path.insert(0, args.src)  # the tree under test (this bench's own src otherwise)
+    for name in [m for m in sys.modules if m.startswith("prfaas")]:
+        del sys.modules[name]
+    import logging
+
+    from prfaas.transfer import Receiver as Rx
+    from prfaas.transfer import TransferConfig as Cfg
+    from prfaas.transfer import frames
+
+    logging.disable(logging.WARNING)  # one refusal line per connection is not the figure
+
+    def rss() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    loop = asyncio.get_running_loop()
+    async with Rx(Cfg(psk=PSK), lambda m: []) as rx:
+        _, port = await rx.listen()
+        rss0, socks = rss(), []
+        for _ in range(PREAUTH_CONNECTIONS):
+            s = socket.socket()
+            s.setblocking(False)
+            await loop.sock_connect(s, ("127.0.0.1", port))
+            await loop.sock_sendall(s, frames.header(frames.FrameType.HELLO, args.hello_bytes))
+            socks.append(s)
+        await asyncio.sleep(0.5)
+        buffered = getattr(rx, "pre_auth_buffered_bytes", None)
+        print(json.dumps({
+            "rss_growth_bytes": rss() - rss0,
+            "pending": getattr(rx, "num_pending_handshakes", None),
+            "refused": getattr(rx, "num_handshake_failures", None),
+            "pre_auth_buffered_bytes": None if buffered is None else buffered(),
+        }), flush=True)  # fmt: skip
+        for s in socks:
+            s.close()
+
+
 def overlap(args: argparse.Namespace, shaped: list[Json], reps: int) -> Json:
     """Layer-wise streaming where each layer's compute time equals its transfer time."""
     from prfaas.testbed import TwoSiteTestbed
@@ -532,6 +593,16 @@ def print_table(r: dict[str, Any]) -> None:
         print(f"  this / baseline: sender {m['sender_cpu_s_per_gb_ratio']:.2f}x, receiver "
               f"{m['receiver_cpu_s_per_gb_ratio']:.2f}x, both {m['cpu_s_per_gb_ratio']:.2f}x"
               + ("   OVER 1.3x" if m["over_1_3x"] else ""))  # fmt: skip
+    if "preauth" in r:
+        pa = r["preauth"]
+        print(f"\n{pa['connections']} unauthenticated connections stopped after a HELLO header")
+        for key, v in pa.items():
+            if key == "connections":
+                continue
+            name, _, hello = key.partition("_hello_")
+            print(f"  {name:9s} HELLO declaring {int(hello):8d} B: RSS +"
+                  f"{v['rss_growth_bytes'] / MIB:6.1f} MiB, refused {v['refused']}, "
+                  f"pre-auth buffered {_fmt(v['pre_auth_buffered_bytes'], 'd')} B")  # fmt: skip
     if "primitives" in r:
         print("\nper-frame MAC candidates, one core (GB/s)")
         for name, v in r["primitives"]["gb_per_s"].items():
@@ -558,6 +629,9 @@ def print_table(r: dict[str, Any]) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description="prfaas.transfer benchmark")
     sub = p.add_subparsers(dest="role")
+    pap = sub.add_parser("_preauth")
+    pap.add_argument("--src", required=True)
+    pap.add_argument("--hello-bytes", type=int, required=True)
     rxp = sub.add_parser("_rx")
     rxp.add_argument("--host", default="127.0.0.1")
     rxp.add_argument("--port", type=int, default=0)
@@ -585,6 +659,9 @@ def main() -> None:
     p.add_argument("--only", nargs="+", default=SECTIONS, choices=SECTIONS, help="sections to run")
     p.add_argument("--baseline", type=Path, help="a tree (src/ + bench/) for the mac section")
     args = p.parse_args()
+    if args.role == "_preauth":
+        asyncio.run(preauth_main(args))
+        return
     if args.role == "_rx":
         asyncio.run(rx_main(args))
         return
