@@ -4,8 +4,8 @@
 one ``TRANSITIONS`` table) including the HMAC handshake, and the MAC of every frame after it: each
 end derives per-direction keys from the handshake (``mac``), tags every frame it sends and verifies
 every frame it receives, in wire order (the sequence number is the GCM IV). It touches no socket
-and no clock: a driver
-(asyncio engine, in-memory transport, test) feeds it bytes split at any boundary through either
+and no clock: a driver (asyncio engine, in-memory transport, test) feeds it bytes split at any
+boundary through either
 ``receive_data(bytes)`` or the zero-copy pair ``get_buffer()`` / ``buffer_updated(n)`` (the shape
 of ``asyncio.BufferedProtocol``). When a CHUNK's meta is parsed the codec asks ``chunk_sink`` for
 the destination of its payload, and then hands out that destination as the next receive buffer, so
@@ -113,6 +113,7 @@ ChunkSink = Callable[[F.Chunk], memoryview | None]
 or None to discard the payload (e.g. its session was aborted). May raise ProtocolError."""
 
 _LABEL = b"prfaas-kv-v2 "
+_EMPTY = memoryview(b"")
 _SCRATCH_BYTES = 16 << 10
 _DISCARD_BYTES = 256 << 10
 PRE_AUTH_BUFFER_BYTES = 1024
@@ -179,6 +180,7 @@ class Connection:
         self._tx_mac: FrameMac | None = None  # set when READY: every later frame is tagged
         self._rx_mac: FrameMac | None = None
         self._stream: GmacStream | None = None  # the MAC of the chunk now arriving
+        self._landing = _EMPTY  # the payload buffer last handed out by get_buffer
         self._filled = 0
         self._direct = False
         self._events: deque[Event] = deque()
@@ -286,10 +288,12 @@ class Connection:
             self._direct = True
             remaining = self._body_len - F.CHUNK_META_BYTES - self._filled
             if self._sink is not None:
-                return self._sink[self._filled :]
-            if not self._discard:
-                self._discard = bytearray(_DISCARD_BYTES)
-            return memoryview(self._discard)[: min(remaining, _DISCARD_BYTES)]
+                self._landing = self._sink[self._filled :]
+            else:
+                if not self._discard:
+                    self._discard = bytearray(_DISCARD_BYTES)
+                self._landing = memoryview(self._discard)[: min(remaining, _DISCARD_BYTES)]
+            return self._landing
         self._direct = False
         if self._end == len(self._buf):  # move unread bytes to the front; grow only if none read
             self._compact(len(self._buf) + (1 if self._start == 0 else 0))
@@ -301,11 +305,10 @@ class Connection:
         self.bytes_received += num_bytes
         try:
             if self._direct:
+                # The MAC covers exactly the bytes that landed, in the sink or (discarded) not.
                 assert self._stream is not None
-                if self._sink is not None:
-                    self._stream.update(self._sink[self._filled : self._filled + num_bytes])
-                else:  # discarded bytes are still the frame's: its MAC covers them too
-                    self._stream.update(memoryview(self._discard)[:num_bytes])
+                self._stream.update(self._landing[:num_bytes])
+                self._landing = _EMPTY
                 self._filled += num_bytes
                 self._maybe_chunk_done()
             else:
