@@ -25,6 +25,7 @@ import httpx
 from prfaas.config import DeploymentConfig, load_deployment
 from prfaas.serve.launcher import Launcher
 from prfaas.serve.loadgen.soak import SoakConfig, run_soak
+from prfaas.serve.supervisor import RestartPolicy
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "two-site.yaml"
 
@@ -75,7 +76,7 @@ def main() -> None:
         max_tokens=args.max_tokens,
     )
     with tempfile.TemporaryDirectory(prefix="prfaas-soak-") as workdir:
-        live = Launcher(deployment, Path(workdir))
+        live = Launcher(deployment, Path(workdir), process_per_node=True, restart=RestartPolicy())
         live.start(ready_timeout_s=180)
         try:
             gateway_pid = live.child("gateway").proc.pid
@@ -83,8 +84,7 @@ def main() -> None:
 
             def midway() -> None:
                 if args.kill:
-                    live.kill(args.kill)
-                    live.wait_nodes(120, [args.kill])
+                    live.kill(args.kill)  # the supervisor restarts it; the soak goes on
 
             result = run_soak(live.url, config, midway=midway)
             after = settle(live)

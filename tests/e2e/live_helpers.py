@@ -46,13 +46,15 @@ def timed_deployment(**engine: Any) -> DeploymentConfig:
 
 
 @contextmanager
-def launched(deployment: DeploymentConfig, workdir: Path) -> Iterator[Launcher]:
-    launcher = Launcher(deployment, workdir)
+def launched(deployment: DeploymentConfig, workdir: Path, **launcher: Any) -> Iterator[Launcher]:
+    """A started launcher, stopped however the test ends; ``launcher`` goes to ``Launcher``
+    (``process_per_node``, ``restart``)."""
+    live = Launcher(deployment, workdir, **launcher)
     try:
-        launcher.start(ready_timeout_s=60)
-        yield launcher
+        live.start(ready_timeout_s=90)
+        yield live
     finally:
-        launcher.stop()
+        live.stop()
 
 
 def signed(launcher: Launcher, timeout_s: float = 5.0) -> httpx.Client:

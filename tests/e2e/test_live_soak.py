@@ -19,6 +19,7 @@ from live_helpers import launched, timed_deployment
 from prfaas.config import DeploymentConfig
 from prfaas.serve.launcher import Launcher
 from prfaas.serve.loadgen.soak import SoakConfig, SoakResult, run_soak
+from prfaas.serve.supervisor import RestartPolicy
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -40,13 +41,14 @@ def settled(live: Launcher, timeout_s: float = 30.0) -> tuple[dict[str, Any], li
     return health, nodes
 
 
-def check(result: SoakResult, live: Launcher, num_requests: int) -> None:
+def check(result: SoakResult, live: Launcher, num_requests: int, greedy: bool = True) -> None:
     summary = result.summary()
     assert result.sent == num_requests, summary
     assert result.completed + result.hung_up + sum(result.failed.values()) == result.sent
     assert result.unexplained == 0, summary
     assert result.completed >= 0.6 * num_requests, summary
-    assert result.reference_copies > 0 and not result.reference_mismatches, summary
+    if greedy:  # the timed engine's tokens are random: only real models have a greedy answer
+        assert result.reference_copies > 0 and not result.reference_mismatches, summary
     health, nodes = settled(live)
     assert health["in_flight"] == 0 and health["queued"] == 0, health
     for n in nodes:
@@ -65,17 +67,20 @@ def result_model(live: Launcher) -> str:
     return live.deployment.engine.model
 
 
-def kill_and_restart(live: Launcher, name: str) -> None:
-    live.kill(name)  # SIGKILL; the supervisor restarts it
-    live.wait_nodes(60, [name])
+def kill(live: Launcher, name: str) -> None:
+    """SIGKILL the node's process and let the soak go on: the supervisor restarts it, the gateway
+    quarantines it meanwhile, and ``check`` waits for it to be back in rotation."""
+    live.kill(name)
 
 
 def test_soak_emulated_nodes(tmp_path: Path) -> None:
     deployment = timed_deployment(time_scale=0.02)
-    config = SoakConfig(model="paper-1t", num_requests=160, concurrency=48, max_tokens=16)
-    with launched(deployment, tmp_path) as live:
-        result = run_soak(live.url, config, midway=lambda: kill_and_restart(live, "d0"))
-        check(result, live, config.num_requests)
+    config = SoakConfig(
+        model="paper-1t", num_requests=240, concurrency=48, max_tokens=16, identical_every=0
+    )
+    with launched(deployment, tmp_path, process_per_node=True, restart=RestartPolicy()) as live:
+        result = run_soak(live.url, config, midway=lambda: kill(live, "d0"))
+        check(result, live, config.num_requests, greedy=False)
 
 
 def _torch_deployment(model_dir: Path) -> DeploymentConfig:
@@ -108,6 +113,6 @@ def test_soak_tiny_torch_nodes(tmp_path: Path) -> None:
         model="tiny-qwen3-next", num_requests=64, concurrency=32, max_tokens=8,
         prompt_words=(2, 40),
     )  # fmt: skip
-    with launched(_torch_deployment(model_dir), tmp_path / "live") as live:
-        result = run_soak(live.url, config, midway=lambda: kill_and_restart(live, "d1"))
+    with launched(_torch_deployment(model_dir), tmp_path / "live", restart=RestartPolicy()) as live:
+        result = run_soak(live.url, config, midway=lambda: kill(live, "d1"))
         check(result, live, config.num_requests)

@@ -52,7 +52,9 @@ class SoakResult:
     """Failure reasons the client saw (HTTP status and the error message's head)."""
     unexplained: int = 0
     """Failures that came without a reason (an empty error message): must stay 0."""
-    reference_text: str = ""
+    reference_text: dict[str, str] = field(default_factory=dict)
+    """The reference prompt's greedy answer from a lone request, per API (chat applies the
+    template, so its prompt differs)."""
     reference_copies: int = 0
     reference_mismatches: list[str] = field(default_factory=list)
     wall_s: float = 0.0
@@ -81,7 +83,10 @@ def run_soak(
     )
     result = SoakResult()
     lock = threading.Lock()
-    result.reference_text = _complete(client, config, config.reference_prompt)
+    result.reference_text = {
+        api: _complete(client, config, config.reference_prompt, chat=api == "chat")
+        for api in ("completions", "chat")
+    }
     rng = random.Random(config.seed)
     prompts = [_prompt(rng, config, i) for i in range(config.num_requests)]
     started = time.monotonic()
@@ -94,7 +99,8 @@ def run_soak(
                 result.completed += 1
                 if prompts[i] == config.reference_prompt:
                     result.reference_copies += 1
-                    if detail != result.reference_text:
+                    api = "chat" if KINDS[i % len(KINDS)].startswith("chat") else "completions"
+                    if detail != result.reference_text[api]:
                         result.reference_mismatches.append(detail)
             elif outcome == "hung_up":
                 result.hung_up += 1
@@ -125,10 +131,13 @@ def _prompt(rng: random.Random, config: SoakConfig, i: int) -> str:
     return " ".join(f"w{rng.randrange(10_000)}" for _ in range(words))
 
 
-def _complete(client: Any, config: SoakConfig, prompt: str) -> str:
-    r = client.completions.create(
-        model=config.model, prompt=prompt, max_tokens=config.max_tokens, temperature=0
-    )
+def _complete(client: Any, config: SoakConfig, prompt: str, chat: bool) -> str:
+    common = {"model": config.model, "max_tokens": config.max_tokens, "temperature": 0}
+    if chat:
+        messages = [{"role": "user", "content": prompt}]
+        r = client.chat.completions.create(messages=messages, **common)
+        return str(r.choices[0].message.content)
+    r = client.completions.create(prompt=prompt, **common)
     return str(r.choices[0].text)
 
 
