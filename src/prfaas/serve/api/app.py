@@ -173,6 +173,7 @@ class _GenerationResponse(Response):
         self._gateway = gateway
         self._prepared = prepared
         self._tracker = tracker
+        self._streaming = False
         self._fmt = Format(
             prepared.chat,
             prepared.req.request_id,
@@ -189,11 +190,14 @@ class _GenerationResponse(Response):
             tracker.finish(exc.status)
             answer = error_response(exc)
         except (ClientGone, ClientDisconnect):
-            answer = Response(status_code=CLIENT_GONE)  # nobody reads it; ends the exchange
+            # Nobody reads it; it ends the exchange unless the stream had started it.
+            answer = None if self._streaming else Response(status_code=CLIENT_GONE)
         finally:
             tracker.finish(CLIENT_GONE)  # a no-op unless the client left or we were cancelled
         if answer is not None:
             await answer(scope, receive, send)
+        if self.background is not None:  # FastAPI may attach (empty) background tasks
+            await self.background()
 
     async def _generate(self, scope: Scope, receive: Receive, send: Send) -> Response | None:
         prepared, tracker = self._prepared, self._tracker
@@ -211,6 +215,7 @@ class _GenerationResponse(Response):
             # Token waits honour the deadline already; this bounds the waits on `send` when
             # the client stops reading.
             remaining_s = relay.deadline_s + SEND_GRACE_S - time.monotonic()
+            self._streaming = True
             try:
                 async with asyncio.timeout(max(remaining_s, 0.0)):
                     await stream(scope, receive, send)
