@@ -2,9 +2,10 @@
 
 ``create_gateway_app(backend, tokenizer, config)`` returns the FastAPI app:
 ``POST /v1/completions``, ``POST /v1/chat/completions`` (SSE streaming or not),
-``GET /v1/models``, ``GET /health``, ``GET /metrics``. It validates, tokenizes, admits (bounded;
-429 when full), relays tokens with a deadline, and records metrics. It knows nothing of routing,
-nodes or transfer (that is the backend).
+``GET /v1/models``, ``POST /tokenize``, ``POST /detokenize``, ``GET /health`` (liveness),
+``GET /ready`` (readiness), ``GET /metrics``. It checks API keys when configured, validates
+(vLLM's field rules: ``schemas``), tokenizes, admits (bounded; 429 when full), relays tokens with
+a deadline, and records metrics. It knows nothing of routing, nodes or transfer (the backend).
 """
 
 from prfaas.serve.api.app import create_gateway_app
