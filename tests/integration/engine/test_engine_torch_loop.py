@@ -229,6 +229,7 @@ async def test_a_dead_engine_thread_sets_fault_and_fails_pending(
         engine.prefill(PrefillRequest("later", prompt(0), GREEDY))
     with pytest.raises(EngineDead):
         engine.allocate(LayoutManifest.of("d", engine.layout(10)), 4)
+    assert engine._prefilling == set()  # the refused and the failed prefill reserved nothing
     engine.close()  # the thread is gone already: returns at once
 
 

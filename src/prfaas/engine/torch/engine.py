@@ -190,9 +190,17 @@ class TorchEngine:
     def _wait(self, task: Task) -> Any:
         """Blocking callers: run ``task`` on the engine thread and wait for it."""
         if self._loop.on_loop_thread():
-            raise EngineError("a blocking engine call from the engine thread would deadlock")
-        self._loop.submit(task)
+            task.fail(EngineError("a blocking engine call from the engine thread would deadlock"))
+        else:
+            self._submit(task)
         return task.future.result()
+
+    def _submit(self, task: Task) -> None:
+        try:
+            self._loop.submit(task)
+        except EngineDead as exc:
+            task.fail(exc)  # frees what the task reserved (a prefill's request id)
+            raise
 
     # -- what this engine is -----------------------------------------------------------------
     @property
@@ -300,11 +308,7 @@ class TorchEngine:
         task = self._prefill_task(req, on_layer, keep)
         # Posted after the last layer (same thread, same order): None means "the future is set".
         task.future.add_done_callback(lambda _: loop.call_soon_threadsafe(items.put_nowait, None))
-        try:
-            self._loop.submit(task)
-        except EngineDead:
-            self._forget_prefill(req.request_id)
-            raise
+        self._submit(task)
         finished = False
         try:
             while (item := await items.get()) is not None:
@@ -319,7 +323,8 @@ class TorchEngine:
     def _abandon(self, task: _PrefillTask, keep: bool) -> None:
         with self._lock:
             task.cancel()
-            if keep and task.future.done() and task.future.exception() is None:
+            future = task.future
+            if keep and future.done() and not future.cancelled() and future.exception() is None:
                 self._held.pop(task.request_id, None)
 
     def export(self, request_id: str, num_cached_tokens: int = 0) -> tuple[LayerOutput, ...]:
@@ -443,7 +448,7 @@ class TorchEngine:
     async def step_async(self) -> tuple[TokenEvent, ...]:
         """``step`` awaited from the event loop: it runs between two prefill chunks."""
         task = _StepTask(self._step_now)
-        self._loop.submit(task)
+        self._submit(task)
         events: tuple[TokenEvent, ...] = await asyncio.wrap_future(task.future)
         return events
 
