@@ -5,10 +5,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
+import yaml
 from serve_api_fakes import MODEL, Server, serve
 
 from prfaas.serve.api import GatewayHTTPConfig
@@ -17,6 +19,7 @@ from prfaas.serve.api.api_keys import API_KEY_ENV, resolve_api_keys
 pytestmark = pytest.mark.timeout(30)
 KEYS = ("first-key-0123", "second-key-4567")
 BODY = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+EXAMPLE = Path(__file__).parents[3] / "examples" / "two-site.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +99,21 @@ def test_config_refuses_weak_keys_without_echoing_them(bad: str) -> None:
     with pytest.raises(ValueError, match=r"api_keys\[1\]") as info:
         GatewayHTTPConfig(api_keys=("a-good-key-1", bad))
     assert bad not in str(info.value)
+
+
+def test_deployment_keys_reach_the_cluster_gateway(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prfaas.config import load_deployment
+    from prfaas.serve.api import ByteTokenizer
+    from prfaas.serve.backend import ModelInfo
+    from prfaas.serve.gateway.app import create_cluster_gateway
+
+    raw = yaml.safe_load(EXAMPLE.read_text())
+    raw["gateway"]["api_keys"] = ["file-key-0123"]
+    path = tmp_path / "keyed.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    monkeypatch.setenv(API_KEY_ENV, "env-key-45678")
+    apps = create_cluster_gateway(load_deployment(path), ByteTokenizer(), ModelInfo("m", 4096))
+    config = apps.client.state.gateway.config
+    assert config.api_keys == ("file-key-0123", "env-key-45678")
