@@ -10,7 +10,7 @@ and the CPU cost of the per-frame MAC against a checkout from before it.
 
 Sender and receiver run as separate processes (as they will live); shaped rows run them in the two
 namespaces of ``prfaas.testbed.TwoSiteTestbed`` (root only; skipped with a reason otherwise).
-Goodput counts only bytes the receiver verified (checksummed and acknowledged). CPU s/GB is the
+Goodput counts only bytes the receiver verified (MAC-checked and acknowledged). CPU s/GB is the
 sender's plus the receiver's CPU time per GB moved. iperf3 (``-l 1M``, same -P, same window) runs
 in the same invocation for the ratio; if it is missing the column says so.
 """
