@@ -66,6 +66,9 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--kill", default="d0", help="node whose process is SIGKILLed midway ('' none)")
+    ap.add_argument(
+        "--workdir", type=Path, help="keep the processes' logs here (default: a temp dir)"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     deployment = free_ports(load_deployment(args.deployment))
@@ -74,9 +77,12 @@ def main() -> None:
         num_requests=args.requests,
         concurrency=args.concurrency,
         max_tokens=args.max_tokens,
+        # The timed engine's tokens are random: only a real model has a greedy answer to compare.
+        identical_every=0 if deployment.engine.kind == "timed" else SoakConfig.identical_every,
     )
-    with tempfile.TemporaryDirectory(prefix="prfaas-soak-") as workdir:
-        live = Launcher(deployment, Path(workdir), process_per_node=True, restart=RestartPolicy())
+    with tempfile.TemporaryDirectory(prefix="prfaas-soak-") as tmp:
+        workdir = args.workdir or Path(tmp)
+        live = Launcher(deployment, workdir, process_per_node=True, restart=RestartPolicy())
         live.start(ready_timeout_s=180)
         try:
             gateway_pid = live.child("gateway").proc.pid

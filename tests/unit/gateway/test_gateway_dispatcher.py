@@ -192,3 +192,14 @@ async def test_ready_names_what_is_missing() -> None:
     for node in ("pf0", "p0", "p1"):
         reg.drain(node)
     assert "no prefill node" in (await d.ready() or "")
+
+
+async def test_retry_after_a_failed_prefill_avoids_its_decode_node_too() -> None:
+    # The prefill failed (say its KV could not reach d0): the retry goes to d1, not back to d0.
+    nodes = FakeNodes({"pf0": Script(prefill="fail")})
+    d, reg = make_dispatcher(nodes)
+    events = await collect(d, n=100)
+    assert events[-1].finish_reason == "length"
+    decodes = [c[0] for c in nodes.calls if c[1] == "decode"]
+    assert len(decodes) == 2 and decodes[0] != decodes[1]
+    assert_nothing_held(nodes, reg)

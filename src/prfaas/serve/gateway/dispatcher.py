@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
@@ -50,6 +51,7 @@ MAX_ATTEMPTS = 2
 MAX_BUSY_SKIPS = 2
 """Refusals by nodes that are draining (changing role) skipped on top of that."""
 DEFAULT_ROUTE_LOG_SIZE = 10_000
+log = logging.getLogger("prfaas.gateway")
 
 __all__ = ["ClusterDispatcher", "RouteRecord"]
 
@@ -159,11 +161,20 @@ class ClusterDispatcher:
                 return
             except AttemptFailed as exc:
                 self._on_failure(exc)
-                failed_at.add(exc.node)
+                # The retry avoids both ends where it can: a prefill that failed to reach the
+                # decode node's KV port looks like a prefill failure but says the decode node is
+                # gone (seen in the soak: the retry went back to a killed decode node).
+                failed_at.update((exc.node, plan.decision.prefill_node, plan.decode_node))
                 if exc.kind != "refused":
                     failures += 1
                     use_fallback = True  # a lost (remote) prefill falls back to local prefill
-                if started or failures == MAX_ATTEMPTS or number == last:
+                give_up = started or failures == MAX_ATTEMPTS or number == last
+                log.warning(
+                    "request %s attempt %d (prefill %s, decode %s) failed: %s%s",
+                    req.request_id, number, plan.decision.prefill_node, plan.decode_node, exc,
+                    "" if give_up else "; retrying",
+                )  # fmt: skip
+                if give_up:
                     raise GenerationError(502, "server_error", f"request failed: {exc}") from None
                 self.metrics.retries.labels(reason=exc.reason).inc()
 
