@@ -207,7 +207,7 @@ async def test_made_up_tokens_stop_on_stop_ids_only_after_min_tokens() -> None:
     """Half of the 128 made-up ids are stop ids: every request still gets min_tokens non-stop
     tokens, then ends at its first stop id (the event's last token), like the torch engine."""
     stops = tuple(range(0, 128, 2))
-    engine = _engine(TimedConfig(token_chunk=4, vocab_size=128))
+    engine = _engine(TimedConfig(token_chunk=4, vocab_size=128, byte_divisor=1000))
     free = SamplingParams(max_new_tokens=40, stop_token_ids=stops)
     held = SamplingParams(max_new_tokens=40, stop_token_ids=stops, min_tokens=6)
     for tokens in await _lengths(engine, held, 20):
