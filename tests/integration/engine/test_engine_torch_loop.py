@@ -288,10 +288,12 @@ async def test_a_decode_node_whose_engine_thread_dies_reports_it(
 
 @pytest.mark.timeout(60)
 async def test_a_cancelled_prefill_stops_at_its_next_chunk(loaded: Loaded) -> None:
-    """The consumer of a prefill of 8 chunks goes away during chunk 2: no third chunk runs, the
-    engine holds nothing for it, and the next request runs."""
+    """While a request decodes, a prefill runs in chunks of 32; its consumer goes away during
+    chunk 2: no third chunk runs, the engine holds nothing for it, the next request runs. With
+    nothing decoding, a prefill is not cut (its layers still stream during its one pass)."""
     model = loaded("qwen3_next", "fp32")
     engine = TorchEngine(model, prefill_chunk_tokens=32)
+    engine.start(engine.prefill(PrefillRequest("bg", prompt(3), GREEDY)), GREEDY)
     shapes: list[tuple[int, int]] = []
     in_second, release = threading.Event(), threading.Event()
 
@@ -313,10 +315,49 @@ async def test_a_cancelled_prefill_stops_at_its_next_chunk(loaded: Loaded) -> No
                 await consumer
             release.set()
             _, result = await _prefill(engine, PrefillRequest("next", prompt(1, 20), GREEDY))
+            assert engine._prefilling == set() and set(engine._held) == {"next"}
+            engine.release("bg")
+            await _prefill(engine, PrefillRequest("solo", prompt(0), GREEDY))
     finally:
         handle.remove()
         release.set()
         engine.close()
-    assert shapes == [(1, 32), (1, 32), (1, 20)]
+    assert shapes == [(1, 32), (1, 32), (1, 20), (1, len(prompt(0)))]
     assert result.num_tokens == 20
-    assert engine._prefilling == set() and set(engine._held) == {"next"}
+
+
+def test_chunk_ends_keep_block_boundaries() -> None:
+    from prfaas.engine.torch.prefill import chunk_ends
+
+    assert chunk_ends(0, 229, None, None) == [229]
+    assert chunk_ends(0, 229, 64, 100) == [64, 128, 192, 229]
+    assert chunk_ends(0, 229, None, 100) == [100, 200, 229]
+    assert chunk_ends(10, 300, 128, 50) == [60, 110, 128, 178, 228, 256, 300]
+
+
+@pytest.mark.timeout(60)
+def test_checkpoints_of_a_chunked_prefill_match_an_unchunked_one(loaded: Loaded) -> None:
+    """Chunks of 48 cut across 64-token blocks while a request decodes: the block checkpoints
+    are still taken at 64, 128, 192, with the states of a prefill that was not cut."""
+    import numpy as np
+
+    model = loaded("qwen3_next", "fp32")
+    req = PrefillRequest("c", prompt(0), GREEDY, checkpoint_block_tokens=64)
+    whole, cut = TorchEngine(model, prefill_chunk_tokens=48), TorchEngine(model, 4 << 30, 64, 48)
+    with whole, cut:
+        cut.start(cut.prefill(PrefillRequest("bg", prompt(3), GREEDY)), GREEDY)
+        results = [whole.prefill(req)]
+        log = PassLog(model)
+        try:
+            results.append(cut.prefill(req))
+        finally:
+            log.remove()
+    assert [q for _, _, q in log.passes] == [48, 16, 48, 16, 48, 16, 37]  # cut at 48 and at 64s
+    for result in results:
+        assert [c.num_tokens for c in result.checkpoints] == [64, 128, 192]
+    assert results[0].first_token == results[1].first_token
+    for a, b in zip(results[0].checkpoints, results[1].checkpoints, strict=True):
+        for la, lb in zip(a.layers, b.layers, strict=True):
+            for x, y in zip(la.buffers, lb.buffers, strict=True):
+                fx, fy = np.frombuffer(x, np.float32), np.frombuffer(y, np.float32)
+                assert np.allclose(fx, fy, atol=1e-4), (a.num_tokens, la.position)

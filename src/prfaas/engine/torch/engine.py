@@ -2,10 +2,10 @@
 
 Every forward pass (prefill chunks and decode steps) runs on the engine's one thread
 (``core.EngineLoop``); the asyncio side awaits futures, the blocking API waits on them. Prefills
-are cut into passes of ``prefill_chunk_tokens`` and a waiting decode step runs between two, so a
-long prompt does not stall the running streams. A request whose prefill, decode pass or sampling
-raises fails alone (``FinishReason.ERROR``); if the thread itself stops, ``fault`` says why and
-every pending call fails with ``EngineDead``.
+are cut into passes of ``prefill_chunk_tokens`` while requests decode here, and a waiting decode
+step runs between two, so a long prompt does not stall the running streams. A request whose
+prefill, decode pass or sampling raises fails alone (``FinishReason.ERROR``); if the thread
+itself stops, ``fault`` says why and every pending call fails with ``EngineDead``.
 
 Holds three tables (under one lock, shared by the caller's thread and the engine thread): caches
 prefilled here and not yet decoding (``held``: exportable, or started locally), allocations waiting
@@ -56,8 +56,9 @@ from prfaas.spec import CacheLayout, CacheSpec, DType
 
 DEFAULT_KV_BUDGET_BYTES = 4 << 30
 DEFAULT_PREFILL_CHUNK_TOKENS = 512
-"""Longest prefill pass: a decode step of the running batch waits at most one such pass. Smaller
-costs prefill speed (more, shorter passes) for smoother streams; None runs a prompt in one pass."""
+"""Longest prefill pass while requests decode on the engine: a decode step of the running batch
+waits at most one such pass. Smaller costs prefill speed (more, shorter passes) for smoother
+streams; None runs a prompt in one pass. With nothing decoding, passes are not cut."""
 _names = itertools.count()
 
 
@@ -103,16 +104,18 @@ class _PrefillTask(Task):
         finish: Callable[[_PrefillTask, PrefillJob], PrefillResult],
         forget: Callable[[str], None],
         request_id: str,
+        split: Callable[[], bool],
     ) -> None:
         super().__init__()
         self._make, self._finish, self._forget = make, finish, forget
         self.request_id = request_id
+        self._split = split
         self._job: PrefillJob | None = None
 
     def run_slice(self) -> bool:
         if self._job is None:
             self._job = self._make()
-        self._job.run_chunk()
+        self._job.run_chunk(split=self._split())
         if not self._job.done:
             return False
         _resolve(self.future, self._finish(self, self._job))
@@ -272,7 +275,12 @@ class TorchEngine:
                     self._held[rid] = _Held(out.cache, req.token_ids)
             return PrefillResult(rid, first, req.num_tokens, req.num_cached_tokens, out.checkpoints)
 
-        return _PrefillTask(make, finish, self._forget_prefill, rid)
+        return _PrefillTask(make, finish, self._forget_prefill, rid, self._decoding)
+
+    def _decoding(self) -> bool:
+        """Cut prefills into chunks only while requests decode here (there are streams to keep
+        going); otherwise a pass runs to the next block boundary, for the layer-wise overlap."""
+        return bool(self._running)
 
     def _forget_prefill(self, request_id: str) -> None:
         with self._lock:

@@ -3,10 +3,13 @@ engine thread runs one at a time, so a decode step of the running batch can run 
 
 Chunks end every ``chunk_tokens`` tokens and on every block boundary when checkpoints are asked
 for (the state at each boundary is copied as it passes); a cached prefix means only the suffix is
-computed. Layer-wise hand-out happens in the last chunk: the model's ``LayerTap`` (installed once)
-is armed with this job's cache, and as each decoder layer finishes, that layer's share of the
-cache (``CacheSpec.layout(num_tokens, num_cached_tokens)``) goes to ``on_layer`` before the next
-layer starts. Every pass holds the model's ``forward_lock``.
+computed. A pass runs whole chunks up to the next block boundary (or the end) when the engine says
+nothing is decoding: cutting then protects no stream and would only shorten the layer-wise
+overlap with the transfer. Layer-wise hand-out happens in the last pass: the model's
+``LayerTap`` (installed once) is armed with this job's cache, and as each decoder layer
+finishes, that layer's share of the cache (``CacheSpec.layout(num_tokens, num_cached_tokens)``)
+goes to ``on_layer`` before the next layer starts. Every pass holds the model's
+``forward_lock``.
 """
 
 from __future__ import annotations
@@ -75,9 +78,10 @@ class PrefillJob:
         self._max_tokens = max_tokens
         self._on_layer = on_layer
         self._ids = torch.tensor([req.token_ids], dtype=torch.long)
-        self._ends = chunk_ends(
-            req.num_cached_tokens, req.num_tokens, req.checkpoint_block_tokens, chunk_tokens
-        )
+        block = req.checkpoint_block_tokens
+        self._ends = chunk_ends(req.num_cached_tokens, req.num_tokens, block, chunk_tokens)
+        # Where a pass must end even when not split: block boundaries (checkpoints), the end.
+        self._marks = set(chunk_ends(req.num_cached_tokens, req.num_tokens, block, None))
         self._next = 0
         self._begin = req.num_cached_tokens
         self._cache: Any = None
@@ -100,13 +104,17 @@ class PrefillJob:
         cache, _ = hf_cache.build_cache(loaded.model, loaded.cmap, [start])
         return cache
 
-    def run_chunk(self) -> None:
-        """The next pass; the last one hands each layer out as it finishes."""
+    def run_chunk(self, split: bool = True) -> None:
+        """The next pass: one chunk, or with ``split=False`` every chunk up to the next block
+        boundary. The last pass hands each layer out as it finishes."""
         if self._cache is None:
             self._cache = self._start_cache()
         loaded, cmap, cache = self._loaded, self._loaded.cmap, self._cache
-        end = self._ends[self._next]
-        last = self._next == len(self._ends) - 1
+        i = self._next
+        while not split and self._ends[i] not in self._marks:
+            i += 1
+        end = self._ends[i]
+        last = i == len(self._ends) - 1
         tap: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
         if last and self._on_layer is not None:
             callbacks = {
@@ -123,7 +131,7 @@ class PrefillJob:
         if block is not None and end % block == 0:
             self._snapshots[end] = _snapshot_states(cache, cmap)
         self._begin = end
-        self._next += 1
+        self._next = i + 1
         if last:
             self._logits = logits[0, -1].float()
 
