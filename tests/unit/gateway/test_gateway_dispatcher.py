@@ -203,3 +203,21 @@ async def test_retry_after_a_failed_prefill_avoids_its_decode_node_too() -> None
     decodes = [c[0] for c in nodes.calls if c[1] == "decode"]
     assert len(decodes) == 2 and decodes[0] != decodes[1]
     assert_nothing_held(nodes, reg)
+
+
+async def test_decode_node_gets_the_prompt_only_when_a_repetition_penalty_needs_it() -> None:
+    from dataclasses import replace
+
+    from gateway_fakes import request as make_request
+
+    from prfaas.serve.node.messages import unpack_tokens
+
+    d, _ = make_dispatcher(FakeNodes())
+    plain = make_request("a")
+    penalised = replace(make_request("b"), repetition_penalty=1.3)
+    hashes: tuple[int, ...] = ()
+    decode_a, _ = d.planner.commands(plain, hashes, d.planner.plan(plain, hashes, 1, False))
+    decode_b, _ = d.planner.commands(penalised, hashes, d.planner.plan(penalised, hashes, 1, False))
+    assert decode_a.prompt_tokens == ""
+    assert unpack_tokens(decode_b.prompt_tokens) == penalised.prompt_token_ids
+    assert decode_b.sampling.repetition_penalty == 1.3

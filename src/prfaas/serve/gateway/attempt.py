@@ -121,6 +121,8 @@ class AttemptPlanner:
             num_prompt_tokens=n,
             block_hashes=list(hashes),
             prefix_tokens=self.kv_manager.peek(hashes, n).get(self.home, 0),
+            # The penalty counts prompt tokens too, and the decode node has only the KV.
+            prompt_tokens=pack_tokens(req.prompt_token_ids) if req.repetition_penalty != 1 else "",
             sampling=sampling,
             timeout_s=self.registry.deployment.gateway.request_timeout_s,
         )
