@@ -48,7 +48,7 @@ def _say(message: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from prfaas.config import load_deployment
-    from prfaas.serve.launcher import Launcher, LaunchError, RestartPolicy
+    from prfaas.serve.launcher import LaunchCancelled, Launcher, LaunchError, RestartPolicy
     from prfaas.serve.supervisor import Event, EventKind
 
     if args.ready_timeout <= 0:
@@ -76,11 +76,11 @@ def run(args: argparse.Namespace) -> int:
             stop.set()  # nothing can serve without it: stop rather than run headless
 
     launcher.on_event = on_event
-    started = False
 
     def on_signal(_signum: int, _frame: object) -> None:
-        if not started:
-            raise KeyboardInterrupt  # interrupts the start-up wait; start() stops what it began
+        # No exception from here: raised between a child's spawn and its bookkeeping it would
+        # leave that child running. start() notices the flag at its next step instead.
+        launcher.cancel()
         stop.set()
 
     # SIGINT too: a shell may start `up` in the background with SIGINT ignored.
@@ -90,10 +90,11 @@ def run(args: argparse.Namespace) -> int:
         _say(f"starting {args.deployment} (logs in {workdir})")
         try:
             launcher.start(args.ready_timeout, progress=_say)
+        except LaunchCancelled:
+            return 0  # finally: stop() (start() already stopped what it began)
         except LaunchError as exc:
             print(f"prfaas up: error: deployment did not come up: {exc}", file=sys.stderr)
             return 1
-        started = True
         nodes = launcher.nodes()
         _say(f"ready: {len(nodes)} nodes in rotation ({', '.join(n['node'] for n in nodes)})")
         _say(f"OpenAI endpoint  {launcher.url}/v1")
@@ -102,8 +103,6 @@ def run(args: argparse.Namespace) -> int:
         _say(f"logs in {workdir} (NAME.log, rotated); Ctrl-C stops everything")
         while not stop.wait(0.5):
             pass
-    except KeyboardInterrupt:
-        pass
     finally:
         launcher.stop()
         _say("stopped")

@@ -69,6 +69,10 @@ class LaunchError(RuntimeError):
     """The deployment did not come up; the message says which process and shows its log tail."""
 
 
+class LaunchCancelled(LaunchError):
+    """``cancel()`` was called during start-up (Ctrl-C, SIGTERM): what was started is stopped."""
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -119,6 +123,10 @@ class Launcher:
         self._pumps: list[LogPump] = []
         self._lock = threading.RLock()
         self._stopping = threading.Event()
+        self._cancel = threading.Event()
+        """Set by ``cancel()`` (a signal handler): start-up stops at its next step. A flag, not
+        an exception raised inside the handler: that could land between a child's spawn and its
+        bookkeeping and leave the child running after ``stop()``."""
         self._watcher: threading.Thread | None = None
         self._control: ControlClient | None = None
 
@@ -192,6 +200,7 @@ class Launcher:
                 args = ["--role", "node"]
                 for n in nodes:
                     args += ["--node", n]
+                self._check_cancelled()
                 self._add(name, args)
             self._wait_nodes(deadline, None, say)
             self._wait_ready(deadline, say)
@@ -200,6 +209,20 @@ class Launcher:
             raise
         self._watcher = threading.Thread(target=self._watch, name="supervisor", daemon=True)
         self._watcher.start()
+
+    def cancel(self) -> None:
+        """Stop a ``start()`` in progress at its next step (safe from a signal handler); it then
+        raises ``LaunchCancelled`` after stopping what it started."""
+        self._cancel.set()
+
+    def _check_cancelled(self) -> None:
+        if self._cancel.is_set():
+            raise LaunchCancelled("start-up cancelled")
+
+    def _pause(self) -> None:
+        """One poll period of a start-up wait, cut short by ``cancel()``."""
+        if self._cancel.wait(POLL_PERIOD_S):
+            raise LaunchCancelled("start-up cancelled")
 
     def _write_resolved(self) -> None:
         # The file holds the key: readable by this user only.
@@ -275,7 +298,7 @@ class Launcher:
                     return
             except httpx.HTTPError:
                 pass
-            time.sleep(POLL_PERIOD_S)
+            self._pause()
         raise LaunchError(f"gateway did not answer at {self.url} in time")
 
     def nodes(self) -> list[dict[str, Any]]:
@@ -304,7 +327,7 @@ class Launcher:
                 return
             say(f"{len(wanted & serving)}/{len(wanted)} nodes in rotation; waiting for "
                 + ", ".join(sorted(wanted - serving)))  # fmt: skip
-            time.sleep(POLL_PERIOD_S)
+            self._pause()
         missing = ", ".join(sorted(wanted - serving))
         raise LaunchError(f"nodes {missing} did not come into rotation in time")
 
@@ -319,7 +342,7 @@ class Launcher:
             if reason is None:
                 return
             say(f"gateway not ready yet: {reason}")
-            time.sleep(POLL_PERIOD_S)
+            self._pause()
         raise LaunchError(f"gateway {self.url}/ready still says: {reason}")
 
     # -- supervision -----------------------------------------------------------------------------
