@@ -46,3 +46,19 @@ def read_trace_lengths(path: Path) -> list[int]:
     if not lengths:
         raise UsageError(f"trace file {path} holds no requests")
     return lengths
+
+
+def check_api_key_env() -> None:
+    """``$PRFAAS_API_KEY``, when set, must be a usable key: checked before any process starts (the
+    gateway would otherwise fail in its child process with a traceback)."""
+    import os
+
+    from prfaas.serve.api.api_keys import API_KEY_ENV
+    from prfaas.serve.api.config import MIN_API_KEY_CHARS, valid_api_key
+
+    key = os.environ.get(API_KEY_ENV, "")
+    if key and not valid_api_key(key):
+        raise UsageError(
+            f"${API_KEY_ENV} must be at least {MIN_API_KEY_CHARS} printable ASCII characters "
+            "without spaces"
+        )

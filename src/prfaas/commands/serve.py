@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from prfaas.commands.common import check_api_key_env
 from prfaas.errors import UsageError
 
 
@@ -41,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     # Processes started one by one must share the file's key: no random per-process default.
     d = load_deployment(args.config, require_psk=True)
+    check_api_key_env()
     if args.role == "gateway":
         if args.node:
             raise UsageError("--node is for node processes, not the gateway")

@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from prfaas.commands.common import check_api_key_env
 from prfaas.errors import UsageError
 
 
@@ -56,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_deaths < 1:
         raise UsageError(f"--max-deaths must be >= 1, got {args.max_deaths}")
     d = load_deployment(args.deployment)
+    check_api_key_env()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="prfaas-up-"))
     policy = None if args.no_restart else RestartPolicy(max_deaths=args.max_deaths)
     try:
