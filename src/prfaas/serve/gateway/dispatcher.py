@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
@@ -179,7 +180,7 @@ class ClusterDispatcher:
                 self.metrics.retries.labels(reason=exc.reason).inc()
 
     def _on_failure(self, exc: AttemptFailed) -> None:
-        now_wall_s = asyncio.get_running_loop().time()
+        now_wall_s = time.monotonic()  # the registry's clock (heartbeats are stamped with it)
         if exc.kind == "unreachable":
             self.registry.mark_unreachable(exc.node, str(exc), now_wall_s)
         elif exc.kind == "refused":
