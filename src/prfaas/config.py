@@ -24,7 +24,15 @@ from pydantic import (
     model_validator,
 )
 
+from prfaas.deployment_sections import Prices, SimulationConfig, WorkloadConfig
 from prfaas.errors import UsageError
+
+PROFILE_SUFFIXES = (".yaml", ".yml")
+
+
+def is_profile_file(hardware: str) -> bool:
+    """A site's ``hardware`` names a profile file (else a preset)."""
+    return hardware.endswith(PROFILE_SUFFIXES)
 
 
 class _Strict(BaseModel):
@@ -38,11 +46,54 @@ class NodeConfig(_Strict):
     transfer_port: int = Field(0, ge=0, le=65535, description="KV receive port (decode nodes)")
 
 
+class EngineOverride(_Strict):
+    """A site's own engine settings, over the top-level ``engine`` (e.g. torch at one site, timed
+    at another, or another model folder per host). What fixes units and hashing (``model``,
+    ``time_scale``, ``byte_divisor``, ``block_tokens``) stays deployment-wide."""
+
+    kind: Literal["timed", "torch"] | None = None
+    model_path: str | None = None
+    dtype: Literal["float32", "bfloat16"] | None = None
+    token_chunk: int | None = Field(None, ge=1)
+
+
 class SiteConfig(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     kind: Literal["pd", "prfaas"]
-    hardware: str = "h20"
-    nodes: list[NodeConfig]
+    hardware: str = Field(
+        "h20", description="a hardware preset (h20, h200, ...) or a profile file (.yaml)"
+    )
+    nodes: list[NodeConfig] = []
+    engine: EngineOverride | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _counts_become_nodes(cls, raw: object) -> object:
+        """``prefill_nodes: N`` / ``decode_nodes: M`` stand for N + M nodes named
+        ``SITE-p0..`` / ``SITE-d0..`` (large deployments need not list every node)."""
+        if not isinstance(raw, dict) or not ({"prefill_nodes", "decode_nodes"} & raw.keys()):
+            return raw
+        raw = dict(raw)
+        name = raw.get("name", "site")
+        nodes = list(raw.get("nodes", []))
+        for key, role, tag in (("prefill_nodes", "prefill", "p"), ("decode_nodes", "decode", "d")):
+            count = raw.pop(key, 0)
+            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+                raise ValueError(f"site {name}: {key} must be a whole number >= 0, got {count!r}")
+            nodes += [{"name": f"{name}-{tag}{i}", "role": role} for i in range(count)]
+        raw["nodes"] = nodes
+        return raw
+
+    @field_validator("hardware")
+    @classmethod
+    def _profile_file_exists(cls, hardware: str, info: ValidationInfo) -> str:
+        if not is_profile_file(hardware):
+            return hardware
+        base = (info.context or {}).get("base_dir")
+        path = Path(hardware) if base is None else Path(base) / hardware
+        if not path.is_file():
+            raise ValueError(f"hardware profile file {str(path)!r} does not exist")
+        return str(path.resolve())
 
     @model_validator(mode="after")
     def _roles_fit_the_kind(self) -> SiteConfig:
@@ -61,6 +112,19 @@ class LinkConfig(_Strict):
     dst: str
     gbps: float = Field(gt=0, description="modelled capacity, Gbit/s")
     rtt_ms: float = Field(0.0, ge=0)
+    connections: int = Field(8, ge=1, description="TCP connections per transfer (simulation)")
+    window_mib: float = Field(16.0, gt=0, description="TCP window per connection (simulation)")
+    schedule: list[tuple[float, float]] = Field(
+        [], description="simulation: capacity steps [[time_s, gbps], ...], e.g. a dip"
+    )
+
+    @field_validator("schedule")
+    @classmethod
+    def _steps_non_negative(cls, steps: list[tuple[float, float]]) -> list[tuple[float, float]]:
+        for t_s, gbps in steps:
+            if t_s < 0 or gbps < 0:
+                raise ValueError(f"schedule step ({t_s}, {gbps}) must be >= 0")
+        return steps
 
 
 class EngineConfig(_Strict):
@@ -185,6 +249,18 @@ class DeploymentConfig(_Strict):
     tls: TLSConfig | None = None
     netns: bool = Field(False, description="place the sites in network namespaces (root)")
     heartbeat_interval_s: float = Field(0.5, gt=0)
+    workload: WorkloadConfig = WorkloadConfig()
+    """What ``prfaas sim`` and ``prfaas plan`` feed the deployment (``prfaas up`` ignores it)."""
+    simulation: SimulationConfig = SimulationConfig()
+    prices: Prices = Field({}, description="USD per instance-hour by site hardware")
+
+    @field_validator("prices")
+    @classmethod
+    def _positive_prices(cls, prices: Prices) -> Prices:
+        for hardware, usd in prices.items():
+            if not usd > 0:
+                raise ValueError(f"prices.{hardware} must be > 0 USD per instance-hour, got {usd}")
+        return prices
 
     @field_validator("sites")
     @classmethod
@@ -198,6 +274,8 @@ class DeploymentConfig(_Strict):
             from prfaas.spec import get_hardware
 
             for site in sites:
+                if is_profile_file(site.hardware):
+                    continue  # checked to exist when the site was read
                 try:
                     get_hardware(site.hardware)
                 except KeyError as exc:
@@ -212,22 +290,53 @@ class DeploymentConfig(_Strict):
         nodes = [n.name for s in self.sites for n in s.nodes]
         if len(set(nodes)) != len(nodes):
             raise ValueError("duplicate node names")
-        if sum(1 for s in self.sites if s.kind == "pd") != 1:
-            raise ValueError("a deployment has exactly one PD site (the gateway's home)")
+        if not self.pd_sites:
+            raise ValueError("a deployment needs a PD site (kind: pd; the first is the gateway's)")
         for link in self.links:
             for end in (link.src, link.dst):
                 if end not in names:
                     raise ValueError(f"link {link.src}->{link.dst} names unknown site {end!r}")
+        pd_names = {s.name for s in self.pd_sites}
         for site in self.sites:
             if site.kind == "prfaas" and not any(
-                lk.src == site.name and lk.dst == self.home_site.name for lk in self.links
+                lk.src == site.name and lk.dst in pd_names for lk in self.links
             ):
-                raise ValueError(f"PrfaaS site {site.name} has no link to {self.home_site.name}")
+                targets = " or ".join(s.name for s in self.pd_sites)
+                raise ValueError(f"PrfaaS site {site.name} has no link to {targets}")
+        for site in self.sites:
+            engine = self.engine_for(site.name)  # the merged settings must be valid too
+            if engine.kind == "torch" and not engine.model_path:
+                raise ValueError(f"site {site.name}: engine kind 'torch' needs model_path")
         return self
 
     @property
+    def pd_sites(self) -> list[SiteConfig]:
+        return [s for s in self.sites if s.kind == "pd"]
+
+    def engine_for(self, site_name: str) -> EngineConfig:
+        """The engine settings of ``site_name``: the top-level ``engine`` with the site's own
+        ``engine`` over it."""
+        site = next(s for s in self.sites if s.name == site_name)
+        if site.engine is None:
+            return self.engine
+        changes = {k: v for k, v in site.engine.model_dump().items() if v is not None}
+        return self.engine.model_copy(update=changes)
+
+    def require_one_pd_site(self) -> None:
+        """The live system serves one PD site per gateway; files with more are for the
+        simulator and the planner."""
+        if len(self.pd_sites) != 1:
+            names = ", ".join(s.name for s in self.pd_sites)
+            raise UsageError(
+                f"sites: {len(self.pd_sites)} PD sites ({names}): the live system runs one PD "
+                "site per gateway; simulate this file with `prfaas sim` or give each PD site its "
+                "own deployment file"
+            )
+
+    @property
     def home_site(self) -> SiteConfig:
-        return next(s for s in self.sites if s.kind == "pd")
+        """The gateway's site: the first PD site."""
+        return self.pd_sites[0]
 
     def site_of(self, node_name: str) -> SiteConfig:
         for site in self.sites:
@@ -270,7 +379,7 @@ def load_deployment(path: Path, require_psk: bool = False) -> DeploymentConfig:
             "(prfaas up draws one for its own children)"
         )
     try:
-        return DeploymentConfig.model_validate(raw)
+        return DeploymentConfig.model_validate(raw, context={"base_dir": path.parent})
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(top level)"

@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     # Processes started one by one must share the file's key: no random per-process default.
     d = load_deployment(args.config, require_psk=True)
     check_api_key_env()
+    d.require_one_pd_site()
     if args.role == "gateway":
         if args.node:
             raise UsageError("--node is for node processes, not the gateway")

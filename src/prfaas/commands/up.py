@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-deaths must be >= 1, got {args.max_deaths}")
     d = load_deployment(args.deployment)
     check_api_key_env()
+    d.require_one_pd_site()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="prfaas-up-"))
     policy = None if args.no_restart else RestartPolicy(max_deaths=args.max_deaths)
     try:

@@ -110,7 +110,9 @@ class Launcher:
             deployment = self._network(deployment)
         self.deployment = _resolved(deployment)
         self.workdir = workdir
-        self.process_per_node = process_per_node or deployment.engine.kind == "torch"
+        self.process_per_node = process_per_node or any(
+            deployment.engine_for(site.name).kind == "torch" for site in deployment.sites
+        )
         self.config_path = workdir / RESOLVED_NAME
         self.supervisor = Supervisor(self._spawn, restart)
         self.events: deque[tuple[float, Event]] = deque(maxlen=200)

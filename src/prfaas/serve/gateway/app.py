@@ -24,12 +24,12 @@ import httpx
 from fastapi import FastAPI, HTTPException
 from prometheus_client import Counter, Gauge
 
-from prfaas.analytic import Planner, Scenario
 from prfaas.cache import GlobalKVManager, HybridPrefixCache, sizing_for
 from prfaas.config import DeploymentConfig
 from prfaas.core import MutableClusterView, NodeId, SiteId
 from prfaas.perf import CostModel, cost_model_for
 from prfaas.policy import TuningConfig, make_router
+from prfaas.scenarios import planned_threshold
 from prfaas.serve import internal_errors
 from prfaas.serve.api import GatewayHTTPConfig, GatewayMetrics, create_gateway_app
 from prfaas.serve.api.api_keys import resolve_api_keys
@@ -42,7 +42,6 @@ from prfaas.serve.node.messages import Heartbeat, Registration
 
 EXPIRY_PERIOD_S = 0.25
 log = logging.getLogger("prfaas.gateway")
-DEFAULT_TORCH_THRESHOLD_TOKENS = 128
 
 
 def _cost_models(d: DeploymentConfig) -> tuple[CostModel | None, CostModel | None]:
@@ -51,29 +50,6 @@ def _cost_models(d: DeploymentConfig) -> tuple[CostModel | None, CostModel | Non
     remote = next((s for s in d.sites if s.kind == "prfaas"), None)
     local = cost_model_for(d.engine.model, d.home_site.hardware)
     return (cost_model_for(d.engine.model, remote.hardware) if remote else None), local
-
-
-def planned_threshold(d: DeploymentConfig) -> int:
-    """The deployment's ``t``: fixed in the file, else the planner's for these node counts."""
-    if d.policy.threshold_tokens is not None:
-        return d.policy.threshold_tokens
-    if d.engine.kind != "timed":
-        return DEFAULT_TORCH_THRESHOLD_TOKENS
-    remote = [s for s in d.sites if s.kind == "prfaas"]
-    if not remote:
-        return 2**31 - 1  # nothing to offload to
-    home = d.home_site
-    link = d.link_to_home(remote[0].name)
-    assert link is not None
-    scenario = Scenario(
-        model=d.engine.model,
-        prfaas_hardware=remote[0].hardware,
-        local_hardware=home.hardware,
-        n_prfaas=sum(len(s.nodes) for s in remote),
-        n_local=max(2, len(home.nodes)),
-        link_gbps=link.gbps,
-    )
-    return int(Planner(scenario).plan().prfaas.threshold_tokens or 0)
 
 
 def _kv_manager(d: DeploymentConfig) -> GlobalKVManager:

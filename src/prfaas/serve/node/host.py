@@ -74,7 +74,7 @@ class WorkerHost:
         self.host = host
         self.control_url = control_url.rstrip("/")
         self.process_name = process_name or "+".join(node_names)
-        eng = deployment.engine
+        eng = deployment.engine_for(self.site.name)  # the site's own settings, if any
         self.prefix_store = store = PrefixStore(
             prefix_store_bytes(eng, self.site.hardware),
             eng.block_tokens,

@@ -1,0 +1,150 @@
+"""The simulator's and the planner's scenarios, derived from a deployment file: one description
+(``config.DeploymentConfig``) for ``prfaas up``, ``prfaas sim`` and ``prfaas plan``.
+
+``sim_scenario(d)``: every site with its node counts, every link (with the simulation-only
+settings a link carries), the policy, the workload and the simulation sections.
+``plan_scenario(d)``: the planner's two-cluster view (the first PrfaaS site against the gateway's
+PD site). ``planned_threshold(d)``: the planner's ``t`` for a file that does not fix one, the same
+figure the live gateway starts from. No I/O (``config.py`` reads the file).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prfaas.config import DeploymentConfig, SiteConfig, is_profile_file
+from prfaas.errors import UsageError
+
+MIB = 1 << 20
+NO_OFFLOAD_TOKENS = 2**31 - 1
+"""The threshold of a deployment with nowhere to offload to."""
+DEFAULT_TORCH_THRESHOLD_TOKENS = 128
+"""Without a cost model (real engines, no profile), offload prompts longer than this."""
+
+
+def _counts(site: SiteConfig) -> tuple[int, int]:
+    roles = [n.role for n in site.nodes]
+    return roles.count("prefill"), roles.count("decode")
+
+
+def _presets_only(d: DeploymentConfig, what: str) -> None:
+    for site in d.sites:
+        if is_profile_file(site.hardware):
+            raise UsageError(
+                f"site {site.name}: hardware {site.hardware}: {what} models hardware presets "
+                "only for now (profile files are read by the cost model, not yet by this path)"
+            )
+
+
+def plan_scenario(d: DeploymentConfig, **overrides: Any) -> Any:
+    """The planner's ``analytic.Scenario`` for ``d``: model, both hardware kinds, node counts,
+    the PrfaaS link's bandwidth, the workload's lengths and output tokens, the price ratio when
+    ``prices`` names both kinds; ``overrides`` (flags) win."""
+    from prfaas.analytic import Scenario, TruncatedLogNormal
+
+    _presets_only(d, "the planner")
+    home = d.home_site
+    remote = [s for s in d.sites if s.kind == "prfaas"]
+    w = d.workload
+    if w.lengths.kind != "lognormal":
+        raise UsageError("workload.lengths: the planner takes log-normal lengths (or --trace)")
+    fields: dict[str, Any] = {
+        "model": d.engine.model,
+        "local_hardware": home.hardware,
+        "n_local": max(2, len(home.nodes)),
+        "output_tokens": w.output_tokens,
+        "lengths": TruncatedLogNormal(
+            w.lengths.mu, w.lengths.sigma, w.lengths.min_tokens, w.lengths.max_tokens
+        ),
+    }
+    if remote:
+        link = d.link_to_home(remote[0].name)
+        fields["prfaas_hardware"] = remote[0].hardware
+        fields["n_prfaas"] = sum(len(s.nodes) for s in remote)
+        if link is not None:
+            fields["link_gbps"] = link.gbps
+        prices = d.prices
+        if remote[0].hardware in prices and home.hardware in prices:
+            fields["price_ratio"] = prices[remote[0].hardware] / prices[home.hardware]
+    fields.update(overrides)
+    return Scenario(**fields)
+
+
+def planned_threshold(d: DeploymentConfig) -> int:
+    """The deployment's ``t``: fixed in the file, else the planner's for these node counts."""
+    if d.policy.threshold_tokens is not None:
+        return d.policy.threshold_tokens
+    if d.engine.kind != "timed":
+        return DEFAULT_TORCH_THRESHOLD_TOKENS
+    if not any(s.kind == "prfaas" for s in d.sites):
+        return NO_OFFLOAD_TOKENS
+    from prfaas.analytic import Planner
+
+    return int(Planner(plan_scenario(d)).plan().prfaas.threshold_tokens or 0)
+
+
+def sim_scenario(d: DeploymentConfig) -> Any:
+    """The simulator's ``SimScenario`` for ``d`` (validate it with ``.validate()``)."""
+    from prfaas.sim import LengthConfig, LinkConfig, SimScenario
+    from prfaas.sim import SiteConfig as SimSite
+    from prfaas.workload import ArrivalSpec
+
+    _presets_only(d, "the simulator")
+    sim, w = d.simulation, d.workload
+    cache_bytes = sim.cache_bytes_per_node
+    sites = tuple(
+        SimSite(s.name, s.kind, s.hardware, *_counts(s), cache_bytes_per_node=cache_bytes)
+        for s in d.sites
+    )
+    links = tuple(
+        LinkConfig(
+            lk.src, lk.dst, lk.gbps, lk.rtt_ms / 1000, lk.connections, lk.window_mib * MIB,
+            tuple((float(t), float(g)) for t, g in lk.schedule),
+        )
+        for lk in d.links
+    )  # fmt: skip
+    a = w.arrival
+    rate = a.rate_rps if a.rate_rps is not None else ArrivalSpec().rate_rps
+    lengths = w.lengths
+    return SimScenario(
+        sites=sites,
+        links=links,
+        model=d.engine.model,
+        policy=d.policy.router,
+        threshold_tokens=planned_threshold(d),
+        arrival=ArrivalSpec(a.kind, rate, a.cv, a.on_s, a.on_fraction),
+        lengths=LengthConfig(
+            lengths.kind,
+            lengths.mu,
+            lengths.sigma,
+            lengths.min_tokens,
+            lengths.max_tokens,
+            lengths.fixed_tokens,
+        ),
+        output_tokens=w.output_tokens,
+        trace=w.trace,
+        trace_limit=w.trace_limit,
+        rate_scale=w.rate_scale,
+        duration_s=w.duration_s,
+        drain_s=sim.drain_s,
+        warmup_s=w.warmup_s,
+        seed=w.seed,
+        prefix_cache=sim.prefix_cache,
+        block_tokens=d.engine.block_tokens,
+        checkpoint_every_blocks=d.engine.checkpoint_every_blocks,
+        slo_ttft_s=sim.slo_ttft_s,
+        slo_tpot_s=sim.slo_tpot_s,
+        local_fabric_gbps=sim.local_fabric_gbps,
+        prefill_token_budget=sim.prefill_token_budget,
+        decode_kv_fraction=sim.decode_kv_fraction,
+        tune=sim.tune,
+        rebalance=d.policy.rebalance,
+        role_switch_s=sim.role_switch_s,
+        control_interval_s=d.policy.control_interval_s,
+        sample_interval_s=sim.sample_interval_s,
+    )
+
+
+def rate_was_given(d: DeploymentConfig) -> bool:
+    """The file fixes the arrival rate (else the caller picks one, e.g. 80% of capacity)."""
+    return d.workload.arrival.rate_rps is not None
