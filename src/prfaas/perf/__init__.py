@@ -1,22 +1,34 @@
 """perf: the cost model, the single source of timing for planner, simulator and timed engine.
 
-Pure: imports ``spec`` only; no I/O, no clock, no torch, no asyncio.
+Pure: imports ``spec`` only; no clock, no torch, no asyncio; the only I/O is reading profile
+files (``profile_file``), asked for explicitly, and the package's shipped ones.
 """
 
 from prfaas.perf.cost_model import CostModel, cost_model_for
 from prfaas.perf.curves import PiecewiseLinearCurve, PolynomialCurve
-from prfaas.perf.profiles import PROFILES, DecodeProfile, Profile, find_profile
+from prfaas.perf.profile_file import (
+    ProfileFile,
+    ProfileFileError,
+    cost_model_from_profile_file,
+    load_profile_file,
+)
+from prfaas.perf.profiles import DecodeFit, DecodeProfile, Profile, find_profile, shipped_profiles
 from prfaas.perf.roofline import Roofline, prefill_flops
 
 __all__ = [
-    "PROFILES",
     "CostModel",
+    "DecodeFit",
     "DecodeProfile",
     "PiecewiseLinearCurve",
     "PolynomialCurve",
     "Profile",
+    "ProfileFile",
+    "ProfileFileError",
     "Roofline",
     "cost_model_for",
+    "cost_model_from_profile_file",
     "find_profile",
+    "load_profile_file",
     "prefill_flops",
+    "shipped_profiles",
 ]

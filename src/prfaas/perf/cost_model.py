@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from prfaas.perf.profiles import Profile, find_profile
+from prfaas.perf.profiles import DecodeFit, Profile, find_profile
 from prfaas.perf.roofline import Roofline
 from prfaas.spec.hardware import HardwareSpec
 from prfaas.spec.model_spec import ModelSpec
@@ -38,16 +38,20 @@ class CostModel:
         return Roofline(self.model, self.hardware)
 
     # -- where answers come from -----------------------------------------------------------------
+    def _profile_label(self) -> str:
+        assert self.profile is not None
+        return self.profile.source or f"profile:{self.model.name}@{self.hardware.name}"
+
     @property
     def prefill_source(self) -> str:
         if self.profile is not None and self.profile.prefill is not None:
-            return f"profile:{self.model.name}@{self.hardware.name}"
+            return self._profile_label()
         return f"roofline:{self.hardware.name}"
 
     @property
     def decode_source(self) -> str:
         if self.profile is not None and self.profile.decode is not None:
-            return f"profile:{self.model.name}@{self.hardware.name}"
+            return self._profile_label()
         return f"roofline:{self.hardware.name}"
 
     @property
@@ -92,6 +96,8 @@ class CostModel:
             decode = self.profile.decode if self.profile is not None else None
             if decode is None:
                 parts = self.roofline.decode_step_parts(batch_size)
+            elif isinstance(decode, DecodeFit):
+                parts = (decode.base_s + decode.per_request_s * batch_size, decode.per_token_s)
             else:
                 parts = (decode.step_s * max(1.0, batch_size / decode.max_batch), 0.0)
             self._decode_cache[batch_size] = parts
@@ -132,7 +138,7 @@ class CostModel:
     def decode_batch_limit(self, step_budget_s: float, context_tokens_per_request: int) -> int:
         """The largest batch whose step fits ``step_budget_s`` at that context (0 if none)."""
         decode = self.profile.decode if self.profile is not None else None
-        if decode is not None:
+        if decode is not None and not isinstance(decode, DecodeFit):
             return decode.max_batch if decode.step_s <= step_budget_s + 1e-12 else 0
         batch = 0
         while (

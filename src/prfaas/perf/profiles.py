@@ -1,14 +1,20 @@
-"""Shipped measured profiles: (model, hardware) -> prefill curve and decode constants.
+"""Profiles: (model, hardware) -> prefill curve and decode model, and the shipped ones.
 
-Each entry says where its numbers come from. Entries marked ASSUMPTION were inferred, not measured
-(PAPER.md, "Constants the paper does not publish"). Pure data.
+The shipped profiles are profile files (``perf/data/<model>@<hardware>.yaml``, the format of
+``perf.profile_file``), read once on first use; each says where its numbers come from. Entries
+marked ASSUMPTION were inferred, not measured (PAPER.md, "Constants the paper does not publish").
+Pure: the only I/O is reading this package's own data files.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib import resources
 
 from prfaas.perf.curves import PiecewiseLinearCurve, PolynomialCurve
+
+SHIPPED_PROFILE_NAMES: tuple[str, ...] = ("paper-1t@h200", "paper-1t@h20")
+"""The files under ``perf/data``: ``prfaas profile --preset NAME`` writes one of them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,36 +32,52 @@ class DecodeProfile:
 
 
 @dataclass(frozen=True, slots=True)
+class DecodeFit:
+    """A measured decode step: ``base_s + per_request_s * batch + per_token_s * context``.
+
+    ``context`` is the batch's total context tokens; fitted to a profile's decode points.
+    """
+
+    base_s: float
+    per_request_s: float
+    per_token_s: float
+    note: str
+
+
+@dataclass(frozen=True, slots=True)
 class Profile:
     model: str
     hardware: str
     prefill: PiecewiseLinearCurve | PolynomialCurve | None
-    decode: DecodeProfile | None
+    decode: DecodeProfile | DecodeFit | None
     note: str
+    source: str | None = None
+    """What a cost model built on it reports (e.g. ``profile-file:<path>``); None: the built-in
+    ``profile:<model>@<hardware>``."""
 
 
-PROFILES: dict[tuple[str, str], Profile] = {
-    ("paper-1t", "h200"): Profile(
-        "paper-1t",
-        "h200",
-        # MEASURED (by the paper's authors): Table 5, one 8xH200 instance, SGLang v0.5.9.
-        PiecewiseLinearCurve.of([(1024, 0.44), (8192, 0.72), (32768, 1.84), (131072, 7.40)]),
-        None,
-        "paper Table 5 (8xH200), linear interpolation between its four points",
-    ),
-    ("paper-1t", "h20"): Profile(
-        "paper-1t",
-        "h20",
-        # ASSUMPTION: inferred in PAPER.md from Table 6 (its mean over the workload, 4.447 s,
-        # matches the homogeneous mean TTFT of 4.44 s).
-        PolynomialCurve((0.4691, 1.3004e-4, 2.940e-10)),
-        # ASSUMPTION: the 40 tok/s SLO gives 25 ms steps; BS_max = 20 reproduces Table 6's
-        # Theta_pdd (0.78125 req/s per instance at 1024 output tokens).
-        DecodeProfile(0.025, 20, "ASSUMPTION inferred from Table 6: 25 ms steps, BS_max 20"),
-        "ASSUMPTION: H20 curve and decode constants inferred from paper Table 6",
-    ),
-}
+def shipped_profile_text(name: str) -> str:
+    """The YAML text of the shipped profile ``name`` (``model@hardware``); KeyError if none."""
+    if name not in SHIPPED_PROFILE_NAMES:
+        raise KeyError(
+            f"unknown shipped profile {name!r} (known: {', '.join(SHIPPED_PROFILE_NAMES)})"
+        )
+    return (resources.files("prfaas.perf") / "data" / f"{name}.yaml").read_text(encoding="utf-8")
+
+
+_SHIPPED: dict[tuple[str, str], Profile] = {}
+
+
+def shipped_profiles() -> dict[tuple[str, str], Profile]:
+    """Every shipped profile by (model, hardware), read from the package's files once."""
+    if not _SHIPPED:
+        from prfaas.perf.profile_file import load_profile_text  # it imports this module
+
+        for name in SHIPPED_PROFILE_NAMES:
+            pf = load_profile_text(shipped_profile_text(name), f"preset:{name}")
+            _SHIPPED[(pf.model.name, pf.hardware.name)] = pf.to_profile()
+    return _SHIPPED
 
 
 def find_profile(model: str, hardware: str) -> Profile | None:
-    return PROFILES.get((model, hardware))
+    return shipped_profiles().get((model, hardware))
