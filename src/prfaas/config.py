@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
@@ -358,20 +358,29 @@ class DeploymentConfig(_Strict):
         return next((lk for lk in self.links if lk.src == site_name and lk.dst == home), None)
 
 
+def load_yaml_mapping(path: Path, what: str = "file") -> dict[str, Any]:
+    """A YAML file whose top level is a mapping (every YAML the project reads comes through
+    here); a ``UsageError`` names the file and what is wrong with it."""
+    if not path.is_file():
+        raise UsageError(f"{what} {path} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise UsageError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise UsageError(f"{path}: expected a mapping at the top level")
+    return raw
+
+
 def load_deployment(path: Path, require_psk: bool = False) -> DeploymentConfig:
     """Read and validate a deployment YAML; a ``UsageError`` names the file and the bad field.
 
     ``require_psk``: the file must name the key (processes started separately, ``prfaas serve``:
     a key drawn at random per process would fail every handshake and signed call between them).
     """
-    if not path.is_file():
-        raise UsageError(f"deployment file {path} does not exist")
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise UsageError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(raw, dict):
-        raise UsageError(f"{path}: expected a mapping at the top level")
+    raw = load_yaml_mapping(path, what="deployment file")
     if require_psk and "psk" not in raw:
         raise UsageError(
             f"{path}: psk: missing. Processes started one by one (prfaas serve) must share the "

@@ -106,10 +106,18 @@ class PlanResult:
 
 
 class Planner:
-    def __init__(self, scenario: Scenario) -> None:
+    def __init__(
+        self, scenario: Scenario, remote: CostModel | None = None, local: CostModel | None = None
+    ) -> None:
+        """``remote`` / ``local``: cost models to use instead of the scenario's presets (e.g.
+        from profile files)."""
         self.scenario = scenario
-        self.remote: CostModel = cost_model_for(scenario.model, scenario.prfaas_hardware)
-        self.local: CostModel = cost_model_for(scenario.model, scenario.local_hardware)
+        if remote is None:
+            remote = cost_model_for(scenario.model, scenario.prfaas_hardware)
+        if local is None:
+            local = cost_model_for(scenario.model, scenario.local_hardware)
+        self.remote: CostModel = remote
+        self.local: CostModel = local
         self.decode = self._decode_point()
 
     def _decode_point(self) -> DecodePoint:
@@ -217,6 +225,13 @@ class Planner:
                 best = plan
         assert best is not None
         return best
+
+    def evaluate(self, t: int | None, n_prfaas: int, n_p: int, n_d: int) -> DeploymentPlan:
+        """A given deployment (not the searched optimum), e.g. one a deployment file describes:
+        ``t`` None or ``n_prfaas`` 0 means nothing is offloaded."""
+        if n_prfaas == 0 or t is None:
+            return self._deployment("homogeneous", self.scenario.lengths.max_tokens, 0, n_p, n_d)
+        return self._deployment("prfaas", t, n_prfaas, n_p, n_d)
 
     # -- one deployment at one operating point ---------------------------------------------------
     def _deployment(self, name: str, t: int, n_prfaas: int, n_p: int, n_d: int) -> DeploymentPlan:

@@ -34,31 +34,50 @@ def register(subparsers: Any) -> None:
             "maximise sustainable throughput (paper Eqs. 1-8), and compare with the homogeneous "
             "PD baseline and naive heterogeneous PD. Defaults reproduce the paper's case study."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--model", default="paper-1t", help="model preset (see `prfaas kv --help`)")
-    p.add_argument("--prfaas-hardware", default="h200", help="hardware of the PrfaaS cluster")
-    p.add_argument("--local-hardware", default="h20", help="hardware of the local PD cluster")
-    p.add_argument("--n-prfaas", type=int, default=4, help="PrfaaS instances")
-    p.add_argument("--n-local", type=int, default=8, help="local PD instances (N_p + N_d)")
-    p.add_argument("--n-homogeneous", type=int, default=12, help="instances of the baseline")
-    p.add_argument("--link-gbps", type=float, default=100.0, help="PrfaaS egress bandwidth")
-    p.add_argument("--mu", type=float, default=9.90, help="log-normal mu of prompt length")
-    p.add_argument("--sigma", type=float, default=1.00, help="log-normal sigma")
-    p.add_argument("--min-tokens", type=int, default=128, help="shortest prompt (truncation)")
-    p.add_argument("--max-tokens", type=int, default=131072, help="longest prompt (truncation)")
     p.add_argument(
-        "--trace", type=Path, default=None,
-        help="Mooncake JSONL trace: its prompt lengths replace the log-normal",
+        "--deployment", type=Path, default=None, metavar="FILE",
+        help="deployment file (as for prfaas up and sim): its model, hardware, node counts, "
+        "link, workload lengths and prices; flags override it",
     )  # fmt: skip
-    p.add_argument("--output-tokens", type=int, default=1024, help="output length L_out")
-    p.add_argument("--decode-slo", type=float, default=40.0, help="decode tokens/s per request")
-    p.add_argument("--threshold", type=int, default=None, help="fix t instead of searching it")
-    p.add_argument("--threshold-step", type=int, default=100, help="grid step of t, tokens")
-    p.add_argument("--price-ratio", type=float, default=2.0, help="PrfaaS GPU price / local GPU")
+    a = p.add_argument
+    a("--model", default=None, help="model preset (see `prfaas kv --help`) [paper: paper-1t]")
+    a("--prfaas-hardware", default=None, help="hardware of the PrfaaS cluster [paper: h200]")
+    a("--local-hardware", default=None, help="hardware of the local PD cluster [paper: h20]")
+    a("--n-prfaas", type=int, default=None, help="PrfaaS instances [paper: 4]")
+    a("--n-local", type=int, default=None, help="local PD instances, N_p + N_d [paper: 8]")
+    a("--n-homogeneous", type=int, default=None, help="instances of the baseline [paper: 12]")
+    a("--link-gbps", type=float, default=None, help="PrfaaS egress bandwidth [paper: 100]")
+    a("--mu", type=float, default=None, help="log-normal mu of prompt length [paper: 9.90]")
+    a("--sigma", type=float, default=None, help="log-normal sigma [paper: 1.00]")
+    a("--min-tokens", type=int, default=None, help="shortest prompt (truncation) [paper: 128]")
+    a("--max-tokens", type=int, default=None, help="longest prompt (truncation) [paper: 131072]")
+    a("--trace", type=Path, default=None,
+      help="Mooncake JSONL trace: its prompt lengths replace the log-normal")  # fmt: skip
+    a("--output-tokens", type=int, default=None, help="output length L_out [paper: 1024]")
+    a("--decode-slo", type=float, default=None, help="decode tokens/s per request [paper: 40]")
+    a("--threshold", type=int, default=None, help="fix t instead of searching it")
+    a("--threshold-step", type=int, default=None, help="grid step of t, tokens [paper: 100]")
+    a("--price-ratio", type=float, default=None,
+      help="PrfaaS GPU price / local GPU [paper: 2; a file's prices: give it]")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object (schema: README)")
     p.add_argument("--plot", type=Path, default=None, help="write the paper's Fig. 5 to this PNG")
     p.set_defaults(run=run)
+
+
+def _base(args: argparse.Namespace) -> Any:
+    """What flags not given fall back to: the deployment file's scenario, or the case study."""
+    from prfaas.analytic import Scenario
+
+    if args.deployment is None:
+        return Scenario()
+    from prfaas.config import load_deployment
+    from prfaas.scenarios import plan_scenario
+
+    try:
+        return plan_scenario(load_deployment(args.deployment))
+    except ValueError as exc:
+        raise UsageError(f"{args.deployment}: {exc}") from None
 
 
 def _scenario(args: argparse.Namespace) -> Any:
@@ -66,6 +85,21 @@ def _scenario(args: argparse.Namespace) -> Any:
     from prfaas.commands.common import cost_model_or_usage_error, read_trace_lengths
     from prfaas.spec import get_model
 
+    base = _base(args)
+    for flag, name in (("model", "model"), ("prfaas_hardware", "prfaas_hardware"),
+                       ("local_hardware", "local_hardware"), ("n_prfaas", "n_prfaas"),
+                       ("n_local", "n_local"), ("n_homogeneous", "n_homogeneous"),
+                       ("link_gbps", "link_gbps"), ("output_tokens", "output_tokens"),
+                       ("decode_slo", "decode_slo_tokens_per_s"),
+                       ("threshold_step", "threshold_step_tokens"),
+                       ("price_ratio", "price_ratio")):  # fmt: skip
+        if getattr(args, flag) is None:
+            setattr(args, flag, getattr(base, name))
+    lengths_base = base.lengths
+    for flag, name in (("mu", "mu"), ("sigma", "sigma"), ("min_tokens", "lo"),
+                       ("max_tokens", "hi")):  # fmt: skip
+        if getattr(args, flag) is None:
+            setattr(args, flag, getattr(lengths_base, name))
     for name in ("n_prfaas", "n_local", "n_homogeneous", "output_tokens", "threshold_step"):
         value = getattr(args, name)
         if value <= 0:

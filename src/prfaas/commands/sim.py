@@ -1,9 +1,12 @@
 """``prfaas sim``: simulate a deployment (defaults: the paper's case study, PrfaaS-PD).
 
-A scenario comes from flags, or from a YAML file (``--config``) whose keys are ``SimScenario``'s
-fields (``sites`` and ``links`` as lists of mappings); flags given explicitly override it.
-``--find-max-rate`` searches the highest sustainable arrival rate (rule: ``prfaas.sim.maxrate``).
-``--json`` prints one object (schema: docs/simulation.md). Bad input -> one line, exit 2.
+The deployment comes from a deployment file (``prfaas sim FILE``: the file ``prfaas up`` runs,
+with its ``workload:`` and ``simulation:`` sections), from an older scenario YAML (``--config``,
+keys: ``SimScenario`` fields), or from the paper's case study (``--deployment paper-...``).
+Flags override the file: a flag overrides only when it is given (every flag's default is None
+and the paper defaults below apply only without a file). ``--find-max-rate`` searches the highest
+sustainable arrival rate (rule: ``prfaas.sim.maxrate``). ``--json`` prints one object (schema:
+docs/simulation.md). Bad input -> one line, exit 2.
 """
 
 from __future__ import annotations
@@ -13,14 +16,30 @@ import json
 import math
 import sys
 import time
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from prfaas.errors import UsageError
 
-_DEFAULTS: dict[str, Any] = {}
-"""Flag defaults, to tell which flags a user gave explicitly (they override --config)."""
+PAPER_DEFAULTS: dict[str, Any] = {
+    "arrival": "uniform",
+    "cv": 2.0,
+    "on_s": 10.0,
+    "on_fraction": 0.5,
+    "rate_scale": 1.0,
+    "duration": 600.0,
+    "seed": 0,
+    "link_gbps": 100.0,
+    "rtt_ms": 5.0,
+    "connections": 8,
+    "window_mib": 16.0,
+    "output_tokens": 1024,
+    "mu": 9.90,
+    "sigma": 1.00,
+    "warmup": 0.0,
+}
+"""Without a file, what the case study uses for a flag that is not given."""
 
 
 def register(subparsers: Any) -> None:
@@ -30,58 +49,56 @@ def register(subparsers: Any) -> None:
         description=(
             "Simulate a PrfaaS / PD deployment with the same policy code as the live system: "
             "queues, bursts, prefix caches, a shared inter-site link with TCP window caps and "
-            "capacity dips, rebalancing. Defaults: the paper's case study (PrfaaS-PD, t and "
-            "N_p/N_d from the planner, uniform arrivals, log-normal prompts, 1024 output tokens)."
+            "capacity dips, rebalancing. Give the deployment file `prfaas up` runs (its "
+            "workload: and simulation: sections apply; flags override them), or nothing for the "
+            "paper's case study (PrfaaS-PD, t and N_p/N_d from the planner, uniform arrivals, "
+            "log-normal prompts, 1024 output tokens). [paper: X] is the default without a file."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     a = p.add_argument
-    a("--config", type=Path, default=None, help="YAML scenario (keys: SimScenario fields)")
+    a("file", nargs="?", type=Path, default=None, metavar="DEPLOYMENT.yaml",
+      help="deployment file (as for prfaas up); flags override it")  # fmt: skip
+    a("--config", type=Path, default=None, help="older scenario YAML (keys: SimScenario fields)")
     a(
         "--deployment",
         default="paper-prfaas",
-        help="paper-prfaas | paper-homogeneous | paper-naive (Table 6 counts)",
+        help="without a file: paper-prfaas | paper-homogeneous | paper-naive (Table 6 counts)",
     )
     a("--policy", default=None, help="router: local_only | naive | threshold | prfaas")
-    a("--arrival", default="uniform", help="uniform | poisson | gamma | onoff")
-    a(
-        "--rate",
-        type=float,
-        default=None,
-        help="mean arrival rate, requests/s (default 80%% of the planner's lambda_max_exact)",
-    )
-    a("--cv", type=float, default=2.0, help="gamma arrivals: inter-arrival CV")
-    a("--on-s", type=float, default=10.0, help="onoff arrivals: mean on period, s")
-    a("--on-fraction", type=float, default=0.5, help="onoff arrivals: share of time on")
+    a("--arrival", default=None, help="uniform | poisson | gamma | onoff [paper: uniform]")
+    a("--rate", type=float, default=None,
+      help="mean arrival rate, req/s [default: 80%% of the planner's capacity]")  # fmt: skip
+    a("--cv", type=float, default=None, help="gamma arrivals: inter-arrival CV [paper: 2]")
+    a("--on-s", type=float, default=None, help="onoff arrivals: mean on period, s [paper: 10]")
+    a("--on-fraction", type=float, default=None, help="onoff: share of time on [paper: 0.5]")
     a("--trace", type=Path, default=None, help="Mooncake JSONL trace to replay")
     a("--trace-limit", type=int, default=None, help="replay only the first N requests")
-    a("--rate-scale", type=float, default=1.0, help="trace: >1 replays faster")
-    a("--duration", type=float, default=None, help="seconds of arrivals (default 600)")
-    a("--seed", type=int, default=0)
+    a("--rate-scale", type=float, default=None, help="trace: >1 replays faster [paper: 1]")
+    a("--duration", type=float, default=None, help="seconds of arrivals [paper: 600]")
+    a("--seed", type=int, default=None, help="[paper: 0]")
     a("--threshold", type=int, default=None, help="offload threshold t, tokens")
     a("--n-p", type=int, default=None, help="local prefill nodes (paper deployments)")
     a("--n-d", type=int, default=None, help="local decode nodes (paper deployments)")
-    a("--pd-sites", type=int, default=1, help="PD sites sharing the PrfaaS site(s)")
-    a("--prfaas-sites", type=int, default=1, help="PrfaaS sites (the paper's 4 nodes each)")
-    a("--link-gbps", type=float, default=100.0, help="inter-site bandwidth")
-    a("--rtt-ms", type=float, default=5.0, help="inter-site round-trip time")
-    a("--connections", type=int, default=8, help="TCP connections per transfer")
-    a("--window-mib", type=float, default=16.0, help="TCP window per connection, MiB")
-    a("--link-schedule", default="", help="capacity steps 'TIME_S:GBPS,...' e.g. '60:10,120:100'")
+    a("--pd-sites", type=int, default=1, help="paper deployments: PD sites sharing PrfaaS site(s)")
+    a("--prfaas-sites", type=int, default=1, help="paper deployments: PrfaaS sites (4 nodes each)")
+    a("--link-gbps", type=float, default=None, help="inter-site bandwidth [paper: 100]")
+    a("--rtt-ms", type=float, default=None, help="inter-site round-trip time [paper: 5]")
+    a("--connections", type=int, default=None, help="TCP connections per transfer [paper: 8]")
+    a("--window-mib", type=float, default=None, help="TCP window per connection, MiB [paper: 16]")
+    a("--link-schedule", default=None, help="capacity steps 'TIME_S:GBPS,...' e.g. '60:10,120:100'")
     a("--rebalance", action="store_true", help="enable the P/D rebalancer")
     a("--no-tune", action="store_true", help="prfaas policy: do not re-search t online")
     a("--no-cache", action="store_true", help="disable prefix caching")
-    a("--output-tokens", type=int, default=1024)
-    a("--mu", type=float, default=9.90, help="log-normal mu of prompt length (paper: 9.90)")
-    a("--sigma", type=float, default=1.00, help="log-normal sigma of prompt length")
-    a("--warmup", type=float, default=0.0, help="seconds of arrivals not counted")
+    a("--output-tokens", type=int, default=None, help="[paper: 1024]")
+    a("--mu", type=float, default=None, help="log-normal mu of prompt length [paper: 9.90]")
+    a("--sigma", type=float, default=None, help="log-normal sigma of prompt length [paper: 1.00]")
+    a("--warmup", type=float, default=None, help="seconds of arrivals not counted [paper: 0]")
     a("--find-max-rate", action="store_true", help="search the highest sustainable rate")
     a("--max-rate-requests", type=int, default=20000, help="requests per max-rate trial")
     a("--json", action="store_true", help="print one JSON object")
     a("--timeseries", action="store_true", help="include 1 s time series in the JSON")
     a("--plot", type=Path, default=None, help="write PNG plots to this folder")
     p.set_defaults(run=run)
-    _DEFAULTS.update({a.dest: a.default for a in p._actions})
 
 
 def _schedule(text: str) -> tuple[tuple[float, float], ...]:
@@ -97,21 +114,13 @@ def _schedule(text: str) -> tuple[tuple[float, float], ...]:
     return tuple(out)
 
 
-def _from_yaml(path: Path) -> Any:
-    import yaml
-
+def _from_scenario_yaml(path: Path) -> Any:
+    from prfaas.config import load_yaml_mapping
     from prfaas.sim import LengthConfig, LinkConfig, SimScenario, SiteConfig
     from prfaas.workload import ArrivalSpec
 
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise UsageError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"{path}: expected a mapping of scenario fields")
-    known = {f.name for f in fields(SimScenario)}
+    data = load_yaml_mapping(path)
+    known = set(SimScenario.__dataclass_fields__)
     bad = sorted(set(data) - known)
     if bad:
         raise UsageError(f"{path}: unknown scenario key(s) {', '.join(bad)}")
@@ -130,6 +139,29 @@ def _from_yaml(path: Path) -> Any:
         return SimScenario(**data)
     except (TypeError, ValueError) as exc:
         raise UsageError(f"{path}: {exc}") from None
+
+
+def _from_deployment_file(path: Path) -> tuple[Any, float | None]:
+    """(scenario, the planner's lambda_max_exact for exactly this deployment, when it is the
+    planner's two-cluster kind: one PD site, PrfaaS sites or none)."""
+    from prfaas.analytic import Planner
+    from prfaas.config import load_deployment
+    from prfaas.scenarios import plan_scenario, planned_threshold, sim_scenario
+
+    d = load_deployment(path)
+    sc = sim_scenario(d)
+    exact: float | None = None
+    if len(d.pd_sites) == 1 and sc.trace is None:
+        home = next(s for s in sc.sites if s.kind == "pd")
+        n_prfaas = sum(s.num_prefill for s in sc.sites if s.kind == "prfaas")
+        offloads = n_prfaas > 0 and d.policy.router != "local_only"
+        t = planned_threshold(d) if offloads else None
+        planner = Planner(plan_scenario(d, n_local=max(2, home.num_prefill + home.num_decode)))
+        exact = planner.evaluate(t, n_prfaas if offloads else 0, home.num_prefill,
+                                 home.num_decode).lambda_max_exact  # fmt: skip
+    if d.workload.arrival.rate_rps is None and exact:
+        sc = replace(sc, arrival=replace(sc.arrival, rate_rps=0.8 * exact))
+    return sc, exact
 
 
 def _multi_site(sc: Any, args: argparse.Namespace) -> Any:
@@ -152,85 +184,142 @@ def _multi_site(sc: Any, args: argparse.Namespace) -> Any:
     return replace(sc, sites=tuple(sites), links=tuple(links))
 
 
-def build_scenario(args: argparse.Namespace) -> tuple[Any, float | None]:
-    """(scenario, the planner's lambda_max_exact for the deployment or None)."""
-    from prfaas.sim import DEPLOYMENTS, paper_deployment
-    from prfaas.workload import ArrivalSpec
-
-    for name in ("duration", "rate", "rate_scale", "link_gbps", "cv", "on_s"):
+def _check_flags(args: argparse.Namespace) -> None:
+    for name in ("duration", "rate", "rate_scale", "link_gbps", "cv", "on_s", "window_mib"):
         v = getattr(args, name)
         if v is not None and not (v > 0 and math.isfinite(v)):
             raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {v:g}")
     for name in ("pd_sites", "prfaas_sites", "connections", "output_tokens", "max_rate_requests"):
-        if getattr(args, name) <= 0:
+        v = getattr(args, name)
+        if v is not None and v <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be > 0")
-    if args.rtt_ms < 0 or args.window_mib <= 0:
-        raise UsageError("--rtt-ms must be >= 0 and --window-mib > 0")
-    exact: float | None = None
-    if args.config is not None:
-        sc = _from_yaml(args.config)
-    else:
-        if args.deployment not in DEPLOYMENTS:
-            raise UsageError(
-                f"unknown deployment {args.deployment!r} (known: {', '.join(DEPLOYMENTS)})"
-            )
-        sc = paper_deployment(
-            args.deployment, threshold_tokens=args.threshold, n_p=args.n_p, n_d=args.n_d,
-            link_gbps=args.link_gbps, rtt_s=args.rtt_ms / 1000,
-        )  # fmt: skip
-        if sc.links:
-            link = replace(
-                sc.links[0], connections=args.connections, window_bytes=args.window_mib * 2**20,
-                schedule=_schedule(args.link_schedule),
-            )  # fmt: skip
-            sc = replace(sc, links=(link,))
-        if args.pd_sites > 1 or args.prfaas_sites > 1:
-            sc = _multi_site(sc, args)
-        from prfaas.sim.scenario import paper_plan
+    if args.rtt_ms is not None and args.rtt_ms < 0:
+        raise UsageError("--rtt-ms must be >= 0")
+    if args.sigma is not None and not args.sigma > 0:
+        raise UsageError(f"--sigma must be > 0, got {args.sigma:g}")
+    if args.mu is not None and not math.isfinite(args.mu):
+        raise UsageError(f"--mu must be finite, got {args.mu:g}")
+    if args.file is not None and args.config is not None:
+        raise UsageError("give a deployment file or --config, not both")
+    if args.file is not None and (args.pd_sites > 1 or args.prfaas_sites > 1):
+        raise UsageError("--pd-sites/--prfaas-sites replicate the paper deployments; a file "
+                         "lists its sites itself")  # fmt: skip
 
-        res = paper_plan(args.link_gbps)
-        exact = {
-            "paper-prfaas": res.prfaas, "paper-homogeneous": res.homogeneous,
-            "paper-naive": res.naive,
-        }[args.deployment].lambda_max_exact * args.pd_sites  # fmt: skip
-        if args.n_p is not None or args.n_d is not None or args.prfaas_sites > 1:
-            exact = None  # not the planner's deployment any more
-    rate = args.rate if args.rate is not None else (0.8 * exact if exact else sc.arrival.rate_rps)
-    changes: dict[str, Any] = {}
-    # With --config, only flags given explicitly (different from their defaults) override it.
-    given = {k for k, v in vars(args).items() if v != _DEFAULTS.get(k, v)}
-    if args.config is None or given & {"arrival", "rate", "cv", "on_s", "on_fraction"}:
-        base = sc.arrival if args.config is not None else None
-        changes["arrival"] = ArrivalSpec(
-            args.arrival if base is None or "arrival" in given else base.kind,
-            rate,
-            args.cv if base is None or "cv" in given else base.cv,
-            args.on_s if base is None or "on_s" in given else base.on_s,
-            args.on_fraction if base is None or "on_fraction" in given else base.on_fraction,
+
+def _paper(args: argparse.Namespace) -> tuple[Any, float | None]:
+    from prfaas.sim import DEPLOYMENTS, paper_deployment
+    from prfaas.sim.scenario import paper_plan
+
+    if args.deployment not in DEPLOYMENTS:
+        raise UsageError(
+            f"unknown deployment {args.deployment!r} (known: {', '.join(DEPLOYMENTS)})"
         )
-    if args.config is None or "seed" in given:
-        changes["seed"] = args.seed
-    if args.config is None or "warmup" in given:
-        changes["warmup_s"] = args.warmup
+    value = _with_paper_defaults(args)
+    sc = paper_deployment(
+        args.deployment, threshold_tokens=args.threshold, n_p=args.n_p, n_d=args.n_d,
+        link_gbps=value("link_gbps"), rtt_s=value("rtt_ms") / 1000,
+    )  # fmt: skip
+    if args.pd_sites > 1 or args.prfaas_sites > 1:
+        sc = _multi_site(sc, args)
+    res = paper_plan(value("link_gbps"))
+    exact: float | None = {
+        "paper-prfaas": res.prfaas, "paper-homogeneous": res.homogeneous,
+        "paper-naive": res.naive,
+    }[args.deployment].lambda_max_exact * args.pd_sites  # fmt: skip
+    if args.n_p is not None or args.n_d is not None or args.prfaas_sites > 1:
+        exact = None  # not the planner's deployment any more
+    return sc, exact
+
+
+def _with_paper_defaults(args: argparse.Namespace) -> Any:
+    def value(name: str) -> Any:
+        v = getattr(args, name)
+        return PAPER_DEFAULTS[name] if v is None else v
+
+    return value
+
+
+def build_scenario(args: argparse.Namespace) -> tuple[Any, float | None]:
+    """(scenario, the planner's lambda_max_exact for the deployment or None). Flags given
+    override the file; without a file the paper defaults fill the rest."""
+    from prfaas.workload import ArrivalSpec
+
+    _check_flags(args)
+    from_file = args.file is not None or args.config is not None
+    if args.file is not None:
+        sc, exact = _from_deployment_file(args.file)
+    elif args.config is not None:
+        sc, exact = _from_scenario_yaml(args.config), None
+    else:
+        sc, exact = _paper(args)
+    # Without a file every setting has its paper value; with one, only flags given change it.
+    given = (lambda name: getattr(args, name) is not None) if from_file else (lambda _n: True)
+    value = _with_paper_defaults(args)
+    changes: dict[str, Any] = {}
+    if from_file:
+        link_changes: dict[str, Any] = {}
+        if given("link_gbps"):
+            link_changes["bandwidth_gbps"] = args.link_gbps
+        if given("rtt_ms"):
+            link_changes["rtt_s"] = args.rtt_ms / 1000
+        if given("connections"):
+            link_changes["connections"] = args.connections
+        if given("window_mib"):
+            link_changes["window_bytes"] = args.window_mib * 2**20
+        if args.link_schedule is not None:
+            link_changes["schedule"] = _schedule(args.link_schedule)
+        if link_changes:
+            changes["links"] = tuple(replace(lk, **link_changes) for lk in sc.links)
+        if args.threshold is not None:
+            changes["threshold_tokens"] = args.threshold
+    elif sc.links:
+        link = replace(
+            sc.links[0], connections=value("connections"),
+            window_bytes=value("window_mib") * 2**20,
+            schedule=_schedule(args.link_schedule or ""),
+        )  # fmt: skip
+        changes["links"] = tuple(replace(lk, connections=link.connections,
+                                         window_bytes=link.window_bytes, schedule=link.schedule)
+                                 for lk in sc.links)  # fmt: skip
+    base = sc.arrival
+    rate = args.rate if args.rate is not None else (
+        base.rate_rps if from_file or not exact else 0.8 * exact
+    )  # fmt: skip
+    changes["arrival"] = ArrivalSpec(
+        args.arrival if args.arrival is not None else (base.kind if from_file else "uniform"),
+        rate,
+        *(
+            getattr(args, n) if getattr(args, n) is not None
+            else (getattr(base, n) if from_file else PAPER_DEFAULTS[n])
+            for n in ("cv", "on_s", "on_fraction")
+        ),
+    )  # fmt: skip
+    plain = (("seed", "seed"), ("warmup", "warmup_s"), ("duration", "duration_s"),
+             ("output_tokens", "output_tokens"))  # fmt: skip
+    for flag, field_name in plain:
+        if given(flag):
+            changes[field_name] = value(flag)
     if args.policy is not None:
         changes["policy"] = args.policy
-    if args.duration is not None or args.config is None:
-        changes["duration_s"] = args.duration or 600.0
     if args.trace is not None:
         changes.update(trace=str(args.trace), trace_limit=args.trace_limit,
-                       rate_scale=args.rate_scale, prefix_cache=not args.no_cache)  # fmt: skip
-    elif args.no_cache:
-        changes["prefix_cache"] = False
+                       rate_scale=value("rate_scale"), prefix_cache=not args.no_cache)  # fmt: skip
+    else:
+        if args.no_cache:
+            changes["prefix_cache"] = False
+        if args.trace_limit is not None:
+            changes["trace_limit"] = args.trace_limit
+        if args.rate_scale is not None:
+            changes["rate_scale"] = args.rate_scale
     if args.rebalance:
         changes["rebalance"] = True
     if args.no_tune:
         changes["tune"] = False
-    if args.output_tokens != 1024 or args.config is None:
-        changes["output_tokens"] = args.output_tokens
-    if args.mu != 9.90 or args.sigma != 1.00:
-        if not (args.sigma > 0 and math.isfinite(args.mu)):
-            raise UsageError(f"--sigma must be > 0, got {args.sigma:g}")
-        changes["lengths"] = replace(sc.lengths, mu=args.mu, sigma=args.sigma)
+    if args.mu is not None or args.sigma is not None:
+        changes["lengths"] = replace(
+            sc.lengths, mu=args.mu if args.mu is not None else sc.lengths.mu,
+            sigma=args.sigma if args.sigma is not None else sc.lengths.sigma,
+        )  # fmt: skip
     if args.timeseries or args.plot is not None:
         changes["timeseries"] = True
     return replace(sc, **changes), exact
