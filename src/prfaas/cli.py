@@ -19,6 +19,7 @@ from prfaas.errors import UsageError
 COMMANDS: tuple[str, ...] = (
     "plan",
     "kv",
+    "profile",
     "sim",
     "model",
     "bench",

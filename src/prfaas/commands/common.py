@@ -16,6 +16,16 @@ def cost_model_or_usage_error(model: str, hardware: str) -> CostModel:
         raise UsageError(exc.args[0]) from None
 
 
+def profile_cost_model(path: Path, model: str | None) -> CostModel:
+    """The cost model of a profile file, its errors as ``UsageError`` (one line, exit 2)."""
+    from prfaas.perf.profile_file import ProfileFileError, cost_model_from_profile_file
+
+    try:
+        return cost_model_from_profile_file(path, model)
+    except ProfileFileError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def positive(name: str, value: float) -> None:
     if not value > 0:
         raise UsageError(f"{name} must be > 0, got {value:g}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from prfaas.errors import UsageError
@@ -25,8 +26,12 @@ def register(subparsers: Any) -> None:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )  # fmt: skip
-    p.add_argument("--model", default="paper-1t", help="model preset")
+    p.add_argument("--model", default=None, help="model preset [paper-1t, or the profile's model]")
     p.add_argument("--hardware", default="h200", help="hardware preset")
+    p.add_argument(
+        "--profile", type=Path, default=None, metavar="FILE",
+        help="profile file (`prfaas profile`): its timings instead of --hardware's",
+    )  # fmt: skip
     p.add_argument(
         "--lengths", type=int, nargs="+", default=list(DEFAULT_LENGTHS), help="prompt lengths"
     )
@@ -34,11 +39,16 @@ def register(subparsers: Any) -> None:
     p.set_defaults(run=run)
 
 
-def kv_rows(model: str, hardware: str, lengths: list[int]) -> list[dict[str, Any]]:
+def kv_rows(
+    model: str | None, hardware: str, lengths: list[int], profile: Path | None = None
+) -> list[dict[str, Any]]:
     from prfaas.analytic import phi_kv_gbps
-    from prfaas.commands.common import cost_model_or_usage_error
+    from prfaas.commands.common import cost_model_or_usage_error, profile_cost_model
 
-    cost = cost_model_or_usage_error(model, hardware)
+    if profile is not None:
+        cost = profile_cost_model(profile, model)
+    else:
+        cost = cost_model_or_usage_error(model or "paper-1t", hardware)
     limit = cost.model.max_context_tokens
     rows = []
     for length in lengths:
@@ -57,14 +67,18 @@ def kv_rows(model: str, hardware: str, lengths: list[int]) -> list[dict[str, Any
 
 
 def run(args: argparse.Namespace) -> int:
-    rows = kv_rows(args.model, args.hardware, args.lengths)
+    rows = kv_rows(args.model, args.hardware, args.lengths, args.profile)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"KV throughput of {args.model} on one {args.hardware} instance")
+    if args.profile is not None:
+        title = f"KV throughput per instance, from profile file {args.profile}"
+    else:
+        title = f"KV throughput of {args.model or 'paper-1t'} on one {args.hardware} instance"
+    table = Table(title=title)
     for col in ("length", "S_kv (MiB)", "T_prefill (s)", "Phi_kv (Gbps)", "source"):
         table.add_column(col, justify="right")
     for r in rows:

@@ -1,0 +1,416 @@
+"""``prfaas profile``: measure a serving engine and write a profile file (docs/profiles.md).
+
+Three sources: ``--engine torch --model-path DIR`` times ``engine.torch``'s forward passes
+in-process; ``--endpoint URL --model NAME`` times any OpenAI-compatible server (TTFT of streamed
+``max_tokens: 1`` completions at controlled prompt lengths, cached-prefix points by sending a
+shared prefix first, inter-token latency at controlled concurrency); ``--preset MODEL@HARDWARE``
+writes a shipped profile. Every point is a median over ``--repeats`` with its spread (max - min).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import random
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from prfaas.errors import UsageError
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "profile",
+        help="measure an engine (in-process torch or an OpenAI endpoint) into a profile file",
+        description=(
+            "Measure prefill time over new and cached prompt tokens and decode step time over "
+            "batch and context, and write a profile file (YAML, version 1, docs/profiles.md) "
+            "that `plan --prfaas-profile/--local-profile`, `kv --profile` and deployment files "
+            "read."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--engine", choices=["torch"], help="profile engine.torch in-process")
+    src.add_argument("--endpoint", metavar="URL", help="profile an OpenAI-compatible server")
+    src.add_argument("--preset", metavar="MODEL@HARDWARE", help="write a shipped profile")
+    p.add_argument("-o", "--output", type=Path, required=True, help="profile file to write")
+    p.add_argument("--model-path", type=Path, help="--engine torch: the model folder")
+    p.add_argument("--device", default="cpu", help="--engine torch: cpu, cuda, cuda:1 ...")
+    p.add_argument("--model", help="--endpoint: the served model name")
+    p.add_argument(
+        "--model-spec", metavar="PRESET|DIR",
+        help="--endpoint: the model's preset or folder (its cache layout goes in the file)",
+    )  # fmt: skip
+    p.add_argument("--hardware", help="hardware name written in the file [a guess from --device]")
+    p.add_argument(
+        "--memory-bytes", type=float, default=None,
+        help="memory of the instance (sizes KV budgets) [--engine: the device's]",
+    )  # fmt: skip
+    p.add_argument("--new-tokens", type=int, nargs="+", default=[64, 256, 1024])
+    p.add_argument("--cached-tokens", type=int, nargs="+", default=[0, 256])
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--contexts", type=int, nargs="+", default=[128, 1024], help="per request")
+    p.add_argument("--decode-steps", type=int, default=8, help="tokens per decode measurement")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--timeout", type=float, default=60.0, help="--endpoint: seconds per request")
+    p.add_argument("--seed", type=int, default=0, help="prompt token seed")
+    p.set_defaults(run=run)
+
+
+def _check_grid(args: argparse.Namespace) -> None:
+    for name in ("new_tokens", "batch_sizes", "contexts"):
+        for value in getattr(args, name):
+            if value <= 0:
+                raise UsageError(f"--{name.replace('_', '-')} values must be > 0, got {value}")
+    if any(c < 0 for c in args.cached_tokens):
+        raise UsageError(f"--cached-tokens values must be >= 0, got {args.cached_tokens}")
+    if len({n for n in args.new_tokens}) < 2:
+        raise UsageError("--new-tokens needs at least two distinct lengths (a curve)")
+    if len(args.batch_sizes) * len(args.contexts) < 3:
+        raise UsageError("--batch-sizes x --contexts needs at least 3 points (a decode fit)")
+    for name in ("repeats", "decode_steps"):
+        if getattr(args, name) < (1 if name == "repeats" else 2):
+            raise UsageError(f"--{name.replace('_', '-')} is too small: {getattr(args, name)}")
+
+
+def _median_spread(samples: Sequence[float]) -> tuple[float, float]:
+    return statistics.median(samples), max(samples) - min(samples)
+
+
+class _Progress:
+    """A rich progress bar on stderr over every measured point."""
+
+    def __init__(self, total: int, what: str) -> None:
+        from rich.console import Console
+        from rich.progress import Progress
+
+        self._bar = Progress(console=Console(stderr=True), transient=False)
+        self._task = self._bar.add_task(what, total=total)
+
+    def __enter__(self) -> _Progress:
+        self._bar.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._bar.__exit__(None, None, None)
+
+    def step(self, label: str) -> None:
+        self._bar.update(self._task, advance=1, description=label)
+
+
+# -- model and hardware descriptions -------------------------------------------------------------
+def _model_section_from_folder(path: Path, name: str | None = None) -> Any:
+    """Cache layout and sizes of a model folder (as ``prfaas model info`` derives them); the
+    parameter count from the model built on torch's meta device (no weights read)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from prfaas.engine.hf_spec import cache_map_from_config, check_architecture
+    from prfaas.engine.torch.loader import config_mapping, read_config
+    from prfaas.perf.profile_file import ModelSection
+
+    raw = read_config(path)
+    check_architecture(raw.get("model_type"))
+    config = AutoConfig.from_pretrained(path)
+    cmap = cache_map_from_config(config_mapping(config))
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(config)
+    params = float(sum(p.numel() for p in meta.parameters()))
+    heads = int(config.num_attention_heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    return ModelSection(
+        name or path.name,
+        cmap.spec,
+        params,
+        params,
+        int(config.hidden_size),
+        heads,
+        head_dim,
+        float(cmap.dtype.num_bytes),
+        cmap.max_context_tokens,
+    )
+
+
+def _model_section_from_spec(value: str, served: str) -> Any:
+    from prfaas.perf.profile_file import ModelSection
+    from prfaas.spec import get_model
+
+    folder = Path(value)
+    if folder.is_dir():
+        return _model_section_from_folder(folder, served)
+    try:
+        return ModelSection(get_model(value).name)
+    except KeyError as exc:
+        raise UsageError(f"--model-spec: {exc.args[0]} and no folder {value} exists") from None
+
+
+def _host_memory_bytes() -> float:
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+# -- the in-process torch source -----------------------------------------------------------------
+def _profile_torch(args: argparse.Namespace) -> Any:
+    import torch
+
+    from prfaas.engine.errors import EngineError
+    from prfaas.engine.torch.hf_cache import forward, new_cache
+    from prfaas.engine.torch.loader import load_model
+    from prfaas.perf.profile_file import (
+        DecodePoint,
+        DecodeSection,
+        HardwareSection,
+        PrefillPoint,
+        PrefillSection,
+        ProfileFile,
+    )
+
+    if args.model_path is None:
+        raise UsageError("--engine torch needs --model-path DIR")
+    try:
+        loaded = load_model(args.model_path, device=args.device)
+        section = _model_section_from_folder(args.model_path)
+    except (EngineError, ValueError, OSError) as exc:
+        raise UsageError(f"--model-path {args.model_path}: {exc}") from None
+    model, limit = loaded.model, loaded.cmap.max_context_tokens
+    rng = random.Random(args.seed)
+    cuda = args.device.startswith("cuda")
+
+    def ids(rows: int, n: int) -> torch.Tensor:
+        return torch.tensor([[rng.randrange(loaded.vocab_size) for _ in range(n)]] * rows)
+
+    def positions(rows: int, start: int, n: int) -> torch.Tensor:
+        return torch.arange(start, start + n).unsqueeze(0).expand(rows, n)
+
+    def timed(fn: Callable[..., object], *fn_args: Any) -> float:
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn(*fn_args)
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    grid = [(n, c) for c in args.cached_tokens for n in args.new_tokens if n + c <= limit]
+    decode_grid = [(b, x) for b in args.batch_sizes for x in args.contexts if x < limit]
+    prefill_points, decode_points = [], []
+    with torch.inference_mode(), _Progress(len(grid) + len(decode_grid), "warm-up") as bar:
+        forward(model, ids(1, 16), new_cache(model), positions(1, 0, 16))  # first-call costs
+        for n, c in grid:
+            samples = []
+            for _ in range(args.repeats):
+                cache = new_cache(model)
+                if c:
+                    forward(model, ids(1, c), cache, positions(1, 0, c))
+                samples.append(timed(forward, model, ids(1, n), cache, positions(1, c, n)))
+            prefill_points.append(PrefillPoint(n, c, *_median_spread(samples), args.repeats))
+            bar.step(f"prefill {n} new after {c} cached")
+        for b, ctx in decode_grid:
+            cache = new_cache(model)
+            forward(model, ids(b, ctx), cache, positions(b, 0, ctx))
+            samples = []
+            for k in range(args.repeats):
+                samples.append(timed(forward, model, ids(b, 1), cache, positions(b, ctx + k, 1)))
+            decode_points.append(DecodePoint(b, ctx, *_median_spread(samples), args.repeats))
+            bar.step(f"decode batch {b} at {ctx} tokens")
+    device = torch.cuda.get_device_name(args.device) if cuda else f"cpu x{torch.get_num_threads()}"
+    memory = args.memory_bytes
+    if memory is None:
+        memory = float(torch.cuda.get_device_properties(args.device).total_memory) if cuda else (
+            _host_memory_bytes()
+        )  # fmt: skip
+    return ProfileFile(
+        section,
+        HardwareSection(args.hardware or device.replace(" ", "-").lower(), memory),
+        PrefillSection("piecewise-linear", tuple(prefill_points)),
+        DecodeSection("linear", points=tuple(decode_points)),
+        (
+            ("source", "torch"),
+            ("model_path", str(args.model_path)),
+            ("device", device),
+            ("dtype", loaded.cmap.dtype.value),
+            ("torch", torch.__version__),
+        ),
+        f"engine.torch forward passes, {args.repeats} repeats per point",
+    )
+
+
+# -- the OpenAI-compatible endpoint source -------------------------------------------------------
+class _Endpoint:
+    """Streams ``/v1/completions`` with token-id prompts; errors are ``UsageError`` s."""
+
+    def __init__(self, url: str, model: str, timeout_s: float) -> None:
+        import httpx
+
+        self.url = url.rstrip("/")
+        self.model = model
+        self._client = httpx.Client(timeout=timeout_s)
+        self._httpx = httpx
+
+    def close(self) -> None:
+        self._client.close()
+
+    def stream(self, prompt: list[int], max_tokens: int) -> list[float]:
+        """Seconds from sending to each streamed chunk that carries choices."""
+        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens,
+                "stream": True, "temperature": 0.0}  # fmt: skip
+        where = f"endpoint {self.url}"
+        stamps: list[float] = []
+        t0 = time.perf_counter()
+        try:
+            with self._client.stream("POST", f"{self.url}/v1/completions", json=body) as resp:
+                if resp.status_code != 200:
+                    text = resp.read().decode(errors="replace").strip().replace("\n", " ")
+                    raise UsageError(
+                        f"{where} answered HTTP {resp.status_code} to /v1/completions: {text[:200]}"
+                    )
+                for line in resp.iter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    try:
+                        chunk = json.loads(data)
+                    except json.JSONDecodeError:
+                        raise UsageError(
+                            f"{where} answered oddly: not JSON: {data[:80]!r}"
+                        ) from None
+                    if isinstance(chunk, dict) and chunk.get("choices"):
+                        stamps.append(time.perf_counter() - t0)
+        except self._httpx.TransportError as exc:
+            raise UsageError(f"cannot reach {where}: {exc or type(exc).__name__}") from None
+        if not stamps:
+            raise UsageError(
+                f"{where} answered oddly: no streamed completion chunk (is it OpenAI-compatible?)"
+            )
+        return stamps
+
+
+def _profile_endpoint(args: argparse.Namespace) -> Any:
+    from prfaas.perf.profile_file import (
+        DecodePoint,
+        DecodeSection,
+        HardwareSection,
+        ModelSection,
+        PrefillPoint,
+        PrefillSection,
+        ProfileFile,
+    )
+
+    if not args.model:
+        raise UsageError("--endpoint needs --model NAME (the served model)")
+    section = (
+        _model_section_from_spec(args.model_spec, args.model)
+        if args.model_spec
+        else ModelSection(args.model)
+    )
+    rng = random.Random(args.seed)
+
+    def prompt(n: int) -> list[int]:
+        # Byte-range ids: valid in any tokenizer of 256+ tokens; random, so no prefix hits.
+        return [rng.randrange(32, 127) for _ in range(n)]
+
+    grid = [(n, c) for c in args.cached_tokens for n in args.new_tokens]
+    decode_grid = [(b, x) for b in args.batch_sizes for x in args.contexts]
+    client = _Endpoint(args.endpoint, args.model, args.timeout)
+    prefill_points, decode_points = [], []
+    try:
+        with _Progress(len(grid) + len(decode_grid), "connecting") as bar:
+            client.stream(prompt(8), 1)  # reachable and OpenAI-compatible, before any point
+            for n, c in grid:
+                samples = []
+                for _ in range(args.repeats):
+                    prefix = prompt(c)
+                    if c:
+                        client.stream(prefix, 1)  # now cached (if the server caches prefixes)
+                    samples.append(client.stream(prefix + prompt(n), 1)[0])
+                prefill_points.append(PrefillPoint(n, c, *_median_spread(samples), args.repeats))
+                bar.step(f"TTFT {n} new after {c} cached")
+            for b, ctx in decode_grid:
+                samples = [
+                    _itl_round(client, [prompt(ctx) for _ in range(b)], args.decode_steps)
+                    for _ in range(args.repeats)
+                ]
+                decode_points.append(DecodePoint(b, ctx, *_median_spread(samples), args.repeats))
+                bar.step(f"ITL at concurrency {b}, {ctx} tokens")
+    finally:
+        client.close()
+    return ProfileFile(
+        section,
+        HardwareSection(args.hardware or "endpoint", args.memory_bytes),
+        PrefillSection("piecewise-linear", tuple(prefill_points)),
+        DecodeSection("linear", points=tuple(decode_points)),
+        (("source", "endpoint"), ("endpoint", args.endpoint), ("served_model", args.model)),
+        "TTFT of streamed max_tokens=1 completions; decode = median inter-token latency at "
+        f"concurrency; {args.repeats} repeats per point",
+    )
+
+
+def _itl_round(client: _Endpoint, prompts: list[list[int]], steps: int) -> float:
+    """Median inter-token latency of ``len(prompts)`` concurrent streams."""
+    results: list[list[float] | BaseException] = [[] for _ in prompts]
+
+    def one(i: int) -> None:
+        try:
+            results[i] = client.stream(prompts[i], steps)
+        except BaseException as exc:  # re-raised on the caller's thread below
+            results[i] = exc
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    gaps: list[float] = []
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+        gaps.extend(b - a for a, b in itertools.pairwise(r))
+    if not gaps:
+        raise UsageError("the endpoint streamed one chunk per request: no inter-token latency")
+    return statistics.median(gaps)
+
+
+# -- entry ---------------------------------------------------------------------------------------
+def run(args: argparse.Namespace) -> int:
+    from prfaas.perf.profile_file import (
+        ProfileFileError,
+        cost_model_from,
+        dump_profile_file,
+        load_profile_text,
+    )
+    from prfaas.perf.profiles import shipped_profile_text
+
+    if not args.output.parent.is_dir():
+        raise UsageError(f"-o: folder {args.output.parent} does not exist")
+    if args.preset is not None:
+        try:
+            text = shipped_profile_text(args.preset)
+        except KeyError as exc:
+            raise UsageError(exc.args[0]) from None
+        args.output.write_text(text, encoding="utf-8")
+        print(f"wrote the shipped profile {args.preset} to {args.output}")
+        return 0
+    _check_grid(args)
+    pf = _profile_torch(args) if args.engine == "torch" else _profile_endpoint(args)
+    dump_profile_file(pf, args.output)
+    print(f"wrote {args.output}: {len(pf.prefill.points)} prefill and "
+          f"{len(pf.decode.points)} decode points")  # fmt: skip
+    try:
+        cost = cost_model_from(load_profile_text(args.output.read_text(), str(args.output)))
+    except ProfileFileError as exc:  # e.g. an endpoint profile without --model-spec
+        print(f"note: not usable as it stands: {exc}")
+        return 0
+    for p in pf.prefill.points:
+        if p.cached_tokens:  # the cost model's cached rule against what was measured
+            model_s = cost.prefill_s(p.new_tokens, p.cached_tokens)
+            print(f"  {p.new_tokens} new after {p.cached_tokens} cached: measured "
+                  f"{p.median_s * 1e3:.2f} ms, cost model {model_s * 1e3:.2f} ms")  # fmt: skip
+    return 0
