@@ -44,6 +44,10 @@ def register(subparsers: Any) -> None:
     a("--model", default=None, help="model preset (see `prfaas kv --help`) [paper: paper-1t]")
     a("--prfaas-hardware", default=None, help="hardware of the PrfaaS cluster [paper: h200]")
     a("--local-hardware", default=None, help="hardware of the local PD cluster [paper: h20]")
+    a("--prfaas-profile", type=Path, default=None, metavar="FILE",
+      help="profile file of the PrfaaS cluster (`prfaas profile`), instead of its hardware")
+    a("--local-profile", type=Path, default=None, metavar="FILE",
+      help="profile file of the local PD cluster (prefill and decode), instead of its hardware")
     a("--n-prfaas", type=int, default=None, help="PrfaaS instances [paper: 4]")
     a("--n-local", type=int, default=None, help="local PD instances, N_p + N_d [paper: 8]")
     a("--n-homogeneous", type=int, default=None, help="instances of the baseline [paper: 12]")
@@ -82,9 +86,9 @@ def _base(args: argparse.Namespace) -> Any:
 
 def _scenario(args: argparse.Namespace) -> Any:
     from prfaas.analytic import EmpiricalLengths, Scenario, TruncatedLogNormal
-    from prfaas.commands.common import cost_model_or_usage_error, read_trace_lengths
-    from prfaas.spec import get_model
+    from prfaas.commands.common import read_trace_lengths
 
+    apply_profiles(args)  # before the fallbacks: a profile names its model and hardware
     base = _base(args)
     for flag, name in (("model", "model"), ("prfaas_hardware", "prfaas_hardware"),
                        ("local_hardware", "local_hardware"), ("n_prfaas", "n_prfaas"),
@@ -110,8 +114,7 @@ def _scenario(args: argparse.Namespace) -> Any:
             raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {value:g}")
     if args.n_local < 2 or args.n_homogeneous < 2:
         raise UsageError("--n-local and --n-homogeneous need at least 2 instances (P and D)")
-    for hardware in (args.prfaas_hardware, args.local_hardware):
-        cost_model_or_usage_error(args.model, hardware)
+    remote, local = side_costs(args)
     if args.trace is not None:
         lengths: Any = EmpiricalLengths(read_trace_lengths(args.trace), label=str(args.trace))
     else:
@@ -123,7 +126,7 @@ def _scenario(args: argparse.Namespace) -> Any:
             lengths = TruncatedLogNormal(args.mu, args.sigma, args.min_tokens, args.max_tokens)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-    limit = get_model(args.model).max_context_tokens
+    limit = min(remote.model.max_context_tokens, local.model.max_context_tokens)
     if lengths.max_tokens > limit:
         raise UsageError(f"prompts of {lengths.max_tokens} tokens exceed {args.model}'s {limit}")
     return Scenario(
@@ -140,6 +143,40 @@ def _scenario(args: argparse.Namespace) -> Any:
         threshold_step_tokens=args.threshold_step,
         price_ratio=args.price_ratio,
     )
+
+
+def apply_profiles(args: argparse.Namespace) -> None:
+    """Read ``--prfaas-profile`` / ``--local-profile``: their cost models go in
+    ``args.profile_costs``, and ``--model`` and each side's hardware name default to what the
+    profile was measured for (a ``--model`` naming another model is an error)."""
+    from prfaas.commands.common import profile_cost_model
+
+    costs: list[Any] = []
+    for path, side in ((args.prfaas_profile, "prfaas"), (args.local_profile, "local")):
+        cost = None if path is None else profile_cost_model(path, args.model)
+        if cost is not None:
+            args.model = args.model or cost.model.name
+            setattr(args, f"{side}_hardware", cost.hardware.name)
+        costs.append(cost)
+    args.profile_costs = tuple(costs)
+
+
+def side_costs(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(PrfaaS, local) cost models: a side's profile file where given, else its presets."""
+    from prfaas.commands.common import cost_model_or_usage_error
+
+    remote, local = (
+        given or cost_model_or_usage_error(args.model, hardware)
+        for given, hardware in zip(
+            args.profile_costs, (args.prfaas_hardware, args.local_hardware), strict=True
+        )
+    )
+    if remote.model.name != local.model.name:
+        raise UsageError(
+            f"the PrfaaS side is model {remote.model.name!r}, the local side "
+            f"{local.model.name!r}: profile one model on both"
+        )
+    return remote, local
 
 
 def _clean(value: Any) -> Any:
@@ -270,7 +307,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None and not args.plot.parent.exists():
         raise UsageError(f"--plot: folder {args.plot.parent} does not exist")
     try:
-        planner = Planner(scenario)
+        planner = Planner(scenario, *side_costs(args))
         result = planner.plan(args.threshold)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
