@@ -21,14 +21,13 @@ from typing import Any
 
 import httpx
 
-from prfaas.analytic import plan
-from prfaas.config import DeploymentConfig
+from prfaas.config import DeploymentConfig, load_deployment
+from prfaas.scenarios import planned_threshold
 from prfaas.serve.gateway.hashing import prompt_digest
 from prfaas.serve.launcher import Launcher
 from prfaas.serve.loadgen import BenchRequest, PromptSynth, run_workload, summarize
 from prfaas.sim.report import summary as sim_summary
-from prfaas.sim.scenario import LinkConfig, SimScenario
-from prfaas.sim.scenario import SiteConfig as SimSite
+from prfaas.sim.scenario import SimScenario
 from prfaas.sim.simulator import Simulator
 from prfaas.workload.arrivals import ArrivalSpec
 from prfaas.workload.lengths import TruncatedLogNormal
@@ -55,6 +54,11 @@ class DemoSettings:
     link_gbps: float = 100.0
 
 
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+DEPLOYMENT_FILES = ("paper-prfaas-pd.yaml", "paper-homogeneous.yaml")
+"""The demo's two deployments, as the deployment files a user can run, simulate and plan."""
+
+
 @dataclass(frozen=True, slots=True)
 class Deployment:
     name: str
@@ -63,15 +67,27 @@ class Deployment:
     n_p: int
     n_d: int
     threshold_tokens: int
+    config: DeploymentConfig
+    """The deployment file it was read from (before the demo's settings apply)."""
 
 
-def deployments(link_gbps: float) -> list[Deployment]:
-    result = plan()
-    pf, ho = result.prfaas, result.homogeneous
-    return [
-        Deployment("prfaas-pd", "threshold", pf.n_prfaas, pf.n_p, pf.n_d, pf.threshold_tokens or 0),
-        Deployment("homogeneous", "local_only", 0, ho.n_p, ho.n_d, 0),
-    ]
+def deployments(link_gbps: float, folder: Path = EXAMPLES) -> list[Deployment]:
+    """The demo's deployments, read from ``folder`` (the repository's ``examples/``)."""
+    out = []
+    for filename in DEPLOYMENT_FILES:
+        d = load_deployment(folder / filename)
+        if link_gbps != 100.0:
+            d = d.model_copy(update={"links": [lk.model_copy(update={"gbps": link_gbps})
+                                               for lk in d.links]})  # fmt: skip
+        roles = [n.role for n in d.home_site.nodes]
+        n_prfaas = sum(len(s.nodes) for s in d.sites if s.kind == "prfaas")
+        out.append(
+            Deployment(
+                filename.removesuffix(".yaml").removeprefix("paper-"), d.policy.router, n_prfaas,
+                roles.count("prefill"), roles.count("decode"), planned_threshold(d), d,
+            )
+        )  # fmt: skip
+    return out
 
 
 def workload(s: DemoSettings) -> list[SimRequestSpec]:
@@ -92,60 +108,32 @@ def workload(s: DemoSettings) -> list[SimRequestSpec]:
 
 
 def deployment_config(dep: Deployment, s: DemoSettings) -> DeploymentConfig:
-    sites: list[dict[str, Any]] = [
-        {
-            "name": "pd", "kind": "pd", "hardware": "h20",
-            "nodes": [{"name": f"p{i}", "role": "prefill"} for i in range(dep.n_p)]
-            + [{"name": f"d{i}", "role": "decode"} for i in range(dep.n_d)],
-        }
-    ]  # fmt: skip
-    links = []
-    if dep.n_prfaas:
-        sites.append(
-            {
-                "name": "prfaas", "kind": "prfaas", "hardware": "h200",
-                "nodes": [{"name": f"pf{i}", "role": "prefill"} for i in range(dep.n_prfaas)],
-            }
-        )  # fmt: skip
-        links.append({"src": "prfaas", "dst": "pd", "gbps": s.link_gbps})
-    return DeploymentConfig.model_validate(
-        {
-            "engine": {
-                "kind": "timed", "model": MODEL, "time_scale": s.time_scale,
-                "byte_divisor": s.byte_divisor, "token_chunk": s.token_chunk,
-                "block_tokens": BLOCK_TOKENS, "checkpoint_every_blocks": 16,
-            },
-            "gateway": {"port": 0, "control_port": 0, "request_timeout_s": 600,
-                        "max_inflight": 1024, "max_queued": 1024},
-            "policy": {"router": dep.policy, "threshold_tokens": dep.threshold_tokens},
-            "sites": sites,
-            "links": links,
-        }
-    )  # fmt: skip
+    """The deployment file with the demo's settings over it (scales, seedable threshold)."""
+    d = dep.config
+    engine = d.engine.model_copy(update={
+        "time_scale": s.time_scale, "byte_divisor": s.byte_divisor, "token_chunk": s.token_chunk,
+    })  # fmt: skip
+    policy = d.policy.model_copy(update={"threshold_tokens": dep.threshold_tokens})
+    return d.model_copy(update={"engine": engine, "policy": policy})
 
 
 def sim_scenario(dep: Deployment, s: DemoSettings, specs: Sequence[SimRequestSpec]) -> SimScenario:
-    sites = [SimSite("pd", "pd", "h20", dep.n_p, dep.n_d, PREFIX_CACHE_BYTES / max(1, dep.n_p))]
-    links: tuple[LinkConfig, ...] = ()
-    if dep.n_prfaas:
-        sites.append(SimSite("prfaas", "prfaas", "h200", dep.n_prfaas, 0,
-                             PREFIX_CACHE_BYTES / dep.n_prfaas))  # fmt: skip
-        links = (LinkConfig("prfaas", "pd", s.link_gbps, rtt_s=0.0),)
-    last = max(spec.arrival_s for spec in specs)
-    return SimScenario(
-        tuple(sites),
-        links,
-        model=MODEL,
-        policy=dep.policy,
-        threshold_tokens=dep.threshold_tokens,
-        duration_s=last + 1e-6,
-        drain_s=3600.0,
-        seed=s.seed,
-        prefix_cache=s.trace is not None,
-        block_tokens=BLOCK_TOKENS,
-        checkpoint_every_blocks=16,
-        tune=False,
+    """The same deployment file as the simulator's scenario, for exactly the live requests."""
+    from dataclasses import replace
+
+    from prfaas import scenarios
+
+    sc = scenarios.sim_scenario(deployment_config(dep, s))
+    # The live prefix store is one per site process: the simulator's per-node pool shares it.
+    sites = tuple(
+        replace(site, cache_bytes_per_node=PREFIX_CACHE_BYTES / max(1, site.num_prefill))
+        for site in sc.sites
     )
+    last = max(spec.arrival_s for spec in specs)
+    return replace(
+        sc, sites=sites, duration_s=last + 1e-6, drain_s=3600.0, seed=s.seed,
+        prefix_cache=s.trace is not None, tune=False,
+    )  # fmt: skip
 
 
 def run_sim(dep: Deployment, s: DemoSettings, specs: Sequence[SimRequestSpec]) -> dict[str, Any]:
