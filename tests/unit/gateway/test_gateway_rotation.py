@@ -87,3 +87,14 @@ def test_unknown_node_has_no_rotation() -> None:
     reg = make_registry()
     with pytest.raises(KeyError):
         reg.rotation("nope")
+
+
+def test_a_process_of_many_nodes_gets_a_short_stable_unique_name() -> None:
+    from prfaas.serve.node.host import MAX_PROCESS_NAME_BYTES, default_process_name
+
+    nine = [f"pd-p{i}" for i in range(9)] + [f"pd-d{i}" for i in range(3)]
+    name = default_process_name(nine)
+    assert len(name.encode()) <= MAX_PROCESS_NAME_BYTES  # the demo's 12-node site overflowed it
+    assert name == default_process_name(nine)  # the gateway keys processes by it: restarts too
+    assert name != default_process_name([*nine[:-1], "pd-d9"])
+    assert default_process_name(["p0", "d0"]) == "p0+d0"

@@ -48,6 +48,7 @@ from prfaas.transfer import (
     TransferConfig,
 )
 from prfaas.transfer import Link as TransferLink
+from prfaas.transfer.frames import MAX_NAME_BYTES
 
 log = logging.getLogger("prfaas.node")
 
@@ -73,7 +74,7 @@ class WorkerHost:
         self.site = deployment.site_of(node_names[0])
         self.host = host
         self.control_url = control_url.rstrip("/")
-        self.process_name = process_name or "+".join(node_names)
+        self.process_name = process_name or default_process_name(node_names)
         eng = deployment.engine_for(self.site.name)  # the site's own settings, if any
         self.prefix_store = store = PrefixStore(
             prefix_store_bytes(eng, self.site.hardware),
@@ -393,3 +394,21 @@ def _ssl_contexts(d: DeploymentConfig) -> tuple[ssl.SSLContext | None, ssl.SSLCo
     server.load_cert_chain(d.tls.cert, d.tls.key)
     client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=d.tls.ca)
     return server, client
+
+
+MAX_PROCESS_NAME_BYTES = MAX_NAME_BYTES
+"""The transfer handshake carries the process name."""
+
+
+def default_process_name(node_names: Sequence[str]) -> str:
+    """The nodes' names joined by "+" (stable across restarts: the gateway keys processes by it);
+    a long list is cut and keeps a digest of the whole, so it stays unique and within the
+    transfer handshake's limit (a site of 12 emulated nodes overflowed it)."""
+    import hashlib
+
+    joined = "+".join(node_names)
+    if len(joined.encode()) <= MAX_PROCESS_NAME_BYTES:
+        return joined
+    digest = hashlib.sha256(joined.encode()).hexdigest()[:10]
+    head = joined.encode()[: MAX_PROCESS_NAME_BYTES - len(digest) - 1].decode(errors="ignore")
+    return f"{head}~{digest}"
