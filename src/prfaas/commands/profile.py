@@ -235,7 +235,7 @@ def _profile_torch(args: argparse.Namespace) -> Any:
             ("model_path", str(args.model_path)),
             ("device", device),
             ("dtype", loaded.cmap.dtype.value),
-            ("torch", torch.__version__),
+            ("torch", str(torch.__version__)),
         ),
         f"engine.torch forward passes, {args.repeats} repeats per point",
     )
@@ -266,7 +266,7 @@ class _Endpoint:
         try:
             with self._client.stream("POST", f"{self.url}/v1/completions", json=body) as resp:
                 if resp.status_code != 200:
-                    text = resp.read().decode(errors="replace").strip().replace("\n", " ")
+                    text = " ".join(resp.read().decode(errors="replace").split())
                     raise UsageError(
                         f"{where} answered HTTP {resp.status_code} to /v1/completions: {text[:200]}"
                     )

@@ -515,7 +515,7 @@ def profile_file_to_dict(pf: ProfileFile) -> dict[str, Any]:
                 "memory_bytes_per_instance": pf.hardware.memory_bytes_per_instance,
             }
         ),
-        "measured_with": dict(pf.measured_with),
+        "measured_with": {str(k): str(v) for k, v in pf.measured_with},
         "note": pf.note,
         "prefill": None,
         "decode": None,
