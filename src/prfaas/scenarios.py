@@ -36,13 +36,15 @@ def _presets_only(d: DeploymentConfig, what: str) -> None:
             )
 
 
-def plan_scenario(d: DeploymentConfig, **overrides: Any) -> Any:
+def plan_scenario(d: DeploymentConfig, profiles_ok: bool = False, **overrides: Any) -> Any:
     """The planner's ``analytic.Scenario`` for ``d``: model, both hardware kinds, node counts,
     the PrfaaS link's bandwidth, the workload's lengths and output tokens, the price ratio when
-    ``prices`` names both kinds; ``overrides`` (flags) win."""
+    ``prices`` names both kinds; ``overrides`` (flags) win. ``profiles_ok``: the caller reads a
+    site's profile file itself (``prfaas plan``): that side's hardware is left out."""
     from prfaas.analytic import Scenario, TruncatedLogNormal
 
-    _presets_only(d, "the planner")
+    if not profiles_ok:
+        _presets_only(d, "the planner")
     home = d.home_site
     remote = [s for s in d.sites if s.kind == "prfaas"]
     w = d.workload
@@ -50,16 +52,18 @@ def plan_scenario(d: DeploymentConfig, **overrides: Any) -> Any:
         raise UsageError("workload.lengths: the planner takes log-normal lengths (or --trace)")
     fields: dict[str, Any] = {
         "model": d.engine.model,
-        "local_hardware": home.hardware,
         "n_local": max(2, len(home.nodes)),
         "output_tokens": w.output_tokens,
         "lengths": TruncatedLogNormal(
             w.lengths.mu, w.lengths.sigma, w.lengths.min_tokens, w.lengths.max_tokens
         ),
     }
+    if not is_profile_file(home.hardware):
+        fields["local_hardware"] = home.hardware
     if remote:
         link = d.link_to_home(remote[0].name)
-        fields["prfaas_hardware"] = remote[0].hardware
+        if not is_profile_file(remote[0].hardware):
+            fields["prfaas_hardware"] = remote[0].hardware
         fields["n_prfaas"] = sum(len(s.nodes) for s in remote)
         if link is not None:
             fields["link_gbps"] = link.gbps

@@ -160,3 +160,23 @@ def test_profile_file_hardware_is_found_next_to_the_deployment_file(tmp_path: Pa
     raw["sites"][1]["hardware"] = "h20-measured.yaml"
     d = load_deployment(write(tmp_path, raw))
     assert d.home_site.hardware == str((tmp_path / "h20-measured.yaml").resolve())
+
+
+def test_plan_of_a_file_whose_hardware_are_profile_files_equals_the_presets(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for preset in ("paper-1t@h20", "paper-1t@h200"):
+        assert main(["profile", "--preset", preset, "-o", str(tmp_path / f"{preset}.yaml")]) == 0
+    capsys.readouterr()
+    raw = yaml.safe_load((EXAMPLES / "paper-prfaas-pd.yaml").read_text())
+    raw["sites"][0]["hardware"] = "paper-1t@h20.yaml"  # next to the deployment file
+    raw["sites"][1]["hardware"] = "paper-1t@h200.yaml"
+    raw["prices"] = {}
+    path = write(tmp_path, raw)
+    from_profiles = run_json(["plan", "--deployment", str(path), "--json"], capsys)
+    from_presets = run_json(["plan", "--json"], capsys)
+    assert from_profiles["sources"] != from_presets["sources"]  # says where timing came from
+    for key in ("prfaas", "homogeneous", "naive", "ratios", "decode"):
+        assert from_profiles[key] == from_presets[key], key
+    assert main(["sim", str(path), "--duration", "10"]) == 2  # the simulator: presets only, says so
+    assert "presets only" in capsys.readouterr().err

@@ -44,10 +44,20 @@ def register(subparsers: Any) -> None:
     a("--model", default=None, help="model preset (see `prfaas kv --help`) [paper: paper-1t]")
     a("--prfaas-hardware", default=None, help="hardware of the PrfaaS cluster [paper: h200]")
     a("--local-hardware", default=None, help="hardware of the local PD cluster [paper: h20]")
-    a("--prfaas-profile", type=Path, default=None, metavar="FILE",
-      help="profile file of the PrfaaS cluster (`prfaas profile`), instead of its hardware")
-    a("--local-profile", type=Path, default=None, metavar="FILE",
-      help="profile file of the local PD cluster (prefill and decode), instead of its hardware")
+    a(
+        "--prfaas-profile",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="profile file of the PrfaaS cluster (`prfaas profile`), instead of its hardware",
+    )
+    a(
+        "--local-profile",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="profile file of the local PD cluster (prefill and decode), instead of its hardware",
+    )
     a("--n-prfaas", type=int, default=None, help="PrfaaS instances [paper: 4]")
     a("--n-local", type=int, default=None, help="local PD instances, N_p + N_d [paper: 8]")
     a("--n-homogeneous", type=int, default=None, help="instances of the baseline [paper: 12]")
@@ -79,15 +89,31 @@ def _base(args: argparse.Namespace) -> Any:
     from prfaas.scenarios import plan_scenario
 
     try:
-        return plan_scenario(load_deployment(args.deployment))
+        return plan_scenario(load_deployment(args.deployment), profiles_ok=True)
     except ValueError as exc:
         raise UsageError(f"{args.deployment}: {exc}") from None
+
+
+def _profiles_from_file(args: argparse.Namespace) -> None:
+    """A deployment file whose PrfaaS or PD site names a profile file as its hardware stands for
+    ``--prfaas-profile`` / ``--local-profile`` (unless those are given)."""
+    if args.deployment is None:
+        return
+    from prfaas.config import is_profile_file, load_deployment
+
+    d = load_deployment(args.deployment)
+    remote = next((s for s in d.sites if s.kind == "prfaas"), None)
+    if args.local_profile is None and is_profile_file(d.home_site.hardware):
+        args.local_profile = Path(d.home_site.hardware)
+    if remote is not None and args.prfaas_profile is None and is_profile_file(remote.hardware):
+        args.prfaas_profile = Path(remote.hardware)
 
 
 def _scenario(args: argparse.Namespace) -> Any:
     from prfaas.analytic import EmpiricalLengths, Scenario, TruncatedLogNormal
     from prfaas.commands.common import read_trace_lengths
 
+    _profiles_from_file(args)
     apply_profiles(args)  # before the fallbacks: a profile names its model and hardware
     base = _base(args)
     for flag, name in (("model", "model"), ("prfaas_hardware", "prfaas_hardware"),
