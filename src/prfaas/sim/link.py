@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable
-from typing import Any
 
 from prfaas.core.ids import LinkId
 from prfaas.core.views import LinkState
@@ -50,8 +49,7 @@ class SimLink:
         rtt_s: float,
         connections: int,
         window_bytes: float,
-        push: Callable[[float, int, Any, Any], None],
-        done_kind: int,
+        schedule_done: Callable[[float, Flow, int], None],
         congested_drain_s: float = 1.0,
     ) -> None:
         self.link_id = link_id
@@ -59,9 +57,9 @@ class SimLink:
         self.nominal_capacity = capacity_bytes_per_s
         self.rtt_s = rtt_s
         self.window_cap = connections * window_bytes / rtt_s if rtt_s > 0 else float("inf")
-        self._push = push
-        """Schedules ``(time, done_kind, flow, flow.version)``: the flow's completion event."""
-        self._done_kind = done_kind
+        self._schedule_done = schedule_done
+        """``(time_s, flow, flow.version)``: schedules the flow's completion event (the driver
+        calls ``finish`` then if the flow still has that version)."""
         self._flows: dict[int, Flow] = {}
         self._next_id = 0
         self.sum_caps = 0.0
@@ -150,10 +148,10 @@ class SimLink:
         elif flow.remaining <= 1.0:
             # Done up to rounding (several flows can end at the same instant): finish now.
             flow.done_s = now
-            self._push(now, self._done_kind, flow, flow.version)
+            self._schedule_done(now, flow, flow.version)
         elif rate > 0:
             flow.done_s = now + flow.remaining / rate
-            self._push(flow.done_s, self._done_kind, flow, flow.version)
+            self._schedule_done(flow.done_s, flow, flow.version)
         else:
             flow.done_s = float("inf")
 

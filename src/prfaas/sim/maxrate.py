@@ -22,9 +22,9 @@ Pure.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 from prfaas.core.topology import NodeRole
+from prfaas.sim.nodes import DecodeNode, PrefillNode
 from prfaas.sim.scenario import SimScenario
 from prfaas.sim.simulator import Simulator
 from prfaas.workload.arrivals import ArrivalSpec
@@ -68,21 +68,20 @@ def trial(scenario: SimScenario, rate_rps: float, rule: MaxRateRule) -> Trial:
     probe: dict[str, float] = {}
 
     def measure(s: Simulator) -> None:
-        now = s.now
-        for (site, role), pool in s.pools.items():
-            nodes: list[Any] = list(pool.members.values())
-            if not nodes:
-                continue
-            name = f"{role.value}:{s.site_ids[site]}"
+        w = s.world
+        now = w.now
+        for site, role, nodes in w.pools:
+            name = f"{role.value}:{w.site_ids[site]}"
             if role is NodeRole.PREFILL:
-                work = sum(max(0.0, n.free_at_s - now) for n in nodes)
-                probe[name] = work / len(nodes)
+                pre = [n for n in nodes if isinstance(n, PrefillNode)]
+                probe[name] = sum(max(0.0, n.free_at_s - now) for n in pre) / len(pre)
             else:
-                waiting = sum(len(n.waiting) for n in nodes)
-                slots = sum(n.max_batch for n in nodes)
-                one = nodes[0].cm.decode_step_s(1, 1) * sc.output_tokens
+                dec = [n for n in nodes if isinstance(n, DecodeNode)]
+                waiting = sum(len(n.waiting) for n in dec)
+                slots = sum(n.max_batch for n in dec)
+                one = dec[0].cm.decode_step_s(1, 1) * sc.output_tokens
                 probe[name] = waiting * one / slots
-        for link in s.links.values():
+        for link in w.links.values():
             if link.capacity > 0:
                 probe[f"link:{link.link_id}"] = link.backlog_bytes(now) / link.capacity
         s.stop = True

@@ -1,15 +1,19 @@
 """Simulated nodes: a prefill node (FIFO queue, token-budget batches, cost-model service times) and
 a decode node (continuous batching whose completion times are computed between membership
-changes, so a request costs O(1) events whatever its output length), and ``PoolIndex``: the
-least-loaded node of a (site, role) pool in O(log n) (lazy heap).
+changes, so a request costs O(1) events whatever its output length); ``PoolIndex``: the
+least-loaded node of a (site, role) pool in O(log n) (lazy heap); and ``Pools``: the one index of
+every pool, by site and role.
 
-State only; the simulator (``simulator.py``) moves requests between them. Pure.
+State only; the simulator's stages (``simulator.py``, ``decode.py``, ``control.py``) move
+requests between them. Pure.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Iterator
+from typing import Generic, TypeVar
 
 from prfaas.core.ids import NodeId, SiteId
 from prfaas.core.topology import NodeRole
@@ -18,7 +22,9 @@ from prfaas.perf import CostModel
 from prfaas.sim.request import SimRequest
 
 
-class SimNode:
+class NodeBase:
+    """What prefill and decode nodes share; a node is a ``SimNode`` (one of the two)."""
+
     __slots__ = ("busy_s", "cached_load", "cm", "draining", "heap_key", "index", "node_id", "role",
                  "site", "site_id")  # fmt: skip
 
@@ -41,7 +47,7 @@ class SimNode:
         """Seconds spent working (prefill) or with a non-empty batch (decode)."""
 
 
-class PrefillNode(SimNode):
+class PrefillNode(NodeBase):
     __slots__ = ("busy", "free_at_s", "queue", "queued_tokens")
 
     def __init__(self, node_id: NodeId, index: int, site: int, site_id: SiteId, cm: CostModel):
@@ -68,7 +74,7 @@ class PrefillNode(SimNode):
         return load
 
 
-class DecodeNode(SimNode):
+class DecodeNode(NodeBase):
     __slots__ = ("ctx_sum", "kv_capacity", "kv_used", "max_batch", "members",
                  "reserved", "seq", "slot_s", "span_batch", "span_ctx", "span_start_s", "step",
                  "tick_s", "tick_steps", "tick_version", "waiting")  # fmt: skip
@@ -116,24 +122,31 @@ class DecodeNode(SimNode):
         return load
 
 
-class PoolIndex:
+SimNode = PrefillNode | DecodeNode
+
+N = TypeVar("N", PrefillNode, DecodeNode)
+
+
+class PoolIndex(Generic[N]):
     """Least-loaded accepting node of one pool: a heap of (load key, node index, node) with lazy
     deletion (an entry is stale when its key is no longer the node's key)."""
 
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, int, SimNode]] = []
-        self.members: dict[int, SimNode] = {}
+    __slots__ = ("_heap", "members")
 
-    def add(self, node: SimNode) -> None:
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, N]] = []
+        self.members: dict[int, N] = {}
+
+    def add(self, node: N) -> None:
         self.members[node.index] = node
         self.touch(node)
 
-    def remove(self, node: SimNode) -> None:
+    def remove(self, node: N) -> None:
         self.members.pop(node.index, None)
 
-    def touch(self, node: SimNode) -> None:
+    def touch(self, node: N) -> None:
         node.cached_load = None
-        key = node.heap_key = node.load_key()  # type: ignore[attr-defined]
+        key = node.heap_key = node.load_key()
         heapq.heappush(self._heap, (key, node.index, node))
         if len(self._heap) > 4 * len(self.members) + 64:
             self._rebuild()
@@ -142,11 +155,11 @@ class PoolIndex:
         self._heap = []
         for n in self.members.values():
             if not n.draining:
-                n.heap_key = n.load_key()  # type: ignore[attr-defined]
+                n.heap_key = n.load_key()
                 self._heap.append((n.heap_key, n.index, n))
         heapq.heapify(self._heap)
 
-    def best(self) -> SimNode | None:
+    def best(self) -> N | None:
         heap = self._heap
         members = self.members
         while heap:
@@ -161,3 +174,34 @@ class PoolIndex:
 
     def __len__(self) -> int:
         return len(self.members)
+
+
+class Pools:
+    """Every pool of a run, indexed by site number: ``prefill[site]`` and ``decode[site]`` exist
+    for every site (empty where a site has none, so no lookup returns ``None``)."""
+
+    __slots__ = ("decode", "prefill")
+
+    def __init__(self, num_sites: int) -> None:
+        self.prefill: list[PoolIndex[PrefillNode]] = [PoolIndex() for _ in range(num_sites)]
+        self.decode: list[PoolIndex[DecodeNode]] = [PoolIndex() for _ in range(num_sites)]
+
+    def add(self, node: SimNode) -> None:
+        if isinstance(node, PrefillNode):
+            self.prefill[node.site].add(node)
+        else:
+            self.decode[node.site].add(node)
+
+    def remove(self, node: SimNode) -> None:
+        if isinstance(node, PrefillNode):
+            self.prefill[node.site].remove(node)
+        else:
+            self.decode[node.site].remove(node)
+
+    def __iter__(self) -> Iterator[tuple[int, NodeRole, list[SimNode]]]:
+        """``(site, role, members)`` for every non-empty pool, prefill pools first per site."""
+        for site, (pre, dec) in enumerate(zip(self.prefill, self.decode, strict=True)):
+            if pre.members:
+                yield site, NodeRole.PREFILL, list(pre.members.values())
+            if dec.members:
+                yield site, NodeRole.DECODE, list(dec.members.values())

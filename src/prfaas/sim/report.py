@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from prfaas.core.topology import NodeRole, SiteKind
+from prfaas.core.topology import SiteKind
 from prfaas.sim.metrics import dist, r
+from prfaas.sim.nodes import DecodeNode, PrefillNode
 from prfaas.sim.simulator import Simulator
 
 SCHEMA = "prfaas.sim/1"
@@ -24,37 +25,38 @@ def _scenario(sim: Simulator) -> dict[str, Any]:
 
 
 def summary(sim: Simulator) -> dict[str, Any]:
-    m = sim.metrics
-    sc = sim.sc
+    w = sim.world
+    m = w.metrics
+    sc = w.sc
     end = max(m.last_finish_s, 1e-9)
     span = sc.duration_s - sc.warmup_s
     sites: dict[str, Any] = {}
-    for i, sid in enumerate(sim.site_ids):
-        nodes = [n for n in sim.nodes if n.site == i]
-        pre = [n for n in nodes if n.role is NodeRole.PREFILL]
-        dec = [n for n in nodes if n.role is NodeRole.DECODE]
-        cache = sim.kv.cache(sid)
+    for i, sid in enumerate(w.site_ids):
+        nodes = [n for n in w.nodes if n.site == i]
+        pre = [n for n in nodes if isinstance(n, PrefillNode)]
+        dec = [n for n in nodes if isinstance(n, DecodeNode)]
+        cache = w.kv.cache(sid)
         sites[sid] = {
-            "kind": sim.site_kinds[i].value,
+            "kind": w.site_kinds[i].value,
             "num_prefill_nodes": len(pre),
             "num_decode_nodes": len(dec),
-            "requests_prefilled": sim.site_prefilled[i],
+            "requests_prefilled": w.site_prefilled[i],
             "prefill_utilisation": r(sum(n.busy_s for n in pre) / (len(pre) * end)) if pre else 0.0,
             "decode_utilisation": r(sum(n.busy_s for n in dec) / (len(dec) * end)) if dec else 0.0,
             "decode_slot_utilisation": r(
-                sum(n.slot_s for n in dec) / (sum(n.max_batch for n in dec) * end)  # type: ignore[attr-defined]
+                sum(n.slot_s for n in dec) / (sum(n.max_batch for n in dec) * end)
             )
             if dec
             else 0.0,
-            "peak_prefill_queue": sim.peak_queued[i],
-            "peak_decode_waiting": sim.peak_waiting[i] if sim.site_kinds[i] is SiteKind.PD else 0,
+            "peak_prefill_queue": w.peak_queued[i],
+            "peak_decode_waiting": w.peak_waiting[i] if w.site_kinds[i] is SiteKind.PD else 0,
             "prefix_hit_rate": r(cache.hit_rate),
             "prefix_cache_used_bytes": cache.used_bytes,
             "prefix_cache_evictions": cache.num_evictions,
         }
     links: dict[str, Any] = {}
-    for link in sim.links.values():
-        moved = link.bytes_delivered(sim.now)
+    for link in w.links.values():
+        moved = link.bytes_delivered(w.now)
         links[link.link_id] = {
             "bytes_moved": round(moved),
             "mean_gbps": r(moved * 8 / 1e9 / end),
@@ -87,7 +89,7 @@ def summary(sim: Simulator) -> dict[str, Any]:
         "threshold_updates": m.threshold_updates,
         "role_changes": m.role_changes,
         "num_events": sim.num_events,
-        "simulated_s": r(sim.now),
+        "simulated_s": r(w.now),
         "scenario": _scenario(sim),
     }
     if m.samples_t:

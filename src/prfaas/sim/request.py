@@ -1,12 +1,14 @@
 """``SimRequest``: the simulator's mutable per-request record (times of every stage).
 
 Mutable and slotted for speed: a run touches it a dozen times. It never leaves ``sim/``; what
-policies see of it is a ``RequestView``. Pure.
+policies see of it is a ``RequestView``. The nodes serving it are not recorded here (they hold
+their requests; the decode node travels in the ``Handoff`` payload), so this module imports no
+node type. Times of stages not reached yet are ``-1.0``. Pure.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from prfaas.sim.link import Flow
 
 
 class SimRequest:
@@ -15,7 +17,6 @@ class SimRequest:
         "block_hashes",
         "cached_home",
         "context",
-        "decode_node",
         "decode_start_s",
         "finish_s",
         "flow",
@@ -28,7 +29,6 @@ class SimRequest:
         "num_prompt",
         "offloaded",
         "prefill_end_s",
-        "prefill_node",
         "prefill_start_s",
         "remaining_steps",
         "rerouted",
@@ -60,9 +60,7 @@ class SimRequest:
         self.work_s = 0.0
         self.transfer_bytes = 0
         self.kv_bytes = 0
-        self.prefill_node: object = None
-        self.decode_node: object = None
-        self.flow: Any = None
+        self.flow: Flow | None = None
         """The KV transfer in flight over an inter-site link, if any."""
         self.prefill_start_s = -1.0
         self.prefill_end_s = -1.0

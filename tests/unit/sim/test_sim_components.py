@@ -50,14 +50,8 @@ def test_decode_batching_matches_token_by_token(hardware: str) -> None:
     )  # fmt: skip
     specs = [SimRequestSpec(i, 0.37 * i, 100 + 13 * i, 5 + (i * 7) % 23) for i in range(40)]
     sim = Simulator(sc, iter(specs))
-    done: dict[int, tuple[float, float, float]] = {}
-    orig = sim._finish
-
-    def spy(req, dec):  # type: ignore[no-untyped-def]
-        done[req.index] = (req.kv_ready_s, req.finish_s if req.finish_s >= 0 else sim.now, 0.0)
-        orig(req, dec)
-
-    sim._finish = spy  # type: ignore[method-assign]
+    done: dict[int, tuple[float, float]] = {}
+    sim.on_finish = lambda req: done.__setitem__(req.index, (req.kv_ready_s, req.finish_s))
     sim.run()
     assert len(done) == 40
     arrivals = [
@@ -73,7 +67,7 @@ def _link(
 ) -> tuple[SimLink, list]:  # type: ignore[type-arg]
     events: list[tuple[float, Flow]] = []
     link = SimLink(
-        LinkId("a->b"), capacity, rtt, conns, window, lambda t, k, f, v: events.append((t, f)), 1
+        LinkId("a->b"), capacity, rtt, conns, window, lambda t, f, v: events.append((t, f))
     )
     return link, events
 

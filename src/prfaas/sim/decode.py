@@ -1,46 +1,60 @@
-"""Decode-side event handlers of the simulator: KV arrival, admission, continuous batching in
-closed form (completion times from ``CostModel.decode_span_s`` between membership changes), and
-request completion. A mixin of ``Simulator`` (split out to keep one concept per file). Pure.
+"""``DecodeStage``: the simulator's decode nodes at work. A request whose KV arrived joins its
+decode node's batch (at the next step boundary, if a slot and the KV memory allow; else it
+waits), and completes; completion times are computed between batch membership changes
+(``CostModel.decode_span_s``), so a request costs O(1) events whatever its output length.
+
+A collaborator the ``Simulator`` owns: it handles KV_ARRIVE and DECODE_TICK, reads and changes
+the ``World``, and reports a drained node through the callback it is given. Pure.
 """
 
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
-from prfaas.sim import events as ev
-from prfaas.sim.nodes import DecodeNode
+from prfaas.sim.events import DecodeTick, EventKind, Handoff
+from prfaas.sim.nodes import DecodeNode, SimNode
 from prfaas.sim.request import SimRequest
+from prfaas.sim.world import World
 
-if TYPE_CHECKING:
-    from prfaas.sim.simulator import Simulator
+_DECODE_TICK = EventKind.DECODE_TICK
 
 
-class DecodeDriver:
-    """Mixin: its methods run with ``self`` a ``Simulator`` (mypy: explicit self types)."""
+class DecodeStage:
+    def __init__(self, world: World, on_drained: Callable[[SimNode], None]) -> None:
+        self._world = world
+        self._on_drained = on_drained
+        """Called when a draining node has finished its last request (role conversion)."""
+        # The world's containers are never replaced: held directly (fewer lookups per event).
+        self._heap = world.q.heap
+        self._seq = world.q.seq
+        self._admission = world.admission
+        self._metrics = world.metrics
+        self._decode_pools = world.pools.decode
 
-    def _on_kv_arrive(self: Simulator, req: SimRequest, _: Any) -> None:  # type: ignore[misc]
-        now = self.now
-        req.kv_ready_s = now
-        dec: DecodeNode = req.decode_node  # type: ignore[assignment]
+    def on_kv_arrive(self, handoff: Handoff) -> None:
+        w = self._world
+        req, dec = handoff
+        req.kv_ready_s = w.now
         dec.reserved -= 1
         dec.cached_load = None
-        if not dec.waiting and self.admission[dec.site].admit_fast(
+        if not dec.waiting and self._admission[dec.site].admit_fast(
             len(dec.members), dec.kv_used, dec.kv_capacity, req.kv_bytes
         ):
             self._join(dec, req)
         else:
             dec.waiting.append(req)
             s = dec.site
-            self.site_waiting[s] += 1
-            if self.site_waiting[s] > self.peak_waiting[s]:
-                self.peak_waiting[s] = self.site_waiting[s]
+            w.site_waiting[s] += 1
+            if w.site_waiting[s] > w.peak_waiting[s]:
+                w.peak_waiting[s] = w.site_waiting[s]
 
     # Decode bookkeeping without a per-member loop: the node counts steps since it started
     # (``dec.step``); a member joining at step j with context c finishes at step j + output and
     # has context c + (s - j) at step s, so the batch's total context at step s is
     # ``ctx_base + B * s`` with ``ctx_base = sum(c - j)``. Members sit in a heap by finish step.
-    def _enter(self: Simulator, dec: DecodeNode, req: SimRequest, step: int, at_s: float) -> None:  # type: ignore[misc]
+    @staticmethod
+    def _enter(dec: DecodeNode, req: SimRequest, step: int, at_s: float) -> None:
         req.decode_start_s = at_s
         req.remaining_steps = step + req.num_output  # the finish step
         req.context = req.num_prompt - step  # this member's share of ctx_base
@@ -48,17 +62,18 @@ class DecodeDriver:
         dec.seq += 1
         heapq.heappush(dec.members, (req.remaining_steps, dec.seq, req))
 
-    def _join(self: Simulator, dec: DecodeNode, req: SimRequest) -> None:  # type: ignore[misc]
+    def _join(self, dec: DecodeNode, req: SimRequest) -> None:
+        now = self._world.now
         dec.kv_used += req.kv_bytes
         if not dec.members:
-            self._enter(dec, req, dec.step, self.now)
-            self._new_span(dec, self.now)
+            self._enter(dec, req, dec.step, now)
+            self._new_span(dec, now)
             return
         # Mid-span: the step in progress finishes without the newcomer; it joins at that step
         # boundary, where a new span (new batch size and context) begins. One event, not two.
         cm = dec.cm
         start = dec.span_start_s
-        elapsed = self.now - start
+        elapsed = now - start
         k = cm.decode_steps_within(dec.span_batch, dec.span_ctx, elapsed) + 1 if elapsed > 0 else 0
         if k > dec.tick_steps:
             k = dec.tick_steps  # the boundary is the pending tick itself
@@ -69,7 +84,7 @@ class DecodeDriver:
         self._enter(dec, req, dec.step, boundary_s)
         self._new_span(dec, boundary_s)
 
-    def _new_span(self: Simulator, dec: DecodeNode, start_s: float) -> None:  # type: ignore[misc]
+    def _new_span(self, dec: DecodeNode, start_s: float) -> None:
         members = dec.members
         b = len(members)
         dec.span_start_s = start_s
@@ -79,12 +94,17 @@ class DecodeDriver:
         dec.tick_steps = steps
         dec.tick_s = start_s + dec.cm.decode_span_s(b, dec.span_ctx, steps)
         dec.tick_version += 1
-        self.q.push(dec.tick_s, ev.DECODE_TICK, dec, dec.tick_version)
+        heapq.heappush(
+            self._heap,
+            (dec.tick_s, _DECODE_TICK, next(self._seq), DecodeTick(dec, dec.tick_version)),
+        )
 
-    def _on_decode_tick(self: Simulator, dec: DecodeNode, version: int) -> None:  # type: ignore[misc]
+    def on_tick(self, tick: DecodeTick) -> None:
+        dec, version = tick
         if version != dec.tick_version:
             return
-        now = self.now
+        w = self._world
+        now = w.now
         dec.busy_s += now - dec.span_start_s
         dec.slot_s += (now - dec.span_start_s) * dec.span_batch
         step = dec.step = dec.step + dec.tick_steps
@@ -92,37 +112,39 @@ class DecodeDriver:
         while members and members[0][0] <= step:
             req = heapq.heappop(members)[2]
             self._finish(req, dec)
-        adm = self.admission[dec.site]
+        adm = self._admission[dec.site]
         waiting = dec.waiting
         while waiting and adm.admit_fast(
             len(members), dec.kv_used, dec.kv_capacity, waiting[0].kv_bytes
         ):
             req = waiting.popleft()
-            self.site_waiting[dec.site] -= 1
+            w.site_waiting[dec.site] -= 1
             dec.kv_used += req.kv_bytes
             self._enter(dec, req, step, now)
-        self.decode_pools[dec.site].touch(dec)  # type: ignore[union-attr]
+        self._decode_pools[dec.site].touch(dec)
         if members:
             self._new_span(dec, now)
         else:
             dec.tick_s = float("inf")
             dec.tick_steps = 0
             if dec.draining and dec.is_idle():
-                self._drained(dec)
+                self._on_drained(dec)
 
-    def _finish(self: Simulator, req: SimRequest, dec: DecodeNode) -> None:  # type: ignore[misc]
-        now = self.now
+    def _finish(self, req: SimRequest, dec: DecodeNode) -> None:
+        w = self._world
+        now = w.now
         req.finish_s = now
-        if self.on_finish is not None:
-            self.on_finish(req)
+        if w.on_finish is not None:
+            w.on_finish(req)
         dec.kv_used -= req.kv_bytes
         dec.ctx_sum -= req.context
-        m = self.metrics
+        m = self._metrics
         m.num_completed += 1
         m.output_tokens += req.num_output
         if now > m.last_finish_s:
             m.last_finish_s = now
-        if req.arrival_s < self.sc.warmup_s:
+        sc = w.sc
+        if req.arrival_s < sc.warmup_s:
             return
         ttft = req.kv_ready_s - req.arrival_s
         tpot = (now - req.decode_start_s) / req.num_output
@@ -132,5 +154,5 @@ class DecodeDriver:
         m.e2e_s.append(now - req.arrival_s)
         if tpot > m.max_tpot_s:
             m.max_tpot_s = tpot
-        if ttft <= self.sc.slo_ttft_s and tpot <= self.sc.slo_tpot_s * (1 + 1e-9):
+        if ttft <= sc.slo_ttft_s and tpot <= sc.slo_tpot_s * (1 + 1e-9):
             m.num_good += 1

@@ -1,0 +1,135 @@
+"""``World``: the simulated deployment and the state every stage of the simulator shares.
+
+It owns the clock value (``now``, set by the loop), the event queue, the metrics, the sites with
+their nodes (``nodes``, ``node_by_id`` and the one pool index ``pools``), decode admission per
+site, the links and the prefix caches; it is built from a ``SimScenario``. The stages
+(``Simulator`` for arrivals, routing, prefill and links; ``DecodeStage``; ``ControlLoop``) and the
+``SimClusterView`` read and change it; none of them knows the others' types. Pure.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+
+from prfaas.cache import GlobalKVManager, HybridPrefixCache, sizing_for
+from prfaas.core.ids import NodeId, SiteId, link_id_for
+from prfaas.core.topology import SiteKind
+from prfaas.perf import CostModel, cost_model_for
+from prfaas.policy import DecodeAdmission
+from prfaas.sim.events import CapacityChange, EventKind, EventQueue, FlowDone
+from prfaas.sim.kv_bytes import KvBytes
+from prfaas.sim.link import Flow, SimLink
+from prfaas.sim.metrics import Metrics
+from prfaas.sim.nodes import DecodeNode, Pools, PrefillNode, SimNode
+from prfaas.sim.request import SimRequest
+from prfaas.sim.scenario import ScenarioError, SimScenario
+
+_FLOW_DONE = EventKind.FLOW_DONE
+
+
+class World:
+    def __init__(self, scenario: SimScenario) -> None:
+        sc = self.sc = scenario
+        self.now = 0.0
+        self.q = EventQueue()
+        self.metrics = Metrics()
+        self.stop = False
+        """Set by a probe to end the run at once."""
+        self.arrivals_done = False
+        """The workload is exhausted (the last arrival was scheduled and handled)."""
+        self.on_finish: Callable[[SimRequest], None] | None = None
+        """Called with each request as it completes (drivers comparing runs request by request)."""
+        self._cms: dict[str, CostModel] = {}
+        self.site_ids: tuple[SiteId, ...] = tuple(SiteId(s.name) for s in sc.sites)
+        self.site_index = {sid: i for i, sid in enumerate(self.site_ids)}
+        self.site_kinds = tuple(SiteKind(s.kind) for s in sc.sites)
+        num_sites = len(sc.sites)
+        self.nodes: list[SimNode] = []
+        self.node_by_id: dict[NodeId, SimNode] = {}
+        self.pools = Pools(num_sites)
+        self.admission: dict[int, DecodeAdmission] = {}
+        """Decode admission of each site that has (or had) decode nodes."""
+        cache = self.cost_model(sc.sites[0].hardware).model.cache
+        self.kv_bytes = KvBytes(cache)
+        self.site_prefilled = [0] * num_sites
+        self.site_queued = [0] * num_sites
+        self.site_waiting = [0] * num_sites
+        self.peak_queued = [0] * num_sites
+        self.peak_waiting = [0] * num_sites
+        self._build_nodes()
+        sizing = sizing_for(cache, sc.block_tokens)
+        caches: dict[SiteId, HybridPrefixCache] = {}
+        for i, s in enumerate(sc.sites):
+            num_bytes = int(s.cache_bytes_per_node * max(1, s.num_prefill))
+            caches[self.site_ids[i]] = HybridPrefixCache(
+                sizing, num_bytes, sc.checkpoint_every_blocks
+            )
+        self.kv = GlobalKVManager(caches)
+        self._build_links()
+
+    def cost_model(self, hardware: str) -> CostModel:
+        cm = self._cms.get(hardware)
+        if cm is None:
+            try:
+                cm = cost_model_for(self.sc.model, hardware)
+            except KeyError as exc:
+                raise ScenarioError(str(exc.args[0])) from None
+            self._cms[hardware] = cm
+        return cm
+
+    def decode_kv_capacity(self, cm: CostModel) -> int:
+        """A decode instance's KV budget: a fraction of its HBM."""
+        return int(cm.hardware.instance_memory_bytes * self.sc.decode_kv_fraction)
+
+    def _build_nodes(self) -> None:
+        for i, s in enumerate(self.sc.sites):
+            cm = self.cost_model(s.hardware)
+            sid = self.site_ids[i]
+            for k in range(s.num_prefill):
+                self.add_node(PrefillNode(NodeId(f"{s.name}/p{k}"), len(self.nodes), i, sid, cm))
+            if s.kind != "pd":
+                continue
+            bs = cm.max_decode_batch
+            if bs <= 0:
+                raise ScenarioError(f"site {s.name}: {s.hardware} cannot meet the decode SLO")
+            self.admission[i] = DecodeAdmission(bs)
+            kv_cap = self.decode_kv_capacity(cm)
+            for k in range(s.num_decode):
+                node_id = NodeId(f"{s.name}/d{k}")
+                self.add_node(DecodeNode(node_id, len(self.nodes), i, sid, cm, bs, kv_cap))
+
+    def add_node(self, node: SimNode) -> None:
+        """Add ``node``, or put it in place of the node with its index (a role change)."""
+        if node.index == len(self.nodes):
+            self.nodes.append(node)
+        else:
+            self.nodes[node.index] = node
+        self.node_by_id[node.node_id] = node
+        self.pools.add(node)
+
+    def _build_links(self) -> None:
+        self.links: dict[tuple[int, int], SimLink] = {}
+        """One ``SimLink`` per direction, keyed by (source site, destination site)."""
+        for lc in self.sc.links:
+            a, b = self.site_index[SiteId(lc.src)], self.site_index[SiteId(lc.dst)]
+            for src, dst in ((a, b), (b, a)):
+                lid = link_id_for(self.site_ids[src], self.site_ids[dst])
+                self.links[(src, dst)] = SimLink(
+                    lid, lc.bandwidth_gbps * 1e9 / 8, lc.rtt_s, lc.connections, lc.window_bytes,
+                    self._flow_due,
+                )  # fmt: skip
+            for t_s, gbps in lc.schedule:
+                self.q.push(t_s, EventKind.CAPACITY, CapacityChange(a, b, gbps))
+        self.link_by_name = {
+            (self.site_ids[a], self.site_ids[b]): link for (a, b), link in self.links.items()
+        }
+
+    def _flow_due(self, time_s: float, flow: Flow, version: int) -> None:
+        q = self.q
+        heapq.heappush(q.heap, (time_s, _FLOW_DONE, next(q.seq), FlowDone(flow, version)))
+
+    def idle_for_good(self) -> bool:
+        """No arrival to come and nothing in flight: periodic events may stop."""
+        m = self.metrics
+        return self.arrivals_done and m.num_arrived == m.num_completed + m.num_failed
