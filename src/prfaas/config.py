@@ -26,13 +26,7 @@ from pydantic import (
 
 from prfaas.deployment_sections import Prices, SimulationConfig, WorkloadConfig
 from prfaas.errors import UsageError
-
-PROFILE_SUFFIXES = (".yaml", ".yml")
-
-
-def is_profile_file(hardware: str) -> bool:
-    """A site's ``hardware`` names a profile file (else a preset)."""
-    return hardware.endswith(PROFILE_SUFFIXES)
+from prfaas.perf.profile_file import is_profile_file
 
 
 class _Strict(BaseModel):
@@ -271,11 +265,16 @@ class DeploymentConfig(_Strict):
         # unknown name must fail here, not as a traceback when the process starts.
         engine = info.data.get("engine")
         if engine is not None and engine.kind == "timed":
+            from prfaas.perf import ProfileFileError, cost_model_for_hardware
             from prfaas.spec import get_hardware
 
             for site in sites:
                 if is_profile_file(site.hardware):
-                    continue  # checked to exist when the site was read
+                    try:  # readable, the right version, measured for this model
+                        cost_model_for_hardware(engine.model, site.hardware)
+                    except ProfileFileError as exc:
+                        raise ValueError(f"site {site.name}: hardware: {exc}") from None
+                    continue
                 try:
                     get_hardware(site.hardware)
                 except KeyError as exc:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from prfaas.config import DeploymentConfig, SiteConfig, is_profile_file
+from prfaas.config import DeploymentConfig, SiteConfig
 from prfaas.errors import UsageError
+from prfaas.perf.profile_file import is_profile_file
 
 MIB = 1 << 20
 NO_OFFLOAD_TOKENS = 2**31 - 1
@@ -83,8 +84,15 @@ def planned_threshold(d: DeploymentConfig) -> int:
     if not any(s.kind == "prfaas" for s in d.sites):
         return NO_OFFLOAD_TOKENS
     from prfaas.analytic import Planner
+    from prfaas.perf import cost_model_for_hardware
 
-    return int(Planner(plan_scenario(d)).plan().prfaas.threshold_tokens or 0)
+    remote = next(s for s in d.sites if s.kind == "prfaas")
+    planner = Planner(
+        plan_scenario(d, profiles_ok=True),
+        remote=cost_model_for_hardware(d.engine.model, remote.hardware),
+        local=cost_model_for_hardware(d.engine.model, d.home_site.hardware),
+    )
+    return int(planner.plan().prfaas.threshold_tokens or 0)
 
 
 def sim_scenario(d: DeploymentConfig) -> Any:

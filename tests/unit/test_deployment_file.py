@@ -154,12 +154,21 @@ def test_bad_sections_name_the_field(tmp_path: Path, change: Any, message: str) 
     assert message in str(exc_info.value)
 
 
-def test_profile_file_hardware_is_found_next_to_the_deployment_file(tmp_path: Path) -> None:
+def test_profile_file_hardware_is_found_next_to_the_deployment_file_and_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from prfaas.scenarios import planned_threshold
+
+    assert main(["profile", "--preset", "paper-1t@h20", "-o", str(tmp_path / "h20.yaml")]) == 0
     raw = base_raw()
-    (tmp_path / "h20-measured.yaml").write_text("version: 1\n")
-    raw["sites"][1]["hardware"] = "h20-measured.yaml"
+    raw["sites"][1]["hardware"] = "h20.yaml"
     d = load_deployment(write(tmp_path, raw))
-    assert d.home_site.hardware == str((tmp_path / "h20-measured.yaml").resolve())
+    assert d.home_site.hardware == str((tmp_path / "h20.yaml").resolve())
+    # The live gateway's starting t comes from the file's profile: the same curve, the same t.
+    assert planned_threshold(d) == planned_threshold(load_deployment(EXAMPLES / "two-site.yaml"))
+    (tmp_path / "h20.yaml").write_text("version: 99\n")
+    with pytest.raises(UsageError, match="site pd: hardware"):
+        load_deployment(write(tmp_path, raw))
 
 
 def test_plan_of_a_file_whose_hardware_are_profile_files_equals_the_presets(

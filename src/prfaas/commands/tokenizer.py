@@ -56,9 +56,11 @@ def run_export(args: argparse.Namespace) -> int:
             raise UsageError(f"engine.model_path: {exc}") from None
         what = f"the tokenizer of {d.engine.model_path}"
     else:
-        from prfaas.perf import cost_model_for
+        from prfaas.perf import cost_model_for_hardware
 
-        limit = cost_model_for(d.engine.model, d.home_site.hardware).model.max_context_tokens
+        limit = cost_model_for_hardware(
+            d.engine.model, d.home_site.hardware
+        ).model.max_context_tokens
         files = hf_export.export_byte_tokenizer(out, limit)
         what = "the emulated byte tokenizer (engine timed)"
     print(f"wrote {what} to {out}: {', '.join(sorted(f.name for f in files))}")

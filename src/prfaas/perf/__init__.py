@@ -9,7 +9,9 @@ from prfaas.perf.curves import PiecewiseLinearCurve, PolynomialCurve
 from prfaas.perf.profile_file import (
     ProfileFile,
     ProfileFileError,
+    cost_model_for_hardware,
     cost_model_from_profile_file,
+    is_profile_file,
     load_profile_file,
 )
 from prfaas.perf.profiles import DecodeFit, DecodeProfile, Profile, find_profile, shipped_profiles
@@ -26,8 +28,10 @@ __all__ = [
     "ProfileFileError",
     "Roofline",
     "cost_model_for",
+    "cost_model_for_hardware",
     "cost_model_from_profile_file",
     "find_profile",
+    "is_profile_file",
     "load_profile_file",
     "prefill_flops",
     "shipped_profiles",

@@ -558,3 +558,21 @@ def dump_profile_file(pf: ProfileFile, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(dump_profile_text(pf), encoding="utf-8")
     tmp.replace(path)
+
+
+PROFILE_FILE_SUFFIXES = (".yaml", ".yml")
+
+
+def is_profile_file(hardware: str) -> bool:
+    """A deployment's ``hardware`` names a profile file (else a hardware preset)."""
+    return hardware.endswith(PROFILE_FILE_SUFFIXES)
+
+
+def cost_model_for_hardware(model: ModelSpec | str, hardware: str) -> CostModel:
+    """The cost model of ``model`` on ``hardware``: a hardware preset, or a profile file measured
+    for that model. Raises ``KeyError`` (unknown preset) or ``ProfileFileError``."""
+    from prfaas.perf.cost_model import cost_model_for
+
+    if is_profile_file(hardware):
+        return cost_model_from_profile_file(Path(hardware), model)
+    return cost_model_for(model, hardware)

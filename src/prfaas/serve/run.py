@@ -21,10 +21,12 @@ log = logging.getLogger("prfaas.serve")
 
 def gateway_tokenizer_and_model(d: DeploymentConfig) -> tuple[Any, ModelInfo]:
     if d.engine.kind == "timed":
-        from prfaas.perf import cost_model_for
+        from prfaas.perf import cost_model_for_hardware
         from prfaas.serve.api import ByteTokenizer
 
-        limit = cost_model_for(d.engine.model, d.home_site.hardware).model.max_context_tokens
+        limit = cost_model_for_hardware(
+            d.engine.model, d.home_site.hardware
+        ).model.max_context_tokens
         return ByteTokenizer(), ModelInfo(d.engine.model, limit)
     from transformers import AutoConfig, AutoTokenizer
 

@@ -27,7 +27,7 @@ from prometheus_client import Counter, Gauge
 from prfaas.cache import GlobalKVManager, HybridPrefixCache, sizing_for
 from prfaas.config import DeploymentConfig
 from prfaas.core import MutableClusterView, NodeId, SiteId
-from prfaas.perf import CostModel, cost_model_for
+from prfaas.perf import CostModel, cost_model_for_hardware
 from prfaas.policy import TuningConfig, make_router
 from prfaas.scenarios import planned_threshold
 from prfaas.serve import internal_errors
@@ -48,15 +48,15 @@ def _cost_models(d: DeploymentConfig) -> tuple[CostModel | None, CostModel | Non
     if d.engine.kind != "timed":
         return None, None
     remote = next((s for s in d.sites if s.kind == "prfaas"), None)
-    local = cost_model_for(d.engine.model, d.home_site.hardware)
-    return (cost_model_for(d.engine.model, remote.hardware) if remote else None), local
+    local = cost_model_for_hardware(d.engine.model, d.home_site.hardware)
+    return (cost_model_for_hardware(d.engine.model, remote.hardware) if remote else None), local
 
 
 def _kv_manager(d: DeploymentConfig) -> GlobalKVManager:
     caches = {}
     for site in d.sites:
         if d.engine.kind == "timed":
-            cost = cost_model_for(d.engine.model, site.hardware)
+            cost = cost_model_for_hardware(d.engine.model, site.hardware)
             sizing = sizing_for(cost.model.cache, d.engine.block_tokens)
             capacity = int(cost.hardware.instance_memory_bytes * 0.1)
         else:

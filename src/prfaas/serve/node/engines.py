@@ -10,7 +10,7 @@ from prfaas.config import EngineConfig
 from prfaas.core.clock import LoopClock
 from prfaas.engine.timed import TimedConfig, TimedEngine
 from prfaas.engine.waiting import LoopWaiter
-from prfaas.perf import cost_model_for
+from prfaas.perf import cost_model_for_hardware
 
 TORCH_KV_BUDGET_BYTES = 1 << 30
 TORCH_PREFILL_CHUNK_TOKENS = 512
@@ -20,7 +20,7 @@ TORCH_PREFIX_STORE_BYTES = 256 << 20
 
 def build_engine(config: EngineConfig, hardware: str) -> Any:
     if config.kind == "timed":
-        cost = cost_model_for(config.model, hardware)
+        cost = cost_model_for_hardware(config.model, hardware)
         timed = TimedConfig(
             time_scale=config.time_scale,
             byte_divisor=config.byte_divisor,
@@ -48,5 +48,5 @@ def prefix_store_bytes(config: EngineConfig, hardware: str) -> int:
     """What a site keeps for prefix checkpoints: a tenth of one instance's HBM (scaled)."""
     if config.kind == "torch":
         return TORCH_PREFIX_STORE_BYTES
-    memory = cost_model_for(config.model, hardware).hardware.instance_memory_bytes
+    memory = cost_model_for_hardware(config.model, hardware).hardware.instance_memory_bytes
     return int(memory * 0.1 / config.byte_divisor)
