@@ -1,4 +1,4 @@
-"""core: request state machine, topology validation, clocks, incrementally updated views."""
+"""core: request state machine, clocks, incrementally updated views."""
 
 from __future__ import annotations
 
@@ -6,11 +6,9 @@ import pytest
 
 from prfaas.core import (
     InvalidTransition,
-    Link,
     LinkState,
     LoopClock,
     MutableClusterView,
-    Node,
     NodeId,
     NodeLoad,
     NodeRole,
@@ -18,12 +16,11 @@ from prfaas.core import (
     RequestId,
     RequestState,
     RequestView,
-    Site,
     SiteId,
     SiteKind,
-    Topology,
     VirtualClock,
 )
+from prfaas.core.ids import link_id_for
 from prfaas.core.request import TERMINAL_STATES, TRANSITIONS
 
 A, B = SiteId("pd"), SiteId("prfaas")
@@ -67,25 +64,6 @@ def test_request_validates_lengths() -> None:
         Request(RequestId("r"), 0, 1, arrival_s=0.0)
 
 
-def test_topology_rejects_unknown_sites_and_zero_bandwidth() -> None:
-    sites = (Site(A, SiteKind.PD, "h20"), Site(B, SiteKind.PRFAAS, "h200"))
-    with pytest.raises(ValueError, match="unknown site"):
-        Topology(sites, (Node(NodeId("n"), SiteId("nowhere"), NodeRole.DECODE, "h20"),))
-    with pytest.raises(ValueError, match="bandwidth must be > 0"):
-        Link(B, A, 0.0)
-    topo = Topology(
-        sites,
-        (
-            Node(NodeId("d0"), A, NodeRole.DECODE, "h20"),
-            Node(NodeId("p0"), B, NodeRole.PREFILL, "h200"),
-        ),
-        (Link(B, A, 100.0, 0.01),),
-    )
-    assert topo.link(B, A) is not None and topo.link(A, B) is None
-    assert topo.link(B, A).bandwidth_bytes_per_s == pytest.approx(12.5e9)  # type: ignore[union-attr]
-    assert [n.node_id for n in topo.nodes_at(A, NodeRole.DECODE)] == ["d0"]
-
-
 def test_virtual_clock_never_goes_back_and_loop_clock_scales() -> None:
     clock = VirtualClock()
     clock.advance_to(2.0)
@@ -111,7 +89,7 @@ def test_cluster_view_updates_incrementally_including_role_changes() -> None:
     assert {n.node_id for n in view.nodes(A, NodeRole.DECODE)} == {"n1", "n2"}
     view.remove_node(NodeId("n2"))
     assert [n.node_id for n in view.nodes(A, NodeRole.DECODE)] == ["n1"]
-    view.update_link(LinkState(Link(B, A, 100).link_id, 12.5e9, backlog_bytes=25 * 10**9))
+    view.update_link(LinkState(link_id_for(B, A), 12.5e9, backlog_bytes=25 * 10**9))
     assert view.link(B, A).drain_time_s() == pytest.approx(2.0)  # type: ignore[union-attr]
     assert view.threshold_tokens == 19_400
     with pytest.raises(KeyError, match="unknown site"):

@@ -13,7 +13,7 @@ from prfaas.core.request import (
     RequestState,
     can_transition,
 )
-from prfaas.core.topology import Link, Node, NodeRole, Site, SiteKind, Topology
+from prfaas.core.topology import NodeRole, SiteKind
 from prfaas.core.views import (
     ClusterView,
     LinkState,
@@ -27,12 +27,10 @@ __all__ = [
     "Clock",
     "ClusterView",
     "InvalidTransition",
-    "Link",
     "LinkId",
     "LinkState",
     "LoopClock",
     "MutableClusterView",
-    "Node",
     "NodeId",
     "NodeLoad",
     "NodeRole",
@@ -40,10 +38,8 @@ __all__ = [
     "RequestId",
     "RequestState",
     "RequestView",
-    "Site",
     "SiteId",
     "SiteKind",
-    "Topology",
     "VirtualClock",
     "can_transition",
 ]
