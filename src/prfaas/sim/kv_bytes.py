@@ -35,12 +35,17 @@ class KvBytes:
     def total(self, num_tokens: int) -> int:
         """``S_kv(num_tokens)``: equals ``CacheSpec.bytes_for(num_tokens)``."""
         n = self.fixed_bytes + num_tokens * self.per_token_bytes
-        for window, per_token in self.windows:
-            n += (num_tokens if num_tokens < window else window) * per_token
+        if self.windows:
+            for window, per_token in self.windows:
+                n += (num_tokens if num_tokens < window else window) * per_token
         return n
 
     def to_send(self, num_tokens: int, num_cached_tokens: int) -> int:
         """What crosses to a site already holding ``num_cached_tokens`` of the prompt: the
         uncached suffix of full-attention KV, the sliding windows and linear states as of
         ``num_tokens`` (``CacheSpec.transfer_bytes``)."""
-        return self.total(num_tokens) - num_cached_tokens * self.per_token_bytes
+        n = self.fixed_bytes + (num_tokens - num_cached_tokens) * self.per_token_bytes
+        if self.windows:
+            for window, per_token in self.windows:
+                n += (num_tokens if num_tokens < window else window) * per_token
+        return n

@@ -139,14 +139,22 @@ class PoolIndex(Generic[N]):
 
     def add(self, node: N) -> None:
         self.members[node.index] = node
-        self.touch(node)
+        node.cached_load = None
+        key = node.heap_key = node.load_key()
+        heapq.heappush(self._heap, (key, node.index, node))
 
     def remove(self, node: N) -> None:
         self.members.pop(node.index, None)
 
     def touch(self, node: N) -> None:
+        """``node``'s load changed (or may have). A member that is not draining always has an
+        entry with its current key in the heap (``best`` pops only stale ones): an unchanged key
+        needs no new entry."""
         node.cached_load = None
-        key = node.heap_key = node.load_key()
+        key = node.load_key()
+        if key == node.heap_key:
+            return
+        node.heap_key = key
         heapq.heappush(self._heap, (key, node.index, node))
         if len(self._heap) > 4 * len(self.members) + 64:
             self._rebuild()
