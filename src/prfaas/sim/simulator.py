@@ -340,8 +340,8 @@ class Simulator:
 
     # -- links ------------------------------------------------------------------------------------
     def _on_flow_done(self, event: FlowDone) -> None:
-        flow = event.flow
-        if flow.version != event.version or flow.finished:
+        flow, version = event
+        if flow.version != version or flow.finished:
             return
         w = self.world
         link = flow.link
