@@ -83,16 +83,22 @@ def planned_threshold(d: DeploymentConfig) -> int:
         return DEFAULT_TORCH_THRESHOLD_TOKENS
     if not any(s.kind == "prfaas" for s in d.sites):
         return NO_OFFLOAD_TOKENS
+    return int(planner_for(d).plan().prfaas.threshold_tokens or 0)
+
+
+def planner_for(d: DeploymentConfig, **overrides: Any) -> Any:
+    """The planner of ``d``'s two clusters, each side's timing from its hardware preset or
+    profile file; ``overrides`` go to ``plan_scenario``."""
     from prfaas.analytic import Planner
     from prfaas.perf import cost_model_for_hardware
 
-    remote = next(s for s in d.sites if s.kind == "prfaas")
-    planner = Planner(
-        plan_scenario(d, profiles_ok=True),
-        remote=cost_model_for_hardware(d.engine.model, remote.hardware),
-        local=cost_model_for_hardware(d.engine.model, d.home_site.hardware),
+    remote = next((s for s in d.sites if s.kind == "prfaas"), None)
+    local = cost_model_for_hardware(d.engine.model, d.home_site.hardware)
+    return Planner(
+        plan_scenario(d, profiles_ok=True, **overrides),
+        remote=None if remote is None else cost_model_for_hardware(d.engine.model, remote.hardware),
+        local=local,
     )
-    return int(planner.plan().prfaas.threshold_tokens or 0)
 
 
 def sim_scenario(d: DeploymentConfig) -> Any:
@@ -101,7 +107,6 @@ def sim_scenario(d: DeploymentConfig) -> Any:
     from prfaas.sim import SiteConfig as SimSite
     from prfaas.workload import ArrivalSpec
 
-    _presets_only(d, "the simulator")
     sim, w = d.simulation, d.workload
     cache_bytes = sim.cache_bytes_per_node
     sites = tuple(

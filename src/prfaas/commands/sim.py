@@ -144,9 +144,8 @@ def _from_scenario_yaml(path: Path) -> Any:
 def _from_deployment_file(path: Path) -> tuple[Any, float | None]:
     """(scenario, the planner's lambda_max_exact for exactly this deployment, when it is the
     planner's two-cluster kind: one PD site, PrfaaS sites or none)."""
-    from prfaas.analytic import Planner
     from prfaas.config import load_deployment
-    from prfaas.scenarios import plan_scenario, planned_threshold, sim_scenario
+    from prfaas.scenarios import planned_threshold, planner_for, sim_scenario
 
     d = load_deployment(path)
     sc = sim_scenario(d)
@@ -156,7 +155,7 @@ def _from_deployment_file(path: Path) -> tuple[Any, float | None]:
         n_prfaas = sum(s.num_prefill for s in sc.sites if s.kind == "prfaas")
         offloads = n_prfaas > 0 and d.policy.router != "local_only"
         t = planned_threshold(d) if offloads else None
-        planner = Planner(plan_scenario(d, n_local=max(2, home.num_prefill + home.num_decode)))
+        planner = planner_for(d, n_local=max(2, home.num_prefill + home.num_decode))
         exact = planner.evaluate(t, n_prfaas if offloads else 0, home.num_prefill,
                                  home.num_decode).lambda_max_exact  # fmt: skip
     if d.workload.arrival.rate_rps is None and exact:

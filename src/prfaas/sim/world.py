@@ -15,7 +15,7 @@ from collections.abc import Callable
 from prfaas.cache import GlobalKVManager, HybridPrefixCache, sizing_for
 from prfaas.core.ids import NodeId, SiteId, link_id_for
 from prfaas.core.topology import SiteKind
-from prfaas.perf import CostModel, cost_model_for
+from prfaas.perf import CostModel, ProfileFileError, cost_model_for_hardware
 from prfaas.policy import DecodeAdmission
 from prfaas.sim.events import CapacityChange, EventKind, EventQueue, FlowDone
 from prfaas.sim.kv_bytes import KvBytes
@@ -71,10 +71,12 @@ class World:
     def cost_model(self, hardware: str) -> CostModel:
         cm = self._cms.get(hardware)
         if cm is None:
-            try:
-                cm = cost_model_for(self.sc.model, hardware)
+            try:  # a preset, or a profile file (perf reads it, once per run and hardware)
+                cm = cost_model_for_hardware(self.sc.model, hardware)
             except KeyError as exc:
                 raise ScenarioError(str(exc.args[0])) from None
+            except ProfileFileError as exc:
+                raise ScenarioError(str(exc)) from None
             self._cms[hardware] = cm
         return cm
 
