@@ -21,8 +21,9 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
 
-# Strict mypy on the pure layers, the transfer library, the testbed and the engine interface.
-TYPED := core spec perf analytic workload cache policy sim transfer testbed engine
+# Strict mypy on every package and top-level module (pydantic models via the pydantic plugin).
+TYPED := core spec perf analytic workload cache policy sim transfer testbed engine serve commands \
+	config.py scenarios.py deployment_sections.py cli.py errors.py
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy $(addprefix src/prfaas/,$(TYPED))

@@ -10,11 +10,16 @@ figure the live gateway starts from. No I/O (``config.py`` reads the file).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prfaas.config import DeploymentConfig, SiteConfig
 from prfaas.errors import UsageError
 from prfaas.perf.profile_file import is_profile_file
+
+if TYPE_CHECKING:
+    # Type-only: the planner and the simulator load when a scenario is derived, not on import.
+    from prfaas.analytic import Planner, Scenario
+    from prfaas.sim import SimScenario
 
 MIB = 1 << 20
 NO_OFFLOAD_TOKENS = 2**31 - 1
@@ -37,7 +42,7 @@ def _presets_only(d: DeploymentConfig, what: str) -> None:
             )
 
 
-def plan_scenario(d: DeploymentConfig, profiles_ok: bool = False, **overrides: Any) -> Any:
+def plan_scenario(d: DeploymentConfig, profiles_ok: bool = False, **overrides: Any) -> Scenario:
     """The planner's ``analytic.Scenario`` for ``d``: model, both hardware kinds, node counts,
     the PrfaaS link's bandwidth, the workload's lengths and output tokens, the price ratio when
     ``prices`` names both kinds; ``overrides`` (flags) win. ``profiles_ok``: the caller reads a
@@ -86,7 +91,7 @@ def planned_threshold(d: DeploymentConfig) -> int:
     return int(planner_for(d).plan().prfaas.threshold_tokens or 0)
 
 
-def planner_for(d: DeploymentConfig, **overrides: Any) -> Any:
+def planner_for(d: DeploymentConfig, **overrides: Any) -> Planner:
     """The planner of ``d``'s two clusters, each side's timing from its hardware preset or
     profile file; ``overrides`` go to ``plan_scenario``."""
     from prfaas.analytic import Planner
@@ -101,7 +106,7 @@ def planner_for(d: DeploymentConfig, **overrides: Any) -> Any:
     )
 
 
-def sim_scenario(d: DeploymentConfig) -> Any:
+def sim_scenario(d: DeploymentConfig) -> SimScenario:
     """The simulator's ``SimScenario`` for ``d`` (validate it with ``.validate()``)."""
     from prfaas.sim import LengthConfig, LinkConfig, SimScenario
     from prfaas.sim import SiteConfig as SimSite

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import tempfile
 from pathlib import Path
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         for dep in demo.deployments(settings.link_gbps):
             task = progress.add_task(f"live {dep.name}", total=len(specs))
             out["live"][dep.policy] = demo.run_live(
-                dep, settings, specs, workdir, on_done=lambda t=task: progress.advance(t)
+                dep, settings, specs, workdir, on_done=functools.partial(progress.advance, task)
             )
             sim_task = progress.add_task(f"sim {dep.name}", total=1)
             out["sim"][dep.policy] = demo.run_sim(dep, settings, specs)

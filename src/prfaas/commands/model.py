@@ -76,7 +76,7 @@ def run_info(args: argparse.Namespace) -> int:
     raw = read_config(args.model_dir)  # clear errors for a missing folder / config
     check_architecture(raw.get("model_type"))
     cmap = cache_map_from_config(config_mapping(AutoConfig.from_pretrained(args.model_dir)))
-    rows = [
+    rows: list[dict[str, Any]] = [  # one JSON object per cache layer
         {
             "position": pos,
             "model_layer": cmap.model_layers[pos],

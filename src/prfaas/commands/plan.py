@@ -99,7 +99,8 @@ def _profiles_from_file(args: argparse.Namespace) -> None:
     ``--prfaas-profile`` / ``--local-profile`` (unless those are given)."""
     if args.deployment is None:
         return
-    from prfaas.config import is_profile_file, load_deployment
+    from prfaas.config import load_deployment
+    from prfaas.perf import is_profile_file
 
     d = load_deployment(args.deployment)
     remote = next((s for s in d.sites if s.kind == "prfaas"), None)

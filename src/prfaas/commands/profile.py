@@ -121,7 +121,8 @@ def _model_section_from_folder(path: Path, name: str | None = None) -> Any:
     config = AutoConfig.from_pretrained(path)
     cmap = cache_map_from_config(config_mapping(config))
     with torch.device("meta"):
-        meta = AutoModelForCausalLM.from_config(config)
+        # transformers leaves from_config unannotated.
+        meta = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
     params = float(sum(p.numel() for p in meta.parameters()))
     heads = int(config.num_attention_heads)
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)

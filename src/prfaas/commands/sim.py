@@ -16,11 +16,16 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prfaas.errors import UsageError
+
+if TYPE_CHECKING:
+    # Type-only: the simulator is imported when a command runs, to keep `prfaas --help` quick.
+    from prfaas.sim import SimScenario
 
 PAPER_DEFAULTS: dict[str, Any] = {
     "arrival": "uniform",
@@ -114,7 +119,7 @@ def _schedule(text: str) -> tuple[tuple[float, float], ...]:
     return tuple(out)
 
 
-def _from_scenario_yaml(path: Path) -> Any:
+def _from_scenario_yaml(path: Path) -> SimScenario:
     from prfaas.config import load_yaml_mapping
     from prfaas.sim import LengthConfig, LinkConfig, SimScenario, SiteConfig
     from prfaas.workload import ArrivalSpec
@@ -141,7 +146,7 @@ def _from_scenario_yaml(path: Path) -> Any:
         raise UsageError(f"{path}: {exc}") from None
 
 
-def _from_deployment_file(path: Path) -> tuple[Any, float | None]:
+def _from_deployment_file(path: Path) -> tuple[SimScenario, float | None]:
     """(scenario, the planner's lambda_max_exact for exactly this deployment, when it is the
     planner's two-cluster kind: one PD site, PrfaaS sites or none)."""
     from prfaas.config import load_deployment
@@ -163,7 +168,7 @@ def _from_deployment_file(path: Path) -> tuple[Any, float | None]:
     return sc, exact
 
 
-def _multi_site(sc: Any, args: argparse.Namespace) -> Any:
+def _multi_site(sc: SimScenario, args: argparse.Namespace) -> SimScenario:
     """Replicate the PD site ``--pd-sites`` times and the PrfaaS site ``--prfaas-sites`` times."""
     from prfaas.sim import LinkConfig, SiteConfig
 
@@ -205,7 +210,7 @@ def _check_flags(args: argparse.Namespace) -> None:
                          "lists its sites itself")  # fmt: skip
 
 
-def _paper(args: argparse.Namespace) -> tuple[Any, float | None]:
+def _paper(args: argparse.Namespace) -> tuple[SimScenario, float | None]:
     from prfaas.sim import DEPLOYMENTS, paper_deployment
     from prfaas.sim.scenario import paper_plan
 
@@ -230,7 +235,7 @@ def _paper(args: argparse.Namespace) -> tuple[Any, float | None]:
     return sc, exact
 
 
-def _with_paper_defaults(args: argparse.Namespace) -> Any:
+def _with_paper_defaults(args: argparse.Namespace) -> Callable[[str], Any]:
     def value(name: str) -> Any:
         v = getattr(args, name)
         return PAPER_DEFAULTS[name] if v is None else v
@@ -238,7 +243,7 @@ def _with_paper_defaults(args: argparse.Namespace) -> Any:
     return value
 
 
-def build_scenario(args: argparse.Namespace) -> tuple[Any, float | None]:
+def build_scenario(args: argparse.Namespace) -> tuple[SimScenario, float | None]:
     """(scenario, the planner's lambda_max_exact for the deployment or None). Flags given
     override the file; without a file the paper defaults fill the rest."""
     from prfaas.workload import ArrivalSpec
@@ -251,8 +256,11 @@ def build_scenario(args: argparse.Namespace) -> tuple[Any, float | None]:
         sc, exact = _from_scenario_yaml(args.config), None
     else:
         sc, exact = _paper(args)
+
     # Without a file every setting has its paper value; with one, only flags given change it.
-    given = (lambda name: getattr(args, name) is not None) if from_file else (lambda _n: True)
+    def given(name: str) -> bool:
+        return not from_file or getattr(args, name) is not None
+
     value = _with_paper_defaults(args)
     changes: dict[str, Any] = {}
     if from_file:
@@ -324,7 +332,7 @@ def build_scenario(args: argparse.Namespace) -> tuple[Any, float | None]:
     return replace(sc, **changes), exact
 
 
-def _run_one(sc: Any, progress: bool) -> dict[str, Any]:
+def _run_one(sc: SimScenario, progress: bool) -> dict[str, Any]:
     from prfaas.sim import Simulator, summary
 
     sim = Simulator(sc)
@@ -420,7 +428,7 @@ def _print_human(out: dict[str, Any]) -> None:
                   f" peak backlog {lk['peak_backlog_bytes'] / 1e9:.2f} GB")  # fmt: skip
 
 
-def _plots(folder: Path, sc: Any, out: dict[str, Any]) -> None:
+def _plots(folder: Path, sc: SimScenario, out: dict[str, Any]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")

@@ -254,8 +254,9 @@ def torch_showcase(workdir: Path) -> dict[str, Any]:
     from prfaas.engine.torch.tiny import make_tiny
 
     torch.set_num_threads(1)
-    hf_logging.set_verbosity_error()  # no notes about GPU kernels a CPU run does not have
-    hf_logging.disable_progress_bar()
+    # No notes about GPU kernels a CPU run does not have (transformers leaves these unannotated).
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     model_dir = make_tiny("qwen3_next", workdir / "tiny-qwen3-next")
     config = DeploymentConfig.model_validate(
         {

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import httpx
@@ -190,7 +190,7 @@ class ClusterDispatcher:
     # -- one attempt ------------------------------------------------------------------------------
     async def _attempt(
         self, req: GenerationRequest, hashes: tuple[int, ...], plan: AttemptPlan
-    ) -> AsyncIterator[TokenEvent]:
+    ) -> AsyncGenerator[TokenEvent, None]:
         reg = self.registry
         moved = await self._move_cache(plan, hashes)
         decode_cmd, prefill_cmd = self.planner.commands(req, hashes, plan)
@@ -238,7 +238,7 @@ class ClusterDispatcher:
         decode_cmd: DecodeCommand,
         prefill_cmd: PrefillCommand,
         moved: int,
-    ) -> AsyncIterator[TokenEvent]:
+    ) -> AsyncGenerator[TokenEvent, None]:
         dec_ep = self.registry.endpoints[plan.decode_node]
         pre_ep = self.registry.endpoints[plan.decision.prefill_node]
         try:
@@ -286,7 +286,7 @@ class _Relay:
         self.moved = moved
         self.num_cached_tokens: int | None = None
 
-    async def run(self, events: AsyncIterator[DecodeEvent]) -> AsyncIterator[TokenEvent]:
+    async def run(self, events: AsyncIterator[DecodeEvent]) -> AsyncGenerator[TokenEvent, None]:
         next_event: asyncio.Future[DecodeEvent] = asyncio.ensure_future(anext(events))
         try:
             while True:

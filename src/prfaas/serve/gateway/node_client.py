@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Literal, Protocol
 
@@ -133,7 +133,7 @@ def _answer_failure(node: str, resp: httpx.Response) -> NodeCallFailed:
     return NodeCallFailed(node, kind, f"HTTP {resp.status_code}: {detail}")
 
 
-async def _events(node: str, lines: AsyncIterator[str]) -> AsyncIterator[DecodeEvent]:
+async def _events(node: str, lines: AsyncIterator[str]) -> AsyncGenerator[DecodeEvent, None]:
     try:
         async for line in lines:
             if not line.strip():
