@@ -12,17 +12,15 @@ import asyncio
 from collections import OrderedDict
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prfaas.transfer.assembly import Assembly
 from prfaas.transfer.channel import Channel
+from prfaas.transfer.config import TransferConfig
 from prfaas.transfer.errors import AbortCode, SessionAborted
 from prfaas.transfer.manifest import Manifest
 from prfaas.transfer.session_state import SessionState
 from prfaas.transfer.waiting import Signal, wait_until
-
-if TYPE_CHECKING:
-    from prfaas.transfer.receiver import Receiver
 
 _KEEP_FINISHED = 4096  # ids of finished sessions remembered per sender, to drop late chunks
 
@@ -37,10 +35,19 @@ class Delivery:
     first_token: int
 
 
+class SessionOwner(Protocol):
+    """What a session needs of the ``Receiver`` that feeds it: a protocol, so that this module
+    does not import ``receiver.py`` (which imports this one)."""
+
+    config: TransferConfig
+
+    def _abort(self, s: InboundSession, err: SessionAborted, tell_peer: bool) -> None: ...
+
+
 class InboundSession:
     """One request's KV arriving. ``await layer(i)``, ``await complete()``, ``abort(reason)``."""
 
-    def __init__(self, receiver: Receiver, peer: _Peer, session_id: int, manifest: Manifest):
+    def __init__(self, receiver: SessionOwner, peer: _Peer, session_id: int, manifest: Manifest):
         self.receiver = receiver
         self.session_id = session_id
         self.manifest = manifest

@@ -14,17 +14,16 @@ import asyncio
 import contextlib
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prfaas.transfer import frames as F
+from prfaas.transfer.channel import Channel
+from prfaas.transfer.config import TransferConfig
 from prfaas.transfer.errors import AbortCode, SessionAborted
 from prfaas.transfer.integrity import Ranges, session_digest
 from prfaas.transfer.manifest import Manifest
 from prfaas.transfer.session_state import SessionState, advance
-from prfaas.transfer.waiting import wait_until
-
-if TYPE_CHECKING:
-    from prfaas.transfer.sender import Link
+from prfaas.transfer.waiting import Signal, wait_until
 
 
 @dataclass(slots=True)
@@ -34,10 +33,26 @@ class _Item:
     view: memoryview
 
 
+class LinkSide(Protocol):
+    """What a session needs of its ``sender.Link``: a protocol, so that this module does not
+    import ``sender.py`` (which imports this one)."""
+
+    config: TransferConfig
+    _channels: list[Channel]
+    _sessions: dict[int, OutboundSession]
+    _signal: Signal
+
+    async def open(self, manifest: Manifest) -> OutboundSession: ...
+    async def _reserve(self, s: OutboundSession, num_bytes: int) -> None: ...
+    def _release(self, s: OutboundSession, num_bytes: int) -> None: ...
+    def _enqueue(self, item: _Item) -> None: ...
+    async def _write_control(self, ch: Channel, frame: F.Frame) -> None: ...
+
+
 class OutboundSession:
     """One request's KV on its way out. Use as ``async with link.session(manifest) as s``."""
 
-    def __init__(self, link: Link, session_id: int, manifest: Manifest) -> None:
+    def __init__(self, link: LinkSide, session_id: int, manifest: Manifest) -> None:
         self.link = link
         self.session_id = session_id
         self.manifest = manifest
@@ -131,7 +146,7 @@ class OutboundSession:
 
 
 class OpenSession:
-    def __init__(self, link: Link, manifest: Manifest) -> None:
+    def __init__(self, link: LinkSide, manifest: Manifest) -> None:
         self._link = link
         self._manifest = manifest
         self._session: OutboundSession | None = None

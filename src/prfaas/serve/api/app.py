@@ -22,7 +22,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from prfaas.serve.api.admission import Admission, Overloaded, Permit
+from prfaas.serve.api.admission import Overloaded, Permit
 from prfaas.serve.api.api_keys import ApiKeyMiddleware
 from prfaas.serve.api.config import GatewayHTTPConfig
 from prfaas.serve.api.disconnect import ClientGone, until_disconnect
@@ -32,6 +32,7 @@ from prfaas.serve.api.health import add_info_routes
 from prfaas.serve.api.metrics import GatewayMetrics
 from prfaas.serve.api.prepare import Prepared, prepare, read_json
 from prfaas.serve.api.relay import Delta, Relay
+from prfaas.serve.api.state import GatewayState, UnknownFields
 from prfaas.serve.api.tokenization import add_tokenizer_routes
 from prfaas.serve.api.tokenizer import Tokenizer
 from prfaas.serve.api.tracking import CLIENT_GONE, RequestTracker
@@ -39,57 +40,15 @@ from prfaas.serve.backend import Backend
 
 log = logging.getLogger("prfaas.serve.api")
 
-__all__ = ["Gateway", "create_gateway_app", "error_response"]
+__all__ = ["Gateway", "UnknownFields", "create_gateway_app", "error_response"]
 
 
 SEND_GRACE_S = 1.0
 """How long past its deadline a stream may still be blocked sending before it is cut off."""
 
 
-class UnknownFields:
-    """Logs the unknown fields of a request (they are dropped, as vLLM does), once per distinct
-    set: a client sending the same extra at 1,000 requests/s gives one line, not 1,000 a second.
-    Remembers at most ``MAX_SETS`` sets, then stops logging; names are shortened in the log."""
-
-    MAX_SETS = 1024
-    MAX_NAMES_LOGGED = 16
-
-    def __init__(self) -> None:
-        self._seen: set[tuple[str, tuple[str, ...]]] = set()
-
-    def note(self, endpoint: str, names: tuple[str, ...]) -> None:
-        key = (endpoint, tuple(sorted(names)))
-        if not names or key in self._seen or len(self._seen) >= self.MAX_SETS:
-            return
-        self._seen.add(key)
-        shown = ", ".join(repr(n[:64]) for n in key[1][: self.MAX_NAMES_LOGGED])
-        more = len(names) - self.MAX_NAMES_LOGGED
-        log.warning(
-            "%s: ignoring unknown field(s) %s%s (logged once per set)",
-            endpoint,
-            shown,
-            f" and {more} more" if more > 0 else "",
-        )
-        if len(self._seen) == self.MAX_SETS:
-            log.warning("%d sets of unknown fields seen; no more are logged", self.MAX_SETS)
-
-
-class Gateway:
-    def __init__(
-        self,
-        backend: Backend,
-        tokenizer: Tokenizer,
-        config: GatewayHTTPConfig,
-        metrics: GatewayMetrics,
-    ) -> None:
-        self.backend = backend
-        self.tokenizer = tokenizer
-        self.config = config
-        self.metrics = metrics
-        self.admission = Admission(config.max_in_flight, config.max_queued)
-        self.unknown_fields = UnknownFields()
-        metrics.in_flight.set_function(lambda: self.admission.num_in_flight)
-        metrics.queued.set_function(lambda: self.admission.num_queued)
+class Gateway(GatewayState):
+    """The generation endpoints' handling over the shared parts (``state.GatewayState``)."""
 
     async def handle(self, request: Request, *, chat: bool) -> Response:
         """Parse and validate; the returned response does the rest (``_GenerationResponse``)."""

@@ -6,22 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import FastAPI
 from starlette.responses import JSONResponse, Response
 
 from prfaas.serve.api.errors import ApiError, error_response, not_ready
 from prfaas.serve.api.metrics import CONTENT_TYPE
-
-if TYPE_CHECKING:
-    from prfaas.serve.api.app import Gateway
+from prfaas.serve.api.state import GatewayState
 
 HEALTH_TIMEOUT_S = 5.0
 _CREATED = int(time.time())
 
 
-def add_info_routes(app: FastAPI, gateway: Gateway) -> None:
+def add_info_routes(app: FastAPI, gateway: GatewayState) -> None:
     def model_card() -> dict[str, Any]:
         info = gateway.backend.model_info()
         return {

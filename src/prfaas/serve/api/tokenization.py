@@ -11,7 +11,7 @@ is bounded by ``max_body_bytes``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import FastAPI
 from starlette.requests import ClientDisconnect, Request
@@ -34,15 +34,13 @@ from prfaas.serve.api.schemas import (
     split_fields,
     validate,
 )
+from prfaas.serve.api.state import GatewayState
 from prfaas.serve.api.tokenizer import Tokenizer
 from prfaas.serve.api.tracking import CLIENT_GONE
 from prfaas.serve.backend import ModelInfo
 
-if TYPE_CHECKING:
-    from prfaas.serve.api.app import Gateway
 
-
-def add_tokenizer_routes(app: FastAPI, gateway: Gateway) -> None:
+def add_tokenizer_routes(app: FastAPI, gateway: GatewayState) -> None:
     @app.post("/tokenize")
     async def tokenize(request: Request) -> Response:
         return await _answer(request, gateway, tokenize_body)
@@ -55,7 +53,7 @@ def add_tokenizer_routes(app: FastAPI, gateway: Gateway) -> None:
 Work = Callable[[dict[str, Any], ModelInfo, Tokenizer], tuple[dict[str, Any], list[str]]]
 
 
-async def _answer(request: Request, gateway: Gateway, work: Work) -> Response:
+async def _answer(request: Request, gateway: GatewayState, work: Work) -> Response:
     config = gateway.config
     try:
         body = await read_json(request, config.max_body_bytes, config.request_timeout_s)
