@@ -18,7 +18,8 @@ def cost_model_or_usage_error(model: str, hardware: str) -> CostModel:
 
 def profile_cost_model(path: Path, model: str | None) -> CostModel:
     """The cost model of a profile file, its errors as ``UsageError`` (one line, exit 2)."""
-    from prfaas.perf.profile_file import ProfileFileError, cost_model_from_profile_file
+    from prfaas.perf.profile_costs import cost_model_from_profile_file
+    from prfaas.perf.profile_file import ProfileFileError
 
     try:
         return cost_model_from_profile_file(path, model)

@@ -6,15 +6,16 @@ files (``profile_file``), asked for explicitly, and the package's shipped ones.
 
 from prfaas.perf.cost_model import CostModel, cost_model_for
 from prfaas.perf.curves import PiecewiseLinearCurve, PolynomialCurve
+from prfaas.perf.profile_costs import cost_model_for_hardware, cost_model_from_profile_file
 from prfaas.perf.profile_file import (
     ProfileFile,
     ProfileFileError,
-    cost_model_for_hardware,
-    cost_model_from_profile_file,
+    find_profile,
     is_profile_file,
     load_profile_file,
+    shipped_profiles,
 )
-from prfaas.perf.profiles import DecodeFit, DecodeProfile, Profile, find_profile, shipped_profiles
+from prfaas.perf.profiles import DecodeFit, DecodeProfile, Profile
 from prfaas.perf.roofline import Roofline, prefill_flops
 
 __all__ = [

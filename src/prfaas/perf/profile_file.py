@@ -4,8 +4,9 @@ A profile file says which model and hardware it was measured for, holds the meas
 (prefill time over new and cached prompt tokens, decode step time over batch and context; each a
 median over repeats with its spread), the model's cache layout (KV bytes per token and fixed
 state) and how it was measured. ``ProfileFile.to_profile()`` turns it into the ``Profile`` the
-``CostModel`` reads; ``cost_model_from_profile_file`` does the whole way from a path. The schema
-is documented in docs/profiles.md; ``SCHEMA_VERSION`` is the only version read.
+``CostModel`` reads (``perf.profile_costs.cost_model_from_profile_file`` does the whole way from a
+path); ``shipped_profiles`` reads the package's own profile files. The schema is documented in
+docs/profiles.md; ``SCHEMA_VERSION`` is the only version read.
 
 Pure apart from the explicit file reads and writes of ``load_profile_file`` / ``dump_profile_file``
 (PyYAML imports neither asyncio nor torch): no clock, no network.
@@ -23,9 +24,14 @@ import numpy as np
 import yaml
 from scipy.optimize import nnls  # type: ignore[import-untyped]
 
-from prfaas.perf.cost_model import CostModel
 from prfaas.perf.curves import PiecewiseLinearCurve, PolynomialCurve
-from prfaas.perf.profiles import DecodeFit, DecodeProfile, Profile
+from prfaas.perf.profiles import (
+    SHIPPED_PROFILE_NAMES,
+    DecodeFit,
+    DecodeProfile,
+    Profile,
+    shipped_profile_text,
+)
 from prfaas.spec.cache_spec import CacheSpec, LayerCache, LayerKind, TensorSpec
 from prfaas.spec.dtype import DType
 from prfaas.spec.hardware import HardwareSpec
@@ -175,25 +181,7 @@ def _decode_model(section: DecodeSection) -> DecodeProfile | DecodeFit:
     return fit_decode(section.points)
 
 
-def cost_model_from_profile_file(path: Path, model: ModelSpec | str | None = None) -> CostModel:
-    """The ``CostModel`` of the profile at ``path``; its source is ``profile-file:<path>``.
-
-    ``model`` (a spec or preset name) must be the model the profile was measured for; None takes
-    the profile's own (a preset name, or the cache layout and sizes written in the file). The
-    hardware is the preset of that name when there is one (its roofline answers what the file
-    does not measure), else a spec of the measured memory and no roofline figures, which the
-    file must then not need (it must hold both prefill and decode). Raises ``ProfileFileError``.
-    """
-    return cost_model_from(load_profile_file(path), model)
-
-
-def cost_model_from(pf: ProfileFile, model: ModelSpec | str | None = None) -> CostModel:
-    """The ``CostModel`` of an already read profile (see ``cost_model_from_profile_file``)."""
-    spec = _model_spec(pf, model)
-    return CostModel(spec, _hardware_spec(pf), pf.to_profile(pf.label))
-
-
-def _model_spec(pf: ProfileFile, model: ModelSpec | str | None) -> ModelSpec:
+def model_spec_for(pf: ProfileFile, model: ModelSpec | str | None) -> ModelSpec:
     from prfaas.spec.presets import get_model, model_names
 
     if isinstance(model, ModelSpec):
@@ -244,7 +232,7 @@ def _spec_from_section(m: ModelSection) -> ModelSpec:
     )
 
 
-def _hardware_spec(pf: ProfileFile) -> HardwareSpec:
+def hardware_spec_for(pf: ProfileFile) -> HardwareSpec:
     from prfaas.spec.presets import get_hardware, hardware_names
 
     name = pf.hardware.name
@@ -568,11 +556,18 @@ def is_profile_file(hardware: str) -> bool:
     return hardware.endswith(PROFILE_FILE_SUFFIXES)
 
 
-def cost_model_for_hardware(model: ModelSpec | str, hardware: str) -> CostModel:
-    """The cost model of ``model`` on ``hardware``: a hardware preset, or a profile file measured
-    for that model. Raises ``KeyError`` (unknown preset) or ``ProfileFileError``."""
-    from prfaas.perf.cost_model import cost_model_for
+_SHIPPED: dict[tuple[str, str], Profile] = {}
 
-    if is_profile_file(hardware):
-        return cost_model_from_profile_file(Path(hardware), model)
-    return cost_model_for(model, hardware)
+
+def shipped_profiles() -> dict[tuple[str, str], Profile]:
+    """Every shipped profile by (model, hardware), read from the package's files once."""
+    if not _SHIPPED:
+        for name in SHIPPED_PROFILE_NAMES:
+            pf = load_profile_text(shipped_profile_text(name), f"preset:{name}")
+            _SHIPPED[(pf.model.name, pf.hardware.name)] = pf.to_profile()
+    return _SHIPPED
+
+
+def find_profile(model: str, hardware: str) -> Profile | None:
+    """The shipped profile of (model, hardware), or None (the cost model uses the roofline)."""
+    return shipped_profiles().get((model, hardware))

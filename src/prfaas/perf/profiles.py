@@ -1,8 +1,9 @@
 """Profiles: (model, hardware) -> prefill curve and decode model, and the shipped ones.
 
 The shipped profiles are profile files (``perf/data/<model>@<hardware>.yaml``, the format of
-``perf.profile_file``), read once on first use; each says where its numbers come from. Entries
-marked ASSUMPTION were inferred, not measured (PAPER.md, "Constants the paper does not publish").
+``perf.profile_file``, whose ``shipped_profiles`` reads them once on first use); each says where
+its numbers come from. Entries marked ASSUMPTION were inferred, not measured (PAPER.md,
+"Constants the paper does not publish").
 Pure: the only I/O is reading this package's own data files.
 """
 
@@ -63,21 +64,3 @@ def shipped_profile_text(name: str) -> str:
             f"unknown shipped profile {name!r} (known: {', '.join(SHIPPED_PROFILE_NAMES)})"
         )
     return (resources.files("prfaas.perf") / "data" / f"{name}.yaml").read_text(encoding="utf-8")
-
-
-_SHIPPED: dict[tuple[str, str], Profile] = {}
-
-
-def shipped_profiles() -> dict[tuple[str, str], Profile]:
-    """Every shipped profile by (model, hardware), read from the package's files once."""
-    if not _SHIPPED:
-        from prfaas.perf.profile_file import load_profile_text  # it imports this module
-
-        for name in SHIPPED_PROFILE_NAMES:
-            pf = load_profile_text(shipped_profile_text(name), f"preset:{name}")
-            _SHIPPED[(pf.model.name, pf.hardware.name)] = pf.to_profile()
-    return _SHIPPED
-
-
-def find_profile(model: str, hardware: str) -> Profile | None:
-    return shipped_profiles().get((model, hardware))

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from prfaas.perf import cost_model_for
+from prfaas.perf.profile_costs import cost_model_from_profile_file
 from prfaas.perf.profile_file import (
     DecodePoint,
     DecodeSection,
@@ -18,7 +19,6 @@ from prfaas.perf.profile_file import (
     PrefillSection,
     ProfileFile,
     ProfileFileError,
-    cost_model_from_profile_file,
     dump_profile_file,
     load_profile_file,
     load_profile_text,
