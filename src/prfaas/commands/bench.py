@@ -8,9 +8,13 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prfaas.errors import UsageError
+
+if TYPE_CHECKING:
+    # Type-only: the load client is imported when the command runs (a quick `prfaas --help`).
+    from prfaas.serve.loadgen import BenchRequest, PromptSynth, RequestResult
 
 PREFLIGHT_TIMEOUT_S = 5.0
 
@@ -138,7 +142,7 @@ def preflight(url: str, model: str | None) -> tuple[str, int | None]:
     return model, limit if isinstance(limit, int) else None
 
 
-def build_workload(args: argparse.Namespace) -> list[Any]:
+def build_workload(args: argparse.Namespace) -> list[BenchRequest]:
     from prfaas.analytic import TruncatedLogNormal
     from prfaas.serve.loadgen import synthetic_workload, trace_workload
 
@@ -161,7 +165,9 @@ def build_workload(args: argparse.Namespace) -> list[Any]:
         raise UsageError(str(exc)) from None
 
 
-def clip_to_context(requests: list[Any], max_model_len: int) -> tuple[list[Any], int]:
+def clip_to_context(
+    requests: list[BenchRequest], max_model_len: int
+) -> tuple[list[BenchRequest], int]:
     """Make every request fit the server's context; return them and how many changed.
 
     The prompt keeps room for min(max_tokens, a quarter of the context) output tokens, then
@@ -169,7 +175,8 @@ def clip_to_context(requests: list[Any], max_model_len: int) -> tuple[list[Any],
     """
     import dataclasses
 
-    out, num_clipped = [], 0
+    out: list[BenchRequest] = []
+    num_clipped = 0
     for r in requests:
         reserve = max(1, min(r.max_tokens, max_model_len // 4))
         num_prompt = min(r.num_prompt_tokens, max_model_len - reserve)
@@ -182,7 +189,7 @@ def clip_to_context(requests: list[Any], max_model_len: int) -> tuple[list[Any],
 
 
 def run(args: argparse.Namespace) -> int:
-    from prfaas.serve.loadgen import PromptSynth, run_workload, summarize
+    from prfaas.serve.loadgen import PromptSynth, summarize
 
     _check_flags(args)
     url = base_url(args.url)
@@ -205,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
             "num_clipped_to_context": num_clipped,
         },
     }
-    results, wall_s = _run_with_progress(args, requests, url, model, synth, run_workload)
+    results, wall_s = _run_with_progress(args, requests, url, model, synth)
     summary = summarize(results, wall_s, meta)
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -220,14 +227,15 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_with_progress(
     args: argparse.Namespace,
-    requests: list[Any],
+    requests: list[BenchRequest],
     url: str,
     model: str,
-    synth: Any,
-    run_workload: Any,
-) -> tuple[list[Any], float]:
+    synth: PromptSynth,
+) -> tuple[list[RequestResult], float]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from prfaas.serve.loadgen import run_workload
 
     console = Console(stderr=True)
     show = not args.no_progress and console.is_terminal
@@ -238,7 +246,7 @@ def _run_with_progress(
         task = progress.add_task("bench", total=len(requests), status="")
         failed = 0
 
-        def on_done(result: Any) -> None:
+        def on_done(result: RequestResult) -> None:
             nonlocal failed
             failed += not result.ok
             progress.update(task, advance=1, status=f"{failed} failed")
@@ -248,7 +256,7 @@ def _run_with_progress(
             timeout_s=args.timeout, duration_s=args.duration, on_done=on_done,
         )  # fmt: skip
         try:
-            return asyncio.run(coro)  # type: ignore[no-any-return]
+            return asyncio.run(coro)
         except KeyboardInterrupt:
             print("prfaas bench: interrupted", file=sys.stderr)
             raise

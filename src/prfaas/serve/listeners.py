@@ -41,6 +41,7 @@ class HeadTimeoutProtocol(H11Protocol):
         super().__init__(*args, **kwargs)
         self._head_timer: asyncio.TimerHandle | None = None
 
+    # uvicorn's H11Protocol narrows BaseProtocol's BaseTransport to Transport; so does this one.
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._watch_head()

@@ -13,9 +13,9 @@ from each); the view's ``healthy`` and ``draining`` flags are derived from it on
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from prfaas.config import DeploymentConfig
+from prfaas.config import DeploymentConfig, LinkConfig
 from prfaas.core import LinkState, MutableClusterView, NodeId, NodeLoad, NodeRole, SiteId, SiteKind
 from prfaas.core.ids import link_id_for
 from prfaas.serve.gateway.rotation import Rotation
@@ -62,7 +62,7 @@ class NodeRegistry:
         self._site_kind = {s.name: s.kind for s in deployment.sites}
         home = deployment.home_site.name
         self._meters = {
-            s.name: _LinkMeter(deployment.link_to_home(s.name).gbps * 1e9 / 8)  # type: ignore[union-attr]
+            s.name: _LinkMeter(_home_link(deployment, s.name).gbps * 1e9 / 8)
             for s in deployment.sites
             if s.kind == "prfaas"
         }
@@ -191,14 +191,14 @@ class NodeRegistry:
             return
         rot = self._rotation.get(node)
         if rot is not None:
-            load = _replace_load(load, healthy=rot.healthy, draining=rot.held)
+            load = replace(load, healthy=rot.healthy, draining=rot.held)
         self.view.update_node(self._with_pending(load))
 
     def _with_pending(self, load: NodeLoad) -> NodeLoad:
         work = self._pending.get(load.node_id, {})
         if load.role is NodeRole.PREFILL:
-            return _replace_load(load, queue_depth=len(work), queued_tokens=sum(work.values()))
-        return _replace_load(load, batch_size=len(work))
+            return replace(load, queue_depth=len(work), queued_tokens=sum(work.values()))
+        return replace(load, batch_size=len(work))
 
     def _update(self, r: NodeReport, now_wall_s: float) -> None:
         rot = self._rotation.setdefault(r.node, Rotation(r.role))
@@ -272,7 +272,9 @@ class NodeRegistry:
         return {SiteId(k): SiteKind(v) for k, v in self._site_kind.items()}
 
 
-def _replace_load(load: NodeLoad, **changes: object) -> NodeLoad:
-    from dataclasses import replace
-
-    return replace(load, **changes)  # type: ignore[arg-type]
+def _home_link(deployment: DeploymentConfig, site: str) -> LinkConfig:
+    """The PrfaaS site's link to the home site (the deployment file's validation requires one)."""
+    link = deployment.link_to_home(site)
+    if link is None:
+        raise ValueError(f"PrfaaS site {site} has no link to the home site")
+    return link
