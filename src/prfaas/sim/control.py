@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from prfaas.core.topology import SiteKind
 from prfaas.policy import DecodeAdmission
-from prfaas.sim.events import Convert, EventKind
+from prfaas.sim.events import Convert, EventKind, Timer
 from prfaas.sim.homes import HomeSite
 from prfaas.sim.nodes import DecodeNode, PrefillNode, SimNode
 from prfaas.sim.world import World
@@ -23,9 +23,9 @@ class ControlLoop:
         self._last_bytes = {k: 0.0 for k in world.links}
         """Bytes each link had delivered at the previous sample."""
         if any(h.tuner is not None or h.rebalancer is not None for h in homes.values()):
-            world.q.push(world.sc.control_interval_s, EventKind.CONTROL)
+            world.q.timer(world.sc.control_interval_s, EventKind.CONTROL)
         if world.sc.timeseries:
-            world.q.push(0.0, EventKind.SAMPLE)
+            world.q.timer(0.0, EventKind.SAMPLE)
 
     # -- role conversion --------------------------------------------------------------------------
     def drain(self, node: SimNode) -> None:
@@ -37,7 +37,8 @@ class ControlLoop:
     def drained(self, node: SimNode) -> None:
         w = self._world
         w.pools.remove(node)
-        w.q.push(w.now + w.sc.role_switch_s, EventKind.CONVERT, Convert(node))
+        q = w.q
+        q.push(Convert(w.now + w.sc.role_switch_s, EventKind.CONVERT, q.next_seq(), node))
 
     def on_convert(self, event: Convert) -> None:
         w = self._world
@@ -61,7 +62,7 @@ class ControlLoop:
         )
 
     # -- the control tick -------------------------------------------------------------------------
-    def on_control(self, _: None) -> None:
+    def on_control(self, _: Timer) -> None:
         w = self._world
         now = w.now
         m = w.metrics
@@ -90,10 +91,10 @@ class ControlLoop:
                     )  # fmt: skip
         sc = w.sc
         if now < sc.duration_s + sc.drain_s and not w.idle_for_good():
-            w.q.push(now + sc.control_interval_s, EventKind.CONTROL)
+            w.q.timer(now + sc.control_interval_s, EventKind.CONTROL)
 
     # -- observation ------------------------------------------------------------------------------
-    def on_sample(self, _: None) -> None:
+    def on_sample(self, _: Timer) -> None:
         w = self._world
         now = w.now
         m = w.metrics
@@ -112,4 +113,4 @@ class ControlLoop:
             if w.site_kinds[i] is SiteKind.PD:
                 m.sample(f"decode_waiting:{sid}", w.site_waiting[i])
         if now < w.sc.duration_s and not w.stop and not w.idle_for_good():
-            w.q.push(now + dt, EventKind.SAMPLE)
+            w.q.timer(now + dt, EventKind.SAMPLE)

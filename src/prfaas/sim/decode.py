@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 
-from prfaas.sim.events import DecodeTick, EventKind, Handoff
+from prfaas.sim.events import DecodeTick, EventKind, Handoff, KvArrive, new_event
 from prfaas.sim.nodes import DecodeNode, SimNode
 from prfaas.sim.request import SimRequest
 from prfaas.sim.world import World
@@ -32,9 +32,11 @@ class DecodeStage:
         self._metrics = world.metrics
         self._decode_pools = world.pools.decode
 
-    def on_kv_arrive(self, handoff: Handoff) -> None:
+    def on_kv_arrive(self, event: KvArrive | Handoff) -> None:
+        """A KV_ARRIVE event, or the handoff itself when the KV needs no propagation delay."""
         w = self._world
-        req, dec = handoff
+        req = event.req
+        dec = event.decode_node
         req.kv_ready_s = w.now
         dec.reserved -= 1
         dec.cached_load = None
@@ -96,12 +98,14 @@ class DecodeStage:
         dec.tick_version += 1
         heapq.heappush(
             self._heap,
-            (dec.tick_s, _DECODE_TICK, next(self._seq), DecodeTick(dec, dec.tick_version)),
+            new_event(
+                DecodeTick, (dec.tick_s, _DECODE_TICK, next(self._seq), dec, dec.tick_version)
+            ),
         )
 
     def on_tick(self, tick: DecodeTick) -> None:
-        dec, version = tick
-        if version != dec.tick_version:
+        dec = tick.node
+        if tick.version != dec.tick_version:
             return
         w = self._world
         now = w.now

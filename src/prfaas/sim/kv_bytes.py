@@ -15,7 +15,7 @@ from prfaas.spec.cache_spec import CacheSpec, LayerKind
 class KvBytes:
     """Bytes of a request's cache, and of what must cross to a site holding a prefix of it."""
 
-    __slots__ = ("fixed_bytes", "num_layers", "per_token_bytes", "windows")
+    __slots__ = ("fixed_bytes", "linear", "num_layers", "per_token_bytes", "windows")
 
     def __init__(self, cache: CacheSpec) -> None:
         self.fixed_bytes = cache.fixed_bytes
@@ -31,6 +31,9 @@ class KvBytes:
         self.windows: tuple[tuple[int, int], ...] = tuple(sorted(windows.items()))
         """``(window_tokens, bytes per token over all layers with that window)``."""
         self.num_layers = cache.num_layers
+        self.linear = not self.windows
+        """No sliding window: ``total(n)`` is ``fixed_bytes + n * per_token_bytes`` (the hot
+        paths inline it)."""
 
     def total(self, num_tokens: int) -> int:
         """``S_kv(num_tokens)``: equals ``CacheSpec.bytes_for(num_tokens)``."""

@@ -34,7 +34,10 @@ from prfaas.sim.events import (
     EventKind,
     FlowDone,
     Handoff,
+    KvArrive,
     PrefillDone,
+    Timer,
+    new_event,
 )
 from prfaas.sim.homes import build_homes
 from prfaas.sim.metrics import Metrics
@@ -161,9 +164,9 @@ class Simulator:
         heap = w.q.heap
         pop = heapq.heappop
         while heap and heap[0][0] <= horizon and not w.stop:
-            t, kind, _, payload = pop(heap)
-            w.now = t
-            handlers[kind](payload)
+            event = pop(heap)
+            w.now = event[0]
+            handlers[event[1]](event)
             n += 1
         self.num_events += n
         return w.metrics
@@ -189,7 +192,8 @@ class Simulator:
             spec.index, spec.arrival_s, spec.num_prompt_tokens, spec.num_output_tokens,
             spec.block_hashes, home,
         )  # fmt: skip
-        self._q.push(spec.arrival_s, _ARRIVAL, Arrival(req))
+        q = self._q
+        heapq.heappush(q.heap, new_event(Arrival, (spec.arrival_s, _ARRIVAL, next(q.seq), req)))
 
     # -- arrival and routing -----------------------------------------------------------------------
     def _on_arrival(self, event: Arrival) -> None:
@@ -276,16 +280,17 @@ class Simulator:
         now = w.now
         node.busy = True
         node.busy_s += duration
-        handoffs = []
-        for req in batch:
-            req.prefill_start_s = now
-            handoffs.append(self._start_transfer(req, node, duration))
+        handoffs = tuple([self._start_transfer(req, node, duration, now) for req in batch])
         q = self._q
         heapq.heappush(
-            q.heap, (now + duration, _PREFILL_DONE, next(q.seq), PrefillDone(node, tuple(handoffs)))
+            q.heap,
+            new_event(PrefillDone, (now + duration, _PREFILL_DONE, next(q.seq), node, handoffs)),
         )
 
-    def _start_transfer(self, req: SimRequest, node: PrefillNode, duration: float) -> Handoff:
+    def _start_transfer(
+        self, req: SimRequest, node: PrefillNode, duration: float, now: float
+    ) -> Handoff:
+        req.prefill_start_s = now
         home = req.home
         pool = self._decode_pools[home]
         # ``policy.least_loaded``'s rule for decode placement (fewest requests running, waiting
@@ -296,16 +301,18 @@ class Simulator:
             raise ScenarioError(f"site {site_id}: no decode node accepts work")
         dec.reserved += 1
         pool.touch(dec)
-        handoff = Handoff(req, dec)
+        handoff = new_event(Handoff, (req, dec))
         kvb = self._kv_bytes
-        req.kv_bytes = kvb.total(req.num_prompt + req.num_output)
+        n = req.num_prompt + req.num_output
+        # KvBytes.total, without the call when no layer has a sliding window (hot path).
+        req.kv_bytes = kvb.fixed_bytes + n * kvb.per_token_bytes if kvb.linear else kvb.total(n)
         if node.site == home:
             req.transfer_bytes = 0
             return handoff
         nbytes = kvb.to_send(req.num_prompt, req.cached_home)
         req.transfer_bytes = nbytes
         link = self._links[(node.site, home)]
-        req.flow = link.add(self.world.now, nbytes, duration, handoff, kvb.num_layers)
+        req.flow = link.add(now, nbytes, duration, handoff, kvb.num_layers)
         return handoff
 
     def _on_prefill_done(self, event: PrefillDone) -> None:
@@ -319,7 +326,9 @@ class Simulator:
         sc = w.sc
         local_rate = sc.local_fabric_gbps * 1e9 / 8
         kvb = self._kv_bytes
-        q = self._q
+        linear = kvb.linear
+        heap = self._q.heap
+        seq = self._q.seq
         for handoff in event.batch:
             req = handoff.req
             req.prefill_end_s = now
@@ -331,8 +340,14 @@ class Simulator:
                 if flow is not None:
                     flow.link.produced(flow, now)
             else:
-                last_layer = kvb.total(req.num_prompt) / kvb.num_layers
-                q.push(now + last_layer / local_rate, _KV_ARRIVE, handoff)
+                n = req.num_prompt
+                total = kvb.fixed_bytes + n * kvb.per_token_bytes if linear else kvb.total(n)
+                last_layer = total / kvb.num_layers
+                at_s = now + last_layer / local_rate
+                heapq.heappush(
+                    heap,
+                    new_event(KvArrive, (at_s, _KV_ARRIVE, next(seq), req, handoff.decode_node)),
+                )
         if node.queue:
             self._start_batch(node)
         elif node.draining:
@@ -340,8 +355,8 @@ class Simulator:
 
     # -- links ------------------------------------------------------------------------------------
     def _on_flow_done(self, event: FlowDone) -> None:
-        flow, version = event
-        if flow.version != version or flow.finished:
+        flow = event.flow
+        if flow.version != event.version or flow.finished:
             return
         w = self.world
         link = flow.link
@@ -351,7 +366,10 @@ class Simulator:
             payload.req.flow = None
             delay = link.rtt_s / 2
             if delay > 0:
-                w.q.push(w.now + delay, _KV_ARRIVE, payload)
+                q = self._q
+                heapq.heappush(
+                    q.heap, new_event(KvArrive, (w.now + delay, _KV_ARRIVE, next(q.seq), *payload))
+                )
             else:
                 self.decode.on_kv_arrive(payload)
             return
@@ -364,15 +382,15 @@ class Simulator:
 
     def _on_capacity(self, event: CapacityChange) -> None:
         w = self.world
-        a, b, gbps = event
+        a, b = event.site_a, event.site_b
         for key in ((a, b), (b, a)):
-            w.links[key].set_capacity(w.now, gbps * 1e9 / 8)
+            w.links[key].set_capacity(w.now, event.gbps * 1e9 / 8)
 
     def schedule_probe(self, at_s: float, fn: Callable[[Simulator], None]) -> None:
         """Call ``fn(self)`` at ``at_s`` (after everything else due then); ``--find-max-rate``."""
         self.probe = fn
-        self.world.q.push(at_s, EventKind.PROBE)
+        self.world.q.timer(at_s, EventKind.PROBE)
 
-    def _on_probe(self, _: None) -> None:
+    def _on_probe(self, _: Timer) -> None:
         if self.probe is not None:
             self.probe(self)

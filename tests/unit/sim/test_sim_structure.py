@@ -1,15 +1,19 @@
 """The simulator's structure: ``KvBytes`` is ``CacheSpec.bytes_for`` / ``transfer_bytes`` for
 every preset (so a sliding-window layer charges a short prompt its own length, not the whole
-window); every event kind has a handler; every scheduled event carries its kind's payload type."""
+window); every event kind has a handler; every scheduled event is its kind's event type, with
+every field of the type its annotation says (the hot paths build events with ``tuple.__new__``,
+which mypy cannot check field by field)."""
 
 from __future__ import annotations
 
+import types
+import typing
 from dataclasses import replace
 
 import pytest
 
 from prfaas.sim import Simulator, paper_deployment
-from prfaas.sim.events import PAYLOAD_TYPES, EventKind
+from prfaas.sim.events import EVENT_TYPES, CacheMove, Event, EventKind, FlowDone, Handoff
 from prfaas.sim.kv_bytes import KvBytes
 from prfaas.spec.presets import get_model, model_names
 from prfaas.workload import SimRequestSpec
@@ -43,7 +47,39 @@ def test_a_short_prompt_is_not_charged_the_whole_sliding_window() -> None:
     assert seen[0] < window_charged
 
 
-def test_every_event_kind_has_a_handler_and_its_payload_type() -> None:
+def _check_value(value: object, hint: object, where: str) -> None:
+    """``value`` is of type ``hint`` (a class, a union, a ``tuple[X, ...]`` or a NamedTuple)."""
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        assert type(value) is tuple, where
+        (item, _) = typing.get_args(hint)
+        for i, v in enumerate(value):
+            _check_value(v, item, f"{where}[{i}]")
+    elif origin in (typing.Union, types.UnionType):
+        assert isinstance(value, typing.get_args(hint)), (where, type(value))
+    else:
+        assert isinstance(hint, type), (where, hint)
+        assert isinstance(value, hint), (where, type(value), hint)
+        if hint is float:  # an int time would still order, but the field says float
+            assert type(value) is float, where
+        if issubclass(hint, tuple) and hint is not tuple:
+            _check_fields(value, hint, where)
+
+
+def _check_fields(value: object, cls: type, where: str) -> None:
+    assert type(value) is cls, (where, type(value), cls)
+    assert isinstance(value, tuple)
+    hints = typing.get_type_hints(cls)  # a NamedTuple's annotations are its fields, in order
+    assert len(value) == len(hints), where
+    for v, (name, hint) in zip(value, hints.items(), strict=True):
+        _check_value(v, hint, f"{where}.{name}")
+
+
+def _check_event(event: Event) -> None:
+    _check_fields(event, EVENT_TYPES[event.kind], event.kind.name)
+
+
+def test_every_event_kind_has_a_handler_and_its_event_type() -> None:
     sc = paper_deployment("paper-prfaas", rate_rps=3.0)
     link = replace(sc.links[0], schedule=((20.0, 10.0), (40.0, 100.0)))
     sc = replace(sc, links=(link,), policy="prfaas", duration_s=60.0, timeseries=True,
@@ -53,17 +89,17 @@ def test_every_event_kind_has_a_handler_and_its_payload_type() -> None:
     t = 0.0
     while not sim.done and t < 200.0:
         # Between slices, inspect everything scheduled and not yet run.
-        for _, kind, _, payload in sim.world.q.heap:
-            want = PAYLOAD_TYPES[kind]
-            if want is None:
-                assert payload is None, kind
-            else:
-                assert isinstance(payload, want), (kind, type(payload))
-            seen.add(kind)
+        for event in sim.world.q.heap:
+            _check_event(event)
+            seen.add(event.kind)
+            if isinstance(event, FlowDone):  # a flow carries a Handoff or a CacheMove
+                payload = event.flow.payload
+                want = Handoff if isinstance(payload, Handoff) else CacheMove
+                _check_fields(payload, want, "flow payload")
         t += 0.5
         sim.run(until_s=t)
     assert sim.metrics.num_completed == sim.metrics.num_arrived > 100
     assert {EventKind.ARRIVAL, EventKind.FLOW_DONE, EventKind.DECODE_TICK} <= seen
     assert {EventKind.KV_ARRIVE, EventKind.PREFILL_DONE, EventKind.CAPACITY} <= seen
     assert {EventKind.SAMPLE, EventKind.CONTROL} <= seen
-    assert set(PAYLOAD_TYPES) == set(EventKind)
+    assert set(EVENT_TYPES) == set(EventKind)
