@@ -10,7 +10,7 @@ PREFILL_DONE (prefix stored in the site cache; last layer released) -> FLOW_DONE
 (first token: TTFT) -> decode join at a step boundary -> DECODE_TICK when it completes. Decode
 completion times are computed from ``CostModel.decode_span_s`` between batch membership changes,
 so events grow with requests, not tokens. Each ``EventKind`` has one handler (the map is checked
-complete at construction) and one frozen payload type (``events.py``). Pure: no clock reads, no
+complete at construction) and one frozen event type (``events.py``). Pure: no clock reads, no
 I/O (the trace reader is called through the workload iterator it is given).
 """
 
