@@ -194,3 +194,11 @@ def test_plan_of_a_file_whose_hardware_are_profile_files_equals_the_presets(
     )
     sim_profiles.pop("scenario"), sim_presets.pop("scenario")
     assert sim_profiles == sim_presets
+
+
+def test_paper_only_flags_with_a_file_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    path = str(EXAMPLES / "two-site.yaml")
+    assert main(["sim", path, "--n-p", "3"]) == 2
+    assert "--n-p/--n-d" in capsys.readouterr().err
+    assert main(["sim", path, "--pd-sites", "2"]) == 2
+    assert main(["sim", path, "--config", path]) == 2

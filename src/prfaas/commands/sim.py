@@ -205,6 +205,9 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise UsageError(f"--mu must be finite, got {args.mu:g}")
     if args.file is not None and args.config is not None:
         raise UsageError("give a deployment file or --config, not both")
+    from_file = args.file is not None or args.config is not None
+    if from_file and (args.n_p is not None or args.n_d is not None):
+        raise UsageError("--n-p/--n-d size the paper deployments; a file gives its node counts")
     if args.file is not None and (args.pd_sites > 1 or args.prfaas_sites > 1):
         raise UsageError("--pd-sites/--prfaas-sites replicate the paper deployments; a file "
                          "lists its sites itself")  # fmt: skip
