@@ -17,7 +17,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -332,7 +332,52 @@ def build_scenario(args: argparse.Namespace) -> tuple[SimScenario, float | None]
         )  # fmt: skip
     if args.timeseries or args.plot is not None:
         changes["timeseries"] = True
-    return replace(sc, **changes), exact
+    sc = replace(sc, **changes)
+    if sc.trace is not None and args.duration is None and not _file_sets_duration(args):
+        # A trace replays whole unless a duration is asked for (it used to stop at 600 s, 15%
+        # of the shipped trace, without saying so).
+        span = trace_span(sc)
+        sc = replace(sc, duration_s=span.last_arrival_s + 1e-6)
+    return sc, exact
+
+
+def _file_sets_duration(args: argparse.Namespace) -> bool:
+    if args.file is None:
+        return args.config is not None  # an older scenario YAML: its duration as before
+    from prfaas.config import load_deployment
+
+    return "duration_s" in load_deployment(args.file).workload.model_fields_set
+
+
+@dataclass(frozen=True, slots=True)
+class TraceSpan:
+    num_records: int
+    """Records the replay reads (all, or ``trace_limit``)."""
+    last_arrival_s: float
+    """When the last of them arrives, after ``rate_scale``."""
+
+
+def trace_span(sc: SimScenario) -> TraceSpan:
+    from prfaas.workload import read_mooncake
+
+    assert sc.trace is not None
+    n, last = 0, 0.0
+    for record in read_mooncake(sc.trace, sc.trace_limit):
+        n, last = n + 1, record.arrival_s
+    return TraceSpan(n, last / sc.rate_scale)
+
+
+def trace_coverage(sc: SimScenario, num_arrived: int) -> dict[str, Any]:
+    """How much of the trace the run replayed: it stops at ``duration_s``."""
+    span = trace_span(sc)
+    return {
+        "path": sc.trace,
+        "records": span.num_records,
+        "replayed": num_arrived,
+        "replayed_share": num_arrived / span.num_records if span.num_records else 0.0,
+        "trace_span_s": span.last_arrival_s,
+        "duration_s": sc.duration_s,
+    }
 
 
 def _run_one(sc: SimScenario, progress: bool) -> dict[str, Any]:
@@ -394,6 +439,8 @@ def run(args: argparse.Namespace) -> int:
             }
         else:
             out = _run_one(sc, progress=not args.json)
+            if sc.trace is not None:
+                out["trace"] = trace_coverage(sc, out["requests"]["arrived"])
             if args.plot is not None:
                 _plots(args.plot, sc, out)
     except (ScenarioError, TraceError) as exc:
@@ -413,6 +460,11 @@ def _print_human(out: dict[str, Any]) -> None:
         extra = f" ({ratio:.4f} x lambda_max_exact {out['lambda_max_exact']:.4f})" if ratio else ""
         print(f"max_rate_rps: {out['max_rate_rps']:.4f}{extra}")
         return
+    if "trace" in out:
+        tr = out["trace"]
+        print(f"trace {tr['path']}: replayed {tr['replayed']} of {tr['records']} records "
+              f"({100 * tr['replayed_share']:.1f}%; {tr['duration_s']:.0f} s of "
+              f"{tr['trace_span_s']:.0f} s)")  # fmt: skip
     req = out["requests"]
     print(f"requests: {req['arrived']} arrived, {req['completed']} completed, "
           f"{req['offloaded']} offloaded, {req['rerouted']} rerouted")  # fmt: skip

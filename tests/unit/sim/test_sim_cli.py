@@ -109,3 +109,23 @@ def test_yaml_example_runs_and_flags_override_it(capsys: pytest.CaptureFixture[s
     assert data["scenario"]["duration_s"] == 60  # from the flag
     assert set(data["links"]) >= {"prfaas->pd-east", "prfaas->pd-west"}
     assert data["requests"]["unfinished"] == 0
+
+
+@pytest.mark.skipif(not TRACE.is_file(), reason="Mooncake trace not present")
+def test_trace_replays_whole_by_default_and_says_how_far_it_went(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The trace's first 2000 records span 669 s: more than the old silent 600 s stop.
+    rc, out, _ = _run(["--trace", str(TRACE), "--trace-limit", "2000", "--json"], capsys)
+    assert rc == 0
+    data = json.loads(out)
+    assert data["requests"]["arrived"] == 2000
+    assert data["trace"]["replayed"] == data["trace"]["records"] == 2000
+    assert data["trace"]["trace_span_s"] > 600
+    rc, out, _ = _run(
+        ["--trace", str(TRACE), "--trace-limit", "2000", "--duration", "300", "--json"], capsys
+    )
+    cut = json.loads(out)["trace"]
+    assert cut["replayed"] < 2000 and cut["replayed_share"] == cut["replayed"] / 2000
+    rc, out, _ = _run(["--trace", str(TRACE), "--trace-limit", "50"], capsys)
+    assert "replayed 50 of 50 records (100.0%" in out
