@@ -103,6 +103,9 @@ def register(subparsers: Any) -> None:
     a("--json", action="store_true", help="print one JSON object")
     a("--timeseries", action="store_true", help="include 1 s time series in the JSON")
     a("--plot", type=Path, default=None, help="write PNG plots to this folder")
+    a("--requests-csv", type=Path, default=None, metavar="FILE",
+      help="write one row per finished request (arrival, route, nodes, queueing, TTFT, e2e, "
+      "bytes crossed, prefix hit)")  # fmt: skip
     p.set_defaults(run=run)
 
 
@@ -203,6 +206,8 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise UsageError(f"--sigma must be > 0, got {args.sigma:g}")
     if args.mu is not None and not math.isfinite(args.mu):
         raise UsageError(f"--mu must be finite, got {args.mu:g}")
+    if args.requests_csv is not None and not args.requests_csv.parent.is_dir():
+        raise UsageError(f"--requests-csv: folder {args.requests_csv.parent} does not exist")
     if args.file is not None and args.config is not None:
         raise UsageError("give a deployment file or --config, not both")
     from_file = args.file is not None or args.config is not None
@@ -380,10 +385,14 @@ def trace_coverage(sc: SimScenario, num_arrived: int) -> dict[str, Any]:
     }
 
 
-def _run_one(sc: SimScenario, progress: bool) -> dict[str, Any]:
+def _run_one(sc: SimScenario, progress: bool, requests_csv: Path | None = None) -> dict[str, Any]:
     from prfaas.sim import Simulator, summary
+    from prfaas.sim.request_log import RequestLog
 
     sim = Simulator(sc)
+    log = RequestLog({str(n.node_id): str(n.site_id) for n in sim.nodes})
+    if requests_csv is not None:
+        sim.on_finish = log
     horizon = sc.duration_s + sc.drain_s
     start = time.monotonic()
     step = horizon / 50
@@ -399,7 +408,29 @@ def _run_one(sc: SimScenario, progress: bool) -> dict[str, Any]:
                   end="", file=sys.stderr)  # fmt: skip
     if shown:
         print(file=sys.stderr)
+    if requests_csv is not None:
+        _write_csv(requests_csv, log.table())
     return summary(sim)
+
+
+def _write_csv(path: Path, rows: list[tuple[object, ...]]) -> None:
+    """Write to a temporary file beside ``path``, then rename: never a half-written CSV."""
+    import csv
+    import os
+    import tempfile
+
+    from prfaas.sim.request_log import COLUMNS
+
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(COLUMNS)
+            writer.writerows(rows)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def run(args: argparse.Namespace) -> int:
@@ -438,7 +469,7 @@ def run(args: argparse.Namespace) -> int:
                 ],
             }
         else:
-            out = _run_one(sc, progress=not args.json)
+            out = _run_one(sc, progress=not args.json, requests_csv=args.requests_csv)
             if sc.trace is not None:
                 out["trace"] = trace_coverage(sc, out["requests"]["arrived"])
             if args.plot is not None:

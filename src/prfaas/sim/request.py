@@ -2,8 +2,9 @@
 
 Mutable and slotted for speed: a run touches it a dozen times. It never leaves ``sim/``; what
 policies see of it is a ``RequestView``. The nodes serving it are not recorded here (they hold
-their requests; the decode node travels in the ``Handoff`` payload), so this module imports no
-node type. Times of stages not reached yet are ``-1.0``. Pure.
+their requests; the decode node travels in the ``Handoff`` payload; only their ids are kept,
+for per-request exports), so this module imports no node type. Times of stages not reached yet
+are ``-1.0``. Pure.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ class SimRequest:
         "block_hashes",
         "cached_home",
         "context",
+        "decode_node",
         "decode_start_s",
         "finish_s",
         "flow",
@@ -29,6 +31,7 @@ class SimRequest:
         "num_prompt",
         "offloaded",
         "prefill_end_s",
+        "prefill_node",
         "prefill_start_s",
         "remaining_steps",
         "rerouted",
@@ -57,6 +60,9 @@ class SimRequest:
         """Prefix tokens the home (decode) site already holds: they need not cross."""
         self.offloaded = False
         self.rerouted = False
+        self.prefill_node = ""
+        """The node that prefilled it (its id), once its batch started; for per-request exports."""
+        self.decode_node = ""
         self.work_s = 0.0
         self.transfer_bytes = 0
         self.kv_bytes = 0

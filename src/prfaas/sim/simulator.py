@@ -301,6 +301,8 @@ class Simulator:
             raise ScenarioError(f"site {site_id}: no decode node accepts work")
         dec.reserved += 1
         pool.touch(dec)
+        req.prefill_node = node.node_id
+        req.decode_node = dec.node_id
         handoff = new_event(Handoff, (req, dec))
         kvb = self._kv_bytes
         n = req.num_prompt + req.num_output

@@ -129,3 +129,26 @@ def test_trace_replays_whole_by_default_and_says_how_far_it_went(
     assert cut["replayed"] < 2000 and cut["replayed_share"] == cut["replayed"] / 2000
     rc, out, _ = _run(["--trace", str(TRACE), "--trace-limit", "50"], capsys)
     assert "replayed 50 of 50 records (100.0%" in out
+
+
+def test_requests_csv_has_a_row_per_request_with_its_route(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import csv
+
+    path = tmp_path / "requests.csv"
+    rc, out, _ = _run(["--duration", "40", "--json", "--requests-csv", str(path)], capsys)
+    assert rc == 0
+    summary = json.loads(out)
+    rows = list(csv.DictReader(path.open()))
+    assert len(rows) == summary["requests"]["completed"]
+    offloaded = [r for r in rows if r["offloaded"] == "True"]
+    assert len(offloaded) == summary["requests"]["offloaded"]
+    assert all(r["prefill_site"] == "prfaas" and int(r["cross_site_bytes"]) > 0 for r in offloaded)
+    assert all(r["decode_node"].startswith("pd/") for r in rows)
+    ttfts = sorted(float(r["ttft_s"]) for r in rows)
+    assert ttfts[len(ttfts) // 2] == pytest.approx(summary["ttft_s"]["p50"], rel=0.05)
+    assert all(float(r["e2e_s"]) >= float(r["ttft_s"]) >= float(r["queueing_s"]) >= 0 for r in rows)
+    assert (
+        _run(["--duration", "5", "--requests-csv", str(tmp_path / "no" / "x.csv")], capsys)[0] == 2
+    )
