@@ -53,6 +53,8 @@ def test_demo_file_simulates_exactly_like_the_built_in_case_study(
     )  # fmt: skip
     from_file.pop("scenario")
     scenario = built_in.pop("scenario")
+    assert from_file["money"].pop("prices") == "file"  # the file's prices equal the assumption
+    assert built_in["money"].pop("prices") == "assumption"
     assert scenario["tune"] is None  # the only difference: the file turns tuning off explicitly,
     assert scenario["policy"] == "threshold"  # which the threshold router never does anyway
     assert from_file == built_in
@@ -65,7 +67,12 @@ def test_demo_file_plans_exactly_like_the_default_case_study(
         ["plan", "--deployment", str(EXAMPLES / "paper-prfaas-pd.yaml"), "--json"], capsys
     )
     built_in = run_json(["plan", "--json"], capsys)
-    assert from_file == built_in  # prices h200: 2, h20: 1 give the default price ratio 2
+    money_file, money_assumed = from_file.pop("money"), built_in.pop("money")
+    assert from_file == built_in  # the file's prices keep the default price ratio 2
+    for name in ("prfaas", "homogeneous", "naive"):  # and equal the stated assumption
+        assert money_file[name].pop("prices") == "file"
+        assert money_assumed[name].pop("prices") == "assumption"
+        assert money_file[name] == money_assumed[name]
 
 
 def test_flags_override_the_file_only_when_given(capsys: pytest.CaptureFixture[str]) -> None:
@@ -193,6 +200,8 @@ def test_plan_of_a_file_whose_hardware_are_profile_files_equals_the_presets(
         ["sim", str(EXAMPLES / "paper-prfaas-pd.yaml"), "--duration", "60", "--json"], capsys
     )
     sim_profiles.pop("scenario"), sim_presets.pop("scenario")
+    assert sim_profiles["money"].pop("prices") == "assumption"  # this file names no prices
+    assert sim_presets["money"].pop("prices") == "file"  # equal to the assumption
     assert sim_profiles == sim_presets
 
 

@@ -346,6 +346,33 @@ def build_scenario(args: argparse.Namespace) -> tuple[SimScenario, float | None]
     return sc, exact
 
 
+def _file_prices(args: argparse.Namespace) -> dict[str, float]:
+    if args.file is None:
+        return {}
+    from prfaas.config import load_deployment
+
+    return dict(load_deployment(args.file).prices)
+
+
+def sim_money(sc: SimScenario, out: dict[str, Any], prices: dict[str, float]) -> dict[str, Any]:
+    """$/hour of the simulated deployment and $ per million tokens at the throughput it reached
+    (prices from the file's ``prices:``, else the stated assumption)."""
+    from prfaas.analytic.prices import money
+    from prfaas.perf import cost_model_for_hardware
+
+    instances: dict[str, tuple[int, int]] = {}
+    for site in sc.sites:
+        # Priced by hardware name: a preset's, or the one its profile file was measured on.
+        hardware = cost_model_for_hardware(sc.model, site.hardware).hardware
+        count, _ = instances.get(hardware.name, (0, hardware.gpus_per_instance))
+        instances[hardware.name] = (
+            count + site.num_prefill + site.num_decode,
+            hardware.gpus_per_instance,
+        )
+    m = money(instances, prices, out["prompt_tokens_per_s"], out["output_tokens_per_s"])
+    return {"unpriced": sorted(instances)} if m is None else m.as_dict()
+
+
 def _file_sets_duration(args: argparse.Namespace) -> bool:
     if args.file is None:
         return args.config is not None  # an older scenario YAML: its duration as before
@@ -472,6 +499,7 @@ def run(args: argparse.Namespace) -> int:
             out = _run_one(sc, progress=not args.json, requests_csv=args.requests_csv)
             if sc.trace is not None:
                 out["trace"] = trace_coverage(sc, out["requests"]["arrived"])
+            out["money"] = sim_money(sc, out, _file_prices(args))
             if args.plot is not None:
                 _plots(args.plot, sc, out)
     except (ScenarioError, TraceError) as exc:
@@ -497,9 +525,19 @@ def _print_human(out: dict[str, Any]) -> None:
               f"({100 * tr['replayed_share']:.1f}%; {tr['duration_s']:.0f} s of "
               f"{tr['trace_span_s']:.0f} s)")  # fmt: skip
     req = out["requests"]
+    m = out.get("money", {})
+    money_line = (
+        f"cost {m['usd_per_hour']:.2f} $/h ({m['prices']} prices): "
+        f"{m['usd_per_million_prompt_tokens']:.4f} $ per M prompt tokens, "
+        f"{m['usd_per_million_output_tokens']:.4f} $ per M output tokens"
+        if "usd_per_hour" in m
+        else ""
+    )
     print(f"requests: {req['arrived']} arrived, {req['completed']} completed, "
           f"{req['offloaded']} offloaded, {req['rerouted']} rerouted")  # fmt: skip
     print(f"throughput {out['throughput_rps']:.3f} req/s, goodput {out['goodput_rps']:.3f} req/s")
+    if money_line:
+        print(money_line)
     for key in ("ttft_s", "tpot_s"):
         d = out[key]
         print(f"{key}: mean {d['mean']:.3f} p50 {d['p50']:.3f} p90 {d['p90']:.3f} "

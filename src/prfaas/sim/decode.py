@@ -145,6 +145,7 @@ class DecodeStage:
         m = self._metrics
         m.num_completed += 1
         m.output_tokens += req.num_output
+        m.prompt_tokens += req.num_prompt
         if now > m.last_finish_s:
             m.last_finish_s = now
         sc = w.sc

@@ -49,6 +49,8 @@ class Metrics:
         self.num_rerouted = 0
         self.num_cache_moves = 0
         self.output_tokens = 0
+        self.prompt_tokens = 0
+        """Prompt tokens of the completed requests (what they were served, cached or not)."""
         self.num_good = 0
         self.first_finish_s = math.inf
         self.last_finish_s = 0.0

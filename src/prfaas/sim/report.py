@@ -81,6 +81,7 @@ def summary(sim: Simulator) -> dict[str, Any]:
         "throughput_rps": r(m.num_counted / span) if span > 0 else 0.0,
         "goodput_rps": r(m.num_good / span) if span > 0 else 0.0,
         "output_tokens_per_s": r(m.output_tokens / end),
+        "prompt_tokens_per_s": r(m.prompt_tokens / end),
         "ttft_s": dist(m.ttft_s),
         "tpot_s": dist(m.tpot_s),
         "e2e_s": dist(m.e2e_s),
