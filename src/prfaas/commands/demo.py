@@ -80,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
             )
             sim_task = progress.add_task(f"sim {dep.name}", total=1)
             out["sim"][dep.policy] = demo.run_sim(dep, settings, specs)
+            for src in ("live", "sim"):
+                demo.add_money(dep, out[src][dep.policy], specs)
             progress.advance(sim_task)
         if not args.skip_torch:
             task = progress.add_task("tiny PyTorch hybrid model, both paths", total=1)
@@ -142,6 +144,8 @@ def _print(console: Any, out: dict[str, Any], workdir: Path) -> None:
         ("throughput (req/s)", lambda d: f"{d['throughput_rps']:.2f}"),
         ("TTFT P50 / P90 (s)", lambda d: f"{d['ttft_p50_s']:.2f} / {d['ttft_p90_s']:.2f}"),
         ("cross-site GB", lambda d: f"{d['cross_site_bytes'] / 1e9:.1f}"),
+        ("$/h; $/M output tokens", lambda d: "-" if not d.get("money") else
+         f"{d['money']['usd_per_hour']:.0f}; {d['money']['usd_per_million_output_tokens']:.1f}"),
         ("link utilisation", lambda d: f"{d['link_utilisation']:.1%}"),
         ("prefix hit rate", lambda d: ", ".join(f"{k} {v:.0%}" for k, v in
                                                  sorted(d["prefix_hit_rate"].items())) or "-"),

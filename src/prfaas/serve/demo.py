@@ -308,3 +308,23 @@ def launcher_tokenizer(model_dir: Path) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_dir)
+
+
+def add_money(dep: Deployment, run: dict[str, Any], specs: Sequence[SimRequestSpec]) -> None:
+    """Put the deployment's $/hour and $ per million output tokens at the throughput this run
+    reached into ``run`` (prices from the deployment file's ``prices:``, else the assumption)."""
+    from prfaas.analytic.prices import money
+    from prfaas.perf import cost_model_for_hardware
+
+    d = dep.config
+    instances: dict[str, tuple[int, int]] = {}
+    for site in d.sites:
+        hardware = cost_model_for_hardware(d.engine.model, site.hardware).hardware
+        count, _ = instances.get(hardware.name, (0, hardware.gpus_per_instance))
+        instances[hardware.name] = (count + len(site.nodes), hardware.gpus_per_instance)
+    n = max(1, len(specs))
+    mean_prompt = sum(sp.num_prompt_tokens for sp in specs) / n
+    mean_output = sum(sp.num_output_tokens for sp in specs) / n
+    rate = run["throughput_rps"]
+    m = money(instances, d.prices, rate * mean_prompt, rate * mean_output)
+    run["money"] = None if m is None else m.as_dict()
