@@ -6,7 +6,7 @@ prices it used. Pure.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 ASSUMED_USD_PER_GPU_HOUR: Mapping[str, float] = {
@@ -85,3 +85,19 @@ def money(
         per_million(output_tokens_per_s),
         "+".join(sorted(sources)) or "none",
     )
+
+
+def instances_by_hardware(
+    model: str, sites: Iterable[tuple[str, int]]
+) -> dict[str, tuple[int, int]]:
+    """``(hardware, instances)`` per site -> hardware name -> (instances, GPUs per instance), for
+    ``money``. A site's hardware is a preset or a profile file; it is priced by the hardware name
+    (the preset's, or the one the profile was measured on)."""
+    from prfaas.perf import cost_model_for_hardware
+
+    out: dict[str, tuple[int, int]] = {}
+    for hardware_ref, count in sites:
+        hardware = cost_model_for_hardware(model, hardware_ref).hardware
+        total, _ = out.get(hardware.name, (0, hardware.gpus_per_instance))
+        out[hardware.name] = (total + count, hardware.gpus_per_instance)
+    return out

@@ -357,18 +357,11 @@ def _file_prices(args: argparse.Namespace) -> dict[str, float]:
 def sim_money(sc: SimScenario, out: dict[str, Any], prices: dict[str, float]) -> dict[str, Any]:
     """$/hour of the simulated deployment and $ per million tokens at the throughput it reached
     (prices from the file's ``prices:``, else the stated assumption)."""
-    from prfaas.analytic.prices import money
-    from prfaas.perf import cost_model_for_hardware
+    from prfaas.analytic.prices import instances_by_hardware, money
 
-    instances: dict[str, tuple[int, int]] = {}
-    for site in sc.sites:
-        # Priced by hardware name: a preset's, or the one its profile file was measured on.
-        hardware = cost_model_for_hardware(sc.model, site.hardware).hardware
-        count, _ = instances.get(hardware.name, (0, hardware.gpus_per_instance))
-        instances[hardware.name] = (
-            count + site.num_prefill + site.num_decode,
-            hardware.gpus_per_instance,
-        )
+    instances = instances_by_hardware(
+        sc.model, ((site.hardware, site.num_prefill + site.num_decode) for site in sc.sites)
+    )
     m = money(instances, prices, out["prompt_tokens_per_s"], out["output_tokens_per_s"])
     return {"unpriced": sorted(instances)} if m is None else m.as_dict()
 

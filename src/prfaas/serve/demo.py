@@ -313,15 +313,12 @@ def launcher_tokenizer(model_dir: Path) -> Any:
 def add_money(dep: Deployment, run: dict[str, Any], specs: Sequence[SimRequestSpec]) -> None:
     """Put the deployment's $/hour and $ per million output tokens at the throughput this run
     reached into ``run`` (prices from the deployment file's ``prices:``, else the assumption)."""
-    from prfaas.analytic.prices import money
-    from prfaas.perf import cost_model_for_hardware
+    from prfaas.analytic.prices import instances_by_hardware, money
 
     d = dep.config
-    instances: dict[str, tuple[int, int]] = {}
-    for site in d.sites:
-        hardware = cost_model_for_hardware(d.engine.model, site.hardware).hardware
-        count, _ = instances.get(hardware.name, (0, hardware.gpus_per_instance))
-        instances[hardware.name] = (count + len(site.nodes), hardware.gpus_per_instance)
+    instances = instances_by_hardware(
+        d.engine.model, ((site.hardware, len(site.nodes)) for site in d.sites)
+    )
     n = max(1, len(specs))
     mean_prompt = sum(sp.num_prompt_tokens for sp in specs) / n
     mean_output = sum(sp.num_output_tokens for sp in specs) / n
