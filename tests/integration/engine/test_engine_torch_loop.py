@@ -239,13 +239,14 @@ async def test_a_decode_node_whose_engine_thread_dies_reports_it(
 ) -> None:
     """The node around a torch engine: streams running when the thread dies end with its reason,
     ``NodeReport.fault`` carries it, and a new stream fails at once instead of hanging."""
+    from prfaas.core import NodeRole
     from prfaas.serve.node.messages import DecodeCommand, DecodeEvent, SamplingMsg
     from prfaas.serve.node.worker import Node
     from prfaas.transfer import Manifest
 
     model = loaded("llama", "fp32")
     prefiller, engine = TorchEngine(model), TorchEngine(model)
-    node = Node("d0", "s", "decode", engine, None)
+    node = Node("d0", "s", NodeRole.DECODE, engine, None)
     decoding = asyncio.ensure_future(node.decode_loop())
     msg = SamplingMsg(max_new_tokens=NEW_TOKENS, ignore_eos=True)
     streams: dict[str, list[DecodeEvent]] = {}

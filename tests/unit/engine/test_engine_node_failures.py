@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from prfaas.core import NodeRole
 from prfaas.core.clock import VirtualClock
 from prfaas.engine import EngineDead, LayerOutput, PrefillRequest, PrefillResult, TokenEvent
 from prfaas.engine.timed import TimedConfig, TimedEngine
@@ -78,7 +79,7 @@ class _Flaky(TimedEngine):
         return super().install(allocation, first_token, sampling, *args)
 
 
-def _node(role: str) -> Node:
+def _node(role: NodeRole) -> Node:
     engine = _Flaky(
         cost_model_for("paper-1t", "h200"),
         VirtualWaiter(VirtualClock()),
@@ -101,7 +102,7 @@ def _prefill_cmd(rid: str, tokens: Sequence[int], **sampling: Any) -> PrefillCom
 
 @pytest.mark.timeout(30)
 async def test_prefill_failures_are_outcomes_with_a_reason() -> None:
-    node = _node("prefill")
+    node = _node(NodeRole.PREFILL)
     ok = await node.prefill(_prefill_cmd("ok", range(100)), _Link())
     assert ok.ok and ok.kv_bytes_sent > 0
     cases = [
@@ -138,7 +139,7 @@ async def _expect(node: Node, rid: str, first: int = 1, **sampling: Any) -> list
 
 @pytest.mark.timeout(30)
 async def test_decode_failures_end_that_stream_only() -> None:
-    node = _node("decode")
+    node = _node(NodeRole.DECODE)
     engine: _Flaky = node.engine
     loop = asyncio.get_running_loop().create_task(node.decode_loop())
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from gateway_fakes import heartbeat, make_registry, register_all
 
+from prfaas.core import NodeRole
 from prfaas.serve.gateway.rotation import QUARANTINE_MAX_S, Rotation
 
 pytestmark = pytest.mark.timeout(10)
@@ -35,14 +36,14 @@ def test_fault_report_takes_the_node_out_until_a_clean_report() -> None:
 
 
 def test_quarantine_doubles_with_each_failure_and_success_resets_it() -> None:
-    rot = Rotation("prefill")
+    rot = Rotation(NodeRole.PREFILL)
     spans = []
     for i in range(12):
         rot.on_unreachable("refused", now_s=100.0 * i)
         spans.append(rot.quarantine_until_s - 100.0 * i)
     assert spans[:4] == [0.5, 1.0, 2.0, 4.0]
     assert max(spans) == QUARANTINE_MAX_S
-    rot.on_report("prefill", draining=False, fault="", now_s=1100.0 + QUARANTINE_MAX_S)
+    rot.on_report(NodeRole.PREFILL, draining=False, fault="", now_s=1100.0 + QUARANTINE_MAX_S)
     assert rot.healthy
     rot.on_success()
     rot.on_unreachable("refused", now_s=5000.0)

@@ -26,7 +26,7 @@ from prometheus_client import Counter, Gauge
 
 from prfaas.cache import GlobalKVManager, HybridPrefixCache, sizing_for
 from prfaas.config import DeploymentConfig
-from prfaas.core import MutableClusterView, NodeId, SiteId
+from prfaas.core import MutableClusterView, NodeId, NodeRole, SiteId
 from prfaas.perf import CostModel, cost_model_for_hardware
 from prfaas.policy import TuningConfig, make_router
 from prfaas.scenarios import planned_threshold
@@ -286,8 +286,9 @@ def _site_kind(kind: str) -> Any:
 
 def _export_gauges(registry: NodeRegistry, metrics: GatewayMetrics) -> None:
     for load in registry.view:
-        stage = "prefill_queue" if load.role.value == "prefill" else "decode_batch"
-        value = load.queue_depth if load.role.value == "prefill" else load.batch_size
+        is_prefill = load.role is NodeRole.PREFILL
+        stage = "prefill_queue" if is_prefill else "decode_batch"
+        value = load.queue_depth if is_prefill else load.batch_size
         metrics.stage_queue_depth.labels(stage=stage, node=load.node_id).set(value)
     for state in registry.link_states():
         metrics.link_utilisation.labels(link=state.link_id).set(state.utilisation)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from prfaas.core import NodeId, SiteId
+from prfaas.core import NodeId, NodeRole, SiteId
 from prfaas.perf import CostModel
 from prfaas.policy import LengthWindow, Rebalancer, ThresholdTuner, TuningConfig
 from prfaas.serve.gateway.registry import NodeRegistry
@@ -71,7 +71,7 @@ class ControlLoop:
             plan = self.rebalancer.plan(view, now, self.window)
             if plan is not None:
                 for change in plan.changes:
-                    await self._switch(client, change.node_id, change.dst_role.value)
+                    await self._switch(client, change.node_id, change.dst_role)
                 self._set_threshold(plan.threshold_tokens, now, plan.reason)
                 return
         if self.tuner is not None:
@@ -85,19 +85,19 @@ class ControlLoop:
         self.log.threshold_updates.append(entry)
         log.warning("threshold -> %d tokens (%s)", threshold_tokens, reason)
 
-    async def _switch(self, client: httpx.AsyncClient, node: NodeId, role: str) -> None:
+    async def _switch(self, client: httpx.AsyncClient, node: NodeId, role: NodeRole) -> None:
         ep = self.registry.endpoints.get(node)
         if ep is None:
             return
         url = f"http://{ep.host}:{ep.http_port}/nodes/{node}/role"
         try:
-            r = await client.post(url, json={"role": role}, timeout=5.0)
+            r = await client.post(url, json={"role": role.value}, timeout=5.0)
         except httpx.HTTPError as exc:
             log.warning("role change of %s failed: %s", node, exc)
             return
         if r.status_code == 200:
             self.registry.mark_switching(node)
             entry = {"t_s": round(self.registry.modelled_s(time.monotonic()), 3), "node": node,
-                     "to": role}  # fmt: skip
+                     "to": role.value}  # fmt: skip
             self.log.role_changes.append(entry)
-            log.warning("node %s drains, then becomes %s", node, role)
+            log.warning("node %s drains, then becomes %s", node, role.value)

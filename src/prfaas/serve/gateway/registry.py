@@ -201,14 +201,15 @@ class NodeRegistry:
         return replace(load, batch_size=len(work))
 
     def _update(self, r: NodeReport, now_wall_s: float) -> None:
-        rot = self._rotation.setdefault(r.node, Rotation(r.role))
-        rot.on_report(r.role, r.draining, r.fault, now_wall_s)
+        role = NodeRole(r.role)
+        rot = self._rotation.setdefault(r.node, Rotation(role))
+        rot.on_report(role, r.draining, r.fault, now_wall_s)
         self.handshake_failures[r.node] = r.handshake_failures
         self.view.update_node(
             self._with_pending(NodeLoad(
                 node_id=NodeId(r.node),
                 site_id=SiteId(r.site),
-                role=NodeRole(r.role),
+                role=role,
                 queue_depth=r.queue_depth,
                 queued_tokens=r.queued_tokens,
                 batch_size=r.batch_size,

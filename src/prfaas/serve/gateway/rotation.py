@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from prfaas.core import NodeRole
+
 QUARANTINE_BASE_S = 0.5
 QUARANTINE_MAX_S = 30.0
 
@@ -34,7 +36,7 @@ QUARANTINE_MAX_S = 30.0
 class Rotation:
     """One node's rotation state (mutable, owned by the registry)."""
 
-    role: str
+    role: NodeRole
     silent: bool = False
     fault: str = ""
     drained: bool = False
@@ -45,11 +47,11 @@ class Rotation:
     """Failures since the node last completed a request: sizes the quarantine."""
     quarantine_until_s: float = 0.0
     refused_until_s: float | None = None
-    switching_from: str | None = None
+    switching_from: NodeRole | None = None
     """The role the node had when the gateway asked it to switch."""
 
     # -- events -----------------------------------------------------------------------------------
-    def on_report(self, role: str, draining: bool, fault: str, now_s: float) -> None:
+    def on_report(self, role: NodeRole, draining: bool, fault: str, now_s: float) -> None:
         """A heartbeat (or registration) report from the node itself."""
         self.silent = False
         self.fault = fault
@@ -58,7 +60,7 @@ class Rotation:
             self.failure = ""
         if self.refused_until_s is not None and now_s >= self.refused_until_s:
             self.refused_until_s = None
-        if self.switching_from is not None and (draining or role != self.switching_from):
+        if self.switching_from is not None and (draining or role is not self.switching_from):
             self.switching_from = None
         self.role = role
 
@@ -107,7 +109,7 @@ class Rotation:
         if self.drained:
             return "drained by an operator"
         if self.switching_from is not None:
-            return f"switching role from {self.switching_from}"
+            return f"switching role from {self.switching_from.value}"
         if self.reported_draining:
             return "draining"
         if self.refused_until_s is not None:

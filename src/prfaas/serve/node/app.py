@@ -21,6 +21,7 @@ import httpx
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import StreamingResponse
 
+from prfaas.core import NodeRole
 from prfaas.serve import internal_errors
 from prfaas.serve.auth import SignatureMiddleware, Verifier
 from prfaas.serve.node.host import WorkerHost
@@ -70,7 +71,7 @@ def create_node_app(host: WorkerHost) -> FastAPI:
     @app.post("/nodes/{name}/prefill")
     async def prefill(name: str, cmd: PrefillCommand) -> PrefillOutcome:
         node = node_or_404(name)
-        if node.role != "prefill" or node.draining:
+        if node.role is not NodeRole.PREFILL or node.draining:
             raise HTTPException(409, f"node {name} is not accepting prefills")
         try:
             link = await host.link_to(cmd.decode_host, cmd.decode_transfer_port, cmd.cross_site)
@@ -101,7 +102,7 @@ def create_node_app(host: WorkerHost) -> FastAPI:
     @app.post("/nodes/{name}/decode")
     async def decode(name: str, cmd: DecodeCommand) -> StreamingResponse:
         node = node_or_404(name)
-        if node.role != "decode" or node.draining:
+        if node.role is not NodeRole.DECODE or node.draining:
             raise HTTPException(409, f"node {name} is not accepting decodes")
         if node.expects(cmd.request_id):
             raise HTTPException(409, f"request {cmd.request_id} is already expected here")
@@ -115,20 +116,21 @@ def create_node_app(host: WorkerHost) -> FastAPI:
     @app.post("/nodes/{name}/role")
     async def role(name: str, cmd: RoleCommand) -> dict[str, str]:
         node = node_or_404(name)
-        if node.fixed_role and cmd.role != node.role:
+        wanted = NodeRole(cmd.role)
+        if node.fixed_role and wanted is not node.role:
             raise HTTPException(409, f"node {name} at a PrfaaS site can only prefill")
-        if cmd.role == node.role:
-            return {"role": node.role}
+        if wanted is node.role:
+            return {"role": node.role.value}
         node.draining = True
 
         async def switch() -> None:
             while not node.idle:
                 await asyncio.sleep(DRAIN_POLL_S)
-            node.role = cmd.role
+            node.role = wanted
             node.draining = False
 
         host.spawn(switch())
-        return {"role": node.role, "switching_to": cmd.role}
+        return {"role": node.role.value, "switching_to": wanted.value}
 
     @app.post("/prefix/pull")
     async def prefix_pull(cmd: PrefixPullCommand) -> dict[str, object]:

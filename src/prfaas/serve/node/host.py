@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from prfaas.config import DeploymentConfig
-from prfaas.core import LinkId
+from prfaas.core import LinkId, NodeRole
 from prfaas.serve.auth import SignedAuth
 from prfaas.serve.node.engines import build_engine, prefix_store_bytes
 from prfaas.serve.node.messages import (
@@ -89,7 +89,7 @@ class WorkerHost:
             self.nodes[name] = Node(
                 name,
                 self.site.name,
-                cfg.role,
+                NodeRole(cfg.role),
                 engine,
                 self.prefix_store,
                 fixed_role=self.site.kind == "prfaas",
@@ -348,7 +348,7 @@ class WorkerHost:
                 NodeEndpoint(
                     node=n.name,
                     site=n.site,
-                    role=n.role,  # type: ignore[arg-type]
+                    role=n.role.value,
                     host=self.host,
                     http_port=self.http_port,
                     transfer_port=self.transfer_port,

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from prfaas.core import NodeRole
 from prfaas.engine import (
     Allocation,
     CachedPrefix,
@@ -90,14 +91,15 @@ class Node:
         self,
         name: str,
         site: str,
-        role: str,
+        role: NodeRole | str,
         engine: Any,
         prefix_store: PrefixStore | None,
         fixed_role: bool = False,
     ) -> None:
         self.name = name
         self.site = site
-        self.role = role
+        self.role = NodeRole(role)
+        """Changed only by a role switch after draining; the wire spells it ``role.value``."""
         self.engine = engine
         self.prefix_store = prefix_store
         self.fixed_role = fixed_role
@@ -115,9 +117,9 @@ class Node:
         return NodeReport(
             node=self.name,
             site=self.site,
-            role=self.role,  # type: ignore[arg-type]
+            role=self.role.value,
             queue_depth=len(self._prefill_queue)
-            if self.role == "prefill"
+            if self.role is NodeRole.PREFILL
             else sum(1 for e in self._expected.values() if not e.installed),
             queued_tokens=sum(self._prefill_queue.values()),
             batch_size=self.engine.num_running,
