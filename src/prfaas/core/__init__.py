@@ -1,10 +1,12 @@
-"""core: the shared vocabulary of prfaas (ids, requests, topology, clocks, policy views).
+"""core: the shared vocabulary of prfaas (ids, requests, topology, clocks, policy views, the
+congestion rule).
 
 Pure: no I/O, no torch, no asyncio. Every other package imports from here; this package imports
 from nothing else in prfaas.
 """
 
 from prfaas.core.clock import Clock, LoopClock, VirtualClock
+from prfaas.core.congestion import CongestionRule
 from prfaas.core.ids import LinkId, NodeId, RequestId, SiteId
 from prfaas.core.request import (
     TERMINAL_STATES,
@@ -26,6 +28,7 @@ __all__ = [
     "TERMINAL_STATES",
     "Clock",
     "ClusterView",
+    "CongestionRule",
     "InvalidTransition",
     "LinkId",
     "LinkState",

@@ -5,8 +5,11 @@ several PD sites sharing PrfaaS sites each have their own. Four policies:
 - ``local_only``: homogeneous PD, every prefill at the home PD-P pool.
 - ``naive``: every prefill at a PrfaaS site (all prefill on the compute-dense hardware).
 - ``threshold``: the paper's static rule: PrfaaS when the uncached length at home exceeds ``t``.
-- ``prfaas``: the paper's short-timescale rules. Bandwidth is *scarce* when a PrfaaS link's
-  utilisation, backlog drain time or congestion flag says so; then only the home cache counts
+- ``prfaas``: the paper's short-timescale rules. Bandwidth is *scarce* when a PrfaaS link is
+  congested (its ``LinkState.congested``, set by the link's producer with ``core.CongestionRule``)
+  or would be under the same rule with the router's earlier thresholds (``BandwidthRules``:
+  utilisation and backlog drain time, so the router backs off before the link congests); then only
+  the home cache counts
   (``l_total - l_pd > t`` offloads) and, beyond the paper, a request that would offload is kept
   local (``rerouted``) when its estimated first-token time is earlier there: remote = max(prefill
   queue + ``T_prfaas(l)``, link backlog + its own bytes at the link's capacity), local = prefill
@@ -24,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from prfaas.core.congestion import CongestionRule
 from prfaas.core.ids import SiteId
 from prfaas.core.topology import NodeRole
 from prfaas.core.views import ClusterView, LinkState, NodeLoad, RequestView
@@ -49,9 +53,10 @@ class BandwidthRules:
     """When the ``prfaas`` router calls bandwidth scarce, and when it keeps a request local."""
 
     scarce_utilisation: float = 0.85
-    """Egress goodput over capacity at or above which bandwidth is scarce."""
+    """Egress goodput over capacity over which bandwidth is scarce (below the links' congestion
+    threshold: the router backs off first)."""
     scarce_drain_s: float = 1.0
-    """Transfer backlog (seconds at current capacity) at or above which bandwidth is scarce."""
+    """Transfer backlog (seconds at current capacity) over which bandwidth is scarce."""
     max_link_wait_s: float = 2.0
     """When scarce, keep a long request local if the link backlog would delay it this long..."""
     max_local_queue: int = 4
@@ -163,16 +168,16 @@ class BandwidthAwareRouter(_Base):
         self.local = local
         # Rough per-token prefill cost, used only when a view cannot say how long a queue is.
         self._per_token_s = local.prefill_s(8192) / 8192 if local is not None else 0.0
+        # Scarcity is the congestion rule itself at the router's thresholds; the link's own
+        # verdict (``LinkState.congested``) is read, never re-derived.
+        self._scarcity = CongestionRule(
+            max_utilisation=self.rules.scarce_utilisation, max_drain_s=self.rules.scarce_drain_s
+        )
 
     def is_scarce(self, link: LinkState | None) -> bool:
         if link is None:
             return False
-        r = self.rules
-        return (
-            link.congested
-            or link.utilisation >= r.scarce_utilisation
-            or link.drain_time_s() >= r.scarce_drain_s
-        )
+        return link.congested or self._scarcity.congested(link.utilisation, link.drain_time_s())
 
     def _local_is_sooner(
         self, request: RequestView, cluster: ClusterView, rload: NodeLoad, local: NodeLoad,

@@ -7,7 +7,8 @@ KV (all but the last layer's share over the prefill time): so a transfer starts 
 layer and ends no earlier than prefill end plus the last layer's share. When the caps of all flows
 fit the capacity each flow runs at its cap and flows are independent (O(1) per change); otherwise
 rates are recomputed by water-filling (O(F log F)). The capacity may change over time (a schedule
-of ``(time_s, gbps)`` steps). Delivery adds half an RTT of propagation. Pure.
+of ``(time_s, gbps)`` steps). Delivery adds half an RTT of propagation. ``state`` is the link's
+``LinkState``: ``congested`` is ``core.CongestionRule`` over its EWMA utilisation and drain. Pure.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import math
 import operator
 from collections.abc import Callable
 
+from prfaas.core.congestion import CongestionRule
 from prfaas.core.ids import LinkId
 from prfaas.core.views import LinkState
 
@@ -39,6 +41,7 @@ class Flow:
 
 
 _by_cap = operator.attrgetter("cap")
+_DEFAULT_CONGESTION = CongestionRule()
 
 
 class SimLink:
@@ -50,7 +53,7 @@ class SimLink:
         connections: int,
         window_bytes: float,
         schedule_done: Callable[[float, Flow, int], None],
-        congested_drain_s: float = 1.0,
+        congestion: CongestionRule = _DEFAULT_CONGESTION,
     ) -> None:
         self.link_id = link_id
         self.capacity = capacity_bytes_per_s
@@ -63,14 +66,16 @@ class SimLink:
         self._flows: dict[int, Flow] = {}
         self._next_id = 0
         self.sum_caps = 0.0
-        self._congested = False
+        self._oversubscribed = False
+        """The flows' caps exceed the capacity: rates are water-filled (not ``congested``, which
+        is the ``CongestionRule`` verdict in ``state``)."""
         # backlog(now) = _agg_a - _agg_r * now (sum over flows of remaining at now).
         self._agg_a = 0.0
         self._agg_r = 0.0
         self.bytes_added = 0.0
         self.peak_backlog_bytes = 0.0
         self.num_flows_done = 0
-        self.congested_drain_s = congested_drain_s
+        self.congestion = congestion
         self.ewma_s = 2.0
         self._ewma_t = 0.0
         self._ewma_bytes = 0.0
@@ -119,7 +124,7 @@ class SimLink:
         del self._flows[flow.key]
         self.sum_caps -= flow.cap
         self.num_flows_done += 1
-        if self._congested or self.sum_caps > self.capacity:
+        if self._oversubscribed or self.sum_caps > self.capacity:
             self._waterfill(now)
 
     def set_capacity(self, now: float, capacity_bytes_per_s: float) -> None:
@@ -156,7 +161,7 @@ class SimLink:
             flow.done_s = float("inf")
 
     def _reshape(self, now: float, changed: Flow) -> None:
-        if not self._congested and self.sum_caps <= self.capacity:
+        if not self._oversubscribed and self.sum_caps <= self.capacity:
             self._advance(changed, now)
             self._set_rate(changed, changed.cap, now)
         else:
@@ -167,7 +172,7 @@ class SimLink:
         # left). Only flows whose rate changes are advanced and rescheduled: an unchanged flow's
         # (remaining, last_s, rate) still describe it exactly.
         flows = sorted(self._flows.values(), key=_by_cap)
-        self._congested = self.sum_caps > self.capacity
+        self._oversubscribed = self.sum_caps > self.capacity
         left = self.capacity
         n = len(flows)
         inf = float("inf")
@@ -214,7 +219,10 @@ class SimLink:
             self._ewma_t, self._ewma_bytes = now, delivered
         goodput = self._ewma_rate
         util = goodput / self.capacity if self.capacity > 0 else 1.0
-        congested = self.capacity <= 0 or backlog / self.capacity > self.congested_drain_s
+        # The one congestion rule, with what the fluid model measures (no loss, no queue beyond
+        # the backlog); a link with no capacity never drains.
+        drain_s = backlog / self.capacity if self.capacity > 0 else math.inf
+        congested = self.congestion.congested(util, drain_s)
         self._state = LinkState(
             self.link_id, self.capacity, util, goodput, int(backlog), self.rtt_s, 0.0, congested,
             now,

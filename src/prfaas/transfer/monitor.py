@@ -2,12 +2,9 @@
 
 Each ``sample(now_s)`` reads the sender's own counters (bytes acknowledged by the receiver, backlog)
 and ``TCP_INFO`` of every connection, and differentiates them against the previous sample.
-``link_state`` (pure) does the arithmetic and applies ``CongestionRule``:
-
-congested = retransmit_rate > max_retransmit_rate    (segments lost on the path)
-         or queueing_s > max(max_queueing_s, queueing_fraction x min_rtt)
-                                                      (srtt above min_rtt: a queue is building)
-         or drain_s > max_drain_s                     (backlog / capacity: KV waits too long)
+``link_state`` (pure) does the arithmetic and applies ``prfaas.core.CongestionRule`` (the one rule
+the simulator and the gateway apply too) to all it measures: utilisation (goodput / capacity),
+drain (backlog / capacity), retransmit rate and queueing (srtt above min_rtt).
 
 ``capacity_bytes_per_s`` is the configured share of the link if given, else the pacing rate, else
 the highest goodput seen so far (a lower bound that makes ``utilisation`` 1.0 when saturated).
@@ -19,30 +16,11 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from prfaas.core import LinkId, LinkState
+from prfaas.core import CongestionRule, LinkId, LinkState
 from prfaas.transfer.sender import Link
 from prfaas.transfer.tcpinfo import read_tcp_info
 
-
-@dataclass(frozen=True, slots=True)
-class CongestionRule:
-    max_retransmit_rate: float = 0.02
-    """Retransmitted over sent segments in the interval."""
-    max_queueing_s: float = 0.02
-    """Smoothed RTT above the minimum RTT, absolute floor of the queueing threshold."""
-    queueing_fraction: float = 0.5
-    """... or this fraction of the minimum RTT, whichever is larger (long links jitter more)."""
-    max_drain_s: float = 1.0
-    """Backlog over capacity: how long new KV would wait behind what is queued."""
-
-    def congested(
-        self, retransmit_rate: float, queueing_s: float, drain_s: float, min_rtt_s: float
-    ) -> bool:
-        return (
-            retransmit_rate > self.max_retransmit_rate
-            or queueing_s > max(self.max_queueing_s, self.queueing_fraction * min_rtt_s)
-            or drain_s > self.max_drain_s
-        )
+__all__ = ["CongestionRule", "LinkMonitor", "LinkSample", "link_state"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,15 +52,16 @@ def link_state(
     retransmit_rate = retrans / segs if segs else 0.0
     queueing = max(0.0, cur.rtt_s - cur.min_rtt_s) if cur.rtt_s else 0.0
     drain = cur.backlog_bytes / capacity_bytes_per_s if capacity_bytes_per_s > 0 else 0.0
+    utilisation = goodput / capacity_bytes_per_s if capacity_bytes_per_s > 0 else 0.0
     return LinkState(
         link_id=link_id,
         capacity_bytes_per_s=capacity_bytes_per_s,
-        utilisation=goodput / capacity_bytes_per_s if capacity_bytes_per_s > 0 else 0.0,
+        utilisation=utilisation,
         goodput_bytes_per_s=goodput,
         backlog_bytes=cur.backlog_bytes,
         rtt_s=cur.rtt_s,
         retransmit_rate=retransmit_rate,
-        congested=rule.congested(retransmit_rate, queueing, drain, cur.min_rtt_s),
+        congested=rule.congested(utilisation, drain, retransmit_rate, queueing, cur.min_rtt_s),
         sampled_at_s=cur.at_s,
     )
 

@@ -17,12 +17,13 @@ from dataclasses import dataclass, field, replace
 
 from prfaas.config import DeploymentConfig, LinkConfig
 from prfaas.core import LinkState, MutableClusterView, NodeId, NodeLoad, NodeRole, SiteId, SiteKind
+from prfaas.core.congestion import CongestionRule
 from prfaas.core.ids import link_id_for
 from prfaas.serve.gateway.rotation import Rotation
 from prfaas.serve.node.messages import Heartbeat, NodeEndpoint, NodeReport, Registration
 
-CONGESTED_UTILISATION = 0.9
-CONGESTED_DRAIN_S = 1.0
+CONGESTION = CongestionRule()
+"""The one congestion rule (``core/congestion.py``), with what the gateway measures."""
 GOODPUT_SMOOTHING = 0.3
 
 
@@ -242,10 +243,10 @@ class NodeRegistry:
             meter.last_bytes, meter.last_wall_s = total, now_wall_s
             cap = meter.capacity_bytes_per_s
             utilisation = meter.goodput_bytes_per_s / cap
-            lossy = any(r.link_lossy for r in mine)
-            congested = (
-                lossy or utilisation >= CONGESTED_UTILISATION or backlog / cap >= CONGESTED_DRAIN_S
-            )
+            # Loss is the worst retransmit rate the nodes' transfer monitors saw; their queueing
+            # (wall-clock RTT) is not used: a busy emulation host inflates it.
+            retransmit_rate = max(r.link_retransmit_rate for r in mine)
+            congested = CONGESTION.congested(utilisation, backlog / cap, retransmit_rate)
             self.view.update_link(
                 LinkState(
                     link_id=link_id_for(SiteId(site), SiteId(home)),
@@ -254,7 +255,7 @@ class NodeRegistry:
                     goodput_bytes_per_s=meter.goodput_bytes_per_s,
                     backlog_bytes=backlog,
                     rtt_s=max(r.link_rtt_s for r in mine) / self.time_scale,
-                    retransmit_rate=max(r.link_retransmit_rate for r in mine),
+                    retransmit_rate=retransmit_rate,
                     congested=congested,
                     sampled_at_s=self.modelled_s(now_wall_s),
                 )
