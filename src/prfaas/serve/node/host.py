@@ -37,7 +37,6 @@ from prfaas.serve.node.prefix_move import PendingMoves, is_move, new_move_id
 from prfaas.serve.node.prefix_store import PrefixStore
 from prfaas.serve.node.worker import Node
 from prfaas.transfer import (
-    CongestionRule,
     ConnectError,
     InboundSession,
     LinkMonitor,
@@ -187,9 +186,9 @@ class WorkerHost:
 
     def _link_health(self) -> dict[str, object]:
         """What the transfer monitor saw on this site's inter-site connections since the last
-        report (TCP_INFO): the worst RTT and retransmit rate, and whether segments are being lost.
-        Only loss counts as congestion here: the monitor's queueing rule reads wall-clock RTT,
-        which a busy emulation host inflates without any network cause."""
+        report (TCP_INFO): the worst RTT and retransmit rate. The gateway applies the congestion
+        rule (``core.CongestionRule``) to the rate; the monitor's queueing term is left out there:
+        it reads wall-clock RTT, which a busy emulation host inflates without any network cause."""
         now = asyncio.get_running_loop().time()
         states = [s for m in self._monitors.values() if (s := m.sample(now)) is not None]
         if not states:
@@ -198,7 +197,6 @@ class WorkerHost:
         return {
             "link_rtt_s": max(s.rtt_s for s in states),
             "link_retransmit_rate": rate,
-            "link_lossy": rate > CongestionRule().max_retransmit_rate,
         }
 
     async def link_to(self, host: str, port: int, cross_site: bool) -> TransferLink:

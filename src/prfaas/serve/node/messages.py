@@ -116,8 +116,8 @@ class NodeReport(_Msg):
     link_rtt_s: float = 0.0
     """Smoothed wall-clock RTT of the inter-site connections (TCP_INFO), worst connection."""
     link_retransmit_rate: float = 0.0
-    link_lossy: bool = False
-    """The transfer monitor saw retransmissions above its threshold since the last report."""
+    """Worst retransmitted share of segments since the last report (the gateway's congestion
+    rule reads it)."""
     fault: str = ""
     """Non-empty when the node cannot serve (its engine thread died, say): the gateway takes it
     out of rotation until a report without a fault."""
