@@ -49,6 +49,11 @@ class EngineOverride(_Strict):
     model_path: str | None = None
     dtype: Literal["float32", "bfloat16"] | None = None
     token_chunk: int | None = Field(None, ge=1)
+    device: str | None = Field(None, pattern=r"^(cpu|cuda(:\d+)?)$")
+    threads: int | None = Field(None, ge=1)
+    kv_budget_mib: int | None = Field(None, ge=1)
+    prefix_store_mib: int | None = Field(None, ge=0)
+    prefill_chunk_tokens: int | None = Field(None, ge=16)
 
 
 class SiteConfig(_Strict):
@@ -133,6 +138,15 @@ class EngineConfig(_Strict):
         16, ge=1, description="keep linear/SWA state checkpoints every this many blocks"
     )
     dtype: Literal["float32", "bfloat16"] = "float32"
+    device: str = Field(
+        "cpu", pattern=r"^(cpu|cuda(:\d+)?)$", description="torch: cpu, cuda or cuda:N"
+    )
+    threads: int = Field(1, ge=1, description="torch: intra-op threads per node process")
+    kv_budget_mib: int = Field(1024, ge=1, description="torch: KV cache a node may hold")
+    prefix_store_mib: int = Field(256, ge=0, description="torch: prefix checkpoints per process")
+    prefill_chunk_tokens: int = Field(
+        512, ge=16, description="torch: longest prefill pass while streams decode"
+    )
 
     @field_validator("model")
     @classmethod

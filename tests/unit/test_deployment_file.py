@@ -211,3 +211,20 @@ def test_paper_only_flags_with_a_file_are_refused(capsys: pytest.CaptureFixture[
     assert "--n-p/--n-d" in capsys.readouterr().err
     assert main(["sim", path, "--pd-sites", "2"]) == 2
     assert main(["sim", path, "--config", path]) == 2
+
+
+def test_torch_engine_settings_come_from_the_file(tmp_path: Path) -> None:
+    from prfaas.serve.node.engines import prefix_store_bytes
+
+    raw = base_raw()
+    raw["engine"] = {"kind": "torch", "model": "tiny", "model_path": str(tmp_path),
+                     "threads": 2, "kv_budget_mib": 64, "prefix_store_mib": 8}  # fmt: skip
+    raw["sites"][0]["engine"] = {"device": "cuda:1", "prefill_chunk_tokens": 256}
+    d = DeploymentConfig.model_validate(raw)
+    remote, home = d.engine_for("prfaas"), d.engine_for("pd")
+    assert (remote.device, remote.prefill_chunk_tokens, remote.threads) == ("cuda:1", 256, 2)
+    assert (home.device, home.prefill_chunk_tokens, home.kv_budget_mib) == ("cpu", 512, 64)
+    assert prefix_store_bytes(home, "h20") == 8 << 20
+    raw["engine"]["device"] = "gpu0"
+    with pytest.raises(ValueError, match="device"):
+        DeploymentConfig.model_validate(raw)

@@ -12,10 +12,7 @@ from prfaas.engine.timed import TimedConfig, TimedEngine
 from prfaas.engine.waiting import LoopWaiter
 from prfaas.perf import cost_model_for_hardware
 
-TORCH_KV_BUDGET_BYTES = 1 << 30
-TORCH_PREFILL_CHUNK_TOKENS = 512
-"""Longest prefill pass of a torch node: running streams wait at most one such pass per token."""
-TORCH_PREFIX_STORE_BYTES = 256 << 20
+MIB = 1 << 20
 
 
 def build_engine(config: EngineConfig, hardware: str) -> Any:
@@ -34,19 +31,22 @@ def build_engine(config: EngineConfig, hardware: str) -> Any:
 
     from prfaas.engine.torch import TorchEngine
 
-    torch.set_num_threads(1)  # several processes share 2 cores
+    # One thread by default: a deployment on one machine runs several node processes.
+    torch.set_num_threads(config.threads)
     assert config.model_path is not None
     return TorchEngine.from_folder(
         config.model_path,
         dtype=config.dtype,
-        kv_budget_bytes=TORCH_KV_BUDGET_BYTES,
-        prefill_chunk_tokens=TORCH_PREFILL_CHUNK_TOKENS,
+        device=config.device,
+        kv_budget_bytes=config.kv_budget_mib * MIB,
+        prefill_chunk_tokens=config.prefill_chunk_tokens,
     )
 
 
 def prefix_store_bytes(config: EngineConfig, hardware: str) -> int:
-    """What a site keeps for prefix checkpoints: a tenth of one instance's HBM (scaled)."""
+    """What a site keeps for prefix checkpoints: ``prefix_store_mib`` (torch), or a tenth of one
+    emulated instance's HBM, scaled (timed)."""
     if config.kind == "torch":
-        return TORCH_PREFIX_STORE_BYTES
+        return config.prefix_store_mib * MIB
     memory = cost_model_for_hardware(config.model, hardware).hardware.instance_memory_bytes
     return int(memory * 0.1 / config.byte_divisor)
