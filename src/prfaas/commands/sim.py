@@ -3,10 +3,11 @@
 The deployment comes from a deployment file (``prfaas sim FILE``: the file ``prfaas up`` runs,
 with its ``workload:`` and ``simulation:`` sections), from an older scenario YAML (``--config``,
 keys: ``SimScenario`` fields), or from the paper's case study (``--deployment paper-...``).
-Flags override the file: a flag overrides only when it is given (every flag's default is None
-and the paper defaults, ``sim_build.PAPER_DEFAULTS``, apply only without a file). ``--find-max-rate`` searches the highest
-sustainable arrival rate (rule: ``prfaas.sim.maxrate``). ``--json`` prints one object (schema:
-docs/simulation.md). Bad input -> one line, exit 2.
+Flags override the file: a flag overrides only when it is given (every flag's default is None;
+the paper defaults, ``sim_build.PAPER_DEFAULTS``, apply only without a file; building the scenario
+is ``sim_build.py``). ``--find-max-rate`` searches the highest sustainable arrival rate (rule:
+``prfaas.sim.maxrate``). ``--json`` prints one object (schema: docs/simulation.md). Bad input ->
+one line, exit 2.
 """
 
 from __future__ import annotations
