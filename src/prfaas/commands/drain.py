@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prfaas.commands.gateway_access import load_with_ports, refusal_error
+from prfaas.commands.gateway_access import control_failure, load_with_ports
 
 POLL_PERIOD_S = 0.2
 
@@ -54,15 +54,8 @@ def run(args: argparse.Namespace) -> int:
                 _say(f"{args.node} resumed ({where})")
                 return 0
             return _drain(client, args.node, args.timeout)
-        except GatewayUnreachable as exc:
-            print(f"prfaas drain: error: {exc}", file=sys.stderr)
-            return 1
-        except ControlRefused as exc:
-            user = refusal_error(args.deployment, exc)
-            if user is not None:
-                raise user from None
-            print(f"prfaas drain: error: {exc}", file=sys.stderr)
-            return 1
+        except (GatewayUnreachable, ControlRefused) as exc:
+            return control_failure("drain", args.deployment, exc)
 
 
 def _drain(client: Any, node: str, timeout_s: float) -> int:

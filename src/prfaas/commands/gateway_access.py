@@ -4,6 +4,7 @@ mistake (``UsageError``: exit 2) and a gateway that does not answer (``Unreachab
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,3 +40,17 @@ def refusal_error(path: Path, exc: ControlRefused) -> UsageError | None:
     if exc.status == 404:
         return UsageError(f"{exc.url}: {exc.message}")
     return None
+
+
+def control_failure(command: str, path: Path, exc: Exception) -> int:
+    """What ``prfaas status`` / ``drain`` do when a control call fails: a refusal that is the
+    user's to fix is a ``UsageError`` (exit 2); anything else (``GatewayUnreachable``, another
+    refusal) is printed, exit status 1."""
+    from prfaas.serve.control_client import ControlRefused
+
+    if isinstance(exc, ControlRefused):
+        user = refusal_error(path, exc)
+        if user is not None:
+            raise user from None
+    print(f"prfaas {command}: error: {exc}", file=sys.stderr)
+    return 1

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
-from prfaas.commands.gateway_access import load_with_ports, refusal_error
+from prfaas.commands.gateway_access import control_failure, load_with_ports
 
 NUM_ROUTES = 10
 
@@ -48,15 +47,8 @@ def run(args: argparse.Namespace) -> int:
             routes = client.routes()
             control = client.control()
             not_ready = client.ready()
-        except GatewayUnreachable as exc:
-            print(f"prfaas status: error: {exc}", file=sys.stderr)
-            return 1
-        except ControlRefused as exc:
-            user = refusal_error(args.deployment, exc)
-            if user is not None:
-                raise user from None
-            print(f"prfaas status: error: {exc}", file=sys.stderr)
-            return 1
+        except (GatewayUnreachable, ControlRefused) as exc:
+            return control_failure("status", args.deployment, exc)
     report = {
         "gateway": {
             "url": client.client_url,
