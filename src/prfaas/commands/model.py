@@ -1,7 +1,8 @@
 """``prfaas model``: tiny random-weight models for tests and benchmarks, and a model's cache spec.
 
 ``make-tiny --arch ARCH --out DIR`` writes a random-weight model of a supported architecture with a
-byte-level BPE tokenizer trained on local text (nothing is downloaded). ``info DIR`` prints the
+byte-level BPE tokenizer trained on local text (nothing is downloaded); ``--for-vllm`` sizes it
+so vLLM on CPU loads it too. ``info DIR`` prints the
 cache layout ``engine.torch`` derives from a model folder. torch is imported only inside ``run``.
 """
 
@@ -35,7 +36,18 @@ def register(subparsers: Any) -> None:
     mk.add_argument("--out", required=True, type=Path, help="output folder")
     mk.add_argument("--seed", type=int, default=0, help="weight seed")
     mk.add_argument("--vocab-size", type=int, default=512, help="tokenizer vocabulary")
-    mk.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    mk.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float32", "bfloat16"],
+        help="weight dtype (default: float32; with --for-vllm the one vLLM needs)",
+    )
+    mk.add_argument(
+        "--for-vllm",
+        action="store_true",
+        help="size it for vLLM on CPU (head dims >= 32; Qwen3-Next in bf16); refuses "
+        "architectures vLLM cannot load",
+    )
     mk.set_defaults(run=run_make_tiny)
     info = sub.add_parser("info", help="print the cache layout derived from a model folder")
     info.add_argument("model_dir", type=Path)
@@ -60,10 +72,27 @@ def run_make_tiny(args: argparse.Namespace) -> int:
         raise UsageError(f"--vocab-size must be >= 300 (bytes + merges), got {args.vocab_size}")
     if args.out.exists() and not args.out.is_dir():
         raise UsageError(f"--out {args.out} exists and is not a folder")
-    from prfaas.engine.torch.tiny import make_tiny
+    from prfaas.engine.errors import UnknownArchitecture
+    from prfaas.engine.torch.tiny import make_tiny, vllm_variant
 
-    out = make_tiny(arch, args.out, seed=args.seed, vocab_size=args.vocab_size, dtype=args.dtype)
-    print(f"wrote a tiny {arch} model to {out}")
+    overrides: dict[str, Any] = {}
+    dtype = args.dtype or "float32"
+    if args.for_vllm:
+        try:
+            overrides, vllm_dtype = vllm_variant(arch)
+        except UnknownArchitecture as exc:
+            raise UsageError(str(exc)) from None
+        if vllm_dtype is not None:
+            if args.dtype not in (None, vllm_dtype):
+                raise UsageError(
+                    f"--dtype {args.dtype}: vLLM on CPU runs {arch} in {vllm_dtype} only"
+                )
+            dtype = vllm_dtype
+    out = make_tiny(
+        arch, args.out, seed=args.seed, vocab_size=args.vocab_size, dtype=dtype,
+        overrides=overrides,
+    )  # fmt: skip
+    print(f"wrote a tiny {arch} model ({dtype}{', for vLLM' if args.for_vllm else ''}) to {out}")
     return 0
 
 

