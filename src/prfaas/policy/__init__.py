@@ -16,7 +16,7 @@ from prfaas.policy.decisions import (
     RouteDecision,
     ThresholdUpdate,
 )
-from prfaas.policy.placement import IndexedClusterView, least_loaded
+from prfaas.policy.placement import DecodePlacement, IndexedClusterView, least_loaded
 from prfaas.policy.router import (
     ROUTER_NAMES,
     BandwidthAwareRouter,
@@ -39,6 +39,7 @@ __all__ = [
     "CacheMove",
     "CapacityPoint",
     "DecodeAdmission",
+    "DecodePlacement",
     "IndexedClusterView",
     "LengthWindow",
     "LocalOnlyRouter",

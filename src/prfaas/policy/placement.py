@@ -1,13 +1,16 @@
-"""Node choice inside one (site, role) pool.
+"""Node choice inside one (site, role) pool, and ``DecodePlacement``: where a routed request
+decodes, asked by both drivers at the same point (routing time) with the same key.
 
 A driver whose view can answer ``least_loaded(site, role)`` in O(log n) (the simulator's does)
 is asked directly; any other ``ClusterView`` is scanned. "Least loaded" means the accepting node
 that would start new work soonest: for prefill, least queued work; for decode, fewest requests
-running, queued or reserved. Pure.
+running, queued or reserved (``decode_load_key``), ties to the first node in the view's order.
+Pure.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from prfaas.core.ids import NodeId, SiteId
@@ -28,6 +31,38 @@ class IndexedClusterView(Protocol):
 
 def _scan_key(load: NodeLoad) -> tuple[int, int, int]:
     return (load.queued_tokens, load.queue_depth + load.batch_size, load.batch_size)
+
+
+def decode_load_key(load: NodeLoad) -> int:
+    """Requests a decode node holds: running (``batch_size``) plus waiting for a slot or for
+    their KV (``queue_depth``). The simulator's pool heap orders decode nodes by the same sum."""
+    return load.queue_depth + load.batch_size
+
+
+@dataclass(frozen=True, slots=True)
+class DecodePlacement:
+    """The decode node of a request, chosen when it is routed (the live gateway must open the
+    decode stream before the prefill runs; the simulator reserves the node then too): the
+    accepting decode node at the request's home site with the least ``decode_load_key``, ties to
+    the first in the view's order; ``None`` when no decode node there accepts work.
+
+    A view with ``least_loaded_id(site, role)`` (the simulator's: its pool heaps keep the same
+    key and order) answers without building a ``NodeLoad`` per request."""
+
+    def choose(self, cluster: ClusterView, site_id: SiteId, now: float) -> NodeId | None:
+        del now  # the choice reads loads only; ``now`` is in the signature for decision logs
+        fast = getattr(cluster, "least_loaded_id", None)
+        if fast is not None:
+            result: NodeId | None = fast(site_id, NodeRole.DECODE)
+            return result
+        best: NodeLoad | None = None
+        best_key = 0
+        for load in cluster.nodes(site_id, NodeRole.DECODE):
+            if load.accepting:
+                key = decode_load_key(load)
+                if best is None or key < best_key:
+                    best, best_key = load, key
+        return None if best is None else best.node_id
 
 
 def least_loaded(cluster: ClusterView, site_id: SiteId, role: NodeRole) -> NodeLoad | None:

@@ -4,8 +4,9 @@ owns the stages that move it: arrivals, routing, prefill and links here; decode 
 Every decision (routing, batching, decode admission, threshold re-search, rebalancing) is asked
 of the ``policy/`` objects through a ``SimClusterView``: the same objects the live gateway uses.
 
-A request's life, in events: ARRIVAL (route; maybe a cache move over a link) -> queued at a
-prefill node -> batch start (decode node chosen, KV transfer starts with the first layer) ->
+A request's life, in events: ARRIVAL (route, decode node chosen and reserved by
+``policy.DecodePlacement`` as the live gateway does; maybe a cache move over a link) -> queued at
+a prefill node -> batch start (KV transfer starts with the first layer) ->
 PREFILL_DONE (prefix stored in the site cache; last layer released) -> FLOW_DONE / KV_ARRIVE
 (first token: TTFT) -> decode join at a step boundary -> DECODE_TICK when it completes. Decode
 completion times are computed from ``CostModel.decode_span_s`` between batch membership changes,
@@ -22,9 +23,9 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prfaas.core.ids import RequestId
+from prfaas.core.ids import NodeId, RequestId
 from prfaas.core.views import RequestView
-from prfaas.policy import NoRouteError, PrefillBatcher
+from prfaas.policy import DecodePlacement, NoRouteError, PrefillBatcher
 from prfaas.sim.control import ControlLoop
 from prfaas.sim.decode import DecodeStage
 from prfaas.sim.events import (
@@ -41,9 +42,9 @@ from prfaas.sim.events import (
 )
 from prfaas.sim.homes import build_homes
 from prfaas.sim.metrics import Metrics
-from prfaas.sim.nodes import PrefillNode, SimNode
+from prfaas.sim.nodes import DecodeNode, PrefillNode, SimNode
 from prfaas.sim.request import SimRequest
-from prfaas.sim.scenario import ScenarioError, SimScenario
+from prfaas.sim.scenario import SimScenario
 from prfaas.sim.world import World
 from prfaas.workload import (
     FixedLengths,
@@ -68,10 +69,12 @@ class Simulator:
         self.control = ControlLoop(w, self.homes)
         self.decode = DecodeStage(w, self.control.drained)
         self.batcher = PrefillBatcher(scenario.prefill_token_budget)
+        self.placement = DecodePlacement()
         # The world's containers are never replaced: held directly (fewer lookups per event).
         self._q = w.q
         self._kv_bytes = w.kv_bytes
         self._links = w.links
+        self._node_by_id = w.node_by_id
         self._decode_pools = w.pools.decode
         self._prefill_pools = w.pools.prefill
         self._home_sites = tuple(self.homes)
@@ -217,6 +220,16 @@ class Simulator:
         site = w.site_index[d.prefill_site]
         node = w.node_by_id[d.prefill_node]
         assert isinstance(node, PrefillNode), d.prefill_node  # routers pick prefill pools
+        # The decode node, now (as the live gateway does): reserved until the KV arrives.
+        placed = self.placement.choose(home.view, w.site_ids[req.home], w.now)
+        if placed is None:  # the live gateway answers 503: the request fails
+            m.num_failed += 1
+            return
+        dec = self._node_by_id[placed]
+        assert isinstance(dec, DecodeNode), placed  # a decode pool's member
+        dec.reserved += 1
+        self._decode_pools[req.home].touch(dec)
+        req.decode_node = dec.node_id
         req.cached_home = cached.get(w.site_ids[req.home], 0)
         req.offloaded = d.offloaded
         req.rerouted = d.rerouted
@@ -292,18 +305,9 @@ class Simulator:
     ) -> Handoff:
         req.prefill_start_s = now
         home = req.home
-        pool = self._decode_pools[home]
-        # ``policy.least_loaded``'s rule for decode placement (fewest requests running, waiting
-        # or reserved), answered by the pool's heap without building a NodeLoad (hot path).
-        dec = pool.best()
-        if dec is None:
-            site_id = self.world.site_ids[home]
-            raise ScenarioError(f"site {site_id}: no decode node accepts work")
-        dec.reserved += 1
-        pool.touch(dec)
         req.prefill_node = node.node_id
-        req.decode_node = dec.node_id
-        handoff = new_event(Handoff, (req, dec))
+        # Chosen and reserved at routing time (``_on_arrival``).
+        handoff = new_event(Handoff, (req, self._node_by_id[NodeId(req.decode_node)]))
         kvb = self._kv_bytes
         n = req.num_prompt + req.num_output
         # KvBytes.total, without the call when no layer has a sliding window (hot path).

@@ -53,6 +53,17 @@ class SimClusterView:
         node = pool.best()
         return None if node is None else node.load(w.now)
 
+    def least_loaded_id(self, site_id: SiteId, role: NodeRole) -> NodeId | None:
+        """``least_loaded``'s node, without building its ``NodeLoad`` (decode placement runs
+        once per request)."""
+        w = self._world
+        site = w.site_index.get(site_id)
+        if site is None:
+            return None
+        pool = w.pools.prefill[site] if role is NodeRole.PREFILL else w.pools.decode[site]
+        node = pool.best()
+        return None if node is None else node.node_id
+
     def work_left_s(self, node_id: NodeId) -> float:
         """Seconds of assigned prefill work ``node_id`` has left (0 for a decode node)."""
         w = self._world

@@ -23,7 +23,7 @@ from prfaas.core import (
     SiteId,
     SiteKind,
 )
-from prfaas.policy import NoRouteError, Router, least_loaded
+from prfaas.policy import DecodePlacement, NoRouteError, Router
 from prfaas.policy.decisions import RouteDecision
 from prfaas.serve.api.metrics import GatewayMetrics
 from prfaas.serve.backend import GenerationError, GenerationRequest
@@ -60,6 +60,8 @@ class AttemptPlanner:
         self.kv_manager = kv_manager
         self.metrics = metrics
         self.home = SiteId(registry.deployment.home_site.name)
+        self.placement = DecodePlacement()
+        """The decode node's choice: the simulator's, at the same point (routing time)."""
         self.control: Any = None
         """The gateway's ``ControlLoop``; observes every routed request's lengths."""
 
@@ -86,7 +88,7 @@ class AttemptPlanner:
             decision = router.route(view, cluster, now)
         except NoRouteError as exc:
             raise GenerationError(503, "service_unavailable", f"no prefill node: {exc}") from None
-        decode = least_loaded(cluster, self.home, NodeRole.DECODE)
+        decode = self.placement.choose(cluster, self.home, now)
         if decode is None:
             raise GenerationError(503, "service_unavailable", "no decode node in rotation")
         # A bounded label set: the decision's own reason text names lengths.
@@ -96,7 +98,7 @@ class AttemptPlanner:
         ).inc()
         if self.control is not None:
             self.control.observe(n - decision.num_cached_tokens, req.max_tokens)
-        return AttemptPlan(number, f"{req.request_id}.{number}", decision, decode.node_id)
+        return AttemptPlan(number, f"{req.request_id}.{number}", decision, decode)
 
     def commands(
         self, req: GenerationRequest, hashes: tuple[int, ...], plan: AttemptPlan
