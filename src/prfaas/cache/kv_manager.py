@@ -4,6 +4,9 @@ It holds one ``HybridPrefixCache`` per site (site ids in a fixed order) and answ
 question without touching LRU order (``peek``), then commits what the chosen site used
 (``use``) and what a finished prefill leaves behind (``store``). A cross-site cache move is a
 ``store`` at the destination of the moved prefix. Pure.
+
+This is the simulator's manager: a simulated site's ``HybridPrefixCache`` *is* its store. The live
+gateway models no cache; it mirrors what the nodes' stores report (``cache/mirror.py``).
 """
 
 from __future__ import annotations

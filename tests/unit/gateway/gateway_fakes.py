@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from prfaas.cache import GlobalKVManager, HybridPrefixCache, sizing_for
 from prfaas.config import DeploymentConfig
 from prfaas.core import MutableClusterView, SiteId, SiteKind
 from prfaas.policy import make_router
@@ -31,7 +30,6 @@ from prfaas.serve.node.messages import (
     PrefixPullCommand,
     Registration,
 )
-from prfaas.spec import CacheSpec, LayerCache
 
 BLOCK_TOKENS = 16
 THRESHOLD_TOKENS = 64
@@ -190,13 +188,9 @@ def make_dispatcher(nodes: FakeNodes) -> tuple[ClusterDispatcher, NodeRegistry]:
     registry = make_registry()
     register_all(registry)
     home = SiteId("pd")
-    sizing = sizing_for(CacheSpec((LayerCache.gqa(1, 1),)), BLOCK_TOKENS)
-    kv = GlobalKVManager(
-        {SiteId(s.name): HybridPrefixCache(sizing, 1 << 30) for s in DEPLOYMENT.sites}
-    )
     dispatcher = ClusterDispatcher(
         registry, make_router("threshold", home, [SiteId("remote")]),
-        make_router("local_only", home, [SiteId("remote")]), kv, GatewayMetrics(),
+        make_router("local_only", home, [SiteId("remote")]), GatewayMetrics(),
         ModelInfo("paper-1t", 100_000), BLOCK_TOKENS, node_client=nodes, route_log_size=8,
     )  # fmt: skip
     return dispatcher, registry

@@ -24,7 +24,6 @@ import httpx
 from fastapi import FastAPI, HTTPException
 from prometheus_client import Counter, Gauge
 
-from prfaas.cache import GlobalKVManager, HybridPrefixCache, sizing_for
 from prfaas.config import DeploymentConfig
 from prfaas.core import MutableClusterView, NodeId, NodeRole, SiteId
 from prfaas.perf import CostModel, cost_model_for_hardware
@@ -38,7 +37,7 @@ from prfaas.serve.backend import ModelInfo
 from prfaas.serve.gateway.control import ControlLoop
 from prfaas.serve.gateway.dispatcher import ClusterDispatcher
 from prfaas.serve.gateway.registry import NodeRegistry
-from prfaas.serve.node.messages import Heartbeat, Registration
+from prfaas.serve.node.messages import Heartbeat, PrefixAckMsg, Registration
 
 EXPIRY_PERIOD_S = 0.25
 log = logging.getLogger("prfaas.gateway")
@@ -50,25 +49,6 @@ def _cost_models(d: DeploymentConfig) -> tuple[CostModel | None, CostModel | Non
     remote = next((s for s in d.sites if s.kind == "prfaas"), None)
     local = cost_model_for_hardware(d.engine.model, d.home_site.hardware)
     return (cost_model_for_hardware(d.engine.model, remote.hardware) if remote else None), local
-
-
-def _kv_manager(d: DeploymentConfig) -> GlobalKVManager:
-    caches = {}
-    for site in d.sites:
-        if d.engine.kind == "timed":
-            cost = cost_model_for_hardware(d.engine.model, site.hardware)
-            sizing = sizing_for(cost.model.cache, d.engine.block_tokens)
-            capacity = int(cost.hardware.instance_memory_bytes * 0.1)
-        else:
-            from prfaas.spec import CacheSpec, LayerCache
-
-            # Without a preset the manager only needs block structure, not byte-exact sizes.
-            sizing = sizing_for(CacheSpec((LayerCache.gqa(1, 1),)), d.engine.block_tokens)
-            capacity = 1 << 40
-        caches[SiteId(site.name)] = HybridPrefixCache(
-            sizing, capacity, checkpoint_every_blocks=d.engine.checkpoint_every_blocks
-        )
-    return GlobalKVManager(caches)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +76,7 @@ def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo
     metrics = GatewayMetrics()
     psk = d.psk.encode()
     dispatcher = ClusterDispatcher(
-        registry, router, fallback, _kv_manager(d), metrics, model, d.engine.block_tokens,
+        registry, router, fallback, metrics, model, d.engine.block_tokens,
         route_log_size=d.gateway.route_log_size, node_auth=SignedAuth(psk),
     )  # fmt: skip
     g = d.gateway
@@ -203,11 +183,15 @@ def _control_app(
         return {"status": "registered"}
 
     @app.post("/internal/heartbeat")
-    async def heartbeat(beat: Heartbeat) -> dict[str, str]:
+    async def heartbeat(beat: Heartbeat) -> dict[str, object]:
         if not registry.heartbeat(beat, time.monotonic()):
             raise HTTPException(404, f"unknown process {beat.process}: register first")
         security.on_reports(beat)
-        return {"status": "ok"}
+        answer: dict[str, object] = {"status": "ok"}
+        ack = registry.take_prefix_ack(beat.process)
+        if ack is not None:  # what of its prefix report the gateway's mirror applied
+            answer["prefix"] = PrefixAckMsg.of(ack).model_dump()
+        return answer
 
     @app.get("/internal/routes")
     async def routes() -> list[dict[str, object]]:

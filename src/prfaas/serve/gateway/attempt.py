@@ -1,7 +1,9 @@
 """``AttemptPlanner``: deciding one attempt of a request, with no node I/O. It builds the
-``RequestView`` (every site's cached prefix from the KV manager), calls the shared router (or the
-local-only fallback after a lost prefill), picks the decode node, and writes the commands the two
-nodes get. The dispatcher carries the plan out through a ``NodeClient``.
+``RequestView`` (every site's cached prefix from the registry's ``KVMirror``: what the nodes'
+prefix stores reported), calls the shared router (or the local-only fallback after a lost prefill),
+picks the decode node, and writes the commands the two nodes get: the decode node's prefix is what
+its own process's store reported, and only the rest of the KV crosses. The dispatcher carries the
+plan out through a ``NodeClient``.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from prfaas.cache import GlobalKVManager
 from prfaas.core import (
     ClusterView,
     LinkState,
@@ -51,13 +52,12 @@ class AttemptPlanner:
         registry: NodeRegistry,
         router: Router,
         fallback: Router,
-        kv_manager: GlobalKVManager,
         metrics: GatewayMetrics,
     ) -> None:
         self.registry = registry
         self.router = router
         self.fallback = fallback
-        self.kv_manager = kv_manager
+        self.kv = registry.kv
         self.metrics = metrics
         self.home = SiteId(registry.deployment.home_site.name)
         self.placement = DecodePlacement()
@@ -76,9 +76,8 @@ class AttemptPlanner:
         """Route the request now, on other nodes than ``avoid`` (where the request failed before)
         where there are others; ``GenerationError(503)`` when no node can take it."""
         n = len(req.prompt_token_ids)
-        view = RequestView(
-            RequestId(req.request_id), n, self.kv_manager.peek(hashes, n), hashes, req.max_tokens
-        )
+        cached = self.kv.peek(hashes, n, time.monotonic())
+        view = RequestView(RequestId(req.request_id), n, cached, hashes, req.max_tokens)
         now = self.registry.modelled_s(time.monotonic())
         router = self.fallback if use_fallback else self.router
         cluster: ClusterView = self.registry.view
@@ -104,8 +103,14 @@ class AttemptPlanner:
         self, req: GenerationRequest, hashes: tuple[int, ...], plan: AttemptPlan
     ) -> tuple[DecodeCommand, PrefillCommand]:
         """The decode and prefill nodes' commands. Call after any cache move: the decode node's
-        site may already store a prefix, and then only the rest crosses."""
+        store may hold the moved prefix, and then only the rest crosses."""
         n = len(req.prompt_token_ids)
+        # What the decode node's own store holds (its process's reports): it pins that and the
+        # prefill sends the rest. The node answers what it pinned; the dispatcher checks.
+        store = self.registry.process_of(plan.decode_node)
+        receiver_tokens = (
+            0 if store is None else self.kv.cached_tokens(store, hashes, n, time.monotonic())
+        )
         sampling = SamplingMsg(
             max_new_tokens=req.max_tokens,
             temperature=req.temperature,
@@ -122,7 +127,7 @@ class AttemptPlanner:
             request_id=plan.attempt_id,
             num_prompt_tokens=n,
             block_hashes=list(hashes),
-            prefix_tokens=self.kv_manager.peek(hashes, n).get(self.home, 0),
+            prefix_tokens=receiver_tokens,
             # The penalty counts prompt tokens too, and the decode node has only the KV.
             prompt_tokens=pack_tokens(req.prompt_token_ids) if req.repetition_penalty != 1 else "",
             sampling=sampling,
@@ -137,6 +142,7 @@ class AttemptPlanner:
             decode_host=decode_ep.host,
             decode_transfer_port=decode_ep.transfer_port,
             cross_site=plan.decision.prefill_site != self.home,
+            receiver_cached_tokens=receiver_tokens,
             sampling=sampling,
         )
         return decode, prefill

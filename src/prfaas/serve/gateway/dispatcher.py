@@ -5,6 +5,12 @@ compute it and stream it there, relay the decode node's tokens), and the ``Outco
 what the prefill left behind. Node I/O sits behind ``NodeClient``, so all of this runs against
 in-memory nodes in unit tests.
 
+Prefix hits: the commands carry what the registry's ``KVMirror`` says the nodes' stores hold. The
+decode node answers ``ready`` with the prefix it actually pinned; when that differs from what the
+mirror said (its store evicted the prefix since its last report), the difference is counted
+(``prfaas_prefix_mirror_mismatch_total{side="decode"}``) and the prefill is told what was pinned:
+sending from the mirror's figure would hand the decode node KV rows it lacks or already holds.
+
 Failures and rotation: a node that cannot be reached is quarantined by the registry until a
 heartbeat after its quarantine; a node that answers 409 is skipped until its next report; a request
 that failed at a node for its own reasons (an engine error, a refused transfer) is retried once with
@@ -23,8 +29,8 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import httpx
+from prometheus_client import Counter
 
-from prfaas.cache import GlobalKVManager
 from prfaas.core import NodeRole, SiteId
 from prfaas.policy import Router, least_loaded
 from prfaas.serve.api.metrics import GatewayMetrics
@@ -83,7 +89,6 @@ class ClusterDispatcher:
         registry: NodeRegistry,
         router: Router,
         fallback: Router,
-        kv_manager: GlobalKVManager,
         metrics: GatewayMetrics,
         model: ModelInfo,
         block_tokens: int,
@@ -93,15 +98,21 @@ class ClusterDispatcher:
         route_log_size: int = DEFAULT_ROUTE_LOG_SIZE,
     ) -> None:
         self.registry = registry
-        self.kv_manager = kv_manager
+        self.kv = registry.kv
         self.metrics = metrics
+        self.prefix_mismatch = Counter(
+            "prefix_mirror_mismatch",
+            "Requests whose node found another cached prefix than the gateway's mirror of its "
+            "store said (decode: pinned at the decode node; prefill: reused by the prefill node)",
+            ["side"], namespace="prfaas", registry=metrics.registry,
+        )  # fmt: skip
         self._model = model
         self.block_tokens = block_tokens
         self.home = SiteId(registry.deployment.home_site.name)
         self.nodes: NodeClient = node_client or HttpNodeClient(node_auth)
-        self.planner = AttemptPlanner(registry, router, fallback, kv_manager, metrics)
+        self.planner = AttemptPlanner(registry, router, fallback, metrics)
         self.book = OutcomeBook(
-            kv_manager, metrics, self.home, registry.byte_divisor, route_log_size
+            registry.kv, metrics, self.home, registry.byte_divisor, route_log_size
         )
 
     @property
@@ -227,7 +238,12 @@ class ClusterDispatcher:
         if not await self.nodes.pull_prefix(dst, cmd):
             self.metrics.retries.labels(reason="cache_move_failed").inc()
             return 0
-        self.kv_manager.store(move.dst_site, hashes[:num_blocks], move.num_tokens)
+        # The destination stored it before answering; its reports will say so (and whether it
+        # stays), till then the planner must see it (the commands come next).
+        store = self.registry.process_of(plan.decision.prefill_node)
+        if store is not None and num_blocks:
+            stored = [(hashes[num_blocks - 1], num_blocks * self.block_tokens)]
+            self.kv.expect_stored(store, stored, time.monotonic())
         return move.num_tokens
 
     async def _exchange(
@@ -246,9 +262,18 @@ class ClusterDispatcher:
                 ready = await anext(events)
                 if ready.kind != "ready":
                     raise AttemptFailed("decode", "rejected", plan.decode_node, ready.error)
-                prefill_cmd = prefill_cmd.model_copy(
-                    update={"receiver_cached_tokens": ready.prefix_tokens}
-                )
+                if ready.prefix_tokens != prefill_cmd.receiver_cached_tokens:
+                    # The mirror was stale (an eviction since the store's last report): the KV
+                    # that crosses must start where the decode node's pinned prefix ends.
+                    self.prefix_mismatch.labels(side="decode").inc()
+                    log.info(
+                        "request %s: decode node %s pinned %d prefix tokens, its store's mirror "
+                        "said %d", req.request_id, plan.decode_node, ready.prefix_tokens,
+                        prefill_cmd.receiver_cached_tokens,
+                    )  # fmt: skip
+                    prefill_cmd = prefill_cmd.model_copy(
+                        update={"receiver_cached_tokens": ready.prefix_tokens}
+                    )
                 prefill = asyncio.create_task(self.nodes.prefill(pre_ep, prefill_cmd))
                 relay = _Relay(self, req, hashes, plan, prefill, moved)
                 try:
@@ -351,7 +376,14 @@ class _Relay:
             raise AttemptFailed("prefill", "rejected", node, f"node {node}: {outcome.error}")
         self.num_cached_tokens = outcome.num_cached_tokens
         self.d.registry.record_success(node)
+        decision = self.plan.decision
+        move = decision.cache_move
+        move_failed = move is not None and move.num_tokens > 0 and self.moved == 0
+        if outcome.num_cached_tokens != decision.num_cached_tokens and not move_failed:
+            # A failed cache move is counted as such; anything else is a stale mirror.
+            self.d.prefix_mismatch.labels(side="prefill").inc()
         self.d.book.prefill_done(
-            self.req.request_id, self.req.prompt_token_ids, self.hashes, self.plan.decision,
+            self.req.request_id, self.req.prompt_token_ids, self.hashes, decision,
             self.plan.decode_node, outcome, self.plan.number, self.moved,
+            store_id=self.d.registry.process_of(node), now_s=time.monotonic(),
         )  # fmt: skip

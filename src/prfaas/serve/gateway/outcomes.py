@@ -1,7 +1,12 @@
-"""``OutcomeBook``: what the gateway learns when a prefill finishes, in one place: the KV
-manager's model of each site's prefix cache (use + store), the prefix hit-rate and cross-site byte
-metrics, and the bounded route log (``RouteRecord`` per request, newest last) that ``/internal/
-routes``, ``prfaas status`` and the demo's live-vs-sim comparison read. No I/O.
+"""``OutcomeBook``: what the gateway learns when a prefill finishes, in one place: what the
+prefill left in its process's prefix store (a pending entry in the ``KVMirror``, until that
+store's reports cover it), the prefix hit-rate and cross-site byte metrics, and the bounded route
+log (``RouteRecord`` per request, newest last) that ``/internal/routes``, ``prfaas status`` and the
+demo's live-vs-sim comparison read. No I/O.
+
+The gateway models no store: the pending entry is exactly what the node said it stored (the
+outcome's ``stored_prefixes``), kept only because the next heartbeat may be an interval away and
+a follow-up request sent before it would otherwise miss the prefix.
 """
 
 from __future__ import annotations
@@ -9,7 +14,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from prfaas.cache import GlobalKVManager
+from prfaas.cache.mirror import KVMirror
 from prfaas.core import SiteId
 from prfaas.policy.decisions import RouteDecision
 from prfaas.serve.api.metrics import GatewayMetrics
@@ -39,13 +44,13 @@ class RouteRecord:
 class OutcomeBook:
     def __init__(
         self,
-        kv_manager: GlobalKVManager,
+        kv: KVMirror,
         metrics: GatewayMetrics,
         home: SiteId,
         byte_divisor: int,
         route_log_size: int,
     ) -> None:
-        self.kv_manager = kv_manager
+        self.kv = kv
         self.metrics = metrics
         self.home = home
         self.byte_divisor = byte_divisor
@@ -64,13 +69,17 @@ class OutcomeBook:
         outcome: PrefillOutcome,
         attempt: int,
         moved_tokens: int,
+        store_id: str | None = None,
+        now_s: float = 0.0,
     ) -> None:
-        """A prefill succeeded: the site now holds the prompt's prefix, and the request's route is
-        logged."""
+        """A prefill succeeded: its process's store (``store_id``) holds what the outcome says it
+        stored, and the request's route is logged."""
         n = len(prompt_token_ids)
         site = decision.prefill_site
-        self.kv_manager.use(SiteId(site), hashes, n)
-        self.kv_manager.store(SiteId(site), hashes, n)
+        if store_id is not None and outcome.stored_prefixes:
+            self.kv.expect_stored(
+                store_id, outcome.stored_prefixes, now_s, outcome.store_epoch, outcome.store_seq
+            )
         self.metrics.observe_prefix_lookup(site, n, outcome.num_cached_tokens)
         looked, hit = self._prefix_counts.get(site, (0, 0))
         looked, hit = looked + n, hit + outcome.num_cached_tokens

@@ -9,12 +9,18 @@ objects and thresholds apply to both drivers.
 
 Whether a node takes new work is its ``Rotation`` (``rotation.py``: the reasons and the way back
 from each); the view's ``healthy`` and ``draining`` flags are derived from it on every change.
+
+The prefix cache the router sees is ``kv``, a ``cache.KVMirror`` of every process's prefix store
+(one store per worker process): a registration starts its mirror afresh, each heartbeat's prefix
+report is applied to it (the acknowledgement goes back in the heartbeat's answer), a silent
+process's mirror is dropped with its nodes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from prfaas.cache.mirror import KVMirror, ReportAck
 from prfaas.config import DeploymentConfig, LinkConfig
 from prfaas.core import LinkState, MutableClusterView, NodeId, NodeLoad, NodeRole, SiteId, SiteKind
 from prfaas.core.congestion import CongestionRule
@@ -61,6 +67,12 @@ class NodeRegistry:
         """Per node: KV handshakes its process's receiver refused (from its reports)."""
         self.processes: dict[str, _Process] = {}
         self._site_kind = {s.name: s.kind for s in deployment.sites}
+        # A pending entry (a prefill's store, before the reports cover it) outlives no process.
+        self.kv = KVMirror(
+            [SiteId(s.name) for s in deployment.sites], deployment.gateway.heartbeat_timeout_s
+        )
+        """What every process's prefix store holds, as its heartbeats report it."""
+        self._acks: dict[str, ReportAck] = {}
         home = deployment.home_site.name
         self._meters = {
             s.name: _LinkMeter(_home_link(deployment, s.name).gbps * 1e9 / 8)
@@ -87,7 +99,10 @@ class NodeRegistry:
                 proc.nodes = [n for n in proc.nodes if n not in names]
                 if not proc.nodes:
                     del self.processes[proc.name]
+                    self.kv.forget(proc.name)
         self.processes[reg.process] = _Process(reg.process, names, now_wall_s)
+        if reg.nodes:  # one site per process; its store is mirrored from its next snapshot
+            self.kv.track(reg.process, SiteId(reg.nodes[0].site))
         for ep in reg.nodes:
             self.endpoints[ep.node] = ep
             self._update(NodeReport(node=ep.node, site=ep.site, role=ep.role), now_wall_s)
@@ -105,7 +120,20 @@ class NodeRegistry:
                 )
                 self._update(report, now_wall_s)
         self._update_links(beat.reports, now_wall_s)
+        if beat.prefix is not None:
+            ack = self.kv.apply(beat.process, beat.prefix.to_report(), now_wall_s)
+            if ack is not None:
+                self._acks[beat.process] = ack
         return True
+
+    def take_prefix_ack(self, process: str) -> ReportAck | None:
+        """The acknowledgement of the process's last prefix report, for the heartbeat's answer
+        (once: a heartbeat without a report gets none)."""
+        return self._acks.pop(process, None)
+
+    def process_of(self, node: str) -> str | None:
+        """The worker process hosting the node (its prefix store's id in ``kv``)."""
+        return next((p.name for p in self.processes.values() if node in p.nodes), None)
 
     def expire(self, now_wall_s: float) -> list[str]:
         """Take nodes whose process stopped heartbeating out of rotation; returns their names."""
@@ -117,6 +145,8 @@ class NodeRegistry:
                 gone.extend(proc.nodes)
         for proc in [p for p in self.processes.values() if not p.alive]:
             del self.processes[proc.name]
+            self.kv.forget(proc.name)
+            self._acks.pop(proc.name, None)
         for name in gone:
             self._rotation[name].on_silent()
             self._refresh(name)

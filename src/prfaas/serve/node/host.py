@@ -29,8 +29,10 @@ from prfaas.serve.node.messages import (
     Heartbeat,
     NodeEndpoint,
     NodeReport,
+    PrefixAckMsg,
     PrefixPullCommand,
     PrefixPushCommand,
+    PrefixReportMsg,
     Registration,
 )
 from prfaas.serve.node.prefix_move import PendingMoves, is_move, new_move_id
@@ -355,6 +357,26 @@ class WorkerHost:
             ],
         )
 
+    def heartbeat(self) -> Heartbeat:
+        """Every node's load report and the prefix store's next unacknowledged changes."""
+        report = self.prefix_store.report()
+        return Heartbeat(
+            process=self.process_name,
+            reports=self.reports(),
+            prefix=PrefixReportMsg.of(report) if report is not None else None,
+        )
+
+    def _on_heartbeat_answer(self, r: httpx.Response) -> None:
+        """The gateway's acknowledgement of our prefix report (what it applied; a snapshot if it
+        saw a gap). An answer without one changes nothing: the changes are sent again."""
+        try:
+            body = r.json()
+            ack = body.get("prefix") if isinstance(body, dict) else None
+            if ack is not None:
+                self.prefix_store.acknowledge(PrefixAckMsg.model_validate(ack).to_ack())
+        except ValueError as exc:  # not JSON, or not an acknowledgement
+            log.debug("heartbeat answer without a usable prefix acknowledgement: %s", exc)
+
     async def _control_plane(self) -> None:
         """Register (retrying until the gateway answers), then heartbeat; re-register when the
         gateway forgot us (it answers 404 to a heartbeat from an unknown process). A refusal of
@@ -368,11 +390,16 @@ class WorkerHost:
                     if not registered:
                         body = self.registration().model_dump()
                         r = await client.post(f"{self.control_url}/internal/register", json=body)
+                        if r.status_code == 200:
+                            # A registration starts the gateway's mirror of our store afresh.
+                            self.prefix_store.snapshot()
                     else:
-                        beat = Heartbeat(process=self.process_name, reports=self.reports())
                         r = await client.post(
-                            f"{self.control_url}/internal/heartbeat", json=beat.model_dump()
+                            f"{self.control_url}/internal/heartbeat",
+                            json=self.heartbeat().model_dump(),
                         )
+                        if r.status_code == 200:
+                            self._on_heartbeat_answer(r)
                     registered = r.status_code == 200
                     why = "" if r.status_code in (200, 404) else f"{r.status_code} {r.text[:200]}"
                     if why and why != refused:

@@ -3,7 +3,8 @@
 Gateway -> node: ``PrefillCommand`` (prefill these tokens, stream the KV to that decode node),
 ``DecodeCommand`` (expect this request's KV, then stream its tokens back as NDJSON
 ``DecodeEvent`` lines), aborts and role changes. Node -> gateway: ``Registration`` once, then a
-``Heartbeat`` with every node's ``NodeReport`` every ``heartbeat_interval_s``.
+``Heartbeat`` with every node's ``NodeReport`` every ``heartbeat_interval_s``, and the process's
+prefix-store changes (``PrefixReportMsg``, answered by a ``PrefixAckMsg``: ``cache/mirror.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,14 @@ from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
+
+from prfaas.cache.mirror import (
+    MAX_CHANGES_PER_REPORT,
+    ChangeKind,
+    ReportAck,
+    StoreChange,
+    StoreReport,
+)
 
 
 class _Msg(BaseModel):
@@ -71,6 +80,12 @@ class PrefillOutcome(_Msg):
     kv_bytes_sent: int = 0
     prefill_s: float = 0.0
     error: str = ""
+    stored_prefixes: list[tuple[int, int]] = []
+    """(last block hash, tokens) of the prefixes this prefill left in its process's store: the
+    gateway counts on them until the store's reports reach ``store_seq``."""
+    store_epoch: int = 0
+    store_seq: int = 0
+    """The store's journal position right after that insert (``cache.StoreJournal``)."""
 
 
 class DecodeCommand(_Msg):
@@ -106,7 +121,6 @@ class NodeReport(_Msg):
     batch_size: int = 0
     kv_used_bytes: int = 0
     kv_capacity_bytes: int = 0
-    cached_blocks: int = 0
     draining: bool = False
     egress_bytes: int = 0
     """KV bytes this node has sent across sites so far (prefill nodes)."""
@@ -139,9 +153,61 @@ class Registration(_Msg):
     nodes: list[NodeEndpoint]
 
 
+class PrefixChangeMsg(_Msg):
+    kind: Literal["reset", "stored", "evicted"]
+    block_hash: int = Field(0, ge=0)
+    """The prefix's last block hash (chained: it names the whole prefix)."""
+    num_tokens: int = Field(0, ge=0)
+    """``stored``: the tokens the prefix covers."""
+
+
+class PrefixReportMsg(_Msg):
+    """A process's prefix-store changes the gateway has not acknowledged, oldest first."""
+
+    epoch: int = Field(ge=0)
+    first_seq: int = Field(ge=1)
+    changes: list[PrefixChangeMsg] = Field(max_length=MAX_CHANGES_PER_REPORT)
+    backlog: int = Field(0, ge=0)
+
+    @classmethod
+    def of(cls, report: StoreReport) -> PrefixReportMsg:
+        return cls(
+            epoch=report.epoch,
+            first_seq=report.first_seq,
+            changes=[
+                PrefixChangeMsg(kind=c.kind.value, block_hash=c.block_hash, num_tokens=c.num_tokens)
+                for c in report.changes
+            ],
+            backlog=report.backlog,
+        )
+
+    def to_report(self) -> StoreReport:
+        changes = tuple(
+            StoreChange(ChangeKind(c.kind), c.block_hash, c.num_tokens) for c in self.changes
+        )
+        return StoreReport(self.epoch, self.first_seq, changes, self.backlog)
+
+
+class PrefixAckMsg(_Msg):
+    """The gateway's answer to a ``PrefixReportMsg`` (in the heartbeat's response body)."""
+
+    epoch: int
+    applied_seq: int
+    snapshot: bool = False
+
+    @classmethod
+    def of(cls, ack: ReportAck) -> PrefixAckMsg:
+        return cls(epoch=ack.epoch, applied_seq=ack.applied_seq, snapshot=ack.snapshot)
+
+    def to_ack(self) -> ReportAck:
+        return ReportAck(self.epoch, self.applied_seq, self.snapshot)
+
+
 class Heartbeat(_Msg):
     process: str
     reports: list[NodeReport]
+    prefix: PrefixReportMsg | None = None
+    """The process's prefix-store changes since the last acknowledged report (None: none)."""
 
 
 class LinkRateCommand(_Msg):

@@ -125,7 +125,6 @@ class Node:
             batch_size=self.engine.num_running,
             kv_used_bytes=budget.used_bytes,
             kv_capacity_bytes=budget.budget_bytes,
-            cached_blocks=len(self.prefix_store) if self.prefix_store is not None else 0,
             draining=self.draining,
             egress_bytes=self.egress_bytes,
             egress_backlog_bytes=self._inflight_kv_bytes,
@@ -218,9 +217,10 @@ class Node:
             await session.finish(result.first_token)
         if cmd.cross_site:
             self.egress_bytes += sent
-        if self.prefix_store is not None and result.checkpoints:
+        stored: list[tuple[int, int]] = []
+        if store is not None and result.checkpoints:
             try:  # an optimisation: the request itself succeeded, whatever happens here
-                self.prefix_store.insert(cmd.block_hashes, result.checkpoints)
+                stored = store.insert(cmd.block_hashes, result.checkpoints)
             except Exception:
                 log.warning("node %s: storing %s's prefix failed", self.name, rid, exc_info=True)
         return PrefillOutcome(
@@ -230,6 +230,10 @@ class Node:
             num_cached_tokens=k,
             kv_bytes_sent=sent,
             prefill_s=time.monotonic() - t0,
+            # What the gateway may count on before this process's next heartbeat says so.
+            stored_prefixes=stored,
+            store_epoch=store.epoch if store is not None else 0,
+            store_seq=store.seq if store is not None else 0,
         )
 
     # -- decode ----------------------------------------------------------------------------------
