@@ -161,6 +161,7 @@ def sim_scenario(d: DeploymentConfig) -> SimScenario:
         decode_kv_fraction=sim.decode_kv_fraction,
         tune=sim.tune,
         rebalance=d.policy.rebalance,
+        tune_min_samples=d.policy.tune_min_samples,
         role_switch_s=sim.role_switch_s,
         control_interval_s=d.policy.control_interval_s,
         sample_interval_s=sim.sample_interval_s,

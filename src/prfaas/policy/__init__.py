@@ -7,6 +7,7 @@ I/O, and no import of ``prfaas.sim`` or ``prfaas.serve``.
 
 from prfaas.policy.batching import DecodeAdmission, PrefillBatcher
 from prfaas.policy.capacity import CapacityPoint, SampleCapacity
+from prfaas.policy.control import ControlAction, ControlPolicy, SetThreshold, control_policy
 from prfaas.policy.decisions import (
     AdmitDecision,
     CacheMove,
@@ -38,6 +39,8 @@ __all__ = [
     "BandwidthRules",
     "CacheMove",
     "CapacityPoint",
+    "ControlAction",
+    "ControlPolicy",
     "DecodeAdmission",
     "DecodePlacement",
     "IndexedClusterView",
@@ -53,10 +56,12 @@ __all__ = [
     "RouteDecision",
     "Router",
     "SampleCapacity",
+    "SetThreshold",
     "ThresholdRouter",
     "ThresholdTuner",
     "ThresholdUpdate",
     "TuningConfig",
+    "control_policy",
     "least_loaded",
     "make_router",
 ]

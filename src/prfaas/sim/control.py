@@ -1,6 +1,7 @@
-"""``ControlLoop``: the simulator's control and observation. Role conversion (a rebalancer's
-plan drains nodes, which come back in the other role after ``role_switch_s``), the periodic
-control tick (threshold re-search, rebalancing) and time-series samples.
+"""``ControlLoop``: the simulator's control and observation. Role conversion (a role change
+drains a node, which comes back in the other role after ``role_switch_s``), the periodic control
+tick (each home site's ``policy.ControlPolicy``: threshold re-search, rebalancing, returned as
+actions this loop carries out) and time-series samples.
 
 A collaborator the ``Simulator`` owns: it handles CONVERT, CONTROL and SAMPLE, and its
 ``drained`` is what the prefill and decode stages call when a draining node empties. Pure.
@@ -9,7 +10,7 @@ A collaborator the ``Simulator`` owns: it handles CONVERT, CONTROL and SAMPLE, a
 from __future__ import annotations
 
 from prfaas.core.topology import SiteKind
-from prfaas.policy import DecodeAdmission
+from prfaas.policy import DecodeAdmission, RoleChange
 from prfaas.sim.events import Convert, EventKind, Timer
 from prfaas.sim.homes import HomeSite
 from prfaas.sim.nodes import DecodeNode, PrefillNode, SimNode
@@ -22,7 +23,7 @@ class ControlLoop:
         self._homes = homes
         self._last_bytes = {k: 0.0 for k in world.links}
         """Bytes each link had delivered at the previous sample."""
-        if any(h.tuner is not None or h.rebalancer is not None for h in homes.values()):
+        if any(h.control.active for h in homes.values()):
             world.q.timer(world.sc.control_interval_s, EventKind.CONTROL)
         if world.sc.timeseries:
             world.q.timer(0.0, EventKind.SAMPLE)
@@ -63,32 +64,21 @@ class ControlLoop:
 
     # -- the control tick -------------------------------------------------------------------------
     def on_control(self, _: Timer) -> None:
+        """Each home site's ``ControlPolicy.tick`` (the gateway's too), its actions carried out:
+        a role change drains the node (it converts once empty), a threshold is set."""
         w = self._world
         now = w.now
         m = w.metrics
         for h, home in self._homes.items():
-            view = home.view
-            reb = home.rebalancer
-            if reb is not None:
-                plan = reb.plan(view, now, home.window)
-                if plan is not None:
-                    for change in plan.changes:
-                        self.drain(w.node_by_id[change.node_id])
-                    view.set_threshold_tokens(plan.threshold_tokens)
-                    m.threshold_updates.append(
-                        {"t_s": round(now, 6), "site": w.site_ids[h],
-                         "threshold_tokens": plan.threshold_tokens, "reason": plan.reason}
-                    )  # fmt: skip
+            for action in home.control.tick(home.view, now):
+                if isinstance(action, RoleChange):
+                    self.drain(w.node_by_id[action.node_id])
                     continue
-            tuner = home.tuner
-            if tuner is not None:
-                upd = tuner.maybe_retune(view, now, home.window)
-                if upd is not None:
-                    view.set_threshold_tokens(upd.threshold_tokens)
-                    m.threshold_updates.append(
-                        {"t_s": round(now, 6), "site": w.site_ids[h],
-                         "threshold_tokens": upd.threshold_tokens, "reason": upd.reason}
-                    )  # fmt: skip
+                home.view.set_threshold_tokens(action.threshold_tokens)
+                m.threshold_updates.append(
+                    {"t_s": round(now, 6), "site": w.site_ids[h],
+                     "threshold_tokens": action.threshold_tokens, "reason": action.reason}
+                )  # fmt: skip
         sc = w.sc
         if now < sc.duration_s + sc.drain_s and not w.idle_for_good():
             w.q.timer(now + sc.control_interval_s, EventKind.CONTROL)

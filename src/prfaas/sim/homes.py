@@ -1,6 +1,8 @@
-"""``HomeSite``: the policy objects of one PD (home) site in a run: its router, the view they
-read (with that site's threshold ``t``), its window of recent lengths, and its threshold tuner
-and rebalancer when the scenario turns them on; ``build_homes`` makes them for a ``World``. Pure.
+"""``HomeSite``: the policy objects of one PD (home) site in a run: its router, its decode
+placement, the view they read (with that site's threshold ``t``), and its ``ControlPolicy``
+(threshold tuner and rebalancer when the scenario turns them on, with the window of recent
+lengths they read); ``build_homes`` makes them for a ``World``, as the live gateway makes its own
+(``policy.control_policy``, ``policy.make_router``). Pure.
 """
 
 from __future__ import annotations
@@ -8,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from prfaas.core.topology import SiteKind
-from prfaas.policy import LengthWindow, Rebalancer, ThresholdTuner, make_router
+from prfaas.policy import DecodePlacement, TuningConfig, make_router
+from prfaas.policy.control import ControlPolicy, control_policy
 from prfaas.policy.router import Router
 from prfaas.sim.view import SimClusterView
 from prfaas.sim.world import World
@@ -19,14 +22,12 @@ class HomeSite:
     site: int
     """The site's number in the ``World``."""
     router: Router
+    placement: DecodePlacement
     view: SimClusterView
     """What this site's policies read; it holds the site's threshold ``t``."""
-    window: LengthWindow
-    """Uncached prompt and output lengths of the site's recent requests (for Eqs. 3-8)."""
-    tuner: ThresholdTuner | None
-    """Re-searches ``t`` (on for the ``prfaas`` policy unless the scenario says otherwise)."""
-    rebalancer: Rebalancer | None
-    """Plans P<->D role changes (``rebalance`` on)."""
+    control: ControlPolicy
+    """Re-searches ``t`` (on for the ``prfaas`` policy unless the scenario says otherwise) and
+    plans P<->D role changes (``rebalance`` on); owns the window of recent lengths."""
 
 
 def build_homes(world: World) -> dict[int, HomeSite]:
@@ -45,9 +46,11 @@ def build_homes(world: World) -> dict[int, HomeSite]:
         homes[h] = HomeSite(
             site=h,
             router=make_router(sc.policy, ids[h], reach, None, remote_cm, local),
+            placement=DecodePlacement(),
             view=SimClusterView(world, sc.threshold_tokens),
-            window=LengthWindow(),
-            tuner=ThresholdTuner(ids[h], reach, remote_cm, local) if tune and reach else None,
-            rebalancer=Rebalancer(ids[h], reach, remote_cm, local) if sc.rebalance else None,
-        )
+            control=control_policy(
+                ids[h], reach, remote_cm, local, tune=tune, rebalance=sc.rebalance,
+                config=TuningConfig(min_samples=sc.tune_min_samples),
+            ),
+        )  # fmt: skip
     return homes

@@ -96,6 +96,8 @@ class SimScenario:
     tune: bool | None = None
     """Re-search ``t`` online (default: on for the prfaas policy)."""
     rebalance: bool = False
+    tune_min_samples: int = 100
+    """Requests observed before ``t`` is re-searched or nodes rebalanced (the gateway's too)."""
     role_switch_s: float = 10.0
     """Time to reload a drained node in its new role."""
     control_interval_s: float = 1.0

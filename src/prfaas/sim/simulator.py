@@ -25,7 +25,7 @@ from typing import Any
 
 from prfaas.core.ids import NodeId, RequestId
 from prfaas.core.views import RequestView
-from prfaas.policy import DecodePlacement, NoRouteError, PrefillBatcher
+from prfaas.policy import NoRouteError, PrefillBatcher
 from prfaas.sim.control import ControlLoop
 from prfaas.sim.decode import DecodeStage
 from prfaas.sim.events import (
@@ -69,7 +69,6 @@ class Simulator:
         self.control = ControlLoop(w, self.homes)
         self.decode = DecodeStage(w, self.control.drained)
         self.batcher = PrefillBatcher(scenario.prefill_token_budget)
-        self.placement = DecodePlacement()
         # The world's containers are never replaced: held directly (fewer lookups per event).
         self._q = w.q
         self._kv_bytes = w.kv_bytes
@@ -221,7 +220,7 @@ class Simulator:
         node = w.node_by_id[d.prefill_node]
         assert isinstance(node, PrefillNode), d.prefill_node  # routers pick prefill pools
         # The decode node, now (as the live gateway does): reserved until the KV arrives.
-        placed = self.placement.choose(home.view, w.site_ids[req.home], w.now)
+        placed = home.placement.choose(home.view, w.site_ids[req.home], w.now)
         if placed is None:  # the live gateway answers 503: the request fails
             m.num_failed += 1
             return
@@ -247,7 +246,7 @@ class Simulator:
                 nbytes = w.kv_bytes.total(move.num_tokens)
                 kvb = w.kv_bytes
                 link.add(w.now, nbytes, 0.0, CacheMove(req, node, dst), kvb.num_layers)
-                home.window.observe(req.num_prompt - req.num_cached, req.num_output, w.now)
+                home.control.observe(req.num_prompt - req.num_cached, req.num_output, w.now)
                 return
         # What the prefill site really reuses (refreshes its LRU, counts its hit rate); no cache
         # changed since the peek, so its figure for that site holds.
@@ -255,7 +254,7 @@ class Simulator:
         req.num_cached = min(
             d.num_cached_tokens, w.kv.use(d.prefill_site, hashes, req.num_prompt, peeked)
         )
-        home.window.observe(req.num_prompt - req.num_cached, req.num_output, w.now)
+        home.control.observe(req.num_prompt - req.num_cached, req.num_output, w.now)
         self._assign(req, node, site)
 
     def _assign(self, req: SimRequest, node: PrefillNode, site: int) -> None:

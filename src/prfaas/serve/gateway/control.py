@@ -1,9 +1,12 @@
-"""``ControlLoop``: the gateway's periodic decisions, the same policy objects the simulator runs.
+"""``ControlLoop``: the gateway's periodic decisions, the same policy object the simulator runs.
 
-Every ``control_interval_s`` (modelled seconds) it expires silent nodes, lets ``ThresholdTuner``
-re-search ``t`` when the link or the node counts changed (or periodically), and, when enabled, lets
-``Rebalancer`` convert PD nodes between prefill and decode (Eq. 8 far off): the node drains, then
-switches (``POST /nodes/{node}/role``). Decisions are logged and exported as metrics.
+Every ``control_interval_s`` (modelled seconds) it expires silent nodes and asks
+``policy.ControlPolicy.tick`` (built by ``policy.control_policy``, as the simulator builds its
+own) what to do: ``ThresholdTuner`` re-searches ``t`` when the link or the node counts changed (or
+periodically) and, when enabled, ``Rebalancer`` converts PD nodes between prefill and decode
+(Eq. 8 far off). This loop carries the actions out: a role change asks the node to drain, then
+switch (``POST /nodes/{node}/role``); a threshold goes into the registry's view. Decisions are
+logged and exported as metrics.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import httpx
 
 from prfaas.core import NodeId, NodeRole, SiteId
 from prfaas.perf import CostModel
-from prfaas.policy import LengthWindow, Rebalancer, ThresholdTuner, TuningConfig
+from prfaas.policy import ControlPolicy, RoleChange, TuningConfig, control_policy
+from prfaas.policy.window import LengthWindow
 from prfaas.serve.gateway.registry import NodeRegistry
 
 log = logging.getLogger("prfaas.gateway")
@@ -42,23 +46,20 @@ class ControlLoop:
         d = registry.deployment
         self.home = SiteId(d.home_site.name)
         remote_sites = [SiteId(s.name) for s in d.sites if s.kind == "prfaas"]
-        self.window = LengthWindow()
         self.num_ticks = 0
         self.log = ControlLog()
-        self.tuner = (
-            ThresholdTuner(self.home, remote_sites, remote, local, tuning)
-            if tune and local is not None and remote_sites
-            else None
+        self.policy: ControlPolicy = control_policy(
+            self.home, remote_sites, remote, local, tune=tune, rebalance=rebalance, config=tuning
         )
-        self.rebalancer = (
-            Rebalancer(self.home, remote_sites, remote, local, tuning)
-            if rebalance and local is not None
-            else None
-        )
+
+    @property
+    def window(self) -> LengthWindow:
+        """The policy's window of recent lengths (``/internal/control`` reports its size)."""
+        return self.policy.window
 
     def observe(self, num_uncached_tokens: int, num_output_tokens: int) -> None:
         now = self.registry.modelled_s(time.monotonic())
-        self.window.observe(num_uncached_tokens, num_output_tokens, now)
+        self.policy.observe(num_uncached_tokens, num_output_tokens, now)
 
     async def tick(self, client: httpx.AsyncClient) -> None:
         self.num_ticks += 1
@@ -66,18 +67,11 @@ class ControlLoop:
         now_wall = time.monotonic()
         reg.expire(now_wall)
         now = reg.modelled_s(now_wall)
-        view = reg.view
-        if self.rebalancer is not None:
-            plan = self.rebalancer.plan(view, now, self.window)
-            if plan is not None:
-                for change in plan.changes:
-                    await self._switch(client, change.node_id, change.dst_role)
-                self._set_threshold(plan.threshold_tokens, now, plan.reason)
-                return
-        if self.tuner is not None:
-            update = self.tuner.maybe_retune(view, now, self.window)
-            if update is not None:
-                self._set_threshold(update.threshold_tokens, now, update.reason)
+        for action in self.policy.tick(reg.view, now):
+            if isinstance(action, RoleChange):
+                await self._switch(client, action.node_id, action.dst_role)
+            else:
+                self._set_threshold(action.threshold_tokens, now, action.reason)
 
     def _set_threshold(self, threshold_tokens: int, now: float, reason: str) -> None:
         self.registry.view.set_threshold_tokens(threshold_tokens)
