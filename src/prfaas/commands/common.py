@@ -7,16 +7,34 @@ from pathlib import Path
 
 from prfaas.errors import UsageError
 from prfaas.perf.cost_model import CostModel, cost_model_for
+from prfaas.spec import ModelSpec
 
 
-def cost_model_or_usage_error(model: str, hardware: str) -> CostModel:
+def model_arg(value: str | None, flag: str = "--model") -> ModelSpec | str | None:
+    """``--model``: a preset name as it is, or, for a folder or a ``.json`` file, the
+    ``ModelSpec`` derived from that Hugging Face config (torch and transformers load then)."""
+    if value is None or not (Path(value).is_dir() or value.endswith(".json")):
+        return value
+    from prfaas.engine.errors import EngineError
+
+    try:
+        from prfaas.engine.torch.model_spec import model_spec_from_hf
+    except ImportError as exc:  # the engine extra is not installed
+        raise UsageError(f"{flag} {value}: reading a model config needs torch ({exc})") from None
+    try:
+        return model_spec_from_hf(value)
+    except EngineError as exc:
+        raise UsageError(f"{flag} {value}: {exc}") from None
+
+
+def cost_model_or_usage_error(model: ModelSpec | str, hardware: str) -> CostModel:
     try:
         return cost_model_for(model, hardware)
     except KeyError as exc:
         raise UsageError(exc.args[0]) from None
 
 
-def profile_cost_model(path: Path, model: str | None) -> CostModel:
+def profile_cost_model(path: Path, model: ModelSpec | str | None) -> CostModel:
     """The cost model of a profile file, its errors as ``UsageError`` (one line, exit 2)."""
     from prfaas.perf.profile_costs import cost_model_from_profile_file
     from prfaas.perf.profile_file import ProfileFileError

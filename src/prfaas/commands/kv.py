@@ -26,7 +26,12 @@ def register(subparsers: Any) -> None:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )  # fmt: skip
-    p.add_argument("--model", default=None, help="model preset [paper-1t, or the profile's model]")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model preset, or a Hugging Face config.json / model folder (its cache spec and "
+        "parameter count; timings from the roofline) [paper-1t, or the profile's model]",
+    )
     p.add_argument("--hardware", default="h200", help="hardware preset")
     p.add_argument(
         "--profile", type=Path, default=None, metavar="FILE",
@@ -43,12 +48,13 @@ def kv_rows(
     model: str | None, hardware: str, lengths: list[int], profile: Path | None = None
 ) -> list[dict[str, Any]]:
     from prfaas.analytic import phi_kv_gbps
-    from prfaas.commands.common import cost_model_or_usage_error, profile_cost_model
+    from prfaas.commands.common import cost_model_or_usage_error, model_arg, profile_cost_model
 
+    spec = model_arg(model)
     if profile is not None:
-        cost = profile_cost_model(profile, model)
+        cost = profile_cost_model(profile, spec)
     else:
-        cost = cost_model_or_usage_error(model or "paper-1t", hardware)
+        cost = cost_model_or_usage_error(spec or "paper-1t", hardware)
     limit = cost.model.max_context_tokens
     rows = []
     for length in lengths:

@@ -41,7 +41,9 @@ def register(subparsers: Any) -> None:
         "link, workload lengths and prices; flags override it",
     )  # fmt: skip
     a = p.add_argument
-    a("--model", default=None, help="model preset (see `prfaas kv --help`) [paper: paper-1t]")
+    a("--model", default=None, help="model preset (see `prfaas kv --help`), or a Hugging Face "
+      "config.json / model folder (timings from the roofline unless a profile is given) "
+      "[paper: paper-1t]")  # fmt: skip
     a("--prfaas-hardware", default=None, help="hardware of the PrfaaS cluster [paper: h200]")
     a("--local-hardware", default=None, help="hardware of the local PD cluster [paper: h20]")
     a(
@@ -112,8 +114,9 @@ def _profiles_from_file(args: argparse.Namespace) -> None:
 
 def _scenario(args: argparse.Namespace) -> Any:
     from prfaas.analytic import EmpiricalLengths, Scenario, TruncatedLogNormal
-    from prfaas.commands.common import read_trace_lengths
+    from prfaas.commands.common import model_arg, read_trace_lengths
 
+    args.model = model_arg(args.model)  # a preset name, or the ModelSpec of a config
     _profiles_from_file(args)
     apply_profiles(args)  # before the fallbacks: a profile names its model and hardware
     base = _base(args)
@@ -155,9 +158,11 @@ def _scenario(args: argparse.Namespace) -> Any:
             raise UsageError(str(exc)) from None
     limit = min(remote.model.max_context_tokens, local.model.max_context_tokens)
     if lengths.max_tokens > limit:
-        raise UsageError(f"prompts of {lengths.max_tokens} tokens exceed {args.model}'s {limit}")
+        raise UsageError(
+            f"prompts of {lengths.max_tokens} tokens exceed {remote.model.name}'s {limit}"
+        )
     return Scenario(
-        model=args.model,
+        model=remote.model.name,
         prfaas_hardware=args.prfaas_hardware,
         local_hardware=args.local_hardware,
         n_prfaas=args.n_prfaas,
