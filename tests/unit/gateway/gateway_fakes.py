@@ -64,6 +64,10 @@ class Script:
     """"unreachable" | "refuse" | "reject" | "fail" (ok=False outcome) | "hang"."""
     num_tokens: int = 3
     cached_tokens: int = 0
+    pinned_tokens: int | None = None
+    """Decode: the prefix the node pins (None: what the command says its store holds)."""
+    stored_prefixes: list[tuple[int, int]] = field(default_factory=list)
+    """Prefill: what the outcome says the node's store kept."""
 
 
 @dataclass
@@ -77,6 +81,8 @@ class FakeNodes:
     aborted: list[str] = field(default_factory=list)
     calls: list[tuple[str, str, str]] = field(default_factory=list)
     """(node, "decode" | "prefill", attempt id), in call order."""
+    prefill_commands: list[PrefillCommand] = field(default_factory=list)
+    decode_commands: list[DecodeCommand] = field(default_factory=list)
 
     def script(self, node: str) -> Script:
         return self.scripts.setdefault(node, Script())
@@ -92,6 +98,7 @@ class FakeNodes:
         self, ep: NodeEndpoint, cmd: DecodeCommand
     ) -> AsyncIterator[AsyncIterator[DecodeEvent]]:
         self.calls.append((ep.node, "decode", cmd.request_id))
+        self.decode_commands.append(cmd)
         s = self.script(ep.node)
         if s.decode == "unreachable":
             raise NodeCallFailed(ep.node, "unreachable", "connection refused")
@@ -107,7 +114,8 @@ class FakeNodes:
             self.open_streams.discard(cmd.request_id)
 
     async def _events(self, node: str, cmd: DecodeCommand, s: Script) -> AsyncIterator[DecodeEvent]:
-        yield DecodeEvent(kind="ready")
+        pinned = cmd.prefix_tokens if s.pinned_tokens is None else s.pinned_tokens
+        yield DecodeEvent(kind="ready", prefix_tokens=pinned)
         await self._event(cmd.request_id).wait()
         if s.decode == "error":
             yield DecodeEvent(kind="error", error="engine failed for this request")
@@ -125,6 +133,7 @@ class FakeNodes:
 
     async def prefill(self, ep: NodeEndpoint, cmd: PrefillCommand) -> PrefillOutcome:
         self.calls.append((ep.node, "prefill", cmd.request_id))
+        self.prefill_commands.append(cmd)
         s = self.script(ep.node)
         if s.prefill == "unreachable":
             raise NodeCallFailed(ep.node, "unreachable", "connection refused")
@@ -142,6 +151,7 @@ class FakeNodes:
             return PrefillOutcome(
                 request_id=cmd.request_id, ok=True, first_token=0,
                 num_cached_tokens=s.cached_tokens, kv_bytes_sent=100,
+                stored_prefixes=s.stored_prefixes, store_epoch=1, store_seq=1,
             )  # fmt: skip
         finally:
             self.running_prefills.discard(cmd.request_id)

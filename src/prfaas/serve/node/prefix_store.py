@@ -71,6 +71,15 @@ class PrefixStore:
                 return hit
         return None
 
+    def cached_tokens(self, block_hashes: Sequence[int], num_prompt_tokens: int) -> int:
+        """What ``lookup`` would find for this prompt, with no LRU refresh or statistics."""
+        limit = (num_prompt_tokens - 1) // self.block_tokens
+        for k in range(min(limit, len(block_hashes)), 0, -1):
+            hit = self._entries.get(block_hashes[k - 1])
+            if hit is not None and hit.num_tokens == k * self.block_tokens:
+                return hit.num_tokens
+        return 0
+
     def insert(
         self, block_hashes: Sequence[int], checkpoints: Sequence[CachedPrefix]
     ) -> list[tuple[int, int]]:
