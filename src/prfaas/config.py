@@ -2,7 +2,8 @@
 
 A deployment is a gateway, sites (a PD site and PrfaaS sites) with their nodes, the links between
 sites, the engine every node runs (``timed``: the cost model's time on an emulated instance;
-``torch``: a real model folder), the scales that let a laptop emulate a datacenter (time by ``s``,
+``torch``: a real model folder; ``vllm``: a vLLM OpenAI server per node process, started and
+supervised by a prfaas sidecar), the scales that let a laptop emulate a datacenter (time by ``s``,
 bytes by ``b``: an R Gbps link is paced at R*b/s) and the inter-site key. ``prfaas up FILE`` runs
 one on this machine; ``prfaas serve --role ... --config FILE --node NAME`` runs one node of it.
 """
@@ -24,7 +25,13 @@ from pydantic import (
     model_validator,
 )
 
-from prfaas.deployment_sections import Prices, SimulationConfig, WorkloadConfig
+from prfaas.deployment_sections import (
+    Prices,
+    SimulationConfig,
+    VllmOverride,
+    VllmSettings,
+    WorkloadConfig,
+)
 from prfaas.errors import UsageError
 from prfaas.perf.profile_file import is_profile_file
 
@@ -45,7 +52,7 @@ class EngineOverride(_Strict):
     at another, or another model folder per host). What fixes units and hashing (``model``,
     ``time_scale``, ``byte_divisor``, ``block_tokens``) stays deployment-wide."""
 
-    kind: Literal["timed", "torch"] | None = None
+    kind: Literal["timed", "torch", "vllm"] | None = None
     model_path: str | None = None
     dtype: Literal["float32", "bfloat16"] | None = None
     token_chunk: int | None = Field(None, ge=1)
@@ -54,6 +61,8 @@ class EngineOverride(_Strict):
     kv_budget_mib: int | None = Field(None, ge=1)
     prefix_store_mib: int | None = Field(None, ge=0)
     prefill_chunk_tokens: int | None = Field(None, ge=16)
+    vllm: VllmOverride | None = None
+    """vLLM sites: the fields named here replace the top-level ``engine.vllm`` ones."""
 
 
 class SiteConfig(_Strict):
@@ -127,9 +136,9 @@ class LinkConfig(_Strict):
 
 
 class EngineConfig(_Strict):
-    kind: Literal["timed", "torch"] = "timed"
+    kind: Literal["timed", "torch", "vllm"] = "timed"
     model: str = Field("paper-1t", description="model preset (timed) or served model name")
-    model_path: str | None = Field(None, description="local Hugging Face folder (torch)")
+    model_path: str | None = Field(None, description="local Hugging Face folder (torch, vllm)")
     time_scale: float = Field(0.1, gt=0, description="wall seconds per modelled second")
     byte_divisor: int = Field(1000, ge=1, description="payloads are 1/byte_divisor of real size")
     token_chunk: int = Field(16, ge=1, description="tokens per decode delivery (timed)")
@@ -146,6 +155,9 @@ class EngineConfig(_Strict):
     prefix_store_mib: int = Field(256, ge=0, description="torch: prefix checkpoints per process")
     prefill_chunk_tokens: int = Field(
         512, ge=16, description="torch: longest prefill pass while streams decode"
+    )
+    vllm: VllmSettings = Field(
+        default_factory=VllmSettings, description="vllm: how each node process's server starts"
     )
 
     @field_validator("model")
@@ -164,8 +176,8 @@ class EngineConfig(_Strict):
 
     @model_validator(mode="after")
     def _torch_needs_a_folder(self) -> EngineConfig:
-        if self.kind == "torch" and not self.model_path:
-            raise ValueError("engine kind 'torch' needs model_path")
+        if self.kind in ("torch", "vllm") and not self.model_path:
+            raise ValueError(f"engine kind {self.kind!r} needs model_path")
         return self
 
 
@@ -318,8 +330,8 @@ class DeploymentConfig(_Strict):
                 raise ValueError(f"PrfaaS site {site.name} has no link to {targets}")
         for site in self.sites:
             engine = self.engine_for(site.name)  # the merged settings must be valid too
-            if engine.kind == "torch" and not engine.model_path:
-                raise ValueError(f"site {site.name}: engine kind 'torch' needs model_path")
+            if engine.kind in ("torch", "vllm") and not engine.model_path:
+                raise ValueError(f"site {site.name}: engine kind {engine.kind!r} needs model_path")
         return self
 
     @property
@@ -332,7 +344,11 @@ class DeploymentConfig(_Strict):
         site = next(s for s in self.sites if s.name == site_name)
         if site.engine is None:
             return self.engine
-        changes = {k: v for k, v in site.engine.model_dump().items() if v is not None}
+        changes: dict[str, object] = {
+            k: v for k, v in site.engine.model_dump().items() if v is not None and k != "vllm"
+        }
+        if site.engine.vllm is not None:  # field by field: a site may change cpu_bind alone
+            changes["vllm"] = site.engine.vllm.over(self.engine.vllm)
         return self.engine.model_copy(update=changes)
 
     def require_one_pd_site(self) -> None:

@@ -1,15 +1,19 @@
 """The deployment file's sections that describe what runs *against* a deployment rather than the
 deployment itself: ``workload:`` (arrivals, prompt lengths, a trace), ``simulation:`` (what only the
 simulator models) and ``prices:`` (money per instance-hour). ``prfaas sim`` and ``prfaas plan``
-read them; ``prfaas up`` ignores them, so one file serves all three. pydantic models, no I/O
-(``config.py`` reads the file).
+read them; ``prfaas up`` ignores them, so one file serves all three. Also ``engine.vllm`` (how a
+vLLM site's server is started: ``VllmSettings``, a site's ``VllmOverride``). pydantic models, no
+I/O (``config.py`` reads the file) beyond checking that a named python is executable.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 
 class _Strict(BaseModel):
@@ -75,3 +79,89 @@ class SimulationConfig(_Strict):
 
 Prices = dict[str, float]
 """USD per instance-hour, by a site's ``hardware`` (preset name or profile file)."""
+
+
+CPU_BIND_PATTERN = r"^(auto|\d+(-\d+)?(,\d+(-\d+)?)*)$"
+"""``VLLM_CPU_OMP_THREADS_BIND`` of one server: ``auto`` or core ids ("0", "1", "0-3", "0,2")."""
+
+
+class VllmSettings(_Strict):
+    """``engine.vllm``: how a vLLM site's sidecar starts its vLLM OpenAI server (one per node
+    process). Validated where the file is read; the sidecar builds the command line from it."""
+
+    python: str | None = Field(
+        None,
+        description="the vLLM venv's python (None: .venv-vllm/bin/python beside the project if it "
+        "exists, else python3 on PATH); must exist and be executable",
+    )
+    max_model_len: int | None = Field(
+        None, ge=16, description="--max-model-len (None: the model's max_position_embeddings)"
+    )
+    kv_cache_space_gib: int = Field(
+        1, ge=1, description="VLLM_CPU_KVCACHE_SPACE: KV cache of a CPU server, GiB"
+    )
+    cpu_bind: str = Field(
+        "auto", pattern=CPU_BIND_PATTERN, description="VLLM_CPU_OMP_THREADS_BIND (CPU servers)"
+    )
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="--gpu-memory-utilization (CUDA hosts; None: vLLM's)"
+    )
+    startup_timeout_s: float = Field(
+        180.0, gt=0, description="longest wait for a (re)started server's /health"
+    )
+    extra_args: list[str] = Field(
+        [], description="more vLLM command-line arguments, appended as given"
+    )
+
+    @field_validator("python")
+    @classmethod
+    def _python_is_executable(cls, python: str | None, info: ValidationInfo) -> str | None:
+        return _executable(python, info)
+
+
+class VllmOverride(_Strict):
+    """A site's ``engine.vllm``: only the fields it names replace the top-level ones (every
+    field None here means "not set", so a resolved file read back merges the same way)."""
+
+    python: str | None = None
+    max_model_len: int | None = Field(None, ge=16)
+    kv_cache_space_gib: int | None = Field(None, ge=1)
+    cpu_bind: str | None = Field(None, pattern=CPU_BIND_PATTERN)
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    startup_timeout_s: float | None = Field(None, gt=0)
+    extra_args: list[str] | None = None
+
+    @field_validator("python")
+    @classmethod
+    def _python_is_executable(cls, python: str | None, info: ValidationInfo) -> str | None:
+        return _executable(python, info)
+
+    def over(self, base: VllmSettings) -> VllmSettings:
+        """``base`` with the fields this override sets."""
+        changes = {k: v for k, v in self.model_dump().items() if v is not None}
+        return VllmSettings.model_validate({**base.model_dump(), **changes})
+
+
+def _executable(python: str | None, info: ValidationInfo) -> str | None:
+    """An absolute path to an executable file (relative: to the deployment file's folder)."""
+    if python is None:
+        return None
+    base = (info.context or {}).get("base_dir")
+    path = Path(python).expanduser()
+    if not path.is_absolute() and base is not None:
+        path = Path(base) / path
+    if not path.is_file():
+        raise ValueError(f"{str(path)!r} does not exist")
+    if not os.access(path, os.X_OK):
+        raise ValueError(f"{str(path)!r} is not executable")
+    return str(path.absolute())
+
+
+def default_vllm_python() -> str:
+    """``.venv-vllm/bin/python`` beside the project (an editable install's checkout) if it exists,
+    else ``python3`` from PATH (as a path when found, so the error names what was tried)."""
+    project = Path(__file__).resolve().parents[2]
+    venv = project / ".venv-vllm" / "bin" / "python"
+    if venv.is_file() and os.access(venv, os.X_OK):
+        return str(venv)
+    return shutil.which("python3") or "python3"

@@ -20,6 +20,15 @@ log = logging.getLogger("prfaas.serve")
 
 
 def gateway_tokenizer_and_model(d: DeploymentConfig) -> tuple[Any, ModelInfo]:
+    home = d.engine_for(d.home_site.name)
+    if home.kind == "vllm":  # token ids go to vLLM: the model folder's own tokenizer
+        from prfaas.serve.vllm.server import model_max_len
+
+        tokenizer, model = _hf_tokenizer_and_model(home.model_path, d.engine.model)
+        limit = model_max_len(home)
+        if limit is not None:  # vLLM refuses longer prompts: the gateway must first (a 400)
+            model = ModelInfo(model.name, min(model.max_context_tokens, limit))
+        return tokenizer, model
     if d.engine.kind == "timed":
         from prfaas.perf import cost_model_for_hardware
         from prfaas.serve.api import ByteTokenizer
@@ -28,13 +37,17 @@ def gateway_tokenizer_and_model(d: DeploymentConfig) -> tuple[Any, ModelInfo]:
             d.engine.model, d.home_site.hardware
         ).model.max_context_tokens
         return ByteTokenizer(), ModelInfo(d.engine.model, limit)
+    return _hf_tokenizer_and_model(d.engine.model_path, d.engine.model)
+
+
+def _hf_tokenizer_and_model(model_path: str | None, name: str) -> tuple[Any, ModelInfo]:
     from transformers import AutoConfig, AutoTokenizer
 
-    assert d.engine.model_path is not None
-    tok = AutoTokenizer.from_pretrained(d.engine.model_path)
-    cfg = AutoConfig.from_pretrained(d.engine.model_path)
+    assert model_path is not None
+    tok = AutoTokenizer.from_pretrained(model_path)
+    cfg = AutoConfig.from_pretrained(model_path)
     limit = int(getattr(cfg, "max_position_embeddings", 4096))
-    return _HFTokenizer(tok), ModelInfo(d.engine.model, limit)
+    return _HFTokenizer(tok), ModelInfo(name, limit)
 
 
 class _HFTokenizer:
@@ -70,11 +83,21 @@ def run_gateway(d: DeploymentConfig) -> None:
 
 
 def run_worker(d: DeploymentConfig, node_names: list[str], host: str = "127.0.0.1") -> None:
+    """A node process: prfaas engines (``WorkerHost``), or, at a vLLM site, the sidecar of one
+    vLLM server (``VllmHost``); both speak the same node API."""
     from prfaas.serve.node.app import create_node_app
-    from prfaas.serve.node.host import WorkerHost
+    from prfaas.serve.node.hosting import NodeHost
 
     async def main() -> None:
-        worker = WorkerHost(d, node_names, d.control_url, host=host)
+        worker: NodeHost
+        if d.engine_for(d.site_of(node_names[0]).name).kind == "vllm":
+            from prfaas.serve.vllm.host import VllmHost
+
+            worker = VllmHost(d, node_names, d.control_url, host=host)
+        else:
+            from prfaas.serve.node.host import WorkerHost
+
+            worker = WorkerHost(d, node_names, d.control_url, host=host)
         port = max(d.node(n).port for n in node_names)
         sock = bind(host, port)
         await worker.start(sock.getsockname()[1])

@@ -128,8 +128,10 @@ class AttemptPlanner:
             num_prompt_tokens=n,
             block_hashes=list(hashes),
             prefix_tokens=receiver_tokens,
-            # The penalty counts prompt tokens too, and the decode node has only the KV.
-            prompt_tokens=pack_tokens(req.prompt_token_ids) if req.repetition_penalty != 1 else "",
+            # The penalty counts prompt tokens too, and the decode node has only the KV; a vLLM
+            # decode node sends the prompt to its server (which installs or recomputes its KV).
+            prompt_tokens=pack_tokens(req.prompt_token_ids),
+            prefill_node=plan.decision.prefill_node,
             sampling=sampling,
             timeout_s=self.registry.deployment.gateway.request_timeout_s,
         )

@@ -24,7 +24,7 @@ from fastapi.responses import StreamingResponse
 from prfaas.core import NodeRole
 from prfaas.serve import internal_errors
 from prfaas.serve.auth import SignatureMiddleware, Verifier
-from prfaas.serve.node.host import WorkerHost
+from prfaas.serve.node.hosting import NodeHost, ServedNode
 from prfaas.serve.node.messages import (
     DecodeCommand,
     LinkRateCommand,
@@ -34,13 +34,12 @@ from prfaas.serve.node.messages import (
     PrefixPushCommand,
     RoleCommand,
 )
-from prfaas.serve.node.worker import Node
 from prfaas.transfer import TransferError
 
 DRAIN_POLL_S = 0.05
 
 
-def create_node_app(host: WorkerHost) -> FastAPI:
+def create_node_app(host: NodeHost) -> FastAPI:
     running: dict[str, asyncio.Task[PrefillOutcome]] = {}
 
     client = httpx.AsyncClient(timeout=30.0, auth=host.auth, trust_env=False)
@@ -62,7 +61,7 @@ def create_node_app(host: WorkerHost) -> FastAPI:
     internal_errors.install(app)
     app.add_middleware(SignatureMiddleware, verifier=verifier, exempt=("/health",))
 
-    def node_or_404(name: str) -> Node:
+    def node_or_404(name: str) -> ServedNode:
         node = host.nodes.get(name)
         if node is None:
             raise HTTPException(404, f"no node {name!r} in this process")
@@ -73,11 +72,7 @@ def create_node_app(host: WorkerHost) -> FastAPI:
         node = node_or_404(name)
         if node.role is not NodeRole.PREFILL or node.draining:
             raise HTTPException(409, f"node {name} is not accepting prefills")
-        try:
-            link = await host.link_to(cmd.decode_host, cmd.decode_transfer_port, cmd.cross_site)
-        except (TransferError, OSError) as exc:
-            return PrefillOutcome(request_id=cmd.request_id, ok=False, error=f"connect: {exc}")
-        task = asyncio.create_task(node.prefill(cmd, link))
+        task = asyncio.create_task(host.prefill(name, cmd))
         running[cmd.request_id] = task
         try:
             outcome = await task
@@ -87,8 +82,6 @@ def create_node_app(host: WorkerHost) -> FastAPI:
             raise
         finally:
             running.pop(cmd.request_id, None)
-        if not outcome.ok and "Connect" in outcome.error:
-            await host.drop_link(cmd.decode_host, cmd.decode_transfer_port, cmd.cross_site)
         return outcome
 
     @app.post("/nodes/{name}/abort/{request_id}")
@@ -163,6 +156,7 @@ def create_node_app(host: WorkerHost) -> FastAPI:
             "process": host.process_name,
             "nodes": [r.model_dump() for r in host.reports()],
             "auth_refused": verifier.num_refused,
+            **host.health_details(),
         }
 
     app.state.host = host

@@ -29,6 +29,8 @@ from prfaas.serve.node.messages import (
     Heartbeat,
     NodeEndpoint,
     NodeReport,
+    PrefillCommand,
+    PrefillOutcome,
     PrefixAckMsg,
     PrefixPullCommand,
     PrefixPushCommand,
@@ -47,6 +49,7 @@ from prfaas.transfer import (
     Refused,
     SessionAborted,
     TransferConfig,
+    TransferError,
 )
 from prfaas.transfer import Link as TransferLink
 from prfaas.transfer.frames import MAX_NAME_BYTES
@@ -256,6 +259,18 @@ class WorkerHost:
             with contextlib.suppress(Exception):
                 await link.aclose()
 
+    async def prefill(self, name: str, cmd: PrefillCommand) -> PrefillOutcome:
+        """Node ``name`` prefills ``cmd`` into a session on the pooled link to the decode node's
+        receiver (connected first if needed; a link that failed to connect is dropped)."""
+        try:
+            link = await self.link_to(cmd.decode_host, cmd.decode_transfer_port, cmd.cross_site)
+        except (TransferError, OSError) as exc:
+            return PrefillOutcome(request_id=cmd.request_id, ok=False, error=f"connect: {exc}")
+        outcome = await self.nodes[name].prefill(cmd, link)
+        if not outcome.ok and "Connect" in outcome.error:
+            await self.drop_link(cmd.decode_host, cmd.decode_transfer_port, cmd.cross_site)
+        return outcome
+
     # -- prefix moves -----------------------------------------------------------------------------
     def _any_engine(self) -> Any:
         return next(iter(self.nodes.values())).engine
@@ -340,6 +355,9 @@ class WorkerHost:
         for node in self.nodes.values():  # joins each engine's thread; pending work fails
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(node.close)
+
+    def health_details(self) -> dict[str, object]:
+        return {}
 
     def registration(self) -> Registration:
         return Registration(

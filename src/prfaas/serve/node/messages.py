@@ -97,8 +97,12 @@ class DecodeCommand(_Msg):
     sampling: SamplingMsg
     timeout_s: float = Field(60.0, gt=0, description="longest wait for the KV to arrive")
     prompt_tokens: str = ""
-    """The prompt's token ids, ``pack_tokens``-encoded, for ``sampling.repetition_penalty`` != 1
-    (HF semantics count the prompt); "" (the default): the penalty sees the output only."""
+    """The prompt's token ids, ``pack_tokens``-encoded (the gateway always sends them): for
+    ``sampling.repetition_penalty`` != 1 (HF semantics count the prompt) and for a vLLM decode
+    node, whose server gets the prompt itself; "": the penalty sees the output only."""
+    prefill_node: str = ""
+    """The node prefilling this request: a vLLM decode node sharing its server with it decodes
+    with a plain request (co-located, the server prefills itself)."""
 
 
 class DecodeEvent(_Msg):

@@ -1,0 +1,107 @@
+"""``AgentClient``: the sidecar's side of the connector's agent socket (a unix stream socket the
+connector's worker side serves inside the vLLM Worker process; one JSON object per line each way).
+``wait_sent`` tells whether a prefill's KV reached its decode node verified, ``abort`` drops a
+transfer, ``stats`` gives the transfer counters and link figures for the node reports.
+
+One connection per call: ``wait_sent`` may wait as long as a transfer takes while heartbeats ask
+for ``stats``, and a unix connect costs microseconds. Must not import vllm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+SendState = Literal["verified", "failed", "unknown", "timeout"]
+CALL_MARGIN_S = 5.0
+"""On top of a ``wait_sent``'s own timeout: the agent answers "timeout" itself first."""
+SHORT_CALL_S = 5.0
+MAX_LINE_BYTES = 1 << 20
+
+
+class AgentError(Exception):
+    """The agent could not be asked (no socket yet, refused, closed, a bad answer)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    state: SendState
+    kv_bytes: int = 0
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentStats:
+    egress_bytes: int = 0
+    egress_backlog_bytes: int = 0
+    link_rtt_s: float = 0.0
+    link_retransmit_rate: float = 0.0
+    handshake_failures: int = 0
+    staged_bytes: int = 0
+    sessions_sent: int = 0
+    sessions_received: int = 0
+    loads_ok: int = 0
+    loads_failed: int = 0
+
+
+class AgentClient:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    async def call(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        try:
+            async with asyncio.timeout(timeout_s):
+                reader, writer = await asyncio.open_unix_connection(self.path, limit=MAX_LINE_BYTES)
+                try:
+                    writer.write(json.dumps(request).encode() + b"\n")
+                    await writer.drain()
+                    line = await reader.readline()
+                finally:
+                    writer.close()
+        except TimeoutError:
+            raise AgentError(f"agent {self.path}: no answer to {request['op']} in time") from None
+        except (OSError, ValueError) as exc:
+            raise AgentError(f"agent {self.path}: {exc}") from None
+        if not line:
+            raise AgentError(f"agent {self.path} closed the connection")
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            raise AgentError(f"agent {self.path}: not JSON: {line[:100]!r}") from None
+        if not isinstance(answer, dict):
+            raise AgentError(f"agent {self.path}: expected an object, got {answer!r:.100}")
+        return answer
+
+    async def wait_sent(self, transfer_id: str, timeout_s: float) -> SendResult:
+        a = await self.call(
+            {"op": "wait_sent", "transfer_id": transfer_id, "timeout_s": timeout_s},
+            timeout_s + CALL_MARGIN_S,
+        )
+        state = a.get("state")
+        if state not in ("verified", "failed", "unknown", "timeout"):
+            raise AgentError(f"agent: wait_sent answered state {state!r}")
+        return SendResult(state, int(a.get("kv_bytes") or 0), str(a.get("error") or ""))
+
+    async def abort(self, transfer_id: str) -> bool:
+        a = await self.call({"op": "abort", "transfer_id": transfer_id}, SHORT_CALL_S)
+        return bool(a.get("aborted"))
+
+    async def stats(self) -> AgentStats:
+        a = await self.call({"op": "stats"}, SHORT_CALL_S)
+        try:
+            return AgentStats(
+                egress_bytes=int(a.get("egress_bytes", 0)),
+                egress_backlog_bytes=int(a.get("egress_backlog_bytes", 0)),
+                link_rtt_s=float(a.get("link_rtt_s", 0.0)),
+                link_retransmit_rate=float(a.get("link_retransmit_rate", 0.0)),
+                handshake_failures=int(a.get("handshake_failures", 0)),
+                staged_bytes=int(a.get("staged_bytes", 0)),
+                sessions_sent=int(a.get("sessions_sent", 0)),
+                sessions_received=int(a.get("sessions_received", 0)),
+                loads_ok=int(a.get("loads_ok", 0)),
+                loads_failed=int(a.get("loads_failed", 0)),
+            )
+        except (TypeError, ValueError) as exc:
+            raise AgentError(f"agent: bad stats {a!r:.200}: {exc}") from None

@@ -1,0 +1,344 @@
+"""``VllmHost``: a vLLM site's node process (the sidecar), the counterpart of
+``serve.node.host.WorkerHost``. It starts and supervises one vLLM server for all of its nodes
+(``server.VllmServer``), registers the nodes with the gateway at once (with the fault "vLLM
+server starting" until the server's ``/health`` answers: the gateway keeps them out of rotation
+meanwhile), heartbeats their reports (vLLM's ``/metrics`` and the connector agent's stats), and
+stops the server when the process stops.
+
+It has no KV receiver or sender of its own: the registered transfer port is the one the
+connector's receiver binds inside the vLLM Worker process. Prefix moves between sites are not
+offered (vLLM keeps its prefix cache to itself): a pull answers that it failed, a push that the
+prefix is not here, and the gateway computes the prefix instead. Must not import vllm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import shutil
+import socket
+import tempfile
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from prfaas.config import DeploymentConfig, SiteConfig
+from prfaas.core import NodeRole
+from prfaas.serve.auth import SignedAuth
+from prfaas.serve.node.host import default_process_name
+from prfaas.serve.node.messages import (
+    Heartbeat,
+    NodeEndpoint,
+    NodeReport,
+    PrefillCommand,
+    PrefillOutcome,
+    PrefixPullCommand,
+    PrefixPushCommand,
+    Registration,
+)
+from prfaas.serve.vllm.agent import AgentClient, AgentError, AgentStats
+from prfaas.serve.vllm.metrics import (
+    VllmLoad,
+    kv_bytes_per_token,
+    kv_capacity_bytes,
+    vllm_load,
+)
+from prfaas.serve.vllm.node import VllmEndpoint, VllmNode
+from prfaas.serve.vllm.server import (
+    ConnectorSettings,
+    ServerSpec,
+    VllmServer,
+    owner_tag,
+    server_spec,
+)
+
+log = logging.getLogger("prfaas.vllm")
+NUM_CONNECTIONS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    """The server's figures at the last poll."""
+
+    load: VllmLoad = field(default_factory=VllmLoad)
+    stats: AgentStats = field(default_factory=AgentStats)
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class VllmHost:
+    def __init__(
+        self,
+        deployment: DeploymentConfig,
+        node_names: Sequence[str],
+        control_url: str,
+        host: str = "127.0.0.1",
+        process_name: str = "",
+    ) -> None:
+        if not node_names:
+            raise ValueError("a node process hosts at least one node")
+        sites = {deployment.site_of(n).name for n in node_names}
+        if len(sites) != 1:
+            raise ValueError(f"one node process hosts nodes of one site, got {sorted(sites)}")
+        self._deployment = deployment
+        self._site = deployment.site_of(node_names[0])
+        self.engine = deployment.engine_for(self._site.name)
+        if self.engine.kind != "vllm":
+            raise ValueError(f"site {self._site.name} does not run vLLM")
+        self.host = host
+        self._control_url = control_url.rstrip("/")
+        self._process_name = process_name or default_process_name(node_names)
+        self._auth = SignedAuth(deployment.psk.encode())
+        link = deployment.link_to_home(self._site.name)
+        self._link_capacity_bytes_per_s = 0.0 if link is None else link.gbps * 1e9 / 8
+        # The connector paces cross-site sends from its start: the rate cannot be changed later.
+        self._pace_gbps: float | None = None
+        if link is not None and not deployment.netns:
+            self._pace_gbps = link.gbps / self.engine.byte_divisor  # as torch nodes are paced
+        self.http_port = 0
+        self.transfer_port = 0
+        self._client = httpx.AsyncClient(trust_env=False, timeout=30.0)
+        self._agent_dir = Path(tempfile.mkdtemp(prefix="prfaas-vllm-"))  # mode 0700
+        self.agent = AgentClient(str(self._agent_dir / "agent.sock"))
+        self.server: VllmServer | None = None
+        self._endpoint = VllmEndpoint("", self.engine.model, self._client, self._fault)
+        self._nodes: dict[str, VllmNode] = {}
+        for name in node_names:
+            self._nodes[name] = VllmNode(
+                name,
+                self._site.name,
+                NodeRole(deployment.node(name).role),
+                self._endpoint,
+                self.agent,
+                shares_server=self._nodes.__contains__,
+                spawn=self.spawn,
+                transfer_timeout_s=deployment.gateway.request_timeout_s,
+                fixed_role=self._site.kind == "prfaas",
+            )
+        self._bytes_per_token = _bytes_per_token(self.engine.model_path, self.engine.dtype)
+        self._snapshot = _Snapshot()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- what the node app reads -----------------------------------------------------------------
+    @property
+    def deployment(self) -> DeploymentConfig:
+        return self._deployment
+
+    @property
+    def site(self) -> SiteConfig:
+        return self._site
+
+    @property
+    def process_name(self) -> str:
+        return self._process_name
+
+    @property
+    def control_url(self) -> str:
+        return self._control_url
+
+    @property
+    def auth(self) -> SignedAuth:
+        return self._auth
+
+    @property
+    def nodes(self) -> dict[str, VllmNode]:
+        return self._nodes
+
+    @property
+    def link_gbps(self) -> float | None:
+        return None  # /link/rate is refused: the connector's pacing is fixed when vLLM starts
+
+    def set_link_gbps(self, gbps: float) -> None:
+        raise RuntimeError("a vLLM site's link rate is fixed when its server starts")
+
+    def _fault(self) -> str:
+        return "vLLM server starting" if self.server is None else self.server.fault
+
+    async def prefill(self, name: str, cmd: PrefillCommand) -> PrefillOutcome:
+        return await self._nodes[name].prefill(cmd)
+
+    async def pull_prefix(self, cmd: PrefixPullCommand, client: httpx.AsyncClient) -> int:
+        raise RuntimeError("vLLM nodes keep their prefix cache inside vLLM: no prefix moves")
+
+    async def push_prefix(self, cmd: PrefixPushCommand) -> int:
+        raise LookupError("vLLM nodes keep their prefix cache inside vLLM: no prefix moves")
+
+    def health_details(self) -> dict[str, object]:
+        s = self.server
+        return {
+            "vllm": {
+                "state": "starting" if s is None else s.state.value,
+                "pid": None if s is None else s.pid,
+                "starts": 0 if s is None else s.num_starts,
+                "fault": self._fault(),
+            }
+        }
+
+    # -- reports ---------------------------------------------------------------------------------
+    def reports(self) -> list[NodeReport]:
+        fault = self._fault()
+        load, stats = self._snapshot.load, self._snapshot.stats
+        capacity = kv_capacity_bytes(
+            load, self._bytes_per_token, self.engine.vllm.kv_cache_space_gib
+        )
+        out = []
+        prefill_nodes = [n for n in self._nodes.values() if n.role is NodeRole.PREFILL]
+        for node in self._nodes.values():
+            # One server for all nodes: each reports its load. The backlog is the server's, so
+            # only one prefill node carries it (the gateway sums a site's backlogs).
+            carries_backlog = bool(prefill_nodes) and node is prefill_nodes[0]
+            out.append(
+                NodeReport(
+                    node=node.name,
+                    site=node.site,
+                    role=node.role.value,
+                    queue_depth=load.num_waiting,
+                    queued_tokens=node.queued_tokens,
+                    batch_size=load.num_running,
+                    kv_used_bytes=int(load.kv_cache_usage * capacity),
+                    kv_capacity_bytes=capacity,
+                    draining=node.draining,
+                    egress_bytes=node.egress_bytes,
+                    egress_backlog_bytes=stats.egress_backlog_bytes if carries_backlog else 0,
+                    link_capacity_bytes_per_s=self._link_capacity_bytes_per_s,
+                    link_rtt_s=stats.link_rtt_s,
+                    link_retransmit_rate=stats.link_retransmit_rate,
+                    fault=fault,
+                    handshake_failures=stats.handshake_failures,
+                )
+            )
+        return out
+
+    async def _poll(self) -> None:
+        """Refresh the server's figures once per heartbeat (while it serves)."""
+        interval = self._deployment.heartbeat_interval_s
+        while True:
+            server = self.server
+            if server is not None and server.ready.is_set():
+                load, stats = self._snapshot.load, self._snapshot.stats
+                try:
+                    r = await self._client.get(f"{server.spec.base_url}/metrics", timeout=2.0)
+                    if r.status_code == 200:
+                        load = vllm_load(r.text)
+                except httpx.HTTPError as exc:
+                    log.debug("vLLM /metrics: %s", exc)
+                try:
+                    stats = await self.agent.stats()
+                except AgentError as exc:
+                    log.debug("agent stats: %s", exc)
+                self._snapshot = _Snapshot(load, stats)
+            else:
+                self._snapshot = _Snapshot(stats=self._snapshot.stats)
+            await asyncio.sleep(interval)
+
+    # -- life cycle ------------------------------------------------------------------------------
+    def spec(self) -> ServerSpec:
+        """The server's command line, once the ports are known."""
+        settings = ConnectorSettings(
+            listen_host=self.host,
+            listen_port=self.transfer_port,
+            agent_socket=self.agent.path,
+            kv_budget_mib=self.engine.kv_budget_mib,
+            pace_gbps=self._pace_gbps,
+            num_connections=NUM_CONNECTIONS,
+        )
+        return server_spec(
+            self.engine,
+            settings,
+            host="127.0.0.1",
+            port=free_port("127.0.0.1"),
+            psk=self._deployment.psk,
+            owner=owner_tag(self._process_name, self._deployment.psk),
+        )
+
+    async def start(self, http_port: int) -> None:
+        logging.getLogger("prfaas.vllm").setLevel(logging.INFO)
+        self.http_port = http_port
+        wanted = max(self._deployment.node(n).transfer_port for n in self._nodes)
+        self.transfer_port = wanted or free_port(self.host)
+        self.server = VllmServer(self.spec())
+        self._endpoint.base_url = self.server.spec.base_url
+        self.spawn(self.server.run())
+        self.spawn(self._poll())
+        self.spawn(self._control_plane())
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.append(task)
+        task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        if task in self._tasks:
+            self._tasks.remove(task)
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
+        if self.server is not None:  # run()'s finally stopped it; make sure
+            await self.server.stop()
+        await self._client.aclose()
+        shutil.rmtree(self._agent_dir, ignore_errors=True)
+
+    def registration(self) -> Registration:
+        return Registration(
+            process=self._process_name,
+            nodes=[
+                NodeEndpoint(
+                    node=n.name,
+                    site=n.site,
+                    role=n.role.value,
+                    host=self.host,
+                    http_port=self.http_port,
+                    transfer_port=self.transfer_port,
+                )
+                for n in self._nodes.values()
+            ],
+        )
+
+    async def _control_plane(self) -> None:
+        """Register at once (retrying until the gateway answers), then heartbeat; re-register
+        when the gateway forgot us (404). No prefix reports: vLLM's cache is its own."""
+        interval = self._deployment.heartbeat_interval_s
+        registered = False
+        refused = ""
+        url = self._control_url
+        async with httpx.AsyncClient(timeout=5.0, auth=self._auth, trust_env=False) as client:
+            while True:
+                try:
+                    if not registered:
+                        body = self.registration().model_dump()
+                        r = await client.post(f"{url}/internal/register", json=body)
+                    else:
+                        beat = Heartbeat(process=self._process_name, reports=self.reports())
+                        r = await client.post(f"{url}/internal/heartbeat", json=beat.model_dump())
+                    registered = r.status_code == 200
+                    why = "" if r.status_code in (200, 404) else f"{r.status_code} {r.text[:200]}"
+                    if why and why != refused:
+                        log.warning("gateway %s refused us: %s", url, why)
+                    refused = why
+                except httpx.HTTPError as exc:
+                    log.debug("control plane: %s", exc)
+                    registered = False
+                await asyncio.sleep(interval)
+
+
+def _bytes_per_token(model_path: str | None, dtype: str) -> int:
+    if model_path is None:
+        return 0
+    try:
+        cfg = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return 0
+    return kv_bytes_per_token(cfg, dtype) if isinstance(cfg, dict) else 0

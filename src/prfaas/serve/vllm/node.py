@@ -1,0 +1,299 @@
+"""``VllmNode``: one node of a vLLM sidecar, doing what the gateway asks through the process's
+vLLM server (``POST /v1/completions``, token ids in and out, ``kv_transfer_params``) and the
+connector's agent socket.
+
+Prefill: a decode node of the same sidecar shares the server, so the prefill is answered at once
+(the decode request prefills itself: co-located). Otherwise the server prefills with
+``do_remote_decode`` (its connector streams the KV layer by layer to the decode node's receiver),
+then the agent says whether the decode side verified the whole session: ``ok`` only then.
+Decode: "ready" at once, then one streaming request (``do_remote_prefill`` unless the prefill node
+shares this server), its token ids relayed as ``DecodeEvent`` lines. Aborts cancel the HTTP call
+(vLLM aborts a request whose client goes) and drop the transfer at the agent. Any failure is the
+request's alone and comes back as ``ok=False`` or an error event. Must not import vllm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, Literal
+
+import httpx
+
+from prfaas.core import NodeRole
+from prfaas.serve.node.messages import (
+    DecodeCommand,
+    DecodeEvent,
+    PrefillCommand,
+    PrefillOutcome,
+    SamplingMsg,
+    unpack_tokens,
+)
+from prfaas.serve.vllm.agent import AgentClient, AgentError
+
+log = logging.getLogger("prfaas.vllm")
+
+
+class VllmEndpoint:
+    """How the nodes reach their server (shared by all nodes of a sidecar)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        client: httpx.AsyncClient,
+        fault: Callable[[], str],
+    ) -> None:
+        self.base_url = base_url
+        self.model = model
+        self.client = client
+        self.fault = fault
+        """Why the server cannot serve now ("" when it can)."""
+
+
+def sampling_body(s: SamplingMsg) -> dict[str, Any]:
+    """The client's sampling parameters in vLLM's completion fields."""
+    return {
+        "max_tokens": s.max_new_tokens,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "top_k": s.top_k,
+        "seed": s.seed,
+        "stop_token_ids": s.stop_token_ids,
+        "ignore_eos": s.ignore_eos,
+        "min_tokens": s.min_tokens,
+        "repetition_penalty": s.repetition_penalty,
+    }
+
+
+def _reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+class VllmNode:
+    def __init__(
+        self,
+        name: str,
+        site: str,
+        role: NodeRole | str,
+        server: VllmEndpoint,
+        agent: AgentClient,
+        shares_server: Callable[[str], bool],
+        spawn: Callable[[Coroutine[Any, Any, None]], None],
+        transfer_timeout_s: float,
+        fixed_role: bool = False,
+    ) -> None:
+        self.name = name
+        self.site = site
+        self.role = NodeRole(role)
+        self.draining = False
+        self._fixed_role = fixed_role
+        self.server = server
+        self.agent = agent
+        self.shares_server = shares_server
+        """Whether a node of that name is one of this sidecar's (same server)."""
+        self._spawn = spawn
+        self.transfer_timeout_s = transfer_timeout_s
+        self._prefilling: dict[str, int] = {}
+        """Requests prefilling here -> their prompt tokens."""
+        self._decoding: set[str] = set()
+        self.egress_bytes = 0
+        """KV bytes this node's prefills sent across sites (verified sessions)."""
+
+    @property
+    def fixed_role(self) -> bool:
+        return self._fixed_role
+
+    @property
+    def idle(self) -> bool:
+        return not self._prefilling and not self._decoding
+
+    @property
+    def queued_tokens(self) -> int:
+        return sum(self._prefilling.values())
+
+    def expects(self, request_id: str) -> bool:
+        return request_id in self._decoding
+
+    @property
+    def _url(self) -> str:
+        return f"{self.server.base_url}/v1/completions"
+
+    def _abort_transfer(self, transfer_id: str) -> None:
+        """Drop the transfer at the agent, in the background (an abort must not wait)."""
+
+        async def abort() -> None:
+            try:
+                await self.agent.abort(transfer_id)
+            except AgentError as exc:
+                log.debug("agent abort of %s: %s", transfer_id, exc)
+
+        self._spawn(abort())
+
+    # -- prefill ---------------------------------------------------------------------------------
+    async def prefill(self, cmd: PrefillCommand) -> PrefillOutcome:
+        rid = cmd.request_id
+        if self.shares_server(cmd.decode_node):
+            # The decode node's request prefills in this very server: nothing to do here.
+            return PrefillOutcome(request_id=rid, ok=True)
+        if fault := self.server.fault():
+            return PrefillOutcome(request_id=rid, ok=False, error=f"node {self.name}: {fault}")
+        token_ids = unpack_tokens(cmd.tokens)
+        self._prefilling[rid] = len(token_ids)
+        t0 = time.monotonic()
+        try:
+            return await self._prefill(cmd, list(token_ids), t0)
+        except asyncio.CancelledError:
+            self._abort_transfer(rid)
+            raise
+        except (httpx.HTTPError, AgentError, ValueError, KeyError, IndexError, TypeError) as exc:
+            self._abort_transfer(rid)
+            return PrefillOutcome(request_id=rid, ok=False, error=f"vLLM prefill: {_reason(exc)}")
+        finally:
+            self._prefilling.pop(rid, None)
+
+    async def _prefill(
+        self, cmd: PrefillCommand, token_ids: list[int], t0: float
+    ) -> PrefillOutcome:
+        rid = cmd.request_id
+        body = {
+            "model": self.server.model,
+            "prompt": token_ids,
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "stream": False,
+            "return_token_ids": True,
+            "kv_transfer_params": {
+                "do_remote_decode": True,
+                "prfaas": {
+                    "transfer_id": rid,
+                    "host": cmd.decode_host,
+                    "port": cmd.decode_transfer_port,
+                    "cross_site": cmd.cross_site,
+                    "skip_tokens": min(cmd.receiver_cached_tokens, max(len(token_ids) - 1, 0)),
+                },
+            },
+        }
+        r = await self.server.client.post(self._url, json=body, timeout=self.transfer_timeout_s)
+        if r.status_code != 200:
+            return PrefillOutcome(
+                request_id=rid, ok=False, error=f"vLLM answered {r.status_code}: {r.text[:300]}"
+            )
+        answer = r.json()
+        choice = answer["choices"][0]
+        generated = choice.get("token_ids") or []
+        details = (answer.get("usage") or {}).get("prompt_tokens_details") or {}
+        cached = int(details.get("cached_tokens") or 0)
+        sent = await self.agent.wait_sent(rid, self.transfer_timeout_s)
+        if sent.state != "verified":
+            why = sent.error or "no verified session"
+            return PrefillOutcome(
+                request_id=rid, ok=False, error=f"KV transfer {sent.state}: {why}"
+            )
+        if cmd.cross_site:
+            self.egress_bytes += sent.kv_bytes
+        return PrefillOutcome(
+            request_id=rid,
+            ok=True,
+            first_token=int(generated[0]) if generated else -1,
+            num_cached_tokens=cached,
+            kv_bytes_sent=sent.kv_bytes,
+            prefill_s=time.monotonic() - t0,
+        )
+
+    # -- decode ----------------------------------------------------------------------------------
+    async def decode(self, cmd: DecodeCommand) -> AsyncIterator[DecodeEvent]:
+        rid = cmd.request_id
+        if rid in self._decoding:
+            raise ValueError(f"request {rid} is already expected at {self.name}")
+        if not cmd.prompt_tokens:
+            yield DecodeEvent(kind="error", error="a vLLM decode node needs prompt_tokens")
+            return
+        if fault := self.server.fault():
+            yield DecodeEvent(kind="error", error=f"node {self.name}: {fault}")
+            return
+        local = self.shares_server(cmd.prefill_node)
+        body: dict[str, Any] = {
+            "model": self.server.model,
+            "prompt": list(unpack_tokens(cmd.prompt_tokens)),
+            "stream": True,
+            "return_token_ids": True,
+            **sampling_body(cmd.sampling),
+        }
+        if not local:
+            body["kv_transfer_params"] = {
+                "do_remote_prefill": True,
+                "prfaas": {"transfer_id": rid, "timeout_s": cmd.timeout_s},
+            }
+        self._decoding.add(rid)
+        finished = False
+        try:
+            # The prefill sends every token the decode side's server lacks: it installs only what
+            # its own prefix cache does not hold.
+            yield DecodeEvent(kind="ready", prefix_tokens=0)
+            async for event in self._stream(body, cmd.timeout_s):
+                yield event
+                if event.kind == "error" or event.finish_reason is not None:
+                    finished = event.kind != "error"
+                    return
+            yield DecodeEvent(kind="error", error="vLLM ended the stream without finishing")
+        finally:
+            self._decoding.discard(rid)
+            if not finished and not local:
+                self._abort_transfer(rid)
+
+    async def _stream(self, body: dict[str, Any], timeout_s: float) -> AsyncIterator[DecodeEvent]:
+        """The streaming completion as decode events (the stop token itself is dropped: a client
+        gets the text before it, as from the other engines)."""
+        timeout = httpx.Timeout(timeout_s, connect=5.0)
+        try:
+            async with self.server.client.stream(
+                "POST", self._url, json=body, timeout=timeout
+            ) as r:
+                if r.status_code != 200:
+                    text = (await r.aread()).decode(errors="replace")
+                    yield DecodeEvent(
+                        kind="error", error=f"vLLM answered {r.status_code}: {text[:300]}"
+                    )
+                    return
+                async for line in r.aiter_lines():
+                    event = _event_of(line)
+                    if event is not None:
+                        yield event
+        except httpx.HTTPError as exc:
+            yield DecodeEvent(kind="error", error=f"vLLM decode: {_reason(exc)}")
+
+
+def _event_of(line: str) -> DecodeEvent | None:
+    """One SSE line of vLLM's stream; None for blank lines, ``[DONE]`` and chunks without a
+    choice (a usage chunk)."""
+    if not line.startswith("data:"):
+        return None
+    data = line[5:].strip()
+    if data == "[DONE]" or not data:
+        return None
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        return DecodeEvent(kind="error", error=f"vLLM sent a line that is not JSON: {data[:100]}")
+    if "error" in chunk and not chunk.get("choices"):
+        return DecodeEvent(kind="error", error=f"vLLM: {str(chunk['error'])[:300]}")
+    choices = chunk.get("choices") or []
+    if not choices:
+        return None
+    choice = choices[0]
+    tokens = [int(t) for t in choice.get("token_ids") or []]
+    finish = choice.get("finish_reason")
+    reason: Literal["stop", "length"] | None = None
+    if finish == "stop":
+        reason = "stop"
+        if tokens:
+            tokens.pop()  # EOS or a stop token id (stop strings are the gateway's)
+    elif finish == "length":
+        reason = "length"
+    elif finish is not None:  # "abort", "error": vLLM gave up on the request
+        return DecodeEvent(kind="error", error=f"vLLM finished the request: {finish}")
+    return DecodeEvent(kind="tokens", token_ids=tokens, finish_reason=reason)

@@ -1,0 +1,373 @@
+"""One vLLM OpenAI server, as the sidecar runs it: its command line and environment from the
+deployment file (``server_spec``), and ``VllmServer``, which starts it in its own process group
+(API server + EngineCore + Worker), waits for ``/health``, watches it, restarts it with backoff
+when it dies or stops answering, and stops the whole group (SIGTERM, then SIGKILL).
+
+The deployment's key reaches vLLM only through the environment (``PRFAAS_KV_PSK``), never the
+command line. Every server carries an owner tag in its environment: a sidecar that was killed
+without stopping its server (SIGKILL) leaves it behind, and the next sidecar of the same process
+and deployment kills such an orphan before it starts its own. Must not import vllm or torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import enum
+import hashlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+
+from prfaas.config import EngineConfig
+from prfaas.deployment_sections import default_vllm_python
+from prfaas.serve.process_group import ChildGroup, terminate
+from prfaas.serve.supervisor import RestartPolicy, describe_exit
+
+log = logging.getLogger("prfaas.vllm")
+
+PSK_ENV = "PRFAAS_KV_PSK"
+OWNER_ENV = "PRFAAS_VLLM_OWNER"
+CONNECTOR_MODULE = "prfaas.integrations.vllm.connector"
+STOP_GRACE_S = 10.0
+"""vLLM's own shutdown (API server, then EngineCore and Worker) takes a few seconds."""
+HEALTH_TIMEOUT_S = 2.0
+HEALTH_INTERVAL_S = 1.0
+UNHEALTHY_AFTER_S = 15.0
+"""A running server that has not answered ``/health`` this long is killed and restarted."""
+LOG_TAIL_LINES = 20
+BACKOFF = RestartPolicy(initial_backoff_s=1.0, max_backoff_s=30.0, stable_after_s=60.0)
+"""Restart waits: 1 s doubling to 30 s; a server up 60 s resets it. A sidecar never gives up
+on its server (the node stays out of rotation, saying why, meanwhile)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectorSettings:
+    """``kv_connector_extra_config`` of the server's ``PrfaasConnector`` (issue 12 contract)."""
+
+    listen_host: str
+    """Where the decode side's KV receiver binds (the node's registered host)."""
+    listen_port: int
+    """The node's registered transfer port."""
+    agent_socket: str
+    """Unix socket the connector's worker side serves for this sidecar."""
+    kv_budget_mib: int
+    pace_gbps: float | None
+    """Pacing of cross-site sends (an emulated link); None: unpaced."""
+    num_connections: int = 4
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSpec:
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    """Set over the sidecar's own environment."""
+    host: str
+    port: int
+    startup_timeout_s: float
+    owner: str
+    """The ``PRFAAS_VLLM_OWNER`` tag (also in ``env``)."""
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def environment(self, base: Mapping[str, str]) -> dict[str, str]:
+        return {**base, **dict(self.env)}
+
+
+def kv_transfer_config(c: ConnectorSettings) -> dict[str, Any]:
+    return {
+        "kv_connector": "PrfaasConnector",
+        "kv_connector_module_path": CONNECTOR_MODULE,
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {
+            "listen_host": c.listen_host,
+            "listen_port": c.listen_port,
+            "psk_env": PSK_ENV,
+            "num_connections": c.num_connections,
+            "kv_budget_mib": c.kv_budget_mib,
+            "pace_gbps": c.pace_gbps,
+            "agent_socket": c.agent_socket,
+        },
+    }
+
+
+def model_max_len(engine: EngineConfig) -> int | None:
+    """``vllm.max_model_len``, else the model folder's ``max_position_embeddings`` (None when
+    its config.json does not say: vLLM then picks)."""
+    if engine.vllm.max_model_len is not None:
+        return engine.vllm.max_model_len
+    assert engine.model_path is not None
+    try:
+        cfg = json.loads((Path(engine.model_path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    value = cfg.get("max_position_embeddings") if isinstance(cfg, dict) else None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def owner_tag(process_name: str, psk: str) -> str:
+    """Names the sidecar a server belongs to without showing the key."""
+    digest = hashlib.sha256(f"{process_name}\0{psk}".encode()).hexdigest()[:16]
+    return f"{process_name}:{digest}"
+
+
+def server_spec(
+    engine: EngineConfig,
+    connector: ConnectorSettings,
+    *,
+    host: str,
+    port: int,
+    psk: str,
+    owner: str,
+) -> ServerSpec:
+    """The contract's command line: ``PYTHON -m vllm.entrypoints.openai.api_server --model ...
+    --kv-transfer-config JSON [extra args]`` and its environment."""
+    v = engine.vllm
+    assert engine.model_path is not None
+    argv = [
+        v.python or default_vllm_python(),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        engine.model_path,
+        "--served-model-name",
+        engine.model,
+        "--dtype",
+        engine.dtype,
+    ]
+    max_len = model_max_len(engine)
+    if max_len is not None:
+        argv += ["--max-model-len", str(max_len)]
+    argv += ["--host", host, "--port", str(port)]
+    # usage.prompt_tokens_details.cached_tokens: the prefill's prefix hit, for the gateway.
+    argv += ["--enable-prompt-tokens-details"]
+    if v.gpu_memory_utilization is not None:
+        argv += ["--gpu-memory-utilization", f"{v.gpu_memory_utilization:g}"]
+    argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(connector))]
+    argv += v.extra_args
+    env = (
+        ("VLLM_CPU_OMP_THREADS_BIND", v.cpu_bind),
+        ("VLLM_CPU_KVCACHE_SPACE", str(v.kv_cache_space_gib)),
+        (PSK_ENV, psk),
+        ("PYTHONUNBUFFERED", "1"),
+        (OWNER_ENV, owner),
+    )
+    return ServerSpec(tuple(argv), env, host, port, v.startup_timeout_s, owner)
+
+
+class ServerState(enum.Enum):
+    STARTING = "starting"
+    READY = "ready"
+    RESTARTING = "restarting"
+    """Dead (or killed for not answering); waiting out the backoff."""
+    STOPPED = "stopped"
+
+
+class VllmServer:
+    """Supervises one server: ``run()`` until cancelled (which stops it), ``fault`` says why it
+    cannot serve now ("" when ready)."""
+
+    def __init__(
+        self,
+        spec: ServerSpec,
+        backoff: RestartPolicy = BACKOFF,
+        out: IO[bytes] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.backoff = backoff
+        self._out = out if out is not None else sys.stdout.buffer
+        self.state = ServerState.STOPPED
+        self.fault = "vLLM server starting"
+        self.num_starts = 0
+        self.ready = asyncio.Event()
+        self._group: ChildGroup | None = None
+        self._tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
+        self._pump: threading.Thread | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The API server's pid (its process group's id) while one runs."""
+        return None if self._group is None else self._group.pid
+
+    def log_tail(self) -> str:
+        return "\n".join(self._tail)
+
+    async def run(self) -> None:
+        quick_deaths = 0
+        try:
+            while True:
+                started = time.monotonic()
+                why = await self._run_once()
+                self.ready.clear()
+                stable = time.monotonic() - started >= self.backoff.stable_after_s
+                quick_deaths = 1 if stable else quick_deaths + 1
+                wait_s = self.backoff.backoff_s(quick_deaths)
+                self.state = ServerState.RESTARTING
+                self.fault = f"{why}; restarting in {wait_s:g} s"
+                log.warning("%s", self.fault)
+                await asyncio.sleep(wait_s)
+        finally:
+            await self.stop()
+
+    async def _run_once(self) -> str:
+        """Start, wait for ``/health``, watch; returns why this server is gone."""
+        self._start()
+        self.state = ServerState.STARTING
+        self.fault = "vLLM server starting"
+        async with httpx.AsyncClient(timeout=HEALTH_TIMEOUT_S, trust_env=False) as client:
+            why = await self._wait_healthy(client)
+            if why is not None:
+                await self._kill()
+                return why
+            self.state = ServerState.READY
+            self.fault = ""
+            self.ready.set()
+            log.warning("vLLM server ready at %s (pid %s)", self.spec.base_url, self.pid)
+            why = await self._watch(client)
+        await self._kill()
+        return why
+
+    def _start(self) -> None:
+        for pid in find_orphans(self.spec.owner):
+            log.warning("killing an orphaned vLLM server of this sidecar (pid %d)", pid)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
+        proc = subprocess.Popen(
+            self.spec.argv,
+            env=self.spec.environment(os.environ),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own group: stopped as a whole, the sidecar spared
+            preexec_fn=_die_with_parent(),
+        )
+        self._group = ChildGroup(proc)
+        self.num_starts += 1
+        assert proc.stdout is not None
+        self._pump = threading.Thread(
+            target=self._copy_output, args=(proc.stdout,), name="vllm-log", daemon=True
+        )
+        self._pump.start()
+        log.warning(
+            "vLLM server starting (pid %d, start %d): %s", proc.pid, self.num_starts,
+            " ".join(a if " " not in a and "{" not in a else "'...'" for a in self.spec.argv[:12]),
+        )  # fmt: skip
+
+    def _copy_output(self, stream: IO[bytes]) -> None:
+        """The server's output into the node's log, each line marked; the last lines kept for
+        the fault message."""
+        for raw in iter(stream.readline, b""):
+            self._tail.append(raw.decode(errors="replace").rstrip())
+            with contextlib.suppress(OSError, ValueError):
+                self._out.write(b"[vllm] " + raw)
+                self._out.flush()
+        stream.close()
+
+    def _exited(self) -> str | None:
+        assert self._group is not None
+        code = self._group.poll()
+        if code is None:
+            return None
+        last = next((line for line in reversed(self._tail) if line.strip()), "")
+        return f"vLLM server exited ({describe_exit(code)})" + (f": {last[-300:]}" if last else "")
+
+    async def _wait_healthy(self, client: httpx.AsyncClient) -> str | None:
+        deadline = time.monotonic() + self.spec.startup_timeout_s
+        while time.monotonic() < deadline:
+            if (why := self._exited()) is not None:
+                return why
+            if await self._healthy(client):
+                return None
+            await asyncio.sleep(0.5)
+        return (
+            f"vLLM server did not answer {self.spec.base_url}/health within "
+            f"{self.spec.startup_timeout_s:g} s (engine.vllm.startup_timeout_s)"
+        )
+
+    async def _watch(self, client: httpx.AsyncClient) -> str:
+        last_ok = time.monotonic()
+        while True:
+            await asyncio.sleep(HEALTH_INTERVAL_S)
+            if (why := self._exited()) is not None:
+                return why
+            if await self._healthy(client):
+                last_ok = time.monotonic()
+            elif time.monotonic() - last_ok > UNHEALTHY_AFTER_S:
+                return f"vLLM server did not answer /health for {UNHEALTHY_AFTER_S:g} s"
+
+    async def _healthy(self, client: httpx.AsyncClient) -> bool:
+        try:
+            r = await client.get(f"{self.spec.base_url}/health")
+        except httpx.HTTPError:
+            return False
+        return r.status_code == 200
+
+    async def _kill(self) -> None:
+        group, self._group = self._group, None
+        if group is not None:
+            await asyncio.to_thread(terminate, [group], STOP_GRACE_S)
+        if self._pump is not None:
+            await asyncio.to_thread(self._pump.join, 2.0)
+            self._pump = None
+
+    async def stop(self) -> None:
+        """Stop the server's whole process group (also when the sidecar is being cancelled)."""
+        self.ready.clear()
+        pid = self.pid
+        await asyncio.shield(self._kill())
+        if pid is not None:
+            log.warning("vLLM server stopped (pid %d)", pid)
+        self.state = ServerState.STOPPED
+        self.fault = "vLLM server stopped"
+
+
+def find_orphans(owner: str) -> list[int]:
+    """Pids of live processes whose environment carries ``OWNER_ENV=owner`` (this user's only:
+    others' environments are unreadable)."""
+    needle = f"{OWNER_ENV}={owner}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            env = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in env.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel SIGKILL the API server when the sidecar's thread that
+    started it dies (a SIGKILLed sidecar cannot stop it itself); None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+    return preexec
