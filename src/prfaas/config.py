@@ -218,6 +218,11 @@ class GatewayConfig(_Strict):
         description="client keys for the OpenAI port (Authorization: Bearer KEY); $PRFAAS_API_KEY "
         "adds one; empty and unset: no key needed",
     )
+    decision_log: str | None = Field(
+        None,
+        description="append each policy call's inputs and output (route, decode placement, control "
+        "tick) to this JSON-lines file, for replay against the simulator's policies; off if unset",
+    )
 
     @field_validator("api_keys")
     @classmethod

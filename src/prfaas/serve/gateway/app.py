@@ -35,6 +35,7 @@ from prfaas.serve.api.api_keys import resolve_api_keys
 from prfaas.serve.auth import Refusal, SignatureMiddleware, SignedAuth, Verifier
 from prfaas.serve.backend import ModelInfo
 from prfaas.serve.gateway.control import ControlLoop
+from prfaas.serve.gateway.decision_log import DecisionLog
 from prfaas.serve.gateway.dispatcher import ClusterDispatcher
 from prfaas.serve.gateway.registry import NodeRegistry
 from prfaas.serve.node.messages import Heartbeat, PrefixAckMsg, Registration
@@ -100,6 +101,10 @@ def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo
     )
     dispatcher.control = control
     app.state.control_loop = control
+    # Off unless configured: every route, decode placement, observation and tick, for a replay
+    # through the simulator's policy objects (``sim/replay.py``).
+    decisions = DecisionLog(g.decision_log) if g.decision_log else None
+    dispatcher.planner.decisions = control.decisions = decisions
     period_s = min(EXPIRY_PERIOD_S, d.policy.control_interval_s * registry.time_scale)
     security = _SecurityMetrics(metrics)
 
@@ -123,6 +128,8 @@ def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo
         with contextlib.suppress(BaseException):
             await app.state.control
         await dispatcher.aclose()
+        if decisions is not None:
+            decisions.close()
 
     internal = _control_app(registry, dispatcher, control, security)
     verifier = Verifier(psk)

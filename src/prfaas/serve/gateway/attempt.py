@@ -25,9 +25,11 @@ from prfaas.core import (
     SiteKind,
 )
 from prfaas.policy import DecodePlacement, NoRouteError, Router
+from prfaas.policy.decision_log import place_record, route_record
 from prfaas.policy.decisions import RouteDecision
 from prfaas.serve.api.metrics import GatewayMetrics
 from prfaas.serve.backend import GenerationError, GenerationRequest
+from prfaas.serve.gateway.decision_log import DecisionLog
 from prfaas.serve.gateway.registry import NodeRegistry
 from prfaas.serve.node.messages import DecodeCommand, PrefillCommand, SamplingMsg, pack_tokens
 
@@ -62,6 +64,8 @@ class AttemptPlanner:
         self.home = SiteId(registry.deployment.home_site.name)
         self.placement = DecodePlacement()
         """The decode node's choice: the simulator's, at the same point (routing time)."""
+        self.decisions: DecisionLog | None = None
+        """Where each route and decode placement is logged (``gateway.decision_log``)."""
         self.control: Any = None
         """The gateway's ``ControlLoop``; observes every routed request's lengths."""
 
@@ -83,11 +87,18 @@ class AttemptPlanner:
         cluster: ClusterView = self.registry.view
         if avoid:
             cluster = _Avoiding(cluster, avoid)
+        log = self.decisions
+        which = "fallback" if use_fallback else "primary"
         try:
             decision = router.route(view, cluster, now)
         except NoRouteError as exc:
+            if log is not None:
+                log.write(route_record(which, view, cluster, now, None, str(exc)))
             raise GenerationError(503, "service_unavailable", f"no prefill node: {exc}") from None
         decode = self.placement.choose(cluster, self.home, now)
+        if log is not None:
+            log.write(route_record(which, view, cluster, now, decision, None))
+            log.write(place_record(cluster, self.home, now, decode))
         if decode is None:
             raise GenerationError(503, "service_unavailable", "no decode node in rotation")
         # A bounded label set: the decision's own reason text names lengths.

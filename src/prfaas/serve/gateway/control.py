@@ -20,7 +20,9 @@ import httpx
 from prfaas.core import NodeId, NodeRole, SiteId
 from prfaas.perf import CostModel
 from prfaas.policy import ControlPolicy, RoleChange, TuningConfig, control_policy
+from prfaas.policy.decision_log import observe_record, tick_record
 from prfaas.policy.window import LengthWindow
+from prfaas.serve.gateway.decision_log import DecisionLog
 from prfaas.serve.gateway.registry import NodeRegistry
 
 log = logging.getLogger("prfaas.gateway")
@@ -48,6 +50,8 @@ class ControlLoop:
         remote_sites = [SiteId(s.name) for s in d.sites if s.kind == "prfaas"]
         self.num_ticks = 0
         self.log = ControlLog()
+        self.decisions: DecisionLog | None = None
+        """Where each observation and tick is logged (``gateway.decision_log``)."""
         self.policy: ControlPolicy = control_policy(
             self.home, remote_sites, remote, local, tune=tune, rebalance=rebalance, config=tuning
         )
@@ -60,6 +64,8 @@ class ControlLoop:
     def observe(self, num_uncached_tokens: int, num_output_tokens: int) -> None:
         now = self.registry.modelled_s(time.monotonic())
         self.policy.observe(num_uncached_tokens, num_output_tokens, now)
+        if self.decisions is not None:
+            self.decisions.write(observe_record(num_uncached_tokens, num_output_tokens, now))
 
     async def tick(self, client: httpx.AsyncClient) -> None:
         self.num_ticks += 1
@@ -67,7 +73,10 @@ class ControlLoop:
         now_wall = time.monotonic()
         reg.expire(now_wall)
         now = reg.modelled_s(now_wall)
-        for action in self.policy.tick(reg.view, now):
+        actions = self.policy.tick(reg.view, now)
+        if self.decisions is not None and self.policy.active:
+            self.decisions.write(tick_record(reg.view, now, actions))
+        for action in actions:
             if isinstance(action, RoleChange):
                 await self._switch(client, action.node_id, action.dst_role)
             else:
