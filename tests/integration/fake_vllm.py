@@ -1,0 +1,182 @@
+"""A stand-in for a vLLM OpenAI server with PrfaasConnector, for the sidecar's tests: run as the
+server process itself (the sidecar starts it through a fake "python" that drops ``-m vllm...``).
+
+It speaks what the sidecar uses: ``/health`` (only after ``FAKE_VLLM_START_DELAY_S``, like a
+server loading its model), ``/metrics`` (the gauges the reports read), ``/v1/completions`` with a
+token-id prompt, streaming and not, ``return_token_ids``; and the agent socket named in
+``--kv-transfer-config`` (``wait_sent``, ``abort``, ``stats``). Its "model" is deterministic:
+the next token is a function of the last three. A prompt holding ``SLOW_TOKEN`` is slow (a long
+prefill, tokens streamed apart), for tests that abort mid-request. Every completion and agent
+call is appended to ``FAKE_VLLM_RECORD`` (JSON lines) so a test sees what the sidecar sent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+VOCAB = 512
+BYTES_PER_TOKEN = 1024
+RECORD = os.environ.get("FAKE_VLLM_RECORD", "")
+START_DELAY_S = float(os.environ.get("FAKE_VLLM_START_DELAY_S", "0"))
+SLOW_TOKEN = 511
+SLOW_PREFILL_S = 30.0
+SLOW_TOKEN_S = 0.05
+
+
+def next_token(ids: list[int]) -> int:
+    return (sum(ids[-3:]) * 7 + 3) % VOCAB
+
+
+def greedy(prompt: list[int], max_tokens: int, stop: set[int]) -> tuple[list[int], str]:
+    out: list[int] = []
+    for _ in range(max_tokens):
+        token = next_token(prompt + out)
+        out.append(token)
+        if token in stop:
+            return out, "stop"
+    return out, "length"
+
+
+def record(entry: dict[str, Any]) -> None:
+    if RECORD:
+        with open(RECORD, "a") as f:
+            f.write(json.dumps({"pid": os.getpid(), **entry}) + "\n")
+
+
+class Fake:
+    def __init__(self) -> None:
+        self.sent: dict[str, int] = {}
+        """transfer id -> KV bytes "sent" (verified at once)."""
+        self.running = 0
+
+
+def make_app(fake: Fake) -> FastAPI:
+    app = FastAPI()
+
+    @app.get("/health")
+    async def health() -> PlainTextResponse:
+        return PlainTextResponse("")
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(
+            "# TYPE vllm:num_requests_running gauge\n"
+            f'vllm:num_requests_running{{engine="0",model_name="tiny"}} {fake.running}.0\n'
+            'vllm:num_requests_waiting{engine="0",model_name="tiny"} 2.0\n'
+            'vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.125\n'
+            'vllm:cache_config_info{block_size="128",kv_cache_memory_bytes="1048576",'
+            'num_gpu_blocks="8",engine="0"} 1.0\n'
+        )
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        body = await request.json()
+        prompt = body["prompt"]
+        if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
+            return JSONResponse({"error": "prompt must be token ids"}, status_code=400)
+        params = body.get("kv_transfer_params")
+        record({"kind": "completion", "stream": bool(body.get("stream")), "body": body})
+        out, finish = greedy(prompt, int(body["max_tokens"]), set(body.get("stop_token_ids", [])))
+        slow = SLOW_TOKEN in prompt
+        if not body.get("stream"):
+            fake.running += 1
+            try:
+                await asyncio.sleep(SLOW_PREFILL_S if slow else 0.0)
+            finally:
+                fake.running -= 1
+            if params and params.get("do_remote_decode"):
+                p = params["prfaas"]
+                fake.sent[p["transfer_id"]] = (len(prompt) - p["skip_tokens"]) * BYTES_PER_TOKEN
+            return {
+                "choices": [{"index": 0, "token_ids": out, "finish_reason": finish}],
+                "usage": {
+                    "prompt_tokens": len(prompt),
+                    "prompt_tokens_details": {"cached_tokens": 0},
+                },
+                "kv_transfer_params": {"prfaas": {"transfer_id": params["prfaas"]["transfer_id"]}}
+                if params
+                else None,
+            }
+
+        async def chunks() -> AsyncIterator[bytes]:
+            fake.running += 1
+            try:
+                for i, token in enumerate(out):
+                    await asyncio.sleep(SLOW_TOKEN_S if slow else 0.0)
+                    last = i == len(out) - 1
+                    choice = {
+                        "index": 0, "text": "", "token_ids": [token],
+                        "finish_reason": finish if last else None,
+                    }  # fmt: skip
+                    yield f"data: {json.dumps({'choices': [choice]})}\n\n".encode()
+                yield b"data: [DONE]\n\n"
+            finally:
+                fake.running -= 1
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    return app
+
+
+async def serve_agent(fake: Fake, path: str) -> asyncio.AbstractServer:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        line = await reader.readline()
+        req = json.loads(line)
+        record({"kind": "agent", **req})
+        op = req["op"]
+        if op == "wait_sent":
+            deadline = time.monotonic() + req["timeout_s"]
+            while req["transfer_id"] not in fake.sent and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            sent = fake.sent.get(req["transfer_id"])
+            answer: dict[str, Any] = (
+                {"state": "verified", "kv_bytes": sent, "error": ""}
+                if sent is not None
+                else {"state": "timeout", "kv_bytes": 0, "error": "no session"}
+            )
+        elif op == "abort":
+            answer = {"aborted": fake.sent.pop(req["transfer_id"], None) is not None}
+        else:
+            answer = {
+                "egress_bytes": sum(fake.sent.values()), "egress_backlog_bytes": 5,
+                "link_rtt_s": 0.002, "link_retransmit_rate": 0.0, "handshake_failures": 1,
+                "staged_bytes": 0, "sessions_sent": len(fake.sent), "sessions_received": 0,
+                "loads_ok": 0, "loads_failed": 0,
+            }  # fmt: skip
+        writer.write(json.dumps(answer).encode() + b"\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_unix_server(handle, path)
+    os.chmod(path, 0o600)
+    return server
+
+
+async def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--kv-transfer-config", required=True)
+    args, _ = p.parse_known_args()
+    extra = json.loads(args.kv_transfer_config)["kv_connector_extra_config"]
+    record({"kind": "start", "psk_set": bool(os.environ.get(extra["psk_env"]))})
+    await asyncio.sleep(START_DELAY_S)  # "loading the model": /health refuses meanwhile
+    fake = Fake()
+    agent = await serve_agent(fake, extra["agent_socket"])
+    config = uvicorn.Config(make_app(fake), host=args.host, port=args.port, log_level="warning")
+    async with agent:
+        await uvicorn.Server(config).serve()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,399 @@
+"""The vLLM sidecar's logic against a FAKE vLLM server (``fake_vllm.py``: /health, /metrics,
+/v1/completions with token ids, and the connector's agent socket), started by the sidecar itself
+through a fake "python": registration at once with the fault "vLLM server starting" until
+/health answers; the remote prefill's and decode's ``kv_transfer_params`` as the contract says;
+the co-located shortcut (no prefill call, a plain decode request); aborts reaching the agent;
+reports from /metrics and agent stats; a killed server noticed, restarted, the fault cleared; and
+the server's whole process group gone when the sidecar stops. Fast: no vLLM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from prfaas.config import DeploymentConfig
+from prfaas.serve.auth import SignedAuth
+from prfaas.serve.listeners import bind, server_for
+from prfaas.serve.node.app import create_node_app
+from prfaas.serve.node.messages import (
+    DecodeCommand,
+    DecodeEvent,
+    PrefillCommand,
+    PrefillOutcome,
+    SamplingMsg,
+    pack_tokens,
+)
+from prfaas.serve.vllm.host import VllmHost
+
+pytestmark = pytest.mark.timeout(120)
+
+PSK = "sidecar-test-key-0123456789"
+FAKE = Path(__file__).with_name("fake_vllm.py")
+PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
+SLOW = [*PROMPT, 511]
+"""The fake takes its time with this prompt (fake_vllm.SLOW_TOKEN)."""
+
+
+def fake_next(ids: list[int]) -> int:  # the fake's "model", as fake_vllm.next_token
+    return (sum(ids[-3:]) * 7 + 3) % 512
+
+
+def fake_greedy(prompt: list[int], n: int) -> list[int]:
+    out: list[int] = []
+    for _ in range(n):
+        out.append(fake_next(prompt + out))
+    return out
+
+
+async def until(check: Callable[[], Any], what: str, timeout_s: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := check():
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@dataclass
+class Gateway:
+    """The gateway's control listener, reduced to recording what nodes tell it."""
+
+    registrations: list[dict[str, Any]] = field(default_factory=list)
+    heartbeats: list[dict[str, Any]] = field(default_factory=list)
+
+    def app(self) -> FastAPI:
+        app = FastAPI()
+
+        @app.post("/internal/register")
+        async def register(body: dict[str, Any]) -> dict[str, bool]:
+            self.registrations.append(body)
+            return {"ok": True}
+
+        @app.post("/internal/heartbeat")
+        async def heartbeat(body: dict[str, Any]) -> dict[str, bool]:
+            self.heartbeats.append(body)
+            return {"ok": True}
+
+        return app
+
+    def last_report(self, node: str) -> dict[str, Any] | None:
+        for beat in reversed(self.heartbeats):
+            for r in beat["reports"]:
+                if r["node"] == node:
+                    return dict(r)
+        return None
+
+
+@dataclass
+class Sidecar:
+    host: VllmHost
+    url: str
+    client: httpx.AsyncClient
+    server: Any
+
+    async def prefill(self, node: str, cmd: PrefillCommand) -> PrefillOutcome:
+        r = await self.client.post(f"{self.url}/nodes/{node}/prefill", json=cmd.model_dump())
+        assert r.status_code == 200, r.text
+        return PrefillOutcome.model_validate(r.json())
+
+    @contextlib.asynccontextmanager
+    async def decode(self, node: str, cmd: DecodeCommand) -> AsyncIterator[AsyncIterator[str]]:
+        async with self.client.stream(
+            "POST", f"{self.url}/nodes/{node}/decode", json=cmd.model_dump()
+        ) as r:
+            assert r.status_code == 200
+            yield r.aiter_lines()
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Callable[..., DeploymentConfig]:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 256}))
+    python = tmp_path / "python"
+    # The sidecar runs "PYTHON -m vllm.entrypoints.openai.api_server ARGS": drop the module.
+    python.write_text(f'#!/bin/sh\nshift 2\nexec {sys.executable} {FAKE} "$@"\n')
+    python.chmod(0o755)
+
+    def make(control_port: int) -> DeploymentConfig:
+        return DeploymentConfig.model_validate(
+            {
+                "engine": {
+                    "kind": "vllm", "model": "tiny", "model_path": str(model),
+                    "vllm": {"python": str(python), "startup_timeout_s": 20},
+                },
+                "gateway": {"port": 0, "control_port": control_port},
+                "sites": [
+                    {"name": "pf", "kind": "prfaas", "nodes": [{"name": "pf0", "role": "prefill"}]},
+                    {"name": "pd", "kind": "pd", "nodes": [
+                        {"name": "p0", "role": "prefill"}, {"name": "d0", "role": "decode"}]},
+                ],
+                "links": [{"src": "pf", "dst": "pd", "gbps": 1}],
+                "heartbeat_interval_s": 0.1,
+                "psk": PSK,
+            }
+        )  # fmt: skip
+
+    return make
+
+
+@pytest.fixture
+async def cluster(
+    deployment: Callable[..., DeploymentConfig], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[Gateway, Sidecar, Sidecar, Path]]:
+    record = tmp_path / "record.jsonl"
+    monkeypatch.setenv("FAKE_VLLM_RECORD", str(record))
+    monkeypatch.setenv("FAKE_VLLM_START_DELAY_S", "0.5")
+    gateway = Gateway()
+    gsock = bind("127.0.0.1", 0)
+    gserver = server_for(gateway.app())
+    gtask = asyncio.create_task(gserver.serve(sockets=[gsock]))
+    d = deployment(gsock.getsockname()[1])
+    sidecars = []
+    tasks = []
+    for names in (["pf0"], ["p0", "d0"]):
+        host = VllmHost(d, names, d.control_url)
+        sock = bind("127.0.0.1", 0)
+        await host.start(sock.getsockname()[1])
+        server = server_for(create_node_app(host))
+        tasks.append(asyncio.create_task(server.serve(sockets=[sock])))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        client = httpx.AsyncClient(auth=SignedAuth(PSK.encode()), trust_env=False, timeout=30)
+        sidecars.append(Sidecar(host, url, client, server))
+    try:
+        yield gateway, sidecars[0], sidecars[1], record
+    finally:
+        pids = [s.host.server.pid for s in sidecars if s.host.server is not None]
+        for s in sidecars:
+            s.server.should_exit = True  # its lifespan stops the host, and so the server
+            await s.client.aclose()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for s in sidecars:
+            await s.host.stop()  # idempotent: also when the app never got to it
+        gserver.should_exit = True
+        await gtask
+        for pid in pids:
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+
+
+def _sampling(n: int, **kw: Any) -> SamplingMsg:
+    return SamplingMsg(max_new_tokens=n, **kw)
+
+
+def _prefill_cmd(
+    rid: str, decode_node: str, decode_port: int, cross: bool, prompt: list[int] = PROMPT
+) -> PrefillCommand:
+    return PrefillCommand(
+        request_id=rid, tokens=pack_tokens(prompt), decode_node=decode_node,
+        decode_host="127.0.0.1", decode_transfer_port=decode_port, cross_site=cross,
+        receiver_cached_tokens=3, sampling=_sampling(4),
+    )  # fmt: skip
+
+
+def _decode_cmd(
+    rid: str, prefill_node: str, n: int, prompt: list[int] = PROMPT, **kw: Any
+) -> DecodeCommand:
+    return DecodeCommand(
+        request_id=rid, num_prompt_tokens=len(prompt), sampling=_sampling(n, **kw),
+        prompt_tokens=pack_tokens(prompt), prefill_node=prefill_node, timeout_s=20,
+    )  # fmt: skip
+
+
+async def _ready(gateway: Gateway, *nodes: str) -> None:
+    def clear() -> bool:
+        reps = [gateway.last_report(n) for n in nodes]
+        return all(r is not None and r["fault"] == "" for r in reps)
+
+    await until(clear, f"{nodes} without a fault")
+
+
+async def test_nodes_register_at_once_and_serve_once_vllm_answers(
+    cluster: tuple[Gateway, Sidecar, Sidecar, Path],
+) -> None:
+    gateway, _, _, record = cluster
+    regs = await until(lambda: len(gateway.registrations) >= 2 and gateway.registrations, "regs")
+    nodes = {n["node"]: n for r in regs for n in r["nodes"]}
+    assert set(nodes) == {"pf0", "p0", "d0"}
+    assert nodes["d0"]["transfer_port"] == nodes["p0"]["transfer_port"] > 0  # one server
+    await until(lambda: gateway.last_report("pf0") is not None, "a heartbeat")
+    first = next(r for b in gateway.heartbeats for r in b["reports"] if r["node"] in ("p0", "d0"))
+    assert first["fault"] == "vLLM server starting"  # registered before vLLM answered
+    await _ready(gateway, "pf0", "p0", "d0")
+    starts = [r for r in records(record) if r["kind"] == "start"]
+    assert len(starts) == 2 and all(s["psk_set"] for s in starts)  # the key, by environment
+    report = await until(
+        lambda: (r := gateway.last_report("pf0")) and r["queue_depth"] == 2 and r,
+        "a report from /metrics",
+    )
+    assert report["batch_size"] == 0 and report["kv_capacity_bytes"] == 1 << 20
+    assert report["kv_used_bytes"] == (1 << 20) // 8
+    assert report["handshake_failures"] == 1 and report["link_rtt_s"] == 0.002
+    assert report["egress_backlog_bytes"] == 5 and report["link_capacity_bytes_per_s"] == 1e9 / 8
+
+
+async def test_remote_prefill_then_decode_speak_kv_transfer_params(
+    cluster: tuple[Gateway, Sidecar, Sidecar, Path],
+) -> None:
+    gateway, pf, pd, record = cluster
+    await _ready(gateway, "pf0", "p0", "d0")
+    port = pd.host.transfer_port
+    lines: list[DecodeEvent] = []
+    async with pd.decode("d0", _decode_cmd("r1.1", "pf0", 6)) as stream:
+        ready = DecodeEvent.model_validate_json(await anext(stream))
+        assert ready.kind == "ready" and ready.prefix_tokens == 0
+        outcome = await pf.prefill("pf0", _prefill_cmd("r1.1", "d0", port, cross=True))
+        async for line in stream:
+            lines.append(DecodeEvent.model_validate_json(line))
+    assert outcome.ok, outcome.error
+    assert outcome.first_token == fake_next(PROMPT)
+    assert outcome.kv_bytes_sent == (len(PROMPT) - 3) * 1024
+    tokens = [t for e in lines for t in e.token_ids]
+    assert tokens == fake_greedy(PROMPT, 6) and lines[-1].finish_reason == "length"
+    done = records(record)
+    pre = next(r["body"] for r in done if r["kind"] == "completion" and not r["stream"])
+    assert pre["prompt"] == PROMPT and pre["max_tokens"] == 1 and pre["return_token_ids"]
+    assert pre["kv_transfer_params"] == {
+        "do_remote_decode": True,
+        "prfaas": {"transfer_id": "r1.1", "host": "127.0.0.1", "port": port,
+                   "cross_site": True, "skip_tokens": 3},
+    }  # fmt: skip
+    dec = next(r["body"] for r in done if r["kind"] == "completion" and r["stream"])
+    assert dec["kv_transfer_params"] == {
+        "do_remote_prefill": True,
+        "prfaas": {"transfer_id": "r1.1", "timeout_s": 20.0},
+    }
+    assert dec["prompt"] == PROMPT and dec["max_tokens"] == 6 and dec["temperature"] == 0.0
+    assert {"op": "wait_sent", "transfer_id": "r1.1"}.items() <= next(
+        r for r in done if r["kind"] == "agent" and r["op"] == "wait_sent"
+    ).items()
+    report = await until(lambda: (r := gateway.last_report("pf0")) and r["egress_bytes"] and r,
+                         "egress in the report")  # fmt: skip
+    assert report["egress_bytes"] == outcome.kv_bytes_sent
+
+
+async def test_co_located_prefill_is_a_plain_decode_request(
+    cluster: tuple[Gateway, Sidecar, Sidecar, Path],
+) -> None:
+    gateway, _, pd, record = cluster
+    await _ready(gateway, "p0", "d0")
+    before = len(records(record))
+    outcome = await pd.prefill("p0", _prefill_cmd("r2.1", "d0", pd.host.transfer_port, False))
+    assert outcome.ok and outcome.kv_bytes_sent == 0
+    assert len(records(record)) == before  # vLLM was not asked: the decode prefills itself
+    stop = fake_greedy(PROMPT, 3)[2]
+    async with pd.decode("d0", _decode_cmd("r2.1", "p0", 8, stop_token_ids=[stop])) as stream:
+        events = [DecodeEvent.model_validate_json(line) async for line in stream]
+    assert events[0].kind == "ready"
+    assert [t for e in events for t in e.token_ids] == fake_greedy(PROMPT, 2)  # stop dropped
+    assert events[-1].finish_reason == "stop"
+    body = [r for r in records(record) if r["kind"] == "completion"][-1]["body"]
+    assert "kv_transfer_params" not in body and body["stop_token_ids"] == [stop]
+
+
+async def test_aborts_cancel_vllm_and_drop_the_transfer(
+    cluster: tuple[Gateway, Sidecar, Sidecar, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gateway, pf, pd, record = cluster
+    await _ready(gateway, "pf0", "p0", "d0")
+    # A decode stream the gateway closes after the first tokens: the agent drops its transfer.
+    cmd = _decode_cmd("r3.1", "pf0", 200, prompt=SLOW)
+    async with pd.decode("d0", cmd) as stream:
+        assert DecodeEvent.model_validate_json(await anext(stream)).kind == "ready"
+        assert DecodeEvent.model_validate_json(await anext(stream)).kind == "tokens"
+    aborted = await until(
+        lambda: [r for r in records(record) if r["kind"] == "agent" and r["op"] == "abort"],
+        "the agent's abort",
+    )
+    assert aborted[0]["transfer_id"] == "r3.1"
+    await until(lambda: pd.host.nodes["d0"].idle, "d0 idle again")
+    # A prefill aborted while vLLM computes: the call ends "aborted", the agent drops it.
+    slow = asyncio.create_task(
+        pf.prefill("pf0", _prefill_cmd("r4.1", "d0", pd.host.transfer_port, True, prompt=SLOW))
+    )
+    await until(lambda: not pf.host.nodes["pf0"].idle, "the prefill under way")
+    r = await pf.client.post(f"{pf.url}/nodes/pf0/abort/r4.1")
+    assert r.json() == {"aborted": True}
+    outcome = await slow
+    assert not outcome.ok and outcome.error == "aborted"
+    await until(
+        lambda: any(
+            r["kind"] == "agent" and r["op"] == "abort" and r["transfer_id"] == "r4.1"
+            for r in records(record)
+        ),
+        "the prefill's transfer dropped",
+    )
+
+
+async def test_a_killed_server_is_noticed_restarted_and_stopped_with_the_sidecar(
+    cluster: tuple[Gateway, Sidecar, Sidecar, Path],
+) -> None:
+    gateway, pf, pd, _ = cluster
+    await _ready(gateway, "pf0")
+    server = pf.host.server
+    assert server is not None and server.pid is not None
+    old = server.pid
+    os.killpg(old, signal.SIGKILL)  # the server's whole group: API server, "EngineCore"...
+    await until(
+        lambda: (
+            "vLLM server exited (killed by SIGKILL)"
+            in (gateway.last_report("pf0") or {}).get("fault", "")
+        ),
+        "the death in the report",
+    )
+    outcome = await pf.prefill("pf0", _prefill_cmd("r5.1", "d0", pd.host.transfer_port, True))
+    assert not outcome.ok and "vLLM server exited" in outcome.error  # fails at once, cleanly
+    await _ready(gateway, "pf0")
+    assert server.num_starts == 2 and server.pid not in (None, old)
+    health = (await pf.client.get(f"{pf.url}/health")).json()
+    assert health["vllm"]["state"] == "ready" and health["vllm"]["starts"] == 2
+    outcome = await pf.prefill("pf0", _prefill_cmd("r6.1", "d0", pd.host.transfer_port, True))
+    assert outcome.ok, outcome.error
+    new = server.pid
+    await pf.host.stop()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(new, 0)  # the whole group is gone
+
+
+async def test_a_server_that_never_answers_is_restarted_with_the_reason(
+    deployment: Callable[..., DeploymentConfig], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_VLLM_START_DELAY_S", "30")
+    d = deployment(9)  # no gateway: only the server's supervision matters here
+    engine = d.engine.model_copy(
+        update={"vllm": d.engine.vllm.model_copy(update={"startup_timeout_s": 1.0})}
+    )
+    d = d.model_copy(update={"engine": engine})
+    host = VllmHost(d, ["pf0"], d.control_url)
+    await host.start(1)
+    try:
+        server = host.server
+        assert server is not None
+        fault = await until(lambda: "restarting" in server.fault and server.fault, "a restart")
+        assert "did not answer" in fault and "within 1 s" in fault
+        assert host.reports()[0].fault == fault
+        first = server.num_starts
+        await until(lambda: server.num_starts > first, "the next start")
+    finally:
+        await host.stop()
+    assert host.server is not None and host.server.pid is None
