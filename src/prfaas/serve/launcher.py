@@ -1,7 +1,9 @@
 """``Launcher``: a whole deployment on one machine, as real supervised processes, stopped cleanly.
 
 The gateway starts first (its client and control ports resolved if the file says 0), then one
-worker process per site (``timed`` nodes of a site share a process; ``torch`` nodes get one each).
+worker process per site (``timed`` nodes of a site share a process; ``torch`` nodes get one each;
+a ``vllm`` site's process is the sidecar of one vLLM server for all its nodes, and start-up waits
+at least its ``startup_timeout_s``).
 The resolved file (real ports, the key) is written to ``workdir`` (mode 0600) and every child reads
 it, restarted children included, with the same arguments: a restarted gateway binds the same
 ports, a restarted worker the file's node ports (fresh free ones where the file says 0; it
@@ -58,6 +60,11 @@ from prfaas.serve.supervisor import (
 )
 
 STOP_GRACE_S = 5.0
+VLLM_STOP_GRACE_S = 20.0
+"""A vLLM site's node process stops its server's group (API server, EngineCore, Worker) before
+it exits: more time than a prfaas worker needs, so it is not killed before it has done so."""
+VLLM_READY_MARGIN_S = 30.0
+"""On top of ``engine.vllm.startup_timeout_s``: the gateway, registration, the first reports."""
 WATCH_PERIOD_S = 0.1
 POLL_PERIOD_S = 0.1
 RESOLVED_NAME = "deployment.resolved.yaml"
@@ -190,9 +197,10 @@ class Launcher:
         self, ready_timeout_s: float = 120.0, progress: Callable[[str], None] | None = None
     ) -> None:
         """Start everything and return once every node is in rotation and ``/ready`` says so.
-        A child that dies meanwhile is a ``LaunchError`` with its log tail (no restarts yet)."""
+        A child that dies meanwhile is a ``LaunchError`` with its log tail (no restarts yet).
+        With vLLM sites the wait is at least their ``startup_timeout_s`` (and a margin)."""
         say = _Progress(progress)
-        deadline = time.monotonic() + ready_timeout_s
+        deadline = time.monotonic() + max(ready_timeout_s, self._vllm_ready_s())
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._write_resolved()
         try:
@@ -211,6 +219,22 @@ class Launcher:
             raise
         self._watcher = threading.Thread(target=self._watch, name="supervisor", daemon=True)
         self._watcher.start()
+
+    def _vllm_ready_s(self) -> float:
+        d = self.deployment
+        waits = [
+            d.engine_for(s.name).vllm.startup_timeout_s + VLLM_READY_MARGIN_S
+            for s in d.sites
+            if d.engine_for(s.name).kind == "vllm"
+        ]
+        return max(waits, default=0.0)
+
+    @property
+    def stop_grace_s(self) -> float:
+        """How long a stopped child may take before it is killed."""
+        d = self.deployment
+        vllm = any(d.engine_for(s.name).kind == "vllm" for s in d.sites)
+        return VLLM_STOP_GRACE_S if vllm else STOP_GRACE_S
 
     def cancel(self) -> None:
         """Stop a ``start()`` in progress at its next step (safe from a signal handler); it then
@@ -434,7 +458,7 @@ class Launcher:
             self._report(events)
         if proc is not None:
             assert isinstance(proc, ChildGroup)
-            terminate([proc], STOP_GRACE_S)
+            terminate([proc], self.stop_grace_s)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -442,7 +466,7 @@ class Launcher:
             self._watcher.join()
         with self._lock:
             procs = list(self._procs.values())
-        terminate(list(reversed(procs)), STOP_GRACE_S)  # workers first, the gateway last
+        terminate(list(reversed(procs)), self.stop_grace_s)  # workers first, the gateway last
         for pump in self._pumps:
             pump.join(2.0)
         if self.workdir.exists():

@@ -205,7 +205,10 @@ async def test_retry_after_a_failed_prefill_avoids_its_decode_node_too() -> None
     assert_nothing_held(nodes, reg)
 
 
-async def test_decode_node_gets_the_prompt_only_when_a_repetition_penalty_needs_it() -> None:
+async def test_decode_node_gets_the_prompt_and_the_prefill_node() -> None:
+    """Always (issue 12): a vLLM decode node sends the prompt to its server and decodes with a
+    plain request when the prefill node shares that server; a torch node still applies the
+    repetition penalty only when it is != 1 (engine.torch ignores the prompt at 1.0)."""
     from dataclasses import replace
 
     from gateway_fakes import request as make_request
@@ -216,8 +219,10 @@ async def test_decode_node_gets_the_prompt_only_when_a_repetition_penalty_needs_
     plain = make_request("a")
     penalised = replace(make_request("b"), repetition_penalty=1.3)
     hashes: tuple[int, ...] = ()
-    decode_a, _ = d.planner.commands(plain, hashes, d.planner.plan(plain, hashes, 1, False))
+    plan_a = d.planner.plan(plain, hashes, 1, False)
+    decode_a, _ = d.planner.commands(plain, hashes, plan_a)
     decode_b, _ = d.planner.commands(penalised, hashes, d.planner.plan(penalised, hashes, 1, False))
-    assert decode_a.prompt_tokens == ""
+    assert unpack_tokens(decode_a.prompt_tokens) == plain.prompt_token_ids
+    assert decode_a.prefill_node == plan_a.decision.prefill_node != ""
     assert unpack_tokens(decode_b.prompt_tokens) == penalised.prompt_token_ids
     assert decode_b.sampling.repetition_penalty == 1.3
