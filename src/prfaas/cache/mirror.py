@@ -123,11 +123,11 @@ class StoreJournal:
         self.seq += 1
         self._unacked.append(change)
 
-    def report(self) -> StoreReport | None:
-        """The oldest unacknowledged changes, at most ``max_changes``; None when there are none
-        (a heartbeat then carries no prefix report)."""
-        if not self._unacked:
-            return None
+    def report(self) -> StoreReport:
+        """The oldest unacknowledged changes, at most ``max_changes``; with none, an empty report
+        all the same: it carries the store's epoch and position, so a gateway that does not know
+        them (it restarted, or forgot this process) asks for a snapshot instead of mirroring
+        nothing until the store next changes (found by the hypothesis test below)."""
         sent = tuple(self._unacked[i] for i in range(min(self.max_changes, len(self._unacked))))
         return StoreReport(
             self.epoch, self.first_unacked_seq, sent, backlog=len(self._unacked) - len(sent)
@@ -195,7 +195,7 @@ class StoreMirror:
             else:
                 self.entries.pop(change.block_hash, None)
             self.applied_seq = seq
-        if report.backlog == 0:
+        if report.backlog == 0 and changes:  # an empty report (nothing new) is no news
             self.num_caught_up += 1
         self._drop_covered()
         assert self.epoch is not None

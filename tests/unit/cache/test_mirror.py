@@ -54,9 +54,10 @@ def _sync(store: _Store, mirror: StoreMirror, rounds: int = 50) -> int:
     """Heartbeats until the store has nothing unacknowledged; returns how many it took."""
     for i in range(rounds):
         report = store.journal.report()
-        if report is None:
+        ack = mirror.apply(report)
+        store.acknowledge(ack)
+        if not report.changes and not ack.snapshot:
             return i
-        store.acknowledge(mirror.apply(report))
     raise AssertionError(f"not in sync after {rounds} reports")
 
 
@@ -69,7 +70,7 @@ def test_reports_carry_stores_and_evictions() -> None:
     store.insert(13, 512)  # evicts 11
     assert _sync(store, mirror) == 1
     assert mirror.entries == {12: 1024, 13: 512}
-    assert len(store.journal) == 0 and store.journal.report() is None
+    assert len(store.journal) == 0 and store.journal.report().changes == ()
 
 
 def test_a_lost_acknowledgement_resends_and_the_mirror_skips_what_it_applied() -> None:
@@ -253,13 +254,11 @@ def test_once_reports_get_through_the_mirror_holds_what_the_store_holds(
         if kind == "insert":
             store.insert(int(str(op[1])), 512 * int(str(op[2])))
         elif kind == "beat":
-            if (report := store.journal.report()) is not None:
-                store.acknowledge(mirror.apply(report))
+            store.acknowledge(mirror.apply(store.journal.report()))
         elif kind == "lose_report":
             store.journal.report()  # sent, never arrived: nothing changes on either side
         elif kind == "lose_ack":
-            if (report := store.journal.report()) is not None:
-                mirror.apply(report)
+            mirror.apply(store.journal.report())
         elif kind == "gateway_forgets":  # the process re-registers: a fresh mirror, a snapshot
             mirror = StoreMirror(PD)
             store.journal.snapshot(store.entries.items())
@@ -273,3 +272,18 @@ def test_once_reports_get_through_the_mirror_holds_what_the_store_holds(
     for h in range(1, 13):
         want = store.entries.get(h, 0)
         assert mirror.cached_tokens([h], 10**6, now_s=0.0) == want
+
+
+def test_a_fresh_mirror_learns_a_quiet_store_from_its_empty_report() -> None:
+    """Found by the hypothesis test: after the gateway restarts, a store with nothing new to
+    report still sends its epoch and position, so the new mirror asks for a snapshot instead of
+    mirroring nothing until the store next changes."""
+    store, mirror = _Store(7, capacity=4), StoreMirror(PD)
+    store.insert(1, 512)
+    _sync(store, mirror)
+    fresh = StoreMirror(PD)
+    ack = fresh.apply(store.journal.report())
+    assert ack.snapshot
+    store.acknowledge(ack)
+    _sync(store, fresh)
+    assert fresh.entries == {1: 512}

@@ -56,7 +56,7 @@ def _beat(registry: NodeRegistry, process: str, store: PrefixStore, now_s: float
     """One heartbeat of the process, through the JSON both ends exchange; False if the store had
     nothing to report."""
     sent = store.report()
-    if sent is None:
+    if not sent.changes:
         return False
     beat = Heartbeat(process=process, reports=[report(process)], prefix=PrefixReportMsg.of(sent))
     assert registry.heartbeat(Heartbeat.model_validate_json(beat.model_dump_json()), now_s)

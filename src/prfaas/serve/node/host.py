@@ -381,7 +381,7 @@ class WorkerHost:
         return Heartbeat(
             process=self.process_name,
             reports=self.reports(),
-            prefix=PrefixReportMsg.of(report) if report is not None else None,
+            prefix=PrefixReportMsg.of(report),
         )
 
     def _on_heartbeat_answer(self, r: httpx.Response) -> None:

@@ -114,8 +114,9 @@ class PrefixStore:
         return [(h, self._entries[h].num_tokens) for h in kept if h in self._entries]
 
     # -- reports to the gateway -------------------------------------------------------------------
-    def report(self) -> StoreReport | None:
-        """The next changes for the gateway (None: it has them all)."""
+    def report(self) -> StoreReport:
+        """The next changes for the gateway (none: it has them all; still sent, see
+        ``StoreJournal.report``)."""
         return self.journal.report()
 
     def acknowledge(self, ack: ReportAck) -> None:
