@@ -77,7 +77,7 @@ class LinkState:
 
     link_id: LinkId
     capacity_bytes_per_s: float
-    """The rate KV traffic may use now (shaped or measured)."""
+    """The rate KV traffic may use now (shaped or measured: ``capacity_basis``)."""
     utilisation: float = 0.0
     """Goodput over capacity, 0..1 (may exceed 1 briefly when capacity just dropped)."""
     goodput_bytes_per_s: float = 0.0
@@ -88,6 +88,10 @@ class LinkState:
     """Retransmitted segments over sent segments in the last sampling interval."""
     congested: bool = False
     sampled_at_s: float = 0.0
+    capacity_basis: str = "configured"
+    """Where ``capacity_bytes_per_s`` comes from: "configured" (the deployment file's or the
+    shaped rate; the simulator's link model) or "measured" (the live senders' estimate,
+    ``core.link_estimate``)."""
 
     def drain_time_s(self) -> float:
         """How long the current backlog takes to clear at full capacity."""

@@ -233,7 +233,8 @@ def _control_app(
                 {"link": s.link_id, "capacity_bytes_per_s": s.capacity_bytes_per_s,
                  "utilisation": s.utilisation, "backlog_bytes": s.backlog_bytes,
                  "rtt_s": s.rtt_s, "retransmit_rate": s.retransmit_rate,
-                 "congested": s.congested}
+                 "congested": s.congested, "capacity_basis": s.capacity_basis,
+                 "goodput_bytes_per_s": s.goodput_bytes_per_s}
                 for s in registry.link_states()
             ],
         }  # fmt: skip

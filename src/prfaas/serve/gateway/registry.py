@@ -3,6 +3,11 @@ registry keeps the policy's ``MutableClusterView`` up to date one report at a ti
 inter-site link's ``LinkState`` from the PrfaaS nodes' egress counters, and takes a node whose
 process stopped heartbeating out of rotation.
 
+A link's capacity is what the PrfaaS site's senders measured (each process's
+``core.link_estimate`` estimate in its reports; the highest of the site's live processes: each
+measures a lower bound of the one link they share), the deployment file's rate until one has
+measured (basis "configured"), and the reported paced rate for nodes that do not estimate.
+
 Units: the view is in *modelled* units, like the simulator's: seconds of the emulated hardware
 (wall seconds / time_scale) and real KV bytes (payload bytes x byte_divisor), so the same policy
 objects and thresholds apply to both drivers.
@@ -48,6 +53,16 @@ class _LinkMeter:
     last_wall_s: float | None = None
     goodput_bytes_per_s: float = 0.0
     per_node_bytes: dict[str, int] = field(default_factory=dict)
+    per_process: dict[str, _ProcessLink] = field(default_factory=dict)
+    """What each of the site's processes last said about its senders (estimating ones only)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _ProcessLink:
+    estimate_bytes_per_s: float
+    basis: str
+    backlog_bytes: int
+    at_wall_s: float
 
 
 class NodeRegistry:
@@ -119,7 +134,7 @@ class NodeRegistry:
                     update={"role": report.role}
                 )
                 self._update(report, now_wall_s)
-        self._update_links(beat.reports, now_wall_s)
+        self._update_links(beat.reports, now_wall_s, beat.process)
         if beat.prefix is not None:
             ack = self.kv.apply(beat.process, beat.prefix.to_report(), now_wall_s)
             if ack is not None:
@@ -252,7 +267,9 @@ class NodeRegistry:
             ))
         )  # fmt: skip
 
-    def _update_links(self, reports: list[NodeReport], now_wall_s: float) -> None:
+    def _update_links(
+        self, reports: list[NodeReport], now_wall_s: float, process: str = ""
+    ) -> None:
         home = self.deployment.home_site.name
         for site, meter in self._meters.items():
             mine = [r for r in reports if r.site == site]
@@ -265,18 +282,21 @@ class NodeRegistry:
             reported = [r.link_capacity_bytes_per_s for r in mine if r.link_capacity_bytes_per_s]
             if reported:  # the rate the site's sender is paced at now (modelled bytes/s)
                 meter.capacity_bytes_per_s = min(reported)
+            cap, basis, measured_backlog = self._measured(meter, mine, process, now_wall_s)
+            if measured_backlog is not None:
+                backlog = measured_backlog
             if meter.last_wall_s is not None and now_wall_s > meter.last_wall_s:
                 dt_modelled = self.modelled_s(now_wall_s - meter.last_wall_s)
                 rate = max(0, total - meter.last_bytes) / dt_modelled
                 a = GOODPUT_SMOOTHING
                 meter.goodput_bytes_per_s = (1 - a) * meter.goodput_bytes_per_s + a * rate
             meter.last_bytes, meter.last_wall_s = total, now_wall_s
-            cap = meter.capacity_bytes_per_s
-            utilisation = meter.goodput_bytes_per_s / cap
+            utilisation = meter.goodput_bytes_per_s / cap if cap > 0 else 0.0
             # Loss is the worst retransmit rate the nodes' transfer monitors saw; their queueing
             # (wall-clock RTT) is not used: a busy emulation host inflates it.
             retransmit_rate = max(r.link_retransmit_rate for r in mine)
-            congested = CONGESTION.congested(utilisation, backlog / cap, retransmit_rate)
+            drain = backlog / cap if cap > 0 else (float("inf") if backlog else 0.0)
+            congested = CONGESTION.congested(utilisation, drain, retransmit_rate)
             self.view.update_link(
                 LinkState(
                     link_id=link_id_for(SiteId(site), SiteId(home)),
@@ -288,8 +308,29 @@ class NodeRegistry:
                     retransmit_rate=retransmit_rate,
                     congested=congested,
                     sampled_at_s=self.modelled_s(now_wall_s),
+                    capacity_basis=basis,
                 )
             )
+
+    def _measured(
+        self, meter: _LinkMeter, mine: list[NodeReport], process: str, now_wall_s: float
+    ) -> tuple[float, str, int | None]:
+        """(capacity, its basis, the senders' backlog or None) for a site from its processes'
+        estimates. Every node of a process carries the same link fields: one entry per process.
+        A process silent for longer than the heartbeat timeout no longer counts."""
+        estimating = [r for r in mine if r.link_capacity_basis]
+        if estimating:
+            r = estimating[0]
+            meter.per_process[process] = _ProcessLink(
+                r.link_estimate_bytes_per_s, r.link_capacity_basis, r.link_backlog_bytes, now_wall_s
+            )
+        horizon = now_wall_s - self.deployment.gateway.heartbeat_timeout_s
+        live = [p for p in meter.per_process.values() if p.at_wall_s >= horizon]
+        measured = [p.estimate_bytes_per_s for p in live if p.basis == "measured"]
+        backlog = sum(p.backlog_bytes for p in live) if live else None
+        if measured:
+            return max(measured), "measured", backlog
+        return meter.capacity_bytes_per_s, "configured", backlog
 
     def link_states(self) -> list[LinkState]:
         home = SiteId(self.deployment.home_site.name)

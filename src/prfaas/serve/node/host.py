@@ -7,6 +7,12 @@ request; the sender links are pooled per (decode host, port), paced at the inter
 emulated rate when the KV crosses sites (an R Gbps link is paced at R / byte_divisor / time_scale).
 Links are opened per peer, at most one connect per peer at a time, each bounded by
 ``CONNECT_TIMEOUT_S``: a peer that does not answer delays only the prefills aimed at it.
+
+The inter-site link's capacity is measured here, not taken from the deployment file: at every
+report the cross-site links' counters (TCP_INFO bytes acknowledged and bytes not yet sent, the
+links' own unwritten bytes, RTT) feed one ``core.link_estimate.CapacityEstimator`` for the
+process, and the report carries its estimate and basis ("configured" until the first busy
+interval, then "measured"), in modelled units like every other report field.
 """
 
 from __future__ import annotations
@@ -16,13 +22,14 @@ import contextlib
 import functools
 import logging
 import ssl
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Hashable, Sequence
 from typing import Any
 
 import httpx
 
 from prfaas.config import DeploymentConfig
 from prfaas.core import LinkId, NodeRole
+from prfaas.core.link_estimate import CapacityEstimator, EstimatorConfig, LinkReading
 from prfaas.serve.auth import SignedAuth
 from prfaas.serve.node.engines import build_engine, prefix_store_bytes
 from prfaas.serve.node.messages import (
@@ -53,11 +60,17 @@ from prfaas.transfer import (
 )
 from prfaas.transfer import Link as TransferLink
 from prfaas.transfer.frames import MAX_NAME_BYTES
+from prfaas.transfer.tcpinfo import read_tcp_info
 
 log = logging.getLogger("prfaas.node")
 
 CONNECT_TIMEOUT_S = 5.0
 """Longest a KV link may take to connect and authenticate (every connection of it)."""
+
+LINK_ESTIMATOR = EstimatorConfig(window_s=3.0, busy_queue_bytes=16 << 10)
+"""Wall seconds and payload bytes. A busy interval needs 16 KiB waiting at both ends: more than
+one layer piece in passing (an emulated layer is ~10 KiB), so a link that keeps up with the prefill
+is not mistaken for a full one."""
 
 
 class WorkerHost:
@@ -113,6 +126,7 @@ class WorkerHost:
             None,
         )
         self.link_gbps: float | None = link.gbps if link is not None else None
+        self._link_estimator = CapacityEstimator(self._configured_wall_rate(), LINK_ESTIMATOR)
         self.receiver: Receiver | None = None
         self.transfer_port = 0
         self.http_port = 0
@@ -167,9 +181,20 @@ class WorkerHost:
         scale = eng.byte_divisor * (eng.time_scale if eng.kind == "timed" else 1.0)
         return self.link_gbps * 1e9 / 8 / scale
 
+    def _wall_scale(self) -> float:
+        """Modelled bytes per second for one wall-clock payload byte per second (the registry's
+        conversion: payload x byte_divisor, wall seconds / time_scale)."""
+        eng = self.deployment.engine
+        return eng.byte_divisor * eng.time_scale if eng.kind == "timed" else 1.0
+
+    def _configured_wall_rate(self) -> float:
+        """The deployment file's link rate in wall payload bytes/s (0: no inter-site link)."""
+        return 0.0 if self.link_gbps is None else self.link_gbps * 1e9 / 8 / self._wall_scale()
+
     def set_link_gbps(self, gbps: float) -> None:
         """Shape the inter-site link (modelled Gbps): paces every cross-site sender from now on."""
         self.link_gbps = gbps
+        self._link_estimator.set_configured(self._configured_wall_rate())
         rate = self.link_rate_bytes_per_s()
         for (_host, _port, cross_site), link in self._links.items():
             if cross_site:
@@ -195,14 +220,60 @@ class WorkerHost:
         rule (``core.CongestionRule``) to the rate; the monitor's queueing term is left out there:
         it reads wall-clock RTT, which a busy emulation host inflates without any network cause."""
         now = asyncio.get_running_loop().time()
+        health = self._link_estimate(now)
         states = [s for m in self._monitors.values() if (s := m.sample(now)) is not None]
         if not states:
-            return {}
+            return health
         rate = max(s.retransmit_rate for s in states)
-        return {
+        health.update({
             "link_rtt_s": max(s.rtt_s for s in states),
             "link_retransmit_rate": rate,
+        })  # fmt: skip
+        return health
+
+    def _link_estimate(self, now_s: float) -> dict[str, object]:
+        """Feed the capacity estimator the cross-site links' counters now; the report fields.
+
+        Per link: bytes acknowledged are TCP's (``TCP_INFO`` bytes_acked, summed over the
+        connections: per segment, where the receiver's own ACK frames come per 4 MiB), the link's
+        counters in memory; the queue is what ``send`` accepted and no connection has written yet
+        plus what the kernel holds unsent (``notsent_bytes``). Aborted bytes are subtracted from
+        the unwritten ones though some were written: after an abort the queue reads low, never
+        high, which can only make an interval look idle."""
+        if self.link_gbps is None:
+            return {}
+        readings: dict[Hashable, LinkReading] = {}
+        backlog = 0
+        for key in self._monitors:
+            link = self._links.get(key)
+            if link is None:
+                continue
+            c = link.counters()
+            backlog += c.backlog_bytes
+            unwritten = max(0, c.bytes_queued - c.bytes_sent - c.bytes_dropped)
+            infos = [i for i in (read_tcp_info(s) for s in link.sockets()) if i is not None]
+            if infos:
+                acked = sum(i.bytes_acked for i in infos)
+                unwritten += sum(i.notsent_bytes for i in infos)
+                rtt = max(i.rtt_s for i in infos)
+            else:
+                acked, rtt = c.bytes_acked, 0.0
+            # Keyed by the link's random peer id: a replaced link (same peer) starts anew.
+            readings[link.peer_id] = LinkReading(acked, unwritten, rtt)
+        est = self._link_estimator.observe(now_s, readings)
+        scale = self._wall_scale()
+        return {
+            "link_estimate_bytes_per_s": est.capacity_bytes_per_s * scale,
+            "link_capacity_basis": est.basis,
+            "link_goodput_bytes_per_s": est.goodput_bytes_per_s * scale,
+            "link_queue_bytes": int(est.queue_bytes * self._byte_divisor()),
+            "link_backlog_bytes": int(backlog * self._byte_divisor()),
         }
+
+    def _byte_divisor(self) -> int:
+        """Real KV bytes per payload byte (the timed engine sends 1/byte_divisor of the KV)."""
+        eng = self.deployment.engine
+        return eng.byte_divisor if eng.kind == "timed" else 1
 
     async def link_to(self, host: str, port: int, cross_site: bool) -> TransferLink:
         """The pooled link to a peer's receiver, connecting it first if needed (at most one

@@ -136,6 +136,20 @@ class NodeReport(_Msg):
     link_retransmit_rate: float = 0.0
     """Worst retransmitted share of segments since the last report (the gateway's congestion
     rule reads it)."""
+    link_estimate_bytes_per_s: float = 0.0
+    """Capacity of the inter-site link as this process's senders measure it (modelled bytes/s,
+    ``core.link_estimate``); 0 with ``link_capacity_basis`` "": not estimated (the gateway then
+    takes ``link_capacity_bytes_per_s``)."""
+    link_capacity_basis: Literal["", "configured", "measured"] = ""
+    """"configured": no busy interval yet, the estimate is the deployment file's rate;
+    "measured": from acknowledged bytes while the senders had a queue."""
+    link_goodput_bytes_per_s: float = 0.0
+    """Bytes acknowledged per second over the last reporting interval (modelled)."""
+    link_queue_bytes: int = 0
+    """Bytes the process's cross-site senders accepted and have not sent yet (modelled)."""
+    link_backlog_bytes: int = 0
+    """Bytes the process's cross-site senders accepted and the receivers have not acknowledged
+    (modelled; the links' own counters)."""
     fault: str = ""
     """Non-empty when the node cannot serve (its engine thread died, say): the gateway takes it
     out of rotation until a report without a fault."""
