@@ -2,7 +2,8 @@
 
 What crosses the boundary, as frozen dataclasses: a prefill request, the per-layer outputs a prefill
 hands out as each layer finishes, the prefill's result (first token, block checkpoints), cached
-prefixes, allocations for incoming transfers and the tokens a decode step streams out.
+prefixes, allocations for incoming transfers and the tokens a decode step streams out. A chunked
+prefill hands full-attention layers out chunk by chunk (``LayerOutput.rows``).
 Payload bytes are ``memoryview`` s laid out exactly as ``CacheSpec.layout`` says (tensors of a
 layer back to back, token-major), so they can go to a socket as they are.
 Must not import torch or asyncio.
@@ -66,26 +67,69 @@ class SamplingParams:
 
 @dataclass(frozen=True, slots=True)
 class LayerOutput:
-    """One layer's share of a request's cache, ready to send: ``segment`` says what it is."""
+    """One layer's share of a request's cache, ready to send: ``segment`` says what it is.
+
+    A prefill cut into chunks hands a full-attention layer out once per chunk: each output then
+    carries token rows ``rows = (start, end)`` of ``segment`` only (absolute token indices inside
+    ``[segment.first_token, segment.first_token + segment.num_token_rows)``), and the outputs of
+    one layer together cover the segment exactly once. SWA windows and linear states are only
+    final after the last chunk, so they always come whole (``rows`` None)."""
 
     request_id: str
     position: int
     """Index of this layer in the cache spec (= in the manifest), not the model's layer number."""
     segment: LayerSegment
     buffers: tuple[memoryview, ...]
-    """One buffer per tensor of ``segment``, in order; each exactly ``TensorSlice.num_bytes``."""
+    """One buffer per tensor of ``segment``, in order; each exactly ``TensorSlice.num_bytes``,
+    or, with ``rows``, exactly that tensor's bytes for those rows."""
+    rows: tuple[int, int] | None = None
+    """Token rows ``[start, end)`` this output carries; None: the whole segment."""
+
+    def __post_init__(self) -> None:
+        if self.rows is None:
+            return
+        start, end = self.rows
+        seg = self.segment
+        if not seg.kind.grows_with_length:
+            raise ValueError(f"layer {self.position}: only full-attention rows come in parts")
+        if not seg.first_token <= start < end <= seg.first_token + seg.num_token_rows:
+            raise ValueError(
+                f"layer {self.position}: rows [{start}, {end}) outside the segment's "
+                f"[{seg.first_token}, {seg.first_token + seg.num_token_rows})"
+            )
+        for buf, t in zip(self.buffers, seg.tensors, strict=True):
+            if buf.nbytes != (end - start) * (t.num_bytes // seg.num_token_rows):
+                raise ValueError(
+                    f"layer {self.position}, tensor {t.name}: {buf.nbytes} bytes for rows "
+                    f"[{start}, {end})"
+                )
 
     @property
     def num_bytes(self) -> int:
         return sum(b.nbytes for b in self.buffers)
 
+    @property
+    def row_span(self) -> tuple[int, int]:
+        """The token rows carried: ``rows``, or the whole segment's."""
+        if self.rows is not None:
+            return self.rows
+        return (self.segment.first_token, self.segment.first_token + self.segment.num_token_rows)
+
     def pieces(self) -> tuple[tuple[int, memoryview], ...]:
-        """``(offset_bytes, view)`` pairs inside this layer's segment, tensors back to back."""
-        out, offset = [], 0
-        for buf in self.buffers:
-            out.append((offset, buf))
-            offset += buf.nbytes
-        return tuple(out)
+        """``(offset_bytes, view)`` pairs inside this layer's segment (tensors back to back, each
+        token-major), so a partial output's rows land where the whole segment has them."""
+        if self.rows is None:
+            out, offset = [], 0
+            for buf in self.buffers:
+                out.append((offset, buf))
+                offset += buf.nbytes
+            return tuple(out)
+        seg, skip = self.segment, self.rows[0] - self.segment.first_token
+        parts, base = [], 0
+        for buf, t in zip(self.buffers, seg.tensors, strict=True):
+            parts.append((base + skip * (t.num_bytes // seg.num_token_rows), buf))
+            base += t.num_bytes
+        return tuple(parts)
 
 
 @dataclass(frozen=True, slots=True)

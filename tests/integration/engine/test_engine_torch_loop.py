@@ -65,10 +65,15 @@ class PassLog:
 
 
 def _digest(outputs: list[LayerOutput]) -> str:
+    """Each layer assembled as the receiver would (parts of a chunked prefill land by offset)."""
+    layers: dict[int, bytearray] = {}
+    for out in outputs:
+        buf = layers.setdefault(out.position, bytearray(out.segment.num_bytes))
+        for offset, view in out.pieces():
+            buf[offset : offset + view.nbytes] = view
     h = hashlib.sha256()
-    for out in sorted(outputs, key=lambda o: o.position):
-        for buf in out.buffers:
-            h.update(buf)
+    for pos in sorted(layers):
+        h.update(layers[pos])
     return h.hexdigest()
 
 

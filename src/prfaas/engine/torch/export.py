@@ -1,7 +1,8 @@
 """A request's cache as wire-layout ``LayerOutput`` s (export) and back (import).
 
 Export follows ``CacheSpec.layout(num_tokens, num_cached_tokens)``: the uncached suffix of
-full-attention KV, the SWA window and the linear states as of ``num_tokens``. Import makes tensors
+full-attention KV (whole, or one prefill pass's rows of it), the SWA window and the linear states
+as of ``num_tokens``. Import makes tensors
 over the received buffers without copying where the layout allows (states, a transfer without a
 cached prefix); a cached prefix's KV is concatenated with the suffix.
 """
@@ -49,6 +50,29 @@ def export_layer(
             t = t[:, :, start : start + segment.num_token_rows]
         buffers.append(tensor_bytes(to_wire(t, shape, per_token)))
     return LayerOutput(request_id, pos, segment, tuple(buffers))
+
+
+def export_rows(
+    request_id: str,
+    cmap: HFCacheMap,
+    pos: int,
+    native: dict[str, torch.Tensor],
+    num_tokens: int,
+    num_cached_tokens: int,
+    rows: tuple[int, int],
+) -> LayerOutput:
+    """KV rows ``[start, end)`` of full-attention spec position ``pos`` (``native``: batch-1
+    tensors holding rows ``[0, end)`` at least: a full-attention layer keeps every row) as a part
+    of the segment ``CacheSpec.layout(num_tokens, num_cached_tokens)`` gives it."""
+    spec = cmap.spec.layers[pos]
+    segment = cmap.spec.layout(num_tokens, num_cached_tokens).segments[pos]
+    start, end = rows
+    buffers = []
+    for name, shape, per_token in layer_spec_names(spec):
+        t = native[name]
+        assert per_token and t.shape[-2] >= end, (name, t.shape, rows)
+        buffers.append(tensor_bytes(to_wire(t[:, :, start:end], shape, per_token)))
+    return LayerOutput(request_id, pos, segment, tuple(buffers), rows)
 
 
 def export_cache(

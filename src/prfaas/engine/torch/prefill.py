@@ -4,11 +4,15 @@ engine thread runs one at a time, so a decode step of the running batch can run 
 Chunks end every ``chunk_tokens`` tokens and on every block boundary when checkpoints are asked
 for (the state at each boundary is copied as it passes); a cached prefix means only the suffix is
 computed. A pass runs whole chunks up to the next block boundary (or the end) when the engine says
-nothing is decoding: cutting then protects no stream and would only shorten the layer-wise
-overlap with the transfer. Layer-wise hand-out happens in the last pass: the model's
-``LayerTap`` (installed once) is armed with this job's cache, and as each decoder layer
-finishes, that layer's share of the cache (``CacheSpec.layout(num_tokens, num_cached_tokens)``)
-goes to ``on_layer`` before the next layer starts. Every pass holds the model's
+nothing is decoding: cutting then protects no stream and only adds passes.
+
+Layer-wise hand-out happens in every pass: the model's ``LayerTap`` (installed once) is armed with
+this job's cache, and as each decoder layer finishes, its share goes to ``on_layer`` before the
+next layer starts. A full-attention layer's share of a pass is its new KV rows ``[pass start,
+pass end)`` (``LayerOutput.rows``; the whole segment when one pass computes everything), so the
+first bytes leave during the first pass, not the last. SWA windows and linear states change until
+the last token, so they go whole after the last pass's layer, as
+``CacheSpec.layout(num_tokens, num_cached_tokens)`` has them. Every pass holds the model's
 ``forward_lock``.
 """
 
@@ -24,7 +28,7 @@ import torch
 from prfaas.engine.api import CachedPrefix, LayerOutput, PrefillRequest
 from prfaas.engine.hf_spec import HFCacheMap
 from prfaas.engine.torch import hf_cache
-from prfaas.engine.torch.export import export_layer, prefix_cache
+from prfaas.engine.torch.export import export_layer, export_rows, prefix_cache
 from prfaas.engine.torch.hf_cache import RequestCache
 from prfaas.engine.torch.loader import LoadedModel
 from prfaas.spec import LayerKind
@@ -106,7 +110,7 @@ class PrefillJob:
 
     def run_chunk(self, split: bool = True) -> None:
         """The next pass: one chunk, or with ``split=False`` every chunk up to the next block
-        boundary. The last pass hands each layer out as it finishes."""
+        boundary. Each layer's new KV rows go out as the layer finishes (states: last pass)."""
         if self._cache is None:
             self._cache = self._start_cache()
         loaded, cmap, cache = self._loaded, self._loaded.cmap, self._cache
@@ -116,11 +120,16 @@ class PrefillJob:
         end = self._ends[i]
         last = i == len(self._ends) - 1
         tap: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
-        if last and self._on_layer is not None:
-            callbacks = {
-                m: _hand_out(cache, cmap, self.req, pos, self._on_layer)
-                for pos, m in enumerate(cmap.model_layers)
-            }
+        if self._on_layer is not None:
+            req = self.req
+            whole = self._begin == req.num_cached_tokens and last
+            rows = None if whole else (self._begin, end)
+            callbacks = {}
+            for pos, m in enumerate(cmap.model_layers):
+                if cmap.spec.layers[pos].kind.grows_with_length:
+                    callbacks[m] = _hand_out(cache, cmap, req, pos, self._on_layer, rows)
+                elif last:  # a state or window is final only after the last token
+                    callbacks[m] = _hand_out(cache, cmap, req, pos, self._on_layer, None)
             tap = loaded.tap.armed(cache, callbacks)
         positions = torch.arange(self._begin, end).unsqueeze(0)
         with loaded.forward_lock, torch.inference_mode(), tap:
@@ -149,12 +158,17 @@ def _hand_out(
     req: PrefillRequest,
     pos: int,
     on_layer: Callable[[LayerOutput], None],
+    rows: tuple[int, int] | None,
 ) -> Callable[[], None]:
+    """The tap callback for spec position ``pos``: the whole segment, or KV ``rows`` only."""
+
     def hook() -> None:
         native = hf_cache.read_layer(cache, cmap, pos)
-        on_layer(
-            export_layer(req.request_id, cmap, pos, native, req.num_tokens, req.num_cached_tokens)
-        )
+        n, k = req.num_tokens, req.num_cached_tokens
+        if rows is None:
+            on_layer(export_layer(req.request_id, cmap, pos, native, n, k))
+        else:
+            on_layer(export_rows(req.request_id, cmap, pos, native, n, k, rows))
 
     return hook
 

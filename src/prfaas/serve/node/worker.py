@@ -374,6 +374,8 @@ def _pieces_for_receiver(
     computed_from = 0 if cached is None else cached.num_tokens
     if not out.segment.kind.grows_with_length or computed_from == receiver_tokens:
         return list(out.pieces())
+    if out.rows is not None:
+        return _row_pieces(out, cached, target, receiver_tokens)
     pieces: list[tuple[int, memoryview]] = []
     offset = 0
     new_rows = out.segment.num_token_rows
@@ -394,4 +396,32 @@ def _pieces_for_receiver(
         data = b"".join(bytes(p) for p in parts)[: tensor.num_bytes]
         pieces.append((offset, memoryview(data.ljust(tensor.num_bytes, b"\0"))))
         offset += tensor.num_bytes
+    return pieces
+
+
+def _row_pieces(
+    out: LayerOutput,
+    cached: CachedPrefix | None,
+    target: LayerSegment,
+    receiver_tokens: int,
+) -> list[tuple[int, memoryview]]:
+    """One prefill pass's KV rows ``out.rows`` of a layer, placed in the receiver's segment: rows
+    the receiver holds are dropped, and the first pass's part also carries this node's stored
+    prefix rows ``[receiver_tokens, computed_from)`` the receiver lacks (no copy)."""
+    assert out.rows is not None
+    start, end = out.rows
+    computed_from = out.segment.first_token
+    pieces: list[tuple[int, memoryview]] = []
+    base = 0
+    for i, tensor in enumerate(target.tensors):
+        row = out.buffers[i].nbytes // (end - start)
+        if start == computed_from and receiver_tokens < computed_from:
+            assert cached is not None
+            head = cached.layers[out.position].buffers[i]
+            pieces.append((base, head[receiver_tokens * row : computed_from * row]))
+        lo = max(start, receiver_tokens)
+        if lo < end:
+            tail = out.buffers[i][(lo - start) * row :]
+            pieces.append((base + (lo - receiver_tokens) * row, tail))
+        base += tensor.num_bytes
     return pieces
