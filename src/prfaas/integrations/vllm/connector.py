@@ -92,7 +92,7 @@ class LoadJob:
 
 
 @dataclass
-class PrfaasMetadata(KVConnectorMetadata):
+class PrfaasMetadata(KVConnectorMetadata):  # type: ignore[misc]  # vllm is untyped here
     sends: list[SendStep] = field(default_factory=list)
     loads: list[LoadJob] = field(default_factory=list)
     abort_sends: list[str] = field(default_factory=list)
@@ -121,7 +121,7 @@ def _safe(parse: Any, params: Any, req_id: str) -> Any:
         return None
 
 
-class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):
+class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  # vllm: untyped
     """Remote prefill / remote decode of vLLM requests over prfaas.transfer."""
 
     def __init__(

@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -198,7 +199,10 @@ def rows_of(
 
 def as_bytes(t: torch.Tensor) -> memoryview:
     """A contiguous CPU tensor's bytes, no copy (the tensor must outlive the view)."""
-    return memoryview(t.contiguous().view(torch.uint8).numpy()).cast("B")
+    if not t.is_contiguous():
+        raise LayoutError("as_bytes needs a contiguous tensor (a copy would not outlive the view)")
+    array: Any = t.view(torch.uint8).numpy()
+    return memoryview(array).cast("B")
 
 
 def check_layers(layer_names: Mapping[str, int], spec: CacheSpec) -> None:

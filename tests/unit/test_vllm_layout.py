@@ -1,0 +1,166 @@
+"""The connector's pure parts, without vLLM: paged-cache views (CPU_ATTN and flash layouts),
+gather/scatter of a request's tokens, byte ranges in a prfaas layer segment, layer-name mapping,
+and the settings / kv_transfer_params checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from prfaas.engine.hf_spec import cache_map_from_config
+from prfaas.integrations.vllm import layout as L
+from prfaas.integrations.vllm.settings import (
+    ConnectorSettings,
+    SettingsError,
+    load_params,
+    send_params,
+)
+from prfaas.spec import CacheSpec, DType, LayerCache
+from prfaas.transfer import Manifest
+
+H, D, BS, NB = 2, 32, 16, 8
+
+
+def _cpu_attn_cache() -> torch.Tensor:
+    """A CPU_ATTN layer cache ``[num_blocks, heads, block_size, 2*head_dim]`` in which the value
+    at (block b, head h, row r) of K is b*1000 + h*100 + r (V: negated), written the way the
+    backend's own view addresses it (``view(nb, h, 2*bs, d).chunk(2, dim=2)``)."""
+    kv = torch.zeros(NB, H, BS, 2 * D)
+    k, v = kv.view(NB, H, 2 * BS, D).chunk(2, dim=2)
+    for b in range(NB):
+        for h in range(H):
+            for r in range(BS):
+                k[b, h, r] = b * 1000 + h * 100 + r
+                v[b, h, r] = -(b * 1000 + h * 100 + r)
+    return kv
+
+
+def test_cpu_layout_views_address_what_the_backend_wrote() -> None:
+    kv = _cpu_attn_cache()
+    paged = L.paged_kv(kv, H, D)
+    assert paged.block_size == BS
+    assert paged.key[3, 5, 1, 0].item() == 3 * 1000 + 100 + 5
+    assert paged.value[3, 5, 1, 7].item() == -(3 * 1000 + 100 + 5)
+    # The K rows of a head come first in memory, then its V rows (what the kernel reads).
+    raw = kv.view(-1)
+    head_elems = BS * 2 * D
+    assert raw[(3 * H + 1) * head_elems + 5 * D].item() == 3 * 1000 + 100 + 5
+    assert raw[(3 * H + 1) * head_elems + (BS + 5) * D].item() == -(3 * 1000 + 100 + 5)
+
+
+def test_gather_follows_the_block_table_and_scatter_inverts_it() -> None:
+    kv = _cpu_attn_cache()
+    paged = L.paged_kv(kv, H, D)
+    block_ids = [6, 2, 5]
+    k, v = L.gather(paged, block_ids, 14, 35)  # crosses two block boundaries
+    assert k.shape == (21, H, D) and k.is_contiguous()
+    for i, t in enumerate(range(14, 35)):
+        b, r = block_ids[t // BS], t % BS
+        assert k[i, 1, 0].item() == b * 1000 + 100 + r
+        assert v[i, 0, 3].item() == -(b * 1000 + r)
+    other = torch.zeros_like(kv)
+    dest = L.paged_kv(other, H, D)
+    L.scatter(dest, [1, 7, 0], 14, k, v)
+    k2, v2 = L.gather(dest, [1, 7, 0], 14, 35)
+    assert torch.equal(k2, k) and torch.equal(v2, v)
+    # nothing outside those token slots was written (block 1 rows 14-15, all of 7, 0 rows 0-2)
+    for part in (dest.key, dest.value):
+        assert part[1, :14].abs().sum().item() == 0
+        assert part[0, 3:].abs().sum().item() == 0 and part[2:7].abs().sum().item() == 0
+        assert part[7].abs().min().item() > 0 and part[1, 14:].abs().min().item() > 0
+
+
+def test_flash_layout_is_recognised() -> None:
+    kv = torch.arange(2 * NB * BS * H * D, dtype=torch.float32).view(2, NB, BS, H, D)
+    paged = L.paged_kv(kv, H, D)
+    k, v = L.gather(paged, [4], 3, 5)
+    assert torch.equal(k, kv[0, 4, 3:5]) and torch.equal(v, kv[1, 4, 3:5])
+
+
+def test_unknown_layout_and_out_of_range_tokens_are_refused() -> None:
+    with pytest.raises(L.LayoutError, match="unknown KV cache layout"):
+        L.paged_kv(torch.zeros(NB, BS, 2 * D), H, D)
+    with pytest.raises(L.LayoutError, match="outside 2 blocks"):
+        L.token_slots([0, 1], BS, 0, 2 * BS + 1)
+
+
+def test_byte_ranges_match_the_cache_spec_layout() -> None:
+    spec = CacheSpec((LayerCache.gqa(H, D, DType.FP32),) * 3)
+    g = L.KVGeometry.of(spec)
+    layout = spec.layout(600, 100)
+    seg = layout.segments[1]
+    k_off, v_off = L.byte_ranges(g, seg.first_token, seg.num_token_rows, 100, 612 - 12)
+    assert (k_off, v_off) == (0, seg.tensors[0].num_bytes)
+    k_off, v_off = L.byte_ranges(g, 100, 500, 350, 600)
+    assert k_off == 250 * g.row_bytes and v_off == (500 + 250) * g.row_bytes
+    assert 2 * 500 * g.row_bytes == seg.num_bytes
+    with pytest.raises(L.LayoutError):
+        L.byte_ranges(g, 100, 500, 50, 120)
+
+
+def test_received_layer_buffer_reads_back_as_k_then_v() -> None:
+    g = L.KVGeometry(H, D, DType.FP32)
+    k = torch.randn(5, H, D)
+    v = torch.randn(5, H, D)
+    buf = bytearray(L.as_bytes(k).tobytes() + L.as_bytes(v).tobytes())
+    k2, v2 = L.rows_of(memoryview(buf), g, 5)
+    assert torch.equal(k2, k) and torch.equal(v2, v)
+    with pytest.raises(L.LayoutError):
+        L.rows_of(memoryview(buf), g, 4)
+
+
+def test_layer_names_map_to_spec_positions() -> None:
+    names = [f"model.layers.{i}.self_attn.attn" for i in range(4)]
+    assert L.spec_positions(names, (0, 1, 2, 3)) == {n: i for i, n in enumerate(names)}
+    assert L.spec_positions(names, (1, 3)) == {names[1]: 0, names[3]: 1}
+    with pytest.raises(L.LayoutError, match="no vLLM KV cache"):
+        L.spec_positions(names[:2], (0, 1, 2))
+
+
+def test_geometry_refuses_hybrid_specs() -> None:
+    cfg = {
+        "model_type": "llama",
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "hidden_size": 128,
+        "max_position_embeddings": 64,
+    }
+    g = L.KVGeometry.of(cache_map_from_config(cfg, DType.FP32).spec)
+    assert (g.num_kv_heads, g.head_dim, g.row_bytes) == (2, 32, 256)
+    hybrid = CacheSpec((LayerCache.gqa(2, 32), LayerCache.linear((2, 4, 4))))
+    with pytest.raises(L.LayoutError, match="linear"):
+        L.KVGeometry.of(hybrid)
+
+
+def test_manifest_of_a_transfer_is_the_cache_spec_one() -> None:
+    spec = CacheSpec((LayerCache.gqa(H, D, DType.FP32),) * 2)
+    m = Manifest.from_layout("t1", spec.layout(10, 4))
+    assert m.layers[0].first_token == 4 and m.layers[0].num_token_rows == 6
+    assert m.num_bytes == 2 * 2 * 6 * H * D * 4
+
+
+def test_settings_and_params_are_checked() -> None:
+    s = ConnectorSettings.from_extra_config(
+        {"listen_host": "10.0.0.2", "listen_port": 7000, "kv_budget_mib": 8, "pace_gbps": 2.5}
+    )
+    assert s.kv_budget_bytes == 8 << 20 and s.pace_bytes_per_s == pytest.approx(2.5e9 / 8)
+    assert ConnectorSettings.from_extra_config({}).listen_port is None
+    with pytest.raises(SettingsError, match="num_connections"):
+        ConnectorSettings.from_extra_config({"num_connections": 0})
+    with pytest.raises(SettingsError, match="pace_gbps"):
+        ConnectorSettings.from_extra_config({"pace_gbps": -1})
+    sp = send_params(
+        {"do_remote_decode": True, "prfaas": {"transfer_id": "x", "host": "h", "port": 9}}
+    )
+    assert sp is not None and (sp.skip_tokens, sp.cross_site) == (0, False)
+    assert send_params({"do_remote_decode": True}) is None
+    assert send_params(None) is None
+    with pytest.raises(SettingsError, match="port"):
+        send_params({"do_remote_decode": True, "prfaas": {"transfer_id": "x", "host": "h"}})
+    lp = load_params({"do_remote_prefill": True, "prfaas": {"transfer_id": "x", "timeout_s": 2}})
+    assert lp is not None and lp.timeout_s == 2.0
+    assert load_params({"do_remote_prefill": False, "prfaas": {"transfer_id": "x"}}) is None
+    with pytest.raises(SettingsError, match="transfer_id"):
+        load_params({"do_remote_prefill": True, "prfaas": {"transfer_id": ""}})
