@@ -397,3 +397,23 @@ async def test_a_server_that_never_answers_is_restarted_with_the_reason(
     finally:
         await host.stop()
     assert host.server is not None and host.server.pid is None
+
+
+def test_a_registration_with_faulty_reports_keeps_the_nodes_out_of_rotation(
+    deployment: Callable[..., DeploymentConfig],
+) -> None:
+    """What the gateway does with the sidecar's registration: its nodes are not in rotation
+    until a report without the fault (no window between registration and the first beat)."""
+    from prfaas.core import MutableClusterView, SiteId, SiteKind
+    from prfaas.serve.gateway.registry import NodeRegistry
+
+    d = deployment(9)
+    host = VllmHost(d, ["p0", "d0"], d.control_url)
+    reg = host.registration()
+    assert {r.fault for r in reg.reports} == {"vLLM server starting"}
+    view = MutableClusterView({SiteId(s.name): SiteKind(s.kind) for s in d.sites}, 256)
+    registry = NodeRegistry(d, view)
+    registry.register(reg, 0.0)
+    for node in ("p0", "d0"):
+        in_rotation, why = registry.rotation(node)
+        assert not in_rotation and "vLLM server starting" in why

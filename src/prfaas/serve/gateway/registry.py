@@ -118,9 +118,11 @@ class NodeRegistry:
         self.processes[reg.process] = _Process(reg.process, names, now_wall_s)
         if reg.nodes:  # one site per process; its store is mirrored from its next snapshot
             self.kv.track(reg.process, SiteId(reg.nodes[0].site))
+        first = {r.node: r for r in reg.reports}
         for ep in reg.nodes:
             self.endpoints[ep.node] = ep
-            self._update(NodeReport(node=ep.node, site=ep.site, role=ep.role), now_wall_s)
+            blank = NodeReport(node=ep.node, site=ep.site, role=ep.role)
+            self._update(first.get(ep.node, blank), now_wall_s)
 
     def heartbeat(self, beat: Heartbeat, now_wall_s: float) -> bool:
         """False when the process is unknown (the node re-registers)."""

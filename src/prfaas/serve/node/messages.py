@@ -169,6 +169,9 @@ class NodeEndpoint(_Msg):
 class Registration(_Msg):
     process: str
     nodes: list[NodeEndpoint]
+    reports: list[NodeReport] = []
+    """The nodes' first reports (none: a blank one each). A vLLM sidecar registers while its
+    server starts: its nodes must be faulty from the start, not in rotation until a heartbeat."""
 
 
 class PrefixChangeMsg(_Msg):

@@ -107,8 +107,9 @@ class VllmHost:
         self.http_port = 0
         self.transfer_port = 0
         self._client = httpx.AsyncClient(trust_env=False, timeout=30.0)
-        self._agent_dir = Path(tempfile.mkdtemp(prefix="prfaas-vllm-"))  # mode 0700
-        self.agent = AgentClient(str(self._agent_dir / "agent.sock"))
+        self._agent_dir: Path | None = None
+        self.agent = AgentClient("")
+        """Its socket's path is known once the process starts (a private temporary folder)."""
         self.server: VllmServer | None = None
         self._endpoint = VllmEndpoint("", self.engine.model, self._client, self._fault)
         self._nodes: dict[str, VllmNode] = {}
@@ -265,6 +266,8 @@ class VllmHost:
         self.http_port = http_port
         wanted = max(self._deployment.node(n).transfer_port for n in self._nodes)
         self.transfer_port = wanted or free_port(self.host)
+        self._agent_dir = Path(tempfile.mkdtemp(prefix="prfaas-vllm-"))  # mode 0700
+        self.agent.path = str(self._agent_dir / "agent.sock")
         self.server = VllmServer(self.spec())
         self._endpoint.base_url = self.server.spec.base_url
         self.spawn(self.server.run())
@@ -289,11 +292,14 @@ class VllmHost:
         if self.server is not None:  # run()'s finally stopped it; make sure
             await self.server.stop()
         await self._client.aclose()
-        shutil.rmtree(self._agent_dir, ignore_errors=True)
+        if self._agent_dir is not None:
+            shutil.rmtree(self._agent_dir, ignore_errors=True)
 
     def registration(self) -> Registration:
+        """The nodes with their first reports: faulty while the server starts."""
         return Registration(
             process=self._process_name,
+            reports=self.reports(),
             nodes=[
                 NodeEndpoint(
                     node=n.name,
