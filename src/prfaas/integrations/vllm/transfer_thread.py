@@ -107,7 +107,7 @@ class TransferThread:
     def __init__(self, settings: ConnectorSettings, psk: bytes, name: str = "vllm") -> None:
         self.settings = settings
         self._psk = psk
-        self._name = name[:60]
+        self._name = name.encode()[-60:].decode(errors="ignore")  # HELLO names are <= 64 bytes
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="prfaas-kv", daemon=True)
         self._ready = threading.Event()
