@@ -85,7 +85,6 @@ def test_chunked_handout_is_the_one_shot_cache(
     assert sorted(o.position for o in first_pass) == full
     assert all(o.rows == (0, min(CHUNK, block or CHUNK)) for o in first_pass)
     assert all(o.rows is None for o in outs if not o.segment.kind.grows_with_length)
-    # The checkpoints do not depend on how the passes were cut.
     # The hand-out leaves the checkpoints as a prefill without it takes them.
     if block is None:
         return
