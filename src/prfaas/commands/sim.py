@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from prfaas.commands.outputs import check_output, write_requests_csv, write_trace
 from prfaas.commands.sim_build import (
     build_scenario,
     file_prices,
@@ -92,17 +93,25 @@ def register(subparsers: Any) -> None:
     a("--requests-csv", type=Path, default=None, metavar="FILE",
       help="write one row per finished request (arrival, route, nodes, queueing, TTFT, e2e, "
       "bytes crossed, prefix hit)")  # fmt: skip
+    a("--perfetto", type=Path, default=None, metavar="FILE",
+      help="write a Chrome / Perfetto trace (JSON; open in ui.perfetto.dev): a track per node "
+      "and per link, a span per request's prefill, KV transfer and decode")  # fmt: skip
     p.set_defaults(run=run)
 
 
-def _run_one(sc: SimScenario, progress: bool, requests_csv: Path | None = None) -> dict[str, Any]:
+def _run_one(
+    sc: SimScenario, progress: bool, requests_csv: Path | None = None,
+    perfetto: Path | None = None,
+) -> dict[str, Any]:  # fmt: skip
     from prfaas.sim import Simulator, summary
+    from prfaas.sim.perfetto import TraceLog, both
     from prfaas.sim.request_log import RequestLog
 
     sim = Simulator(sc)
-    log = RequestLog({str(n.node_id): str(n.site_id) for n in sim.nodes})
-    if requests_csv is not None:
-        sim.on_finish = log
+    site_of = {str(n.node_id): str(n.site_id) for n in sim.nodes}
+    log = RequestLog(site_of) if requests_csv is not None else None
+    spans = TraceLog(site_of) if perfetto is not None else None
+    sim.on_finish = both(log, spans)
     horizon = sc.duration_s + sc.drain_s
     start = time.monotonic()
     step = horizon / 50
@@ -118,29 +127,13 @@ def _run_one(sc: SimScenario, progress: bool, requests_csv: Path | None = None) 
                   end="", file=sys.stderr)  # fmt: skip
     if shown:
         print(file=sys.stderr)
-    if requests_csv is not None:
-        _write_csv(requests_csv, log.table())
+    if requests_csv is not None and log is not None:
+        write_requests_csv(requests_csv, log.table())
+    if perfetto is not None and spans is not None:
+        from prfaas.sim.perfetto import build_trace
+
+        write_trace(perfetto, build_trace(spans.spans, title="prfaas sim"))
     return summary(sim)
-
-
-def _write_csv(path: Path, rows: list[tuple[object, ...]]) -> None:
-    """Write to a temporary file beside ``path``, then rename: never a half-written CSV."""
-    import csv
-    import os
-    import tempfile
-
-    from prfaas.sim.request_log import COLUMNS
-
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(COLUMNS)
-            writer.writerows(rows)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def run(args: argparse.Namespace) -> int:
@@ -148,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
     from prfaas.workload import TraceError
 
     try:
+        check_output("--perfetto", args.perfetto)
         sc, exact = build_scenario(args)
         sc.validate()
         if args.find_max_rate:
@@ -179,7 +173,8 @@ def run(args: argparse.Namespace) -> int:
                 ],
             }
         else:
-            out = _run_one(sc, progress=not args.json, requests_csv=args.requests_csv)
+            out = _run_one(sc, progress=not args.json, requests_csv=args.requests_csv,
+                           perfetto=args.perfetto)  # fmt: skip
             if sc.trace is not None:
                 out["trace"] = trace_coverage(sc, out["requests"]["arrived"])
             out["money"] = sim_money(sc, out, file_prices(args))
