@@ -14,9 +14,11 @@ from prfaas.errors import UsageError
 
 if TYPE_CHECKING:
     # Type-only: the load client is imported when the command runs (a quick `prfaas --help`).
+    from prfaas.config import DeploymentConfig
     from prfaas.serve.loadgen import BenchRequest, PromptSynth, RequestResult
 
 PREFLIGHT_TIMEOUT_S = 5.0
+DEFAULT_URL = "http://127.0.0.1:8000"
 
 
 def register(subparsers: Any) -> None:
@@ -35,7 +37,30 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )  # fmt: skip
     p.add_argument(
-        "--url", default="http://127.0.0.1:8000", help="server base URL (with or without /v1)"
+        "--url",
+        help="server base URL, with or without /v1 (default: the --deployment's gateway, else "
+        f"{DEFAULT_URL})",
+    )
+    p.add_argument(
+        "--deployment",
+        type=Path,
+        metavar="FILE",
+        help="a prfaas deployment file with its key (the resolved one `prfaas up` writes): the "
+        "gateway's signed route log fills the route columns of --requests-csv / --perfetto",
+    )
+    p.add_argument(
+        "--requests-csv",
+        type=Path,
+        metavar="FILE",
+        help="write one row per request (the columns of `prfaas sim --requests-csv`: arrival, "
+        "route, nodes, TTFT, end to end, bytes crossed, prefix hit, outcome)",
+    )
+    p.add_argument(
+        "--perfetto",
+        type=Path,
+        metavar="FILE",
+        help="write a Chrome / Perfetto trace (JSON): a track per node, per request a span from "
+        "send to first token and one for decode",
     )
     p.add_argument("--model", help="model id (default: the first one /v1/models lists)")
     p.add_argument("--rate", type=float, default=1.0, help="synthetic arrival rate, requests/s")
@@ -104,7 +129,13 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise UsageError(
             f"need 0 < --min-tokens < --max-tokens, got {args.min_tokens}, {args.max_tokens}"
         )
-    if not args.url.startswith(("http://", "https://")):
+    from prfaas.commands.outputs import check_output
+
+    check_output("--requests-csv", args.requests_csv)
+    check_output("--perfetto", args.perfetto)
+    if args.deployment is not None and not args.deployment.is_file():
+        raise UsageError(f"--deployment: {args.deployment} does not exist")
+    if args.url is not None and not args.url.startswith(("http://", "https://")):
         raise UsageError(f"--url must start with http:// or https://, got {args.url!r}")
     if args.trace is not None and not args.trace.is_file():
         raise UsageError(f"trace file {args.trace} does not exist")
@@ -192,9 +223,12 @@ def run(args: argparse.Namespace) -> int:
     from prfaas.serve.loadgen import PromptSynth, summarize
 
     _check_flags(args)
-    url = base_url(args.url)
+    deployment = _deployment(args.deployment)
+    url = base_url(args.url or (deployment.gateway.url if deployment else DEFAULT_URL))
     requests = build_workload(args)
     model, max_model_len = preflight(url, args.model)
+    if deployment is not None:
+        _routes(deployment, args.deployment)  # the key and the control port work: before the load
     num_clipped = 0
     if max_model_len is not None and not args.no_clip:
         requests, num_clipped = clip_to_context(requests, max_model_len)
@@ -214,6 +248,9 @@ def run(args: argparse.Namespace) -> int:
     }
     results, wall_s = _run_with_progress(args, requests, url, model, synth)
     summary = summarize(results, wall_s, meta)
+    if args.requests_csv is not None or args.perfetto is not None:
+        routes = _routes(deployment, args.deployment) if deployment is not None else []
+        _export(args, requests, results, routes, synth)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -223,6 +260,58 @@ def run(args: argparse.Namespace) -> int:
 
         Console().print(render(summary))
     return 0 if summary["completed"] > 0 or not results else 1
+
+
+def _deployment(path: Path | None) -> DeploymentConfig | None:
+    if path is None:
+        return None
+    from prfaas.commands.gateway_access import load_with_ports
+
+    return load_with_ports(path)  # a bad file: UsageError naming it and the field
+
+
+def _routes(deployment: DeploymentConfig, path: Path) -> list[dict[str, Any]]:
+    """The gateway's route log (signed, on its control listener); a refused key or an
+    unreachable control port is a ``UsageError``."""
+    from prfaas.commands.gateway_access import refusal_error
+    from prfaas.serve.control_client import ControlClient, ControlRefused, GatewayUnreachable
+
+    try:
+        with ControlClient(deployment, timeout_s=PREFLIGHT_TIMEOUT_S) as client:
+            return client.routes()
+    except ControlRefused as exc:
+        raise (refusal_error(path, exc) or UsageError(str(exc))) from None
+    except GatewayUnreachable as exc:
+        raise UsageError(f"--deployment {path}: {exc}") from None
+
+
+def _export(
+    args: argparse.Namespace,
+    requests: list[BenchRequest],
+    results: list[RequestResult],
+    routes: list[dict[str, Any]],
+    synth: PromptSynth,
+) -> None:
+    from prfaas.commands.outputs import write_requests_csv, write_trace
+    from prfaas.serve.loadgen.export import live_spans, match_routes, request_rows
+    from prfaas.sim.perfetto import build_trace
+
+    matched = match_routes(requests, results, routes, synth)
+    rows = request_rows(results, matched)
+    where = []
+    if args.requests_csv is not None:
+        write_requests_csv(args.requests_csv, rows)
+        where.append(str(args.requests_csv))
+    if args.perfetto is not None:
+        write_trace(args.perfetto, build_trace(live_spans(rows), title="prfaas bench"))
+        where.append(str(args.perfetto))
+    why = ""
+    if len(matched) < len(rows) and args.deployment is None:
+        why = " (give --deployment for the gateway's routes)"
+    elif len(matched) < len(rows) and args.prompt_format != "tokens":
+        why = " (text prompts: their token ids are the server's)"
+    print(f"prfaas bench: {len(rows)} requests, {len(matched)} with their route, written to "
+          f"{' and '.join(where)}{why}", file=sys.stderr)  # fmt: skip
 
 
 def _run_with_progress(
