@@ -249,7 +249,12 @@ def run(args: argparse.Namespace) -> int:
     results, wall_s = _run_with_progress(args, requests, url, model, synth)
     summary = summarize(results, wall_s, meta)
     if args.requests_csv is not None or args.perfetto is not None:
-        routes = _routes(deployment, args.deployment) if deployment is not None else []
+        routes: list[dict[str, Any]] = []
+        if deployment is not None:
+            try:
+                routes = _routes(deployment, args.deployment)
+            except UsageError as exc:  # the gateway went away during the load: keep the timings
+                print(f"prfaas bench: no route log ({exc}); rows without routes", file=sys.stderr)
         _export(args, requests, results, routes, synth)
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -310,6 +315,8 @@ def _export(
         why = " (give --deployment for the gateway's routes)"
     elif len(matched) < len(rows) and args.prompt_format != "tokens":
         why = " (text prompts: their token ids are the server's)"
+    elif len(matched) < len(rows):
+        why = " (the rest failed before their prefill, or the log dropped them: route_log_size)"
     print(f"prfaas bench: {len(rows)} requests, {len(matched)} with their route, written to "
           f"{' and '.join(where)}{why}", file=sys.stderr)  # fmt: skip
 

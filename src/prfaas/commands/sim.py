@@ -149,6 +149,9 @@ def run(args: argparse.Namespace) -> int:
 
             if sc.trace is not None:
                 raise UsageError("--find-max-rate needs synthetic arrivals, not --trace")
+            if args.perfetto is not None or args.requests_csv is not None:
+                raise UsageError("--find-max-rate runs many trials: --perfetto and "
+                                 "--requests-csv export one run, drop them")  # fmt: skip
             start = exact or sc.arrival.rate_rps
             res = find_max_rate(replace(sc, stratified=True), start,
                                 MaxRateRule(num_requests=args.max_rate_requests))  # fmt: skip

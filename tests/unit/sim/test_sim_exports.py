@@ -177,3 +177,13 @@ def test_sim_perfetto_into_a_missing_folder_exits_2(
     assert main(["sim", "--duration", "5", "--perfetto", str(tmp_path / "no" / "t.json")]) == 2
     err = capsys.readouterr().err
     assert "--perfetto" in err and "Traceback" not in err
+
+
+def test_find_max_rate_refuses_the_one_run_exports(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["sim", "--find-max-rate", "--perfetto", str(tmp_path / "t.json")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--find-max-rate" in err and "Traceback" not in err
+    assert not (tmp_path / "t.json").exists()
