@@ -86,7 +86,9 @@ def _worker_round(src: str, args: argparse.Namespace) -> dict[str, tuple[float, 
     cmd = [sys.executable, __file__, "--worker", "--duration", str(args.duration),
            "--trace", str(args.trace)]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": src}
-    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise SystemExit(f"the run importing prfaas from {src} failed:\n{out.stderr[-2000:]}")
     line = next(x for x in out.stdout.splitlines() if x.startswith("{"))
     return {k: (v[0], v[1], v[2]) for k, v in json.loads(line).items()}
 

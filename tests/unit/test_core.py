@@ -12,8 +12,8 @@ from prfaas.core import (
     NodeId,
     NodeLoad,
     NodeRole,
-    Request,
     RequestId,
+    RequestLifecycle,
     RequestState,
     RequestView,
     SiteId,
@@ -21,7 +21,7 @@ from prfaas.core import (
     VirtualClock,
 )
 from prfaas.core.ids import link_id_for
-from prfaas.core.request import TERMINAL_STATES, TRANSITIONS
+from prfaas.core.request import TERMINAL_STATES, TRANSITIONS, advance, can_transition
 
 A, B = SiteId("pd"), SiteId("prfaas")
 
@@ -32,16 +32,17 @@ def test_every_state_has_a_row_and_terminal_states_have_no_way_out() -> None:
         assert TRANSITIONS[state] == frozenset()
 
 
-def test_request_happy_path_and_retry_counts_attempts() -> None:
-    r = Request(RequestId("r1"), 1000, 16, arrival_s=0.0)
-    r = r.advance(RequestState.ROUTED, 0.1, prefill_site=B)
-    r = r.advance(RequestState.PREFILLING, 0.2)
-    r = r.advance(RequestState.ROUTED, 0.3, prefill_site=A)  # lost remote prefill: fall back
-    r = r.advance(RequestState.PREFILLING, 0.4)
-    r = r.advance(RequestState.DECODING, 0.5)
-    r = r.advance(RequestState.FINISHED, 0.9)
-    assert r.is_terminal and r.num_attempts == 2 and r.prefill_site == A
-    assert r.state_since_s == 0.9
+def test_lifecycle_happy_path_and_retry_counts_attempts() -> None:
+    r = RequestLifecycle("r1", 0.0)
+    assert r.state is RequestState.QUEUED and not r.is_terminal
+    r.advance(RequestState.ROUTED, 0.1)
+    r.advance(RequestState.PREFILLING, 0.2)
+    r.advance(RequestState.ROUTED, 0.3)  # lost remote prefill: fall back to local prefill
+    r.advance(RequestState.PREFILLING, 0.4)
+    r.advance(RequestState.TRANSFERRING, 0.45)
+    r.advance(RequestState.DECODING, 0.5)
+    r.advance(RequestState.FINISHED, 0.9)
+    assert r.is_terminal and r.num_attempts == 2 and r.since_s == 0.9
 
 
 @pytest.mark.parametrize(
@@ -50,18 +51,25 @@ def test_request_happy_path_and_retry_counts_attempts() -> None:
         (RequestState.QUEUED, RequestState.DECODING),
         (RequestState.FINISHED, RequestState.QUEUED),
         (RequestState.DECODING, RequestState.PREFILLING),
+        (RequestState.DECODING, RequestState.ROUTED),  # tokens streamed: no retry
         (RequestState.ABORTED, RequestState.FAILED),
     ],
 )
 def test_forbidden_transitions_raise(src: RequestState, dst: RequestState) -> None:
-    r = Request(RequestId("r"), 10, 1, arrival_s=0.0, state=src)
-    with pytest.raises(InvalidTransition, match=f"{src.value} -> {dst.value}"):
+    r = RequestLifecycle("r", 0.0)
+    r.state = src
+    with pytest.raises(InvalidTransition, match=f"request r: {src.value} -> {dst.value}"):
         r.advance(dst, 1.0)
+    assert r.state is src and r.since_s == 0.0  # a refused move changes nothing
+    with pytest.raises(InvalidTransition):
+        advance("r", src, dst)
+    assert not can_transition(src, dst)
 
 
-def test_request_validates_lengths() -> None:
-    with pytest.raises(ValueError, match="num_prompt_tokens"):
-        Request(RequestId("r"), 0, 1, arrival_s=0.0)
+def test_every_allowed_transition_is_taken_by_advance() -> None:
+    for src, dsts in TRANSITIONS.items():
+        for dst in dsts:
+            assert advance("r", src, dst) is dst
 
 
 def test_virtual_clock_never_goes_back_and_loop_clock_scales() -> None:

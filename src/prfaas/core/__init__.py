@@ -11,7 +11,7 @@ from prfaas.core.ids import LinkId, NodeId, RequestId, SiteId
 from prfaas.core.request import (
     TERMINAL_STATES,
     InvalidTransition,
-    Request,
+    RequestLifecycle,
     RequestState,
     can_transition,
 )
@@ -37,8 +37,8 @@ __all__ = [
     "NodeId",
     "NodeLoad",
     "NodeRole",
-    "Request",
     "RequestId",
+    "RequestLifecycle",
     "RequestState",
     "RequestView",
     "SiteId",

@@ -1,29 +1,39 @@
-"""A request's life: ``RequestState`` and the one table of transitions allowed between states.
+"""A request's life: ``RequestState``, the one table of transitions allowed between states, and
+``RequestLifecycle``, the live gateway's record of one request moving through it.
+
+Both drivers move their requests through this table and nothing else: the live dispatcher
+(``serve/gateway/dispatcher.py``) holds a ``RequestLifecycle`` per request across its attempts;
+the simulator's ``SimRequest`` (``sim/request.py``) carries a ``RequestState`` that its stages
+advance with the same check inline (its hot path cannot afford a call per transition). A move the
+table does not allow raises ``InvalidTransition`` in both: a bookkeeping bug fails loudly instead
+of reporting a request in a stage it never reached.
 
 Every request ends in FINISHED, FAILED (with a reason the client sees) or ABORTED (the client went
 away or cancelled). A failed remote prefill or transfer may be retried (ROUTED again) before the
-request is given up. Pure: no I/O, no clock reads (times are passed in).
+request is given up; once tokens have been streamed (DECODING) it is not. Pure: no I/O, no clock
+reads (times are passed in). Imports nothing but the standard library.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field, replace
-
-from prfaas.core.ids import NodeId, RequestId, SiteId
 
 
-class RequestState(enum.Enum):
+class RequestState(enum.StrEnum):
+    # A StrEnum: hashed and compared as its string, in C (a plain Enum's hash is a Python call,
+    # which the simulator's per-transition table lookup would pay five times a request).
     QUEUED = "queued"
     """Accepted by the gateway, not yet routed."""
     ROUTED = "routed"
-    """The router chose a prefill node and a decode node; waiting in the prefill node's queue."""
+    """The router chose a prefill node and a decode node; a cache move may be under way; waiting
+    in the prefill node's queue."""
     PREFILLING = "prefilling"
     """The prefill node is computing the uncached suffix (KV may already be streaming out)."""
     TRANSFERRING = "transferring"
     """Prefill done; the last KV bytes are crossing to the decode node."""
     DECODING = "decoding"
-    """KV verified at the decode node; tokens are being generated."""
+    """The KV is whole at the decode node (the first token is due: TTFT ends here); the request
+    generates, or waits there for a batch slot."""
     FINISHED = "finished"
     FAILED = "failed"
     ABORTED = "aborted"
@@ -33,7 +43,8 @@ TERMINAL_STATES = frozenset({RequestState.FINISHED, RequestState.FAILED, Request
 
 _S = RequestState
 # The one transition table. ROUTED is reachable again from PREFILLING/TRANSFERRING: a lost remote
-# prefill or transfer falls back to local prefill (DESIGN decision 7).
+# prefill or transfer falls back to local prefill (DESIGN decision 7). PREFILLING -> DECODING: the
+# live gateway may see the first token before the prefill node's own answer.
 TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
     _S.QUEUED: frozenset({_S.ROUTED, _S.FAILED, _S.ABORTED}),
     _S.ROUTED: frozenset({_S.PREFILLING, _S.ROUTED, _S.FAILED, _S.ABORTED}),
@@ -49,55 +60,44 @@ TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
 class InvalidTransition(ValueError):
     """A state change that the transition table does not allow."""
 
+    def __init__(self, who: str, src: RequestState, dst: RequestState) -> None:
+        super().__init__(f"request {who}: {src.value} -> {dst.value} is not allowed")
+        self.src = src
+        self.dst = dst
+
 
 def can_transition(src: RequestState, dst: RequestState) -> bool:
     return dst in TRANSITIONS[src]
 
 
-@dataclass(frozen=True, slots=True)
-class Request:
-    """One request as the serving system tracks it. Immutable: ``advance`` returns a copy."""
+def advance(who: str, src: RequestState, dst: RequestState) -> RequestState:
+    """``dst``, if the table allows ``src -> dst``; else ``InvalidTransition`` naming ``who``."""
+    if dst not in TRANSITIONS[src]:
+        raise InvalidTransition(who, src, dst)
+    return dst
 
-    request_id: RequestId
-    num_prompt_tokens: int
-    """Prompt length in tokens (cached prefix included)."""
-    max_output_tokens: int
-    arrival_s: float
-    """When the request arrived, on the driver's clock."""
-    block_hashes: tuple[int, ...] = ()
-    """Hashes of the prompt's full blocks, in order (prefix structure for the caches)."""
-    state: RequestState = RequestState.QUEUED
-    state_since_s: float = 0.0
-    prefill_site: SiteId | None = None
-    prefill_node: NodeId | None = None
-    decode_node: NodeId | None = None
-    num_cached_tokens: int = 0
-    """Prefix tokens the chosen prefill node did not have to compute."""
-    failure_reason: str = ""
-    num_attempts: int = field(default=0)
-    """How many times the request has been routed (retries after a lost remote prefill count)."""
 
-    def __post_init__(self) -> None:
-        if self.num_prompt_tokens <= 0:
-            raise ValueError(f"num_prompt_tokens must be > 0, got {self.num_prompt_tokens}")
-        if self.max_output_tokens <= 0:
-            raise ValueError(f"max_output_tokens must be > 0, got {self.max_output_tokens}")
+class RequestLifecycle:
+    """Where one live request is, across its attempts: its state, since when (on the caller's
+    clock) and how many times it was routed. Mutable: one per request, owned by the dispatcher's
+    ``generate``."""
+
+    __slots__ = ("num_attempts", "request_id", "since_s", "state")
+
+    def __init__(self, request_id: str, now_s: float) -> None:
+        self.request_id = request_id
+        self.state = RequestState.QUEUED
+        self.since_s = now_s
+        self.num_attempts = 0
+        """Times routed (a retry after a lost remote prefill counts)."""
 
     @property
     def is_terminal(self) -> bool:
         return self.state in TERMINAL_STATES
 
-    def advance(self, state: RequestState, now_s: float, **changes: object) -> Request:
-        """The request in ``state`` from ``now_s`` on; ``InvalidTransition`` if not allowed."""
-        if not can_transition(self.state, state):
-            raise InvalidTransition(
-                f"request {self.request_id}: {self.state.value} -> {state.value} is not allowed"
-            )
-        attempts = self.num_attempts + (1 if state is RequestState.ROUTED else 0)
-        return replace(
-            self,
-            state=state,
-            state_since_s=now_s,
-            num_attempts=attempts,
-            **changes,  # type: ignore[arg-type]
-        )
+    def advance(self, state: RequestState, now_s: float) -> None:
+        """Move to ``state`` from ``now_s`` on; ``InvalidTransition`` if the table forbids it."""
+        self.state = advance(self.request_id, self.state, state)
+        self.since_s = now_s
+        if state is RequestState.ROUTED:
+            self.num_attempts += 1

@@ -12,12 +12,15 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 
+from prfaas.core.request import TRANSITIONS, InvalidTransition, RequestState
 from prfaas.sim.events import DecodeTick, EventKind, Handoff, KvArrive, new_event
 from prfaas.sim.nodes import DecodeNode, SimNode
 from prfaas.sim.request import SimRequest
 from prfaas.sim.world import World
 
 _DECODE_TICK = EventKind.DECODE_TICK
+_DECODING = RequestState.DECODING
+_FINISHED = RequestState.FINISHED
 
 
 class DecodeStage:
@@ -37,6 +40,9 @@ class DecodeStage:
         w = self._world
         req = event.req
         dec = event.decode_node
+        if _DECODING not in TRANSITIONS[req.state]:  # core.request.advance, inline (hot path)
+            raise InvalidTransition(f"r{req.index}", req.state, _DECODING)
+        req.state = _DECODING
         req.kv_ready_s = w.now
         dec.reserved -= 1
         dec.cached_load = None
@@ -137,6 +143,9 @@ class DecodeStage:
     def _finish(self, req: SimRequest, dec: DecodeNode) -> None:
         w = self._world
         now = w.now
+        if _FINISHED not in TRANSITIONS[req.state]:
+            raise InvalidTransition(f"r{req.index}", req.state, _FINISHED)
+        req.state = _FINISHED
         req.finish_s = now
         if w.on_finish is not None:
             w.on_finish(req)

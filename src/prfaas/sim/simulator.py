@@ -21,9 +21,10 @@ import heapq
 import itertools
 import random
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
-from prfaas.core.ids import NodeId, RequestId
+from prfaas.core.ids import RequestId
+from prfaas.core.request import TRANSITIONS, InvalidTransition, RequestState
 from prfaas.core.views import RequestView
 from prfaas.policy import NoRouteError, PrefillBatcher
 from prfaas.sim.control import ControlLoop
@@ -59,6 +60,20 @@ from prfaas.workload.requests import LengthDistribution
 _ARRIVAL = EventKind.ARRIVAL
 _KV_ARRIVE = EventKind.KV_ARRIVE
 _PREFILL_DONE = EventKind.PREFILL_DONE
+_ROUTED = RequestState.ROUTED
+_PREFILLING = RequestState.PREFILLING
+_TRANSFERRING = RequestState.TRANSFERRING
+_FAILED = RequestState.FAILED
+_request_id = cast(Callable[[str], RequestId], str)
+"""``RequestId`` without the ``NewType`` call (a Python-level call per request, ~30 ns): ``str``
+of a ``str`` is the object itself."""
+
+
+def _advance(req: SimRequest, state: RequestState) -> None:
+    """``core.request.advance`` for the cold paths (the hot ones inline the same check)."""
+    if state not in TRANSITIONS[req.state]:
+        raise InvalidTransition(f"r{req.index}", req.state, state)
+    req.state = state
 
 
 class Simulator:
@@ -209,11 +224,12 @@ class Simulator:
         hashes = req.block_hashes if sc.prefix_cache else ()
         cached = w.kv.peek(hashes, req.num_prompt) if hashes else {}
         view = RequestView(
-            RequestId(f"r{req.index}"), req.num_prompt, cached, hashes, req.num_output
+            _request_id(f"r{req.index}"), req.num_prompt, cached, hashes, req.num_output
         )
         try:
             d = home.router.route(view, home.view, w.now)
         except NoRouteError:
+            _advance(req, _FAILED)
             m.num_failed += 1
             return
         site = w.site_index[d.prefill_site]
@@ -222,10 +238,14 @@ class Simulator:
         # The decode node, now (as the live gateway does): reserved until the KV arrives.
         placed = home.placement.choose(home.view, w.site_ids[req.home], w.now)
         if placed is None:  # the live gateway answers 503: the request fails
+            _advance(req, _FAILED)
             m.num_failed += 1
             return
         dec = self._node_by_id[placed]
         assert isinstance(dec, DecodeNode), placed  # a decode pool's member
+        if _ROUTED not in TRANSITIONS[req.state]:  # _advance, inline (hot path)
+            raise InvalidTransition(f"r{req.index}", req.state, _ROUTED)
+        req.state = _ROUTED
         dec.reserved += 1
         self._decode_pools[req.home].touch(dec)
         req.decode_node = dec.node_id
@@ -288,11 +308,19 @@ class Simulator:
         node.cached_load = None
         w.site_queued[node.site] -= len(batch)
         # Sum of per-request times == CostModel.batch_prefill_s for the shipped profiles.
-        duration = sum(r.work_s for r in batch)
         now = w.now
         node.busy = True
+        start = self._start_transfer
+        if len(batch) == 1:  # most batches (no generator, no list: hot path)
+            req = batch[0]
+            duration = req.work_s
+            handoffs: tuple[Handoff, ...] = (start(req, node, duration, now),)
+        else:
+            duration = 0.0
+            for req in batch:
+                duration += req.work_s
+            handoffs = tuple([start(req, node, duration, now) for req in batch])
         node.busy_s += duration
-        handoffs = tuple([self._start_transfer(req, node, duration, now) for req in batch])
         q = self._q
         heapq.heappush(
             q.heap,
@@ -302,11 +330,14 @@ class Simulator:
     def _start_transfer(
         self, req: SimRequest, node: PrefillNode, duration: float, now: float
     ) -> Handoff:
+        if _PREFILLING not in TRANSITIONS[req.state]:  # _advance, inline (hot path)
+            raise InvalidTransition(f"r{req.index}", req.state, _PREFILLING)
+        req.state = _PREFILLING
         req.prefill_start_s = now
         home = req.home
         req.prefill_node = node.node_id
         # Chosen and reserved at routing time (``_on_arrival``).
-        handoff = new_event(Handoff, (req, self._node_by_id[NodeId(req.decode_node)]))
+        handoff = new_event(Handoff, (req, self._node_by_id[req.decode_node]))
         kvb = self._kv_bytes
         n = req.num_prompt + req.num_output
         # KvBytes.total, without the call when no layer has a sliding window (hot path).
@@ -336,6 +367,9 @@ class Simulator:
         seq = self._q.seq
         for handoff in event.batch:
             req = handoff.req
+            if _TRANSFERRING not in TRANSITIONS[req.state]:  # _advance, inline (hot path)
+                raise InvalidTransition(f"r{req.index}", req.state, _TRANSFERRING)
+            req.state = _TRANSFERRING
             req.prefill_end_s = now
             w.site_prefilled[site] += 1
             if req.block_hashes and sc.prefix_cache:
