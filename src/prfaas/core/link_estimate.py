@@ -75,7 +75,8 @@ class EstimatorConfig:
     busy_queue_bytes: int = 1
     """Queue at both ends of an interval for it to count as busy (bytes, in the readings' unit)."""
     min_interval_s: float = 1e-3
-    """Observations closer than this to the previous one are ignored (no rate from a zero dt)."""
+    """Observations closer than this to the previous one are ignored (the baseline stays): a rate
+    over a very short span is noise (a shaper's burst, ACK clumping), not capacity."""
 
     def __post_init__(self) -> None:
         if not self.window_s > 0:

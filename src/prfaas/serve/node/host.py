@@ -67,10 +67,12 @@ log = logging.getLogger("prfaas.node")
 CONNECT_TIMEOUT_S = 5.0
 """Longest a KV link may take to connect and authenticate (every connection of it)."""
 
-LINK_ESTIMATOR = EstimatorConfig(window_s=3.0, busy_queue_bytes=16 << 10)
-"""Wall seconds and payload bytes. A busy interval needs 16 KiB waiting at both ends: more than
-one layer piece in passing (an emulated layer is ~10 KiB), so a link that keeps up with the prefill
-is not mistaken for a full one."""
+LINK_ESTIMATOR = EstimatorConfig(window_s=3.0, busy_queue_bytes=64 << 10, min_interval_s=0.5)
+"""Wall seconds and payload bytes. A busy interval needs 64 KiB waiting at both ends: several
+layer pieces (an emulated layer is ~10 KiB), so a link that keeps up with the prefill is not taken
+for a full one. Rates are taken over at least 0.5 s (reports come more often: heartbeats, status
+calls): over a shorter span a shaper's burst allowance (tbf: 64 KiB) or TCP's ramp after idle
+reads as capacity."""
 
 
 class WorkerHost:
@@ -102,7 +104,7 @@ class WorkerHost:
         self.nodes: dict[str, Node] = {}
         for name in node_names:
             cfg = deployment.node(name)
-            engine = build_engine(eng, self.site.hardware)
+            engine = build_engine(eng, self.site.hardware, deployment.simulation)
             self.nodes[name] = Node(
                 name,
                 self.site.name,
