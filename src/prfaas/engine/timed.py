@@ -10,16 +10,25 @@ lengths follow the torch engine's rules that mean something for made-up tokens: 
 and ``stop_token_ids`` once ``min_tokens`` are out (a stop id drawn earlier is drawn again). There
 is no EOS, so ``ignore_eos`` changes nothing; top-k, top-p and the repetition penalty shape real
 logits only and are accepted without effect.
-The timing math (``prefill_plan``, ``decode_plan``) is pure; only ``Waiter`` touches asyncio.
-Must not import torch.
+Prefills are batched and decodes admitted by the simulator's own ``policy/`` objects, with the
+parameters the simulator takes from the same deployment file: ``PrefillBatcher`` (a batch is the
+longest head of this node's FIFO queue within ``prefill_token_budget`` uncached tokens, formed when
+the instance frees; a lone request starts at once; a batch lasts the sum of its members' times and
+every member hands out layer ``i`` at ``(i + 1) / L`` of it) and ``DecodeAdmission`` (a request
+whose KV arrived joins the batch at the next step while the batch is below ``max_batch`` and the
+batch's KV fits ``decode_kv_fraction`` of the instance's HBM; else it waits, FIFO).
+The timing math (``prefill_plan``, ``decode_plan``) is pure; only ``Waiter`` touches asyncio time
+(one task per engine forms the next prefill batch when the instance frees). Must not import torch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import random
-from collections.abc import AsyncIterator, Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from prfaas.engine.api import (
@@ -39,6 +48,7 @@ from prfaas.engine.errors import EngineError, PromptTooLong, UnknownRequest
 from prfaas.engine.manifest_check import check_manifest, scale_layout
 from prfaas.engine.waiting import Waiter
 from prfaas.perf import CostModel
+from prfaas.policy.batching import PREFILL_LOOKAHEAD, DecodeAdmission, PrefillBatcher
 from prfaas.spec import CacheLayout, CacheSpec, LayerSegment
 
 
@@ -53,7 +63,12 @@ class TimedConfig:
     kv_budget_bytes: int | None = None
     """Real (unscaled) KV bytes a decode node holds; default: the instance's HBM."""
     max_batch: int | None = None
-    """Decode batch limit; default: the cost model's BS_max."""
+    """Decode batch limit; default: the cost model's BS_max (the simulator's)."""
+    prefill_token_budget: int = 32768
+    """Uncached tokens one prefill batch may hold (``simulation.prefill_token_budget``)."""
+    decode_kv_fraction: float = 0.25
+    """Share of the instance's HBM the decode batch's KV may fill before a request whose KV
+    arrived waits (``simulation.decode_kv_fraction``, the simulator's decode KV capacity)."""
     vocab_size: int = 32000
     catch_up_s: float = 0.01
     """A step (or prefill) that starts at most this long (clock seconds) after the previous one
@@ -66,6 +81,8 @@ class TimedConfig:
             raise ValueError(f"byte_divisor must be >= 1, got {self.byte_divisor}")
         if self.token_chunk < 1:
             raise ValueError(f"token_chunk must be >= 1, got {self.token_chunk}")
+        if not 0 < self.decode_kv_fraction <= 1:
+            raise ValueError(f"decode_kv_fraction must be in (0, 1], got {self.decode_kv_fraction}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +100,26 @@ class DecodePlan:
     duration_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class PrefillBatchStart:
+    """A prefill batch as it starts (``TimedEngine.on_prefill_batch``): its requests in queue
+    order, when it starts and how long it lasts (clock seconds)."""
+
+    request_ids: tuple[str, ...]
+    start_s: float
+    duration_s: float
+
+
+@dataclass(slots=True)
+class _PrefillJob:
+    request_id: str
+    num_new_tokens: int
+    work_s: float
+    """Clock seconds this request's prefill takes alone (``prefill_plan``)."""
+    batch: asyncio.Future[PrefillBatchStart]
+    """Set when the batcher puts this request into a starting batch."""
+
+
 @dataclass(slots=True)
 class _Running:
     request_id: str
@@ -91,6 +128,8 @@ class _Running:
     num_generated: int
     rng: random.Random
     stop_ids: frozenset[int]
+    reserved_bytes: int
+    """KV bytes at the end of generation: what ``DecodeAdmission`` weighs."""
 
 
 class TimedEngine:
@@ -102,7 +141,16 @@ class TimedEngine:
         hw = cost_model.hardware
         self.budget = KvBudget(cfg.kv_budget_bytes or int(hw.instance_memory_bytes))
         self.max_batch = cfg.max_batch or max(1, cost_model.max_decode_batch)
-        self._prefill_lock = asyncio.Lock()
+        self.batcher = PrefillBatcher(cfg.prefill_token_budget)
+        self.admission = DecodeAdmission(self.max_batch)
+        self.decode_kv_capacity_bytes = int(hw.instance_memory_bytes * cfg.decode_kv_fraction)
+        self.on_prefill_batch: Callable[[PrefillBatchStart], None] | None = None
+        """Called as each prefill batch starts (tests comparing batches with the simulator's)."""
+        self._prefill_queue: deque[_PrefillJob] = deque()
+        self._prefill_members_left = 0
+        """Members of the running prefill batch not yet past their last layer (0: free). The
+        last one forms the next batch, at the batch's end: no task, nothing else waits on the
+        clock (a ``VirtualWaiter`` stays exact)."""
         # When the emulated instance is next free. A step that follows another at once starts at
         # the previous deadline, not at the (slightly late) wake-up: lateness does not accumulate.
         self._prefill_free_at_s = -math.inf
@@ -110,6 +158,10 @@ class TimedEngine:
         self._zeros = memoryview(b"")
         self._allocs: dict[str, Allocation] = {}
         self._running: dict[str, _Running] = {}
+        """The decode batch (admitted), in admission order."""
+        self._waiting: dict[str, _Running] = {}
+        """Installed (KV here, first token out) and waiting for admission, FIFO."""
+        self._batch_kv_bytes = 0
 
     # -- what this engine is -------------------------------------------------------------------
     @property
@@ -122,7 +174,17 @@ class TimedEngine:
 
     @property
     def num_running(self) -> int:
+        """Installed requests: the decode batch and those waiting to join it (both hold KV here
+        and are not done; the worker reports this figure as its batch)."""
+        return len(self._running) + len(self._waiting)
+
+    @property
+    def num_batched(self) -> int:
         return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
 
     @property
     def fault(self) -> str:
@@ -130,7 +192,9 @@ class TimedEngine:
         return ""
 
     def close(self) -> None:
-        """Nothing to stop (no thread): present for the ``Engine`` interface."""
+        """Fails the queued prefills (no thread to join)."""
+        while self._prefill_queue:  # queued prefills fail rather than wait for ever
+            self._prefill_queue.popleft().batch.set_exception(EngineError("engine closed"))
 
     def layout(self, num_tokens: int, num_cached_tokens: int = 0) -> CacheLayout:
         """What crosses for such a request (scaled by ``byte_divisor``)."""
@@ -180,18 +244,44 @@ class TimedEngine:
     async def prefill_stream(
         self, req: PrefillRequest
     ) -> AsyncIterator[LayerOutput | PrefillResult]:
-        """Layer ``i`` is handed out when the cost model says it is done; prefills on one engine
-        run one after the other, like on one instance."""
+        """Queued, then prefilled in the batch ``PrefillBatcher`` puts it in: layer ``i`` is
+        handed out at ``(i + 1) / L`` of the batch's time, like the simulator's transfer."""
         self._check_length(req.request_id, req.num_tokens, req.sampling.max_new_tokens)
         n, k = req.num_tokens, req.num_cached_tokens
-        async with self._prefill_lock:
-            plan = self.prefill_plan(n, k)
-            start = self._start_s(self._prefill_free_at_s)
-            self._prefill_free_at_s = start + plan.duration_s
-            outputs = self._outputs(req.request_id, self.layout(n, k))
-            for ready, out in zip(plan.layer_ready_s, outputs, strict=True):
-                await self.waiter.wait_until(start + ready)
+        job = _PrefillJob(
+            req.request_id,
+            n - k,
+            self.prefill_plan(n, k).duration_s,
+            asyncio.get_running_loop().create_future(),
+        )
+        self._prefill_queue.append(job)
+        if self._prefill_members_left == 0:  # the instance is free: a lone request starts now
+            self._start_prefill_batch()
+        try:
+            batch = await job.batch
+        finally:
+            # Abandoned while queued (cancelling the wait cancels the future too): it never
+            # takes the instance.
+            if job.batch.cancelled() or not job.batch.done():
+                job.batch.cancel()
+                if job in self._prefill_queue:
+                    self._prefill_queue.remove(job)
+        num_layers = self.cache_spec.num_layers
+        outputs = self._outputs(req.request_id, self.layout(n, k))
+        last = len(outputs) - 1
+        done = False
+        try:
+            for i, out in enumerate(outputs):
+                # The last layer at the batch's end exactly (no rounding past it).
+                part = batch.duration_s if i == last else batch.duration_s * (i + 1) / num_layers
+                await self.waiter.wait_until(batch.start_s + part)
+                if i == last:  # computed: the instance is free of it (before the last send)
+                    done = True
+                    self._prefill_member_done()
                 yield out
+        finally:
+            if not done:  # abandoned mid-batch: the batch still ends when it was due to
+                self._prefill_member_done()
         checkpoints: tuple[CachedPrefix, ...] = ()
         block = req.checkpoint_block_tokens
         if block is not None:
@@ -202,10 +292,32 @@ class TimedEngine:
         first = self._draw(_rng(req.request_id, req.sampling), req.sampling, 0)
         yield PrefillResult(req.request_id, first, n, k, checkpoints)
 
+    def _start_prefill_batch(self) -> None:
+        """The batcher's next batch from the queue's head starts now (or when the previous one
+        ended, if that was a moment ago); its members learn when through their futures."""
+        queue = self._prefill_queue
+        head = [j.num_new_tokens for j in itertools.islice(queue, PREFILL_LOOKAHEAD)]
+        plan = self.batcher.next_batch(head)
+        jobs = [queue.popleft() for _ in range(plan.num_requests)]
+        self._prefill_members_left = len(jobs)
+        duration = sum(j.work_s for j in jobs)  # == CostModel.batch_prefill_s (shipped profiles)
+        start = self._start_s(self._prefill_free_at_s)
+        self._prefill_free_at_s = start + duration
+        batch = PrefillBatchStart(tuple(j.request_id for j in jobs), start, duration)
+        for job in jobs:
+            job.batch.set_result(batch)
+        if self.on_prefill_batch is not None:
+            self.on_prefill_batch(batch)
+
+    def _prefill_member_done(self) -> None:
+        self._prefill_members_left -= 1
+        if self._prefill_members_left == 0 and self._prefill_queue:
+            self._start_prefill_batch()  # at the batch's end, as the simulator's PREFILL_DONE
+
     # -- joining the decode batch -------------------------------------------------------------
     def allocate(self, manifest: ManifestLike, max_new_tokens: int) -> Allocation:
         rid = manifest.request_id
-        if rid in self._allocs or rid in self._running:
+        if rid in self._allocs or rid in self._running or rid in self._waiting:
             raise EngineError(f"request {rid} already has a cache here")
         real = check_manifest(
             self.cache_spec, manifest, self.max_context_tokens, self.config.byte_divisor
@@ -229,13 +341,16 @@ class TimedEngine:
         if self._allocs.pop(rid, None) is not allocation:
             raise UnknownRequest(f"request {rid} has no pending allocation here")
         stop = frozenset(sampling.stop_token_ids)
-        run = _Running(rid, allocation.layout.num_tokens, sampling, 1, _rng(rid, sampling), stop)
+        run = _Running(
+            rid, allocation.layout.num_tokens, sampling, 1, _rng(rid, sampling), stop,
+            allocation.reserved_bytes,
+        )  # fmt: skip
         self._draw(run.rng, sampling, 0)  # the first token was drawn by the prefill: skip it
         reason = self._reason(run, first_token)
         if reason is not None:
             self.budget.release(rid)
             return TokenEvent(rid, (first_token,), reason)
-        self._running[rid] = run
+        self._waiting[rid] = run  # joins the batch at the next step, if admitted
         return TokenEvent(rid, (first_token,))
 
     def _draw(self, rng: random.Random, sampling: SamplingParams, token_index: int) -> int:
@@ -260,13 +375,37 @@ class TimedEngine:
 
     def release(self, request_id: str) -> None:
         self._allocs.pop(request_id, None)
-        self._running.pop(request_id, None)
+        self._waiting.pop(request_id, None)
+        run = self._running.pop(request_id, None)
+        if run is not None:
+            self._batch_kv_bytes -= run.reserved_bytes
         self.budget.release(request_id)
 
     # -- decode ---------------------------------------------------------------------------------
+    def _admit(self) -> None:
+        """At a step boundary: waiting requests join, in order, while ``DecodeAdmission`` lets
+        them (the simulator's rule at its decode ticks; the first refused one blocks the rest)."""
+        waiting = self._waiting
+        while waiting:
+            rid, run = next(iter(waiting.items()))
+            # A request alone always runs, even one whose KV exceeds the batch's share of HBM
+            # (it was allocated, so it fits the instance): refusing it would leave it waiting
+            # for ever and the decode loop spinning. The simulator would strand it.
+            if self._running and not self.admission.admit_fast(
+                len(self._running),
+                self._batch_kv_bytes,
+                self.decode_kv_capacity_bytes,
+                run.reserved_bytes,
+            ):
+                return
+            del waiting[rid]
+            self._running[rid] = run
+            self._batch_kv_bytes += run.reserved_bytes
+
     def next_decode_plan(self) -> DecodePlan | None:
         """What the next ``step_async`` will take (None when nothing runs)."""
-        runs = list(self._running.values())[: self.max_batch]
+        self._admit()
+        runs = list(self._running.values())
         if not runs:
             return None
         context = sum(r.num_tokens + r.num_generated for r in runs)
@@ -275,11 +414,12 @@ class TimedEngine:
         )
 
     async def step_async(self) -> tuple[TokenEvent, ...]:
-        """``token_chunk`` tokens (fewer if a request needs fewer) for each running request."""
+        """``token_chunk`` tokens (fewer if a request needs fewer) for each request of the
+        batch, after admitting those waiting that ``DecodeAdmission`` lets join."""
         plan = self.next_decode_plan()
         if plan is None:
             return ()
-        runs = list(self._running.values())[: self.max_batch]
+        runs = list(self._running.values())
         start = self._start_s(self._decode_free_at_s)
         self._decode_free_at_s = start + plan.duration_s
         await self.waiter.wait_until(self._decode_free_at_s)

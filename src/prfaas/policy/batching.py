@@ -19,6 +19,10 @@ from dataclasses import dataclass
 from prfaas.core.views import NodeLoad
 from prfaas.policy.decisions import AdmitDecision, PrefillBatch
 
+PREFILL_LOOKAHEAD = 64
+"""Queued requests a driver shows ``PrefillBatcher.next_batch`` (the head of the queue): both the
+simulator and the timed engine pass at most this many, so they form the same batches."""
+
 _ADMIT = AdmitDecision(True, "fits")
 _FULL = AdmitDecision(False, "batch full")
 _NO_MEMORY = AdmitDecision(False, "KV memory full")

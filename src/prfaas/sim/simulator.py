@@ -27,6 +27,7 @@ from prfaas.core.ids import RequestId
 from prfaas.core.request import TRANSITIONS, InvalidTransition, RequestState
 from prfaas.core.views import RequestView
 from prfaas.policy import NoRouteError, PrefillBatcher
+from prfaas.policy.batching import PREFILL_LOOKAHEAD
 from prfaas.sim.control import ControlLoop
 from prfaas.sim.decode import DecodeStage
 from prfaas.sim.events import (
@@ -301,7 +302,8 @@ class Simulator:
             batch = [queue.popleft()]
             node.queued_tokens -= batch[0].num_prompt - batch[0].num_cached
         else:
-            head = [r.num_prompt - r.num_cached for r in itertools.islice(queue, 64)]
+            ahead = itertools.islice(queue, PREFILL_LOOKAHEAD)
+            head = [r.num_prompt - r.num_cached for r in ahead]
             batch_plan = self.batcher.next_batch(head)
             batch = [queue.popleft() for _ in range(batch_plan.num_requests)]
             node.queued_tokens -= batch_plan.num_tokens

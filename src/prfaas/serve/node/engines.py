@@ -8,6 +8,7 @@ from typing import Any
 
 from prfaas.config import EngineConfig
 from prfaas.core.clock import LoopClock
+from prfaas.deployment_sections import SimulationConfig
 from prfaas.engine.timed import TimedConfig, TimedEngine
 from prfaas.engine.waiting import LoopWaiter
 from prfaas.perf import cost_model_for_hardware
@@ -15,9 +16,14 @@ from prfaas.perf import cost_model_for_hardware
 MIB = 1 << 20
 
 
-def build_engine(config: EngineConfig, hardware: str) -> Any:
+def build_engine(
+    config: EngineConfig, hardware: str, simulation: SimulationConfig | None = None
+) -> Any:
+    """``simulation``: the deployment's section, whose prefill token budget and decode KV share
+    the timed engine batches and admits with, as the simulator does from the same file."""
     if config.kind == "timed":
         cost = cost_model_for_hardware(config.model, hardware)
+        sim = simulation or SimulationConfig()
         timed = TimedConfig(
             time_scale=config.time_scale,
             byte_divisor=config.byte_divisor,
@@ -25,6 +31,8 @@ def build_engine(config: EngineConfig, hardware: str) -> Any:
             # Made-up tokens drawn from ASCII: each one is a whole character for the gateway's
             # byte tokenizer, so a client sees text from the very first token.
             vocab_size=128,
+            prefill_token_budget=sim.prefill_token_budget,
+            decode_kv_fraction=sim.decode_kv_fraction,
         )
         return TimedEngine(cost, LoopWaiter(LoopClock()), timed)
     import torch
