@@ -417,3 +417,32 @@ def test_a_registration_with_faulty_reports_keeps_the_nodes_out_of_rotation(
     for node in ("p0", "d0"):
         in_rotation, why = registry.rotation(node)
         assert not in_rotation and "vLLM server starting" in why
+
+
+async def test_an_orphan_of_an_earlier_sidecar_is_killed_before_its_server_starts(
+    deployment: Callable[..., DeploymentConfig],
+) -> None:
+    """A sidecar SIGKILLed leaves vLLM's EngineCore and Worker behind (only the API server dies
+    with it): the next sidecar of that process finds them by their owner tag and kills them."""
+    import subprocess
+
+    from prfaas.serve.vllm.server import OWNER_ENV, owner_tag
+
+    d = deployment(9)
+    host = VllmHost(d, ["pf0"], d.control_url)
+    env = {**os.environ, OWNER_ENV: owner_tag(host.process_name, PSK)}
+    stranger = {**os.environ, OWNER_ENV: owner_tag("another-process", PSK)}
+    sleep = [sys.executable, "-c", "import time; time.sleep(120)"]
+    orphan = subprocess.Popen(sleep, env=env, start_new_session=True)
+    other = subprocess.Popen(sleep, env=stranger, start_new_session=True)
+    try:
+        await host.start(1)
+        await until(lambda: orphan.poll() is not None, "the orphan killed")
+        assert orphan.returncode == -signal.SIGKILL
+        assert other.poll() is None  # another sidecar's server is left alone
+    finally:
+        await host.stop()
+        for proc in (orphan, other):
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
