@@ -177,3 +177,28 @@ def test_the_default_python_is_the_project_vllm_venv_or_python3() -> None:
     )  # fmt: skip
     if not venv.is_file():
         assert Path(python).name == "python3"
+
+
+def test_the_servers_output_goes_to_the_log_marked_without_the_polling(tmp_path: Path) -> None:
+    import io
+
+    from prfaas.serve.vllm.server import VllmServer
+
+    d = load_deployment(_write(tmp_path, _deployment(tmp_path)))
+    settings = ConnectorSettings("127.0.0.1", 1, "s", 1, None)
+    spec = server_spec(d.engine, settings, host="127.0.0.1", port=1, psk=PSK, owner="o")
+    out = io.BytesIO()
+    server = VllmServer(spec, out=out)
+    server._copy_output(
+        io.BytesIO(
+            b"INFO loading weights\n"
+            b'INFO:     127.0.0.1:1 - "GET /health HTTP/1.1" 200 OK\n'
+            b'INFO:     127.0.0.1:1 - "GET /metrics HTTP/1.1" 200 OK\n'
+            b'INFO:     127.0.0.1:1 - "POST /v1/completions HTTP/1.1" 200 OK\n'
+        )
+    )
+    assert out.getvalue().splitlines() == [
+        b"[vllm] INFO loading weights",
+        b'[vllm] INFO:     127.0.0.1:1 - "POST /v1/completions HTTP/1.1" 200 OK',
+    ]
+    assert server.log_tail().endswith('"POST /v1/completions HTTP/1.1" 200 OK')

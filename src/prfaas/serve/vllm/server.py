@@ -49,6 +49,8 @@ HEALTH_INTERVAL_S = 1.0
 UNHEALTHY_AFTER_S = 15.0
 """A running server that has not answered ``/health`` this long is killed and restarted."""
 LOG_TAIL_LINES = 20
+QUIET_LINES = (b'"GET /health HTTP', b'"GET /metrics HTTP')
+"""vLLM's access-log lines of the sidecar's own polling (every second or so): not copied."""
 BACKOFF = RestartPolicy(initial_backoff_s=1.0, max_backoff_s=30.0, stable_after_s=60.0)
 """Restart waits: 1 s doubling to 30 s; a server up 60 s resets it. A sidecar never gives up
 on its server (the node stays out of rotation, saying why, meanwhile)."""
@@ -270,9 +272,11 @@ class VllmServer:
         )  # fmt: skip
 
     def _copy_output(self, stream: IO[bytes]) -> None:
-        """The server's output into the node's log, each line marked; the last lines kept for
-        the fault message."""
+        """The server's output into the node's log, each line marked (but the access lines of
+        the sidecar's polling); the last lines kept for the fault message."""
         for raw in iter(stream.readline, b""):
+            if any(q in raw for q in QUIET_LINES):
+                continue
             self._tail.append(raw.decode(errors="replace").rstrip())
             with contextlib.suppress(OSError, ValueError):
                 self._out.write(b"[vllm] " + raw)
