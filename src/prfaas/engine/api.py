@@ -267,8 +267,22 @@ class Allocation:
     """What the budget holds for this request (its cache at the end of generation)."""
 
 
+class BudgetGauge(Protocol):
+    """What a node reads of an engine's KV budget (``engine.budget.KvBudget`` offers it)."""
+
+    @property
+    def used_bytes(self) -> int: ...
+    @property
+    def budget_bytes(self) -> int: ...
+
+
 class Engine(Protocol):
     """What ``engine.torch.TorchEngine`` and ``engine.timed.TimedEngine`` both offer."""
+
+    @property
+    def budget(self) -> BudgetGauge:
+        """The KV budget a node reports (used and total bytes)."""
+        ...
 
     @property
     def cache_spec(self) -> CacheSpec: ...

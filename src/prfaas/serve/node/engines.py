@@ -4,11 +4,10 @@ decode streams keep going). torch is imported only for ``torch``."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from prfaas.config import EngineConfig
 from prfaas.core.clock import LoopClock
 from prfaas.deployment_sections import SimulationConfig
+from prfaas.engine.api import Engine
 from prfaas.engine.timed import TimedConfig, TimedEngine
 from prfaas.engine.waiting import LoopWaiter
 from prfaas.perf import cost_model_for_hardware
@@ -18,7 +17,7 @@ MIB = 1 << 20
 
 def build_engine(
     config: EngineConfig, hardware: str, simulation: SimulationConfig | None = None
-) -> Any:
+) -> Engine:
     """``simulation``: the deployment's section, whose prefill token budget and decode KV share
     the timed engine batches and admits with, as the simulator does from the same file."""
     if config.kind == "timed":

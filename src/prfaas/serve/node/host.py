@@ -30,6 +30,7 @@ import httpx
 from prfaas.config import DeploymentConfig
 from prfaas.core import LinkId, NodeRole
 from prfaas.core.link_estimate import CapacityEstimator, EstimatorConfig, LinkReading
+from prfaas.engine.api import Engine
 from prfaas.serve.auth import SignedAuth
 from prfaas.serve.node.engines import build_engine, prefix_store_bytes
 from prfaas.serve.node.messages import (
@@ -345,7 +346,7 @@ class WorkerHost:
         return outcome
 
     # -- prefix moves -----------------------------------------------------------------------------
-    def _any_engine(self) -> Any:
+    def _any_engine(self) -> Engine:
         return next(iter(self.nodes.values())).engine
 
     async def pull_prefix(self, cmd: PrefixPullCommand, client: httpx.AsyncClient) -> int:

@@ -20,12 +20,13 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from prfaas.core import NodeRole
 from prfaas.engine import (
     Allocation,
     CachedPrefix,
+    Engine,
     EngineError,
     FinishReason,
     LayerOutput,
@@ -92,7 +93,7 @@ class Node:
         name: str,
         site: str,
         role: NodeRole | str,
-        engine: Any,
+        engine: Engine,
         prefix_store: PrefixStore | None,
         fixed_role: bool = False,
     ) -> None:
@@ -134,14 +135,11 @@ class Node:
     @property
     def fault(self) -> str:
         """Why this node cannot serve ("" when it can): its engine stopped."""
-        fault: str = getattr(self.engine, "fault", "")
-        return fault
+        return self.engine.fault
 
     def close(self) -> None:
         """Stop the engine (joins its thread); requests still pending there fail."""
-        close = getattr(self.engine, "close", None)
-        if close is not None:
-            close()
+        self.engine.close()
 
     @property
     def idle(self) -> bool:
