@@ -265,8 +265,12 @@ class WorkerHost:
             readings[link.peer_id] = LinkReading(acked, unwritten, rtt)
         est = self._link_estimator.observe(now_s, readings)
         scale = self._wall_scale()
+        capacity = est.capacity_bytes_per_s
+        pace = self.link_rate_bytes_per_s()
+        if pace is not None:  # the KV cannot leave faster than our own pacer lets it
+            capacity = min(capacity, pace)
         return {
-            "link_estimate_bytes_per_s": est.capacity_bytes_per_s * scale,
+            "link_estimate_bytes_per_s": capacity * scale,
             "link_capacity_basis": est.basis,
             "link_goodput_bytes_per_s": est.goodput_bytes_per_s * scale,
             "link_queue_bytes": int(est.queue_bytes * self._byte_divisor()),
