@@ -63,7 +63,6 @@ def _deployment(model: Path) -> DeploymentConfig:
         {
             "engine": {
                 "kind": "vllm", "model": "tiny", "model_path": str(model), "dtype": "float32",
-                "byte_divisor": 1,
                 "vllm": {"python": str(VLLM_PY), "max_model_len": 2048, "kv_cache_space_gib": 1,
                          "startup_timeout_s": 240, "extra_args": ["-O0"]},
             },

@@ -169,7 +169,7 @@ async def main() -> None:
     p.add_argument("--kv-transfer-config", required=True)
     args, _ = p.parse_known_args()
     extra = json.loads(args.kv_transfer_config)["kv_connector_extra_config"]
-    record({"kind": "start", "psk_set": bool(os.environ.get(extra["psk_env"]))})
+    record({"kind": "start", "psk_set": bool(os.environ.get(extra["psk_env"])), "extra": extra})
     await asyncio.sleep(START_DELAY_S)  # "loading the model": /health refuses meanwhile
     fake = Fake()
     agent = await serve_agent(fake, extra["agent_socket"])

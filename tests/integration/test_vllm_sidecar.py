@@ -242,6 +242,10 @@ async def test_nodes_register_at_once_and_serve_once_vllm_answers(
     await _ready(gateway, "pf0", "p0", "d0")
     starts = [r for r in records(record) if r["kind"] == "start"]
     assert len(starts) == 2 and all(s["psk_set"] for s in starts)  # the key, by environment
+    extra = {s["extra"]["listen_port"]: s["extra"] for s in starts}
+    pf_extra, pd_extra = extra[nodes["pf0"]["transfer_port"]], extra[nodes["d0"]["transfer_port"]]
+    assert pf_extra["pace_gbps"] == 1.0 and pd_extra["pace_gbps"] is None  # the link's own rate
+    assert pf_extra["kv_budget_mib"] == 1024 and pf_extra["listen_host"] == "127.0.0.1"
     report = await until(
         lambda: (r := gateway.last_report("pf0")) and r["queue_depth"] == 2 and r,
         "a report from /metrics",
@@ -446,3 +450,20 @@ async def test_an_orphan_of_an_earlier_sidecar_is_killed_before_its_server_start
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+
+
+async def test_a_python_gone_since_the_file_was_read_is_a_fault_not_a_crash(
+    deployment: Callable[..., DeploymentConfig], tmp_path: Path
+) -> None:
+    d = deployment(9)
+    (tmp_path / "python").unlink()  # after validation: e.g. the venv was removed
+    host = VllmHost(d, ["pf0"], d.control_url)
+    await host.start(1)
+    try:
+        fault = await until(
+            lambda: "could not be started" in host.reports()[0].fault and host.reports()[0].fault,
+            "the fault",
+        )
+        assert "restarting in" in fault and "python" in fault
+    finally:
+        await host.stop()

@@ -101,9 +101,10 @@ class VllmHost:
         link = deployment.link_to_home(self._site.name)
         self._link_capacity_bytes_per_s = 0.0 if link is None else link.gbps * 1e9 / 8
         # The connector paces cross-site sends from its start: the rate cannot be changed later.
+        # vLLM's KV is real-sized (the gateway counts it so): the link's own rate, not scaled.
         self._pace_gbps: float | None = None
         if link is not None and not deployment.netns:
-            self._pace_gbps = link.gbps / self.engine.byte_divisor  # as torch nodes are paced
+            self._pace_gbps = link.gbps
         self.http_port = 0
         self.transfer_port = 0
         self._client = httpx.AsyncClient(trust_env=False, timeout=30.0)

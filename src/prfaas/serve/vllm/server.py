@@ -229,7 +229,10 @@ class VllmServer:
 
     async def _run_once(self) -> str:
         """Start, wait for ``/health``, watch; returns why this server is gone."""
-        self._start()
+        try:
+            self._start()
+        except OSError as exc:  # the python vanished, no memory to fork, ...
+            return f"vLLM server could not be started: {exc}"
         self.state = ServerState.STARTING
         self.fault = "vLLM server starting"
         async with httpx.AsyncClient(timeout=HEALTH_TIMEOUT_S, trust_env=False) as client:
