@@ -98,6 +98,7 @@ def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo
         tune=d.policy.router == "prfaas",
         rebalance=d.policy.rebalance,
         tuning=TuningConfig(min_samples=d.policy.tune_min_samples),
+        interval_s=d.policy.control_interval_s,
     )
     dispatcher.control = control
     app.state.control_loop = control
@@ -111,7 +112,8 @@ def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo
     async def control_loop() -> None:
         async with httpx.AsyncClient(auth=SignedAuth(psk), trust_env=False) as client:
             while True:
-                await asyncio.sleep(period_s)
+                # Expiry at least every period_s; the policy on its modelled interval.
+                await asyncio.sleep(min(period_s, control.wait_s(time.monotonic())))
                 try:
                     await control.tick(client)
                 except Exception:  # a bad tick must not stop the control plane

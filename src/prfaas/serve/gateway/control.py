@@ -1,6 +1,9 @@
 """``ControlLoop``: the gateway's periodic decisions, the same policy object the simulator runs.
 
-Every ``control_interval_s`` (modelled seconds) it expires silent nodes and asks
+Each ``tick`` expires silent nodes (the gateway calls it at least every 0.25 s of wall time, so a
+dead node leaves rotation promptly); every ``control_interval_s`` of *modelled* time
+(``control_interval_s * time_scale`` wall seconds with timed engines: the simulator's interval,
+on a grid from the first tick, missed ones skipped rather than run in a burst) it also asks
 ``policy.ControlPolicy.tick`` (built by ``policy.control_policy``, as the simulator builds its
 own) what to do: ``ThresholdTuner`` re-searches ``t`` when the link or the node counts changed (or
 periodically) and, when enabled, ``Rebalancer`` converts PD nodes between prefill and decode
@@ -43,8 +46,15 @@ class ControlLoop:
         tune: bool,
         rebalance: bool,
         tuning: TuningConfig,
+        interval_s: float = 1.0,
     ) -> None:
+        """``interval_s``: modelled seconds between the policy's ticks."""
+        if not interval_s > 0:
+            raise ValueError(f"control interval must be > 0 s, got {interval_s}")
         self.registry = registry
+        self.interval_s = interval_s
+        self._due_s: float | None = None
+        """Modelled time of the policy's next tick (set by the first call)."""
         d = registry.deployment
         self.home = SiteId(d.home_site.name)
         remote_sites = [SiteId(s.name) for s in d.sites if s.kind == "prfaas"]
@@ -67,12 +77,34 @@ class ControlLoop:
         if self.decisions is not None:
             self.decisions.write(observe_record(num_uncached_tokens, num_output_tokens, now))
 
+    def wait_s(self, now_wall_s: float) -> float:
+        """Wall seconds from ``now_wall_s`` until the policy's next tick is due."""
+        reg = self.registry
+        now = reg.modelled_s(now_wall_s)
+        if self._due_s is None:
+            self._due_s = now + self.interval_s
+        return max(0.0, (self._due_s - now) * reg.time_scale)
+
+    def _policy_due(self, now: float) -> bool:
+        if self._due_s is None:
+            self._due_s = now + self.interval_s
+        # A wake-up a hair early (float rounding of the wall sleep) still counts as on time.
+        if now < self._due_s - 1e-6 * self.interval_s:
+            return False
+        self._due_s += self.interval_s
+        if self._due_s <= now:  # late by more than an interval: skip, do not burst
+            self._due_s = now + self.interval_s
+        return True
+
     async def tick(self, client: httpx.AsyncClient) -> None:
-        self.num_ticks += 1
+        """Expire silent nodes; when the modelled interval is up, run the policy's tick."""
         reg = self.registry
         now_wall = time.monotonic()
         reg.expire(now_wall)
         now = reg.modelled_s(now_wall)
+        if not self._policy_due(now):
+            return
+        self.num_ticks += 1
         actions = self.policy.tick(reg.view, now)
         if self.decisions is not None and self.policy.active:
             self.decisions.write(tick_record(reg.view, now, actions))
