@@ -35,6 +35,9 @@ from prfaas.serve.node.messages import (
 from prfaas.serve.vllm.agent import AgentClient, AgentError
 
 log = logging.getLogger("prfaas.vllm")
+READ_MARGIN_S = 30.0
+"""On top of a decode's KV deadline: when no KV comes the connector gives up at the deadline and
+vLLM recomputes the prompt; the first token comes after that, and must still be waited for."""
 
 
 class VllmEndpoint:
@@ -248,7 +251,7 @@ class VllmNode:
     async def _stream(self, body: dict[str, Any], timeout_s: float) -> AsyncIterator[DecodeEvent]:
         """The streaming completion as decode events (the stop token itself is dropped: a client
         gets the text before it, as from the other engines)."""
-        timeout = httpx.Timeout(timeout_s, connect=5.0)
+        timeout = httpx.Timeout(timeout_s + READ_MARGIN_S, connect=5.0)
         try:
             async with self.server.client.stream(
                 "POST", self._url, json=body, timeout=timeout
