@@ -82,7 +82,7 @@ class RequestLifecycle:
     clock) and how many times it was routed. Mutable: one per request, owned by the dispatcher's
     ``generate``."""
 
-    __slots__ = ("num_attempts", "request_id", "since_s", "state")
+    __slots__ = ("num_attempts", "path", "request_id", "since_s", "state")
 
     def __init__(self, request_id: str, now_s: float) -> None:
         self.request_id = request_id
@@ -90,6 +90,8 @@ class RequestLifecycle:
         self.since_s = now_s
         self.num_attempts = 0
         """Times routed (a retry after a lost remote prefill counts)."""
+        self.path: list[RequestState] = [RequestState.QUEUED]
+        """Every state it was in, in order (for logs and tests)."""
 
     @property
     def is_terminal(self) -> bool:
@@ -99,5 +101,6 @@ class RequestLifecycle:
         """Move to ``state`` from ``now_s`` on; ``InvalidTransition`` if the table forbids it."""
         self.state = advance(self.request_id, self.state, state)
         self.since_s = now_s
+        self.path.append(state)
         if state is RequestState.ROUTED:
             self.num_attempts += 1

@@ -16,6 +16,12 @@ heartbeat after its quarantine; a node that answers 409 is skipped until its nex
 that failed at a node for its own reasons (an engine error, a refused transfer) is retried once with
 local prefill elsewhere, and the node stays in rotation. A client that goes away aborts the request
 at both nodes (the decode stream closes, the prefill is cancelled) so its KV is freed.
+
+Request state: each request's ``core.RequestLifecycle`` moves through ``core.RequestState``'s one
+table (QUEUED; ROUTED per attempt; PREFILLING once the decode node expects it and the prefill is
+sent; TRANSFERRING when the prefill node answered before any token; DECODING from the first token;
+FINISHED, FAILED or ABORTED). The table, not a flag, says whether a failed attempt may be retried:
+it may from ROUTED, PREFILLING or TRANSFERRING, not once tokens have been streamed.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from typing import Any
 import httpx
 from prometheus_client import Counter
 
-from prfaas.core import NodeRole, SiteId
+from prfaas.core import NodeRole, RequestLifecycle, RequestState, SiteId, can_transition
 from prfaas.policy import Router, least_loaded
 from prfaas.serve.api.metrics import GatewayMetrics
 from prfaas.serve.backend import GenerationError, GenerationRequest, ModelInfo, TokenEvent
@@ -114,6 +120,10 @@ class ClusterDispatcher:
         self.book = OutcomeBook(
             registry.kv, metrics, self.home, registry.byte_divisor, route_log_size
         )
+        self.lifecycles: dict[str, RequestLifecycle] = {}
+        """The requests being served, by id, and where each is."""
+        self.ended: deque[RequestLifecycle] = deque(maxlen=route_log_size)
+        """The last requests that ended (FINISHED, FAILED or ABORTED), oldest first."""
 
     @property
     def records(self) -> deque[RouteRecord]:
@@ -155,6 +165,27 @@ class ClusterDispatcher:
 
     # -- the Backend contract ---------------------------------------------------------------------
     async def generate(self, req: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        life = RequestLifecycle(req.request_id, time.monotonic())
+        self.lifecycles[req.request_id] = life
+        try:
+            async with contextlib.aclosing(self._generate(req, life)) as events:
+                async for event in events:
+                    yield event
+        except GenerationError:
+            if not life.is_terminal:  # no route, no decode node: failed before any attempt
+                life.advance(RequestState.FAILED, time.monotonic())
+            raise
+        except (GeneratorExit, asyncio.CancelledError):
+            if not life.is_terminal:  # the client went away
+                life.advance(RequestState.ABORTED, time.monotonic())
+            raise
+        finally:
+            self.lifecycles.pop(req.request_id, None)
+            self.ended.append(life)
+
+    async def _generate(
+        self, req: GenerationRequest, life: RequestLifecycle
+    ) -> AsyncGenerator[TokenEvent, None]:
         hashes = block_hashes(req.prompt_token_ids, self.block_tokens)
         use_fallback = False
         failures = 0
@@ -162,13 +193,13 @@ class ClusterDispatcher:
         last = MAX_ATTEMPTS + MAX_BUSY_SKIPS
         for number in range(1, last + 1):
             plan = self.planner.plan(req, hashes, number, use_fallback, frozenset(failed_at))
-            started = False
+            life.advance(RequestState.ROUTED, time.monotonic())
             try:
                 # aclosing: a client that leaves closes every nested generator at once, down to
                 # the decode stream (left to the garbage collector, they would hold it open).
-                async with contextlib.aclosing(self._attempt(req, hashes, plan)) as events:
+                attempt = self._attempt(req, hashes, plan, life)
+                async with contextlib.aclosing(attempt) as events:
                     async for event in events:
-                        started = True
                         yield event
                 return
             except AttemptFailed as exc:
@@ -180,13 +211,16 @@ class ClusterDispatcher:
                 if exc.kind != "refused":
                     failures += 1
                     use_fallback = True  # a lost (remote) prefill falls back to local prefill
-                give_up = started or failures == MAX_ATTEMPTS or number == last
+                # Tokens already streamed (DECODING): the table allows no new attempt.
+                retry_allowed = can_transition(life.state, RequestState.ROUTED)
+                give_up = not retry_allowed or failures == MAX_ATTEMPTS or number == last
                 log.warning(
-                    "request %s attempt %d (prefill %s, decode %s) failed: %s%s",
-                    req.request_id, number, plan.decision.prefill_node, plan.decode_node, exc,
-                    "" if give_up else "; retrying",
+                    "request %s attempt %d (prefill %s, decode %s) failed while %s: %s%s",
+                    req.request_id, number, plan.decision.prefill_node, plan.decode_node,
+                    life.state.value, exc, "" if give_up else "; retrying",
                 )  # fmt: skip
                 if give_up:
+                    life.advance(RequestState.FAILED, time.monotonic())
                     raise GenerationError(502, "server_error", f"request failed: {exc}") from None
                 self.metrics.retries.labels(reason=exc.reason).inc()
 
@@ -200,7 +234,11 @@ class ClusterDispatcher:
 
     # -- one attempt ------------------------------------------------------------------------------
     async def _attempt(
-        self, req: GenerationRequest, hashes: tuple[int, ...], plan: AttemptPlan
+        self,
+        req: GenerationRequest,
+        hashes: tuple[int, ...],
+        plan: AttemptPlan,
+        life: RequestLifecycle,
     ) -> AsyncGenerator[TokenEvent, None]:
         reg = self.registry
         moved = await self._move_cache(plan, hashes)
@@ -209,7 +247,7 @@ class ClusterDispatcher:
         uncached = len(req.prompt_token_ids) - decision.num_cached_tokens
         reg.track(decision.prefill_node, req.request_id, uncached)
         reg.track(plan.decode_node, req.request_id, len(req.prompt_token_ids))
-        exchange = self._exchange(req, hashes, plan, decode_cmd, prefill_cmd, moved)
+        exchange = self._exchange(req, hashes, plan, decode_cmd, prefill_cmd, moved, life)
         try:
             async with contextlib.aclosing(exchange):
                 async for event in exchange:
@@ -254,6 +292,7 @@ class ClusterDispatcher:
         decode_cmd: DecodeCommand,
         prefill_cmd: PrefillCommand,
         moved: int,
+        life: RequestLifecycle,
     ) -> AsyncGenerator[TokenEvent, None]:
         dec_ep = self.registry.endpoints[plan.decode_node]
         pre_ep = self.registry.endpoints[plan.decision.prefill_node]
@@ -275,7 +314,8 @@ class ClusterDispatcher:
                         update={"receiver_cached_tokens": ready.prefix_tokens}
                     )
                 prefill = asyncio.create_task(self.nodes.prefill(pre_ep, prefill_cmd))
-                relay = _Relay(self, req, hashes, plan, prefill, moved)
+                life.advance(RequestState.PREFILLING, time.monotonic())
+                relay = _Relay(self, req, hashes, plan, prefill, moved, life)
                 try:
                     async with contextlib.aclosing(relay.run(events)) as relayed:
                         async for event in relayed:
@@ -302,6 +342,7 @@ class _Relay:
         plan: AttemptPlan,
         prefill: asyncio.Task[PrefillOutcome],
         moved: int,
+        life: RequestLifecycle,
     ) -> None:
         self.d = dispatcher
         self.req = req
@@ -309,6 +350,7 @@ class _Relay:
         self.plan = plan
         self.prefill = prefill
         self.moved = moved
+        self.life = life
         self.num_cached_tokens: int | None = None
 
     async def run(self, events: AsyncIterator[DecodeEvent]) -> AsyncGenerator[TokenEvent, None]:
@@ -329,9 +371,11 @@ class _Relay:
                     raise AttemptFailed.of("decode", exc) from None
                 if event.kind == "error":
                     raise AttemptFailed("decode", "rejected", self.plan.decode_node, event.error)
+                self._decoding()
                 if event.finish_reason is not None:
                     await self._settle_prefill()
                     self.d.registry.record_success(self.plan.decode_node)
+                    self.life.advance(RequestState.FINISHED, time.monotonic())
                     yield TokenEvent(
                         tuple(event.token_ids), event.finish_reason, self._cached_or_planned()
                     )
@@ -343,6 +387,11 @@ class _Relay:
                 next_event.cancel()
                 with contextlib.suppress(BaseException):
                     await next_event
+
+    def _decoding(self) -> None:
+        """The first token: the KV is whole at the decode node (TTFT ends here)."""
+        if self.life.state is not RequestState.DECODING:
+            self.life.advance(RequestState.DECODING, time.monotonic())
 
     @property
     def prefill_seen(self) -> bool:
@@ -376,6 +425,8 @@ class _Relay:
             raise AttemptFailed("prefill", "rejected", node, f"node {node}: {outcome.error}")
         self.num_cached_tokens = outcome.num_cached_tokens
         self.d.registry.record_success(node)
+        if self.life.state is RequestState.PREFILLING:  # no token yet: the last KV is crossing
+            self.life.advance(RequestState.TRANSFERRING, time.monotonic())
         decision = self.plan.decision
         move = decision.cache_move
         move_failed = move is not None and move.num_tokens > 0 and self.moved == 0
