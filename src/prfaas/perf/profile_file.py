@@ -190,7 +190,11 @@ def model_spec_for(pf: ProfileFile, model: ModelSpec | str | None) -> ModelSpec:
         try:
             spec = get_model(model)
         except KeyError as exc:
-            raise ProfileFileError(exc.args[0]) from None
+            # Not a preset (a torch or vLLM deployment's served name): the file's own model, when
+            # it was measured for that name and describes it.
+            if pf.model.cache is None or model.lower() != pf.model.name.lower():
+                raise ProfileFileError(exc.args[0]) from None
+            spec = _spec_from_section(pf.model)
     elif pf.model.cache is None:
         if pf.model.name.lower() not in {n.lower() for n in model_names()}:
             raise ProfileFileError(
