@@ -39,11 +39,11 @@ class ControlLoop:
         w = self._world
         w.pools.remove(node)
         q = w.q
-        q.push(Convert(w.now + w.sc.role_switch_s, EventKind.CONVERT, q.next_seq(), node))
+        q.push((w.now + w.sc.role_switch_s, EventKind.CONVERT, q.next_seq(), node))
 
     def on_convert(self, event: Convert) -> None:
         w = self._world
-        node = event.node
+        node = event[3]
         site = node.site
         cm = node.cm
         new: SimNode

@@ -13,7 +13,7 @@ import heapq
 from collections.abc import Callable
 
 from prfaas.core.request import TRANSITIONS, InvalidTransition, RequestState
-from prfaas.sim.events import DecodeTick, EventKind, Handoff, KvArrive, new_event
+from prfaas.sim.events import DecodeTick, EventKind, Handoff, KvArrive
 from prfaas.sim.nodes import DecodeNode, SimNode
 from prfaas.sim.request import SimRequest
 from prfaas.sim.world import World
@@ -36,10 +36,11 @@ class DecodeStage:
         self._decode_pools = world.pools.decode
 
     def on_kv_arrive(self, event: KvArrive | Handoff) -> None:
-        """A KV_ARRIVE event, or the handoff itself when the KV needs no propagation delay."""
+        """A KV_ARRIVE event, or the handoff itself when the KV needs no propagation delay
+        (both end with the request and its decode node)."""
         w = self._world
-        req = event.req
-        dec = event.decode_node
+        req = event[-2]
+        dec = event[-1]
         if _DECODING not in TRANSITIONS[req.state]:  # core.request.advance, inline (hot path)
             raise InvalidTransition(f"r{req.index}", req.state, _DECODING)
         req.state = _DECODING
@@ -103,15 +104,12 @@ class DecodeStage:
         dec.tick_s = start_s + dec.cm.decode_span_s(b, dec.span_ctx, steps)
         dec.tick_version += 1
         heapq.heappush(
-            self._heap,
-            new_event(
-                DecodeTick, (dec.tick_s, _DECODE_TICK, next(self._seq), dec, dec.tick_version)
-            ),
+            self._heap, (dec.tick_s, _DECODE_TICK, next(self._seq), dec, dec.tick_version)
         )
 
     def on_tick(self, tick: DecodeTick) -> None:
-        dec = tick.node
-        if tick.version != dec.tick_version:
+        _, _, _, dec, version = tick
+        if version != dec.tick_version:
             return
         w = self._world
         now = w.now

@@ -1,20 +1,22 @@
 """The event queue and its vocabulary: ``EventKind`` (whose value *is* the priority at equal
 times), one frozen event type per kind, and the heap ordered by ``(time_s, kind, seq)``.
 
-Each heap entry *is* its typed event: a ``NamedTuple`` whose first three fields are
-``time_s, kind, seq`` and whose other fields are what the handler needs. Tuples compare field by
-field and ``seq`` is unique, so ordering never reaches the payload fields; one object per event
-(not a tuple wrapping a payload) is what keeps the typed events as cheap as the untyped tuples
-they replaced. ``seq`` comes from a per-run counter, so two events at the same time and of the
-same kind pop in the order they were scheduled: runs are deterministic whatever the payloads. At
-equal times, capacity changes apply before transfers complete, completions before new arrivals
-(so a slot freed at ``t`` is visible to an arrival at ``t``), and probes/samples last.
+Each heap entry *is* its event: a plain tuple ``(time_s, kind, seq, ...)`` whose other items are
+what the handler needs, typed per kind by an alias below (``FlowDone``, ``DecodeTick``, ...) that
+names the items; mypy checks every push against the heap's ``Event`` union and every handler
+unpacks its own kind. Plain tuples, not ``NamedTuple`` classes: a tuple subclass costs 150-250 ns
+more per event to build and free (no free list, a second tuple to construct it from), and with
+~6 events per request that was the largest single cost the typed events added (measured with
+``bench/sim_speed.py --before``; see docs/simulation.md, Speed). Tuples compare item by item and
+``seq`` is unique, so ordering never reaches the payload items. ``seq`` comes from a per-run
+counter, so two events at the same time and of the same kind pop in the order they were
+scheduled: runs are deterministic whatever the payloads. At equal times, capacity changes apply
+before transfers complete, completions before new arrivals (so a slot freed at ``t`` is visible
+to an arrival at ``t``), and probes/samples last.
 
-Construction: cold paths call the class (fields checked by mypy); the hot paths (one event per
-flow reschedule, decode span, batch, arrival) build with ``new_event(Cls, (fields...))``, which is
-``tuple.__new__``: the same object without the Python-level ``__new__`` call a ``NamedTuple``
-constructor costs (about 140 ns of the ~5 us an event takes). ``tests/unit/sim`` checks every
-field of every scheduled event against its annotation. Pure.
+The two flow payloads (``Handoff``, ``CacheMove``) stay ``NamedTuple`` classes: a flow's handler
+tells them apart by type, and there is one per request, not one per event. ``tests/unit/sim``
+checks every item of every scheduled event against its alias. Pure.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from prfaas.sim.link import Flow
 from prfaas.sim.nodes import DecodeNode, PrefillNode, SimNode
 from prfaas.sim.request import SimRequest
 
-new_event = tuple.__new__
-"""``new_event(Cls, (time_s, kind, seq, ...))``: an event built at C speed (hot paths)."""
+new_payload = tuple.__new__
+"""``new_payload(Handoff, (req, node))``: a payload built at C speed (once per request)."""
 
 
 class EventKind(IntEnum):
@@ -48,7 +50,7 @@ class EventKind(IntEnum):
 
 
 class Handoff(NamedTuple):
-    """A request handed from its prefill to its decode node (chosen at batch start): the payload
+    """A request handed from its prefill to its decode node (chosen at routing time): the payload
     of a cross-site KV flow and a member of a ``PrefillDone`` batch. Not an event."""
 
     req: SimRequest
@@ -64,86 +66,37 @@ class CacheMove(NamedTuple):
     dst_site: int
 
 
-class CapacityChange(NamedTuple):
-    """CAPACITY: the link between two sites (both directions) changes capacity."""
+CapacityChange = tuple[float, EventKind, int, int, int, float]
+"""CAPACITY ``(time_s, kind, seq, site_a, site_b, gbps)``: the link between two sites (both
+directions) changes capacity."""
 
-    time_s: float
-    kind: EventKind
-    seq: int
-    site_a: int
-    site_b: int
-    gbps: float
+FlowDone = tuple[float, EventKind, int, Flow, int]
+"""FLOW_DONE ``(time_s, kind, seq, flow, version)``: ``flow`` ends now if it still has
+``version`` (else it was rescheduled)."""
 
+PrefillDone = tuple[float, EventKind, int, PrefillNode, tuple[Handoff, ...]]
+"""PREFILL_DONE ``(time_s, kind, seq, node, batch)``: ``node`` finished the batch ``batch``."""
 
-class FlowDone(NamedTuple):
-    """FLOW_DONE: ``flow`` ends now if it still has ``version`` (else it was rescheduled)."""
+KvArrive = tuple[float, EventKind, int, SimRequest, DecodeNode]
+"""KV_ARRIVE ``(time_s, kind, seq, req, decode_node)``: ``req``'s KV is whole at
+``decode_node`` (its first token: TTFT). Ends with a ``Handoff``'s two items."""
 
-    time_s: float
-    kind: EventKind
-    seq: int
-    flow: Flow
-    version: int
+DecodeTick = tuple[float, EventKind, int, DecodeNode, int]
+"""DECODE_TICK ``(time_s, kind, seq, node, version)``: ``node``'s next member finishes, if the
+node's span still has ``version``."""
 
+Convert = tuple[float, EventKind, int, SimNode]
+"""CONVERT ``(time_s, kind, seq, node)``: the drained ``node`` comes back in the other role."""
 
-class PrefillDone(NamedTuple):
-    """PREFILL_DONE: ``node`` finished the batch ``batch``."""
+Arrival = tuple[float, EventKind, int, SimRequest]
+"""ARRIVAL ``(time_s, kind, seq, req)``: ``req`` arrives at its home site's gateway."""
 
-    time_s: float
-    kind: EventKind
-    seq: int
-    node: PrefillNode
-    batch: tuple[Handoff, ...]
-
-
-class KvArrive(NamedTuple):
-    """KV_ARRIVE: ``req``'s KV is whole at ``decode_node`` (its first token: TTFT)."""
-
-    time_s: float
-    kind: EventKind
-    seq: int
-    req: SimRequest
-    decode_node: DecodeNode
-
-
-class DecodeTick(NamedTuple):
-    """DECODE_TICK: ``node``'s next member finishes, if the node's span still has ``version``."""
-
-    time_s: float
-    kind: EventKind
-    seq: int
-    node: DecodeNode
-    version: int
-
-
-class Convert(NamedTuple):
-    """CONVERT: the drained ``node`` comes back in the other role."""
-
-    time_s: float
-    kind: EventKind
-    seq: int
-    node: SimNode
-
-
-class Arrival(NamedTuple):
-    """ARRIVAL: ``req`` arrives at its home site's gateway."""
-
-    time_s: float
-    kind: EventKind
-    seq: int
-    req: SimRequest
-
-
-class Timer(NamedTuple):
-    """CONTROL, SAMPLE and PROBE: due at ``time_s``, carrying nothing else."""
-
-    time_s: float
-    kind: EventKind
-    seq: int
-
+Timer = tuple[float, EventKind, int]
+"""CONTROL, SAMPLE and PROBE ``(time_s, kind, seq)``: due at ``time_s``, carrying nothing else."""
 
 Event = CapacityChange | FlowDone | PrefillDone | KvArrive | DecodeTick | Convert | Arrival | Timer
 
-EVENT_TYPES: dict[EventKind, type[Event]] = {
+EVENT_TYPES: dict[EventKind, object] = {
     EventKind.CAPACITY: CapacityChange,
     EventKind.FLOW_DONE: FlowDone,
     EventKind.PREFILL_DONE: PrefillDone,
@@ -155,7 +108,8 @@ EVENT_TYPES: dict[EventKind, type[Event]] = {
     EventKind.SAMPLE: Timer,
     EventKind.PROBE: Timer,
 }
-"""The event type of each kind (``tests/unit/sim`` checks every scheduled event against it)."""
+"""The event type (alias) of each kind (``tests/unit/sim`` checks every scheduled event
+against it)."""
 
 
 class EventQueue:
@@ -171,7 +125,7 @@ class EventQueue:
 
     def timer(self, time_s: float, kind: EventKind) -> None:
         """Schedule a CONTROL, SAMPLE or PROBE event."""
-        heapq.heappush(self.heap, Timer(time_s, kind, next(self.seq)))
+        heapq.heappush(self.heap, (time_s, kind, next(self.seq)))
 
     def next_seq(self) -> int:
         return next(self.seq)

@@ -37,10 +37,9 @@ from prfaas.sim.events import (
     EventKind,
     FlowDone,
     Handoff,
-    KvArrive,
     PrefillDone,
     Timer,
-    new_event,
+    new_payload,
 )
 from prfaas.sim.homes import build_homes
 from prfaas.sim.metrics import Metrics
@@ -211,12 +210,12 @@ class Simulator:
             spec.block_hashes, home,
         )  # fmt: skip
         q = self._q
-        heapq.heappush(q.heap, new_event(Arrival, (spec.arrival_s, _ARRIVAL, next(q.seq), req)))
+        heapq.heappush(q.heap, (spec.arrival_s, _ARRIVAL, next(q.seq), req))
 
     # -- arrival and routing -----------------------------------------------------------------------
     def _on_arrival(self, event: Arrival) -> None:
         self._next_arrival()
-        req = event.req
+        req = event[3]
         w = self.world
         m = w.metrics
         m.num_arrived += 1
@@ -326,7 +325,7 @@ class Simulator:
         q = self._q
         heapq.heappush(
             q.heap,
-            new_event(PrefillDone, (now + duration, _PREFILL_DONE, next(q.seq), node, handoffs)),
+            (now + duration, _PREFILL_DONE, next(q.seq), node, handoffs),
         )
 
     def _start_transfer(
@@ -339,7 +338,7 @@ class Simulator:
         home = req.home
         req.prefill_node = node.node_id
         # Chosen and reserved at routing time (``_on_arrival``).
-        handoff = new_event(Handoff, (req, self._node_by_id[req.decode_node]))
+        handoff = new_payload(Handoff, (req, self._node_by_id[req.decode_node]))
         kvb = self._kv_bytes
         n = req.num_prompt + req.num_output
         # KvBytes.total, without the call when no layer has a sliding window (hot path).
@@ -355,7 +354,7 @@ class Simulator:
 
     def _on_prefill_done(self, event: PrefillDone) -> None:
         w = self.world
-        node = event.node
+        _, _, _, node, batch = event
         now = w.now
         node.busy = False
         node.cached_load = None
@@ -367,7 +366,7 @@ class Simulator:
         linear = kvb.linear
         heap = self._q.heap
         seq = self._q.seq
-        for handoff in event.batch:
+        for handoff in batch:
             req = handoff.req
             if _TRANSFERRING not in TRANSITIONS[req.state]:  # _advance, inline (hot path)
                 raise InvalidTransition(f"r{req.index}", req.state, _TRANSFERRING)
@@ -387,7 +386,7 @@ class Simulator:
                 at_s = now + last_layer / local_rate
                 heapq.heappush(
                     heap,
-                    new_event(KvArrive, (at_s, _KV_ARRIVE, next(seq), req, handoff.decode_node)),
+                    (at_s, _KV_ARRIVE, next(seq), req, handoff.decode_node),
                 )
         if node.queue:
             self._start_batch(node)
@@ -396,8 +395,8 @@ class Simulator:
 
     # -- links ------------------------------------------------------------------------------------
     def _on_flow_done(self, event: FlowDone) -> None:
-        flow = event.flow
-        if flow.version != event.version or flow.finished:
+        _, _, _, flow, version = event
+        if flow.version != version or flow.finished:
             return
         w = self.world
         link = flow.link
@@ -409,7 +408,8 @@ class Simulator:
             if delay > 0:
                 q = self._q
                 heapq.heappush(
-                    q.heap, new_event(KvArrive, (w.now + delay, _KV_ARRIVE, next(q.seq), *payload))
+                    q.heap,
+                    (w.now + delay, _KV_ARRIVE, next(q.seq), payload.req, payload.decode_node),
                 )
             else:
                 self.decode.on_kv_arrive(payload)
@@ -423,9 +423,9 @@ class Simulator:
 
     def _on_capacity(self, event: CapacityChange) -> None:
         w = self.world
-        a, b = event.site_a, event.site_b
+        _, _, _, a, b, gbps = event
         for key in ((a, b), (b, a)):
-            w.links[key].set_capacity(w.now, event.gbps * 1e9 / 8)
+            w.links[key].set_capacity(w.now, gbps * 1e9 / 8)
 
     def schedule_probe(self, at_s: float, fn: Callable[[Simulator], None]) -> None:
         """Call ``fn(self)`` at ``at_s`` (after everything else due then); ``--find-max-rate``."""

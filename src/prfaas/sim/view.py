@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from prfaas.core.ids import NodeId, SiteId
 from prfaas.core.topology import NodeRole, SiteKind
 from prfaas.core.views import LinkState, NodeLoad
-from prfaas.sim.nodes import PrefillNode
+from prfaas.sim.nodes import PrefillNode, SimNode
 from prfaas.sim.world import World
 
 
@@ -21,6 +21,10 @@ class SimClusterView:
     def __init__(self, world: World, threshold_tokens: int) -> None:
         self._world = world
         self._threshold = threshold_tokens
+        # Each site's pools by site id (the pools are never replaced, only changed): one dict
+        # lookup per placement or routing question instead of an index and two list lookups.
+        self._prefill_pools = dict(zip(world.site_ids, world.pools.prefill, strict=True))
+        self._decode_pools = dict(zip(world.site_ids, world.pools.decode, strict=True))
 
     def site_ids(self) -> Sequence[SiteId]:
         return self._world.site_ids
@@ -45,23 +49,25 @@ class SimClusterView:
         return None if link is None else link.state(w.now)
 
     def least_loaded(self, site_id: SiteId, role: NodeRole) -> NodeLoad | None:
-        w = self._world
-        site = w.site_index.get(site_id)
-        if site is None:
-            return None
-        pool = w.pools.prefill[site] if role is NodeRole.PREFILL else w.pools.decode[site]
-        node = pool.best()
-        return None if node is None else node.load(w.now)
+        node: SimNode | None
+        if role is NodeRole.DECODE:
+            dpool = self._decode_pools.get(site_id)
+            node = None if dpool is None else dpool.best()
+        else:
+            ppool = self._prefill_pools.get(site_id)
+            node = None if ppool is None else ppool.best()
+        return None if node is None else node.load(self._world.now)
 
     def least_loaded_id(self, site_id: SiteId, role: NodeRole) -> NodeId | None:
         """``least_loaded``'s node, without building its ``NodeLoad`` (decode placement runs
         once per request)."""
-        w = self._world
-        site = w.site_index.get(site_id)
-        if site is None:
-            return None
-        pool = w.pools.prefill[site] if role is NodeRole.PREFILL else w.pools.decode[site]
-        node = pool.best()
+        node: SimNode | None
+        if role is NodeRole.DECODE:
+            dpool = self._decode_pools.get(site_id)
+            node = None if dpool is None else dpool.best()
+        else:
+            ppool = self._prefill_pools.get(site_id)
+            node = None if ppool is None else ppool.best()
         return None if node is None else node.node_id
 
     def work_left_s(self, node_id: NodeId) -> float:

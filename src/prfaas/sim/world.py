@@ -17,7 +17,7 @@ from prfaas.core.ids import NodeId, SiteId, link_id_for
 from prfaas.core.topology import SiteKind
 from prfaas.perf import CostModel, ProfileFileError, cost_model_for_hardware
 from prfaas.policy import DecodeAdmission
-from prfaas.sim.events import CapacityChange, EventKind, EventQueue, FlowDone, new_event
+from prfaas.sim.events import EventKind, EventQueue
 from prfaas.sim.kv_bytes import KvBytes
 from prfaas.sim.link import Flow, SimLink
 from prfaas.sim.metrics import Metrics
@@ -123,16 +123,14 @@ class World:
                 )  # fmt: skip
             for t_s, gbps in lc.schedule:
                 q = self.q
-                q.push(CapacityChange(t_s, EventKind.CAPACITY, q.next_seq(), a, b, gbps))
+                q.push((t_s, EventKind.CAPACITY, q.next_seq(), a, b, gbps))
         self.link_by_name = {
             (self.site_ids[a], self.site_ids[b]): link for (a, b), link in self.links.items()
         }
 
     def _flow_due(self, time_s: float, flow: Flow, version: int) -> None:
         q = self.q
-        heapq.heappush(
-            q.heap, new_event(FlowDone, (time_s, _FLOW_DONE, next(q.seq), flow, version))
-        )
+        heapq.heappush(q.heap, (time_s, _FLOW_DONE, next(q.seq), flow, version))
 
     def idle_for_good(self) -> bool:
         """No arrival to come and nothing in flight: periodic events may stop."""

@@ -8,7 +8,7 @@ import pytest
 
 from prfaas.core import InvalidTransition, RequestState
 from prfaas.sim import Simulator, paper_deployment
-from prfaas.sim.events import FlowDone, Handoff, KvArrive, PrefillDone
+from prfaas.sim.events import EventKind, Handoff
 from prfaas.sim.nodes import DecodeNode, PrefillNode
 from prfaas.sim.request import SimRequest
 
@@ -49,19 +49,21 @@ def test_mid_run_each_request_is_in_the_state_of_where_it_sits() -> None:
                 for r in node.waiting:
                     assert r.state is S.DECODING and r.decode_start_s == -1.0
         for event in sim.world.q.heap:
-            if isinstance(event, PrefillDone):  # a batch running: its requests are prefilling
-                for h in event.batch:
+            kind = event[1]
+            if kind is EventKind.PREFILL_DONE:  # a batch running: its requests are prefilling
+                for h in event[4]:
                     assert h.req.state is S.PREFILLING and h.req.prefill_end_s == -1.0
                     seen.add(h.req.state)
-            elif isinstance(event, FlowDone) and isinstance(event.flow.payload, Handoff):
-                if event.version != event.flow.version or event.flow.finished:
+            elif kind is EventKind.FLOW_DONE and isinstance(event[3].payload, Handoff):
+                flow = event[3]
+                if event[4] != flow.version or flow.finished:
                     continue  # superseded (the flow was rescheduled): discarded when popped
-                r = event.flow.payload.req
+                r = flow.payload.req
                 # The KV streams from the batch's start: the prefill may still be running.
                 assert r.state is (S.PREFILLING if r.prefill_end_s < 0 else S.TRANSFERRING)
                 seen.add(r.state)
-            elif isinstance(event, KvArrive):
-                assert event.req.state is S.TRANSFERRING
+            elif kind is EventKind.KV_ARRIVE:
+                assert event[3].state is S.TRANSFERRING
                 seen.add(S.TRANSFERRING)
     assert {S.ROUTED, S.PREFILLING, S.TRANSFERRING, S.DECODING} <= seen
 
