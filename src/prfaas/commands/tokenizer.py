@@ -48,7 +48,7 @@ def run_export(args: argparse.Namespace) -> int:
     out: Path = args.output
     if out.exists() and not out.is_dir():
         raise UsageError(f"-o {out} exists and is not a folder")
-    if d.engine.kind == "torch":
+    if d.engine.kind in ("torch", "vllm"):  # a real model folder's own tokenizer
         assert d.engine.model_path is not None
         try:
             files = hf_export.copy_tokenizer(Path(d.engine.model_path), out)
