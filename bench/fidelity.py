@@ -36,6 +36,7 @@ import math
 import os
 import platform
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -123,6 +124,7 @@ def profile_command(model: Path, out: Path, core: int, s: Settings) -> list[str]
         "taskset", "-c", str(core), sys.executable, "-m", "prfaas.cli", "profile",
         "--engine", "torch", "--model-path", str(model), "-o", str(out),
         "--hardware", f"cpu-core{core}", "--seed", str(PROFILE_SEED),
+        "--pass-tokens", str(BLOCK_TOKENS),
         "--repeats", str(s.profile_repeats),
         "--new-tokens", *map(str, s.profile_new_tokens),
         "--cached-tokens", *map(str, s.profile_cached_tokens),
@@ -525,6 +527,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threshold-tokens", type=int, help="the router's t [balanced_t]")
     p.add_argument("--fresh-profiles", action="store_true", help="profile again even if present")
     args = p.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C: the Launcher's ``with`` stops every process it started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     fields: dict[str, Any] = dict(QUICK) if args.quick else {}
     for name in ("repeats", "trace_requests", "trace_offset", "burst_requests",
                  "threshold_tokens"):  # fmt: skip

@@ -58,6 +58,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--contexts", type=int, nargs="+", default=[128, 1024], help="per request")
     p.add_argument("--decode-steps", type=int, default=8, help="tokens per decode measurement")
+    p.add_argument(
+        "--pass-tokens", type=int, default=None, metavar="N",
+        help="--engine torch: prefill in passes ending at multiples of N tokens, as engine.torch "
+        "runs with prefix checkpoints every N-token block [one pass]",
+    )  # fmt: skip
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--timeout", type=float, default=60.0, help="--endpoint: seconds per request")
     p.add_argument("--seed", type=int, default=0, help="prompt token seed")
@@ -75,6 +80,8 @@ def _check_grid(args: argparse.Namespace) -> None:
         raise UsageError("--new-tokens needs at least two distinct lengths (a curve)")
     if len(args.batch_sizes) * len(args.contexts) < 3:
         raise UsageError("--batch-sizes x --contexts needs at least 3 points (a decode fit)")
+    if args.pass_tokens is not None and args.pass_tokens <= 0:
+        raise UsageError(f"--pass-tokens must be > 0, got {args.pass_tokens}")
     for name in ("repeats", "decode_steps"):
         if getattr(args, name) < (1 if name == "repeats" else 2):
             raise UsageError(f"--{name.replace('_', '-')} is too small: {getattr(args, name)}")
@@ -189,6 +196,16 @@ def _profile_torch(args: argparse.Namespace) -> Any:
     def positions(rows: int, start: int, n: int) -> torch.Tensor:
         return torch.arange(start, start + n).unsqueeze(0).expand(rows, n)
 
+    def prefill(cache: Any, start: int, n: int) -> None:
+        """Tokens ``[start, start + n)``: one pass, or passes ending at multiples of
+        ``--pass-tokens`` (engine.torch's passes when it checkpoints every block)."""
+        step = args.pass_tokens
+        ends = [start + n] if step is None else [*range((start // step + 1) * step, start + n,
+                                                       step), start + n]  # fmt: skip
+        for end in ends:
+            forward(model, ids(1, end - start), cache, positions(1, start, end - start))
+            start = end
+
     def timed(fn: Callable[..., object], *fn_args: Any) -> float:
         if cuda:
             torch.cuda.synchronize()
@@ -208,8 +225,8 @@ def _profile_torch(args: argparse.Namespace) -> Any:
             for _ in range(args.repeats):
                 cache = new_cache(model)
                 if c:
-                    forward(model, ids(1, c), cache, positions(1, 0, c))
-                samples.append(timed(forward, model, ids(1, n), cache, positions(1, c, n)))
+                    prefill(cache, 0, c)
+                samples.append(timed(prefill, cache, c, n))
             prefill_points.append(PrefillPoint(n, c, *_median_spread(samples), args.repeats))
             bar.step(f"prefill {n} new after {c} cached")
         for b, ctx in decode_grid:
@@ -237,6 +254,7 @@ def _profile_torch(args: argparse.Namespace) -> Any:
             ("device", device),
             ("dtype", loaded.cmap.dtype.value),
             ("torch", str(torch.__version__)),
+            *((("pass_tokens", str(args.pass_tokens)),) if args.pass_tokens else ()),
         ),
         f"engine.torch forward passes, {args.repeats} repeats per point",
     )

@@ -1,0 +1,131 @@
+"""bench/fidelity.py's pieces: the workload rescaling, the per-request comparison, and one tiny run
+end to end (a model made, both cores profiled, a live torch deployment driven by a trace slice at
+saturation, the same requests simulated from the same file). No figure is asserted: only that
+both sides ran every request and the report holds what it says it does."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+BENCH = ROOT / "bench" / "fidelity.py"
+TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("fidelity_bench", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def fid() -> ModuleType:
+    return _bench()
+
+
+@pytest.mark.timeout(30)
+def test_at_rate_keeps_requests_and_sets_the_mean_rate(fid: ModuleType) -> None:
+    from prfaas.workload.requests import SimRequestSpec
+
+    specs = [SimRequestSpec(i, t, 100 + i, 4) for i, t in enumerate((0.0, 1.0, 1.5, 6.0))]
+    fast = fid.at_rate(specs, 3.0)
+    assert [sp.index for sp in fast] == [0, 1, 2, 3]
+    assert [sp.num_prompt_tokens for sp in fast] == [100, 101, 102, 103]
+    assert fast[-1].arrival_s == pytest.approx(3 / 3.0)  # 3 gaps at 3 requests/s
+    assert fast[1].arrival_s == pytest.approx(1.0 / 6.0)  # shape kept: gaps scale together
+    same_time = [SimRequestSpec(i, 5.0, 10, 1) for i in range(3)]
+    assert [sp.arrival_s for sp in fid.at_rate(same_time, 2.0)] == [0.0, 0.5, 1.0]
+
+
+@pytest.mark.timeout(30)
+def test_summary_and_route_agreement_count_what_they_say(fid: ModuleType) -> None:
+    def o(i: int, ok: bool, ttft: float, off: bool | None, site: str, cached: int) -> Any:
+        return fid.Outcome(i, ok, 0.0, ttft, 2.0 * (i + 1), off, site, 1000, cached)
+
+    live = [o(0, True, 0.1, True, "prfaas", 0), o(1, True, 0.3, False, "pd", 500),
+            o(2, False, 0.0, None, "pd", 0), o(3, True, 0.2, False, "pd", 0)]  # fmt: skip
+    sim = [o(0, True, 0.1, True, "prfaas", 0), o(1, True, 0.2, True, "prfaas", 0),
+           o(2, True, 0.1, False, "pd", 0), o(3, True, 0.2, False, "pd", 0)]  # fmt: skip
+    s = fid.summarize(live)
+    assert (s["requests"], s["completed"], s["offloaded"]) == (4, 3, 1)
+    assert s["throughput_rps"] == pytest.approx(3 / 8.0)  # 3 done by the last finish, 8 s
+    assert s["ttft_p50_s"] == pytest.approx(0.2)
+    assert s["prefix_hit_rate"] == {"pd": 0.25, "prfaas": 0.0}
+    agreement = fid.route_agreement(live, sim)
+    assert agreement["compared"] == 3  # the failed request has no live route
+    assert (agreement["agree"], agreement["sim_only_offloaded"]) == (2, 1)
+
+
+@pytest.mark.timeout(30)
+def test_trace_slice_cuts_prompts_with_their_blocks(fid: ModuleType) -> None:
+    if not TRACE.is_file():
+        pytest.skip(f"no trace at {TRACE}")
+    s = fid.Settings(workdir=Path("/nonexistent"), trace_requests=20, max_prompt_tokens=2000)
+    specs = fid.trace_specs(s)
+    assert len(specs) == 20 and specs[0].arrival_s == 0.0
+    for sp in specs:
+        assert sp.num_prompt_tokens <= 2000
+        assert len(sp.block_hashes) == -(-sp.num_prompt_tokens // fid.BLOCK_TOKENS)
+    # the slice keeps the trace's prefix reuse: some block is shared by several requests
+    firsts = [sp.block_hashes[0] for sp in specs]
+    assert len(set(firsts)) < len(firsts)
+
+
+@pytest.mark.timeout(150)
+def test_tiny_run_end_to_end(tmp_path: Path) -> None:
+    if not TRACE.is_file():
+        pytest.skip(f"no trace at {TRACE}")
+    out = tmp_path / "fidelity.json"
+    cmd = [sys.executable, str(BENCH), "--quick", "--scenarios", "trace", "--loads",
+           "--workdir", str(tmp_path / "work"), "--json", str(out)]  # fmt: skip
+    # On SIGTERM the bench unwinds and its Launcher stops every process it started (they run in
+    # sessions of their own, so a signal to the bench's group would not reach them).
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)  # fmt: skip
+    try:
+        stdout, _ = proc.communicate(timeout=140)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 0, stdout[-3000:]
+    report = json.loads(out.read_text())
+    (row,) = report["rows"]
+    assert (row["scenario"], row["load"]) == ("trace", "saturation")
+    n = report["settings"]["trace_requests"]
+    assert row["live"]["completed"] == row["sim"]["completed"] == n
+    assert row["route_agreement"]["compared"] == n  # every live request matched its route
+    deployment = Path(report["deployment"])
+    from prfaas.config import load_deployment
+    from prfaas.perf.profile_costs import cost_model_for_hardware
+    from prfaas.perf.profile_file import ProfileFileError
+
+    d = load_deployment(deployment)
+    assert d.engine.kind == "torch" and d.policy.router == "prfaas"
+    hardware = sorted(s.hardware for s in d.sites)
+    assert hardware == sorted(str(Path(p).resolve()) for p in report["profiles"].values())
+    # the served name takes the file's own model (the simulator's path); another name is refused
+    assert cost_model_for_hardware(d.engine.model, hardware[0]).model.name == d.engine.model
+    with pytest.raises(ProfileFileError, match="unknown model"):
+        cost_model_for_hardware("not-the-profiled-model", hardware[0])
+    # profiled as the engine prefills with checkpoints: passes ending on every block boundary
+    from prfaas.perf.profile_file import load_profile_file
+
+    measured = dict(load_profile_file(Path(hardware[0])).measured_with)
+    assert measured["pass_tokens"] == str(d.engine.block_tokens)
+    assert "| trace | saturation |" in stdout
