@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -150,7 +151,8 @@ def start_server(
     args: list[str] = []
     agent, kv_port = "", 0
     if config == "prfaas":
-        agent, kv_port = str(tmp / f"{name}.sock"), _free_port()
+        # per run: a dying server of another run unlinks its own socket path
+        agent, kv_port = str(tmp / f"{name}-{os.getpid()}.sock"), _free_port()
         env["PRFAAS_KV_PSK"] = PSK
         extra = {
             "listen_host": host,  # B's veth address: the prefill in A reaches it over the link
@@ -179,12 +181,16 @@ def start_server(
             VLLM_NIXL_SIDE_CHANNEL_HOST=host,
             VLLM_NIXL_SIDE_CHANNEL_PORT=str(_free_port()),
         )
-        kv_cfg = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"}
+        kv_cfg = {
+            "kv_connector": "NixlConnector",
+            "kv_role": "kv_producer" if site == "a" else "kv_consumer",
+            "kv_buffer_device": "cpu",
+        }
         args = ["--kv-transfer-config", json.dumps(kv_cfg)]
     cmd = [
         str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model), "--served-model-name", MODEL_NAME, "--dtype", "float32",
-        "--max-model-len", "2304", "--host", host, "--port", str(port), "-O0", *args,
+        "--max-model-len", "2048", "--host", host, "--port", str(port), "-O0", *args,
     ]  # fmt: skip
     log = tmp / f"{config}-{name}.log"
     with log.open("wb") as out:
@@ -335,7 +341,7 @@ def _body(prompt: list[int], max_tokens: int, stream: bool, kv: Any = None) -> d
     return body
 
 
-def request_prfaas(p: Server, d: Server, prompt: list[int], tid: str) -> tuple[float, int]:
+def request_prfaas(p: Server, d: Server, prompt: list[int], tid: str) -> Timing:
     t0 = time.perf_counter()
     dec_kv = {"do_remote_prefill": True, "prfaas": {"transfer_id": tid, "timeout_s": 60}}
     pre_kv = {
@@ -353,18 +359,27 @@ def request_prfaas(p: Server, d: Server, prompt: list[int], tid: str) -> tuple[f
         r = p.client.post(p.url + "/v1/completions", json=_body(prompt, 1, False, pre_kv))
         if r.status_code != 200:
             raise RuntimeError(f"prefill: {r.status_code} {r.text[:500]}")
+        answered = time.perf_counter() - t0
         sent = p.agent_call({"op": "wait_sent", "transfer_id": tid, "timeout_s": 60})
         ttft = dec.result(timeout=180)
     if sent["state"] != "verified":
         raise RuntimeError(f"prfaas transfer {tid}: {sent}")
-    return ttft, int(sent["kv_bytes"])
+    return Timing(ttft, int(sent["kv_bytes"]), answered)
 
 
 NIXL_BYTES = "vllm:nixl_bytes_transferred_sum"
+NIXL_COUNT = "vllm:nixl_bytes_transferred_count"
 
 
-def request_nixl(p: Server, d: Server, prompt: list[int], tid: str) -> tuple[float, int]:
-    before = metric_sum(d, NIXL_BYTES)
+@dataclass(frozen=True)
+class Timing:
+    ttft_s: float
+    kv_bytes: int
+    prefill_answer_s: float
+    """Launch to the prefill server's answer (single: the TTFT)."""
+
+
+def request_nixl(p: Server, d: Server, prompt: list[int]) -> Timing:
     t0 = time.perf_counter()
     # vLLM's toy_proxy_server.py order: prefill first, its kv_transfer_params to the decode.
     pre_kv = {
@@ -378,24 +393,32 @@ def request_nixl(p: Server, d: Server, prompt: list[int], tid: str) -> tuple[flo
     r = p.client.post(p.url + "/v1/completions", json=_body(prompt, 1, False, pre_kv))
     if r.status_code != 200:
         raise RuntimeError(f"prefill: {r.status_code} {r.text[:500]}")
+    answered = time.perf_counter() - t0
     kv = r.json().get("kv_transfer_params")
     if not kv:
         raise RuntimeError(f"nixl prefill answered no kv_transfer_params: {r.text[:500]}")
     ttft = stream_first_token(d, _body(prompt, 2, True, kv), t0)
-    # vLLM publishes the connector's stats with the engine's periodic stats: wait for them.
-    deadline = time.monotonic() + 15
-    moved = 0.0
-    while time.monotonic() < deadline:
-        moved = metric_sum(d, NIXL_BYTES) - before
-        if moved > 0:
+    return Timing(ttft, 0, answered)  # kv_bytes: from the decode's metrics, per row
+
+
+def nixl_moved(d: Server, before: tuple[float, float], transfers: int) -> int:
+    """Mean bytes per NIXL transfer since ``before`` (sum, count) of the decode's histogram. vLLM
+    publishes connector stats with the engine's periodic (10 s) stats: wait for ``transfers``."""
+    deadline = time.monotonic() + 30
+    while True:
+        total, count = metric_sum(d, NIXL_BYTES), metric_sum(d, NIXL_COUNT)
+        if count - before[1] >= transfers or time.monotonic() > deadline:
             break
-        time.sleep(0.5)
-    return ttft, int(moved)
+        time.sleep(1)
+    if count - before[1] < transfers:
+        raise RuntimeError(f"NIXL reported {count - before[1]} of {transfers} transfers")
+    return int((total - before[0]) / (count - before[1]))
 
 
-def request_single(s: Server, prompt: list[int]) -> tuple[float, int]:
+def request_single(s: Server, prompt: list[int]) -> Timing:
     t0 = time.perf_counter()
-    return stream_first_token(s, _body(prompt, 2, True), t0), 0
+    ttft = stream_first_token(s, _body(prompt, 2, True), t0)
+    return Timing(ttft, 0, ttft)
 
 
 # -- link -------------------------------------------------------------------------------------
@@ -428,23 +451,30 @@ def set_one_way_delay(tb: TwoSiteTestbed, delay_s: float) -> None:
 class Sample:
     ttft_s: float
     kv_bytes: int
+    prefill_answer_s: float
     transfer_s: float
     cpu_s: float
     veth_bytes: int
     veth_bytes_back: int
 
 
-def measure(
-    tb: TwoSiteTestbed, servers: list[Server], do: Callable[[], tuple[float, int]]
-) -> Sample:
+def measure(tb: TwoSiteTestbed, servers: list[Server], do: Callable[[], Timing]) -> Sample:
     cpu0 = sum(tree_cpu_s(s.proc.pid) for s in servers)
     rx0, tx0 = veth_counters(tb.dev_b)
     with VethSampler(tb.dev_b) as sampler:
-        ttft, kv = do()
+        t = do()
         time.sleep(0.05)  # the last frames through the delay line
     rx1, tx1 = veth_counters(tb.dev_b)
     cpu1 = sum(tree_cpu_s(s.proc.pid) for s in servers)
-    return Sample(ttft, kv, sampler.span_s(), cpu1 - cpu0, rx1 - rx0, tx1 - tx0)
+    return Sample(
+        t.ttft_s,
+        t.kv_bytes,
+        t.prefill_answer_s,
+        sampler.span_s(),
+        cpu1 - cpu0,
+        rx1 - rx0,
+        tx1 - tx0,
+    )
 
 
 def row(config: str, rate: float, rtt_ms: float, n: int, samples: list[Sample]) -> dict[str, Any]:
@@ -468,6 +498,7 @@ def row(config: str, rate: float, rtt_ms: float, n: int, samples: list[Sample]) 
         "veth_bytes": int(med(lambda s: s.veth_bytes)),
         "veth_bytes_back": int(med(lambda s: s.veth_bytes_back)),
         "transfer_s": round(transfer, 4),
+        "prefill_answer_s": round(med(lambda s: s.prefill_answer_s), 4),
         "cpu_s": round(med(lambda s: s.cpu_s), 3),
         "repeats": len(samples),
         "ttft_s_all": [round(s.ttft_s, 4) for s in samples],
@@ -510,14 +541,14 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     ):
         counter = 0
 
-        def one() -> tuple[float, int]:
+        def one() -> Timing:
             nonlocal counter
             counter += 1
             prompt = [rng.randrange(2, vocab) for _ in range(n)]
             if args.config == "prfaas":
                 return request_prfaas(servers[0], servers[1], prompt, f"b{os.getpid()}-{counter}")
             if args.config == "nixl":
-                return request_nixl(servers[0], servers[1], prompt, "")
+                return request_nixl(servers[0], servers[1], prompt)
             return request_single(servers[0], prompt)
 
         for rtt in args.rtts:
@@ -526,12 +557,20 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             for rate in args.rates:
                 set_rate(tb, rate)
                 probed = tb.probe_rtt_s()
+                if args.config == "nixl":
+                    d = servers[1]
+                    before = (metric_sum(d, NIXL_BYTES), metric_sum(d, NIXL_COUNT))
                 measure(tb, servers, one)  # warm-up, not counted
                 samples = [measure(tb, servers, one) for _ in range(args.repeats)]
+                if args.config == "nixl":
+                    moved = nixl_moved(d, before, args.repeats + 1)
+                    samples = [dataclasses.replace(s, kv_bytes=moved) for s in samples]
                 r = row(args.config, rate, rtt, n, samples)
                 r["probed_rtt_ms"] = round(probed * 1000, 2)
                 r["kv_bytes_spec"] = spec_kv_bytes(model, n)
                 rows.append(r)
+                if args.out:  # each row as it comes: a later failure keeps the earlier ones
+                    Path(args.out).write_text(json.dumps({"rows": rows}, indent=1))
                 print(json.dumps(r), file=sys.stderr, flush=True)
     return rows
 
@@ -576,8 +615,12 @@ def main() -> None:
         rows = [r for f in args.table for r in json.loads(Path(f).read_text())["rows"]]
         print(table(rows))
         return
-    if args.repeats < 1 or args.prompt_tokens < 16 or args.prompt_tokens > 2200:
-        p.error("--repeats must be >= 1 and --prompt-tokens within 16..2200")
+    if args.repeats < 1 or args.prompt_tokens < 16 or args.prompt_tokens > 2040:
+        p.error("--repeats must be >= 1 and --prompt-tokens within 16..2040")
+    # A kill (timeout, flock's parent) must still stop the servers and remove the namespaces:
+    # the servers run in their own sessions, so only the finally blocks reach them.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda num, _frame: sys.exit(128 + num))
     rows = run(args)
     out = json.dumps({"rows": rows}, indent=1)
     if args.out:
