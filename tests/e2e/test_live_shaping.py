@@ -1,6 +1,9 @@
-"""The inter-site link shaped down to 10% of its rate under load, live: the bandwidth-aware policy
-(the same ThresholdTuner the simulator runs) raises the threshold, offloads less, and every request
-still completes (graceful degradation, not growing queues)."""
+"""The inter-site link shaped down to a twentieth under load, live: the PrfaaS site's sender is
+paced at the new rate (``POST /link/rate``, the emulated link: no tbf), the senders *measure* the
+lower capacity (``core.link_estimate``: the pacer holds the KV back, so link-limited spans read
+its rate), the bandwidth-aware policy (the same ThresholdTuner the simulator runs) raises the
+threshold for "link capacity changed", offloads less, and every request still completes (graceful
+degradation, not growing queues). Assertions are on values and directions, never on wall time."""
 
 from __future__ import annotations
 
@@ -19,6 +22,9 @@ from prfaas.serve.launcher import Launcher
 pytestmark = pytest.mark.timeout(240)
 
 LINK_GBPS = 20.0
+SHAPED_GBPS = 1.0
+"""A twentieth: below the KV the H200 node emits while it prefills (~3 Gbps modelled), and low
+enough that the tuner's best ``t`` moves (at 2 Gbps the offloaded share still fits the link)."""
 
 
 def _deployment() -> DeploymentConfig:
@@ -58,7 +64,9 @@ def _wave(url: str, lengths: list[int], start_tag: int) -> list[int]:
         return [f.result() for f in futures]
 
 
-def test_link_shaped_to_a_tenth_raises_threshold_and_degrades_gracefully(tmp_path: Path) -> None:
+def test_link_shaped_to_a_twentieth_raises_threshold_and_degrades_gracefully(
+    tmp_path: Path,
+) -> None:
     rng = random.Random(7)
     lengths = [int(min(120_000, rng.lognormvariate(9.9, 1.0))) + 200 for _ in range(60)]
     with launched(_deployment(), tmp_path) as live:
@@ -68,18 +76,33 @@ def test_link_shaped_to_a_tenth_raises_threshold_and_degrades_gracefully(tmp_pat
         # The site's sender is shaped through its node process's API (sender-side pacing).
         endpoint = next(n for n in _node_endpoints(live) if n["node"] == "pf0")
         with signed(live) as client:  # worker APIs take signed calls only
-            r = client.post(f"{endpoint['url']}/link/rate", json={"gbps": LINK_GBPS / 10})
+            r = client.post(f"{endpoint['url']}/link/rate", json={"gbps": SHAPED_GBPS})
         assert r.status_code == 200
         assert _wave(live.url, lengths[30:], 100) == [200] * 30  # nothing fails or hangs
         after = control(live, "/internal/control")
         late = routes(live)[30:]
         offloaded_after = sum(r["offloaded"] for r in late) / len(late)
-    capacities = [link["capacity_bytes_per_s"] for link in after["links"]]
-    assert capacities == [pytest.approx(LINK_GBPS / 10 * 1e9 / 8)]
-    updates = after["threshold_updates"][len(before["threshold_updates"]) :]
-    assert "link capacity changed" in [u["reason"] for u in updates], after["threshold_updates"]
-    assert after["threshold_tokens"] > before["threshold_tokens"]
-    assert offloaded_after < offloaded_before
+    (link_before,) = before["links"]
+    (link_after,) = after["links"]
+    new_updates = after["threshold_updates"][len(before["threshold_updates"]) :]
+    figures = {
+        "link_before": link_before, "link_after": link_after,
+        "t": (before["threshold_tokens"], after["threshold_tokens"]),
+        "offloaded": (offloaded_before, offloaded_after), "updates": after["threshold_updates"],
+    }  # fmt: skip
+    print(figures)
+    nominal, shaped = LINK_GBPS * 1e9 / 8, SHAPED_GBPS * 1e9 / 8  # modelled bytes/s
+    # Before: the KV (~3 Gbps while the H200 prefills) never outran the 20 Gbps pacer, so no span
+    # was link-limited: the capacity is the configured one (or, had one been, the pacer's rate).
+    assert link_before["capacity_bytes_per_s"] == pytest.approx(nominal, rel=0.1), figures
+    # After: measured, not told. The estimate of a link held to R by the pacer reads R: at most R
+    # (nothing leaves faster than the pacer; the node caps at its rate), and at least 0.85 R (a
+    # link-limited span is one the pacer held back for >= 90% of it; the max over the window).
+    assert link_after["capacity_basis"] == "measured", figures
+    assert 0.85 * shaped <= link_after["capacity_bytes_per_s"] <= shaped * 1.001, figures
+    assert "link capacity changed" in [u["reason"] for u in new_updates], figures
+    assert after["threshold_tokens"] > before["threshold_tokens"], figures
+    assert offloaded_after < offloaded_before, figures
 
 
 def _node_endpoints(live: Launcher) -> list[dict[str, str]]:

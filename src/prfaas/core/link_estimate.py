@@ -5,22 +5,34 @@ rate the deployment file names: a link can lose capacity underneath a running de
 shaper, a congested path, a failed member of a bond) without anyone telling prfaas.
 
 Each ``observe(now_s, readings)`` takes, per connection set (one ``LinkReading`` per transfer link
-of the sender: cumulative bytes the receiver acknowledged, the sender's queue now, its RTT), and
-differentiates it against the previous call. Per interval:
+of the sender: cumulative bytes the receiver acknowledged, the sender's queue now, its RTT, and the
+cumulative seconds its own accounting found it link-limited), and differentiates it against an
+earlier call: the latest one at least ``min_interval_s`` before (every call is kept as a possible
+start, so a span of that length ends at every observation, not on a fixed grid). Per span:
 
 - *goodput* = acknowledged bytes / seconds, summed over the links (a link that appeared in the
-  interval counts from its first reading; one whose counter went backwards was replaced and
-  counts from its new value);
-- the interval is *busy* when the sender's queue (bytes accepted by ``send`` and not yet written,
-  plus bytes written but not yet sent by TCP) held at least ``busy_queue_bytes`` at both ends: the
-  sender had more to send than the link took, so the goodput is what the link gives.
+  span counts from its first reading; one whose counter went backwards was replaced and counts
+  from its new value);
+- the span is *link-limited* (``busy``) when the sender had more to send than the link took for
+  (nearly) all of it, so the goodput is what the link gives, not what the producer offered:
+  either the sender's accounting says the link held it back for at least ``busy_fraction`` of
+  the span (a link's ``link_limited_s`` grew by that much: its pacer was in debt, or a writer
+  waited for socket space), or the queue only the network drains (the kernel's unsent bytes) held
+  at the span's start (at least ``busy_queue_bytes``) as much as the link delivered in the whole
+  span (then it cannot have run dry in between, up to the bytes in flight: bytes leave in order).
+  A queue seen at two instants is not enough: bursty production (KV comes per layer) leaves a
+  queue at sample instants while the link idles between bursts; nor is a queue that stood all
+  along in the sender's process: a process starved of CPU leaves it standing while the link
+  idles. Such spans under-read the link. Spans that are not link-limited are *app-limited*
+  (BBR's marking).
 
-The estimate is the highest busy goodput within the last ``window_s`` (a max filter, as BBR's
-bottleneck-bandwidth filter: a busy interval measures the link or less, never more, so the max is
-the tightest lower bound the window holds). An interval that was not busy says only that the link
-carried at least that much: it enters the filter only when it is above the estimate (the link
-proved faster than believed, e.g. after it recovered while the queue stayed empty). With nothing in
-the window the last estimate is held: an idle link is not assumed to have changed.
+The estimate is the highest link-limited goodput within the last ``window_s`` (a max filter, as
+BBR's bottleneck-bandwidth filter: a link-limited span measures the link or less, never more, so
+the max is the tightest lower bound the window holds). Only link-limited spans lower or hold the
+estimate; an app-limited span says only that the link carried at least that much, so it enters
+the filter only when it is above the estimate (the link proved faster than believed, e.g. after
+it recovered while the queue stayed empty). With nothing in the window the last estimate is held:
+an idle link is not assumed to have changed.
 Until the first sample enters the filter the estimate is the ``configured`` rate (basis
 ``"configured"``); from then on it is ``"measured"``.
 
@@ -30,6 +42,7 @@ reads (``now_s`` is passed in); imports nothing outside the standard library.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
@@ -49,6 +62,13 @@ class LinkReading:
     written and not sent by TCP (``notsent_bytes``)."""
     rtt_s: float = 0.0
     """Smoothed RTT (0: unknown)."""
+    link_limited_s: float | None = None
+    """Cumulative seconds the sender's own accounting found this link held back by the link (its
+    pacer in debt, a writer waiting for socket space); None: not accounted (the queue rule alone
+    applies)."""
+    network_queue_bytes: int | None = None
+    """The part of ``queue_bytes`` only the network drains (the kernel's unsent bytes: they leave
+    whether or not the sender's process runs); None: all of it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +80,11 @@ class CapacityEstimate:
     goodput_bytes_per_s: float = 0.0
     """Acknowledged bytes per second over the last interval."""
     busy: bool = False
-    """The last interval was busy (its goodput measured the link)."""
+    """The last span was link-limited (its goodput measured the link)."""
+    limited_fraction: float = 0.0
+    """Share of the last span the link held the sender back (the most limited link; 0: unknown)."""
+    span_s: float = 0.0
+    """Length of the last span (0: no span yet)."""
     queue_bytes: int = 0
     """The sender's queue at this observation, all links."""
     rtt_s: float = 0.0
@@ -73,10 +97,14 @@ class EstimatorConfig:
     window_s: float = 3.0
     """How long a busy sample counts: a lower capacity shows after at most this long."""
     busy_queue_bytes: int = 1
-    """Queue at both ends of an interval for it to count as busy (bytes, in the readings' unit)."""
+    """Least network queue at a span's start for the queue rule to mark it link-limited (bytes,
+    in the readings' unit)."""
     min_interval_s: float = 1e-3
-    """Observations closer than this to the previous one are ignored (the baseline stays): a rate
-    over a very short span is noise (a shaper's burst, ACK clumping), not capacity."""
+    """Shortest span a rate is taken over: a rate over a very short span is noise (a shaper's
+    burst, ACK clumping), not capacity. Until a call that long ago exists, a call only records."""
+    busy_fraction: float = 0.9
+    """Share of a span the link must have held the sender back for it to be link-limited: not 1,
+    as a paced sender's debt clears for an instant whenever its writers catch up."""
 
     def __post_init__(self) -> None:
         if not self.window_s > 0:
@@ -85,6 +113,8 @@ class EstimatorConfig:
             raise ValueError(f"busy_queue_bytes must be >= 1, got {self.busy_queue_bytes}")
         if not self.min_interval_s > 0:
             raise ValueError(f"min_interval_s must be > 0, got {self.min_interval_s}")
+        if not 0 < self.busy_fraction <= 1:
+            raise ValueError(f"busy_fraction must be in (0, 1], got {self.busy_fraction}")
 
 
 class CapacityEstimator:
@@ -97,9 +127,9 @@ class CapacityEstimator:
             raise ValueError(f"configured rate must be >= 0, got {configured_bytes_per_s}")
         self.config = config or EstimatorConfig()
         self.configured_bytes_per_s = configured_bytes_per_s
-        self._prev: dict[Hashable, LinkReading] | None = None
-        self._prev_queue = 0
-        self._prev_at_s = 0.0
+        # Earlier calls that may still start a span: (at_s, readings, network queue), oldest; the
+        # front is the latest one at least min_interval_s before the newest call.
+        self._history: deque[tuple[float, dict[Hashable, LinkReading], int]] = deque()
         self._samples: deque[tuple[float, float]] = deque()  # (at_s, goodput), goodput descending
         self._measured: float | None = None
         self.latest = CapacityEstimate(configured_bytes_per_s, "configured")
@@ -108,41 +138,51 @@ class CapacityEstimator:
         """The deployment's nominal rate changed: it stands until the first measurement."""
         self.configured_bytes_per_s = configured_bytes_per_s
         if self._measured is None:
-            self.latest = CapacityEstimate(configured_bytes_per_s, "configured")
+            self.latest = dataclasses.replace(
+                self.latest, capacity_bytes_per_s=configured_bytes_per_s
+            )
 
     def observe(self, now_s: float, readings: Mapping[Hashable, LinkReading]) -> CapacityEstimate:
         """Fold in the links' counters at ``now_s``; returns (and keeps as ``latest``) the
-        estimate. The first call only sets the baseline."""
+        estimate. Calls until one lies ``min_interval_s`` back only record (the first one sets
+        the baseline); a call at or before the newest recorded one is ignored."""
         cfg = self.config
         queue = sum(max(0, r.queue_bytes) for r in readings.values())
         rtt = max((r.rtt_s for r in readings.values()), default=0.0)
-        prev = self._prev
-        if prev is not None and now_s - self._prev_at_s < cfg.min_interval_s:
+        hist = self._history
+        if hist and now_s <= hist[-1][0]:
             return self.latest
+        while len(hist) > 1 and now_s - hist[1][0] >= cfg.min_interval_s:
+            hist.popleft()  # a later call is far enough back: this one never starts a span again
         goodput = 0.0
         busy = False
-        if prev is not None:
-            dt = now_s - self._prev_at_s
+        fraction = 0.0
+        span = 0.0
+        if hist and now_s - hist[0][0] >= cfg.min_interval_s:
+            at0, prev, net_queue0 = hist[0]
+            span = now_s - at0
             acked = 0
             for key, r in readings.items():
                 before = prev.get(key)
                 if before is None:
                     continue  # a new link: counted from this reading on
                 # A counter that went backwards belongs to a replaced link: its bytes since the
-                # replacement are unknown, so this interval counts none of them.
+                # replacement are unknown, so this span counts none of them.
                 acked += max(0, r.bytes_acked - before.bytes_acked)
-            goodput = acked / dt
-            busy = (
-                goodput > 0
-                and self._prev_queue >= cfg.busy_queue_bytes
-                and queue >= cfg.busy_queue_bytes
-            )
+                if r.link_limited_s is not None and before.link_limited_s is not None:
+                    grew = max(0.0, r.link_limited_s - before.link_limited_s)
+                    fraction = max(fraction, min(1.0, grew / span))
+            goodput = acked / span
+            covered = net_queue0 >= cfg.busy_queue_bytes and net_queue0 >= acked
+            busy = goodput > 0 and (fraction >= cfg.busy_fraction or covered)
             self._expire(now_s)
             if busy or goodput > self._current():
                 self._push(now_s, goodput)
-        self._prev = dict(readings)
-        self._prev_queue = queue
-        self._prev_at_s = now_s
+        net_queue = sum(
+            max(0, r.queue_bytes if r.network_queue_bytes is None else r.network_queue_bytes)
+            for r in readings.values()
+        )
+        hist.append((now_s, dict(readings), net_queue))
         if self._samples:
             self._measured = self._samples[0][1]
         measured = self._measured
@@ -151,6 +191,8 @@ class CapacityEstimator:
             basis="measured" if measured is not None else "configured",
             goodput_bytes_per_s=goodput,
             busy=busy,
+            limited_fraction=fraction,
+            span_s=span,
             queue_bytes=queue,
             rtt_s=rtt,
             sampled_at_s=now_s,

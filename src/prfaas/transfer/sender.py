@@ -8,6 +8,15 @@ connection takes the next chunk from the link's queue, paces it through the toke
 and a faster connection takes more.
 ``finish(first_token)`` sends END with the session digest and waits for the receiver's COMPLETE.
 Every wait is bounded by ``TransferConfig.timeout_s`` without progress. asyncio; no policy.
+
+``counters()`` also says how much of the time the link, not its producer, was the limit:
+``backlogged_s`` is the seconds during which some chunk had been queued and not yet written (it
+waited for a writer, for the pacer's tokens or for socket space); within it, ``pacer_limited_s``
+the seconds in which the token bucket held chunks back and ``write_blocked_s`` those in which a
+writer waited for socket space (the kernel's send buffer full). Backlogged time alone is not
+link-limited time: a process whose event loop is busy elsewhere leaves its queue standing while
+the link idles. An interval limited throughout by the pacer or the socket measures what the link
+carries; one that was not says only what the producer offered (``core.link_estimate``).
 """
 
 from __future__ import annotations
@@ -48,6 +57,21 @@ class LinkCounters:
     bytes_acked: int
     bytes_dropped: int
     num_sessions_open: int
+    backlogged_s: float = 0.0
+    """Cumulative seconds with a chunk queued by ``send`` and not yet written (taken by no writer
+    yet, or held by one waiting for tokens or socket space): the link was the limit then."""
+    pacer_limited_s: float = 0.0
+    """Cumulative seconds the token bucket held reserved chunks back (0 unpaced): the link sent
+    at its pacing rate then. A late wake-up (a busy event loop) is not counted."""
+    write_blocked_s: float = 0.0
+    """Cumulative seconds some connection's writer waited inside a write (for socket space: the
+    network drained the kernel's buffer slower than the link offered)."""
+
+    @property
+    def link_limited_s(self) -> float:
+        """Seconds the pacer or the socket held the link back (the two rarely overlap: a paced
+        link is paced below what its sockets take)."""
+        return self.pacer_limited_s + self.write_blocked_s
 
     @property
     def backlog_bytes(self) -> int:
@@ -71,9 +95,18 @@ class Link:
         self._writers: list[asyncio.Task[None]] = []
         self._error: ConnectError | None = None
         self._closed = False
-        loop = asyncio.get_running_loop()
+        self._loop = loop = asyncio.get_running_loop()
         rate = config.rate_limit_bytes_per_s
-        self._bucket = None if rate is None else _bucket(rate, config.chunk_bytes, loop.time())
+        self._bucket = None if rate is None else pacer(rate, loop.time())
+        # Busy-time accounting (see counters()): bytes of enqueued chunks not yet written or
+        # skipped, when that last became non-zero, and the closed backlogged seconds before it.
+        self._unwritten = 0
+        self._backlog_from_s = 0.0
+        self._backlogged_s = 0.0
+        self._pacer_closed_s = 0.0  # throttled seconds of buckets replaced by set_rate
+        self._writing = 0  # writers inside a write now, since _writing_from_s
+        self._writing_from_s = 0.0
+        self._write_blocked_s = 0.0
 
     # -- construction -------------------------------------------------------------------------
     def _codec(self) -> Connection:
@@ -195,7 +228,17 @@ class Link:
 
     def counters(self) -> LinkCounters:
         q, s, a, d = self._counts
-        return LinkCounters(q, s, a, d, len(self._sessions))
+        now = self._loop.time()
+        backlogged = self._backlogged_s
+        if self._unwritten > 0:
+            backlogged += now - self._backlog_from_s
+        paced = self._pacer_closed_s
+        if self._bucket is not None:
+            paced += self._bucket.throttled_s(now)
+        blocked = self._write_blocked_s
+        if self._writing:
+            blocked += now - self._writing_from_s
+        return LinkCounters(q, s, a, d, len(self._sessions), backlogged, paced, blocked)
 
     def sockets(self) -> list[socket.socket]:
         """The connections' sockets (for ``TCP_INFO``; empty in memory)."""
@@ -206,13 +249,23 @@ class Link:
         """The pacing rate in force (None: unpaced)."""
         return None if self._bucket is None else self._bucket.rate_bytes_per_s
 
+    def share_pacer(self, bucket: TokenBucket | None) -> None:
+        """Pace this link with ``bucket`` (None: unpaced) from the next chunk on: links given
+        the same bucket share one rate, as connections to several receivers over one emulated
+        inter-site link do. ``set_rate`` then changes the shared bucket's rate."""
+        if self._bucket is not None and self._bucket is not bucket:
+            self._pacer_closed_s += self._bucket.throttled_s(self._loop.time())
+        self._bucket = bucket
+
     def set_rate(self, rate_bytes_per_s: float | None) -> None:
         """Change the pacing rate (None: unpaced) for chunks not yet written."""
         now = asyncio.get_running_loop().time()
         if rate_bytes_per_s is None:
+            if self._bucket is not None:
+                self._pacer_closed_s += self._bucket.throttled_s(now)
             self._bucket = None
         elif self._bucket is None:
-            self._bucket = _bucket(rate_bytes_per_s, self.config.chunk_bytes, now)
+            self._bucket = pacer(rate_bytes_per_s, now)
         else:
             self._bucket.set_rate(rate_bytes_per_s, now)
 
@@ -265,7 +318,17 @@ class Link:
         self._counts[3] += num_bytes
 
     def _enqueue(self, item: _Item) -> None:
+        if self._unwritten == 0:
+            self._backlog_from_s = self._loop.time()
+        self._unwritten += item.chunk.length
         self._queue.put_nowait(item)
+
+    def _left_queue(self, num_bytes: int) -> None:
+        """``num_bytes`` of enqueued chunks were written (or will never be: skipped, lost)."""
+        self._unwritten -= num_bytes
+        if self._unwritten <= 0 and num_bytes > 0:
+            self._unwritten = 0
+            self._backlogged_s += self._loop.time() - self._backlog_from_s
 
     async def _write_control(self, ch: Channel, frame: F.Frame) -> None:
         if ch.closed or ch.codec.state is not ConnState.READY:
@@ -283,20 +346,35 @@ class Link:
             if not batch:
                 continue
             num_bytes = sum(item.chunk.length for item in batch)
-            if self._bucket is not None:
-                wait_s = self._bucket.reserve(num_bytes, loop.time())
-                if wait_s > 0:
-                    await asyncio.sleep(wait_s)
-            try:
-                await ch.write_frames([(item.chunk, item.view) for item in batch])
+            try:  # the batch leaves the backlog once written, or when the write fails
+                if self._bucket is not None:
+                    wait_s = self._bucket.reserve(num_bytes, loop.time())
+                    if wait_s > 0:
+                        await asyncio.sleep(wait_s)
+                await self._timed_write(ch, batch)
             except TimeoutError:  # the peer stopped reading: this stream is stuck for good
                 ch.close(TimeoutError(f"no write progress for {self.config.timeout_s:g} s"))
                 return
             except (ConnectionError, OSError, LocalProtocolError):
                 return  # the connection is gone: on_closed fails the link and its sessions
+            finally:
+                self._left_queue(num_bytes)
             for item in batch:
                 item.session.bytes_sent += item.chunk.length
             self._counts[1] += num_bytes
+
+    async def _timed_write(self, ch: Channel, batch: list[_Item]) -> None:
+        """Write ``batch``, counting the time any writer is inside a write: a write that returns
+        at once costs nothing; one that waits for socket space is the network holding it back."""
+        if self._writing == 0:
+            self._writing_from_s = self._loop.time()
+        self._writing += 1
+        try:
+            await ch.write_frames([(item.chunk, item.view) for item in batch])
+        finally:
+            self._writing -= 1
+            if self._writing == 0:
+                self._write_blocked_s += self._loop.time() - self._writing_from_s
 
     def _take_batch(self, first: _Item) -> list[_Item]:
         """``first`` and, if more chunks wait, up to this connection's share of them (at most
@@ -304,6 +382,7 @@ class Link:
         each (measured: docs/transfer.md), and the share keeps every connection busy. A paced
         link writes chunk by chunk: a batch would leave the token bucket as one burst."""
         items = [first] if not first.session.state.terminal else []
+        skipped = 0 if items else first.chunk.length
         share = 0 if self._bucket is not None else self._queue.qsize() // len(self._channels)
         size = first.chunk.length
         while share > 0 and size < _BATCH_BYTES:
@@ -312,6 +391,9 @@ class Link:
             if not item.session.state.terminal:  # an aborted session's credit is already freed
                 items.append(item)
                 size += item.chunk.length
+            else:
+                skipped += item.chunk.length
+        self._left_queue(skipped)
         return items
 
     # -- ChannelHandler -----------------------------------------------------------------------
@@ -366,6 +448,8 @@ class Link:
 _BATCH_BYTES = 4 << 20
 
 
-def _bucket(rate_bytes_per_s: float, chunk_bytes: int, now_s: float) -> TokenBucket:
-    # Burst of one chunk or 10 ms of rate, whichever is larger: smooth enough for a tbf queue.
-    return TokenBucket(rate_bytes_per_s, max(chunk_bytes, rate_bytes_per_s * 0.01), now_s)
+def pacer(rate_bytes_per_s: float, now_s: float) -> TokenBucket:
+    """The token bucket a link paces with: a burst of 10 ms of rate (at least 16 KiB). Debt-based,
+    a larger chunk still goes (after waiting); a burst of a whole chunk (1 MiB) would let every
+    transfer under a chunk leave unpaced after idle (at 10 Mbit/s, 0.8 s of the rate for free)."""
+    return TokenBucket(rate_bytes_per_s, max(16 << 10, rate_bytes_per_s * 0.01), now_s)

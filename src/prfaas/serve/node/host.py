@@ -4,7 +4,8 @@ deployment's key). One site per process.
 
 The receiver (one port per process) hands each incoming session to the node that expects its
 request; the sender links are pooled per (decode host, port), paced at the inter-site link's
-emulated rate when the KV crosses sites (an R Gbps link is paced at R / byte_divisor / time_scale).
+emulated rate when the KV crosses sites (an R Gbps link is paced at R / byte_divisor / time_scale;
+one token bucket for all of them: they cross one link).
 Links are opened per peer, at most one connect per peer at a time, each bounded by
 ``CONNECT_TIMEOUT_S``: a peer that does not answer delays only the prefills aimed at it.
 
@@ -61,6 +62,8 @@ from prfaas.transfer import (
 )
 from prfaas.transfer import Link as TransferLink
 from prfaas.transfer.frames import MAX_NAME_BYTES
+from prfaas.transfer.pacing import TokenBucket
+from prfaas.transfer.sender import pacer
 from prfaas.transfer.tcpinfo import read_tcp_info
 
 log = logging.getLogger("prfaas.node")
@@ -68,12 +71,15 @@ log = logging.getLogger("prfaas.node")
 CONNECT_TIMEOUT_S = 5.0
 """Longest a KV link may take to connect and authenticate (every connection of it)."""
 
-LINK_ESTIMATOR = EstimatorConfig(window_s=3.0, busy_queue_bytes=64 << 10, min_interval_s=0.5)
-"""Wall seconds and payload bytes. A busy interval needs 64 KiB waiting at both ends: several
-layer pieces (an emulated layer is ~10 KiB), so a link that keeps up with the prefill is not taken
-for a full one. Rates are taken over at least 0.5 s (reports come more often: heartbeats, status
-calls): over a shorter span a shaper's burst allowance (tbf: 64 KiB) or TCP's ramp after idle
-reads as capacity."""
+LINK_ESTIMATOR = EstimatorConfig(
+    window_s=3.0, busy_queue_bytes=64 << 10, min_interval_s=0.5, busy_fraction=0.9
+)
+"""Wall seconds and payload bytes. A span measures the link when the link held its sender back
+(the pacer in debt or a writer waiting for socket space) for 90% of it, or, unpaced (under tbf the
+queue sits in the kernel), when the kernel's unsent bytes at its start (at least 64 KiB: several
+layer pieces, an emulated layer is ~10 KiB) held all the link then delivered. Rates are taken over
+at least 0.5 s, ending at every report (heartbeats, status calls): over a shorter span a shaper's
+burst allowance (tbf: 64 KiB) or TCP's ramp after idle reads as capacity."""
 
 
 class WorkerHost:
@@ -134,6 +140,9 @@ class WorkerHost:
         self.transfer_port = 0
         self.http_port = 0
         self._links: dict[tuple[str, int, bool], TransferLink] = {}
+        # One pacer for every cross-site link of the process: the links to several decode nodes
+        # cross one emulated inter-site link, so they share its rate (created on first use).
+        self._pacer: TokenBucket | None = None
         self._monitors: dict[tuple[str, int, bool], LinkMonitor] = {}
         # One connect per peer at a time, shared by every prefill waiting for that peer; no lock
         # across peers (a connect to a dead peer must not stall the others).
@@ -197,11 +206,24 @@ class WorkerHost:
     def set_link_gbps(self, gbps: float) -> None:
         """Shape the inter-site link (modelled Gbps): paces every cross-site sender from now on."""
         self.link_gbps = gbps
-        self._link_estimator.set_configured(self._configured_wall_rate())
+        # A re-shaped link is another link: what was measured of the old one no longer holds
+        # (it would stand for the estimator's whole window: a dip, or its end, went unseen).
+        self._link_estimator = CapacityEstimator(self._configured_wall_rate(), LINK_ESTIMATOR)
         rate = self.link_rate_bytes_per_s()
+        if rate is None:
+            self._pacer = None
+        elif self._pacer is not None:
+            self._pacer.set_rate(rate, asyncio.get_running_loop().time())
         for (_host, _port, cross_site), link in self._links.items():
             if cross_site:
-                link.set_rate(rate)
+                link.share_pacer(self._shared_pacer())
+
+    def _shared_pacer(self) -> TokenBucket | None:
+        """The cross-site links' one pacer at the link's wall rate (None: unpaced, netns)."""
+        rate = self.link_rate_bytes_per_s()
+        if rate is not None and self._pacer is None:
+            self._pacer = pacer(rate, asyncio.get_running_loop().time())
+        return self._pacer
 
     def handshake_failures(self) -> int:
         """KV handshakes this process's receiver refused since it started (wrong key, bad or
@@ -242,11 +264,16 @@ class WorkerHost:
         counters in memory; the queue is what ``send`` accepted and no connection has written yet
         plus what the kernel holds unsent (``notsent_bytes``). Aborted bytes are subtracted from
         the unwritten ones though some were written: after an abort the queue reads low, never
-        high, which can only make an interval look idle."""
+        high, which can only make an interval look idle. The link's own ``link_limited_s`` (its
+        pacer in debt, a writer waiting for socket space) says for how much of a span the link,
+        not the producer or this process's share of the CPU, held the KV back; only the kernel's
+        unsent bytes count for the queue rule (``network_queue_bytes``): they leave while this
+        process waits for a core, the unwritten ones do not."""
         if self.link_gbps is None:
             return {}
         readings: dict[Hashable, LinkReading] = {}
         backlog = 0
+        pace = self.link_rate_bytes_per_s()
         for key in self._monitors:
             link = self._links.get(key)
             if link is None:
@@ -257,16 +284,20 @@ class WorkerHost:
             infos = [i for i in (read_tcp_info(s) for s in link.sockets()) if i is not None]
             if infos:
                 acked = sum(i.bytes_acked for i in infos)
-                unwritten += sum(i.notsent_bytes for i in infos)
+                notsent = sum(i.notsent_bytes for i in infos)
                 rtt = max(i.rtt_s for i in infos)
             else:
-                acked, rtt = c.bytes_acked, 0.0
-            # Keyed by the link's random peer id: a replaced link (same peer) starts anew.
-            readings[link.peer_id] = LinkReading(acked, unwritten, rtt)
+                acked, notsent, rtt = c.bytes_acked, 0, 0.0
+            # Keyed by the link's random peer id: a replaced link (same peer) starts anew. A
+            # paced link's bottleneck is its pacer: a kernel queue behind it means the receiving
+            # process fell behind (a busy emulation host), so only the pacer's time counts.
+            network_queue = notsent if pace is None else 0
+            readings[link.peer_id] = LinkReading(
+                acked, unwritten + notsent, rtt, c.link_limited_s, network_queue_bytes=network_queue
+            )
         est = self._link_estimator.observe(now_s, readings)
         scale = self._wall_scale()
         capacity = est.capacity_bytes_per_s
-        pace = self.link_rate_bytes_per_s()
         if pace is not None:  # the KV cannot leave faster than our own pacer lets it
             capacity = min(capacity, pace)
         return {
@@ -318,6 +349,7 @@ class WorkerHost:
             ) from None
         self._links[key] = link
         if cross_site:
+            link.share_pacer(self._shared_pacer())
             self._monitors[key] = LinkMonitor(link, LinkId(f"{self.site.name}->{host}:{port}"))
         return link
 
