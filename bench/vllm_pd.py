@@ -110,7 +110,9 @@ class Server:
     log: Path
     agent: str = ""
     kv_port: int = 0
-    client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=180))
+    # 90 s without a byte ends a stuck request (a decode that never gets its KV), so a row
+    # fails instead of the whole run hanging
+    client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=90))
 
     @property
     def url(self) -> str:
@@ -560,12 +562,30 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 if args.config == "nixl":
                     d = servers[1]
                     before = (metric_sum(d, NIXL_BYTES), metric_sum(d, NIXL_COUNT))
-                measure(tb, servers, one)  # warm-up, not counted
-                samples = [measure(tb, servers, one) for _ in range(args.repeats)]
-                if args.config == "nixl":
-                    moved = nixl_moved(d, before, args.repeats + 1)
+                samples: list[Sample] = []
+                failures: list[str] = []
+                warm = False
+                # one warm-up (not counted), then the repeats; a failed request is recorded
+                # and retried, at most two failures per row
+                while len(samples) < args.repeats and len(failures) <= 2:
+                    try:
+                        s = measure(tb, servers, one)
+                    except (RuntimeError, httpx.HTTPError, TimeoutError, OSError) as exc:
+                        failures.append(f"{type(exc).__name__}: {exc}"[:300])
+                        print(f"failed: {failures[-1]}", file=sys.stderr, flush=True)
+                        continue
+                    if warm:
+                        samples.append(s)
+                    warm = True  # the row's first good request was the warm-up
+                if args.config == "nixl" and samples:
+                    moved = nixl_moved(d, before, len(samples) + 1)
                     samples = [dataclasses.replace(s, kv_bytes=moved) for s in samples]
+                if not samples:
+                    rows.append({"config": args.config, "rate_mbit": rate, "rtt_ms": rtt,
+                                 "prompt_tokens": n, "error": failures})  # fmt: skip
+                    continue
                 r = row(args.config, rate, rtt, n, samples)
+                r["failures"] = failures
                 r["probed_rtt_ms"] = round(probed * 1000, 2)
                 r["kv_bytes_spec"] = spec_kv_bytes(model, n)
                 rows.append(r)
