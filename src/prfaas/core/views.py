@@ -129,7 +129,16 @@ class MutableClusterView:
     per-(site, role) tuples are rebuilt lazily only after a membership change.
     """
 
-    def __init__(self, site_kinds: Mapping[SiteId, SiteKind], threshold_tokens: int = 0) -> None:
+    def __init__(
+        self,
+        site_kinds: Mapping[SiteId, SiteKind],
+        threshold_tokens: int = 0,
+        node_order: Sequence[NodeId] = (),
+    ) -> None:
+        """``node_order``: ``nodes`` lists a site's nodes in this order (those not named after,
+        as they arrived), whatever order they registered in, so ties between equally loaded
+        nodes go the same way in every run and as in the simulator (its node index order)."""
+        self._rank: dict[NodeId, int] = {n: i for i, n in enumerate(node_order)}
         self._site_kinds: dict[SiteId, SiteKind] = dict(site_kinds)
         self._site_order: tuple[SiteId, ...] = tuple(site_kinds)
         self._nodes: dict[NodeId, NodeLoad] = {}
@@ -149,7 +158,11 @@ class MutableClusterView:
         key = (site_id, role)
         cached = self._group_cache.get(key)
         if cached is None:
-            cached = tuple(self._nodes[n] for n in self._groups.get(key, {}))
+            group = list(self._groups.get(key, {}))
+            if self._rank:
+                last = len(self._rank)
+                group.sort(key=lambda n: self._rank.get(n, last))  # stable: arrivals keep order
+            cached = tuple(self._nodes[n] for n in group)
             self._group_cache[key] = cached
         return cached
 

@@ -65,8 +65,17 @@ class GatewayApps:
 
 
 def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo) -> GatewayApps:
+    # The simulator's node order (sites as in the file; each site's prefill nodes, then its
+    # decode nodes, as listed): ties between equally loaded nodes go the same way in both.
+    order = [
+        NodeId(n.name)
+        for s in d.sites
+        for role in ("prefill", "decode")
+        for n in s.nodes
+        if n.role == role
+    ]
     registry_view = MutableClusterView(
-        {SiteId(s.name): _site_kind(s.kind) for s in d.sites}, planned_threshold(d)
+        {SiteId(s.name): _site_kind(s.kind) for s in d.sites}, planned_threshold(d), order
     )
     registry = NodeRegistry(d, registry_view)
     remote, local = _cost_models(d)

@@ -246,7 +246,10 @@ class NodeRegistry:
         work = self._pending.get(load.node_id, {})
         if load.role is NodeRole.PREFILL:
             return replace(load, queue_depth=len(work), queued_tokens=sum(work.values()))
-        return replace(load, batch_size=len(work))
+        # The requests this gateway placed there and has not seen end (exact, no heartbeat lag)
+        # make running + waiting, as the simulator's running + waiting + reserved: the report's
+        # queue depth (KV yet to arrive) is the part of them not running yet.
+        return replace(load, batch_size=max(0, len(work) - load.queue_depth))
 
     def _update(self, r: NodeReport, now_wall_s: float) -> None:
         role = NodeRole(r.role)
