@@ -90,7 +90,12 @@ def _worker_round(src: str, args: argparse.Namespace) -> dict[str, tuple[float, 
     if out.returncode != 0:
         raise SystemExit(f"the run importing prfaas from {src} failed:\n{out.stderr[-2000:]}")
     line = next(x for x in out.stdout.splitlines() if x.startswith("{"))
-    return {k: (v[0], v[1], v[2]) for k, v in json.loads(line).items()}
+    result = json.loads(line)
+    # An installed prfaas answers when ``src`` holds none: a silent self-comparison otherwise.
+    imported = Path(result.pop("prfaas_from")).resolve()
+    if not imported.is_relative_to(Path(src).resolve()):
+        raise SystemExit(f"importing prfaas from {src} failed: it came from {imported}")
+    return {k: (v[0], v[1], v[2]) for k, v in result.items()}
 
 
 def _side_by_side(args: argparse.Namespace) -> dict[str, Any]:
@@ -122,7 +127,10 @@ def main() -> None:
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        once = {name: _time(sc) for name, sc in _cases(args.duration, args.trace).items()}
+        import prfaas
+
+        once: dict[str, Any] = {n: _time(sc) for n, sc in _cases(args.duration, args.trace).items()}
+        once["prfaas_from"] = prfaas.__file__
         print(json.dumps(once))
         return
     if args.before:
