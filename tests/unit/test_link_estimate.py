@@ -162,3 +162,122 @@ def test_a_saturated_window_measures_the_link(
     caps = _run(est, [*before, (cap * dt_s * 2 + 10_000, cap)] + [(cap * dt_s * 2, cap)] * n,
                 dt_s)  # fmt: skip
     assert caps[-1] == pytest.approx(cap, rel=0.01, abs=2 / dt_s)
+
+
+# -- the app-limited rule: only spans the link held the sender back lower or hold the estimate ----
+
+
+class PacedLink:
+    """A sender paced at ``c`` bytes/s: per substep it sends min(queue, c * dt) and counts the
+    substep as link-limited (``link_limited_s``) only when the pacer, not the queue, was the
+    limit. The network queue is 0: the pacer is the bottleneck, the kernel holds nothing."""
+
+    SUBSTEPS = 10
+
+    def __init__(self) -> None:
+        self.acked = 0.0
+        self.queue = 0.0
+        self.limited_s = 0.0
+
+    def step(self, offered_bytes: float, capacity_bytes_per_s: float, dt_s: float) -> LinkReading:
+        sub = dt_s / self.SUBSTEPS
+        for _ in range(self.SUBSTEPS):
+            self.queue += offered_bytes / self.SUBSTEPS
+            room = capacity_bytes_per_s * sub
+            if self.queue >= room:
+                self.limited_s += sub
+            sent = min(self.queue, room)
+            self.acked += sent
+            self.queue -= sent
+        return LinkReading(int(self.acked), int(self.queue), 0.0, self.limited_s, 0)
+
+
+def _readings(link_limited_s: float, acked: int, queue: int) -> dict[str, LinkReading]:
+    return {"l": LinkReading(acked, queue, 0.0, link_limited_s, network_queue_bytes=0)}
+
+
+def test_a_queue_at_both_ends_of_an_app_limited_span_does_not_lower_the_estimate() -> None:
+    est = CapacityEstimator(1000.0, EstimatorConfig(window_s=1.0))
+    est.observe(0.0, _readings(0.0, 0, 0))
+    # Limited throughout at 1000 B/s: measured.
+    e = est.observe(1.0, _readings(1.0, 1000, 500))
+    assert (e.busy, e.capacity_bytes_per_s, e.limited_fraction) == (True, 1000.0, 1.0)
+    # Bursty production: a queue stands at both instants, but the pacer held the sender back
+    # for only half the span; 400 B/s says what the producer offered, not what the link gives.
+    e = est.observe(2.0, _readings(1.5, 1400, 500))
+    assert not e.busy and e.limited_fraction == pytest.approx(0.5)
+    e = est.observe(3.5, _readings(1.5, 1500, 500))
+    assert e.capacity_bytes_per_s == 1000.0  # held past the window: nothing lowered it
+    # Limited for 95% of a span: it measures the link, which is now slower.
+    e = est.observe(4.5, _readings(2.45, 1800, 500))
+    assert e.busy and e.capacity_bytes_per_s == pytest.approx(300)
+
+
+def test_a_queue_only_the_sender_process_holds_does_not_count_as_busy() -> None:
+    """A process starved of CPU leaves its own queue standing while the link idles: only the
+    network's queue (``network_queue_bytes``) can prove the link was the limit."""
+    est = CapacityEstimator(1000.0)
+    est.observe(0.0, {"l": LinkReading(0, 10_000, 0.0, 0.0, network_queue_bytes=0)})
+    e = est.observe(1.0, {"l": LinkReading(100, 10_000, 0.0, 0.0, network_queue_bytes=0)})
+    assert not e.busy and e.basis == "configured"
+    # The same span with the kernel's queue covering all delivered bytes: the network was busy.
+    est = CapacityEstimator(1000.0)
+    est.observe(0.0, {"l": LinkReading(0, 10_000, 0.0, 0.0, network_queue_bytes=10_000)})
+    e = est.observe(1.0, {"l": LinkReading(100, 10_000, 0.0, 0.0, network_queue_bytes=9_900)})
+    assert e.busy and e.capacity_bytes_per_s == pytest.approx(100)
+
+
+def test_spans_end_at_every_observation_so_an_unaligned_busy_stretch_is_measured() -> None:
+    """0.65 s of saturation between idle stretches, observed every 0.1 s: a 0.5 s span lies
+    inside it, although on a 0.5 s grid from the first call no interval would."""
+    est = CapacityEstimator(5000.0, EstimatorConfig(window_s=3.0, min_interval_s=0.5))
+    link = PacedLink()
+    est.observe(0.0, {"l": link.step(0.0, 1000.0, 0.1)})
+    offered = [0.0] * 2 + [200.0] * 7 + [0.0] * 10  # 2000 B/s offered for 0.7 s
+    busy = []
+    for i, n in enumerate(offered, start=1):
+        e = est.observe(i * 0.1, {"l": link.step(n, 1000.0, 0.1)})
+        busy.append(e.busy)
+    assert any(busy)
+    assert e.capacity_bytes_per_s == pytest.approx(1000, rel=0.02)
+    assert e.basis == "measured"
+
+
+def test_bad_busy_fraction() -> None:
+    with pytest.raises(ValueError, match="busy_fraction"):
+        EstimatorConfig(busy_fraction=0)
+    with pytest.raises(ValueError, match="busy_fraction"):
+        EstimatorConfig(busy_fraction=1.5)
+
+
+_paced_step = st.tuples(st.floats(0, 300), st.sampled_from([200.0, 1000.0]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_paced_step, min_size=1, max_size=100), st.floats(0.05, 0.3))
+def test_a_paced_link_reads_between_busy_fraction_and_its_rate(
+    steps: list[tuple[float, float]], dt_s: float
+) -> None:
+    """Any offered load (bursty or not) on a link paced at ``c`` (changing): every link-limited
+    span's goodput is between ``busy_fraction * c_min`` and ``c_max`` of the span; until a span
+    is link-limited, app-limited spans only ever raise the estimate."""
+    cfg = EstimatorConfig(window_s=1.0, min_interval_s=0.2)
+    est = CapacityEstimator(50.0, cfg)
+    link = PacedLink()
+    est.observe(0.0, {"l": link.step(0.0, 1.0, dt_s)})
+    caps: list[tuple[float, float]] = []
+    before, any_busy = est.latest.capacity_bytes_per_s, False
+    for i, (offered, cap) in enumerate(steps, start=1):
+        now = i * dt_s
+        e = est.observe(now, {"l": link.step(offered * dt_s * 10, cap, dt_s)})
+        caps.append((now, cap))
+        # Whole bytes: a reading is off by < 1 byte at each end.
+        slack = 2 / e.span_s if e.span_s else 0.0
+        in_span = [c for at, c in caps if now - e.span_s - 1e-9 < at]
+        if e.busy:
+            any_busy = True
+            assert cfg.busy_fraction * min(in_span) - slack <= e.goodput_bytes_per_s
+            assert e.goodput_bytes_per_s <= max(in_span) + slack
+        if not any_busy:
+            assert e.capacity_bytes_per_s >= before
+        before = e.capacity_bytes_per_s
