@@ -24,7 +24,10 @@ def register(subparsers: Any) -> None:
             "H20 PD) as real processes on this machine, drive it with the paper's workload at a "
             "rate the homogeneous baseline cannot sustain, do the same with the homogeneous "
             "baseline, and print both beside what the simulator predicts. A tiny real hybrid "
-            "model (PyTorch) also answers a prompt through each path. Everything is torn down."
+            "model (PyTorch) also answers a prompt through each path, and, where the vLLM venv "
+            "exists and the CPU has AVX-512, a tiny model on two vLLM servers answers a long "
+            "prompt (prefilled at the PrfaaS site, its KV crossing through PrfaasConnector) and "
+            "a short one (prefilled locally). Everything is torn down."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -36,6 +39,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--byte-divisor", type=int, default=1000, help="payload size divisor")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-torch", action="store_true", help="skip the tiny PyTorch model part")
+    p.add_argument("--skip-vllm", action="store_true", help="skip the tiny vLLM model part")
     p.add_argument("--workdir", type=Path, default=None, help="logs (default: a temp folder)")
     p.add_argument("--json", action="store_true", help="print one JSON object (README schema)")
     p.set_defaults(run=run)
@@ -87,6 +91,16 @@ def run(args: argparse.Namespace) -> int:
             task = progress.add_task("tiny PyTorch hybrid model, both paths", total=1)
             out["torch"] = demo.torch_showcase(workdir)
             progress.advance(task)
+        if not args.skip_vllm:
+            from prfaas.serve import demo_vllm
+
+            reason = demo_vllm.vllm_unavailable()
+            if reason is not None:
+                out["vllm"] = {"skipped": reason}
+            else:
+                task = progress.add_task("tiny model on vLLM servers, both routes", total=1)
+                out["vllm"] = demo_vllm.vllm_showcase(workdir)
+                progress.advance(task)
     out["agreement"] = {
         policy: route_agreement(out["live"][policy], out["sim"][policy]) for policy in out["live"]
     }
@@ -166,5 +180,17 @@ def _print(console: Any, out: dict[str, Any], workdir: Path) -> None:
             console.print(
                 f"tiny Qwen3-Next, {ans['prompt_tokens']}-token prompt prefilled at "
                 f"{ans['prefill_site']}: tokens {same} to single-process generation"
+            )
+    vllm = out.get("vllm")
+    if vllm is not None and "skipped" in vllm:
+        console.print(f"vLLM part skipped: {vllm['skipped']}")
+    elif vllm is not None:
+        for ans in vllm["answers"]:
+            kv = "-" if ans["kv_bytes"] is None else f"{ans['kv_bytes'] / 1e6:.2f} MB"
+            console.print(
+                f"tiny llama on vLLM, {ans['prompt_tokens']}-token prompt prefilled at "
+                f"{ans['prefill_site']} ({ans['prefill_node']} -> {ans['decode_node']}): "
+                f"KV across {kv}, TTFT {ans['ttft_s'] * 1e3:.0f} ms, "
+                f"{ans['completion_tokens']} tokens"
             )
     console.print(f"logs: {workdir}")
