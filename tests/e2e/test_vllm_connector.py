@@ -90,7 +90,14 @@ class Server:
         return self.agent_call({"op": "stats"})
 
 
-def _start(name: str, model: Path, core: int, tmp: Path) -> Server:
+def _start(
+    name: str,
+    model: Path,
+    core: int,
+    tmp: Path,
+    dtype: str = "float32",
+    extra_args: tuple[str, ...] = (),
+) -> Server:
     port, kv_port = _free_port(), _free_port()
     agent = str(tmp / f"{name}.sock")
     extra = {
@@ -111,9 +118,9 @@ def _start(name: str, model: Path, core: int, tmp: Path) -> Server:
     }
     cmd = [
         str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model), "--served-model-name", MODEL, "--dtype", "float32",
+        "--model", str(model), "--served-model-name", MODEL, "--dtype", dtype,
         "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(port),
-        "--kv-transfer-config", json.dumps(kv_cfg),
+        "--kv-transfer-config", json.dumps(kv_cfg), *extra_args,
     ]  # fmt: skip
     env = dict(os.environ)
     env.update(

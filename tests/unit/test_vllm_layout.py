@@ -129,9 +129,69 @@ def test_geometry_refuses_hybrid_specs() -> None:
     }
     g = L.KVGeometry.of(cache_map_from_config(cfg, DType.FP32).spec)
     assert (g.num_kv_heads, g.head_dim, g.row_bytes) == (2, 32, 256)
+    # Linear layers travel as fixed states (LinearState), beside one attention geometry.
     hybrid = CacheSpec((LayerCache.gqa(2, 32), LayerCache.linear((2, 4, 4))))
-    with pytest.raises(L.LayoutError, match="linear"):
-        L.KVGeometry.of(hybrid)
+    assert L.KVGeometry.of(hybrid).head_dim == 32
+    swa = CacheSpec((LayerCache.gqa(2, 32), LayerCache.swa(2, 32, 8)))
+    with pytest.raises(L.LayoutError, match="swa"):
+        L.KVGeometry.of(swa)
+    with pytest.raises(L.LayoutError, match="no full-attention"):
+        L.KVGeometry.of(CacheSpec((LayerCache.linear((2, 4, 4)),)))
+
+
+def _qwen3_next_linear() -> L.LinearState:
+    cfg = {
+        "model_type": "qwen3_next",
+        "num_hidden_layers": 2,
+        "layer_types": ["linear_attention", "full_attention"],
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "hidden_size": 128,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 8,
+        "linear_conv_kernel_dim": 4,
+        "max_position_embeddings": 64,
+    }
+    return L.LinearState.of(cache_map_from_config(cfg, DType.BF16).spec.layers[0])
+
+
+@pytest.mark.parametrize("dim_first", [False, True])
+def test_linear_state_crosses_in_the_spec_shapes_and_installs_back(dim_first: bool) -> None:
+    lin = _qwen3_next_linear()
+    assert lin.state_shape == (4, 16, 8) and (lin.conv_channels, lin.conv_kernel) == (96, 4)
+    conv_shape = (6, 96, 3) if dim_first else (6, 3, 96)
+    conv, ssm = torch.randn(conv_shape).bfloat16(), torch.randn(6, 4, 8, 16).bfloat16()
+    src = L.paged_state([conv, ssm], lin, dim_first)
+    state, conv_spec = L.export_state(src, lin, 2)
+    # transformers' shapes and dtypes: recurrent [h, dk, dv] fp32, conv [channels, kernel] with
+    # the oldest column (never read again) zero.
+    assert state.dtype == torch.float32 and tuple(state.shape) == (4, 16, 8)
+    assert torch.equal(state[1, :, 3], ssm[2, 1, 3, :].float())
+    assert tuple(conv_spec.shape) == (96, 4) and not conv_spec[:, 0].any()
+    wire = bytearray(L.as_bytes(state).tobytes() + L.as_bytes(conv_spec).tobytes())
+    assert len(wire) == lin.state_bytes + lin.conv_bytes
+    got_state, got_conv = L.state_of(memoryview(wire), lin)
+    conv2, ssm2 = torch.zeros_like(conv), torch.zeros_like(ssm)
+    L.install_state(L.paged_state([conv2, ssm2], lin, dim_first), 5, got_state, got_conv)
+    assert torch.equal(conv2[5], conv[2]) and torch.equal(ssm2[5], ssm[2])
+    assert not conv2[:5].any() and not ssm2[:5].any()
+    with pytest.raises(L.LayoutError, match="conv state"):
+        L.paged_state([conv.transpose(1, 2), ssm], lin, dim_first)
+    with pytest.raises(L.LayoutError, match="linear layer buffer"):
+        L.state_of(memoryview(wire[:-2]), lin)
+
+
+def test_state_block_is_where_the_mamba_kernels_keep_it() -> None:
+    # mamba_cache_mode "none": one block, block size max_model_len.
+    assert L.state_block([7], 2048, 600) == 7
+    # "align": one block per block of tokens, the state at the last token's block.
+    assert L.state_block([0, 0, 9, 4], 16, 48) == 9
+    assert L.state_block([0, 0, 9, 4], 16, 49) == 4
+    with pytest.raises(L.LayoutError):
+        L.state_block([0, 3], 16, 33)
 
 
 def test_manifest_of_a_transfer_is_the_cache_spec_one() -> None:

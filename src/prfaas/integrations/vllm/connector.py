@@ -15,6 +15,15 @@ What it does (the contract: /work/briefs/vllm_contract.md; docs/vllm.md "Connect
   receiving. Any failure (no session in ``timeout_s``, refused, aborted, MAC/digest, budget, a
   manifest that does not match the request) reports it failed, so vLLM recomputes it
   (``kv_load_failure_policy: recompute``): vLLM never decodes from unverified bytes.
+- Hybrid models (Qwen3-Next: gated delta-net layers beside full attention): the linear layers'
+  state lives in vLLM's own mamba cache groups (one state block per request and group), and no
+  per-layer hook fires for them. As vLLM's NixlConnector does, the prefill side computes all but
+  the last prompt token (the request is cut by one token when it arrives), so the state it ends
+  with is the state the decode side needs before it recomputes that last token itself; after the
+  last chunk (``wait_for_save``) each linear layer's state block is converted to the spec's
+  ``recurrent_state`` / ``conv_state`` (``layout.export_state``) and sent as that layer's segment
+  of a session covering ``prompt_len - 1`` tokens. The decode side claims ``prompt_len - 1``
+  tokens and installs the states into the request's state block of each group.
 - Without a ``prfaas`` entry a request is left alone.
 Imports vllm and torch at module level (vLLM imports this module in its own venv); the pure
 parts live in ``settings``, ``layout`` and ``transfer_thread``.
@@ -23,6 +32,7 @@ parts live in ``settings``, ``layout`` and ``transfer_thread``.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -46,7 +56,7 @@ from prfaas.integrations.vllm.settings import (
     send_params,
 )
 from prfaas.integrations.vllm.transfer_thread import TransferThread
-from prfaas.spec import CacheSpec
+from prfaas.spec import CacheSpec, LayerKind
 from prfaas.transfer import Manifest
 
 if TYPE_CHECKING:
@@ -60,6 +70,8 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 log = logging.getLogger("prfaas.integrations.vllm")
+HYBRID_ENV = "PRFAAS_VLLM_HYBRID_STATES"
+"""Set to 1 in a vLLM server's environment to send/install linear-attention states."""
 
 
 # -- scheduler -> worker metadata (pickled across processes: plain dataclasses) ---------------
@@ -70,7 +82,9 @@ class SendStep:
     req_id: str
     params: SendParams
     prompt_len: int
-    block_ids: tuple[int, ...]
+    block_ids: tuple[tuple[int, ...], ...]
+    """Per KV cache group (attention groups: per block of tokens; state groups: see
+    ``layout.state_block``)."""
     start: int
     end: int
     opens: bool
@@ -86,8 +100,11 @@ class LoadJob:
     req_id: str
     params: LoadParams
     prompt_len: int
+    """Tokens the session covers: the prompt less the token the decode side recomputes when the
+    model has linear layers (their state is then the state before that token)."""
     start: int
-    block_ids: tuple[int, ...]
+    block_ids: tuple[tuple[int, ...], ...]
+    """Per KV cache group."""
     single_group: bool
 
 
@@ -105,10 +122,16 @@ class PrfaasMetadata(KVConnectorMetadata):  # type: ignore[misc]  # vllm is unty
 class _SendState:
     params: SendParams
     prompt_len: int
-    block_ids: list[int] = field(default_factory=list)
+    block_ids: list[list[int]] = field(default_factory=list)
     sent_upto: int = 0
     opened: bool = False
     done: bool = False
+
+
+def _conv_state_dim_first() -> bool:
+    from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+
+    return bool(is_conv_state_dim_first())
 
 
 def _safe(parse: Any, params: Any, req_id: str) -> Any:
@@ -135,6 +158,24 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
         self.settings = ConnectorSettings.from_extra_config(extra)
         groups = kv_cache_config.kv_cache_groups if kv_cache_config is not None else []
         self._single_group = len(groups) <= 1
+        from vllm.v1.kv_cache_interface import MambaSpec
+
+        self._state_groups = {
+            i: int(g.kv_cache_spec.block_size)
+            for i, g in enumerate(groups)
+            if isinstance(g.kv_cache_spec, MambaSpec)
+        }
+        """Group index -> block size of the groups holding linear-layer (mamba) states."""
+        self._group_of = {name: i for i, g in enumerate(groups) for name in g.layer_names}
+        self._group_block_size = {i: int(g.kv_cache_spec.block_size) for i, g in enumerate(groups)}
+        self._group_specs = {i: g.kv_cache_spec for i, g in enumerate(groups)}
+        # Hybrid state transfer is experimental (docs/vllm.md "Hybrid models": the decode side
+        # was seen decoding NaNs from installed states): off unless asked for, and then every
+        # remote load of a hybrid model fails and recomputes, as before it existed.
+        self._hybrid_on = os.environ.get(HYBRID_ENV) == "1"
+        # The decode side recomputes the last prompt token: with states, the prefill side must
+        # stop one token short (the state after it cannot be rewound).
+        self._backoff = 1 if self._state_groups and self._hybrid_on else 0
         # scheduler side
         self._send_reqs: dict[str, _SendState] = {}
         self._loading: dict[str, str] = {}  # req id -> transfer id, until finished receiving
@@ -149,6 +190,8 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
         self._model_layers: tuple[int, ...] = ()
         self._positions: dict[str, int] = {}
         self._paged: dict[str, L.PagedKV] = {}
+        self._states: dict[str, tuple[int, L.LinearState, L.PagedState]] = {}
+        """Linear layers: vLLM layer name -> (spec position, spec tensors, vLLM's state views)."""
         self._loads: dict[str, LoadJob] = {}
         self._cancelled: set[str] = set()
         self._error_blocks: set[int] = set()
@@ -168,6 +211,9 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
             # Hybrid / SWA models: no transfer (every remote load recomputes), not a crash.
             self._unsupported = f"{type(exc).__name__}: {exc}"
             log.error("PrfaasConnector: KV transfer disabled for this model: %s", exc)
+        if self._state_groups and not self._hybrid_on:
+            self._unsupported = f"linear-attention states are sent only with {HYBRID_ENV}=1"
+            log.error("PrfaasConnector: KV transfer disabled: %s", self._unsupported)
         self._thread = TransferThread(self.settings, self.settings.psk(), name=model.model)
         self._thread.start()
         log.info(
@@ -176,27 +222,47 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
             self.settings.agent_socket,
         )
 
-    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        if self._geometry is None:
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        if self._geometry is None or self._spec is None:
             return
         g = self._geometry
-        self._positions = L.spec_positions(list(kv_caches), self._model_layers)
-        self._paged = {
-            name: L.paged_kv(kv_caches[name], g.num_kv_heads, g.head_dim)
-            for name in self._positions
-        }
-        sizes = {p.block_size for p in self._paged.values()}
-        want = self._vllm_config.cache_config.block_size
-        if sizes != {want}:
-            self._unsupported = f"kernel block sizes {sizes} differ from the allocator's {want}"
-            log.error("PrfaasConnector: KV transfer disabled: %s", self._unsupported)
-        first = next(iter(kv_caches.values()))
+        try:
+            positions = L.spec_positions(list(kv_caches), self._model_layers)
+            dim_first = _conv_state_dim_first()
+            for name, pos in positions.items():
+                layer = self._spec.layers[pos]
+                if layer.kind is LayerKind.LINEAR:
+                    lin = L.LinearState.of(layer)
+                    if self._group_of.get(name) not in self._state_groups:
+                        raise L.LayoutError(f"linear layer {name} is not in a mamba cache group")
+                    states = kv_caches[name]
+                    if isinstance(states, torch.Tensor):  # raw pages: view them as the layer does
+                        spec = self._group_specs[self._group_of[name]]
+                        states = L.unpack_state_pages(states, spec.shapes, spec.dtypes)
+                    self._states[name] = (pos, lin, L.paged_state(states, lin, dim_first))
+                else:
+                    self._positions[name] = pos
+                    self._paged[name] = L.paged_kv(kv_caches[name], g.num_kv_heads, g.head_dim)
+        except L.LayoutError as exc:
+            self._unsupported = f"{type(exc).__name__}: {exc}"
+            log.error("PrfaasConnector: KV transfer disabled: %s", exc)
+            return
+        for name, paged in self._paged.items():
+            gi = self._group_of.get(name, 0)
+            want = self._group_block_size.get(gi, self._vllm_config.cache_config.block_size)
+            if paged.block_size != want:
+                self._unsupported = (
+                    f"kernel block size {paged.block_size} of {name} differs from its "
+                    f"group's {want}"
+                )
+                log.error("PrfaasConnector: KV transfer disabled: %s", self._unsupported)
         log.info(
-            "PrfaasConnector: %d attention layers, KV tensor %s %s, block size %d",
+            "PrfaasConnector: %d attention layers, %d linear layers (state groups %s), "
+            "block sizes %s",
             len(self._paged),
-            tuple(first.shape),
-            first.dtype,
-            want,
+            len(self._states),
+            sorted(self._state_groups),
+            self._group_block_size,
         )
 
     def _meta(self) -> PrfaasMetadata | None:
@@ -230,8 +296,9 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
             log.error("request %s: not sent (%s)", step.req_id, self._unsupported)
             return
         skip = min(p.skip_tokens, step.prompt_len - 1)  # at least one row: vLLM recomputes it
-        manifest = Manifest.from_layout(p.transfer_id, self._spec.layout(step.prompt_len, skip))
-        seg = manifest.layers[0]
+        layout = self._spec.layout(step.prompt_len, skip)
+        manifest = Manifest.from_layout(p.transfer_id, layout)
+        seg = next(s for s in layout.segments if s.kind is LayerKind.GQA)
         self._segments[p.transfer_id] = (seg.first_token, seg.num_token_rows)
         self._thread.open_send(p.transfer_id, p.host, p.port, p.cross_site, manifest)
 
@@ -265,7 +332,8 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
             start = max(step.start, seg[0]) if seg is not None else step.end
             if seg is None or step.end <= start:
                 continue
-            k, v = L.gather(paged, step.block_ids, start, step.end)
+            blocks = step.block_ids[self._group_of.get(layer_name, 0)]
+            k, v = L.gather(paged, blocks, start, step.end)
             k_off, v_off = L.byte_ranges(self._geometry, seg[0], seg[1], start, step.end)
             tid = step.params.transfer_id
             self._thread.send(tid, pos, k_off, L.as_bytes(k), k)
@@ -279,9 +347,29 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
         assert self._thread is not None
         for step in meta.sends:
             if step.last and step.params.transfer_id in self._segments:
+                tid = step.params.transfer_id
+                try:
+                    self._send_states(step)
+                except L.LayoutError as exc:  # never an exception in vLLM's forward loop
+                    log.error("request %s: states not sent: %s", step.req_id, exc)
+                    self._thread.abort(tid, f"linear states not sent: {exc}")
+                    del self._segments[tid]
+                    continue
                 # Queued after this step's bytes: END goes once they are all in the session.
-                self._thread.finish_send(step.params.transfer_id)
+                self._thread.finish_send(tid)
                 del self._segments[step.params.transfer_id]
+
+    def _send_states(self, step: SendStep) -> None:
+        """After the last prompt chunk ran: each linear layer's state, as the spec keeps it."""
+        assert self._thread is not None
+        tid = step.params.transfer_id
+        for name, (pos, lin, paged) in self._states.items():
+            gi = self._group_of[name]
+            block = L.state_block(step.block_ids[gi], self._state_groups[gi], step.end)
+            state, conv = L.export_state(paged, lin, block)
+            log.debug("send %s %s block %d state sum %.6g", tid, name, block, float(state.sum()))
+            self._thread.send(tid, pos, 0, L.as_bytes(state), state)
+            self._thread.send(tid, pos, lin.state_bytes, L.as_bytes(conv), conv)
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         done: set[str] = set()
@@ -313,7 +401,7 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
                 failed.add(rid)
                 if job.single_group:
                     bs = self._vllm_config.cache_config.block_size
-                    self._error_blocks.update(job.block_ids[job.start // bs :])
+                    self._error_blocks.update(job.block_ids[0][job.start // bs :])
         self._cancelled &= set(self._loads)
         return KVConnectorTransferResults(finished_recving=done, failed_recving=failed)
 
@@ -336,13 +424,23 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
         )
         if manifest != expected:
             raise L.LayoutError("session manifest differs from this model's CacheSpec layout")
-        if job.start >= job.prompt_len:
-            return
         rows = manifest.num_tokens - manifest.num_cached_tokens
         r0 = job.start - manifest.num_cached_tokens
-        for name, pos in self._positions.items():
-            k, v = L.rows_of(buffers[pos], g, rows)
-            L.scatter(self._paged[name], job.block_ids, job.start, k[r0:], v[r0:])
+        # Everything is checked and viewed before the first write: a refused session leaves the
+        # request's blocks as they were (vLLM recomputes into them).
+        kv = {name: L.rows_of(buffers[pos], g, rows) for name, pos in self._positions.items()}
+        states = []
+        for name, (pos, lin, paged) in self._states.items():
+            gi = self._group_of[name]
+            block = L.state_block(job.block_ids[gi], self._state_groups[gi], job.prompt_len)
+            states.append((paged, block, *L.state_of(buffers[pos], lin)))
+        if job.start < job.prompt_len:
+            for name, (k, v) in kv.items():
+                blocks = job.block_ids[self._group_of.get(name, 0)]
+                L.scatter(self._paged[name], blocks, job.start, k[r0:], v[r0:])
+        for paged, block, state, conv in states:
+            L.install_state(paged, block, state, conv)
+            log.debug("installed state block %d sum %.6g", block, float(state.sum()))
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         out, self._error_blocks = self._error_blocks, set()
@@ -360,7 +458,7 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
         params = _safe(load_params, request.kv_transfer_params, request.request_id)
         if params is None or request.request_id in self._loading:
             return 0, False
-        count = request.num_prompt_tokens - num_computed_tokens
+        count = request.num_prompt_tokens - self._backoff - num_computed_tokens
         return (count, True) if count > 0 else (0, False)
 
     def update_state_after_alloc(
@@ -376,13 +474,14 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
         if lp is None or num_external_tokens <= 0 or rid in self._loading:
             return
         group_ids = blocks.get_block_ids()
+        covered = request.num_prompt_tokens - self._backoff
         self._new_loads.append(
             LoadJob(
                 req_id=rid,
                 params=lp,
-                prompt_len=request.num_prompt_tokens,
-                start=request.num_prompt_tokens - num_external_tokens,
-                block_ids=tuple(group_ids[0]),
+                prompt_len=covered,
+                start=covered - num_external_tokens,
+                block_ids=tuple(tuple(ids) for ids in group_ids),
                 single_group=self._single_group,
             )
         )
@@ -402,7 +501,7 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
         for new in scheduler_output.scheduled_new_reqs:
             st = self._send_reqs.get(new.req_id)
             if st is not None:
-                st.block_ids = list(new.block_ids[0])
+                st.block_ids = [list(ids) for ids in new.block_ids]
                 self._step(meta, new.req_id, st, new.num_computed_tokens, scheduled[new.req_id])
         cached = scheduler_output.scheduled_cached_reqs
         for i, rid in enumerate(cached.req_ids):
@@ -411,9 +510,12 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
                 continue
             new_ids = cached.new_block_ids[i]
             if rid in cached.resumed_req_ids:  # after preemption: the whole block list anew
-                st.block_ids = list(new_ids[0]) if new_ids else []
+                st.block_ids = [list(ids) for ids in new_ids] if new_ids else []
             elif new_ids:
-                st.block_ids.extend(new_ids[0])
+                if not st.block_ids:
+                    st.block_ids = [[] for _ in new_ids]
+                for mine, more in zip(st.block_ids, new_ids, strict=True):
+                    mine.extend(more)
             self._step(meta, rid, st, cached.num_computed_tokens[i], scheduled.get(rid, 0))
         return meta
 
@@ -430,10 +532,34 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
         last = end >= st.prompt_len
         meta.sends.append(
             SendStep(
-                rid, st.params, st.prompt_len, tuple(st.block_ids), start, end, not st.opened, last
+                rid,
+                st.params,
+                st.prompt_len,
+                tuple(tuple(ids) for ids in st.block_ids),
+                start,
+                end,
+                not st.opened,
+                last,
             )
         )
         st.opened, st.sent_upto, st.done = True, max(st.sent_upto, end), last
+
+    def on_new_request(self, request: Request) -> None:
+        """A prefill request of a model with linear layers computes all but its last prompt
+        token (as vLLM's NixlConnector does): the decode side recomputes that token, and needs
+        the states as they were before it."""
+        params = request.kv_transfer_params
+        if not self._backoff or not isinstance(params, dict) or params.get("_prfaas_cut"):
+            return
+        if _safe(send_params, params, request.request_id) is None:
+            return
+        if request.num_prompt_tokens <= self._backoff or request.prompt_token_ids is None:
+            return  # nothing would cross: the session is never opened and the sidecar fails it
+        del request.prompt_token_ids[-self._backoff :]
+        del request._all_token_ids[-self._backoff :]
+        request.num_prompt_tokens -= self._backoff
+        request.max_tokens = 1
+        params["_prfaas_cut"] = True  # once, also after a preemption
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         for rid in connector_output.finished_recving or ():

