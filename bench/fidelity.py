@@ -17,8 +17,8 @@ Steps, all from this script (docs/fidelity.md has the method, the figures and wh
    nodes to core 0; the gateway and this load client are left to the scheduler). Two scenarios:
    a Mooncake trace slice (its prefix reuse kept: a hash id becomes the same 512 tokens wherever
    it appears) and a synthetic burst (gamma inter-arrivals, cv 3, log-normal lengths). Each is run
-   first at saturation (every request at once-ish: the measured capacity, completed / makespan),
-   then at ``--loads`` fractions of that measured capacity (default 0.5 and 0.95).
+   first overloaded (at ``--overload`` x the simulator's capacity: the measured capacity is
+   completed / makespan), then at ``--loads`` fractions of that measured capacity (0.5, 0.95).
 5. The simulator runs exactly the same requests (same arrivals, lengths, block hashes) from the
    same deployment file, its timings from the same profile files.
 6. Side by side: completed requests, throughput, TTFT P50/P90, the route (offloaded or not) of
@@ -36,11 +36,13 @@ import math
 import os
 import platform
 import random
+import re
 import signal
 import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -73,8 +75,10 @@ class Settings:
     max_prompt_tokens: int = 8192
     output_tokens: int = 8
     loads: tuple[float, ...] = (0.5, 0.95)
-    saturation_rate_rps: float = 20.0
-    """Arrival rate of the capacity runs: far above what two cores serve."""
+    overload: float = 2.0
+    """The capacity runs arrive at this many times the simulator's capacity (its throughput with
+    every request at once): overloaded, yet with prefill queues short of the KV receivers' 30 s
+    stall timeout (``transfer.stall_timeout_s``), which a longer wait trips (docs/fidelity.md)."""
     repeats: int = 1
     threshold_tokens: int | None = None
     """None: chosen so the PrfaaS and PD prefill cores get similar work (see ``balanced_t``)."""
@@ -92,7 +96,6 @@ QUICK = {
     "max_prompt_tokens": 1024,
     "output_tokens": 4,
     "loads": (0.9,),
-    "saturation_rate_rps": 50.0,
     "profile_new_tokens": (128, 1024),
     "profile_cached_tokens": (0,),
     "profile_batches": (1, 2),
@@ -146,6 +149,10 @@ def profile_cores(model: Path, outs: dict[int, Path], s: Settings) -> None:
             profile_command(model, out, core, s), stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip
+    import resource
+
+    start_wall = time.perf_counter()
+    start_cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
     failed = []
     for core, proc in procs.items():
         stdout, stderr = proc.communicate(timeout=3600)
@@ -153,6 +160,12 @@ def profile_cores(model: Path, outs: dict[int, Path], s: Settings) -> None:
             failed.append(f"core {core} ({proc.returncode}):\n{stderr[-2000:]}")
         for line in stdout.splitlines():
             say(f"  core {core}: {line.strip()}")
+    if procs:
+        end = resource.getrusage(resource.RUSAGE_CHILDREN)
+        used = end.ru_utime + end.ru_stime - start_cpu.ru_utime - start_cpu.ru_stime
+        share = used / (len(procs) * (time.perf_counter() - start_wall))
+        say(f"profiles got {share:.0%} of their cores on average (CPU s / wall s)")
+        (s.workdir / "profile-core-share.txt").write_text(f"{share:.4f}\n")
     if failed:
         raise SystemExit("prfaas profile failed on " + "\n".join(failed))
 
@@ -275,6 +288,10 @@ class Outcome:
     prefill_site: str | None
     num_prompt_tokens: int
     num_cached_tokens: int | None
+    reason: str | None = None
+    """Live: the router's reason (decision log); digits replaced by N, so reasons group."""
+    attempts: int | None = None
+    """Live: prefill attempts (over 1: the first was lost and the request retried)."""
 
 
 def summarize(outcomes: Sequence[Outcome]) -> dict[str, Any]:
@@ -297,6 +314,8 @@ def summarize(outcomes: Sequence[Outcome]) -> dict[str, Any]:
         "ttft_p50_s": _quantile(ttfts, 0.5),
         "ttft_p90_s": _quantile(ttfts, 0.9),
         "offloaded": sum(1 for o in ok if o.offloaded),
+        "retried": sum(1 for o in ok if o.attempts is not None and o.attempts > 1),
+        "route_reasons": dict(Counter(o.reason for o in ok if o.reason is not None)),
         "prefix_hit_rate": {k: hit[k] / looked[k] for k in sorted(looked)},
         "prefix_hit_rate_all": sum(hit.values()) / total_looked if total_looked else 0.0,
     }
@@ -334,6 +353,8 @@ def run_sim(deployment: Path, specs: Sequence[Any]) -> list[Outcome]:
 
     sim.on_finish = finish
     sim.run()
+    global LAST_SIM_BUSY_S
+    LAST_SIM_BUSY_S = {str(n.node_id): n.busy_s for n in sim.world.nodes}
     return [
         done.get(sp.index)
         or Outcome(
@@ -357,6 +378,16 @@ def pin(pid: int, cpus: set[int]) -> int:
 
 
 NODE_CORES = {"pf0": PRFAAS_CORE, "p0": PD_CORE, "d0": PD_CORE}
+LAST_SIM_BUSY_S: dict[str, float] = {}
+"""Busy seconds of each simulated node in the last ``run_sim`` (its cost model's work)."""
+LAST_LIVE_CPU_S: dict[str, float] = {}
+"""CPU seconds each live node process used during the last ``run_live``'s measured requests."""
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run_live(deployment: Path, specs: Sequence[Any], workdir: Path) -> list[Outcome]:
@@ -366,6 +397,11 @@ def run_live(deployment: Path, specs: Sequence[Any], workdir: Path) -> list[Outc
     from prfaas.serve.loadgen.export import match_routes
 
     d = load_deployment(deployment)
+    workdir.mkdir(parents=True, exist_ok=True)
+    decisions = workdir / "decisions.jsonl"
+    d = d.model_copy(
+        update={"gateway": d.gateway.model_copy(update={"decision_log": str(decisions)})}
+    )
     reqs = [
         BenchRequest(sp.index, sp.arrival_s, sp.num_prompt_tokens, sp.num_output_tokens,
                      sp.block_hashes)
@@ -384,12 +420,17 @@ def run_live(deployment: Path, specs: Sequence[Any], workdir: Path) -> list[Outc
                          synth=PromptSynth(seed=WARMUP_SEED), concurrency=1, timeout_s=300,
                          extra_body=extra)
         )  # fmt: skip
+        pids = {name: launcher.child(name).proc.pid for name in NODE_CORES}
+        before = {name: cpu_s(pid) for name, pid in pids.items()}
         results, _ = asyncio.run(
             run_workload(reqs, base_url=launcher.url, model=MODEL_NAME, synth=synth,
                          concurrency=4096, timeout_s=600, extra_body=extra)
         )  # fmt: skip
+        LAST_LIVE_CPU_S.clear()
+        LAST_LIVE_CPU_S.update({name: cpu_s(pid) - before[name] for name, pid in pids.items()})
         routes = launcher.routes()
     matched = match_routes(reqs, results, routes, synth)
+    reasons = _route_reasons(decisions)
     by_index = {r.index: r for r in results}
     out = []
     for sp in specs:
@@ -405,8 +446,25 @@ def run_live(deployment: Path, specs: Sequence[Any], workdir: Path) -> list[Outc
                 None if route is None else str(route["prefill_site"]),
                 sp.num_prompt_tokens,
                 None if route is None else int(route["num_cached_tokens"]),
+                None if route is None else reasons.get(str(route["request_id"])),
+                None if route is None else int(route["attempts"]),
             )
         )  # fmt: skip
+    return out
+
+
+def _route_reasons(path: Path) -> dict[str, str]:
+    """Request id -> the deployment router's reason for its (first) route, from the gateway's
+    decision log (``gateway.decision_log``)."""
+    out: dict[str, str] = {}
+    if not path.is_file():
+        return out
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("kind") != "route" or rec.get("router") != "primary" or not rec["decision"]:
+            continue
+        rid = str(rec["request"]["request_id"])
+        out.setdefault(rid, re.sub(r"\d+", "N", str(rec["decision"]["reason"])))
     return out
 
 
@@ -470,6 +528,23 @@ def compare_row(
     }
 
 
+def per_request(
+    specs: Sequence[Any], live: Sequence[Outcome], sim: Sequence[Outcome]
+) -> list[dict[str, Any]]:
+    """Each request on both sides (the first live repeat): where the differences are."""
+    return [
+        {
+            "index": sp.index, "arrival_s": round(sp.arrival_s, 4),
+            "prompt_tokens": sp.num_prompt_tokens,
+            "live": {"ttft_s": a.ttft_s, "offloaded": a.offloaded, "cached": a.num_cached_tokens,
+                     "finish_s": a.finish_s, "reason": a.reason, "attempts": a.attempts},
+            "sim": {"ttft_s": b.ttft_s, "offloaded": b.offloaded, "cached": b.num_cached_tokens,
+                    "finish_s": b.finish_s},
+        }
+        for sp, a, b in zip(specs, live, sim, strict=True)
+    ]  # fmt: skip
+
+
 def _fmt(v: float | None, fmt: str = "{:.3f}") -> str:
     return "-" if v is None else fmt.format(v)
 
@@ -502,6 +577,10 @@ def render(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _read_share(path: Path) -> float | None:
+    return float(path.read_text()) if path.is_file() else None
+
+
 def machine_load() -> dict[str, Any]:
     load1, load5, load15 = os.getloadavg()
     return {"loadavg_1_5_15": [load1, load5, load15], "cpus": os.cpu_count()}
@@ -520,6 +599,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--loads", type=float, nargs="*",
         help="fractions of the measured capacity (none: the capacity runs only)",
     )  # fmt: skip
+    p.add_argument("--overload", type=float, help="capacity runs: x the simulator's capacity")
     p.add_argument("--trace-requests", type=int)
     p.add_argument("--trace-offset", type=int, help="first trace row of the slice")
     p.add_argument("--burst-requests", type=int)
@@ -530,7 +610,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C: the Launcher's ``with`` stops every process it started.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     fields: dict[str, Any] = dict(QUICK) if args.quick else {}
-    for name in ("repeats", "trace_requests", "trace_offset", "burst_requests",
+    for name in ("repeats", "overload", "trace_requests", "trace_offset", "burst_requests",
                  "threshold_tokens"):  # fmt: skip
         if getattr(args, name) is not None:
             fields[name] = getattr(args, name)
@@ -566,46 +646,53 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(f"deployment {deployment} (router prfaas, t = {t} tokens)")
 
     rows: list[dict[str, Any]] = []
-    run_no = 0
-    for name, specs in base.items():
-        # Capacity: the same requests arriving far faster than they can be served.
-        sat = at_rate(specs, s.saturation_rate_rps)
-        live_runs = []
-        for rep in range(s.repeats):
-            run_no += 1
-            say(f"{name}: saturation run {rep + 1}/{s.repeats}")
-            live_runs.append(run_live(deployment, sat, s.workdir / f"run{run_no}"))
-        row = compare_row(name, "saturation", s.saturation_rate_rps, live_runs,
-                          run_sim(deployment, sat))  # fmt: skip
-        rows.append(row)
-        capacity = row["live"]["throughput_rps"]
-        say(
-            f"{name}: measured capacity {capacity:.3f} rps (sim {row['sim']['throughput_rps']:.3f})"
-        )
-        for load in s.loads:
-            rate = load * capacity
-            scaled = at_rate(specs, rate)
-            live_runs = []
-            for rep in range(s.repeats):
-                run_no += 1
-                say(f"{name}: {load:.0%} of capacity ({rate:.3f} rps) run {rep + 1}/{s.repeats}")
-                live_runs.append(run_live(deployment, scaled, s.workdir / f"run{run_no}"))
-            rows.append(compare_row(name, f"{load:.0%}", rate, live_runs,
-                                    run_sim(deployment, scaled)))  # fmt: skip
-    load_after = machine_load()
-    say(f"machine load after: {load_after['loadavg_1_5_15']}")
-    table = render(rows)
-    print(table)
-    if args.json:
-        report = {
+    runs = iter(range(1, 10_000))
+
+    def report() -> dict[str, Any]:
+        return {
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(s).items()},
             "threshold_tokens": t,
             "deployment": str(deployment),
             "profiles": {k: str(v) for k, v in profiles.items()},
-            "machine": {"before": load_before, "after": load_after, "host": platform.node()},
+            "machine": {"before": load_before, "now": machine_load(), "host": platform.node()},
+            "profile_core_share": _read_share(s.workdir / "profile-core-share.txt"),
             "rows": rows,
-        }  # fmt: skip
-        args.json.write_text(json.dumps(report, indent=2))
+        }
+
+    def point(name: str, label: str, rate: float, specs: list[Any]) -> dict[str, Any]:
+        live_runs = []
+        for rep in range(s.repeats):
+            say(f"{name} {label} ({rate:.3f} rps): live run {rep + 1}/{s.repeats}")
+            live_runs.append(run_live(deployment, specs, s.workdir / f"run{next(runs)}"))
+        sim = run_sim(deployment, specs)
+        row = compare_row(name, label, rate, live_runs, sim)
+        row["requests"] = per_request(specs, live_runs[0], sim)
+        # Work per node: the cost model's busy seconds against the CPU seconds the live process
+        # used (last repeat); their ratio is how far the profile's speed is from the run's.
+        row["node_work_s"] = {
+            n: {"sim_busy": LAST_SIM_BUSY_S.get(n), "live_cpu": LAST_LIVE_CPU_S.get(n)}
+            for n in NODE_CORES
+        }
+        rows.append(row)
+        say(f"{name} {label}: {render([row]).splitlines()[-1]}")
+        if args.json:  # after every point: a run cut short keeps what it measured
+            args.json.write_text(json.dumps(report(), indent=2))
+        return row
+
+    for name, specs in base.items():
+        # Capacity: the same requests arriving faster than they can be served.
+        sim_capacity = summarize(run_sim(deployment, at_rate(specs, 1000.0)))["throughput_rps"]
+        rate = s.overload * sim_capacity
+        row = point(name, "capacity", rate, at_rate(specs, rate))
+        capacity = row["live"]["throughput_rps"]
+        row["saturated"] = capacity < 0.9 * rate  # else the run only shows the arrival rate
+        if not row["saturated"]:
+            say(f"{name}: the live side kept up with {rate:.3f} rps: capacity is more than that")
+        for load in s.loads:
+            point(name, f"{load:.0%}", load * capacity, at_rate(specs, load * capacity))
+    say(f"machine load after: {machine_load()['loadavg_1_5_15']}")
+    print(render(rows))
+    if args.json:
         say(f"wrote {args.json}")
     return 0
 
