@@ -154,12 +154,18 @@ def profile_cores(model: Path, outs: dict[int, Path], s: Settings) -> None:
     start_wall = time.perf_counter()
     start_cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
     failed = []
-    for core, proc in procs.items():
-        stdout, stderr = proc.communicate(timeout=3600)
-        if proc.returncode != 0:
-            failed.append(f"core {core} ({proc.returncode}):\n{stderr[-2000:]}")
-        for line in stdout.splitlines():
-            say(f"  core {core}: {line.strip()}")
+    try:
+        for core, proc in procs.items():
+            stdout, stderr = proc.communicate(timeout=3600)
+            if proc.returncode != 0:
+                failed.append(f"core {core} ({proc.returncode}):\n{stderr[-2000:]}")
+            for line in stdout.splitlines():
+                say(f"  core {core}: {line.strip()}")
+    finally:  # interrupted (SIGTERM, a timeout): no profile is left running
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     if procs:
         end = resource.getrusage(resource.RUSAGE_CHILDREN)
         used = end.ru_utime + end.ru_stime - start_cpu.ru_utime - start_cpu.ru_stime
