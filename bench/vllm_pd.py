@@ -187,6 +187,9 @@ def start_server(
             "kv_connector": "NixlConnector",
             "kv_role": "kv_producer" if site == "a" else "kv_consumer",
             "kv_buffer_device": "cpu",
+            # the default 30 s lease expired on this loaded 2-core machine before the decode
+            # read the blocks (NIXL_ERR_REMOTE_DISCONNECT, request failed): give it 300 s
+            "kv_connector_extra_config": {"kv_lease_duration": 300},
         }
         args = ["--kv-transfer-config", json.dumps(kv_cfg)]
     cmd = [
