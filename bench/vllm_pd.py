@@ -604,19 +604,25 @@ def _fmt(v: Any, spec: str) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
-        "| config | rate Mbit/s | RTT ms | tokens | TTFT s | KV MB | goodput share | "
-        "transfer s | CPU s/GB | veth A->B MB | veth B->A MB |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| config | rate Mbit/s | RTT ms | TTFT s | prefill answer s | KV MB | goodput share | "
+        "transfer s | CPU s/GB | veth A->B MB | veth B->A MB | ok / failed |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     order = {c: i for i, c in enumerate(CONFIGS)}
     rows = sorted(rows, key=lambda r: (r["rtt_ms"], r["rate_mbit"], order[r["config"]]))
-    lines = [
-        f"| {r['config']} | {r['rate_mbit']:g} | {r['rtt_ms']:g} | {r['prompt_tokens']} | "
-        f"{r['ttft_s']:.3f} | {r['kv_bytes'] / 1e6:.1f} | {_fmt(r['kv_goodput_share'], '.2f')} | "
-        f"{r['transfer_s']:.3f} | {_fmt(r['cpu_s_per_gb'], '.1f')} | "
-        f"{r['veth_bytes'] / 1e6:.1f} | {r['veth_bytes_back'] / 1e6:.2f} |"
-        for r in rows
-    ]
+    lines = []
+    for r in rows:
+        where = f"| {r['config']} | {r['rate_mbit']:g} | {r['rtt_ms']:g} |"
+        if "error" in r:
+            lines.append(where + " - | - | - | - | - | - | - | - | " + f"0 / {len(r['error'])} |")
+            continue
+        lines.append(
+            where + f" {r['ttft_s']:.3f} | {r['prefill_answer_s']:.3f} | "
+            f"{r['kv_bytes'] / 1e6:.1f} | {_fmt(r['kv_goodput_share'], '.2f')} | "
+            f"{r['transfer_s']:.3f} | {_fmt(r['cpu_s_per_gb'], '.1f')} | "
+            f"{r['veth_bytes'] / 1e6:.1f} | {r['veth_bytes_back'] / 1e6:.2f} | "
+            f"{r['repeats']} / {len(r.get('failures', []))} |"
+        )
     return head + "\n".join(lines)
 
 
