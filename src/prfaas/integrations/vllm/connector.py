@@ -25,12 +25,19 @@ What it does (the contract: /work/briefs/vllm_contract.md; docs/vllm.md "Connect
   of a session covering ``prompt_len - 1`` tokens. The decode side claims ``prompt_len - 1``
   tokens and installs the states into the request's state block of each group.
 - Without a ``prfaas`` entry a request is left alone.
+- A fault in the connector's own per-request work (any exception: a bug, a request it cannot
+  serve) fails only that request's transfer and is logged: the prefill side's session is aborted
+  (the sidecar's ``wait_sent`` answers failed), the decode side's load is reported failed (vLLM
+  recomputes). Nothing the connector raises reaches vLLM's EngineCore, which would die of it.
+  ``PRFAAS_VLLM_FAULT_INJECTION=1`` in a server's environment makes transfer ids
+  ``fault-<where>-...`` raise at ``<where>`` (tests use it to check exactly that).
 Imports vllm and torch at module level (vLLM imports this module in its own venv); the pure
 parts live in ``settings``, ``layout`` and ``transfer_thread``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -72,6 +79,27 @@ if TYPE_CHECKING:
 log = logging.getLogger("prfaas.integrations.vllm")
 HYBRID_ENV = "PRFAAS_VLLM_HYBRID_STATES"
 """Set to 1 in a vLLM server's environment to send/install linear-attention states."""
+FAULT_ENV = "PRFAAS_VLLM_FAULT_INJECTION"
+"""Set to 1 in a vLLM server's environment to raise at ``<where>`` for transfer ids
+``fault-<where>-...``, where is one of ``FAULT_POINTS`` (tests of the fault containment)."""
+FAULT_POINTS = ("match", "alloc", "meta", "finished", "claim", "open", "save", "finish", "install")
+"""Scheduler side (EngineCore): match, alloc, meta, finished; worker side: the rest."""
+
+
+class InjectedFault(RuntimeError):
+    """Raised where ``FAULT_ENV`` asks for it."""
+
+
+def _inject(where: str, tid: str) -> None:
+    if tid.startswith(f"fault-{where}-") and os.environ.get(FAULT_ENV) == "1":
+        raise InjectedFault(f"fault injected at {where} for transfer {tid} ({FAULT_ENV}=1)")
+
+
+def _tid_of(params: Any) -> str:
+    """The transfer id in ``kv_transfer_params``, or "" (for logs and fault injection)."""
+    entry = params.get("prfaas") if isinstance(params, dict) else None
+    tid = entry.get("transfer_id") if isinstance(entry, dict) else None
+    return tid if isinstance(tid, str) else ""
 
 
 # -- scheduler -> worker metadata (pickled across processes: plain dataclasses) ---------------
@@ -106,14 +134,17 @@ class LoadJob:
     block_ids: tuple[tuple[int, ...], ...]
     """Per KV cache group."""
     single_group: bool
+    error: str = ""
+    """Set when the scheduler side failed preparing it: the worker reports the load failed."""
 
 
 @dataclass
 class PrfaasMetadata(KVConnectorMetadata):  # type: ignore[misc]  # vllm is untyped here
     sends: list[SendStep] = field(default_factory=list)
     loads: list[LoadJob] = field(default_factory=list)
-    abort_sends: list[str] = field(default_factory=list)
-    """Transfer ids of prefill requests that ended before their prompt was complete."""
+    abort_sends: list[tuple[str, str]] = field(default_factory=list)
+    """(transfer id, why) of prefill requests whose session must fail: ended before their
+    prompt was complete, or a fault on the scheduler side."""
     cancel_loads: list[str] = field(default_factory=list)
     """Request ids of decode requests aborted while their KV was awaited."""
 
@@ -141,7 +172,18 @@ def _safe(parse: Any, params: Any, req_id: str) -> Any:
         return parse(params)
     except SettingsError as exc:
         log.warning("request %s: ignoring kv_transfer_params: %s", req_id, exc)
-        return None
+    except Exception:  # a parser bug: still a plain request, not a dead EngineCore
+        log.exception("request %s: ignoring kv_transfer_params (parser fault)", req_id)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Segment:
+    """The open session of one prefill request (worker side)."""
+
+    transfer_id: str
+    first_token: int
+    num_rows: int
 
 
 class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  # vllm: untyped
@@ -180,7 +222,7 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
         self._send_reqs: dict[str, _SendState] = {}
         self._loading: dict[str, str] = {}  # req id -> transfer id, until finished receiving
         self._new_loads: list[LoadJob] = []
-        self._abort_sends: list[str] = []
+        self._abort_sends: list[tuple[str, str]] = []
         self._cancel_loads: list[str] = []
         # worker side
         self._thread: TransferThread | None = None
@@ -195,8 +237,10 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
         self._loads: dict[str, LoadJob] = {}
         self._cancelled: set[str] = set()
         self._error_blocks: set[int] = set()
+        self._load_errors: dict[str, str] = {}  # req id -> why its load failed before polling
         self._prepared_for: int | None = None
-        self._segments: dict[str, tuple[int, int]] = {}  # transfer id -> (first token, rows)
+        self._segments: dict[str, _Segment] = {}  # req id -> its open session
+        self._sending: dict[str, str] = {}  # transfer id -> the req id whose session it is
         if role is KVConnectorRole.WORKER:
             self._init_worker(vllm_config)
 
@@ -243,7 +287,7 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
                 else:
                     self._positions[name] = pos
                     self._paged[name] = L.paged_kv(kv_caches[name], g.num_kv_heads, g.head_dim)
-        except L.LayoutError as exc:
+        except Exception as exc:  # LayoutError, or a layout vLLM changed under us
             self._unsupported = f"{type(exc).__name__}: {exc}"
             log.error("PrfaasConnector: KV transfer disabled: %s", exc)
             return
@@ -278,29 +322,73 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
             return
         self._prepared_for = id(meta)
         assert self._thread is not None
-        for tid in meta.abort_sends:
-            self._thread.abort(tid, "the prefill request ended before its prompt was complete")
+        for tid, why in meta.abort_sends:
+            rid = self._sending.pop(tid, "")
+            self._segments.pop(rid, None)
+            self._thread.fail_send(tid, why)
         for rid in meta.cancel_loads:
             self._cancelled.add(rid)
+        awaited = {j.params.transfer_id: r for r, j in self._loads.items()}
         for job in meta.loads:
             self._loads[job.req_id] = job
-            self._thread.claim(job.params.transfer_id, job.params.timeout_s)
+            tid = job.params.transfer_id
+            try:
+                if job.error:
+                    raise RuntimeError(job.error)
+                if tid in awaited:  # one session installs into one request
+                    raise ValueError(f"transfer {tid} is already awaited by {awaited[tid]}")
+                _inject("claim", tid)
+                self._thread.claim(tid, job.params.timeout_s)
+                awaited[tid] = job.req_id
+            except Exception as exc:
+                self._load_errors[job.req_id] = f"{type(exc).__name__}: {exc}"
         for step in meta.sends:
             if step.opens:
-                self._open(step)
+                try:
+                    self._open(step)
+                except Exception as exc:
+                    self._fail_send(step, exc)
 
     def _open(self, step: SendStep) -> None:
         assert self._thread is not None
         p = step.params
         if self._spec is None or self._unsupported:
             log.error("request %s: not sent (%s)", step.req_id, self._unsupported)
+            self._thread.fail_send(p.transfer_id, f"not sent: {self._unsupported}")
             return
+        other = self._sending.get(p.transfer_id)
+        if other is not None and other != step.req_id:
+            # Never two requests' bytes in one session: the later one is not sent (the session
+            # of the first goes on; a sidecar never reuses a transfer id).
+            log.error(
+                "request %s: not sent: transfer %s is %s's", step.req_id, p.transfer_id, other
+            )
+            return
+        _inject("open", p.transfer_id)
         skip = min(p.skip_tokens, step.prompt_len - 1)  # at least one row: vLLM recomputes it
         layout = self._spec.layout(step.prompt_len, skip)
         manifest = Manifest.from_layout(p.transfer_id, layout)
         seg = next(s for s in layout.segments if s.kind is LayerKind.GQA)
-        self._segments[p.transfer_id] = (seg.first_token, seg.num_token_rows)
+        self._segments[step.req_id] = _Segment(p.transfer_id, seg.first_token, seg.num_token_rows)
+        self._sending[p.transfer_id] = step.req_id
         self._thread.open_send(p.transfer_id, p.host, p.port, p.cross_site, manifest)
+
+    def _fail_send(self, step: SendStep, exc: BaseException) -> None:
+        """A fault in this request's send: its session fails (the rest of the step goes on)."""
+        tid = step.params.transfer_id
+        log.error(
+            "request %s: KV send of %s failed in the connector: %s: %s",
+            step.req_id,
+            tid,
+            type(exc).__name__,
+            exc,
+            exc_info=not isinstance(exc, InjectedFault | L.LayoutError),
+        )
+        self._segments.pop(step.req_id, None)
+        if self._sending.get(tid) == step.req_id:
+            del self._sending[tid]
+        if self._thread is not None:
+            self._thread.fail_send(tid, f"connector fault: {type(exc).__name__}: {exc}")
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._meta()
@@ -325,19 +413,24 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
         pos = self._positions.get(layer_name)
         if pos is None or self._geometry is None:
             return
-        assert self._thread is not None
-        paged = self._paged[layer_name]
         for step in meta.sends:
-            seg = self._segments.get(step.params.transfer_id)
-            start = max(step.start, seg[0]) if seg is not None else step.end
-            if seg is None or step.end <= start:
-                continue
-            blocks = step.block_ids[self._group_of.get(layer_name, 0)]
-            k, v = L.gather(paged, blocks, start, step.end)
-            k_off, v_off = L.byte_ranges(self._geometry, seg[0], seg[1], start, step.end)
-            tid = step.params.transfer_id
-            self._thread.send(tid, pos, k_off, L.as_bytes(k), k)
-            self._thread.send(tid, pos, v_off, L.as_bytes(v), v)
+            try:
+                self._save_step(step, layer_name, pos)
+            except Exception as exc:  # this request's transfer fails, the forward pass goes on
+                self._fail_send(step, exc)
+
+    def _save_step(self, step: SendStep, layer_name: str, pos: int) -> None:
+        assert self._thread is not None and self._geometry is not None
+        seg = self._segments.get(step.req_id)
+        start = max(step.start, seg.first_token) if seg is not None else step.end
+        if seg is None or step.end <= start:
+            return
+        _inject("save", seg.transfer_id)
+        blocks = step.block_ids[self._group_of.get(layer_name, 0)]
+        k, v = L.gather(self._paged[layer_name], blocks, start, step.end)
+        k_off, v_off = L.byte_ranges(self._geometry, seg.first_token, seg.num_rows, start, step.end)
+        self._thread.send(seg.transfer_id, pos, k_off, L.as_bytes(k), k)
+        self._thread.send(seg.transfer_id, pos, v_off, L.as_bytes(v), v)
 
     def wait_for_save(self) -> None:
         meta = self._meta()
@@ -346,18 +439,18 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
         self._prepare(meta)
         assert self._thread is not None
         for step in meta.sends:
-            if step.last and step.params.transfer_id in self._segments:
-                tid = step.params.transfer_id
+            if step.last and step.req_id in self._segments:
                 try:
+                    _inject("finish", step.params.transfer_id)
                     self._send_states(step)
-                except L.LayoutError as exc:  # never an exception in vLLM's forward loop
-                    log.error("request %s: states not sent: %s", step.req_id, exc)
-                    self._thread.abort(tid, f"linear states not sent: {exc}")
-                    del self._segments[tid]
+                except Exception as exc:  # never an exception in vLLM's forward loop
+                    self._fail_send(step, exc)
                     continue
                 # Queued after this step's bytes: END goes once they are all in the session.
+                tid = self._segments.pop(step.req_id).transfer_id
                 self._thread.finish_send(tid)
-                del self._segments[step.params.transfer_id]
+                if self._sending.get(tid) == step.req_id:
+                    del self._sending[tid]
 
     def _send_states(self, step: SendStep) -> None:
         """After the last prompt chunk ran: each linear layer's state, as the spec keeps it."""
@@ -377,33 +470,52 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
         if self._thread is None:
             return KVConnectorTransferResults()
         for rid, job in list(self._loads.items()):
-            tid = job.params.transfer_id
-            if rid in self._cancelled:
-                self._cancelled.discard(rid)
-                ok, why = False, "request aborted"
-                self._thread.release(tid)
-            else:
-                outcome = self._thread.poll(tid)
-                if outcome is None:
-                    continue
-                ok, why = False, outcome.error
-                if outcome.delivery is not None:
-                    try:
-                        self._install(job, outcome.delivery.manifest, outcome.delivery.buffers)
-                        ok = True
-                    except L.LayoutError as exc:
-                        why = f"does not fit the request: {exc}"
-                self._thread.release(tid, ok=ok)
+            try:
+                result = self._load_result(job)
+            except Exception as exc:  # a fault here fails this load (vLLM recomputes), no more
+                log.exception("request %s: KV load failed in the connector", rid)
+                result = False, f"connector fault: {type(exc).__name__}: {exc}"
+                with contextlib.suppress(Exception):
+                    self._thread.release(job.params.transfer_id, ok=False)
+            if result is None:
+                continue
+            ok, why = result
             del self._loads[rid]
             done.add(rid)
             if not ok:
                 log.warning("request %s: KV load failed, recomputing: %s", rid, why)
                 failed.add(rid)
-                if job.single_group:
+                if job.single_group and job.block_ids:
                     bs = self._vllm_config.cache_config.block_size
                     self._error_blocks.update(job.block_ids[0][job.start // bs :])
         self._cancelled &= set(self._loads)
         return KVConnectorTransferResults(finished_recving=done, failed_recving=failed)
+
+    def _load_result(self, job: LoadJob) -> tuple[bool, str] | None:
+        """(installed?, why not) once the load is over, None while its session is awaited."""
+        assert self._thread is not None
+        rid, tid = job.req_id, job.params.transfer_id
+        error = self._load_errors.pop(rid, None)
+        if error is not None:  # never claimed: nothing to release (the id may be another's)
+            self._thread.count_failed_load()
+            return False, error
+        if rid in self._cancelled:
+            self._cancelled.discard(rid)
+            self._thread.release(tid)
+            return False, "request aborted"
+        outcome = self._thread.poll(tid)
+        if outcome is None:
+            return None
+        ok, why = False, outcome.error
+        if outcome.delivery is not None:
+            try:
+                _inject("install", tid)
+                self._install(job, outcome.delivery.manifest, outcome.delivery.buffers)
+                ok = True
+            except L.LayoutError as exc:
+                why = f"does not fit the request: {exc}"
+        self._thread.release(tid, ok=ok)
+        return ok, why
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         r = self.get_transfer_results(finished_req_ids)
@@ -452,43 +564,68 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
             self._thread = None
 
     # ================================ scheduler side ========================================
+    # Every scheduler-side hook runs in vLLM's EngineCore loop, where an exception kills the
+    # server: each catches everything, logs it, and leaves that request plain (or failed).
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        params = _safe(load_params, request.kv_transfer_params, request.request_id)
-        if params is None or request.request_id in self._loading:
+        try:
+            params = _safe(load_params, request.kv_transfer_params, request.request_id)
+            if params is None or request.request_id in self._loading:
+                return 0, False
+            _inject("match", params.transfer_id)
+            count = request.num_prompt_tokens - self._backoff - num_computed_tokens
+            return (count, True) if count > 0 else (0, False)
+        except Exception:
+            log.exception("request %s: not loaded remotely (connector fault)", request.request_id)
             return 0, False
-        count = request.num_prompt_tokens - self._backoff - num_computed_tokens
-        return (count, True) if count > 0 else (0, False)
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
         rid = request.request_id
         sp = _safe(send_params, request.kv_transfer_params, rid)
-        if sp is not None and rid not in self._send_reqs:
-            skip = min(sp.skip_tokens, request.num_prompt_tokens - 1)
-            self._send_reqs[rid] = _SendState(sp, request.num_prompt_tokens, sent_upto=skip)
+        if sp is not None:
+            if rid not in self._send_reqs:
+                try:
+                    _inject("alloc", sp.transfer_id)
+                    skip = min(sp.skip_tokens, request.num_prompt_tokens - 1)
+                    st = _SendState(sp, request.num_prompt_tokens, sent_upto=skip)
+                    self._send_reqs[rid] = st
+                except Exception as exc:
+                    log.exception("request %s: not sent (connector fault)", rid)
+                    self._abort_sends.append((sp.transfer_id, f"connector fault: {exc!r}"))
             return
         lp = _safe(load_params, request.kv_transfer_params, rid)
         if lp is None or num_external_tokens <= 0 or rid in self._loading:
             return
-        group_ids = blocks.get_block_ids()
+        # vLLM now parks the request until the worker reports it: whatever fails from here on
+        # must still reach the worker as a (failed) load, else the request waits forever.
         covered = request.num_prompt_tokens - self._backoff
+        block_ids: tuple[tuple[int, ...], ...] = ()
+        error = ""
+        try:
+            _inject("alloc", lp.transfer_id)
+            block_ids = tuple(tuple(ids) for ids in blocks.get_block_ids())
+        except Exception as exc:
+            log.exception("request %s: KV load not prepared (connector fault)", rid)
+            error = f"connector fault: {type(exc).__name__}: {exc}"
         self._new_loads.append(
             LoadJob(
                 req_id=rid,
                 params=lp,
                 prompt_len=covered,
                 start=covered - num_external_tokens,
-                block_ids=tuple(tuple(ids) for ids in group_ids),
+                block_ids=block_ids,
                 single_group=self._single_group,
+                error=error,
             )
         )
         self._loading[rid] = lp.transfer_id
         # One load per request: after a failed load vLLM asks again (from 0 computed tokens);
         # the answer must then be "recompute", not another wait for the same session.
-        request.kv_transfer_params["do_remote_prefill"] = False  # type: ignore[index]
+        with contextlib.suppress(TypeError):
+            request.kv_transfer_params["do_remote_prefill"] = False  # type: ignore[index]
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = PrfaasMetadata(
@@ -501,23 +638,37 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
         for new in scheduler_output.scheduled_new_reqs:
             st = self._send_reqs.get(new.req_id)
             if st is not None:
-                st.block_ids = [list(ids) for ids in new.block_ids]
-                self._step(meta, new.req_id, st, new.num_computed_tokens, scheduled[new.req_id])
+                try:
+                    st.block_ids = [list(ids) for ids in new.block_ids]
+                    self._step(meta, new.req_id, st, new.num_computed_tokens, scheduled[new.req_id])
+                except Exception as exc:
+                    self._drop_send(meta, new.req_id, st, exc)
         cached = scheduler_output.scheduled_cached_reqs
         for i, rid in enumerate(cached.req_ids):
             st = self._send_reqs.get(rid)
             if st is None:
                 continue
-            new_ids = cached.new_block_ids[i]
-            if rid in cached.resumed_req_ids:  # after preemption: the whole block list anew
-                st.block_ids = [list(ids) for ids in new_ids] if new_ids else []
-            elif new_ids:
-                if not st.block_ids:
-                    st.block_ids = [[] for _ in new_ids]
-                for mine, more in zip(st.block_ids, new_ids, strict=True):
-                    mine.extend(more)
-            self._step(meta, rid, st, cached.num_computed_tokens[i], scheduled.get(rid, 0))
+            try:
+                new_ids = cached.new_block_ids[i]
+                if rid in cached.resumed_req_ids:  # after preemption: the whole block list anew
+                    st.block_ids = [list(ids) for ids in new_ids] if new_ids else []
+                elif new_ids:
+                    if not st.block_ids:
+                        st.block_ids = [[] for _ in new_ids]
+                    for mine, more in zip(st.block_ids, new_ids, strict=True):
+                        mine.extend(more)
+                self._step(meta, rid, st, cached.num_computed_tokens[i], scheduled.get(rid, 0))
+            except Exception as exc:
+                self._drop_send(meta, rid, st, exc)
         return meta
+
+    @staticmethod
+    def _drop_send(meta: PrfaasMetadata, rid: str, st: _SendState, exc: Exception) -> None:
+        """A fault while planning a send: its session fails, the request is computed as usual."""
+        log.error("request %s: KV send dropped (connector fault): %r", rid, exc, exc_info=True)
+        meta.sends[:] = [s for s in meta.sends if s.req_id != rid]
+        meta.abort_sends.append((st.params.transfer_id, f"connector fault: {exc!r}"))
+        st.done = True
 
     @staticmethod
     def _step(
@@ -525,6 +676,7 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
     ) -> None:
         if st.done:
             return
+        _inject("meta", st.params.transfer_id)
         end = min(num_computed + num_scheduled, st.prompt_len)
         # Tokens the local prefix cache held are in the blocks already: send them with the first
         # step (start is where we left off, not where this step's computation starts).
@@ -555,15 +707,19 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
             return
         if request.num_prompt_tokens <= self._backoff or request.prompt_token_ids is None:
             return  # nothing would cross: the session is never opened and the sidecar fails it
-        del request.prompt_token_ids[-self._backoff :]
-        del request._all_token_ids[-self._backoff :]
-        request.num_prompt_tokens -= self._backoff
-        request.max_tokens = 1
-        params["_prfaas_cut"] = True  # once, also after a preemption
+        try:
+            del request.prompt_token_ids[-self._backoff :]
+            del request._all_token_ids[-self._backoff :]
+            request.num_prompt_tokens -= self._backoff
+            request.max_tokens = 1
+            params["_prfaas_cut"] = True  # once, also after a preemption
+        except Exception:  # vLLM's Request changed shape: say so, the request runs as it is
+            log.exception("request %s: prompt not cut for the state hand-off", request.request_id)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
-        for rid in connector_output.finished_recving or ():
-            self._loading.pop(rid, None)
+        with contextlib.suppress(Exception):  # a bookkeeping slip must not kill EngineCore
+            for rid in connector_output.finished_recving or ():
+                self._loading.pop(rid, None)
 
     def request_finished(
         self, request: Request, block_ids: list[int]
@@ -578,13 +734,19 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
     def _finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id
         st = self._send_reqs.pop(rid, None)
-        if rid in self._loading:  # aborted while its KV was awaited: the worker lets it go
-            self._cancel_loads.append(rid)
-        if st is None:
+        try:
+            if rid in self._loading:  # aborted while its KV was awaited: the worker lets it go
+                self._cancel_loads.append(rid)
+            if st is None:
+                return False, None
+            _inject("finished", st.params.transfer_id)
+            if not st.done:
+                if st.opened:
+                    why = "the prefill request ended before its prompt was complete"
+                    self._abort_sends.append((st.params.transfer_id, why))
+                return False, None
+            # The KV was copied out at save time: vLLM may free the blocks now.
+            return False, {"prfaas": {"transfer_id": st.params.transfer_id}}
+        except Exception:  # never hold vLLM's blocks, never raise into EngineCore
+            log.exception("request %s: request_finished failed in the connector", rid)
             return False, None
-        if not st.done:
-            if st.opened:
-                self._abort_sends.append(st.params.transfer_id)
-            return False, None
-        # The KV was copied out at save time: vLLM may free the blocks now.
-        return False, {"prfaas": {"transfer_id": st.params.transfer_id}}

@@ -7,6 +7,7 @@ read from the environment variable the settings name, by ``psk_from_env``).
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -103,6 +104,12 @@ def _prfaas_entry(params: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
         return None
     if not isinstance(entry, Mapping):
         raise SettingsError(f"kv_transfer_params.prfaas must be an object, got {entry!r}")
+    if params.get("do_remote_decode") and params.get("do_remote_prefill"):
+        # One request is either the prefill or the decode half of a transfer: taken as both, the
+        # decode half would be parked for KV that its own prefill half was meant to send.
+        raise SettingsError(
+            "kv_transfer_params: do_remote_decode and do_remote_prefill are exclusive"
+        )
     return entry
 
 
@@ -155,6 +162,9 @@ def load_params(params: Mapping[str, Any] | None) -> LoadParams | None:
     if entry is None or not (params or {}).get("do_remote_prefill"):
         return None
     timeout = entry.get("timeout_s", DEFAULT_LOAD_TIMEOUT_S)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
-        raise SettingsError(f"kv_transfer_params.prfaas.timeout_s must be > 0, got {timeout!r}")
+    bad = isinstance(timeout, bool) or not isinstance(timeout, int | float)
+    if bad or not 0 < timeout < math.inf:  # JSON's Infinity would wait forever
+        raise SettingsError(
+            f"kv_transfer_params.prfaas.timeout_s must be finite and > 0, got {timeout!r}"
+        )
     return LoadParams(_transfer_id(entry), float(timeout))

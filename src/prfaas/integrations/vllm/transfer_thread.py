@@ -65,7 +65,8 @@ class _SendJob:
     host: str
     port: int
     cross_site: bool
-    manifest: Manifest
+    manifest: Manifest | None
+    """None: a send the connector failed before it was opened."""
     queue: asyncio.Queue[tuple[int, int, memoryview] | None] = field(default_factory=asyncio.Queue)
     keep: list[object] = field(default_factory=list)
     state: str = "sending"  # -> verified | failed
@@ -224,6 +225,11 @@ class TransferThread:
     def abort(self, transfer_id: str, reason: str) -> None:
         self._call(self._abort, transfer_id, reason)
 
+    def fail_send(self, transfer_id: str, reason: str) -> None:
+        """The connector gave up on this send: abort its session, or (never opened) record it
+        failed, so ``wait_sent`` answers "failed" with ``reason`` at once, not "unknown" later."""
+        self._call(self._fail_send, transfer_id, reason)
+
     # -- loading (worker thread) ---------------------------------------------------------------
     def claim(self, transfer_id: str, timeout_s: float) -> None:
         """The worker wants session ``transfer_id``, verified within ``timeout_s``."""
@@ -257,6 +263,11 @@ class TransferThread:
             elif ok is False:
                 self.loads_failed += 1
         self._call(self._drop_staged, transfer_id, "released by the worker")
+
+    def count_failed_load(self) -> None:
+        """A load that failed before it claimed a session (counted in ``loads_failed``)."""
+        with self._lock:
+            self.loads_failed += 1
 
     # -- loop side: sending --------------------------------------------------------------------
     def _open_send(
@@ -295,8 +306,23 @@ class TransferThread:
             found = True
         return found
 
+    def _fail_send(self, tid: str, reason: str) -> None:
+        job = self._sends.get(tid)
+        if job is None:
+            job = _SendJob(tid, "", 0, False, None, state="failed", error=reason)
+            job.done.set()
+            self._sends[tid] = job
+        elif not job.done.is_set():
+            job.error = reason
+            if job.task is not None:
+                job.task.cancel()
+            else:
+                job.state = "failed"
+                job.done.set()
+
     async def _run_send(self, job: _SendJob) -> None:
         try:
+            assert job.manifest is not None  # opened sends carry one
             session = None
             for attempt in (0, 1):  # a link that broke since its last use is replaced once
                 link = await self._link(job.host, job.port, job.cross_site)
@@ -323,6 +349,9 @@ class TransferThread:
         except (SessionAborted, ConnectError, TimeoutError, ValueError, OSError) as exc:
             job.state, job.error = "failed", f"{type(exc).__name__}: {exc}"
             log.warning("KV send of %s failed: %s", job.transfer_id, job.error)
+        except Exception as exc:  # a bug: this send fails (and says so), the thread goes on
+            job.state, job.error = "failed", f"{type(exc).__name__}: {exc}"
+            log.exception("KV send of %s failed", job.transfer_id)
         finally:
             job.keep.clear()
             job.done.set()
@@ -396,6 +425,10 @@ class TransferThread:
         try:
             delivery = await session.complete(timeout_s=24 * 3600.0)  # the stall watchdog bounds it
         except (SessionAborted, TimeoutError) as exc:
+            self._fail_staged(staged, f"{type(exc).__name__}: {exc}")
+            return
+        except Exception as exc:  # a bug: this load fails (the decode side recomputes)
+            log.exception("KV session %s failed", staged.transfer_id)
             self._fail_staged(staged, f"{type(exc).__name__}: {exc}")
             return
         with self._lock:
