@@ -384,6 +384,8 @@ def pin(pid: int, cpus: set[int]) -> int:
 
 
 NODE_CORES = {"pf0": PRFAAS_CORE, "p0": PD_CORE, "d0": PD_CORE}
+SIM_NODE = {"pf0": "prfaas/p0", "p0": "pd/p0", "d0": "pd/d0"}
+"""The live nodes' names in the simulator (which numbers each site's nodes by role)."""
 LAST_SIM_BUSY_S: dict[str, float] = {}
 """Busy seconds of each simulated node in the last ``run_sim`` (its cost model's work)."""
 LAST_LIVE_CPU_S: dict[str, float] = {}
@@ -676,7 +678,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Work per node: the cost model's busy seconds against the CPU seconds the live process
         # used (last repeat); their ratio is how far the profile's speed is from the run's.
         row["node_work_s"] = {
-            n: {"sim_busy": LAST_SIM_BUSY_S.get(n), "live_cpu": LAST_LIVE_CPU_S.get(n)}
+            n: {"sim_busy": LAST_SIM_BUSY_S.get(SIM_NODE[n]), "live_cpu": LAST_LIVE_CPU_S.get(n)}
             for n in NODE_CORES
         }
         rows.append(row)
