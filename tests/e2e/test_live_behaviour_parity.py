@@ -151,7 +151,7 @@ def _run_live(d: DeploymentConfig, specs: list[SimRequestSpec], work: Path) -> d
         routes = live.routes()
         state = control(live, "/internal/control")
         roles = state["role_changes"]
-    assert all(r.ok for r in results), [r.error for r in results if not r.ok][:3]
+    assert all(r.ok for r in results), [(r.reason, r.message) for r in results if not r.ok][:3]
     by_digest = {r["prompt_digest"]: r for r in routes}
     names = _sim_node_names(d)
     out: dict[str, Any] = {"route": {}, "decode": {}, "cached": {}}
