@@ -30,7 +30,7 @@ it under ``flock /tmp/vllm.lock``; one config per call keeps a run to a few minu
 ``flock /tmp/vllm.lock .venv/bin/python bench/vllm_pd.py --config prfaas --json --out F.json``,
 then ``bench/vllm_pd.py --table F1.json F2.json ...`` prints the markdown table.
 Imports prfaas.testbed, prfaas.engine (the model and its CacheSpec), httpx and the stdlib; never
-vllm (the servers run in .venv-vllm). Measured results and what failed: docs/vllm.md, "Side by side".
+vllm (the servers run in .venv-vllm). Results and what failed: docs/vllm.md, "Side by side".
 """
 
 from __future__ import annotations
