@@ -19,6 +19,7 @@ from prfaas.perf.profile_file import is_profile_file
 if TYPE_CHECKING:
     # Type-only: the planner and the simulator load when a scenario is derived, not on import.
     from prfaas.analytic import Planner, Scenario
+    from prfaas.perf import CostModel
     from prfaas.sim import SimScenario
 
 MIB = 1 << 20
@@ -80,11 +81,38 @@ def plan_scenario(d: DeploymentConfig, profiles_ok: bool = False, **overrides: A
     return Scenario(**fields)
 
 
+def site_cost_model(d: DeploymentConfig, site: SiteConfig) -> CostModel | None:
+    """A site's timing: its hardware preset for emulated (``timed``) nodes, or its profile file
+    for any engine (a torch or vLLM site measured with ``prfaas profile``); None for a real engine
+    on a preset: nothing measured prices it."""
+    from prfaas.perf import cost_model_for_hardware
+
+    engine = d.engine_for(site.name)
+    if engine.kind == "timed" or is_profile_file(site.hardware):
+        return cost_model_for_hardware(engine.model, site.hardware)
+    return None
+
+
+def deployment_cost_models(d: DeploymentConfig) -> tuple[CostModel | None, CostModel | None]:
+    """(PrfaaS, local) cost models for the router, the tuner, the rebalancer and the planner's
+    ``t``: both or neither (half a pair prices nothing: the tuner weighs one side against the
+    other); the PrfaaS one is None too without a PrfaaS site."""
+    local = site_cost_model(d, d.home_site)
+    remote_site = next((s for s in d.sites if s.kind == "prfaas"), None)
+    if remote_site is None:
+        return None, local
+    remote = site_cost_model(d, remote_site)
+    if remote is None or local is None:
+        return None, None
+    return remote, local
+
+
 def planned_threshold(d: DeploymentConfig) -> int:
-    """The deployment's ``t``: fixed in the file, else the planner's for these node counts."""
+    """The deployment's ``t``: fixed in the file, else the planner's for these node counts (a
+    real engine needs both sites' profile files for that; else a fixed default)."""
     if d.policy.threshold_tokens is not None:
         return d.policy.threshold_tokens
-    if d.engine.kind != "timed":
+    if d.engine.kind != "timed" and deployment_cost_models(d)[1] is None:
         return DEFAULT_TORCH_THRESHOLD_TOKENS
     if not any(s.kind == "prfaas" for s in d.sites):
         return NO_OFFLOAD_TOKENS

@@ -26,9 +26,8 @@ from prometheus_client import Counter, Gauge
 
 from prfaas.config import DeploymentConfig
 from prfaas.core import MutableClusterView, NodeId, NodeRole, SiteId
-from prfaas.perf import CostModel, cost_model_for_hardware
 from prfaas.policy import TuningConfig, make_router
-from prfaas.scenarios import planned_threshold
+from prfaas.scenarios import deployment_cost_models, planned_threshold
 from prfaas.serve import internal_errors
 from prfaas.serve.api import GatewayHTTPConfig, GatewayMetrics, create_gateway_app
 from prfaas.serve.api.api_keys import resolve_api_keys
@@ -42,14 +41,6 @@ from prfaas.serve.node.messages import Heartbeat, PrefixAckMsg, Registration
 
 EXPIRY_PERIOD_S = 0.25
 log = logging.getLogger("prfaas.gateway")
-
-
-def _cost_models(d: DeploymentConfig) -> tuple[CostModel | None, CostModel | None]:
-    if d.engine.kind != "timed":
-        return None, None
-    remote = next((s for s in d.sites if s.kind == "prfaas"), None)
-    local = cost_model_for_hardware(d.engine.model, d.home_site.hardware)
-    return (cost_model_for_hardware(d.engine.model, remote.hardware) if remote else None), local
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +69,7 @@ def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo
         {SiteId(s.name): _site_kind(s.kind) for s in d.sites}, planned_threshold(d), order
     )
     registry = NodeRegistry(d, registry_view)
-    remote, local = _cost_models(d)
+    remote, local = deployment_cost_models(d)
     home = SiteId(d.home_site.name)
     prfaas_sites = [SiteId(s.name) for s in d.sites if s.kind == "prfaas"]
     router = make_router(d.policy.router, home, prfaas_sites, remote=remote, local=local)
