@@ -189,3 +189,48 @@ async def test_decode_failures_end_that_stream_only() -> None:
         assert [e.kind for e in late] == ["error"] and "device lost" in late[0].error
     finally:
         loop.cancel()
+
+
+class _Gated(_Flaky):
+    """Holds its prefill before the first layer, as an engine does while other prefills run."""
+
+    gate: asyncio.Event
+
+    async def prefill_stream(
+        self, req: PrefillRequest
+    ) -> AsyncIterator[LayerOutput | PrefillResult]:
+        await self.gate.wait()
+        async for item in super().prefill_stream(req):
+            yield item
+
+
+class _CountingLink(_Link):
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened = 0
+
+    @asynccontextmanager
+    async def session(self, _manifest: Manifest) -> AsyncIterator[_Session]:
+        self.opened += 1
+        yield self.last
+
+
+@pytest.mark.timeout(30)
+async def test_the_session_opens_with_the_first_layer_not_while_the_prefill_waits() -> None:
+    """A queued prefill must not hold an open session: the receiver aborts one that makes no
+    progress for its stall timeout (the fidelity bench lost requests queued longer than 30 s)."""
+    engine = _Gated(
+        cost_model_for("paper-1t", "h200"),
+        VirtualWaiter(VirtualClock()),
+        TimedConfig(byte_divisor=1000),
+    )
+    engine.gate = asyncio.Event()
+    node = Node("n", "s", NodeRole.PREFILL, engine, None)
+    link = _CountingLink()
+    task = asyncio.create_task(node.prefill(_prefill_cmd("q", range(100)), link))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert link.opened == 0 and not task.done()
+    engine.gate.set()
+    outcome = await task
+    assert outcome.ok and link.opened == 1 and link.last.sent == outcome.kv_bytes_sent > 0

@@ -16,6 +16,7 @@ Failures stay with their request: whatever the engine or the transfer raises, a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -47,7 +48,7 @@ from prfaas.serve.node.messages import (
 from prfaas.serve.node.prefix_store import PrefixStore
 from prfaas.spec import LayerSegment
 from prfaas.transfer import Link as TransferLink
-from prfaas.transfer import Manifest, Refused, SessionAborted, TransferError
+from prfaas.transfer import Manifest, OutboundSession, Refused, SessionAborted, TransferError
 
 log = logging.getLogger(__name__)
 STEP_FAILURE_BACKOFF_S = 0.05
@@ -196,10 +197,16 @@ class Node:
         result: PrefillResult | None = None
         sent = 0
         self._prefill_queue[rid] = n - k
-        async with link.session(manifest) as session:
+        async with contextlib.AsyncExitStack() as stack:
+            # The session opens with the first layer, not while the prefill waits for the engine:
+            # the receiver aborts a session without progress for its stall timeout (30 s), and a
+            # queued prefill is not a stalled sender (the fidelity bench lost requests that way).
+            session: OutboundSession | None = None
             async for out in self.engine.prefill_stream(req):
                 if isinstance(out, LayerOutput):
                     self._prefill_queue.pop(rid, None)  # computing now, no longer queued
+                    if session is None:
+                        session = await stack.enter_async_context(link.session(manifest))
                     target = full.segments[out.position]
                     for offset, view in _pieces_for_receiver(out, cached, target, receiver_tokens):
                         self._inflight_kv_bytes += view.nbytes
@@ -212,6 +219,8 @@ class Node:
                     result = out
             if result is None:
                 raise EngineError(f"request {rid}: the prefill ended without a result")
+            if session is None:  # nothing to hand out (cannot happen with a layer per position)
+                session = await stack.enter_async_context(link.session(manifest))
             await session.finish(result.first_token)
         if cmd.cross_site:
             self.egress_bytes += sent
