@@ -313,12 +313,12 @@ class TransferThread:
             job.done.set()
             self._sends[tid] = job
         elif not job.done.is_set():
-            job.error = reason
+            # Settled here, not when the task unwinds: a cancel can land where the session
+            # library absorbs it, and wait_sent must answer now, not after the idle timeout.
+            job.state, job.error = "failed", reason
+            job.done.set()
             if job.task is not None:
                 job.task.cancel()
-            else:
-                job.state = "failed"
-                job.done.set()
 
     async def _run_send(self, job: _SendJob) -> None:
         try:
@@ -342,15 +342,19 @@ class TransferThread:
                         await session.finish(-1)
                         break
                     await session.send(*item)
-            job.state, job.kv_bytes = "verified", job.manifest.num_bytes
-            self.sessions_sent += 1
+            if not job.done.is_set():  # (a send failed meanwhile stays failed)
+                job.state, job.kv_bytes = "verified", job.manifest.num_bytes
+                self.sessions_sent += 1
         except asyncio.CancelledError:
-            job.state, job.error = "failed", job.error or "aborted"
+            if not job.done.is_set():
+                job.state, job.error = "failed", job.error or "aborted"
         except (SessionAborted, ConnectError, TimeoutError, ValueError, OSError) as exc:
-            job.state, job.error = "failed", f"{type(exc).__name__}: {exc}"
-            log.warning("KV send of %s failed: %s", job.transfer_id, job.error)
+            if not job.done.is_set():
+                job.state, job.error = "failed", f"{type(exc).__name__}: {exc}"
+                log.warning("KV send of %s failed: %s", job.transfer_id, job.error)
         except Exception as exc:  # a bug: this send fails (and says so), the thread goes on
-            job.state, job.error = "failed", f"{type(exc).__name__}: {exc}"
+            if not job.done.is_set():
+                job.state, job.error = "failed", f"{type(exc).__name__}: {exc}"
             log.exception("KV send of %s failed", job.transfer_id)
         finally:
             job.keep.clear()
