@@ -1,6 +1,7 @@
 """``WorkerHost``: one worker process's nodes, its transfer receiver and sender links, and its
 control-plane client (registration, heartbeats to the gateway's control listener, signed with the
-deployment's key). One site per process.
+deployment's key: the loop is ``control_plane``'s, shared with the vLLM host; what a heartbeat
+carries and how its answer is applied are this host's). One site per process.
 
 The receiver (one port per process) hands each incoming session to the node that expects its
 request; the sender links are pooled per (decode host, port), paced at the inter-site link's
@@ -33,10 +34,19 @@ from prfaas.core import LinkId, NodeRole
 from prfaas.core.link_estimate import CapacityEstimator, EstimatorConfig, LinkReading
 from prfaas.engine.api import Engine
 from prfaas.serve.auth import SignedAuth
+from prfaas.serve.node.control_plane import (
+    MAX_PROCESS_NAME_BYTES as MAX_PROCESS_NAME_BYTES,
+)
+from prfaas.serve.node.control_plane import (
+    BackgroundTasks,
+    registration,
+    run_control_plane,
+    site_of_nodes,
+)
+from prfaas.serve.node.control_plane import default_process_name as default_process_name
 from prfaas.serve.node.engines import build_engine, prefix_store_bytes
 from prfaas.serve.node.messages import (
     Heartbeat,
-    NodeEndpoint,
     NodeReport,
     PrefillCommand,
     PrefillOutcome,
@@ -61,7 +71,6 @@ from prfaas.transfer import (
     TransferError,
 )
 from prfaas.transfer import Link as TransferLink
-from prfaas.transfer.frames import MAX_NAME_BYTES
 from prfaas.transfer.pacing import TokenBucket
 from prfaas.transfer.sender import pacer
 from prfaas.transfer.tcpinfo import read_tcp_info
@@ -91,13 +100,8 @@ class WorkerHost:
         host: str = "127.0.0.1",
         process_name: str = "",
     ) -> None:
-        if not node_names:
-            raise ValueError("a worker process hosts at least one node")
-        sites = {deployment.site_of(n).name for n in node_names}
-        if len(sites) != 1:
-            raise ValueError(f"one worker process hosts nodes of one site, got {sorted(sites)}")
+        self.site = site_of_nodes(deployment, node_names, "worker process")
         self.deployment = deployment
-        self.site = deployment.site_of(node_names[0])
         self.host = host
         self.control_url = control_url.rstrip("/")
         self.process_name = process_name or default_process_name(node_names)
@@ -147,7 +151,7 @@ class WorkerHost:
         # One connect per peer at a time, shared by every prefill waiting for that peer; no lock
         # across peers (a connect to a dead peer must not stall the others).
         self._connecting: dict[tuple[str, int, bool], asyncio.Task[TransferLink]] = {}
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = BackgroundTasks()
 
     # -- transfer --------------------------------------------------------------------------------
     def _allocate(self, manifest: Manifest) -> Sequence[object]:
@@ -439,23 +443,16 @@ class WorkerHost:
         self.spawn(self._control_plane())
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        self._tasks.append(task)
-        task.add_done_callback(self._forget)
-
-    def _forget(self, task: asyncio.Task[None]) -> None:
-        if task in self._tasks:
-            self._tasks.remove(task)
+        self._tasks.spawn(coro)
 
     async def stop(self) -> None:
-        for task in [*self._tasks, *self._connecting.values()]:
-            task.cancel()
+        self._tasks.cancel()
+        for connect in self._connecting.values():
+            connect.cancel()
         for pending in list(self._connecting.values()):
             with contextlib.suppress(BaseException):
                 await pending
-        for task in list(self._tasks):
-            with contextlib.suppress(BaseException):
-                await task
+        await self._tasks.join()
         for link in self._links.values():
             with contextlib.suppress(Exception):
                 await link.aclose()
@@ -470,19 +467,12 @@ class WorkerHost:
         return {}
 
     def registration(self) -> Registration:
-        return Registration(
-            process=self.process_name,
-            nodes=[
-                NodeEndpoint(
-                    node=n.name,
-                    site=n.site,
-                    role=n.role.value,
-                    host=self.host,
-                    http_port=self.http_port,
-                    transfer_port=self.transfer_port,
-                )
-                for n in self.nodes.values()
-            ],
+        return registration(
+            self.process_name,
+            self.nodes.values(),
+            self.host,
+            self.http_port,
+            self.transfer_port,
         )
 
     def heartbeat(self) -> Heartbeat:
@@ -506,37 +496,18 @@ class WorkerHost:
             log.debug("heartbeat answer without a usable prefix acknowledgement: %s", exc)
 
     async def _control_plane(self) -> None:
-        """Register (retrying until the gateway answers), then heartbeat; re-register when the
-        gateway forgot us (it answers 404 to a heartbeat from an unknown process). A refusal of
-        our signature (401: another key) is logged at WARNING each time it starts."""
-        interval = self.deployment.heartbeat_interval_s
-        registered = False
-        refused = ""
-        async with httpx.AsyncClient(timeout=5.0, auth=self.auth, trust_env=False) as client:
-            while True:
-                try:
-                    if not registered:
-                        body = self.registration().model_dump()
-                        r = await client.post(f"{self.control_url}/internal/register", json=body)
-                        if r.status_code == 200:
-                            # A registration starts the gateway's mirror of our store afresh.
-                            self.prefix_store.snapshot()
-                    else:
-                        r = await client.post(
-                            f"{self.control_url}/internal/heartbeat",
-                            json=self.heartbeat().model_dump(),
-                        )
-                        if r.status_code == 200:
-                            self._on_heartbeat_answer(r)
-                    registered = r.status_code == 200
-                    why = "" if r.status_code in (200, 404) else f"{r.status_code} {r.text[:200]}"
-                    if why and why != refused:
-                        log.warning("gateway %s refused us: %s", self.control_url, why)
-                    refused = why
-                except httpx.HTTPError as exc:
-                    log.debug("control plane: %s", exc)
-                    registered = False
-                await asyncio.sleep(interval)
+        """Register, then heartbeat (``control_plane.run_control_plane``); every registration
+        starts the gateway's mirror of our prefix store afresh (a snapshot)."""
+        await run_control_plane(
+            self.control_url,
+            self.auth,
+            self.deployment.heartbeat_interval_s,
+            log,
+            self.registration,
+            self.heartbeat,
+            on_registered=self.prefix_store.snapshot,
+            on_heartbeat_answer=self._on_heartbeat_answer,
+        )
 
 
 def _ssl_contexts(d: DeploymentConfig) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
@@ -547,21 +518,3 @@ def _ssl_contexts(d: DeploymentConfig) -> tuple[ssl.SSLContext | None, ssl.SSLCo
     server.load_cert_chain(d.tls.cert, d.tls.key)
     client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=d.tls.ca)
     return server, client
-
-
-MAX_PROCESS_NAME_BYTES = MAX_NAME_BYTES
-"""The transfer handshake carries the process name."""
-
-
-def default_process_name(node_names: Sequence[str]) -> str:
-    """The nodes' names joined by "+" (stable across restarts: the gateway keys processes by it);
-    a long list is cut and keeps a digest of the whole, so it stays unique and within the
-    transfer handshake's limit (a site of 12 emulated nodes overflowed it)."""
-    import hashlib
-
-    joined = "+".join(node_names)
-    if len(joined.encode()) <= MAX_PROCESS_NAME_BYTES:
-        return joined
-    digest = hashlib.sha256(joined.encode()).hexdigest()[:10]
-    head = joined.encode()[: MAX_PROCESS_NAME_BYTES - len(digest) - 1].decode(errors="ignore")
-    return f"{head}~{digest}"

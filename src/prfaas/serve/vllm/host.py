@@ -14,7 +14,6 @@ prefix is not here, and the gateway computes the prefix instead. Must not import
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import shutil
@@ -30,10 +29,15 @@ import httpx
 from prfaas.config import DeploymentConfig, SiteConfig
 from prfaas.core import NodeRole
 from prfaas.serve.auth import SignedAuth
-from prfaas.serve.node.host import default_process_name
+from prfaas.serve.node.control_plane import (
+    BackgroundTasks,
+    default_process_name,
+    registration,
+    run_control_plane,
+    site_of_nodes,
+)
 from prfaas.serve.node.messages import (
     Heartbeat,
-    NodeEndpoint,
     NodeReport,
     PrefillCommand,
     PrefillOutcome,
@@ -84,13 +88,8 @@ class VllmHost:
         host: str = "127.0.0.1",
         process_name: str = "",
     ) -> None:
-        if not node_names:
-            raise ValueError("a node process hosts at least one node")
-        sites = {deployment.site_of(n).name for n in node_names}
-        if len(sites) != 1:
-            raise ValueError(f"one node process hosts nodes of one site, got {sorted(sites)}")
+        self._site = site_of_nodes(deployment, node_names, "node process")
         self._deployment = deployment
-        self._site = deployment.site_of(node_names[0])
         self.engine = deployment.engine_for(self._site.name)
         if self.engine.kind != "vllm":
             raise ValueError(f"site {self._site.name} does not run vLLM")
@@ -128,7 +127,7 @@ class VllmHost:
             )
         self._bytes_per_token = _bytes_per_token(self.engine.model_path, self.engine.dtype)
         self._snapshot = _Snapshot()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = BackgroundTasks()
 
     # -- what the node app reads -----------------------------------------------------------------
     @property
@@ -276,20 +275,10 @@ class VllmHost:
         self.spawn(self._control_plane())
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        self._tasks.append(task)
-        task.add_done_callback(self._forget)
-
-    def _forget(self, task: asyncio.Task[None]) -> None:
-        if task in self._tasks:
-            self._tasks.remove(task)
+        self._tasks.spawn(coro)
 
     async def stop(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(BaseException):
-                await task
+        await self._tasks.stop()
         if self.server is not None:  # run()'s finally stopped it; make sure
             await self.server.stop()
         await self._client.aclose()
@@ -298,47 +287,30 @@ class VllmHost:
 
     def registration(self) -> Registration:
         """The nodes with their first reports: faulty while the server starts."""
-        return Registration(
-            process=self._process_name,
+        return registration(
+            self._process_name,
+            self._nodes.values(),
+            self.host,
+            self.http_port,
+            self.transfer_port,
             reports=self.reports(),
-            nodes=[
-                NodeEndpoint(
-                    node=n.name,
-                    site=n.site,
-                    role=n.role.value,
-                    host=self.host,
-                    http_port=self.http_port,
-                    transfer_port=self.transfer_port,
-                )
-                for n in self._nodes.values()
-            ],
         )
+
+    def heartbeat(self) -> Heartbeat:
+        """Every node's report; no prefix report: vLLM's cache is its own."""
+        return Heartbeat(process=self._process_name, reports=self.reports())
 
     async def _control_plane(self) -> None:
         """Register at once (retrying until the gateway answers), then heartbeat; re-register
-        when the gateway forgot us (404). No prefix reports: vLLM's cache is its own."""
-        interval = self._deployment.heartbeat_interval_s
-        registered = False
-        refused = ""
-        url = self._control_url
-        async with httpx.AsyncClient(timeout=5.0, auth=self._auth, trust_env=False) as client:
-            while True:
-                try:
-                    if not registered:
-                        body = self.registration().model_dump()
-                        r = await client.post(f"{url}/internal/register", json=body)
-                    else:
-                        beat = Heartbeat(process=self._process_name, reports=self.reports())
-                        r = await client.post(f"{url}/internal/heartbeat", json=beat.model_dump())
-                    registered = r.status_code == 200
-                    why = "" if r.status_code in (200, 404) else f"{r.status_code} {r.text[:200]}"
-                    if why and why != refused:
-                        log.warning("gateway %s refused us: %s", url, why)
-                    refused = why
-                except httpx.HTTPError as exc:
-                    log.debug("control plane: %s", exc)
-                    registered = False
-                await asyncio.sleep(interval)
+        when the gateway forgot us (``control_plane.run_control_plane``)."""
+        await run_control_plane(
+            self._control_url,
+            self._auth,
+            self._deployment.heartbeat_interval_s,
+            log,
+            self.registration,
+            self.heartbeat,
+        )
 
 
 def _bytes_per_token(model_path: str | None, dtype: str) -> int:
