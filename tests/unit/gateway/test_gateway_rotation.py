@@ -99,3 +99,16 @@ def test_a_process_of_many_nodes_gets_a_short_stable_unique_name() -> None:
     assert name == default_process_name(nine)  # the gateway keys processes by it: restarts too
     assert name != default_process_name([*nine[:-1], "pd-d9"])
     assert default_process_name(["p0", "d0"]) == "p0+d0"
+
+
+def test_requests_failing_at_once_are_one_strike() -> None:
+    """Found by killing a node process under 40 concurrent requests: each in-flight request's
+    failure doubled the quarantine, so the restarted node stayed out for the 30 s maximum."""
+    rot = Rotation(NodeRole.DECODE)
+    for _ in range(40):
+        rot.on_unreachable("connect refused", now_s=10.0)
+    assert rot.num_strikes == 1 and rot.quarantine_until_s == 10.5
+    rot.on_report(NodeRole.DECODE, draining=False, fault="", now_s=11.0)
+    assert rot.healthy
+    rot.on_unreachable("connect refused", now_s=12.0)  # out again after readmission: a strike
+    assert rot.num_strikes == 2 and rot.quarantine_until_s == 13.0

@@ -68,6 +68,12 @@ class Rotation:
         self.silent = True
 
     def on_unreachable(self, reason: str, now_s: float) -> None:
+        if self.failure and now_s < self.quarantine_until_s:
+            # Already out: the other requests that were in flight to it fail too, at once. They
+            # are the same outage, not more strikes (40 of them took the quarantine to its 30 s
+            # maximum at once, keeping a restarted node out long after it was back).
+            self.failure = reason
+            return
         self.num_strikes += 1
         quarantine_s = min(QUARANTINE_BASE_S * 2 ** (self.num_strikes - 1), QUARANTINE_MAX_S)
         self.failure = reason
