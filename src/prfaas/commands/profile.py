@@ -400,7 +400,9 @@ def _itl_round(client: _Endpoint, prompts: list[list[int]], steps: int) -> float
 # -- entry ---------------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
     from prfaas.perf.profile_costs import cost_model_from
-    from prfaas.perf.profile_file import ProfileFileError, dump_profile_file, load_profile_text
+    from prfaas.perf.profile_file import ProfileFileError
+    from prfaas.perf.profile_read import load_profile_text
+    from prfaas.perf.profile_write import dump_profile_file
     from prfaas.perf.profiles import shipped_profile_text
 
     if not args.output.parent.is_dir():

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from prfaas.perf.profile_file import find_profile
+from prfaas.perf.profile_read import find_profile
 from prfaas.perf.profiles import DecodeFit, Profile
 from prfaas.perf.roofline import Roofline
 from prfaas.spec.hardware import HardwareSpec

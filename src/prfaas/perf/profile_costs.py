@@ -1,8 +1,8 @@
 """Cost models built from profile files: ``cost_model_from_profile_file`` (a path),
 ``cost_model_from`` (an already read ``ProfileFile``) and ``cost_model_for_hardware`` (what a
 deployment's ``hardware`` names: a preset or a profile file). Its own module so that
-``profile_file`` (the format) does not import ``cost_model``, which reads the shipped profiles
-through it. The only I/O is the profile file read when asked for.
+``profile_file`` (the format) and ``profile_read`` do not import ``cost_model``, which reads the
+shipped profiles through ``profile_read``. The only I/O is the profile file read when asked for.
 """
 
 from __future__ import annotations
@@ -10,13 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from prfaas.perf.cost_model import CostModel, cost_model_for
-from prfaas.perf.profile_file import (
-    ProfileFile,
-    hardware_spec_for,
-    is_profile_file,
-    load_profile_file,
-    model_spec_for,
-)
+from prfaas.perf.profile_file import ProfileFile, hardware_spec_for, is_profile_file, model_spec_for
+from prfaas.perf.profile_read import load_profile_file
 from prfaas.spec.model_spec import ModelSpec
 
 

@@ -3,37 +3,28 @@
 A profile file says which model and hardware it was measured for, holds the measured points
 (prefill time over new and cached prompt tokens, decode step time over batch and context; each a
 median over repeats with its spread), the model's cache layout (KV bytes per token and fixed
-state) and how it was measured. ``ProfileFile.to_profile()`` turns it into the ``Profile`` the
-``CostModel`` reads (``perf.profile_costs.cost_model_from_profile_file`` does the whole way from a
-path); ``shipped_profiles`` reads the package's own profile files. The schema is documented in
-docs/profiles.md; ``SCHEMA_VERSION`` is the only version read.
+state) and how it was measured. This module owns the format as typed sections and what they
+mean: ``ProfileFile.to_profile()`` turns it into the ``Profile`` the ``CostModel`` reads, and
+``model_spec_for`` / ``hardware_spec_for`` the specs it describes
+(``perf.profile_costs.cost_model_from_profile_file`` does the whole way from a path). Reading
+and checking a document is ``perf.profile_read`` (which also reads the package's shipped
+profiles), writing one ``perf.profile_write``. The schema is documented in docs/profiles.md;
+``SCHEMA_VERSION`` is the only version read.
 
-Pure apart from the explicit file reads and writes of ``load_profile_file`` / ``dump_profile_file``
-(PyYAML imports neither asyncio nor torch): no clock, no network.
+Pure: no I/O, no clock, no network; imports neither the reader nor the writer.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import numpy as np
-import yaml
 from scipy.optimize import nnls  # type: ignore[import-untyped]
 
 from prfaas.perf.curves import PiecewiseLinearCurve, PolynomialCurve
-from prfaas.perf.profiles import (
-    SHIPPED_PROFILE_NAMES,
-    DecodeFit,
-    DecodeProfile,
-    Profile,
-    shipped_profile_text,
-)
-from prfaas.spec.cache_spec import CacheSpec, LayerCache, LayerKind, TensorSpec
-from prfaas.spec.dtype import DType
+from prfaas.perf.profiles import DecodeFit, DecodeProfile, Profile
+from prfaas.spec.cache_spec import CacheSpec
 from prfaas.spec.hardware import HardwareSpec
 from prfaas.spec.model_spec import ModelSpec
 
@@ -136,15 +127,16 @@ class ProfileFile:
         return Profile(
             self.model.name,
             self.hardware.name,
-            _prefill_curve(self.prefill) if self.prefill is not None else None,
-            _decode_model(self.decode) if self.decode is not None else None,
+            prefill_curve(self.prefill) if self.prefill is not None else None,
+            decode_model(self.decode) if self.decode is not None else None,
             self.note,
             label,
         )
 
 
 # -- building the cost model's pieces --------------------------------------------------------------
-def _prefill_curve(section: PrefillSection) -> PiecewiseLinearCurve | PolynomialCurve:
+def prefill_curve(section: PrefillSection) -> PiecewiseLinearCurve | PolynomialCurve:
+    """The prefill curve of ``section``; ``ProfileFileError`` if its points cannot make one."""
     if section.curve == "polynomial":
         return PolynomialCurve(section.coefficients)
     uncached = sorted((p.new_tokens, p.median_s) for p in section.points if p.cached_tokens == 0)
@@ -172,7 +164,8 @@ def fit_decode(points: Sequence[DecodePoint]) -> DecodeFit:
     return DecodeFit(base, per_request, per_token, f"least-squares fit over {len(points)} points")
 
 
-def _decode_model(section: DecodeSection) -> DecodeProfile | DecodeFit:
+def decode_model(section: DecodeSection) -> DecodeProfile | DecodeFit:
+    """The decode model of ``section``; ``ProfileFileError`` if its points cannot make one."""
     if section.model == "slo-constant":
         assert section.step_s is not None and section.max_batch is not None  # checked on read
         return DecodeProfile(section.step_s, section.max_batch, "slo-constant from profile file")
@@ -254,324 +247,9 @@ def hardware_spec_for(pf: ProfileFile) -> HardwareSpec:
     return HardwareSpec(name, 1.0, 1.0, memory, gpus_per_instance=1, source=pf.label)
 
 
-# -- reading ---------------------------------------------------------------------------------
-class _Reader:
-    """Typed field access that names the field in every error."""
-
-    def __init__(self, data: Mapping[str, Any], where: str) -> None:
-        self.data, self.where = data, where
-
-    def _fail(self, key: str, what: str) -> ProfileFileError:
-        return ProfileFileError(f"{self.where}{key}: {what}")
-
-    def get(self, key: str, kind: type | tuple[type, ...], required: bool = True) -> Any:
-        if key not in self.data or self.data[key] is None:
-            if required:
-                raise self._fail(key, "missing")
-            return None
-        value = self.data[key]
-        if isinstance(value, bool) or not isinstance(value, kind):
-            names = (
-                kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-            )
-            raise self._fail(key, f"must be {names}, got {value!r}")
-        return value
-
-    def number(self, key: str, required: bool = True, positive: bool = True) -> float | None:
-        value = self.get(key, (int, float), required)
-        if value is None:
-            return None
-        if not math.isfinite(value) or (value <= 0 if positive else value < 0):
-            raise self._fail(key, f"must be a {'positive' if positive else 'non-negative'} "
-                             f"finite number, got {value!r}")  # fmt: skip
-        return float(value)
-
-    def count(self, key: str, required: bool = True, minimum: int = 1) -> int | None:
-        value = self.get(key, int, required)
-        if value is not None and value < minimum:
-            raise self._fail(key, f"must be an integer >= {minimum}, got {value!r}")
-        return value  # type: ignore[no-any-return]
-
-    def section(self, key: str, required: bool = True) -> _Reader | None:
-        value = self.get(key, dict, required)
-        return None if value is None else _Reader(value, f"{self.where}{key}.")
-
-    def items(self, key: str) -> list[_Reader]:
-        value = self.get(key, list, required=False) or []
-        out = []
-        for i, item in enumerate(value):
-            if not isinstance(item, dict):
-                raise self._fail(f"{key}[{i}]", f"must be a mapping, got {item!r}")
-            out.append(_Reader(item, f"{self.where}{key}[{i}]."))
-        return out
-
-
-def _spread(r: _Reader) -> float | None:
-    return r.number("spread_s", required=False, positive=False)
-
-
-def _read_prefill(r: _Reader) -> PrefillSection:
-    curve = r.get("curve", str)
-    if curve not in PREFILL_CURVES:
-        raise ProfileFileError(f"{r.where}curve: must be one of {', '.join(PREFILL_CURVES)}, "
-                               f"got {curve!r}")  # fmt: skip
-    points = tuple(
-        PrefillPoint(
-            p.count("new_tokens"),  # type: ignore[arg-type]
-            p.count("cached_tokens", minimum=0),  # type: ignore[arg-type]
-            p.number("median_s"),  # type: ignore[arg-type]
-            _spread(p),
-            p.count("repeats", required=False),
-        )
-        for p in r.items("points")
-    )
-    coefficients: tuple[float, ...] = ()
-    if curve == "polynomial":
-        raw = r.get("coefficients", list)
-        if not raw or any(isinstance(c, bool) or not isinstance(c, int | float) for c in raw):
-            raise ProfileFileError(f"{r.where}coefficients: must be a list of numbers")
-        coefficients = tuple(float(c) for c in raw)
-    section = PrefillSection(curve, points, coefficients)
-    _prefill_curve(section)  # a bad set of points is an error of the file, named on read
-    return section
-
-
-def _read_decode(r: _Reader) -> DecodeSection:
-    model = r.get("model", str)
-    if model not in DECODE_MODELS:
-        raise ProfileFileError(f"{r.where}model: must be one of {', '.join(DECODE_MODELS)}, "
-                               f"got {model!r}")  # fmt: skip
-    points = tuple(
-        DecodePoint(
-            p.count("batch"),  # type: ignore[arg-type]
-            p.count("context_tokens", minimum=0),  # type: ignore[arg-type]
-            p.number("median_s"),  # type: ignore[arg-type]
-            _spread(p),
-            p.count("repeats", required=False),
-        )
-        for p in r.items("points")
-    )
-    if model == "slo-constant":
-        section = DecodeSection(model, r.number("step_s"), r.count("max_batch"), points)
-    else:
-        section = DecodeSection(model, None, None, points)
-    _decode_model(section)
-    return section
-
-
-def _read_tensor(r: _Reader) -> TensorSpec:
-    shape = r.get("shape", list)
-    if not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
-        raise ProfileFileError(f"{r.where}shape: must be a list of positive integers")
-    try:
-        return TensorSpec(r.get("name", str), tuple(shape), DType.parse(r.get("dtype", str)))
-    except ValueError as exc:
-        raise ProfileFileError(f"{r.where}dtype: {exc}") from None
-
-
-def _read_cache(r: _Reader) -> CacheSpec:
-    layers = []
-    for layer in r.items("layers"):
-        try:
-            kind = LayerKind(layer.get("kind", str))
-            layers.append(
-                LayerCache(
-                    kind,
-                    tuple(_read_tensor(t) for t in layer.items("per_token")),
-                    tuple(_read_tensor(t) for t in layer.items("fixed")),
-                    layer.count("window_tokens", required=False),
-                )
-            )
-        except ValueError as exc:
-            if isinstance(exc, ProfileFileError):
-                raise
-            raise ProfileFileError(f"{layer.where[:-1]}: {exc}") from None
-    if not layers:
-        raise ProfileFileError(f"{r.where}layers: missing")
-    return CacheSpec(tuple(layers))
-
-
-def _read_model(r: _Reader) -> ModelSection:
-    cache = r.section("cache", required=False)
-    return ModelSection(
-        r.get("name", str),
-        _read_cache(cache) if cache is not None else None,
-        r.number("params", required=False),
-        r.number("active_params", required=False),
-        r.count("hidden_size", required=False),
-        r.count("num_attention_heads", required=False),
-        r.count("attention_head_dim", required=False),
-        r.number("weight_bytes_per_param", required=False),
-        r.count("max_context_tokens", required=False),
-    )
-
-
-def profile_file_from_dict(data: Any, origin: str) -> ProfileFile:
-    """Validate a parsed document; every error names its field (``prefill.points[2].median_s``)."""
-    if not isinstance(data, dict):
-        raise ProfileFileError(f"{origin}: not a profile file (a YAML mapping is expected)")
-    version = data.get("version")
-    if version != SCHEMA_VERSION:
-        raise ProfileFileError(
-            f"{origin}: unsupported profile version {version!r} (this prfaas reads version "
-            f"{SCHEMA_VERSION})"
-        )
-    r = _Reader(data, f"{origin}: ")
-    model = r.section("model")
-    hardware = r.section("hardware")
-    assert model is not None and hardware is not None
-    prefill = r.section("prefill", required=False)
-    decode = r.section("decode", required=False)
-    measured = r.get("measured_with", dict, required=False) or {}
-    return ProfileFile(
-        _read_model(model),
-        HardwareSection(hardware.get("name", str), hardware.number("memory_bytes_per_instance",
-                                                                   required=False)),
-        _read_prefill(prefill) if prefill is not None else None,
-        _read_decode(decode) if decode is not None else None,
-        tuple((str(k), str(v)) for k, v in measured.items()),
-        r.get("note", str, required=False) or "",
-        origin,
-    )  # fmt: skip
-
-
-def load_profile_file(path: Path) -> ProfileFile:
-    """Read and validate the profile at ``path``; ``ProfileFileError`` names what is wrong."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ProfileFileError(f"cannot read profile file {path}: {reason}") from None
-    return load_profile_text(text, str(path))
-
-
-def load_profile_text(text: str, origin: str) -> ProfileFile:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ProfileFileError(f"{origin}: not valid YAML ({first})") from None
-    return profile_file_from_dict(data, origin)
-
-
-# -- writing ---------------------------------------------------------------------------------
-def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in d.items() if v is not None and v != () and v != []}
-
-
-def _tensor_dict(t: TensorSpec) -> dict[str, Any]:
-    return {"name": t.name, "shape": list(t.shape), "dtype": t.dtype.value}
-
-
-def cache_to_dict(cache: CacheSpec) -> dict[str, Any]:
-    layers = [
-        _drop_none(
-            {
-                "kind": la.kind.value,
-                "per_token": [_tensor_dict(t) for t in la.per_token] or None,
-                "fixed": [_tensor_dict(t) for t in la.fixed] or None,
-                "window_tokens": la.window_tokens,
-            }
-        )
-        for la in cache.layers
-    ]
-    return {
-        # Summary for readers; the reader derives both again from ``layers``.
-        "full_attention_bytes_per_token": cache.full_attention_bytes_per_token,
-        "fixed_bytes": cache.fixed_bytes,
-        "layers": layers,
-    }
-
-
-def profile_file_to_dict(pf: ProfileFile) -> dict[str, Any]:
-    m = pf.model
-    model = _drop_none(
-        {
-            "name": m.name,
-            "params": m.params,
-            "active_params": m.active_params,
-            "hidden_size": m.hidden_size,
-            "num_attention_heads": m.num_attention_heads,
-            "attention_head_dim": m.attention_head_dim,
-            "weight_bytes_per_param": m.weight_bytes_per_param,
-            "max_context_tokens": m.max_context_tokens,
-            "cache": cache_to_dict(m.cache) if m.cache is not None else None,
-        }
-    )
-    out: dict[str, Any] = {
-        "version": SCHEMA_VERSION,
-        "model": model,
-        "hardware": _drop_none(
-            {
-                "name": pf.hardware.name,
-                "memory_bytes_per_instance": pf.hardware.memory_bytes_per_instance,
-            }
-        ),
-        "measured_with": {str(k): str(v) for k, v in pf.measured_with},
-        "note": pf.note,
-        "prefill": None,
-        "decode": None,
-    }  # fmt: skip
-    if pf.prefill is not None:
-        out["prefill"] = _drop_none(
-            {
-                "curve": pf.prefill.curve,
-                "coefficients": list(pf.prefill.coefficients) or None,
-                "points": [_drop_none(_point_dict(p)) for p in pf.prefill.points] or None,
-            }
-        )
-    if pf.decode is not None:
-        out["decode"] = _drop_none(
-            {
-                "model": pf.decode.model,
-                "step_s": pf.decode.step_s,
-                "max_batch": pf.decode.max_batch,
-                "points": [_drop_none(_point_dict(p)) for p in pf.decode.points] or None,
-            }
-        )
-    return out
-
-
-def _point_dict(p: PrefillPoint | DecodePoint) -> dict[str, Any]:
-    return {name: getattr(p, name) for name in p.__slots__}
-
-
-def dump_profile_text(pf: ProfileFile) -> str:
-    header = (
-        f"# prfaas profile, schema version {SCHEMA_VERSION} (docs/profiles.md).\n"
-        "# prefill: null / decode: null mean the roofline of the (preset) hardware answers.\n"
-    )
-    return header + yaml.safe_dump(profile_file_to_dict(pf), sort_keys=False, width=100)
-
-
-def dump_profile_file(pf: ProfileFile, path: Path) -> None:
-    """Write ``pf`` to ``path`` (through a temporary file: never a half-written profile)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(dump_profile_text(pf), encoding="utf-8")
-    tmp.replace(path)
-
-
 PROFILE_FILE_SUFFIXES = (".yaml", ".yml")
 
 
 def is_profile_file(hardware: str) -> bool:
     """A deployment's ``hardware`` names a profile file (else a hardware preset)."""
     return hardware.endswith(PROFILE_FILE_SUFFIXES)
-
-
-_SHIPPED: dict[tuple[str, str], Profile] = {}
-
-
-def shipped_profiles() -> dict[tuple[str, str], Profile]:
-    """Every shipped profile by (model, hardware), read from the package's files once."""
-    if not _SHIPPED:
-        for name in SHIPPED_PROFILE_NAMES:
-            pf = load_profile_text(shipped_profile_text(name), f"preset:{name}")
-            _SHIPPED[(pf.model.name, pf.hardware.name)] = pf.to_profile()
-    return _SHIPPED
-
-
-def find_profile(model: str, hardware: str) -> Profile | None:
-    """The shipped profile of (model, hardware), or None (the cost model uses the roofline)."""
-    return shipped_profiles().get((model, hardware))

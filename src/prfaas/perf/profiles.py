@@ -1,9 +1,9 @@
 """Profiles: (model, hardware) -> prefill curve and decode model, and the shipped ones.
 
 The shipped profiles are profile files (``perf/data/<model>@<hardware>.yaml``, the format of
-``perf.profile_file``, whose ``shipped_profiles`` reads them once on first use); each says where
-its numbers come from. Entries marked ASSUMPTION were inferred, not measured (PAPER.md,
-"Constants the paper does not publish").
+``perf.profile_file``; ``perf.profile_read.shipped_profiles`` reads them once on first use);
+each says where its numbers come from. Entries marked ASSUMPTION were inferred, not measured
+(PAPER.md, "Constants the paper does not publish").
 Pure: the only I/O is reading this package's own data files.
 """
 

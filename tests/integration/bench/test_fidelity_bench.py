@@ -124,7 +124,7 @@ def test_tiny_run_end_to_end(tmp_path: Path) -> None:
     with pytest.raises(ProfileFileError, match="unknown model"):
         cost_model_for_hardware("not-the-profiled-model", hardware[0])
     # profiled as the engine prefills with checkpoints: passes ending on every block boundary
-    from prfaas.perf.profile_file import load_profile_file
+    from prfaas.perf.profile_read import load_profile_file
 
     measured = dict(load_profile_file(Path(hardware[0])).measured_with)
     assert measured["pass_tokens"] == str(d.engine.block_tokens)

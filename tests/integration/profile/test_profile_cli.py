@@ -16,7 +16,7 @@ import pytest
 
 from prfaas.cli import main
 from prfaas.perf.profile_costs import cost_model_from_profile_file
-from prfaas.perf.profile_file import load_profile_file
+from prfaas.perf.profile_read import load_profile_file
 
 SMALL_GRID = ["--new-tokens", "16", "48", "--cached-tokens", "0", "16",
               "--batch-sizes", "1", "2", "--contexts", "16", "32", "--repeats", "2",

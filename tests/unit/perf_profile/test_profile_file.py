@@ -19,10 +19,9 @@ from prfaas.perf.profile_file import (
     PrefillSection,
     ProfileFile,
     ProfileFileError,
-    dump_profile_file,
-    load_profile_file,
-    load_profile_text,
 )
+from prfaas.perf.profile_read import load_profile_file, load_profile_text
+from prfaas.perf.profile_write import dump_profile_file
 from prfaas.perf.profiles import SHIPPED_PROFILE_NAMES, shipped_profile_text
 from prfaas.spec import get_model
 
