@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _processes(path: Path) -> dict[str, Any] | None:
     """The supervisor's state file ``prfaas up`` keeps beside the resolved file, if any."""
-    from prfaas.serve.launcher import PROCESSES_NAME
+    from prfaas.serve.processes_file import PROCESSES_NAME
 
     state = path.resolve().parent / PROCESSES_NAME
     try:

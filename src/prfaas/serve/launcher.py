@@ -15,18 +15,17 @@ zombies, no signal to a recycled id), and starts
 members of the desired set again with backoff; a member that keeps dying is reported and left
 down. ``remove(name)`` takes a member out of the set before stopping it. Without a policy deaths are
 reaped and reported, not restarted (what fault-injection tests want). The state of every member is
-written to ``workdir/processes.json`` on each change (``prfaas status`` shows it).
+written to ``workdir/processes.json`` on each change (``serve.processes_file``; ``prfaas status``
+shows it).
 
 Every child runs in its own session (process group): stopping kills each group, SIGTERM then
 SIGKILL after a grace period, so nothing is left behind even if a child spawned helpers; a
-namespaced testbed is torn down. Each child's stdout/stderr goes through a pipe into a size-capped,
-rotated ``NAME.log`` (``serve.childlog``).
+namespaced testbed (``netns: true``, ``serve.launch_netns``) is torn down. Each child's
+stdout/stderr goes through a pipe into a size-capped, rotated ``NAME.log`` (``serve.childlog``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
 import signal
@@ -48,7 +47,10 @@ import yaml
 from prfaas.config import DeploymentConfig
 from prfaas.serve.childlog import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, LogPump, RotatingLog
 from prfaas.serve.control_client import ControlClient, GatewayUnreachable
+from prfaas.serve.launch_errors import LaunchCancelled, LaunchError
+from prfaas.serve.launch_netns import namespaced, namespaced_argv
 from prfaas.serve.process_group import ChildGroup, terminate
+from prfaas.serve.processes_file import write_processes_file
 from prfaas.serve.supervisor import (
     Event,
     EventKind,
@@ -68,16 +70,7 @@ VLLM_READY_MARGIN_S = 30.0
 WATCH_PERIOD_S = 0.1
 POLL_PERIOD_S = 0.1
 RESOLVED_NAME = "deployment.resolved.yaml"
-PROCESSES_NAME = "processes.json"
 log = logging.getLogger("prfaas.launcher")
-
-
-class LaunchError(RuntimeError):
-    """The deployment did not come up; the message says which process and shows its log tail."""
-
-
-class LaunchCancelled(LaunchError):
-    """``cancel()`` was called during start-up (Ctrl-C, SIGTERM): what was started is stopped."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -114,7 +107,8 @@ class Launcher:
     ) -> None:
         self.testbed: Any = None
         if deployment.netns:
-            deployment = self._network(deployment)
+            # The PrfaaS site in its own namespace behind a shaped veth (``serve.launch_netns``).
+            self.testbed, deployment = namespaced(deployment)
         self.deployment = _resolved(deployment)
         self.workdir = workdir
         self.process_per_node = process_per_node or any(
@@ -138,33 +132,6 @@ class Launcher:
         bookkeeping and leave the child running after ``stop()``."""
         self._watcher: threading.Thread | None = None
         self._control: ControlClient | None = None
-
-    def _network(self, d: DeploymentConfig) -> DeploymentConfig:
-        """Put the PrfaaS site in its own network namespace, joined to this one (the PD site and
-        the gateway) by a veth whose PrfaaS -> PD direction is tbf-shaped to the link's emulated
-        rate, with the link's RTT from a userspace delay line (``prfaas.testbed``). The gateway
-        and PD workers then listen on this side's veth address."""
-        from prfaas.testbed import TwoSiteTestbed, unavailable_reason
-
-        remote = [s for s in d.sites if s.kind == "prfaas"]
-        if len(remote) != 1:
-            raise LaunchError("netns: true places exactly one PrfaaS site in a namespace")
-        reason = unavailable_reason()
-        if reason is not None:
-            raise LaunchError(f"netns: true: {reason}")
-        link = d.link_to_home(remote[0].name)
-        assert link is not None
-        eng = d.engine
-        scale = eng.byte_divisor * (eng.time_scale if eng.kind == "timed" else 1.0)
-        self.testbed = TwoSiteTestbed(
-            rate_mbit=link.gbps * 1000 / scale,
-            one_way_delay_s=link.rtt_ms / 2000 * (eng.time_scale if eng.kind == "timed" else 1.0),
-            tcp_mem_max_bytes=64 << 20,
-            b_in_root=True,
-        )
-        self.testbed.setup()
-        gateway = d.gateway.model_copy(update={"host": self.testbed.ip_b})
-        return d.model_copy(update={"gateway": gateway})
 
     @property
     def url(self) -> str:
@@ -267,10 +234,7 @@ class Launcher:
         args = self._args[name]
         cmd = [sys.executable, "-m", "prfaas.cli", "serve", "--config", str(self.config_path)]
         if self.testbed is not None and name != "gateway":
-            site = self.deployment.site_of(args[args.index("--node") + 1])
-            ns = "a" if site.kind == "prfaas" else "b"
-            args = [*args, "--host", self.testbed.ip_a if ns == "a" else self.testbed.ip_b]
-            cmd = self.testbed.netns_argv(ns, cmd)
+            cmd, args = namespaced_argv(self.testbed, self.deployment, cmd, args)
         log_ = self._logs.get(name)
         if log_ is None:
             log_ = self._logs[name] = RotatingLog(self.workdir / f"{name}.log", *self._log_cap)
@@ -403,34 +367,9 @@ class Launcher:
             return self.supervisor.status()
 
     def _write_processes(self, stopped: bool = False) -> None:
-        doc = {
-            "launcher_pid": os.getpid(),
-            "stopped": stopped,
-            "processes": [
-                {
-                    "name": m.name,
-                    "state": "stopped" if stopped else m.state.value,
-                    "pid": None if stopped else m.pid,
-                    "restarts": max(0, m.num_starts - 1),
-                    "last_exit": m.last_exit,
-                    "log": str(self._logs[m.name].path) if m.name in self._logs else None,
-                }
-                for m in self.supervisor.status()
-            ],
-            "events": [
-                {
-                    "at_unix_s": round(at, 3),
-                    "member": e.member,
-                    "kind": e.kind.value,
-                    "detail": e.detail,
-                }
-                for at, e in list(self.events)[-20:]
-            ],
-        }
-        tmp = self.workdir / f".{PROCESSES_NAME}.tmp"
-        with contextlib.suppress(OSError):
-            tmp.write_text(json.dumps(doc, indent=1))
-            tmp.replace(self.workdir / PROCESSES_NAME)
+        write_processes_file(
+            self.workdir, self.supervisor.status(), self._logs, self.events, stopped
+        )
 
     def child(self, name: str) -> Child:
         with self._lock:
