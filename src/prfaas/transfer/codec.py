@@ -1,9 +1,10 @@
 """Sans-I/O connection: bytes in -> events out, frames in -> bytes out, one state machine.
 
 ``Connection`` owns a connection's framing and its state (``ConnState``, changed only through the
-one ``TRANSITIONS`` table) including the HMAC handshake, and the MAC of every frame after it: each
-end derives per-direction keys from the handshake (``mac``), tags every frame it sends and verifies
-every frame it receives, in wire order (the sequence number is the GCM IV). It touches no socket
+one ``TRANSITIONS`` table of ``conn_state``) including the HMAC handshake (its proofs and keys:
+``handshake``), and the MAC of every frame after it: each end derives per-direction keys from the
+handshake (``mac``), tags every frame it sends and verifies every frame it receives, in wire order
+(the sequence number is the GCM IV). It touches no socket
 and no clock: a driver (asyncio engine, in-memory transport, test) feeds it bytes split at any
 boundary through either
 ``receive_data(bytes)`` or the zero-copy pair ``get_buffer()`` / ``buffer_updated(n)`` (the shape
@@ -22,13 +23,12 @@ Only ``ProtocolError`` (and its subclasses) escapes for bad input. Pure: no asyn
 from __future__ import annotations
 
 import enum
-import hashlib
-import hmac
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from prfaas.transfer import frames as F
+from prfaas.transfer.conn_state import TRANSITIONS, ConnState, Dir, Role
 from prfaas.transfer.errors import (
     AbortCode,
     AuthenticationFailed,
@@ -37,51 +37,14 @@ from prfaas.transfer.errors import (
     LocalProtocolError,
     ProtocolError,
 )
-from prfaas.transfer.mac import FrameMac, GmacStream, derive_keys, tags_equal
-
-
-class Role(enum.Enum):
-    INITIATOR = "initiator"
-    """Dials out; sends sessions (the KV sender)."""
-    ACCEPTOR = "acceptor"
-    """Listens; receives sessions (the KV receiver)."""
-
-
-class ConnState(enum.Enum):
-    AWAIT_HELLO = "await_hello"
-    HELLO_SENT = "hello_sent"
-    CHALLENGE_SENT = "challenge_sent"
-    AUTH_SENT = "auth_sent"
-    READY = "ready"
-    CLOSED = "closed"
-    """A connection-level ABORT was sent or received."""
-    FAILED = "failed"
-    """The peer violated the protocol; nothing more is read."""
-
-
-class Dir(enum.Enum):
-    SEND = "send"
-    RECV = "recv"
-
-
-_I, _A = Role.INITIATOR, Role.ACCEPTOR
-_S, _R = Dir.SEND, Dir.RECV
-_T = F.FrameType
-_C = ConnState
-# The one transition table: (role, state, direction, frame type) -> next state. Anything absent is
-# a protocol violation (received) or a caller bug (sent). A connection-level ABORT (session 0)
-# always leads to CLOSED and is handled before the table; session ABORTs keep the state.
-TRANSITIONS: dict[tuple[Role, ConnState, Dir, F.FrameType], ConnState] = {
-    (_I, _C.AWAIT_HELLO, _S, _T.HELLO): _C.HELLO_SENT,
-    (_I, _C.HELLO_SENT, _R, _T.CHALLENGE): _C.AUTH_SENT,  # proof checked, AUTH queued
-    (_I, _C.AUTH_SENT, _R, _T.READY): _C.READY,
-    **{(_I, _C.READY, _S, t): _C.READY for t in (_T.OPEN, _T.CHUNK, _T.END, _T.ABORT)},
-    **{(_I, _C.READY, _R, t): _C.READY for t in (_T.ACCEPT, _T.ACK, _T.COMPLETE, _T.ABORT)},
-    (_A, _C.AWAIT_HELLO, _R, _T.HELLO): _C.CHALLENGE_SENT,  # CHALLENGE queued
-    (_A, _C.CHALLENGE_SENT, _R, _T.AUTH): _C.READY,  # proof checked, READY queued
-    **{(_A, _C.READY, _R, t): _C.READY for t in (_T.OPEN, _T.CHUNK, _T.END, _T.ABORT)},
-    **{(_A, _C.READY, _S, t): _C.READY for t in (_T.ACCEPT, _T.ACK, _T.COMPLETE, _T.ABORT)},
-}
+from prfaas.transfer.handshake import (
+    FrameMacs,
+    acceptor_challenge,
+    acceptor_macs,
+    initiator_auth,
+    initiator_proof_valid,
+)
+from prfaas.transfer.mac import FrameMac, GmacStream, tags_equal
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +75,6 @@ ChunkSink = Callable[[F.Chunk], memoryview | None]
 """Given a chunk's meta, return a writable view of exactly ``chunk.length`` bytes for its payload,
 or None to discard the payload (e.g. its session was aborted). May raise ProtocolError."""
 
-_LABEL = b"prfaas-kv-v2 "
 _EMPTY = memoryview(b"")
 _SCRATCH_BYTES = 16 << 10
 _DISCARD_BYTES = 256 << 10
@@ -120,12 +82,6 @@ PRE_AUTH_BUFFER_BYTES = 1024
 """A connection's whole receive buffer until the peer is authenticated (>= the largest pre-auth
 frame, ``frames.PRE_AUTH_FRAME_BYTES``)."""
 assert F.PRE_AUTH_FRAME_BYTES <= PRE_AUTH_BUFFER_BYTES
-
-
-def proof(psk: bytes, who: bytes, first_nonce: bytes, second_nonce: bytes, peer_id: bytes) -> bytes:
-    """HMAC-SHA256 over a role label, both nonces and the initiator's peer id."""
-    msg = _LABEL + who + first_nonce + second_nonce + peer_id
-    return hmac.new(psk, msg, hashlib.sha256).digest()
 
 
 class _Phase(enum.Enum):
@@ -176,7 +132,7 @@ class Connection:
         self._body_len = 0
         self._chunk: F.Chunk | None = None
         self._sink: memoryview | None = None
-        self._keys: tuple[FrameMac, FrameMac] | None = None  # (send, receive), once derived
+        self._keys: FrameMacs | None = None  # (send, receive), once derived
         self._tx_mac: FrameMac | None = None  # set when READY: every later frame is tagged
         self._rx_mac: FrameMac | None = None
         self._stream: GmacStream | None = None  # the MAC of the chunk now arriving
@@ -487,26 +443,18 @@ class Connection:
 
     def _on_hello(self, hello: F.Hello) -> None:
         self.peer_id, self.peer_name, self._peer_nonce = hello.peer_id, hello.name, hello.nonce
-        mine = proof(self._psk, b"acceptor", hello.nonce, self._nonce, hello.peer_id)
-        self._outbox += F.encode_frame(F.Challenge(self._nonce, mine))
+        self._outbox += F.encode_frame(acceptor_challenge(self._psk, hello, self._nonce))
 
     def _on_challenge(self, ch: F.Challenge) -> None:
-        expected = proof(self._psk, b"acceptor", self._nonce, ch.nonce, self.peer_id)
-        if not hmac.compare_digest(expected, ch.proof):
-            raise AuthenticationFailed("the acceptor does not know our pre-shared key")
-        mine = proof(self._psk, b"initiator", ch.nonce, self._nonce, self.peer_id)
-        self._outbox += F.encode_frame(F.Auth(mine))
-        keys = derive_keys(self._psk, self._nonce, ch.nonce, self.peer_id)
-        self._keys = FrameMac(keys.initiator_to_acceptor), FrameMac(keys.acceptor_to_initiator)
+        auth, self._keys = initiator_auth(self._psk, self._nonce, self.peer_id, ch)
+        self._outbox += F.encode_frame(auth)
 
     def _on_auth(self, auth: F.Auth) -> None:
-        expected = proof(self._psk, b"initiator", self._nonce, self._peer_nonce, self.peer_id)
-        if not hmac.compare_digest(expected, auth.proof):
+        if not initiator_proof_valid(self._psk, self._nonce, self._peer_nonce, self.peer_id, auth):
             self._outbox += F.encode_frame(F.Abort(0, AbortCode.AUTH, "authentication failed"))
             raise AuthenticationFailed("the initiator does not know our pre-shared key")
         self._outbox += F.encode_frame(F.Ready())
-        keys = derive_keys(self._psk, self._peer_nonce, self._nonce, self.peer_id)
-        self._keys = FrameMac(keys.acceptor_to_initiator), FrameMac(keys.initiator_to_acceptor)
+        self._keys = acceptor_macs(self._psk, self._nonce, self._peer_nonce, self.peer_id)
         self._start_tagging()
         self._events.append(Authenticated(self.peer_id, self.peer_name))
 
@@ -515,3 +463,17 @@ class Connection:
         assert self._keys is not None
         self._tx_mac, self._rx_mac = self._keys
         self._compact(_SCRATCH_BYTES)
+
+
+# ``Role`` and ``ConnState`` belong to ``conn_state``; the engine's sender and receiver import them
+# from here with the ``Connection`` they describe.
+__all__ = [
+    "PRE_AUTH_BUFFER_BYTES",
+    "Authenticated",
+    "ChunkReceived",
+    "ChunkSink",
+    "ConnState",
+    "Connection",
+    "Event",
+    "Role",
+]

@@ -13,15 +13,8 @@ from hypothesis import strategies as st
 
 from prfaas.spec import get_model
 from prfaas.transfer import frames as F
-from prfaas.transfer.codec import (
-    PRE_AUTH_BUFFER_BYTES,
-    TRANSITIONS,
-    Authenticated,
-    ChunkReceived,
-    Connection,
-    ConnState,
-    Role,
-)
+from prfaas.transfer.codec import PRE_AUTH_BUFFER_BYTES, Authenticated, ChunkReceived, Connection
+from prfaas.transfer.conn_state import TRANSITIONS, ConnState, Role
 from prfaas.transfer.errors import (
     AbortCode,
     AuthenticationFailed,
