@@ -7,13 +7,11 @@ as they would on the wall clock."""
 from __future__ import annotations
 
 import asyncio
-import math
-import selectors
-from collections.abc import Coroutine
 from typing import Any
 
 import pytest
 
+from jumping_clock import run_virtual
 from prfaas.core.clock import LoopClock
 from prfaas.engine import LayoutManifest, PrefillRequest, SamplingParams
 from prfaas.engine.timed import PrefillBatchStart, TimedConfig, TimedEngine
@@ -25,42 +23,6 @@ from prfaas.sim.scenario import SimScenario, SiteConfig
 from prfaas.workload import SimRequestSpec
 
 pytestmark = pytest.mark.timeout(60)
-
-
-class _JumpingSelector(selectors.DefaultSelector):
-    """Never sleeps: when nothing is ready, the loop's clock jumps by the timeout asked for."""
-
-    def __init__(self, loop: _VirtualTimeLoop) -> None:
-        super().__init__()
-        self._loop = loop
-
-    def select(self, timeout: float | None = None) -> list[Any]:
-        ready = super().select(0)
-        if not ready:
-            if timeout is None:
-                raise RuntimeError("deadlock: nothing ready and no timer")
-            now = self._loop.virtual_s
-            # Always forward: a timeout below the clock's resolution still moves it one ulp
-            # (a clock read through an offset could otherwise wait for ever).
-            self._loop.virtual_s = max(now + timeout, math.nextafter(now, math.inf))
-        return ready
-
-
-class _VirtualTimeLoop(asyncio.SelectorEventLoop):
-    def __init__(self) -> None:
-        self.virtual_s = 0.0
-        super().__init__(_JumpingSelector(self))
-
-    def time(self) -> float:
-        return self.virtual_s
-
-
-def _run(coro: Coroutine[Any, Any, None]) -> None:
-    loop = _VirtualTimeLoop()
-    try:
-        loop.run_until_complete(coro)
-    finally:
-        loop.close()
 
 
 def _sim(specs: list[SimRequestSpec], **kw: Any) -> list[SimRequest]:
@@ -117,7 +79,7 @@ def test_prefill_batches_are_the_simulators(token_budget: int) -> None:
 
         await asyncio.gather(*(one(s) for s in specs))
 
-    _run(main())
+    run_virtual(main())
     assert [b.request_ids for b in got] == [ids for _, ids in expected]
     assert [b.start_s for b in got] == pytest.approx([s for s, _ in expected], rel=1e-9)
     assert max(len(b.request_ids) for b in got) >= 3  # batching happened, not one by one
@@ -168,7 +130,7 @@ def test_prefill_layers_follow_the_batch_and_an_abandoned_member_keeps_its_slot(
         assert seen["b"][0] == pytest.approx(second.start_s + second.duration_s / n_layers)
         assert len(seen["b"]) == n_layers + 1  # every layer, then the result
 
-    _run(main())
+    run_virtual(main())
     assert len(starts) == 2  # "gone" never started
 
 
@@ -209,7 +171,7 @@ def test_decode_joins_are_the_simulators() -> None:
 
         await asyncio.gather(decode_loop(), *(arrive(r) for r in sim))
 
-    _run(main())
+    run_virtual(main())
     sim_order = [f"r{r.index}" for r in sorted(sim, key=lambda r: (r.decode_start_s, r.index))]
     assert sorted(joined, key=lambda rid: (joined[rid], int(rid[1:]))) == sim_order
     for r in sim:
@@ -240,4 +202,4 @@ def test_decode_admission_memory_and_batch_limits() -> None:
         await small.step_async()
         assert (small.num_batched, small.num_running) == (0, 0)
 
-    _run(main())
+    run_virtual(main())

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import selectors
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -14,46 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from jumping_clock import run_virtual
 from prfaas.spec import CacheSpec, DType, LayerCache
 from prfaas.transfer import Link, LinkCounters, Manifest, Receiver, TransferConfig
 from prfaas.transfer.pacing import TokenBucket
 from transfer_helpers import KEY, Allocator
 
 pytestmark = pytest.mark.timeout(60)
-
-
-class _JumpingSelector(selectors.DefaultSelector):
-    """Never sleeps: when nothing is ready, the loop's clock jumps by the timeout asked for."""
-
-    def __init__(self, loop: _VirtualTimeLoop) -> None:
-        super().__init__()
-        self._loop = loop
-
-    def select(self, timeout: float | None = None) -> list[Any]:
-        ready = super().select(0)
-        if not ready:
-            if timeout is None:
-                raise RuntimeError("deadlock: nothing ready and no timer")
-            now = self._loop.virtual_s
-            self._loop.virtual_s = max(now + timeout, math.nextafter(now, math.inf))
-        return ready
-
-
-class _VirtualTimeLoop(asyncio.SelectorEventLoop):
-    def __init__(self) -> None:
-        self.virtual_s = 0.0
-        super().__init__(_JumpingSelector(self))
-
-    def time(self) -> float:
-        return self.virtual_s
-
-
-def _run(coro: Coroutine[Any, Any, None]) -> None:
-    loop = _VirtualTimeLoop()
-    try:
-        loop.run_until_complete(coro)
-    finally:
-        loop.close()
 
 
 RATE = 100_000.0  # payload bytes/s
@@ -109,7 +75,7 @@ def test_oversupply_is_pacer_limited_throughout() -> None:
         assert c1.backlogged_s - c0.backlogged_s == pytest.approx(elapsed, abs=0.02)
         assert c1.link_limited_s == pytest.approx(c1.pacer_limited_s)
 
-    _run(main())
+    run_virtual(main())
 
 
 def test_a_producer_slower_than_the_rate_is_never_pacer_limited() -> None:
@@ -128,7 +94,7 @@ def test_a_producer_slower_than_the_rate_is_never_pacer_limited() -> None:
         assert c1.pacer_limited_s - c0.pacer_limited_s == 0.0
         assert c1.backlogged_s - c0.backlogged_s < 0.01
 
-    _run(main())
+    run_virtual(main())
 
 
 def test_unpaced_memory_link_is_never_pacer_limited() -> None:
@@ -142,7 +108,7 @@ def test_unpaced_memory_link_is_never_pacer_limited() -> None:
         _, c1, _, _ = await _paced(produce, rate=None)
         assert c1.pacer_limited_s == 0.0 and c1.backlogged_s < 0.01
 
-    _run(main())
+    run_virtual(main())
 
 
 def _union_s(spans: list[tuple[float, float]], now_s: float) -> float:
