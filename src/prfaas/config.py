@@ -180,6 +180,19 @@ class EngineConfig(_Strict):
             raise ValueError(f"engine kind {self.kind!r} needs model_path")
         return self
 
+    # Only the emulated engine scales time and bytes; a real engine (torch, vLLM) computes and
+    # sends real bytes in real time, whatever ``time_scale`` / ``byte_divisor`` say. The node's
+    # pacer and the gateway's registry convert with these two, so they cannot disagree.
+    @property
+    def wall_s_per_modelled_s(self) -> float:
+        """Wall seconds per modelled second (``time_scale`` for timed engines, else 1)."""
+        return self.time_scale if self.kind == "timed" else 1.0
+
+    @property
+    def real_bytes_per_payload_byte(self) -> int:
+        """Real KV bytes one sent byte stands for (``byte_divisor`` for timed engines, else 1)."""
+        return self.byte_divisor if self.kind == "timed" else 1
+
 
 class TLSConfig(_Strict):
     """TLS around every inter-node KV connection (the PSK handshake still runs inside it)."""
