@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import random
 import subprocess
-import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import httpx
 import pytest
+from link_helpers import link_deployment
+from link_helpers import wave as send_wave
 from live_helpers import control, launched, routes
 
-from prfaas.config import DeploymentConfig
 from prfaas.testbed import unavailable_reason
 
 pytestmark = pytest.mark.timeout(150)
@@ -33,29 +31,7 @@ DEGRADED_GBPS = 1.0
 """Modelled (5 Mbit/s on the veth). The H200 node emits ~3 Gbps (modelled) of KV while it
 prefills, so the offered KV rate is above this, and the sender is not paced at all."""
 SCALE = 1000 * 0.2  # byte_divisor x time_scale: modelled bytes/s per wall payload byte/s
-
-
-def _deployment() -> DeploymentConfig:
-    return DeploymentConfig.model_validate(
-        {
-            "engine": {"kind": "timed", "model": "paper-1t", "time_scale": 0.2,
-                       "byte_divisor": 1000, "token_chunk": 64},
-            "gateway": {"port": 0, "control_port": 0, "request_timeout_s": 120},
-            "policy": {"router": "prfaas", "tune_min_samples": 20, "control_interval_s": 1.0},
-            "heartbeat_interval_s": 0.1,
-            "netns": True,
-            "sites": [
-                {"name": "prfaas", "kind": "prfaas", "hardware": "h200",
-                 "nodes": [{"name": "pf0", "role": "prefill"}]},
-                {"name": "pd", "kind": "pd", "hardware": "h20",
-                 "nodes": [{"name": "p0", "role": "prefill"}, {"name": "p1", "role": "prefill"},
-                           {"name": "p2", "role": "prefill"}, {"name": "d0", "role": "decode"},
-                           {"name": "d1", "role": "decode"}]},
-            ],
-            "links": [{"src": "prfaas", "dst": "pd", "gbps": LINK_GBPS}],
-            "psk": "test-key-0123456789abcdef",
-        }
-    )  # fmt: skip
+MAX_TOKENS = 32
 
 
 def _set_tbf(namespace: str, gbps: float) -> None:
@@ -67,23 +43,6 @@ def _set_tbf(namespace: str, gbps: float) -> None:
          "rate", f"{mbit}mbit", "burst", str(burst), "latency", "25ms"],
         check=True, capture_output=True, timeout=10,
     )  # fmt: skip
-
-
-def _send(url: str, n: int, tag: int) -> int:
-    """A prompt of ``n`` tokens whose first token is ``tag * 31 % 200``: tags 0..199 share no
-    prefix (31 is prime to 200), so no phase reuses another's cache."""
-    prompt = [(tag * 31 + i) % 200 + 1 for i in range(n)]
-    body = {"model": "paper-1t", "prompt": prompt, "max_tokens": 32}
-    return httpx.post(f"{url}/v1/completions", json=body, timeout=120).status_code
-
-
-def _wave(url: str, lengths: list[int], start_tag: int, gap_s: float = 0.1) -> list[int]:
-    with ThreadPoolExecutor(8) as pool:
-        futures = []
-        for i, n in enumerate(lengths):
-            futures.append(pool.submit(_send, url, n, start_tag + i))
-            time.sleep(gap_s)  # ~2 requests per modelled second
-        return [f.result() for f in futures]
 
 
 def _link(live: Any) -> dict[str, Any]:
@@ -107,14 +66,15 @@ def test_tbf_lowered_underneath_is_measured_and_the_tuner_follows(tmp_path: Any)
     mix += [int(min(100_000, rng.lognormvariate(9.9, 1.0))) + 200 for _ in range(38)]
     half = len(mix) // 2
 
-    with launched(_deployment(), tmp_path) as live:
+    with launched(link_deployment(LINK_GBPS, netns=True), tmp_path) as live:
         ns = live.testbed.ns_a
 
         def wave(lengths: list[int], start_tag: int) -> float:
             """Send a wave, wait for all of it; its offloaded share (routes are recorded as
             requests finish, and a wave ends only when all of its requests have)."""
             n_before = len(routes(live))
-            assert _wave(live.url, lengths, start_tag) == [200] * len(lengths)  # none fails
+            statuses = send_wave(live.url, lengths, start_tag, MAX_TOKENS)
+            assert statuses == [200] * len(lengths)  # none fails
             done = routes(live)[n_before:]
             assert len(done) == len(lengths)
             return _share(done)

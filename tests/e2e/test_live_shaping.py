@@ -8,15 +8,12 @@ degradation, not growing queues). Assertions are on values and directions, never
 from __future__ import annotations
 
 import random
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import pytest
+from link_helpers import link_deployment, wave
 from live_helpers import control, launched, routes, signed
 
-from prfaas.config import DeploymentConfig
 from prfaas.serve.launcher import Launcher
 
 pytestmark = pytest.mark.timeout(240)
@@ -25,43 +22,7 @@ LINK_GBPS = 20.0
 SHAPED_GBPS = 1.0
 """A twentieth: below the KV the H200 node emits while it prefills (~3 Gbps modelled), and low
 enough that the tuner's best ``t`` moves (at 2 Gbps the offloaded share still fits the link)."""
-
-
-def _deployment() -> DeploymentConfig:
-    return DeploymentConfig.model_validate(
-        {
-            "engine": {"kind": "timed", "model": "paper-1t", "time_scale": 0.2,
-                       "byte_divisor": 1000, "token_chunk": 64},
-            "gateway": {"port": 0, "control_port": 0, "request_timeout_s": 120},
-            "policy": {"router": "prfaas", "tune_min_samples": 20, "control_interval_s": 1.0},
-            "heartbeat_interval_s": 0.1,
-            "sites": [
-                {"name": "prfaas", "kind": "prfaas", "hardware": "h200",
-                 "nodes": [{"name": "pf0", "role": "prefill"}]},
-                {"name": "pd", "kind": "pd", "hardware": "h20",
-                 "nodes": [{"name": "p0", "role": "prefill"}, {"name": "p1", "role": "prefill"},
-                           {"name": "p2", "role": "prefill"}, {"name": "d0", "role": "decode"},
-                           {"name": "d1", "role": "decode"}]},
-            ],
-            "links": [{"src": "prfaas", "dst": "pd", "gbps": LINK_GBPS}],
-            "psk": "test-key-0123456789abcdef",
-        }
-    )  # fmt: skip
-
-
-def _send(url: str, n: int, tag: int) -> int:
-    prompt = [(tag * 31 + i) % 200 + 1 for i in range(n)]
-    body = {"model": "paper-1t", "prompt": prompt, "max_tokens": 64}
-    return httpx.post(f"{url}/v1/completions", json=body, timeout=120).status_code
-
-
-def _wave(url: str, lengths: list[int], start_tag: int) -> list[int]:
-    with ThreadPoolExecutor(8) as pool:
-        futures = []
-        for i, n in enumerate(lengths):
-            futures.append(pool.submit(_send, url, n, start_tag + i))
-            time.sleep(0.1)  # ~2 requests per modelled second
-        return [f.result() for f in futures]
+MAX_TOKENS = 64
 
 
 def test_link_shaped_to_a_twentieth_raises_threshold_and_degrades_gracefully(
@@ -69,8 +30,8 @@ def test_link_shaped_to_a_twentieth_raises_threshold_and_degrades_gracefully(
 ) -> None:
     rng = random.Random(7)
     lengths = [int(min(120_000, rng.lognormvariate(9.9, 1.0))) + 200 for _ in range(60)]
-    with launched(_deployment(), tmp_path) as live:
-        assert _wave(live.url, lengths[:30], 0) == [200] * 30
+    with launched(link_deployment(LINK_GBPS), tmp_path) as live:
+        assert wave(live.url, lengths[:30], 0, MAX_TOKENS) == [200] * 30
         before = control(live, "/internal/control")
         offloaded_before = sum(r["offloaded"] for r in routes(live)) / 30
         # The site's sender is shaped through its node process's API (sender-side pacing).
@@ -78,7 +39,7 @@ def test_link_shaped_to_a_twentieth_raises_threshold_and_degrades_gracefully(
         with signed(live) as client:  # worker APIs take signed calls only
             r = client.post(f"{endpoint['url']}/link/rate", json={"gbps": SHAPED_GBPS})
         assert r.status_code == 200
-        assert _wave(live.url, lengths[30:], 100) == [200] * 30  # nothing fails or hangs
+        assert wave(live.url, lengths[30:], 100, MAX_TOKENS) == [200] * 30  # nothing fails or hangs
         after = control(live, "/internal/control")
         late = routes(live)[30:]
         offloaded_after = sum(r["offloaded"] for r in late) / len(late)
