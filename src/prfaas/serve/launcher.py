@@ -466,4 +466,12 @@ class _Progress:
             self._sink(message)
 
 
-__all__ = ["Child", "LaunchError", "Launcher", "MemberState", "RestartPolicy", "free_port"]
+__all__ = [
+    "Child",
+    "LaunchCancelled",
+    "LaunchError",
+    "Launcher",
+    "MemberState",
+    "RestartPolicy",
+    "free_port",
+]
