@@ -69,10 +69,20 @@ class NodeClient(Protocol):
     async def aclose(self) -> None: ...
 
 
+KEEPALIVE = 64
+"""Idle connections kept for reuse after a burst (the rest close)."""
+
+
 class HttpNodeClient:
     def __init__(self, auth: httpx.Auth | None = None) -> None:
+        # No cap on connections: each admitted request holds a decode stream open until its KV
+        # lands and needs a second connection for the prefill that sends it, so a pool smaller
+        # than twice the requests in flight deadlocks (httpx's default of 100 timed out 135 of
+        # 160 concurrent requests). The gateway's admission (max_inflight) is the bound.
         self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S), auth=auth
+            timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S),
+            auth=auth,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=KEEPALIVE),
         )
 
     def base_url(self, ep: NodeEndpoint) -> str:
