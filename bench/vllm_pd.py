@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import dataclasses
 import json
 import os
@@ -56,6 +57,7 @@ from typing import Any
 
 import httpx
 
+from prfaas.integrations.vllm.transfer_thread import TRACE_ENV, Trace
 from prfaas.testbed.netns import TwoSiteTestbed, unavailable_reason
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,6 +74,11 @@ MODEL_OVERRIDES = {
 }
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 CONFIGS = ("prfaas", "nixl", "single")
+CLONE_NEWNET = 0x40000000
+CLIENTS = ("a", "b")
+"""Where the prefill request is sent from: ``a`` beside the prefill server, in its namespace
+(where a sidecar sits: the answer never crosses the link), ``b`` from the decode side (the answer
+crosses the shaped link A -> B, queued behind the KV)."""
 
 
 # -- model ------------------------------------------------------------------------------------
@@ -111,6 +118,10 @@ class Server:
     log: Path
     agent: str = ""
     kv_port: int = 0
+    near: ThreadPoolExecutor | None = None
+    """One thread inside the server's namespace (site A), for requests sent from beside it."""
+    near_client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=90))
+    """Used only from ``near``: its connections are sockets of that namespace."""
     # 90 s without a byte ends a stuck request (a decode that never gets its KV), so a row
     # fails instead of the whole run hanging
     client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=90))
@@ -142,7 +153,14 @@ def start_server(
     core: int,
     tmp: Path,
     config: str,
+    pin_tree: bool = True,
 ) -> Server:
+    """Start one vLLM server in ``site`` with its OpenMP threads on ``core``; ``pin_tree`` puts
+    its whole process tree (API server, EngineCore, Worker and their threads) on that core too.
+    Unpinned, only the OpenMP threads are bound and the rest float over both cores: a decode
+    server waiting for remote KV busy-loops (vLLM's EngineCore steps and its Worker polls the
+    connector without pause), and its floating EngineCore and API server then take the prefill
+    server's core, slowing the prefill's forward pass 2-6x (measured: docs/vllm.md)."""
     host = tb.ip_a if site == "a" else tb.ip_b
     port = _free_port()
     env = dict(os.environ)
@@ -151,6 +169,7 @@ def start_server(
         VLLM_CPU_KVCACHE_SPACE="1",
         PYTHONUNBUFFERED="1",
     )
+    env[TRACE_ENV] = str(tmp / f"trace-{config}.jsonl")  # the connector's timestamped events
     args: list[str] = []
     agent, kv_port = "", 0
     if config == "prfaas":
@@ -206,12 +225,40 @@ def start_server(
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,  # its own group: EngineCore and Worker go with it
+            # inherited by every process and thread the server starts
+            preexec_fn=(lambda: os.sched_setaffinity(0, {core})) if pin_tree else None,
         )
-    return Server(name, host, port, proc, log, agent, kv_port)
+    near = netns_thread(tb.ns_a) if site == "a" else None
+    return Server(name, host, port, proc, log, agent, kv_port, near)
+
+
+def netns_thread(ns: str) -> ThreadPoolExecutor:
+    """One thread inside network namespace ``ns`` (``setns`` moves only the calling thread):
+    every connection it opens is a socket of ``ns``."""
+
+    def enter() -> None:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        with open(f"/var/run/netns/{ns}") as f:
+            if libc.setns(f.fileno(), CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), f"setns into {ns} failed")
+
+    return ThreadPoolExecutor(1, initializer=enter)
+
+
+def post_prefill(p: Server, body: dict[str, Any], client: str) -> httpx.Response:
+    """POST the prefill request from site A (beside the server) or from B (across the link)."""
+    if client == "b":
+        return p.client.post(p.url + "/v1/completions", json=body)
+    assert p.near is not None
+    url = p.url + "/v1/completions"
+    return p.near.submit(lambda: p.near_client.post(url, json=body)).result()
 
 
 def stop_server(server: Server) -> None:
     server.client.close()
+    if server.near is not None:
+        server.near.submit(server.near_client.close).result()
+        server.near.shutdown()
     if server.proc.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):
@@ -263,6 +310,66 @@ def tree_cpu_s(root_pid: int) -> float:
                 break
             p = parent.get(p, 0)
     return total
+
+
+def _tree_pids(root_pid: int) -> list[int]:
+    """``root_pid`` and its live descendants."""
+    parent: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                stat = (d / "stat").read_text()
+                parent[int(d.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+    out = []
+    for pid in parent:
+        p = pid
+        while p > 1 and p != root_pid:
+            p = parent.get(p, 0)
+        if p == root_pid:
+            out.append(pid)
+    return out
+
+
+def thread_cpu_s(root_pid: int) -> dict[str, float]:
+    """utime + stime per thread of ``root_pid``'s tree, keyed ``pid/tid/name`` (to see what a
+    request's CPU went to: the forward pass, the connector's transfer thread, ...)."""
+    out: dict[str, float] = {}
+    for pid in _tree_pids(root_pid):
+        with contextlib.suppress(OSError):
+            for t in (Path("/proc") / str(pid) / "task").iterdir():
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    stat = (t / "stat").read_text()
+                    name = stat[stat.index("(") + 1 : stat.rindex(")")]
+                    rest = stat[stat.rindex(")") + 2 :].split()
+                    out[f"{pid}/{t.name}/{name}"] = (int(rest[11]) + int(rest[12])) / CLK_TCK
+    return out
+
+
+def thread_affinity(name: str, root_pid: int) -> str:
+    """One line per thread of ``root_pid``'s process tree: its name and the cores it may run on
+    (``Cpus_allowed_list``), to see which threads share the server's pinned core."""
+    out = []
+    for d in sorted(Path("/proc").iterdir(), key=lambda p: p.name):
+        if not d.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            pid, p = int(d.name), int(d.name)
+            while p > 1 and p != root_pid:
+                stat = (Path("/proc") / str(p) / "stat").read_text()
+                p = int(stat[stat.rindex(")") + 2 :].split()[1])
+            if p != root_pid:
+                continue
+            for t in sorted((d / "task").iterdir(), key=lambda p: int(p.name)):
+                fields = dict(
+                    line.split(":\t", 1)
+                    for line in (t / "status").read_text().splitlines()
+                    if ":\t" in line
+                )
+                out.append(
+                    f"{name} pid {pid} tid {t.name} {fields.get('Name', '?')!s}: "
+                    f"cores {fields.get('Cpus_allowed_list', '?')}\n"
+                )
+    return "".join(out)
 
 
 def veth_counters(dev: str) -> tuple[int, int]:
@@ -347,8 +454,11 @@ def _body(prompt: list[int], max_tokens: int, stream: bool, kv: Any = None) -> d
     return body
 
 
-def request_prfaas(p: Server, d: Server, prompt: list[int], tid: str) -> Timing:
+def request_prfaas(
+    p: Server, d: Server, prompt: list[int], tid: str, client: str, trace: Trace
+) -> Timing:
     t0 = time.perf_counter()
+    trace("client_launch", tid, client=client)
     dec_kv = {"do_remote_prefill": True, "prfaas": {"transfer_id": tid, "timeout_s": 60}}
     pre_kv = {
         "do_remote_decode": True,
@@ -362,11 +472,14 @@ def request_prfaas(p: Server, d: Server, prompt: list[int], tid: str) -> Timing:
     }
     with ThreadPoolExecutor(1) as pool:
         dec = pool.submit(stream_first_token, d, _body(prompt, 2, True, dec_kv), t0)
-        r = p.client.post(p.url + "/v1/completions", json=_body(prompt, 1, False, pre_kv))
+        r = post_prefill(p, _body(prompt, 1, False, pre_kv), client)
         if r.status_code != 200:
             raise RuntimeError(f"prefill: {r.status_code} {r.text[:500]}")
         answered = time.perf_counter() - t0
+        stats = p.agent_call({"op": "stats"})
+        trace("client_answer", tid, backlog_bytes=stats["egress_backlog_bytes"])
         sent = p.agent_call({"op": "wait_sent", "transfer_id": tid, "timeout_s": 60})
+        trace("client_verified", tid)
         ttft = dec.result(timeout=180)
     if sent["state"] != "verified":
         raise RuntimeError(f"prfaas transfer {tid}: {sent}")
@@ -385,8 +498,11 @@ class Timing:
     """Launch to the prefill server's answer (single: the TTFT)."""
 
 
-def request_nixl(p: Server, d: Server, prompt: list[int]) -> Timing:
+def request_nixl(
+    p: Server, d: Server, prompt: list[int], tid: str, client: str, trace: Trace
+) -> Timing:
     t0 = time.perf_counter()
+    trace("client_launch", tid, client=client)
     # vLLM's toy_proxy_server.py order: prefill first, its kv_transfer_params to the decode.
     pre_kv = {
         "do_remote_decode": True,
@@ -396,14 +512,16 @@ def request_nixl(p: Server, d: Server, prompt: list[int]) -> Timing:
         "remote_host": None,
         "remote_port": None,
     }
-    r = p.client.post(p.url + "/v1/completions", json=_body(prompt, 1, False, pre_kv))
+    r = post_prefill(p, _body(prompt, 1, False, pre_kv), client)
     if r.status_code != 200:
         raise RuntimeError(f"prefill: {r.status_code} {r.text[:500]}")
     answered = time.perf_counter() - t0
+    trace("client_answer", tid)
     kv = r.json().get("kv_transfer_params")
     if not kv:
         raise RuntimeError(f"nixl prefill answered no kv_transfer_params: {r.text[:500]}")
     ttft = stream_first_token(d, _body(prompt, 2, True, kv), t0)
+    trace("client_first_token", tid)
     return Timing(ttft, 0, answered)  # kv_bytes: from the decode's metrics, per row
 
 
@@ -464,7 +582,10 @@ class Sample:
     veth_bytes_back: int
 
 
-def measure(tb: TwoSiteTestbed, servers: list[Server], do: Callable[[], Timing]) -> Sample:
+def measure(
+    tb: TwoSiteTestbed, servers: list[Server], do: Callable[[], Timing], trace: Trace
+) -> Sample:
+    threads0 = {s.name: thread_cpu_s(s.proc.pid) for s in servers} if trace.on else {}
     cpu0 = sum(tree_cpu_s(s.proc.pid) for s in servers)
     rx0, tx0 = veth_counters(tb.dev_b)
     with VethSampler(tb.dev_b) as sampler:
@@ -472,6 +593,11 @@ def measure(tb: TwoSiteTestbed, servers: list[Server], do: Callable[[], Timing])
         time.sleep(0.05)  # the last frames through the delay line
     rx1, tx1 = veth_counters(tb.dev_b)
     cpu1 = sum(tree_cpu_s(s.proc.pid) for s in servers)
+    for s in servers if trace.on else []:
+        after = thread_cpu_s(s.proc.pid)
+        used = {k: v - threads0[s.name].get(k, 0.0) for k, v in after.items()}
+        top = sorted(((v, k) for k, v in used.items() if v > 0.005), reverse=True)[:8]
+        trace("client_thread_cpu", server=s.name, cpu_s={k: round(v, 3) for v, k in top})
     return Sample(
         t.ttft_s,
         t.kv_bytes,
@@ -483,7 +609,9 @@ def measure(tb: TwoSiteTestbed, servers: list[Server], do: Callable[[], Timing])
     )
 
 
-def row(config: str, rate: float, rtt_ms: float, n: int, samples: list[Sample]) -> dict[str, Any]:
+def row(
+    config: str, rate: float, rtt_ms: float, n: int, samples: list[Sample], client: str = "a"
+) -> dict[str, Any]:
     def med(f: Callable[[Sample], float]) -> float:
         return float(statistics.median(f(s) for s in samples))
 
@@ -497,6 +625,7 @@ def row(config: str, rate: float, rtt_ms: float, n: int, samples: list[Sample]) 
         "rate_mbit": rate,
         "rtt_ms": rtt_ms,
         "prompt_tokens": n,
+        "prefill_client": client,
         "ttft_s": round(med(lambda s: s.ttft_s), 4),
         "kv_bytes": kv,
         "kv_goodput_share": None if share is None else round(share, 3),
@@ -508,19 +637,25 @@ def row(config: str, rate: float, rtt_ms: float, n: int, samples: list[Sample]) 
         "cpu_s": round(med(lambda s: s.cpu_s), 3),
         "repeats": len(samples),
         "ttft_s_all": [round(s.ttft_s, 4) for s in samples],
+        "prefill_answer_s_all": [round(s.prefill_answer_s, 4) for s in samples],
     }
 
 
 @contextlib.contextmanager
-def started(tb: TwoSiteTestbed, config: str, model: Path, tmp: Path) -> Iterator[list[Server]]:
+def started(
+    tb: TwoSiteTestbed, config: str, model: Path, tmp: Path, pin_tree: bool
+) -> Iterator[list[Server]]:
     servers: list[Server] = []
     try:
         if config == "single":
-            servers.append(start_server(tb, "b", "single", model, 1, tmp, config))
+            servers.append(start_server(tb, "b", "single", model, 1, tmp, config, pin_tree))
         else:
-            servers.append(start_server(tb, "a", "prefill", model, 0, tmp, config))
-            servers.append(start_server(tb, "b", "decode", model, 1, tmp, config))
+            servers.append(start_server(tb, "a", "prefill", model, 0, tmp, config, pin_tree))
+            servers.append(start_server(tb, "b", "decode", model, 1, tmp, config, pin_tree))
         wait_healthy(servers, 300)
+        (tmp / f"affinity-{config}.txt").write_text(
+            "".join(thread_affinity(s.name, s.proc.pid) for s in servers)
+        )
         yield servers
     finally:
         for s in servers:
@@ -541,61 +676,70 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     n = args.prompt_tokens
     rows: list[dict[str, Any]] = []
     max_delay_s = max(args.rtts) / 2000
+    if args.relay:  # the delay line in the path at 0 ms too (as in a run with a 50 ms row)
+        max_delay_s = max(max_delay_s, 1e-6)
+    trace = Trace(str(tmp / f"trace-{args.config}.jsonl"))
+    clients = args.prefill_client if args.config != "single" else ["b"]
     with (
         TwoSiteTestbed(rate_mbit=args.rates[0], one_way_delay_s=max_delay_s, b_in_root=True) as tb,
-        started(tb, args.config, model, tmp) as servers,
+        started(tb, args.config, model, tmp, not args.unpinned) as servers,
     ):
         counter = 0
+        client = clients[0]
 
         def one() -> Timing:
             nonlocal counter
             counter += 1
             prompt = [rng.randrange(2, vocab) for _ in range(n)]
+            tid = f"b{os.getpid()}-{counter}"
             if args.config == "prfaas":
-                return request_prfaas(servers[0], servers[1], prompt, f"b{os.getpid()}-{counter}")
+                return request_prfaas(servers[0], servers[1], prompt, tid, client, trace)
             if args.config == "nixl":
-                return request_nixl(servers[0], servers[1], prompt)
+                return request_nixl(servers[0], servers[1], prompt, tid, client, trace)
             return request_single(servers[0], prompt)
 
-        for rtt in args.rtts:
-            if max_delay_s > 0:
+        cells = [(rtt, rate, c) for rtt in args.rtts for rate in args.rates for c in clients]
+        for rtt, rate, client in cells:
+            if max_delay_s > 0 and tb.one_way_delay_s != rtt / 2000:
                 set_one_way_delay(tb, rtt / 2000)
-            for rate in args.rates:
-                set_rate(tb, rate)
-                probed = tb.probe_rtt_s()
-                if args.config == "nixl":
-                    d = servers[1]
-                    before = (metric_sum(d, NIXL_BYTES), metric_sum(d, NIXL_COUNT))
-                samples: list[Sample] = []
-                failures: list[str] = []
-                warm = False
-                # one warm-up (not counted), then the repeats; a failed request is recorded
-                # and retried, at most two failures per row
-                while len(samples) < args.repeats and len(failures) <= 2:
-                    try:
-                        s = measure(tb, servers, one)
-                    except (RuntimeError, httpx.HTTPError, TimeoutError, OSError) as exc:
-                        failures.append(f"{type(exc).__name__}: {exc}"[:300])
-                        print(f"failed: {failures[-1]}", file=sys.stderr, flush=True)
-                        continue
-                    if warm:
-                        samples.append(s)
-                    warm = True  # the row's first good request was the warm-up
-                if args.config == "nixl" and samples:
-                    moved = nixl_moved(d, before, len(samples) + 1)
-                    samples = [dataclasses.replace(s, kv_bytes=moved) for s in samples]
-                if not samples:
-                    rows.append({"config": args.config, "rate_mbit": rate, "rtt_ms": rtt,
-                                 "prompt_tokens": n, "error": failures})  # fmt: skip
+            set_rate(tb, rate)
+            probed = tb.probe_rtt_s()
+            if args.config == "nixl":
+                d = servers[1]
+                before = (metric_sum(d, NIXL_BYTES), metric_sum(d, NIXL_COUNT))
+            samples: list[Sample] = []
+            failures: list[str] = []
+            warm = False
+            # one warm-up (not counted), then the repeats; a failed request is recorded
+            # and retried, at most two failures per row
+            while len(samples) < args.repeats and len(failures) <= 2:
+                try:
+                    s = measure(tb, servers, one, trace)
+                except (RuntimeError, httpx.HTTPError, TimeoutError, OSError) as exc:
+                    failures.append(f"{type(exc).__name__}: {exc}"[:300])
+                    print(f"failed: {failures[-1]}", file=sys.stderr, flush=True)
                     continue
-                r = row(args.config, rate, rtt, n, samples)
-                r["failures"] = failures
-                r["probed_rtt_ms"] = round(probed * 1000, 2)
-                r["kv_bytes_spec"] = spec_kv_bytes(model, n)
-                rows.append(r)
-                if args.out:  # each row as it comes: a later failure keeps the earlier ones
-                    Path(args.out).write_text(json.dumps({"rows": rows}, indent=1))
-                print(json.dumps(r), file=sys.stderr, flush=True)
+                if warm:
+                    samples.append(s)
+                warm = True  # the row's first good request was the warm-up
+            if args.config == "nixl" and samples:
+                moved = nixl_moved(d, before, len(samples) + 1)
+                samples = [dataclasses.replace(s, kv_bytes=moved) for s in samples]
+            if not samples:
+                rows.append({"config": args.config, "rate_mbit": rate, "rtt_ms": rtt,
+                             "prompt_tokens": n, "prefill_client": client,
+                             "error": failures})  # fmt: skip
+                continue
+            r = row(args.config, rate, rtt, n, samples, client)
+            r["failures"] = failures
+            r["pinned_tree"] = not args.unpinned
+            r["relay"] = max_delay_s > 0
+            r["probed_rtt_ms"] = round(probed * 1000, 2)
+            r["kv_bytes_spec"] = spec_kv_bytes(model, n)
+            rows.append(r)
+            if args.out:  # each row as it comes: a later failure keeps the earlier ones
+                Path(args.out).write_text(json.dumps({"rows": rows}, indent=1))
+            print(json.dumps(r), file=sys.stderr, flush=True)
     return rows
 
 
@@ -605,15 +749,21 @@ def _fmt(v: Any, spec: str) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
-        "| config | rate Mbit/s | RTT ms | TTFT s | prefill answer s | KV MB | goodput share | "
-        "transfer s | CPU s/GB | veth A->B MB | veth B->A MB | ok / failed |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| config | rate Mbit/s | RTT ms | prefill client | TTFT s | prefill answer s | KV MB | "
+        "goodput share | transfer s | CPU s/GB | veth A->B MB | veth B->A MB | ok / failed |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     order = {c: i for i, c in enumerate(CONFIGS)}
-    rows = sorted(rows, key=lambda r: (r["rtt_ms"], r["rate_mbit"], order[r["config"]]))
+
+    def key(r: dict[str, Any]) -> tuple[Any, ...]:
+        return (r["rtt_ms"], r["rate_mbit"], order[r["config"]], r.get("prefill_client", ""))
+
+    rows = sorted(rows, key=key)
     lines = []
     for r in rows:
-        where = f"| {r['config']} | {r['rate_mbit']:g} | {r['rtt_ms']:g} |"
+        # runs before the column existed sent the prefill request from B
+        client = "-" if r["config"] == "single" else r.get("prefill_client", "b")
+        where = f"| {r['config']} | {r['rate_mbit']:g} | {r['rtt_ms']:g} | {client} |"
         if "error" in r:
             lines.append(where + " - | - | - | - | - | - | - | - | " + f"0 / {len(r['error'])} |")
             continue
@@ -632,6 +782,25 @@ def main() -> None:
     p.add_argument("--config", choices=CONFIGS, default="prfaas")
     p.add_argument("--rates", type=float, nargs="+", default=[200.0, 800.0], help="Mbit/s")
     p.add_argument("--rtts", type=float, nargs="+", default=[0.0, 50.0], help="ms")
+    p.add_argument(
+        "--prefill-client",
+        nargs="+",
+        choices=CLIENTS,
+        default=["a"],
+        help="where the prefill request is sent from: a = beside the prefill server, as its "
+        "sidecar is (default); b = from the decode side, the answer crossing the shaped link",
+    )
+    p.add_argument(
+        "--relay",
+        action="store_true",
+        help="keep the delay line in the path at 0 ms RTT (it is there whenever a row has RTT > 0)",
+    )
+    p.add_argument(
+        "--unpinned",
+        action="store_true",
+        help="bind only each server's OpenMP threads to its core (the rest floats), as runs "
+        "before 2026-12-02 did",
+    )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--prompt-tokens", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)

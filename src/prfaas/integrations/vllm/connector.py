@@ -62,7 +62,7 @@ from prfaas.integrations.vllm.settings import (
     load_params,
     send_params,
 )
-from prfaas.integrations.vllm.transfer_thread import TransferThread
+from prfaas.integrations.vllm.transfer_thread import TRACE, TransferThread
 from prfaas.spec import CacheSpec, LayerKind
 from prfaas.transfer import Manifest
 
@@ -238,7 +238,9 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
         self._cancelled: set[str] = set()
         self._error_blocks: set[int] = set()
         self._load_errors: dict[str, str] = {}  # req id -> why its load failed before polling
-        self._prepared_for: int | None = None
+        self._prepared_for: PrfaasMetadata | None = None
+        """The step metadata ``_prepare`` last ran for (the object itself: an ``id()`` of a freed
+        one comes back for the next step's, which then opened no session)."""
         self._segments: dict[str, _Segment] = {}  # req id -> its open session
         self._sending: dict[str, str] = {}  # transfer id -> the req id whose session it is
         if role is KVConnectorRole.WORKER:
@@ -318,9 +320,9 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
     def _prepare(self, meta: PrfaasMetadata) -> None:
         """Once per step (first hook that sees this step's metadata): open new sessions,
         register new loads, abort what the scheduler dropped."""
-        if self._prepared_for == id(meta):
+        if self._prepared_for is meta:
             return
-        self._prepared_for = id(meta)
+        self._prepared_for = meta
         assert self._thread is not None
         for tid, why in meta.abort_sends:
             rid = self._sending.pop(tid, "")
@@ -393,6 +395,9 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._meta()
         if meta is not None:
+            if meta.sends and TRACE.on:
+                TRACE("start_load_kv", ",".join(s.params.transfer_id for s in meta.sends),
+                      affinity=sorted(os.sched_getaffinity(0)))  # fmt: skip
             self._prepare(meta)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -413,11 +418,13 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
         pos = self._positions.get(layer_name)
         if pos is None or self._geometry is None:
             return
+        TRACE("save_layer_enter", layer=pos)
         for step in meta.sends:
             try:
                 self._save_step(step, layer_name, pos)
             except Exception as exc:  # this request's transfer fails, the forward pass goes on
                 self._fail_send(step, exc)
+        TRACE("save_layer_exit", layer=pos)
 
     def _save_step(self, step: SendStep, layer_name: str, pos: int) -> None:
         assert self._thread is not None and self._geometry is not None
@@ -438,6 +445,8 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
             return
         self._prepare(meta)
         assert self._thread is not None
+        if meta.sends:
+            TRACE("wait_for_save", ",".join(s.params.transfer_id for s in meta.sends))
         for step in meta.sends:
             if step.last and step.req_id in self._segments:
                 try:
@@ -746,6 +755,7 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
                     self._abort_sends.append((st.params.transfer_id, why))
                 return False, None
             # The KV was copied out at save time: vLLM may free the blocks now.
+            TRACE("request_finished", st.params.transfer_id)
             return False, {"prfaas": {"transfer_id": st.params.transfer_id}}
         except Exception:  # never hold vLLM's blocks, never raise into EngineCore
             log.exception("request %s: request_finished failed in the connector", rid)

