@@ -106,7 +106,11 @@ class VllmHost:
             self._pace_gbps = link.gbps
         self.http_port = 0
         self.transfer_port = 0
-        self._client = httpx.AsyncClient(trust_env=False, timeout=30.0)
+        # Uncapped, as the gateway's node client: a decode stream waits for its KV while other
+        # calls (prefills, metrics) need connections; the gateway's admission bounds them.
+        self._client = httpx.AsyncClient(
+            trust_env=False, timeout=30.0, limits=httpx.Limits(max_connections=None)
+        )
         self._agent_dir: Path | None = None
         self.agent = AgentClient("")
         """Its socket's path is known once the process starts (a private temporary folder)."""
