@@ -2,9 +2,9 @@
 prefix reuse, a link dip and rebalancing on, run live (emulated ``timed`` nodes in real processes,
 the link's rate cut through the PrfaaS process's ``POST /link/rate`` at the modelled time the
 file's link schedule names) and in the simulator (which reads that schedule): at least 95% of
-requests get the same decode node, both make the same role changes (number and direction), and at
-least 90% take the same route (95% is the goal; the live link state is measured, see the
-assertion). Wall times are not compared; the figures and the differing requests are printed."""
+requests get the same decode node and take the same route, and both make the same role changes
+(number and direction). Wall times are not compared; the figures and the differing requests are
+printed."""
 
 from __future__ import annotations
 
@@ -208,12 +208,14 @@ def test_live_and_simulated_runs_behave_alike(runs: tuple[dict[str, Any], ...]) 
     assert dip_routes, "the dip changed no route in the simulator: it tests nothing"
     print(f"routes the dip changes in the simulator: {dip_routes}")
     assert decode >= 0.95
-    # Routes: 92-97% measured (report of helper G, issue 11). What differs is the link state, not
-    # a policy: the simulator's link is a fluid model whose utilisation and drain say congested
-    # while a dipped transfer crosses, the live registry's come from the senders' reports (egress
-    # credited when a prefill ends, a paced sender's backlog of one piece), so one or two
-    # requests routed during the dip (here #31, #37) go local in the simulator only, and one or
-    # two at the dip's edges by a heartbeat's lag. The bar for routes is therefore 90%, stated.
-    assert route >= 0.90
+    # Routes: the live link state is measured as the simulator's link measures its own (backlog
+    # = KV accepted for the link and not yet delivered, a transfer counted whole from its first
+    # layer; goodput = delivered bytes through the same filter; loss only over enough segments),
+    # so the dip's congestion reads the same in both. What still differs, one or two requests
+    # (typically #31, #37, routed while the link is scarce): the simulator keeps a long request
+    # local only onto an idle home prefill node (``max_local_wait_s`` 0), and its node frees at
+    # the cost model's instant, while the gateway sees the node busy until the prefill's answer
+    # returns: live overheads, magnified by 1/time_scale, push that past the next arrival.
+    assert route >= 0.95
     assert sorted(to for _, to in live["roles"]) == sorted(to for _, to in sim["roles"])
     assert len(live["roles"]) == len(sim["roles"])

@@ -43,6 +43,7 @@ reads (``now_s`` is passed in); imports nothing outside the standard library.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import deque
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
@@ -213,3 +214,40 @@ class CapacityEstimator:
         while self._samples and self._samples[-1][1] <= goodput:
             self._samples.pop()
         self._samples.append((at_s, goodput))
+
+
+GOODPUT_EWMA_S = 2.0
+"""Time constant of a link's goodput average, seconds (modelled): what the congestion rule's
+utilisation reads, in the simulator's link and in the gateway's registry alike."""
+
+
+class DeliveredRate:
+    """A link's goodput as the congestion rule reads it: an exponentially weighted average, over
+    about ``ewma_s``, of the rate at which bytes were *delivered* (cumulative delivered bytes
+    passed in at each observation, at irregular instants). Not the instantaneous sum of rates,
+    which flickers to 100% whenever one flow is unpaced. The simulator's link (its fluid model's
+    delivered bytes) and the gateway's registry (bytes the senders accepted less those not yet
+    acknowledged) both keep one, so the same delivery history gives the same utilisation.
+    Pure: ``now_s`` is passed in."""
+
+    __slots__ = ("_at_s", "_bytes", "ewma_s", "rate_bytes_per_s")
+
+    def __init__(self, ewma_s: float = GOODPUT_EWMA_S, start_s: float = 0.0) -> None:
+        if not ewma_s > 0:
+            raise ValueError(f"ewma_s must be > 0, got {ewma_s}")
+        self.ewma_s = ewma_s
+        self.rate_bytes_per_s = 0.0
+        self._at_s = start_s
+        self._bytes = 0.0
+
+    def observe(self, now_s: float, delivered_bytes: float) -> float:
+        """Fold in the cumulative ``delivered_bytes`` at ``now_s`` (non-decreasing: a caller
+        whose counters can reset keeps them monotone); returns the average. A call at or before
+        the previous one changes nothing."""
+        dt = now_s - self._at_s
+        if dt > 0:
+            inst = (delivered_bytes - self._bytes) / dt
+            w = 1.0 - math.exp(-dt / self.ewma_s)
+            self.rate_bytes_per_s += w * (inst - self.rate_bytes_per_s)
+            self._at_s, self._bytes = now_s, delivered_bytes
+        return self.rate_bytes_per_s

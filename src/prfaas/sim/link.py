@@ -8,7 +8,8 @@ layer and ends no earlier than prefill end plus the last layer's share. When the
 fit the capacity each flow runs at its cap and flows are independent (O(1) per change); otherwise
 rates are recomputed by water-filling (O(F log F)). The capacity may change over time (a schedule
 of ``(time_s, gbps)`` steps). Delivery adds half an RTT of propagation. ``state`` is the link's
-``LinkState``: ``congested`` is ``core.CongestionRule`` over its EWMA utilisation and drain. Pure.
+``LinkState``: ``congested`` is ``core.CongestionRule`` over its utilisation (goodput averaged by
+``core.link_estimate.DeliveredRate``, as the gateway's) and drain. Pure.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Callable
 
 from prfaas.core.congestion import CongestionRule
 from prfaas.core.ids import LinkId
+from prfaas.core.link_estimate import DeliveredRate
 from prfaas.core.views import LinkState
 
 
@@ -76,10 +78,7 @@ class SimLink:
         self.peak_backlog_bytes = 0.0
         self.num_flows_done = 0
         self.congestion = congestion
-        self.ewma_s = 2.0
-        self._ewma_t = 0.0
-        self._ewma_bytes = 0.0
-        self._ewma_rate = 0.0
+        self._goodput = DeliveredRate()
         self.version = 0
         """Bumped on every rate change (a cached ``LinkState`` is valid while it holds)."""
         self._state: LinkState | None = None
@@ -208,16 +207,8 @@ class SimLink:
         ):
             return cached
         backlog = self.backlog_bytes(now)
-        # Goodput is an exponentially weighted average over ~``ewma_s`` (a monitor's view), not
-        # the instantaneous sum of rates, which flickers to 100% whenever one flow is unpaced.
-        delivered = self.bytes_added - backlog
-        dt = now - self._ewma_t
-        if dt > 0:
-            inst = (delivered - self._ewma_bytes) / dt
-            w = 1.0 - math.exp(-dt / self.ewma_s)
-            self._ewma_rate += w * (inst - self._ewma_rate)
-            self._ewma_t, self._ewma_bytes = now, delivered
-        goodput = self._ewma_rate
+        # Goodput: the delivered-bytes average the gateway's registry keeps too (one filter).
+        goodput = self._goodput.observe(now, self.bytes_added - backlog)
         util = goodput / self.capacity if self.capacity > 0 else 1.0
         # The one congestion rule, with what the fluid model measures (no loss, no queue beyond
         # the backlog); a link with no capacity never drains.

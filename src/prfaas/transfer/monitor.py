@@ -23,6 +23,13 @@ from prfaas.transfer.tcpinfo import read_tcp_info
 __all__ = ["CongestionRule", "LinkMonitor", "LinkSample", "link_state"]
 
 
+MIN_RETRANSMIT_SEGMENTS = 256
+"""Fewest segments sent in an interval for its retransmit rate to count: at the rule's 2% a
+smaller sample rests on fewer than 5 retransmissions (an emulated link's payload, 1/byte_divisor
+of the modelled KV, sends ~100 loopback segments per heartbeat, where a receiver starved of CPU
+for an instant costs one or two: read as 4-9% "loss", it congested an idle 100 Gbps link)."""
+
+
 @dataclass(frozen=True, slots=True)
 class LinkSample:
     """Cumulative counters of a link at one instant."""
@@ -49,7 +56,9 @@ def link_state(
     goodput = max(0, cur.bytes_acked - prev.bytes_acked) / dt
     segs = max(0, cur.segs_out - prev.segs_out)
     retrans = max(0, cur.total_retrans - prev.total_retrans)
-    retransmit_rate = retrans / segs if segs else 0.0
+    # Over a handful of segments one retransmission reads as several percent: below
+    # MIN_RETRANSMIT_SEGMENTS the rate is not measured (0, as the rule takes an unmeasured one).
+    retransmit_rate = retrans / segs if segs >= MIN_RETRANSMIT_SEGMENTS else 0.0
     queueing = max(0.0, cur.rtt_s - cur.min_rtt_s) if cur.rtt_s else 0.0
     drain = cur.backlog_bytes / capacity_bytes_per_s if capacity_bytes_per_s > 0 else 0.0
     utilisation = goodput / capacity_bytes_per_s if capacity_bytes_per_s > 0 else 0.0

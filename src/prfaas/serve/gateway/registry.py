@@ -30,12 +30,12 @@ from prfaas.config import DeploymentConfig, LinkConfig
 from prfaas.core import LinkState, MutableClusterView, NodeId, NodeLoad, NodeRole, SiteId, SiteKind
 from prfaas.core.congestion import CongestionRule
 from prfaas.core.ids import link_id_for
+from prfaas.core.link_estimate import DeliveredRate
 from prfaas.serve.gateway.rotation import Rotation
 from prfaas.serve.node.messages import Heartbeat, NodeEndpoint, NodeReport, Registration
 
 CONGESTION = CongestionRule()
 """The one congestion rule (``core/congestion.py``), with what the gateway measures."""
-GOODPUT_SMOOTHING = 0.3
 
 
 @dataclass
@@ -49,9 +49,10 @@ class _Process:
 @dataclass
 class _LinkMeter:
     capacity_bytes_per_s: float
-    last_bytes: int = 0
-    last_wall_s: float | None = None
-    goodput_bytes_per_s: float = 0.0
+    goodput: DeliveredRate
+    """Delivered bytes averaged as the simulator's link averages them (modelled units)."""
+    delivered_bytes: float = 0.0
+    """Modelled bytes the site's senders have delivered so far (kept non-decreasing)."""
     per_node_bytes: dict[str, int] = field(default_factory=dict)
     per_process: dict[str, _ProcessLink] = field(default_factory=dict)
     """What each of the site's processes last said about its senders (estimating ones only)."""
@@ -62,6 +63,10 @@ class _ProcessLink:
     estimate_bytes_per_s: float
     basis: str
     backlog_bytes: int
+    """Accepted by the process's senders and not acknowledged, plus what its nodes' open
+    transfers have not handed to the senders yet (modelled bytes)."""
+    unacked_bytes: int
+    """The senders' part alone: handed over, not yet acknowledged (modelled bytes)."""
     at_wall_s: float
 
 
@@ -90,7 +95,7 @@ class NodeRegistry:
         self._acks: dict[str, ReportAck] = {}
         home = deployment.home_site.name
         self._meters = {
-            s.name: _LinkMeter(_home_link(deployment, s.name).gbps * 1e9 / 8)
+            s.name: _LinkMeter(_home_link(deployment, s.name).gbps * 1e9 / 8, DeliveredRate())
             for s in deployment.sites
             if s.kind == "prfaas"
         }
@@ -275,6 +280,12 @@ class NodeRegistry:
     def _update_links(
         self, reports: list[NodeReport], now_wall_s: float, process: str = ""
     ) -> None:
+        """The site's ``LinkState`` after one process's reports, measured as the simulator's
+        link measures its own: backlog = KV accepted for the link and not yet delivered (a
+        transfer counts whole from its first layer: the nodes' unsent bytes plus the senders'
+        unacknowledged ones); goodput = delivered bytes (those the senders accepted, credited
+        per piece, less the unacknowledged) through the same ``DeliveredRate`` filter;
+        utilisation = goodput over the capacity in use. All in modelled units."""
         home = self.deployment.home_site.name
         for site, meter in self._meters.items():
             mine = [r for r in reports if r.site == site]
@@ -282,21 +293,22 @@ class NodeRegistry:
                 continue
             for r in mine:
                 meter.per_node_bytes[r.node] = r.egress_bytes
-            total = sum(meter.per_node_bytes.values()) * self.byte_divisor
-            backlog = sum(r.egress_backlog_bytes for r in mine) * self.byte_divisor
+            accepted = sum(meter.per_node_bytes.values()) * self.byte_divisor
+            unsent = sum(r.egress_backlog_bytes for r in mine) * self.byte_divisor
             reported = [r.link_capacity_bytes_per_s for r in mine if r.link_capacity_bytes_per_s]
             if reported:  # the rate the site's sender is paced at now (modelled bytes/s)
                 meter.capacity_bytes_per_s = min(reported)
-            cap, basis, measured_backlog = self._measured(meter, mine, process, now_wall_s)
-            if measured_backlog is not None:
-                backlog = measured_backlog
-            if meter.last_wall_s is not None and now_wall_s > meter.last_wall_s:
-                dt_modelled = self.modelled_s(now_wall_s - meter.last_wall_s)
-                rate = max(0, total - meter.last_bytes) / dt_modelled
-                a = GOODPUT_SMOOTHING
-                meter.goodput_bytes_per_s = (1 - a) * meter.goodput_bytes_per_s + a * rate
-            meter.last_bytes, meter.last_wall_s = total, now_wall_s
-            utilisation = meter.goodput_bytes_per_s / cap if cap > 0 else 0.0
+            cap, basis, links = self._measured(meter, mine, unsent, process, now_wall_s)
+            if links is None:  # senders that do not count: the nodes' figure is the backlog
+                backlog, unacked = unsent, 0
+            else:
+                backlog, unacked = links
+            # Counters restart with a process: delivered bytes never go back (the filter's
+            # input is cumulative).
+            meter.delivered_bytes = max(meter.delivered_bytes, float(accepted - unacked))
+            now = self.modelled_s(now_wall_s)
+            goodput = meter.goodput.observe(now, meter.delivered_bytes)
+            utilisation = goodput / cap if cap > 0 else 0.0
             # Loss is the worst retransmit rate the nodes' transfer monitors saw; their queueing
             # (wall-clock RTT) is not used: a busy emulation host inflates it.
             retransmit_rate = max(r.link_retransmit_rate for r in mine)
@@ -307,35 +319,42 @@ class NodeRegistry:
                     link_id=link_id_for(SiteId(site), SiteId(home)),
                     capacity_bytes_per_s=cap,
                     utilisation=utilisation,
-                    goodput_bytes_per_s=meter.goodput_bytes_per_s,
+                    goodput_bytes_per_s=goodput,
                     backlog_bytes=backlog,
                     rtt_s=max(r.link_rtt_s for r in mine) / self.time_scale,
                     retransmit_rate=retransmit_rate,
                     congested=congested,
-                    sampled_at_s=self.modelled_s(now_wall_s),
+                    sampled_at_s=now,
                     capacity_basis=basis,
                 )
             )
 
     def _measured(
-        self, meter: _LinkMeter, mine: list[NodeReport], process: str, now_wall_s: float
-    ) -> tuple[float, str, int | None]:
-        """(capacity, its basis, the senders' backlog or None) for a site from its processes'
-        estimates. Every node of a process carries the same link fields: one entry per process.
-        A process silent for longer than the heartbeat timeout no longer counts."""
+        self, meter: _LinkMeter, mine: list[NodeReport], unsent: int, process: str,
+        now_wall_s: float,
+    ) -> tuple[float, str, tuple[int, int] | None]:  # fmt: skip
+        """(capacity, its basis, (backlog, unacknowledged) or None) for a site from its
+        processes' estimates; ``unsent`` is what this process's nodes have not handed over yet.
+        Every node of a process carries the same link fields: one entry per process. A process
+        silent for longer than the heartbeat timeout no longer counts."""
         estimating = [r for r in mine if r.link_capacity_basis]
         if estimating:
             r = estimating[0]
             meter.per_process[process] = _ProcessLink(
-                r.link_estimate_bytes_per_s, r.link_capacity_basis, r.link_backlog_bytes, now_wall_s
-            )
+                r.link_estimate_bytes_per_s, r.link_capacity_basis,
+                r.link_backlog_bytes + unsent, r.link_backlog_bytes, now_wall_s,
+            )  # fmt: skip
         horizon = now_wall_s - self.deployment.gateway.heartbeat_timeout_s
         live = [p for p in meter.per_process.values() if p.at_wall_s >= horizon]
         measured = [p.estimate_bytes_per_s for p in live if p.basis == "measured"]
-        backlog = sum(p.backlog_bytes for p in live) if live else None
+        links = (
+            (sum(p.backlog_bytes for p in live), sum(p.unacked_bytes for p in live))
+            if live
+            else None
+        )
         if measured:
-            return max(measured), "measured", backlog
-        return meter.capacity_bytes_per_s, "configured", backlog
+            return max(measured), "measured", links
+        return meter.capacity_bytes_per_s, "configured", links
 
     def link_states(self) -> list[LinkState]:
         home = SiteId(self.deployment.home_site.name)

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -110,8 +110,14 @@ class Node:
         self._wake = asyncio.Event()
         self._prefill_queue: dict[str, int] = {}
         self.egress_bytes = 0
+        """Cross-site KV bytes handed to the sender so far, credited piece by piece as each is
+        accepted (the gateway's link goodput is this less the links' unacknowledged bytes)."""
         self._num_prefilling = 0
-        self._inflight_kv_bytes = 0
+        self._unsent_kv_bytes = 0
+        """KV bytes of this node's open cross-site sessions not yet accepted by the sender: a
+        session counts its whole manifest when it opens, as the simulator's link counts a whole
+        transfer when it starts, so the gateway's backlog (this plus the links' unacknowledged
+        bytes) is the same quantity as the simulator's while a transfer crosses."""
 
     # -- load ------------------------------------------------------------------------------------
     def report(self) -> NodeReport:
@@ -129,7 +135,7 @@ class Node:
             kv_capacity_bytes=budget.budget_bytes,
             draining=self.draining,
             egress_bytes=self.egress_bytes,
-            egress_backlog_bytes=self._inflight_kv_bytes,
+            egress_backlog_bytes=self._unsent_kv_bytes,
             fault=self.fault,
         )
 
@@ -196,8 +202,10 @@ class Node:
         manifest = Manifest.from_layout(rid, full)
         result: PrefillResult | None = None
         sent = 0
+        unsent = 0  # this session's share of ``_unsent_kv_bytes``
         self._prefill_queue[rid] = n - k
         async with contextlib.AsyncExitStack() as stack:
+            stack.callback(self._settle_unsent, lambda: unsent)
             # The session opens with the first layer, not while the prefill waits for the engine:
             # the receiver aborts a session without progress for its stall timeout (30 s), and a
             # queued prefill is not a stalled sender (the fidelity bench lost requests that way).
@@ -207,14 +215,18 @@ class Node:
                     self._prefill_queue.pop(rid, None)  # computing now, no longer queued
                     if session is None:
                         session = await stack.enter_async_context(link.session(manifest))
+                        if cmd.cross_site:
+                            unsent = manifest.num_bytes
+                            self._unsent_kv_bytes += unsent
                     target = full.segments[out.position]
                     for offset, view in _pieces_for_receiver(out, cached, target, receiver_tokens):
-                        self._inflight_kv_bytes += view.nbytes
-                        try:
-                            await session.send(out.position, offset, view)
-                        finally:
-                            self._inflight_kv_bytes -= view.nbytes
+                        await session.send(out.position, offset, view)
                         sent += view.nbytes
+                        if cmd.cross_site:  # accepted by the sender: now the link's to count
+                            self.egress_bytes += view.nbytes
+                            taken = min(unsent, view.nbytes)
+                            unsent -= taken
+                            self._unsent_kv_bytes -= taken
                 else:
                     result = out
             if result is None:
@@ -222,8 +234,6 @@ class Node:
             if session is None:  # nothing to hand out (cannot happen with a layer per position)
                 session = await stack.enter_async_context(link.session(manifest))
             await session.finish(result.first_token)
-        if cmd.cross_site:
-            self.egress_bytes += sent
         stored: list[tuple[int, int]] = []
         if store is not None and result.checkpoints:
             try:  # an optimisation: the request itself succeeded, whatever happens here
@@ -242,6 +252,10 @@ class Node:
             store_epoch=store.epoch if store is not None else 0,
             store_seq=store.seq if store is not None else 0,
         )
+
+    def _settle_unsent(self, unsent: Callable[[], int]) -> None:
+        """A session closed (sent, failed or cancelled): what it never handed over leaves."""
+        self._unsent_kv_bytes -= unsent()
 
     # -- decode ----------------------------------------------------------------------------------
     def expects(self, request_id: str) -> bool:
