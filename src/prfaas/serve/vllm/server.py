@@ -123,6 +123,18 @@ def model_max_len(engine: EngineConfig) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
+def model_has_linear_layers(engine: EngineConfig) -> bool:
+    """The model folder's config.json lists linear-attention layers (Qwen3-Next's
+    ``layer_types``): PrfaasConnector moves their states only with vLLM's prefix caching off."""
+    assert engine.model_path is not None
+    try:
+        cfg = json.loads((Path(engine.model_path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    types = cfg.get("layer_types") if isinstance(cfg, dict) else None
+    return isinstance(types, list) and "linear_attention" in types
+
+
 def owner_tag(process_name: str, psk: str) -> str:
     """Names the sidecar a server belongs to without showing the key."""
     digest = hashlib.sha256(f"{process_name}\0{psk}".encode()).hexdigest()[:16]
@@ -162,6 +174,11 @@ def server_spec(
     if v.gpu_memory_utilization is not None:
         argv += ["--gpu-memory-utilization", f"{v.gpu_memory_utilization:g}"]
     argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(connector))]
+    if model_has_linear_layers(engine):
+        # One state block per request (mamba_cache_mode "none"), the only mode whose states
+        # PrfaasConnector sends; extra_args may still turn prefix caching on (then it refuses
+        # to move KV for this model and every remote load recomputes: docs/vllm.md).
+        argv += ["--no-enable-prefix-caching"]
     argv += v.extra_args
     env = (
         ("VLLM_CPU_OMP_THREADS_BIND", v.cpu_bind),
