@@ -139,7 +139,7 @@ def deployment(tmp_path: Path) -> Callable[..., DeploymentConfig]:
             {
                 "engine": {
                     "kind": "vllm", "model": "tiny", "model_path": str(model),
-                    "vllm": {"python": str(python), "startup_timeout_s": 20},
+                    "vllm": {"python": str(python), "startup_timeout_s": 20, "cpu_bind": "0"},
                 },
                 "gateway": {"port": 0, "control_port": control_port},
                 "sites": [
@@ -294,6 +294,18 @@ async def test_remote_prefill_then_decode_speak_kv_transfer_params(
     report = await until(lambda: (r := gateway.last_report("pf0")) and r["egress_bytes"] and r,
                          "egress in the report")  # fmt: skip
     assert report["egress_bytes"] == outcome.kv_bytes_sent
+
+
+async def test_the_whole_server_runs_on_its_cpu_bind_cores(
+    cluster: tuple[Gateway, Sidecar, Sidecar, Path],
+) -> None:
+    # Not only vLLM's OpenMP threads (VLLM_CPU_OMP_THREADS_BIND): the process the sidecar
+    # starts, so its EngineCore and API server (children, threads) inherit the cores too.
+    _, prfaas, pd, _ = cluster
+    for sidecar in (prfaas, pd):
+        server = sidecar.host.server
+        assert server is not None and server.pid is not None
+        assert os.sched_getaffinity(server.pid) == {0}
 
 
 async def test_co_located_prefill_is_a_plain_decode_request(

@@ -18,6 +18,7 @@ from prfaas.serve.vllm.server import (
     OWNER_ENV,
     PSK_ENV,
     ConnectorSettings,
+    cpu_set,
     owner_tag,
     server_spec,
 )
@@ -148,6 +149,15 @@ def test_the_server_command_line_follows_the_contract(tmp_path: Path) -> None:
     assert env[PSK_ENV] == PSK and env[OWNER_ENV] == "o" and env["PATH"] == "/bin"
     assert env["PYTHONUNBUFFERED"] == "1"
     assert not any(PSK in a for a in argv), "the key must never be on the command line"
+    assert spec.cpus == frozenset({1})  # the whole server tree is pinned, not only OpenMP
+
+
+@pytest.mark.parametrize(
+    ("bind", "cores"),
+    [("auto", None), ("1", {1}), ("0-3", {0, 1, 2, 3}), ("0,2-3", {0, 2, 3})],
+)
+def test_cpu_bind_values_name_their_cores(bind: str, cores: set[int] | None) -> None:
+    assert cpu_set(bind) == (None if cores is None else frozenset(cores))
 
 
 def test_max_model_len_from_the_file_wins_and_gpu_utilisation_is_passed(tmp_path: Path) -> None:

@@ -82,6 +82,8 @@ class ServerSpec:
     startup_timeout_s: float
     owner: str
     """The ``PRFAAS_VLLM_OWNER`` tag (also in ``env``)."""
+    cpus: frozenset[int] | None = None
+    """Cores the whole server process tree runs on (``cpu_bind``; None: ``auto``, unpinned)."""
 
     @property
     def base_url(self) -> str:
@@ -187,7 +189,18 @@ def server_spec(
         ("PYTHONUNBUFFERED", "1"),
         (OWNER_ENV, owner),
     )
-    return ServerSpec(tuple(argv), env, host, port, v.startup_timeout_s, owner)
+    return ServerSpec(tuple(argv), env, host, port, v.startup_timeout_s, owner, cpu_set(v.cpu_bind))
+
+
+def cpu_set(cpu_bind: str) -> frozenset[int] | None:
+    """The cores of a ``cpu_bind`` value ("0", "0-3", "0,2-3"); None for ``auto``."""
+    if cpu_bind == "auto":
+        return None
+    cores: set[int] = set()
+    for part in cpu_bind.split(","):
+        first, _, last = part.partition("-")
+        cores.update(range(int(first), int(last or first) + 1))
+    return frozenset(cores)
 
 
 class ServerState(enum.Enum):
@@ -277,7 +290,7 @@ class VllmServer:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own group: stopped as a whole, the sidecar spared
-            preexec_fn=_die_with_parent(),
+            preexec_fn=_preexec(self.spec.cpus),
         )
         self._group = ChildGroup(proc)
         self.num_starts += 1
@@ -381,9 +394,12 @@ def find_orphans(owner: str) -> list[int]:
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> Callable[[], None] | None:
+def _preexec(cpus: frozenset[int] | None) -> Callable[[], None] | None:
     """A ``preexec_fn`` that has the kernel SIGKILL the API server when the sidecar's thread that
-    started it dies (a SIGKILLed sidecar cannot stop it itself); None off Linux."""
+    started it dies (a SIGKILLed sidecar cannot stop it itself), and puts it on ``cpus``; None off
+    Linux. The whole tree is pinned, not only vLLM's OpenMP threads (``cpu_bind``): its EngineCore
+    and API server left unpinned busy-poll while a decode awaits KV, on another server's core
+    (bench/vllm_pd.py: a prefill's forward pass took 1.6-6.5 s instead of 1.0 s)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -393,5 +409,7 @@ def _die_with_parent() -> Callable[[], None] | None:
 
     def preexec() -> None:
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)
 
     return preexec
