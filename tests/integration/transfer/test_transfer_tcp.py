@@ -254,3 +254,45 @@ async def test_a_session_with_nothing_to_send_still_completes() -> None:
             async with link.session(m) as s:
                 await s.finish(first_token=3)
             assert (await (await rx.next_session()).complete()).first_token == 3
+
+
+async def test_finish_waits_while_the_queued_bytes_are_still_crossing() -> None:
+    """``timeout_s`` bounds a wait without progress: a slow link still draining the session's
+    window after END is progress, not a stall (a 64 MB window on a link under ~17 Mbit/s takes
+    over the default 30 s to drain; the session must still complete)."""
+    data = random.Random(11).randbytes(2 << 20)
+    tensor = TensorEntry("state", DType.FP32, (len(data) // 4,))
+    m = Manifest("slow", 1, 0, (LayerEntry(0, LayerKind.LINEAR, 0, 0, (tensor,)),))
+    # All of it fits the window, so send returns at once and finish() waits ~1.5 s for the
+    # paced writer: three times timeout_s.
+    cfg = dataclasses.replace(CFG, timeout_s=0.5, rate_limit_bytes_per_s=len(data) / 1.5)
+    async with Receiver(CFG, Allocator()) as rx:
+        host, port = await rx.listen()
+        async with await Link.connect(host, port, cfg) as link:
+            async with link.session(m) as s:
+                ins = await rx.next_session()
+                await send_all(s, [data], [(0, 0, len(data))])
+                assert s.bytes_sent == len(data)
+            d = await ins.complete()
+    assert bytes(d.buffers[0]) == data
+
+
+async def test_finish_still_times_out_when_nothing_moves() -> None:
+    """Every byte written and no COMPLETE (the receiver stopped reading): ``finish`` gives up
+    after ``timeout_s``, as before."""
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(_StallingReceiver, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    cfg = dataclasses.replace(CFG, num_connections=1, timeout_s=0.5)
+    small = bytes(16 << 10)  # fits the socket buffers: all of it is written at once
+    tensor = TensorEntry("state", DType.FP32, (len(small) // 4,))
+    m = Manifest("small", 1, 0, (LayerEntry(0, LayerKind.LINEAR, 0, 0, (tensor,)),))
+    try:
+        async with await Link.connect("127.0.0.1", port, cfg) as link:
+            s = await link.open(m)
+            await s.send(0, 0, small)
+            with pytest.raises(TimeoutError, match="COMPLETE"):
+                await s.finish()
+            assert s.bytes_sent == len(small)
+    finally:
+        server.close()
