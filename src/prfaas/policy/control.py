@@ -12,7 +12,7 @@ no import of ``prfaas.sim`` or ``prfaas.serve``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from prfaas.core.ids import SiteId
@@ -58,6 +58,12 @@ class ControlPolicy:
     def observe(self, num_uncached_tokens: int, num_output_tokens: int, now: float) -> None:
         """One routed request's lengths (what its prefill computes, what it decodes)."""
         self.window.observe(num_uncached_tokens, num_output_tokens, now)
+
+    @property
+    def observer(self) -> Callable[[int, int, float], None]:
+        """``observe`` as one bound call, for a driver's hot path (the simulator's arrival):
+        what ``observe`` does, without its forwarding frame. Keep the two the same."""
+        return self.window.observe
 
     def tick(self, cluster: ClusterView, now: float) -> tuple[ControlAction, ...]:
         if self.rebalancer is not None:

@@ -10,6 +10,8 @@ Pure.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -63,6 +65,15 @@ class DecodePlacement:
                 if best is None or key < best_key:
                     best, best_key = load, key
         return None if best is None else best.node_id
+
+    def chooser(self, cluster: ClusterView, site_id: SiteId) -> Callable[[], NodeId | None]:
+        """``choose(cluster, site_id, now)`` as one call with nothing left to look up, for a
+        driver that asks once per request of a view it never replaces (the simulator): the
+        same answer, the fast path resolved once instead of per call."""
+        fast = getattr(cluster, "least_loaded_id", None)
+        if fast is not None:
+            return functools.partial(fast, site_id, NodeRole.DECODE)
+        return functools.partial(self.choose, cluster, site_id, 0.0)
 
 
 def least_loaded(cluster: ClusterView, site_id: SiteId, role: NodeRole) -> NodeLoad | None:

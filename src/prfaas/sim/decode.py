@@ -21,6 +21,9 @@ from prfaas.sim.world import World
 _DECODE_TICK = EventKind.DECODE_TICK
 _DECODING = RequestState.DECODING
 _FINISHED = RequestState.FINISHED
+# The states each move may start from (``TRANSITIONS`` inverted once: one set lookup per move).
+_INTO_DECODING = frozenset(s for s, to in TRANSITIONS.items() if _DECODING in to)
+_INTO_FINISHED = frozenset(s for s, to in TRANSITIONS.items() if _FINISHED in to)
 
 
 class DecodeStage:
@@ -41,7 +44,7 @@ class DecodeStage:
         w = self._world
         req = event[-2]
         dec = event[-1]
-        if _DECODING not in TRANSITIONS[req.state]:  # core.request.advance, inline (hot path)
+        if req.state not in _INTO_DECODING:  # core.request.advance, inline (hot path)
             raise InvalidTransition(f"r{req.index}", req.state, _DECODING)
         req.state = _DECODING
         req.kv_ready_s = w.now
@@ -141,7 +144,7 @@ class DecodeStage:
     def _finish(self, req: SimRequest, dec: DecodeNode) -> None:
         w = self._world
         now = w.now
-        if _FINISHED not in TRANSITIONS[req.state]:
+        if req.state not in _INTO_FINISHED:
             raise InvalidTransition(f"r{req.index}", req.state, _FINISHED)
         req.state = _FINISHED
         req.finish_s = now

@@ -7,8 +7,10 @@ lengths they read); ``build_homes`` makes them for a ``World``, as the live gate
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from prfaas.core.ids import NodeId
 from prfaas.core.topology import SiteKind
 from prfaas.policy import DecodePlacement, TuningConfig, make_router
 from prfaas.policy.control import ControlPolicy, control_policy
@@ -28,6 +30,11 @@ class HomeSite:
     control: ControlPolicy
     """Re-searches ``t`` (on for the ``prfaas`` policy unless the scenario says otherwise) and
     plans P<->D role changes (``rebalance`` on); owns the window of recent lengths."""
+    choose_decode: Callable[[], NodeId | None]
+    """``placement.choose(view, this site, now)``, resolved once (``DecodePlacement.chooser``):
+    the arrival's hot path."""
+    observe: Callable[[int, int, float], None]
+    """``control.observe``, as one bound call (``ControlPolicy.observer``)."""
 
 
 def build_homes(world: World) -> dict[int, HomeSite]:
@@ -43,14 +50,19 @@ def build_homes(world: World) -> dict[int, HomeSite]:
             continue
         reach = [r for r in remote if (world.site_index[r], h) in world.links]
         local = world.cost_model(sc.sites[h].hardware)
+        placement = DecodePlacement()
+        view = SimClusterView(world, sc.threshold_tokens)
+        control = control_policy(
+            ids[h], reach, remote_cm, local, tune=tune, rebalance=sc.rebalance,
+            config=TuningConfig(min_samples=sc.tune_min_samples),
+        )  # fmt: skip
         homes[h] = HomeSite(
             site=h,
             router=make_router(sc.policy, ids[h], reach, None, remote_cm, local),
-            placement=DecodePlacement(),
-            view=SimClusterView(world, sc.threshold_tokens),
-            control=control_policy(
-                ids[h], reach, remote_cm, local, tune=tune, rebalance=sc.rebalance,
-                config=TuningConfig(min_samples=sc.tune_min_samples),
-            ),
-        )  # fmt: skip
+            placement=placement,
+            view=view,
+            control=control,
+            choose_decode=placement.chooser(view, ids[h]),
+            observe=control.observer,
+        )
     return homes

@@ -20,6 +20,7 @@ from prfaas.core.request import RequestState
 from prfaas.sim.link import Flow
 
 _NO_NODE = NodeId("")
+_QUEUED = RequestState.QUEUED  # a module constant: one lookup per request, not an enum access
 
 
 class SimRequest:
@@ -65,7 +66,7 @@ class SimRequest:
         self.num_output = num_output
         self.block_hashes = block_hashes
         self.home = home
-        self.state = RequestState.QUEUED
+        self.state = _QUEUED
         self.num_cached = 0
         """Prefix tokens reused at the prefill site."""
         self.cached_home = 0

@@ -64,6 +64,11 @@ _ROUTED = RequestState.ROUTED
 _PREFILLING = RequestState.PREFILLING
 _TRANSFERRING = RequestState.TRANSFERRING
 _FAILED = RequestState.FAILED
+# The states each hot-path move may start from (``core.request.TRANSITIONS``, inverted once): one
+# set lookup per move instead of a dict lookup and a set lookup.
+_INTO_ROUTED = frozenset(s for s, to in TRANSITIONS.items() if _ROUTED in to)
+_INTO_PREFILLING = frozenset(s for s, to in TRANSITIONS.items() if _PREFILLING in to)
+_INTO_TRANSFERRING = frozenset(s for s, to in TRANSITIONS.items() if _TRANSFERRING in to)
 _request_id = cast(Callable[[str], RequestId], str)
 """``RequestId`` without the ``NewType`` call (a Python-level call per request, ~30 ns): ``str``
 of a ``str`` is the object itself."""
@@ -236,19 +241,19 @@ class Simulator:
         node = w.node_by_id[d.prefill_node]
         assert isinstance(node, PrefillNode), d.prefill_node  # routers pick prefill pools
         # The decode node, now (as the live gateway does): reserved until the KV arrives.
-        placed = home.placement.choose(home.view, w.site_ids[req.home], w.now)
+        placed = home.choose_decode()  # placement.choose(view, home site, now), resolved once
         if placed is None:  # the live gateway answers 503: the request fails
             _advance(req, _FAILED)
             m.num_failed += 1
             return
         dec = self._node_by_id[placed]
         assert isinstance(dec, DecodeNode), placed  # a decode pool's member
-        if _ROUTED not in TRANSITIONS[req.state]:  # _advance, inline (hot path)
+        if req.state not in _INTO_ROUTED:  # _advance, inline (hot path)
             raise InvalidTransition(f"r{req.index}", req.state, _ROUTED)
         req.state = _ROUTED
         dec.reserved += 1
         self._decode_pools[req.home].touch(dec)
-        req.decode_node = dec.node_id
+        req.decode_node = placed
         req.cached_home = cached.get(w.site_ids[req.home], 0)
         req.offloaded = d.offloaded
         req.rerouted = d.rerouted
@@ -266,7 +271,7 @@ class Simulator:
                 nbytes = w.kv_bytes.total(move.num_tokens)
                 kvb = w.kv_bytes
                 link.add(w.now, nbytes, 0.0, CacheMove(req, node, dst), kvb.num_layers)
-                home.control.observe(req.num_prompt - req.num_cached, req.num_output, w.now)
+                home.observe(req.num_prompt - req.num_cached, req.num_output, w.now)
                 return
         # What the prefill site really reuses (refreshes its LRU, counts its hit rate); no cache
         # changed since the peek, so its figure for that site holds.
@@ -274,7 +279,7 @@ class Simulator:
         req.num_cached = min(
             d.num_cached_tokens, w.kv.use(d.prefill_site, hashes, req.num_prompt, peeked)
         )
-        home.control.observe(req.num_prompt - req.num_cached, req.num_output, w.now)
+        home.observe(req.num_prompt - req.num_cached, req.num_output, w.now)
         self._assign(req, node, site)
 
     def _assign(self, req: SimRequest, node: PrefillNode, site: int) -> None:
@@ -331,7 +336,7 @@ class Simulator:
     def _start_transfer(
         self, req: SimRequest, node: PrefillNode, duration: float, now: float
     ) -> Handoff:
-        if _PREFILLING not in TRANSITIONS[req.state]:  # _advance, inline (hot path)
+        if req.state not in _INTO_PREFILLING:  # _advance, inline (hot path)
             raise InvalidTransition(f"r{req.index}", req.state, _PREFILLING)
         req.state = _PREFILLING
         req.prefill_start_s = now
@@ -367,8 +372,8 @@ class Simulator:
         heap = self._q.heap
         seq = self._q.seq
         for handoff in batch:
-            req = handoff.req
-            if _TRANSFERRING not in TRANSITIONS[req.state]:  # _advance, inline (hot path)
+            req = handoff[0]  # handoff.req, without the field descriptor (hot path)
+            if req.state not in _INTO_TRANSFERRING:  # _advance, inline (hot path)
                 raise InvalidTransition(f"r{req.index}", req.state, _TRANSFERRING)
             req.state = _TRANSFERRING
             req.prefill_end_s = now
@@ -384,10 +389,7 @@ class Simulator:
                 total = kvb.fixed_bytes + n * kvb.per_token_bytes if linear else kvb.total(n)
                 last_layer = total / kvb.num_layers
                 at_s = now + last_layer / local_rate
-                heapq.heappush(
-                    heap,
-                    (at_s, _KV_ARRIVE, next(seq), req, handoff.decode_node),
-                )
+                heapq.heappush(heap, (at_s, _KV_ARRIVE, next(seq), req, handoff[1]))
         if node.queue:
             self._start_batch(node)
         elif node.draining:
@@ -403,14 +405,12 @@ class Simulator:
         link.finish(flow, w.now)
         payload = flow.payload
         if isinstance(payload, Handoff):
-            payload.req.flow = None
+            req, dec = payload
+            req.flow = None
             delay = link.rtt_s / 2
             if delay > 0:
                 q = self._q
-                heapq.heappush(
-                    q.heap,
-                    (w.now + delay, _KV_ARRIVE, next(q.seq), payload.req, payload.decode_node),
-                )
+                heapq.heappush(q.heap, (w.now + delay, _KV_ARRIVE, next(q.seq), req, dec))
             else:
                 self.decode.on_kv_arrive(payload)
             return

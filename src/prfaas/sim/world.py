@@ -113,13 +113,14 @@ class World:
     def _build_links(self) -> None:
         self.links: dict[tuple[int, int], SimLink] = {}
         """One ``SimLink`` per direction, keyed by (source site, destination site)."""
+        due = _flow_scheduler(self.q)
         for lc in self.sc.links:
             a, b = self.site_index[SiteId(lc.src)], self.site_index[SiteId(lc.dst)]
             for src, dst in ((a, b), (b, a)):
                 lid = link_id_for(self.site_ids[src], self.site_ids[dst])
                 self.links[(src, dst)] = SimLink(
                     lid, lc.bandwidth_gbps * 1e9 / 8, lc.rtt_s, lc.connections, lc.window_bytes,
-                    self._flow_due,
+                    due,
                 )  # fmt: skip
             for t_s, gbps in lc.schedule:
                 q = self.q
@@ -128,11 +129,18 @@ class World:
             (self.site_ids[a], self.site_ids[b]): link for (a, b), link in self.links.items()
         }
 
-    def _flow_due(self, time_s: float, flow: Flow, version: int) -> None:
-        q = self.q
-        heapq.heappush(q.heap, (time_s, _FLOW_DONE, next(q.seq), flow, version))
-
     def idle_for_good(self) -> bool:
         """No arrival to come and nothing in flight: periodic events may stop."""
         m = self.metrics
         return self.arrivals_done and m.num_arrived == m.num_completed + m.num_failed
+
+
+def _flow_scheduler(q: EventQueue) -> Callable[[float, Flow, int], None]:
+    """The links' ``schedule_done``: pushes a FLOW_DONE event onto ``q`` (its heap and counter
+    are never replaced, so the closure holds them: one call per rate change, no lookups)."""
+    heap, seq, push = q.heap, q.seq, heapq.heappush
+
+    def due(time_s: float, flow: Flow, version: int) -> None:
+        push(heap, (time_s, _FLOW_DONE, next(seq), flow, version))
+
+    return due
