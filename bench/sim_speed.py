@@ -13,7 +13,10 @@ of 417 H200 instances, each PD site with its own 100 Gbps link) for one simulate
 in a fresh process per version, versions interleaved (drift on a shared machine hits both), and
 each version's figure is the median over the rounds. Process time excludes other jobs' CPU, not
 their effect on caches and memory bandwidth: on a shared machine compare only figures taken side by
-side.
+side. Where even that swings by 10% between rounds (seen with vLLM servers running), count
+instructions instead, which load does not change: ``valgrind --tool=callgrind`` over a script that
+builds the case and the ``Simulator``, once with ``sim.run()`` and once without, per version
+(``PYTHONPATH=SRC``); the difference of the two "Collected" totals is the run's cost.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ from prfaas.sim.events import (
 )
 from prfaas.sim.homes import build_homes
 from prfaas.sim.metrics import Metrics
-from prfaas.sim.nodes import DecodeNode, PrefillNode, SimNode
+from prfaas.sim.nodes import PrefillNode, SimNode
 from prfaas.sim.request import SimRequest
 from prfaas.sim.scenario import SimScenario
 from prfaas.sim.world import World
@@ -93,7 +93,7 @@ class Simulator:
         self._q = w.q
         self._kv_bytes = w.kv_bytes
         self._links = w.links
-        self._node_by_id = w.node_by_id
+        self._decode_by_id = w.decode_by_id
         self._decode_pools = w.pools.decode
         self._prefill_pools = w.pools.prefill
         self._home_sites = tuple(self.homes)
@@ -238,16 +238,14 @@ class Simulator:
             m.num_failed += 1
             return
         site = w.site_index[d.prefill_site]
-        node = w.node_by_id[d.prefill_node]
-        assert isinstance(node, PrefillNode), d.prefill_node  # routers pick prefill pools
+        node = w.prefill_by_id[d.prefill_node]  # routers pick prefill pools
         # The decode node, now (as the live gateway does): reserved until the KV arrives.
         placed = home.choose_decode()  # placement.choose(view, home site, now), resolved once
         if placed is None:  # the live gateway answers 503: the request fails
             _advance(req, _FAILED)
             m.num_failed += 1
             return
-        dec = self._node_by_id[placed]
-        assert isinstance(dec, DecodeNode), placed  # a decode pool's member
+        dec = self._decode_by_id[placed]  # a decode pool's member
         if req.state not in _INTO_ROUTED:  # _advance, inline (hot path)
             raise InvalidTransition(f"r{req.index}", req.state, _ROUTED)
         req.state = _ROUTED
@@ -343,7 +341,7 @@ class Simulator:
         home = req.home
         req.prefill_node = node.node_id
         # Chosen and reserved at routing time (``_on_arrival``).
-        handoff = new_payload(Handoff, (req, self._node_by_id[req.decode_node]))
+        handoff = new_payload(Handoff, (req, self._decode_by_id[req.decode_node]))
         kvb = self._kv_bytes
         n = req.num_prompt + req.num_output
         # KvBytes.total, without the call when no layer has a sliding window (hot path).

@@ -47,6 +47,10 @@ class World:
         num_sites = len(sc.sites)
         self.nodes: list[SimNode] = []
         self.node_by_id: dict[NodeId, SimNode] = {}
+        self.prefill_by_id: dict[NodeId, PrefillNode] = {}
+        """``node_by_id``'s prefill nodes (typed: the arrival's lookups need no isinstance)."""
+        self.decode_by_id: dict[NodeId, DecodeNode] = {}
+        """``node_by_id``'s decode nodes."""
         self.pools = Pools(num_sites)
         self.admission: dict[int, DecodeAdmission] = {}
         """Decode admission of each site that has (or had) decode nodes."""
@@ -108,6 +112,12 @@ class World:
         else:
             self.nodes[node.index] = node
         self.node_by_id[node.node_id] = node
+        if isinstance(node, PrefillNode):
+            self.decode_by_id.pop(node.node_id, None)
+            self.prefill_by_id[node.node_id] = node
+        else:
+            self.prefill_by_id.pop(node.node_id, None)
+            self.decode_by_id[node.node_id] = node
         self.pools.add(node)
 
     def _build_links(self) -> None:
