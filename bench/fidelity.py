@@ -12,9 +12,10 @@ Steps, all from this script (docs/fidelity.md has the method, the figures and wh
    prompts of their own seed (none of the run's prompts; nothing is fitted to the runs).
 3. A deployment file (``engine: {kind: torch}``, the ``prfaas`` router, ``hardware:`` the two
    profile files): one PrfaaS site of one prefill node, one PD site of a prefill and a decode node.
-4. Live: ``Launcher`` runs it (gateway + one process per node); each node process, all its
-   threads, is pinned with ``sched_setaffinity`` (the PrfaaS node to core 1, the PD site's two
-   nodes to core 0; the gateway and this load client are left to the scheduler). Two scenarios:
+4. Live: ``Launcher`` runs it (gateway + one process per node); each site's ``engine.cpus``
+   pins its node processes, every thread (the PrfaaS node to core 1, the PD site's two nodes to
+   core 0, which they share; the gateway and this load client are left to the scheduler). The
+   simulator reads the same field: nodes on one core share it. Two scenarios:
    a Mooncake trace slice (its prefix reuse kept: a hash id becomes the same 512 tokens wherever
    it appears) and a synthetic burst (gamma inter-arrivals, cv 3, log-normal lengths). Each is run
    first overloaded (at ``--overload`` x the simulator's capacity: the measured capacity is
@@ -193,9 +194,13 @@ def deployment_dict(model: Path, threshold_tokens: int, s: Settings) -> dict[str
             "tune_min_samples": 1_000_000,
         },
         "sites": [
+            # Each site's node processes on its own core (the worker pins itself, every thread
+            # with it); the PD site's two nodes share core 0, which the simulator models too.
             {"name": "prfaas", "kind": "prfaas", "hardware": f"prfaas-core{PRFAAS_CORE}.yaml",
+             "engine": {"cpus": str(PRFAAS_CORE)},
              "nodes": [{"name": "pf0", "role": "prefill"}]},
             {"name": "pd", "kind": "pd", "hardware": f"pd-core{PD_CORE}.yaml",
+             "engine": {"cpus": str(PD_CORE)},
              "nodes": [{"name": "p0", "role": "prefill"}, {"name": "d0", "role": "decode"}]},
         ],
         # Loopback: the tiny model's KV (512 B/token) never makes this link matter.
@@ -371,19 +376,7 @@ def run_sim(deployment: Path, specs: Sequence[Any]) -> list[Outcome]:
 
 
 # -- 4. live -------------------------------------------------------------------------------------
-def pin(pid: int, cpus: set[int]) -> int:
-    """Every thread of process ``pid`` onto ``cpus`` (threads it starts later inherit it)."""
-    n = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            os.sched_setaffinity(int(tid), cpus)
-            n += 1
-        except (ProcessLookupError, FileNotFoundError):
-            pass  # a thread that ended meanwhile
-    return n
-
-
-NODE_CORES = {"pf0": PRFAAS_CORE, "p0": PD_CORE, "d0": PD_CORE}
+NODES = ("pf0", "p0", "d0")
 SIM_NODE = {"pf0": "prfaas/p0", "p0": "pd/p0", "d0": "pd/d0"}
 """The live nodes' names in the simulator (which numbers each site's nodes by role)."""
 LAST_SIM_BUSY_S: dict[str, float] = {}
@@ -418,8 +411,6 @@ def run_live(deployment: Path, specs: Sequence[Any], workdir: Path) -> list[Outc
     synth = PromptSynth(seed=0, vocab_size=256)
     extra = {"return_token_ids": True, "ignore_eos": True}
     with Launcher(d, workdir) as launcher:
-        for name, core in NODE_CORES.items():
-            pin(launcher.child(name).proc.pid, {core})
         # Warm-up, unmeasured: one prompt down each path (first passes allocate and load lazily).
         t = d.policy.threshold_tokens or 0
         warm = [BenchRequest(i, 0.0, n, 2) for i, n in enumerate((max(16, t // 2), t + 512))]
@@ -428,7 +419,7 @@ def run_live(deployment: Path, specs: Sequence[Any], workdir: Path) -> list[Outc
                          synth=PromptSynth(seed=WARMUP_SEED), concurrency=1, timeout_s=300,
                          extra_body=extra)
         )  # fmt: skip
-        pids = {name: launcher.child(name).proc.pid for name in NODE_CORES}
+        pids = {name: launcher.child(name).proc.pid for name in NODES}
         before = {name: cpu_s(pid) for name, pid in pids.items()}
         results, _ = asyncio.run(
             run_workload(reqs, base_url=launcher.url, model=MODEL_NAME, synth=synth,
@@ -679,7 +670,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # used (last repeat); their ratio is how far the profile's speed is from the run's.
         row["node_work_s"] = {
             n: {"sim_busy": LAST_SIM_BUSY_S.get(SIM_NODE[n]), "live_cpu": LAST_LIVE_CPU_S.get(n)}
-            for n in NODE_CORES
+            for n in NODES
         }
         rows.append(row)
         say(f"{name} {label}: {render([row]).splitlines()[-1]}")

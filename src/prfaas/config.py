@@ -26,11 +26,13 @@ from pydantic import (
 )
 
 from prfaas.deployment_sections import (
+    CPUS_PATTERN,
     Prices,
     SimulationConfig,
     VllmOverride,
     VllmSettings,
     WorkloadConfig,
+    cpu_set,
 )
 from prfaas.errors import UsageError
 from prfaas.perf.profile_file import is_profile_file
@@ -61,6 +63,7 @@ class EngineOverride(_Strict):
     kv_budget_mib: int | None = Field(None, ge=1)
     prefix_store_mib: int | None = Field(None, ge=0)
     prefill_chunk_tokens: int | None = Field(None, ge=16)
+    cpus: str | None = Field(None, pattern=CPUS_PATTERN)
     vllm: VllmOverride | None = None
     """vLLM sites: the fields named here replace the top-level ``engine.vllm`` ones."""
 
@@ -155,6 +158,13 @@ class EngineConfig(_Strict):
     prefix_store_mib: int = Field(256, ge=0, description="torch: prefix checkpoints per process")
     prefill_chunk_tokens: int = Field(
         512, ge=16, description="torch: longest prefill pass while streams decode"
+    )
+    cpus: str | None = Field(
+        None,
+        pattern=CPUS_PATTERN,
+        description="torch/timed: the cores every node process of the site runs on (e.g. '0', "
+        "'0-3'); nodes on the same cores share them, and the simulator models that "
+        "(vLLM sites: vllm.cpu_bind). None: wherever the OS puts them",
     )
     vllm: VllmSettings = Field(
         default_factory=VllmSettings, description="vllm: how each node process's server starts"
@@ -368,6 +378,14 @@ class DeploymentConfig(_Strict):
         if site.engine.vllm is not None:  # field by field: a site may change cpu_bind alone
             changes["vllm"] = site.engine.vllm.over(self.engine.vllm)
         return self.engine.model_copy(update=changes)
+
+    def cores_of_site(self, site_name: str) -> frozenset[int] | None:
+        """The cores ``site_name``'s node processes are pinned to (``engine.cpus``, or a vLLM
+        site's ``engine.vllm.cpu_bind``); None: not pinned."""
+        eng = self.engine_for(site_name)
+        if eng.kind == "vllm":
+            return cpu_set(eng.vllm.cpu_bind)
+        return None if eng.cpus is None else cpu_set(eng.cpus)
 
     def require_one_pd_site(self) -> None:
         """The live system serves one PD site per gateway; files with more are for the

@@ -81,8 +81,21 @@ Prices = dict[str, float]
 """USD per instance-hour, by a site's ``hardware`` (preset name or profile file)."""
 
 
+CPUS_PATTERN = r"^\d+(-\d+)?(,\d+(-\d+)?)*$"
+"""Core ids: "0", "1", "0-3", "0,2-3"."""
 CPU_BIND_PATTERN = r"^(auto|\d+(-\d+)?(,\d+(-\d+)?)*)$"
 """``VLLM_CPU_OMP_THREADS_BIND`` of one server: ``auto`` or core ids ("0", "1", "0-3", "0,2")."""
+
+
+def cpu_set(cores: str) -> frozenset[int] | None:
+    """The cores a ``CPUS_PATTERN`` / ``CPU_BIND_PATTERN`` value names; None for ``auto``."""
+    if cores == "auto":
+        return None
+    out: set[int] = set()
+    for part in cores.split(","):
+        first, _, last = part.partition("-")
+        out.update(range(int(first), int(last or first) + 1))
+    return frozenset(out)
 
 
 class VllmSettings(_Strict):

@@ -5,6 +5,7 @@ prefix moved across sites first (both directions), and identical to single-proce
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,9 @@ pytestmark = pytest.mark.timeout(300)
 BLOCK = 64
 THRESHOLD = 100
 MAX_TOKENS = 24
+_ALLOWED = sorted(os.sched_getaffinity(0))
+CORES = {"prfaas": _ALLOWED[-1], "pd": _ALLOWED[0]}
+"""Each site's ``engine.cpus`` (one core each where there are two)."""
 
 
 def _deployment(model_dir: Path) -> DeploymentConfig:
@@ -34,8 +38,10 @@ def _deployment(model_dir: Path) -> DeploymentConfig:
             "policy": {"router": "prfaas", "threshold_tokens": THRESHOLD},
             "sites": [
                 {"name": "prfaas", "kind": "prfaas", "hardware": "h200",
+                 "engine": {"cpus": str(CORES["prfaas"])},
                  "nodes": [{"name": "pf0", "role": "prefill"}]},
                 {"name": "pd", "kind": "pd", "hardware": "h20",
+                 "engine": {"cpus": str(CORES["pd"])},
                  "nodes": [{"name": "p0", "role": "prefill"}, {"name": "d0", "role": "decode"}]},
             ],
             "links": [{"src": "prfaas", "dst": "pd", "gbps": 100}],
@@ -131,3 +137,12 @@ def test_local_prefill_then_prefix_moved_to_prfaas(live: Launcher, reference: An
     # torch nodes run one per process, so the decode node's own store is empty: all of it crossed.
     assert route["kv_bytes"] == reference.cache_spec.bytes_for(len(longest))
     assert tokens == _expected(reference(longest), finish)
+
+
+def test_each_node_process_runs_on_its_sites_cores(live: Launcher) -> None:
+    for node, site in (("pf0", "prfaas"), ("p0", "pd"), ("d0", "pd")):
+        pid = live.child(node).proc.pid
+        assert os.sched_getaffinity(pid) == {CORES[site]}, node
+        # every thread too (torch's and the engine's, started after the pin)
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            assert os.sched_getaffinity(int(tid)) == {CORES[site]}, (node, tid)

@@ -38,6 +38,8 @@ def test_the_example_deployment_loads() -> None:
         (lambda d: d["sites"][1]["nodes"].__setitem__(1, {"name": "p0", "role": "decode"}),
          "duplicate node names"),
         (lambda d: d.update(psk="short"), "psk"),
+        (lambda d: d["engine"].update(cpus="0-"), "engine.cpus"),
+        (lambda d: d["sites"][1].update(engine={"cpus": "auto"}), "sites.1.engine.cpus"),
     ],
 )  # fmt: skip
 def test_bad_deployments_name_the_field(tmp_path: Path, mutate: object, needle: str) -> None:
@@ -65,3 +67,23 @@ def test_cli_exit_2_for_bad_deployments(tmp_path: Path, capsys: pytest.CaptureFi
     assert "has role prefill, not decode" in capsys.readouterr().err
     assert main(["demo", "--requests", "0"]) == 2
     assert "--requests must be > 0" in capsys.readouterr().err
+
+
+def test_a_sites_cores_come_from_engine_cpus_or_vllm_cpu_bind(tmp_path: Path) -> None:
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["engine"]["cpus"] = "0-1"
+    data["sites"][1]["engine"] = {"cpus": "3,5-6"}
+    d = load_deployment(_write(tmp_path, data))
+    assert d.cores_of_site("prfaas") == frozenset({0, 1})
+    assert d.cores_of_site("pd") == frozenset({3, 5, 6})
+    del data["engine"]["cpus"], data["sites"][1]["engine"]
+    assert load_deployment(_write(tmp_path, data)).cores_of_site("pd") is None
+
+
+def test_a_node_process_on_cores_the_host_lacks_is_a_usage_error() -> None:
+    from prfaas.serve.run import pin_process
+
+    with pytest.raises(
+        UsageError, match=r"sites\[pd\]\.engine\.cpus: cannot run on cores \[4096\]"
+    ):
+        pin_process(frozenset({4096}), "sites[pd].engine.cpus")

@@ -13,12 +13,12 @@ import yaml
 
 from prfaas.cli import main
 from prfaas.config import DeploymentConfig, load_deployment
+from prfaas.deployment_sections import cpu_set
 from prfaas.errors import UsageError
 from prfaas.serve.vllm.server import (
     OWNER_ENV,
     PSK_ENV,
     ConnectorSettings,
-    cpu_set,
     owner_tag,
     server_spec,
 )

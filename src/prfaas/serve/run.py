@@ -9,10 +9,13 @@ in one uvicorn server (``serve.listeners``): the client port (OpenAI API) and th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 from typing import Any
 
 from prfaas.config import DeploymentConfig
+from prfaas.errors import UsageError
 from prfaas.serve.backend import ModelInfo
 from prfaas.serve.listeners import PortRouter, bind, serve
 
@@ -88,9 +91,14 @@ def run_worker(d: DeploymentConfig, node_names: list[str], host: str = "127.0.0.
     from prfaas.serve.node.app import create_node_app
     from prfaas.serve.node.hosting import NodeHost
 
+    site = d.site_of(node_names[0]).name
+    cores = d.cores_of_site(site)
+    if cores is not None and d.engine_for(site).kind != "vllm":  # a vLLM server pins itself
+        pin_process(cores, f"sites[{site}].engine.cpus")
+
     async def main() -> None:
         worker: NodeHost
-        if d.engine_for(d.site_of(node_names[0]).name).kind == "vllm":
+        if d.engine_for(site).kind == "vllm":
             from prfaas.serve.vllm.host import VllmHost
 
             worker = VllmHost(d, node_names, d.control_url, host=host)
@@ -104,3 +112,19 @@ def run_worker(d: DeploymentConfig, node_names: list[str], host: str = "127.0.0.
         await serve(create_node_app(worker), [sock])
 
     asyncio.run(main())
+
+
+def pin_process(cores: frozenset[int], field: str) -> None:
+    """Run this process on ``cores``: every thread it has (the affinity is per thread on Linux:
+    threads started during imports keep their own) and, from the main thread, every thread it
+    starts later (torch's and the engine's among them)."""
+    try:
+        os.sched_setaffinity(0, cores)
+        for tid in os.listdir("/proc/self/task"):
+            with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+                os.sched_setaffinity(int(tid), cores)
+    except (OSError, ValueError) as exc:  # a core this host does not have
+        have = sorted(os.sched_getaffinity(0))
+        raise UsageError(
+            f"{field}: cannot run on cores {sorted(cores)} (this host allows {have}): {exc}"
+        ) from None

@@ -33,7 +33,7 @@ from typing import IO, Any
 import httpx
 
 from prfaas.config import EngineConfig
-from prfaas.deployment_sections import default_vllm_python
+from prfaas.deployment_sections import cpu_set, default_vllm_python
 from prfaas.serve.process_group import ChildGroup, terminate
 from prfaas.serve.supervisor import RestartPolicy, describe_exit
 
@@ -190,17 +190,6 @@ def server_spec(
         (OWNER_ENV, owner),
     )
     return ServerSpec(tuple(argv), env, host, port, v.startup_timeout_s, owner, cpu_set(v.cpu_bind))
-
-
-def cpu_set(cpu_bind: str) -> frozenset[int] | None:
-    """The cores of a ``cpu_bind`` value ("0", "0-3", "0,2-3"); None for ``auto``."""
-    if cpu_bind == "auto":
-        return None
-    cores: set[int] = set()
-    for part in cpu_bind.split(","):
-        first, _, last = part.partition("-")
-        cores.update(range(int(first), int(last or first) + 1))
-    return frozenset(cores)
 
 
 class ServerState(enum.Enum):
