@@ -134,6 +134,20 @@ def planner_for(d: DeploymentConfig, **overrides: Any) -> Planner:
     )
 
 
+def _shared_cores(d: DeploymentConfig, site: str) -> dict[str, int]:
+    """A site whose node processes are pinned to the same cores shares them (``engine.cpus``, a
+    vLLM site's ``cpu_bind``). Timed nodes sleep their modelled times rather than compute, so
+    their cores are never the limit."""
+    cores = d.cores_of_site(site)
+    eng = d.engine_for(site)
+    if cores is None or eng.kind == "timed":
+        return {}
+    # A torch node computes on its ``threads``; a vLLM server binds its OpenMP threads to all
+    # its cores.
+    threads = eng.threads if eng.kind == "torch" else len(cores)
+    return {"shared_cores": len(cores), "threads_per_node": threads}
+
+
 def sim_scenario(d: DeploymentConfig) -> SimScenario:
     """The simulator's ``SimScenario`` for ``d`` (validate it with ``.validate()``)."""
     from prfaas.sim import LengthConfig, LinkConfig, SimScenario
@@ -143,9 +157,12 @@ def sim_scenario(d: DeploymentConfig) -> SimScenario:
     sim, w = d.simulation, d.workload
     cache_bytes = sim.cache_bytes_per_node
     sites = tuple(
-        SimSite(s.name, s.kind, s.hardware, *_counts(s), cache_bytes_per_node=cache_bytes)
+        SimSite(
+            s.name, s.kind, s.hardware, *_counts(s), cache_bytes_per_node=cache_bytes,
+            **_shared_cores(d, s.name),
+        )
         for s in d.sites
-    )
+    )  # fmt: skip
     links = tuple(
         LinkConfig(
             lk.src, lk.dst, lk.gbps, lk.rtt_ms / 1000, lk.connections, lk.window_mib * MIB,

@@ -37,6 +37,7 @@ class DecodeStage:
         self._admission = world.admission
         self._metrics = world.metrics
         self._decode_pools = world.pools.decode
+        self._shared = world.shared
 
     def on_kv_arrive(self, event: KvArrive | Handoff) -> None:
         """A KV_ARRIVE event, or the handoff itself when the KV needs no propagation delay
@@ -79,22 +80,46 @@ class DecodeStage:
         dec.kv_used += req.kv_bytes
         if not dec.members:
             self._enter(dec, req, dec.step, now)
+            shared = self._shared[dec.site]
+            if shared is not None:  # the node starts computing: its site's cores get busier
+                shared.busy += 1
+                self.respan_site(dec.site, now, dec)
             self._new_span(dec, now)
             return
         # Mid-span: the step in progress finishes without the newcomer; it joins at that step
         # boundary, where a new span (new batch size and context) begins. One event, not two.
+        boundary_s = self._step_boundary(dec, now)
+        self._enter(dec, req, dec.step, boundary_s)
+        self._new_span(dec, boundary_s)
+
+    def _step_boundary(self, dec: DecodeNode, now: float) -> float:
+        """End the span at the boundary of the step in progress at ``now`` (its steps and busy
+        time booked); returns that boundary, where the next span starts."""
         cm = dec.cm
         start = dec.span_start_s
-        elapsed = now - start
+        factor = dec.span_factor
+        elapsed = (now - start) / factor
         k = cm.decode_steps_within(dec.span_batch, dec.span_ctx, elapsed) + 1 if elapsed > 0 else 0
         if k > dec.tick_steps:
             k = dec.tick_steps  # the boundary is the pending tick itself
-        boundary_s = start + cm.decode_span_s(dec.span_batch, dec.span_ctx, k)
+        boundary_s = start + cm.decode_span_s(dec.span_batch, dec.span_ctx, k) * factor
         dec.busy_s += boundary_s - start
         dec.slot_s += (boundary_s - start) * dec.span_batch
         dec.step += k
-        self._enter(dec, req, dec.step, boundary_s)
-        self._new_span(dec, boundary_s)
+        return boundary_s
+
+    def respan_site(self, site: int, now: float, changed: SimNode | None = None) -> None:
+        """The site's shared cores got busier or freer at ``now``: every other decode node of
+        the site continues from its next step boundary at the new speed. (A prefill keeps the
+        speed it started with: its end, and its KV's pace on the link, are fixed when it
+        starts.)"""
+        for dec in self._world.decode_nodes_of(site):
+            if dec is changed or not dec.members:
+                continue
+            if now <= dec.span_start_s:  # the span begins at a boundary still ahead
+                self._new_span(dec, dec.span_start_s)
+            else:
+                self._new_span(dec, self._step_boundary(dec, now))
 
     def _new_span(self, dec: DecodeNode, start_s: float) -> None:
         members = dec.members
@@ -104,7 +129,10 @@ class DecodeStage:
         dec.span_ctx = dec.ctx_sum + b * dec.step
         steps = members[0][0] - dec.step
         dec.tick_steps = steps
-        dec.tick_s = start_s + dec.cm.decode_span_s(b, dec.span_ctx, steps)
+        shared = self._shared[dec.site]
+        factor = 1.0 if shared is None else shared.slowdown()
+        dec.span_factor = factor
+        dec.tick_s = start_s + dec.cm.decode_span_s(b, dec.span_ctx, steps) * factor
         dec.tick_version += 1
         heapq.heappush(
             self._heap, (dec.tick_s, _DECODE_TICK, next(self._seq), dec, dec.tick_version)
@@ -138,6 +166,10 @@ class DecodeStage:
         else:
             dec.tick_s = float("inf")
             dec.tick_steps = 0
+            shared = self._shared[dec.site]
+            if shared is not None:  # the node stops computing: its site's cores get freer
+                shared.busy -= 1
+                self.respan_site(dec.site, now, dec)
             if dec.draining and dec.is_idle():
                 self._on_drained(dec)
 

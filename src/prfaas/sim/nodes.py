@@ -76,8 +76,9 @@ class PrefillNode(NodeBase):
 
 class DecodeNode(NodeBase):
     __slots__ = ("ctx_sum", "kv_capacity", "kv_used", "max_batch", "members",
-                 "reserved", "seq", "slot_s", "span_batch", "span_ctx", "span_start_s", "step",
-                 "tick_s", "tick_steps", "tick_version", "waiting")  # fmt: skip
+                 "reserved", "seq", "slot_s", "span_batch", "span_ctx", "span_factor",
+                 "span_start_s", "step", "tick_s", "tick_steps", "tick_version",
+                 "waiting")  # fmt: skip
 
     def __init__(
         self, node_id: NodeId, index: int, site: int, site_id: SiteId, cm: CostModel,
@@ -100,6 +101,8 @@ class DecodeNode(NodeBase):
         """Requests routed here whose KV has not arrived."""
         self.ctx_sum = 0
         self.span_start_s = 0.0
+        self.span_factor = 1.0
+        """The span's slowdown on cores shared with the site's other nodes (1: its own)."""
         self.span_batch = 0
         self.span_ctx = 0
         self.tick_s = float("inf")

@@ -32,6 +32,11 @@ class SiteConfig:
     num_decode: int = 0
     cache_bytes_per_node: float = 1e12
     """Prefix-cache pool per node (host DRAM, shared per site): 1 TB per 8-GPU node (ASSUMPTION)."""
+    shared_cores: int | None = None
+    """The site's nodes run together on this many cores (``SharedCores``); None: each node on
+    its own hardware, as its timings were measured."""
+    threads_per_node: int = 1
+    """Cores one busy node computes on (with ``shared_cores``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +127,10 @@ class SimScenario:
                 raise ScenarioError(f"site {s.name}: a prfaas site has no decode nodes")
             if s.cache_bytes_per_node < 0:
                 raise ScenarioError(f"site {s.name}: negative cache size")
+            if (s.shared_cores is not None and s.shared_cores < 1) or s.threads_per_node < 1:
+                raise ScenarioError(
+                    f"site {s.name}: shared_cores and threads_per_node must be >= 1"
+                )
         known = set(names)
         for link in self.links:
             for end in (link.src, link.dst):

@@ -297,7 +297,9 @@ class Simulator:
             self._start_batch(node)
 
     # -- prefill ----------------------------------------------------------------------------------
-    def _start_batch(self, node: PrefillNode) -> None:
+    def _start_batch(self, node: PrefillNode, continuing: bool = False) -> None:
+        """Start ``node``'s next batch (``continuing``: right after its last one, so it was
+        busy all along)."""
         w = self.world
         queue = node.queue
         if len(queue) == 1:  # the batcher's rule for a lone request: it goes, alone
@@ -315,14 +317,22 @@ class Simulator:
         now = w.now
         node.busy = True
         start = self._start_transfer
+        shared = w.shared[node.site]
+        if shared is not None and not continuing:  # the site's shared cores get busier
+            shared.busy += 1
+            self.decode.respan_site(node.site, now)
         if len(batch) == 1:  # most batches (no generator, no list: hot path)
             req = batch[0]
             duration = req.work_s
+            if shared is not None:
+                duration *= shared.slowdown()
             handoffs: tuple[Handoff, ...] = (start(req, node, duration, now),)
         else:
             duration = 0.0
             for req in batch:
                 duration += req.work_s
+            if shared is not None:
+                duration *= shared.slowdown()
             handoffs = tuple([start(req, node, duration, now) for req in batch])
         node.busy_s += duration
         q = self._q
@@ -389,8 +399,13 @@ class Simulator:
                 at_s = now + last_layer / local_rate
                 heapq.heappush(heap, (at_s, _KV_ARRIVE, next(seq), req, handoff[1]))
         if node.queue:
-            self._start_batch(node)
-        elif node.draining:
+            self._start_batch(node, True)
+            return
+        shared = w.shared[site]
+        if shared is not None:  # the node stops computing: its site's shared cores get freer
+            shared.busy -= 1
+            self.decode.respan_site(site, now)
+        if node.draining:
             self.control.drained(node)
 
     # -- links ------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from prfaas.sim.kv_bytes import KvBytes
 from prfaas.sim.link import Flow, SimLink
 from prfaas.sim.metrics import Metrics
 from prfaas.sim.nodes import DecodeNode, Pools, PrefillNode, SimNode
+from prfaas.sim.processor import SharedCores
 from prfaas.sim.request import SimRequest
 from prfaas.sim.scenario import ScenarioError, SimScenario
 
@@ -61,6 +62,11 @@ class World:
         self.site_waiting = [0] * num_sites
         self.peak_queued = [0] * num_sites
         self.peak_waiting = [0] * num_sites
+        self.shared: list[SharedCores | None] = [
+            None if s.shared_cores is None else SharedCores(s.shared_cores, s.threads_per_node)
+            for s in sc.sites
+        ]
+        """Per site: the cores its nodes share (``SiteConfig.shared_cores``), or None."""
         self._build_nodes()
         sizing = sizing_for(cache, sc.block_tokens)
         caches: dict[SiteId, HybridPrefixCache] = {}
@@ -71,6 +77,10 @@ class World:
             )
         self.kv = GlobalKVManager(caches)
         self._build_links()
+
+    def decode_nodes_of(self, site: int) -> list[DecodeNode]:
+        """The site's decode nodes now (a few: called only where a site shares its cores)."""
+        return [n for n in self.decode_by_id.values() if n.site == site]
 
     def cost_model(self, hardware: str) -> CostModel:
         cm = self._cms.get(hardware)

@@ -1,0 +1,29 @@
+"""``SharedCores``: the cores one site's simulated nodes run on together.
+
+A site whose node processes are pinned to the same cores (``engine.cpus``: on a small host, a
+prefill and a decode node on one core) does not have one machine per node, as the cost model's
+per-node timings assume. Processor sharing: while the site's busy nodes want more cores than it
+has, each runs at ``cores / demand`` of its own speed (a torch node's demand is its ``threads``).
+The simulator counts busy nodes here and scales service times by ``slowdown`` when they start.
+
+Pure: no clock, no I/O; the simulator owns the counts' transitions.
+"""
+
+from __future__ import annotations
+
+
+class SharedCores:
+    __slots__ = ("busy", "cores", "threads_per_node")
+
+    def __init__(self, cores: int, threads_per_node: int = 1) -> None:
+        if cores < 1 or threads_per_node < 1:
+            raise ValueError(f"need cores >= 1 and threads >= 1, got {cores}, {threads_per_node}")
+        self.cores = cores
+        self.threads_per_node = threads_per_node
+        self.busy = 0
+        """Nodes of the site computing now (a prefill batch, a non-empty decode batch)."""
+
+    def slowdown(self) -> float:
+        """How much longer work takes than on a node's own cores, at the current demand."""
+        demand = self.busy * self.threads_per_node
+        return demand / self.cores if demand > self.cores else 1.0

@@ -1,0 +1,59 @@
+"""Nodes of one site that share cores (``SiteConfig.shared_cores``, from ``engine.cpus``): while
+their demand exceeds the cores, each runs at ``cores / demand`` of its own speed."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from prfaas.sim import SimScenario, Simulator, SiteConfig
+from prfaas.sim.processor import SharedCores
+from prfaas.workload import SimRequestSpec
+
+
+def test_the_slowdown_is_demand_over_cores_once_it_exceeds_them() -> None:
+    cores = SharedCores(2, threads_per_node=1)
+    assert [cores.slowdown() for cores.busy in (0, 1, 2, 3, 4)] == [1.0, 1.0, 1.0, 1.5, 2.0]
+    assert SharedCores(1, threads_per_node=2).slowdown() == 1.0  # nobody busy
+    with pytest.raises(ValueError, match="cores >= 1"):
+        SharedCores(0)
+
+
+def _run(shared_cores: int | None, specs: list[SimRequestSpec]) -> tuple[Simulator, dict]:  # type: ignore[type-arg]
+    site = SiteConfig("pd", "pd", "h20", 1, 1, shared_cores=shared_cores)
+    sc = SimScenario(
+        sites=(site,), policy="local_only", prefix_cache=False, local_fabric_gbps=1e9,
+        duration_s=1e6, prefill_token_budget=1,
+    )  # fmt: skip
+    sim = Simulator(sc, iter(specs))
+    done: dict[int, tuple[float, float]] = {}
+    sim.on_finish = lambda req: done.__setitem__(req.index, (req.kv_ready_s, req.finish_s))
+    sim.run()
+    assert len(done) == len(specs)
+    return sim, done
+
+
+SPECS = [SimRequestSpec(i, 0.05 * i, 2000 + 311 * (i % 7), 40) for i in range(30)]
+
+
+def test_a_core_per_node_changes_nothing() -> None:
+    _, alone = _run(None, SPECS)
+    _, two_cores = _run(2, SPECS)
+    assert two_cores == alone
+
+
+def test_one_core_for_both_serialises_their_work() -> None:
+    """Everything arrives at once: the prefill node is busy throughout, the decode node from the
+    first KV on, so both share the core nearly all the time and the run takes about their work
+    added up (on its own hardware each would overlap the other)."""
+    specs = [replace(s, arrival_s=0.0) for s in SPECS]
+    sim_alone, alone = _run(None, specs)
+    work_s = sum(n.busy_s for n in sim_alone.world.nodes)
+    _, shared = _run(1, specs)
+    makespan_alone = max(f for _, f in alone.values())
+    makespan_shared = max(f for _, f in shared.values())
+    assert makespan_shared > 1.2 * makespan_alone
+    assert makespan_shared == pytest.approx(work_s, rel=0.1)
+    # the first prefill ran alone (the decode node had nothing yet): not slowed
+    assert shared[0][0] == pytest.approx(alone[0][0])
