@@ -31,13 +31,10 @@ def namespaced(d: DeploymentConfig) -> tuple[TwoSiteTestbed, DeploymentConfig]:
     reason = unavailable_reason()
     if reason is not None:
         raise LaunchError(f"netns: true: {reason}")
-    link = d.link_to_home(remote[0].name)
-    assert link is not None
-    eng = d.engine
-    scale = eng.byte_divisor * (eng.time_scale if eng.kind == "timed" else 1.0)
+    rate_mbit, one_way_delay_s = shaped_link(d, remote[0].name)
     testbed = TwoSiteTestbed(
-        rate_mbit=link.gbps * 1000 / scale,
-        one_way_delay_s=link.rtt_ms / 2000 * (eng.time_scale if eng.kind == "timed" else 1.0),
+        rate_mbit=rate_mbit,
+        one_way_delay_s=one_way_delay_s,
         tcp_mem_max_bytes=64 << 20,
         b_in_root=True,
     )
@@ -55,3 +52,14 @@ def namespaced_argv(
     ns = "a" if site.kind == "prfaas" else "b"
     args = [*args, "--host", testbed.ip_a if ns == "a" else testbed.ip_b]
     return testbed.netns_argv(ns, cmd), args
+
+
+def shaped_link(d: DeploymentConfig, remote_site: str) -> tuple[float, float]:
+    """The tbf rate (Mbit/s) and one-way delay (s) of ``remote_site``'s veth: the modelled link
+    in wall payload bytes. Only the timed engine scales time and bytes; a torch link runs at the
+    file's rate (this once applied ``byte_divisor`` to real bytes too, as the node's pacer did)."""
+    link = d.link_to_home(remote_site)
+    assert link is not None
+    eng = d.engine
+    scale = eng.real_bytes_per_payload_byte * eng.wall_s_per_modelled_s
+    return link.gbps * 1000 / scale, link.rtt_ms / 2000 * eng.wall_s_per_modelled_s

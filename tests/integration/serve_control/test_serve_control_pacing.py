@@ -46,3 +46,17 @@ def test_a_torch_node_paces_at_the_files_rate(tmp_path: Path) -> None:
     finally:
         for node in host.nodes.values():
             node.close()
+
+
+def test_the_netns_testbed_shapes_the_same_rate_as_the_pacer() -> None:
+    """``netns: true`` shapes the veth with tbf instead of pacing: the same conversion (a torch
+    veth used to be shaped at 1/byte_divisor of the file's rate, like the pacer)."""
+    from prfaas.serve.launch_netns import shaped_link
+
+    raw = deployment_dict()  # timed: 100 Gbps, 10 ms, time_scale 0.05, byte_divisor 1000
+    rate_mbit, delay_s = shaped_link(DeploymentConfig.model_validate(raw), "prfaas")
+    assert rate_mbit == pytest.approx(100e3 / 1000 / 0.05) and delay_s == pytest.approx(0.00025)
+    raw["engine"] = {"kind": "torch", "model": "tiny", "model_path": "/nonexistent",
+                     "time_scale": 0.05, "byte_divisor": 1000}  # fmt: skip
+    rate_mbit, delay_s = shaped_link(DeploymentConfig.model_validate(raw), "prfaas")
+    assert rate_mbit == pytest.approx(100e3) and delay_s == pytest.approx(0.005)

@@ -75,8 +75,9 @@ class NodeRegistry:
         self.deployment = deployment
         self.view = view
         eng = deployment.engine
-        self.time_scale = eng.time_scale if eng.kind == "timed" else 1.0
-        self.byte_divisor = eng.byte_divisor if eng.kind == "timed" else 1
+        # The nodes' conversion too (serve/node/host.py): only the timed engine scales.
+        self.time_scale = eng.wall_s_per_modelled_s
+        self.byte_divisor = eng.real_bytes_per_payload_byte
         self.endpoints: dict[str, NodeEndpoint] = {}
         # Work the gateway itself has sent and not seen finish, per node: request -> tokens.
         # Authoritative for queues between heartbeats (a heartbeat is up to an interval old, and
