@@ -104,6 +104,7 @@ def _start(
     dtype: str = "float32",
     extra_args: tuple[str, ...] = (),
     extra_env: dict[str, str] | None = None,
+    pace_gbps: float | None = None,
 ) -> Server:
     port, kv_port = _free_port(), _free_port()
     agent = str(tmp / f"{name}.sock")
@@ -113,7 +114,7 @@ def _start(
         "psk_env": "PRFAAS_KV_PSK",
         "num_connections": 4,
         "kv_budget_mib": 64,
-        "pace_gbps": None,
+        "pace_gbps": pace_gbps,
         "agent_socket": agent,
     }
     kv_cfg = {

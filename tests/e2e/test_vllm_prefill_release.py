@@ -14,10 +14,7 @@ at ``PACE_GBPS`` so the transfer takes about 12 s; helpers from ``test_vllm_conn
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import subprocess
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -26,15 +23,12 @@ from typing import Any
 
 import pytest
 from test_vllm_connector import (
-    MODEL,
-    PSK,
-    VLLM_PY,
     Server,
     _complete,
     _decode_params,
-    _free_port,
     _kv_bytes,
     _skip_reason,
+    _start,
     _stop,
     _tokens,
     _wait_healthy,
@@ -45,7 +39,7 @@ LONG_TOKENS = 1500
 SHORT_TOKENS = 200
 PACE_GBPS = 0.002
 """250 kB/s: the long prompt's KV takes ~12 s to cross, its prefill well under a second here
-(under 30 s: the sender's wait for COMPLETE after END is bounded by prfaas.transfer's 30 s)."""
+(slow enough to catch the answer before the KV, short enough to keep the module quick)."""
 MAX_TOKENS = 6
 
 pytestmark = [
@@ -56,44 +50,8 @@ pytestmark = [
 
 
 def _start_paced(name: str, model: Path, core: int, tmp: Path, pace_gbps: float | None) -> Server:
-    port, kv_port = _free_port(), _free_port()
-    agent = str(tmp / f"{name}.sock")
-    extra = {
-        "listen_host": "127.0.0.1",
-        "listen_port": kv_port,
-        "psk_env": "PRFAAS_KV_PSK",
-        "num_connections": 4,
-        "kv_budget_mib": 64,
-        "pace_gbps": pace_gbps,
-        "agent_socket": agent,
-    }
-    kv_cfg = {
-        "kv_connector": "PrfaasConnector",
-        "kv_connector_module_path": "prfaas.integrations.vllm.connector",
-        "kv_role": "kv_both",
-        "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": extra,
-    }
-    cmd = [
-        str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model), "--served-model-name", MODEL, "--dtype", "float32",
-        "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(port), "-O0",
-        "--kv-transfer-config", json.dumps(kv_cfg),
-    ]  # fmt: skip
-    env = dict(os.environ)
-    env.update(
-        VLLM_CPU_OMP_THREADS_BIND=str(core),
-        VLLM_CPU_KVCACHE_SPACE="1",
-        PRFAAS_KV_PSK=PSK,
-        PYTHONUNBUFFERED="1",
-        PRFAAS_VLLM_TRACE=str(tmp / f"{name}.trace.jsonl"),
-    )
-    log = tmp / f"{name}.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    return Server(name, port, kv_port, agent, proc, log)
+    trace = {"PRFAAS_VLLM_TRACE": str(tmp / f"{name}.trace.jsonl")}
+    return _start(name, model, core, tmp, extra_args=("-O0",), extra_env=trace, pace_gbps=pace_gbps)
 
 
 @pytest.fixture(scope="module")
