@@ -100,7 +100,10 @@ QUICK = {
     "profile_new_tokens": (128, 1024),
     "profile_cached_tokens": (0,),
     "profile_batches": (1, 2),
-    "profile_contexts": (64, 256),
+    # The full run's contexts: the cost model sizes the decode batch at 8K tokens of context,
+    # and a fit over 64-256 tokens, one noisy repeat each, once extrapolated there to a step
+    # over the 25 ms budget ("cannot meet the decode SLO", a failed clean-clone run).
+    "profile_contexts": (512, 4096),
     "profile_repeats": 1,
 }
 
