@@ -12,9 +12,10 @@ Links are opened per peer, at most one connect per peer at a time, each bounded 
 
 The inter-site link's capacity is measured here, not taken from the deployment file: at every
 report the cross-site links' counters (TCP_INFO bytes acknowledged and bytes not yet sent, the
-links' own unwritten bytes, RTT) feed one ``core.link_estimate.CapacityEstimator`` for the
-process, and the report carries its estimate and basis ("configured" until the first busy
-interval, then "measured"), in modelled units like every other report field.
+links' own unwritten bytes, RTT: ``transfer.link_readings``, shared with the vLLM connector) feed
+one ``core.link_estimate.CapacityEstimator`` for the process (a span ends at every report:
+heartbeats, status calls), and the report carries its estimate and basis ("configured" until
+the first busy interval, then "measured"), in modelled units like every other report field.
 """
 
 from __future__ import annotations
@@ -24,14 +25,13 @@ import contextlib
 import functools
 import logging
 import ssl
-from collections.abc import Coroutine, Hashable, Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 import httpx
 
 from prfaas.config import DeploymentConfig
 from prfaas.core import LinkId, NodeRole
-from prfaas.core.link_estimate import CapacityEstimator, EstimatorConfig, LinkReading
 from prfaas.engine.api import Engine
 from prfaas.serve.auth import SignedAuth
 from prfaas.serve.node.control_plane import (
@@ -71,24 +71,14 @@ from prfaas.transfer import (
     TransferError,
 )
 from prfaas.transfer import Link as TransferLink
+from prfaas.transfer.link_readings import SenderLinkEstimator
 from prfaas.transfer.pacing import TokenBucket
 from prfaas.transfer.sender import pacer
-from prfaas.transfer.tcpinfo import read_tcp_info
 
 log = logging.getLogger("prfaas.node")
 
 CONNECT_TIMEOUT_S = 5.0
 """Longest a KV link may take to connect and authenticate (every connection of it)."""
-
-LINK_ESTIMATOR = EstimatorConfig(
-    window_s=3.0, busy_queue_bytes=64 << 10, min_interval_s=0.5, busy_fraction=0.9
-)
-"""Wall seconds and payload bytes. A span measures the link when the link held its sender back
-(the pacer in debt or a writer waiting for socket space) for 90% of it, or, unpaced (under tbf the
-queue sits in the kernel), when the kernel's unsent bytes at its start (at least 64 KiB: several
-layer pieces, an emulated layer is ~10 KiB) held all the link then delivered. Rates are taken over
-at least 0.5 s, ending at every report (heartbeats, status calls): over a shorter span a shaper's
-burst allowance (tbf: 64 KiB) or TCP's ramp after idle reads as capacity."""
 
 
 class WorkerHost:
@@ -139,7 +129,7 @@ class WorkerHost:
             None,
         )
         self.link_gbps: float | None = link.gbps if link is not None else None
-        self._link_estimator = CapacityEstimator(self._configured_wall_rate(), LINK_ESTIMATOR)
+        self._link_estimator = SenderLinkEstimator(self._configured_wall_rate())
         self.receiver: Receiver | None = None
         self.transfer_port = 0
         self.http_port = 0
@@ -213,7 +203,7 @@ class WorkerHost:
         self.link_gbps = gbps
         # A re-shaped link is another link: what was measured of the old one no longer holds
         # (it would stand for the estimator's whole window: a dip, or its end, went unseen).
-        self._link_estimator = CapacityEstimator(self._configured_wall_rate(), LINK_ESTIMATOR)
+        self._link_estimator = SenderLinkEstimator(self._configured_wall_rate())
         rate = self.link_rate_bytes_per_s()
         if rate is None:
             self._pacer = None
@@ -262,55 +252,19 @@ class WorkerHost:
         return health
 
     def _link_estimate(self, now_s: float) -> dict[str, object]:
-        """Feed the capacity estimator the cross-site links' counters now; the report fields.
-
-        Per link: bytes acknowledged are TCP's (``TCP_INFO`` bytes_acked, summed over the
-        connections: per segment, where the receiver's own ACK frames come per 4 MiB), the link's
-        counters in memory; the queue is what ``send`` accepted and no connection has written yet
-        plus what the kernel holds unsent (``notsent_bytes``). Aborted bytes are subtracted from
-        the unwritten ones though some were written: after an abort the queue reads low, never
-        high, which can only make an interval look idle. The link's own ``link_limited_s`` (its
-        pacer in debt, a writer waiting for socket space) says for how much of a span the link,
-        not the producer or this process's share of the CPU, held the KV back; only the kernel's
-        unsent bytes count for the queue rule (``network_queue_bytes``): they leave while this
-        process waits for a core, the unwritten ones do not."""
+        """Feed the capacity estimator the cross-site links' counters now
+        (``transfer.link_readings``); the report fields, in modelled units."""
         if self.link_gbps is None:
             return {}
-        readings: dict[Hashable, LinkReading] = {}
-        backlog = 0
-        pace = self.link_rate_bytes_per_s()
-        for key in self._monitors:
-            link = self._links.get(key)
-            if link is None:
-                continue
-            c = link.counters()
-            backlog += c.backlog_bytes
-            unwritten = max(0, c.bytes_queued - c.bytes_sent - c.bytes_dropped)
-            infos = [i for i in (read_tcp_info(s) for s in link.sockets()) if i is not None]
-            if infos:
-                acked = sum(i.bytes_acked for i in infos)
-                notsent = sum(i.notsent_bytes for i in infos)
-                rtt = max(i.rtt_s for i in infos)
-            else:
-                acked, notsent, rtt = c.bytes_acked, 0, 0.0
-            # Keyed by the link's random peer id: a replaced link (same peer) starts anew. A
-            # paced link's bottleneck is its pacer: a kernel queue behind it means the receiving
-            # process fell behind (a busy emulation host), so only the pacer's time counts.
-            network_queue = notsent if pace is None else 0
-            readings[link.peer_id] = LinkReading(
-                acked, unwritten + notsent, rtt, c.link_limited_s, network_queue_bytes=network_queue
-            )
-        est = self._link_estimator.observe(now_s, readings)
+        links = [link for key in self._monitors if (link := self._links.get(key)) is not None]
+        est = self._link_estimator.observe(now_s, links, self.link_rate_bytes_per_s())
         scale = self._wall_scale()
-        capacity = est.capacity_bytes_per_s
-        if pace is not None:  # the KV cannot leave faster than our own pacer lets it
-            capacity = min(capacity, pace)
         return {
-            "link_estimate_bytes_per_s": capacity * scale,
+            "link_estimate_bytes_per_s": est.capacity_bytes_per_s * scale,
             "link_capacity_basis": est.basis,
             "link_goodput_bytes_per_s": est.goodput_bytes_per_s * scale,
             "link_queue_bytes": int(est.queue_bytes * self._byte_divisor()),
-            "link_backlog_bytes": int(backlog * self._byte_divisor()),
+            "link_backlog_bytes": int(est.backlog_bytes * self._byte_divisor()),
         }
 
     def _byte_divisor(self) -> int:
