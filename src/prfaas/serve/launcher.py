@@ -111,9 +111,8 @@ class Launcher:
             self.testbed, deployment = namespaced(deployment)
         self.deployment = _resolved(deployment)
         self.workdir = workdir
-        self.process_per_node = process_per_node or any(
-            deployment.engine_for(site.name).kind == "torch" for site in deployment.sites
-        )
+        self.process_per_node = process_per_node
+        """Every site's nodes one per process (else only torch sites': see ``groups``)."""
         self.config_path = workdir / RESOLVED_NAME
         self.supervisor = Supervisor(self._spawn, restart)
         self.events: deque[tuple[float, Event]] = deque(maxlen=200)
@@ -150,10 +149,15 @@ class Launcher:
         return self._control
 
     def groups(self) -> list[tuple[str, list[str]]]:
+        """(process name, its nodes): one process per site, or per node where asked and at
+        torch sites (each torch node is its own process). Decided per site: a torch site beside
+        a vLLM site must not split the vLLM site into a server per node (two servers on its
+        cores, and its local route no longer co-located)."""
         out: list[tuple[str, list[str]]] = []
         for site in self.deployment.sites:
             names = [n.name for n in site.nodes]
-            if self.process_per_node:
+            torch = self.deployment.engine_for(site.name).kind == "torch"
+            if self.process_per_node or torch:
                 out.extend((n, [n]) for n in names)
             else:
                 out.append((site.name, names))
