@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from control_helpers import PSK, deployment_dict
 
-import prfaas.serve.node.host as host_module
+import prfaas.serve.node.sender_links as links_module
 from prfaas.config import DeploymentConfig
 from prfaas.serve.node.host import WorkerHost
 from prfaas.transfer import ConnectError, Receiver, Refused, TransferConfig
@@ -40,7 +40,7 @@ def blackhole() -> Any:
 async def test_a_dead_kv_port_does_not_stall_links_to_other_peers(
     monkeypatch: pytest.MonkeyPatch, blackhole: int
 ) -> None:
-    monkeypatch.setattr(host_module, "CONNECT_TIMEOUT_S", CONNECT_TIMEOUT_S)
+    monkeypatch.setattr(links_module, "CONNECT_TIMEOUT_S", CONNECT_TIMEOUT_S)
     calls: list[int] = []
     connect = TransferLink.connect
 

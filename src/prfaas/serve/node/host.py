@@ -4,11 +4,10 @@ deployment's key: the loop is ``control_plane``'s, shared with the vLLM host; wh
 carries and how its answer is applied are this host's). One site per process.
 
 The receiver (one port per process) hands each incoming session to the node that expects its
-request; the sender links are pooled per (decode host, port), paced at the inter-site link's
-emulated rate when the KV crosses sites (an R Gbps link is paced at R / byte_divisor / time_scale;
-one token bucket for all of them: they cross one link).
-Links are opened per peer, at most one connect per peer at a time, each bounded by
-``CONNECT_TIMEOUT_S``: a peer that does not answer delays only the prefills aimed at it.
+request; the sender links (``sender_links.SenderLinks``: pooled per peer, one connect per peer at
+a time) are paced at the inter-site link's emulated rate when the KV crosses sites (an R Gbps
+link is paced at R / byte_divisor / time_scale for the timed engine, at R for real engines; one
+token bucket for all of them: they cross one link).
 
 The inter-site link's capacity is measured here, not taken from the deployment file: at every
 report the cross-site links' counters (TCP_INFO bytes acknowledged and bytes not yet sent, the
@@ -22,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import ssl
 from collections.abc import Coroutine, Sequence
@@ -31,7 +29,7 @@ from typing import Any
 import httpx
 
 from prfaas.config import DeploymentConfig
-from prfaas.core import LinkId, NodeRole
+from prfaas.core import NodeRole
 from prfaas.engine.api import Engine
 from prfaas.serve.auth import SignedAuth
 from prfaas.serve.node.control_plane import (
@@ -58,11 +56,10 @@ from prfaas.serve.node.messages import (
 )
 from prfaas.serve.node.prefix_move import PendingMoves, is_move, new_move_id
 from prfaas.serve.node.prefix_store import PrefixStore
+from prfaas.serve.node.sender_links import SenderLinks
 from prfaas.serve.node.worker import Node
 from prfaas.transfer import (
-    ConnectError,
     InboundSession,
-    LinkMonitor,
     Manifest,
     Receiver,
     Refused,
@@ -71,14 +68,8 @@ from prfaas.transfer import (
     TransferError,
 )
 from prfaas.transfer import Link as TransferLink
-from prfaas.transfer.link_readings import SenderLinkEstimator
-from prfaas.transfer.pacing import TokenBucket
-from prfaas.transfer.sender import pacer
 
 log = logging.getLogger("prfaas.node")
-
-CONNECT_TIMEOUT_S = 5.0
-"""Longest a KV link may take to connect and authenticate (every connection of it)."""
 
 
 class WorkerHost:
@@ -129,18 +120,19 @@ class WorkerHost:
             None,
         )
         self.link_gbps: float | None = link.gbps if link is not None else None
-        self._link_estimator = SenderLinkEstimator(self._configured_wall_rate())
+        tls = deployment.tls
+        self.links = SenderLinks(
+            self.process_name,
+            self.site.name,
+            self._psk,
+            self.link_rate_bytes_per_s(),
+            self._configured_wall_rate(),
+            self._client_ssl,
+            tls.server_hostname if tls is not None else None,
+        )
         self.receiver: Receiver | None = None
         self.transfer_port = 0
         self.http_port = 0
-        self._links: dict[tuple[str, int, bool], TransferLink] = {}
-        # One pacer for every cross-site link of the process: the links to several decode nodes
-        # cross one emulated inter-site link, so they share its rate (created on first use).
-        self._pacer: TokenBucket | None = None
-        self._monitors: dict[tuple[str, int, bool], LinkMonitor] = {}
-        # One connect per peer at a time, shared by every prefill waiting for that peer; no lock
-        # across peers (a connect to a dead peer must not stall the others).
-        self._connecting: dict[tuple[str, int, bool], asyncio.Task[TransferLink]] = {}
         self._tasks = BackgroundTasks()
 
     # -- transfer --------------------------------------------------------------------------------
@@ -201,24 +193,8 @@ class WorkerHost:
     def set_link_gbps(self, gbps: float) -> None:
         """Shape the inter-site link (modelled Gbps): paces every cross-site sender from now on."""
         self.link_gbps = gbps
-        # A re-shaped link is another link: what was measured of the old one no longer holds
-        # (it would stand for the estimator's whole window: a dip, or its end, went unseen).
-        self._link_estimator = SenderLinkEstimator(self._configured_wall_rate())
-        rate = self.link_rate_bytes_per_s()
-        if rate is None:
-            self._pacer = None
-        elif self._pacer is not None:
-            self._pacer.set_rate(rate, asyncio.get_running_loop().time())
-        for (_host, _port, cross_site), link in self._links.items():
-            if cross_site:
-                link.share_pacer(self._shared_pacer())
-
-    def _shared_pacer(self) -> TokenBucket | None:
-        """The cross-site links' one pacer at the link's wall rate (None: unpaced, netns)."""
-        rate = self.link_rate_bytes_per_s()
-        if rate is not None and self._pacer is None:
-            self._pacer = pacer(rate, asyncio.get_running_loop().time())
-        return self._pacer
+        # The estimate starts afresh (SenderLinks.set_pace): a re-shaped link is another link.
+        self.links.set_pace(self.link_rate_bytes_per_s(), self._configured_wall_rate())
 
     def handshake_failures(self) -> int:
         """KV handshakes this process's receiver refused since it started (wrong key, bad or
@@ -241,7 +217,7 @@ class WorkerHost:
         it reads wall-clock RTT, which a busy emulation host inflates without any network cause."""
         now = asyncio.get_running_loop().time()
         health = self._link_estimate(now)
-        states = [s for m in self._monitors.values() if (s := m.sample(now)) is not None]
+        states = self.links.monitor_states(now)
         if not states:
             return health
         rate = max(s.retransmit_rate for s in states)
@@ -256,8 +232,7 @@ class WorkerHost:
         (``transfer.link_readings``); the report fields, in modelled units."""
         if self.link_gbps is None:
             return {}
-        links = [link for key in self._monitors if (link := self._links.get(key)) is not None]
-        est = self._link_estimator.observe(now_s, links, self.link_rate_bytes_per_s())
+        est = self.links.estimate(now_s)
         scale = self._wall_scale()
         return {
             "link_estimate_bytes_per_s": est.capacity_bytes_per_s * scale,
@@ -273,60 +248,12 @@ class WorkerHost:
         return eng.real_bytes_per_payload_byte
 
     async def link_to(self, host: str, port: int, cross_site: bool) -> TransferLink:
-        """The pooled link to a peer's receiver, connecting it first if needed (at most one
-        connect per peer at once; a waiter that is cancelled leaves the connect to the others)."""
-        key = (host, port, cross_site)
-        link = self._links.get(key)
-        if link is not None:
-            return link
-        pending = self._connecting.get(key)
-        if pending is None:
-            pending = asyncio.create_task(self._connect(key))
-            self._connecting[key] = pending
-            pending.add_done_callback(functools.partial(self._connected, key))
-        return await asyncio.shield(pending)
-
-    async def _connect(self, key: tuple[str, int, bool]) -> TransferLink:
-        host, port, cross_site = key
-        rate = self.link_rate_bytes_per_s() if cross_site else None
-        tls = self.deployment.tls
-        config = TransferConfig(
-            psk=self._psk,
-            rate_limit_bytes_per_s=rate,
-            timeout_s=30.0,
-            name=self.process_name,
-            ssl_context=self._client_ssl,
-            server_hostname=tls.server_hostname if tls is not None else None,
-        )
-        try:
-            async with asyncio.timeout(CONNECT_TIMEOUT_S):
-                link = await TransferLink.connect(host, port, config)
-        except TimeoutError:
-            raise ConnectError(
-                f"cannot connect to {host}:{port}: no authenticated link within "
-                f"{CONNECT_TIMEOUT_S:g} s"
-            ) from None
-        self._links[key] = link
-        if cross_site:
-            link.share_pacer(self._shared_pacer())
-            self._monitors[key] = LinkMonitor(link, LinkId(f"{self.site.name}->{host}:{port}"))
-        return link
-
-    def _connected(self, key: tuple[str, int, bool], task: asyncio.Task[TransferLink]) -> None:
-        if self._connecting.get(key) is task:
-            del self._connecting[key]
-        if not task.cancelled() and (exc := task.exception()) is not None:
-            # Every prefill waiting for this peer gets the error (it falls back to local
-            # prefill); say it once, with the peer: a wrong key on either side shows up here.
-            log.warning("KV link to %s:%d failed: %s", key[0], key[1], exc)
+        """The pooled link to a peer's receiver (``SenderLinks.link_to``)."""
+        return await self.links.link_to(host, port, cross_site)
 
     async def drop_link(self, host: str, port: int, cross_site: bool) -> None:
         """Forget a link that failed; the next prefill to that peer reconnects."""
-        link = self._links.pop((host, port, cross_site), None)
-        self._monitors.pop((host, port, cross_site), None)
-        if link is not None:
-            with contextlib.suppress(Exception):
-                await link.aclose()
+        await self.links.drop(host, port, cross_site)
 
     async def prefill(self, name: str, cmd: PrefillCommand) -> PrefillOutcome:
         """Node ``name`` prefills ``cmd`` into a session on the pooled link to the decode node's
@@ -402,15 +329,9 @@ class WorkerHost:
 
     async def stop(self) -> None:
         self._tasks.cancel()
-        for connect in self._connecting.values():
-            connect.cancel()
-        for pending in list(self._connecting.values()):
-            with contextlib.suppress(BaseException):
-                await pending
+        await self.links.stop_connects()
         await self._tasks.join()
-        for link in self._links.values():
-            with contextlib.suppress(Exception):
-                await link.aclose()
+        await self.links.aclose()
         if self.receiver is not None:
             with contextlib.suppress(Exception):
                 await self.receiver.aclose()
