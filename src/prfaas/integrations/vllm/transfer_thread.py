@@ -6,8 +6,8 @@ One daemon thread runs an asyncio loop holding
 - the ``Receiver`` (when the settings give a listen port), whose ``allocate`` stages each incoming
   session in fresh buffers within ``kv_budget_mib``, and whose sessions are awaited to their
   digest check here, so the worker only ever sees verified bytes;
-- the agent socket (a unix stream socket, mode 0600) the sidecar asks ``wait_sent`` / ``abort`` /
-  ``stats`` on (one JSON object per line each way).
+- the agent socket (``agent_server.AgentServer``: a unix stream socket, mode 0600) the sidecar
+  asks ``wait_sent`` / ``abort`` / ``stats`` on (one JSON object per line each way).
 The worker's thread calls the methods below; they hand work to the loop with
 ``call_soon_threadsafe`` and read shared state under one lock, so a forward pass never waits on
 the network. Imports neither torch nor vllm: the tensors it is handed arrive as memoryviews plus
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import threading
@@ -29,7 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prfaas.core import LinkId, LinkState
+from prfaas.integrations.vllm.agent_server import AgentOps, AgentServer
 from prfaas.integrations.vllm.settings import UNCLAIMED_STAGED_TTL_S, ConnectorSettings
+from prfaas.integrations.vllm.trace import TRACE as TRACE
+from prfaas.integrations.vllm.trace import TRACE_ENV as TRACE_ENV
+from prfaas.integrations.vllm.trace import Trace as Trace
 from prfaas.transfer import (
     ConnectError,
     Delivery,
@@ -44,52 +47,10 @@ from prfaas.transfer import (
 )
 
 log = logging.getLogger("prfaas.integrations.vllm")
-TRACE_ENV = "PRFAAS_VLLM_TRACE"
-"""A file path in a vLLM server's environment: the connector appends timestamped events there."""
 
 _KEEP_DONE = 4096  # finished send jobs remembered for wait_sent after the fact
 _SEND_IDLE_TIMEOUT_S = 60.0  # a session whose producer went silent this long is aborted
 _MONITOR_INTERVAL_S = 0.5
-
-
-class Trace:
-    """Timestamped events of the connector, one JSON object a line, appended to the file that
-    ``PRFAAS_VLLM_TRACE`` names (no file: every call returns at once). ``t`` is
-    ``time.monotonic()``, one clock for every process of the host, so a client's timestamps line
-    up with the Worker's and EngineCore's. Each line is one ``write`` on an ``O_APPEND`` file, so
-    processes sharing the file never interleave within a line."""
-
-    def __init__(self, path: str | None = None) -> None:
-        path = os.environ.get(TRACE_ENV) if path is None else path
-        self._fd = -1
-        if path:
-            try:
-                self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            except OSError as exc:
-                log.warning("%s=%s: not tracing: %s", TRACE_ENV, path, exc)
-
-    @property
-    def on(self) -> bool:
-        return self._fd >= 0
-
-    def __call__(self, event: str, tid: str = "", **fields: object) -> None:
-        if self._fd < 0:
-            return
-        rec = {
-            "t": time.monotonic(),
-            "pid": os.getpid(),
-            "thread": threading.current_thread().name,
-            "ev": event,
-            "tid": tid,
-            **fields,
-        }
-        with contextlib.suppress(OSError):
-            os.write(self._fd, json.dumps(rec).encode() + b"\n")
-
-
-TRACE = Trace()
-"""The process's trace (the connector's scheduler side in EngineCore, its worker side and this
-thread in the Worker)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +127,7 @@ class TransferThread:
         self._claims: dict[str, _Claim] = {}  # under the lock
         self._staged_bytes = 0  # under the lock
         self._receiver: Receiver | None = None
-        self._server: asyncio.AbstractServer | None = None
+        self._agent: AgentServer | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._egress_closed_bytes = 0
         self.listen_address: tuple[str, int] | None = None
@@ -217,10 +178,9 @@ class TransferThread:
             self.listen_address = await self._receiver.listen(s.listen_host, s.listen_port)
             self._spawn(self._accept_sessions(self._receiver))
         if s.agent_socket is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(s.agent_socket)
-            self._server = await asyncio.start_unix_server(self._agent_client, s.agent_socket)
-            os.chmod(s.agent_socket, 0o600)
+            ops = AgentOps(self._wait_sent, self._abort_by_sidecar, self.stats)
+            self._agent = AgentServer(s.agent_socket, ops)
+            await self._agent.start()
         self._spawn(self._reap())
 
     async def _shutdown(self) -> None:
@@ -229,11 +189,8 @@ class TransferThread:
                 job.task.cancel()
         for task in list(self._tasks):
             task.cancel()
-        if self._server is not None:
-            self._server.close()
-            if self.settings.agent_socket is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(self.settings.agent_socket)
+        if self._agent is not None:
+            self._agent.close()
         for entry in list(self._links.values()):
             if entry.monitor_task is not None:
                 entry.monitor_task.cancel()
@@ -525,38 +482,9 @@ class TransferThread:
             for tid in stale:
                 self._drop_staged(tid, f"not claimed within {UNCLAIMED_STAGED_TTL_S:g} s")
 
-    # -- agent socket (loop) -------------------------------------------------------------------
-    async def _agent_client(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        try:
-            while line := await reader.readline():
-                try:
-                    answer = await self._agent_op(json.loads(line))
-                except (ValueError, TypeError, KeyError) as exc:
-                    answer = {"error": f"bad request: {exc}"}
-                writer.write(json.dumps(answer).encode() + b"\n")
-                await writer.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            writer.close()
-
-    async def _agent_op(self, req: dict[str, Any]) -> dict[str, Any]:
-        op = req.get("op")
-        if op == "stats":
-            return self.stats()
-        tid = req.get("transfer_id")
-        if not isinstance(tid, str) or not tid:
-            raise ValueError(f"transfer_id must be a non-empty string, got {tid!r}")
-        if op == "abort":
-            return {"aborted": self._abort(tid, "aborted by the sidecar")}
-        if op == "wait_sent":
-            timeout = req.get("timeout_s", 30.0)
-            if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-                raise ValueError(f"timeout_s must be > 0, got {timeout!r}")
-            return await self._wait_sent(tid, float(timeout))
-        raise ValueError(f"unknown op {op!r} (known: wait_sent, abort, stats)")
+    # -- agent ops (loop; agent_server.AgentServer serves the socket) -------------------------
+    def _abort_by_sidecar(self, tid: str) -> bool:
+        return self._abort(tid, "aborted by the sidecar")
 
     async def _wait_sent(self, tid: str, timeout_s: float) -> dict[str, Any]:
         deadline = self._loop.time() + timeout_s

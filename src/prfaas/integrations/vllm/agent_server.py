@@ -1,0 +1,82 @@
+"""``AgentServer``: the connector's agent socket, served by the transfer thread's event loop inside
+the vLLM Worker process for the sidecar (``serve.vllm.agent.AgentClient`` is the other end).
+
+A unix stream socket (mode 0600, replaced if a stale one is there), one JSON object per line each
+way, any number of requests per connection. The ops and what their fields must be are checked
+here; what they do is the transfer thread's (``AgentOps``). A request that is not JSON, names an
+unknown op or gives a bad field is answered ``{"error": "bad request: ..."}`` and the connection
+goes on. Imports neither torch nor vllm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+OPS = ("wait_sent", "abort", "stats")
+
+
+@dataclass(frozen=True, slots=True)
+class AgentOps:
+    """What each op does (the transfer thread's methods, run in its loop)."""
+
+    wait_sent: Callable[[str, float], Awaitable[dict[str, Any]]]
+    """(transfer id, timeout_s) -> ``{"state", "kv_bytes", "error"}``."""
+    abort: Callable[[str], bool]
+    """Drop a transfer (either side); whether there was one."""
+    stats: Callable[[], dict[str, Any]]
+
+
+class AgentServer:
+    def __init__(self, path: str, ops: AgentOps) -> None:
+        self.path = path
+        self._ops = ops
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        self._server = await asyncio.start_unix_server(self._client, self.path)
+        os.chmod(self.path, 0o600)
+
+    def close(self) -> None:
+        if self._server is None:
+            return
+        self._server.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while line := await reader.readline():
+                try:
+                    answer = await self._op(json.loads(line))
+                except (ValueError, TypeError, KeyError) as exc:
+                    answer = {"error": f"bad request: {exc}"}
+                writer.write(json.dumps(answer).encode() + b"\n")
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    async def _op(self, req: dict[str, Any]) -> dict[str, Any]:
+        op = req.get("op")
+        if op == "stats":
+            return self._ops.stats()
+        tid = req.get("transfer_id")
+        if not isinstance(tid, str) or not tid:
+            raise ValueError(f"transfer_id must be a non-empty string, got {tid!r}")
+        if op == "abort":
+            return {"aborted": self._ops.abort(tid)}
+        if op == "wait_sent":
+            timeout = req.get("timeout_s", 30.0)
+            if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+                raise ValueError(f"timeout_s must be > 0, got {timeout!r}")
+            return await self._ops.wait_sent(tid, float(timeout))
+        raise ValueError(f"unknown op {op!r} (known: {', '.join(OPS)})")
