@@ -61,7 +61,8 @@ class Script:
     """"unreachable" | "refuse" | "reject" | "error" (an error event after ready) |
     "cut" (stream cut after the first token) | "hang" (never sends the KV's tokens)."""
     prefill: str | None = None
-    """"unreachable" | "refuse" | "reject" | "fail" (ok=False outcome) | "hang"."""
+    """"unreachable" | "refuse" | "reject" | "fail" (ok=False outcome) | "hang" | "late" (the KV
+    is delivered, the answer waits for ``FakeNodes.answer_late``)."""
     num_tokens: int = 3
     cached_tokens: int = 0
     pinned_tokens: int | None = None
@@ -83,6 +84,7 @@ class FakeNodes:
     """(node, "decode" | "prefill", attempt id), in call order."""
     prefill_commands: list[PrefillCommand] = field(default_factory=list)
     decode_commands: list[DecodeCommand] = field(default_factory=list)
+    answer_late: asyncio.Event = field(default_factory=asyncio.Event)
 
     def script(self, node: str) -> Script:
         return self.scripts.setdefault(node, Script())
@@ -148,6 +150,8 @@ class FakeNodes:
             if s.prefill == "fail":
                 return PrefillOutcome(request_id=cmd.request_id, ok=False, error="engine: NaN")
             self._event(cmd.request_id).set()
+            if s.prefill == "late":
+                await self.answer_late.wait()
             return PrefillOutcome(
                 request_id=cmd.request_id, ok=True, first_token=0,
                 num_cached_tokens=s.cached_tokens, kv_bytes_sent=100,

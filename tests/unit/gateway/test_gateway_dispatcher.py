@@ -156,6 +156,40 @@ async def test_client_gone_while_prefill_hangs_cancels_and_aborts_it() -> None:
     assert_nothing_held(nodes, reg)
 
 
+async def test_prefill_answer_after_the_last_token_is_still_booked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A busy prefill host can answer after the decode node streamed every token (seen as a
+    # route missing from the log under load): the answer is booked when it lands, not dropped.
+    monkeypatch.setattr("prfaas.serve.gateway.dispatcher.ABORT_TIMEOUT_S", 0.01)
+    nodes = FakeNodes({"pf0": Script(prefill="late")})
+    d, reg = make_dispatcher(nodes)
+    events = await collect(d, n=100)
+    assert events[-1].finish_reason == "length"
+    assert not d.records and nodes.running_prefills  # the client is done, the answer is not
+    nodes.answer_late.set()
+    for _ in range(100):
+        if d.records:
+            break
+        await asyncio.sleep(0)
+    (record,) = d.records
+    assert record.prefill_node == "pf0" and record.offloaded and record.kv_bytes > 0
+    assert nodes.aborted == []
+    assert_nothing_held(nodes, reg)
+
+
+async def test_closing_the_gateway_aborts_a_late_prefill_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("prfaas.serve.gateway.dispatcher.ABORT_TIMEOUT_S", 0.01)
+    nodes = FakeNodes({"pf0": Script(prefill="late")})
+    d, reg = make_dispatcher(nodes)
+    await collect(d, n=100)
+    await d.aclose()
+    assert nodes.aborted == ["r.1"] and not d.records
+    assert_nothing_held(nodes, reg)
+
+
 async def test_concurrent_requests_release_everything() -> None:
     nodes = FakeNodes()
     d, reg = make_dispatcher(nodes)

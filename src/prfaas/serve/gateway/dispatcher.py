@@ -54,6 +54,7 @@ from prfaas.serve.gateway.registry import NodeRegistry
 from prfaas.serve.node.messages import (
     DecodeCommand,
     DecodeEvent,
+    NodeEndpoint,
     PrefillCommand,
     PrefillOutcome,
     PrefixPullCommand,
@@ -64,6 +65,9 @@ MAX_ATTEMPTS = 2
 MAX_BUSY_SKIPS = 2
 """Refusals by nodes that are draining (changing role) skipped on top of that."""
 DEFAULT_ROUTE_LOG_SIZE = 10_000
+LATE_ANSWER_TIMEOUT_S = 30.0
+"""How long a prefill answer that comes after its request's last token is still awaited (to book
+its route and outcome) before it is aborted at its node."""
 log = logging.getLogger("prfaas.gateway")
 
 __all__ = ["ClusterDispatcher", "RouteRecord"]
@@ -124,6 +128,8 @@ class ClusterDispatcher:
         """The requests being served, by id, and where each is."""
         self.ended: deque[RequestLifecycle] = deque(maxlen=route_log_size)
         """The last requests that ended (FINISHED, FAILED or ABORTED), oldest first."""
+        self._late_answers: dict[asyncio.Task[None], tuple[_Relay, NodeEndpoint]] = {}
+        """Bookings of prefill answers that came after their request's last token."""
 
     @property
     def records(self) -> deque[RouteRecord]:
@@ -161,7 +167,41 @@ class ClusterDispatcher:
         return None
 
     async def aclose(self) -> None:
+        late = list(self._late_answers.items())
+        for task, _ in late:
+            task.cancel()
+        await asyncio.gather(*(task for task, _ in late), return_exceptions=True)
+        for _, (relay, ep) in late:  # a task cancelled before it ran did not give up itself
+            await self._give_up_late(relay, ep)
         await self.nodes.aclose()
+
+    def _late_answer(self, relay: _Relay, ep: NodeEndpoint) -> None:
+        """Wait (bounded) for a finished request's prefill answer and book it; abort it at its
+        node if it does not come."""
+
+        async def book() -> None:
+            with contextlib.suppress(Exception):  # a failed answer is booked as one below
+                await asyncio.wait_for(asyncio.shield(relay.prefill), LATE_ANSWER_TIMEOUT_S)
+            if relay.prefill.done():
+                with contextlib.suppress(AttemptFailed):
+                    relay.book_prefill()
+            else:
+                await self._give_up_late(relay, ep)
+
+        task = asyncio.create_task(book())
+        self._late_answers[task] = (relay, ep)
+        task.add_done_callback(self._late_answers.pop)
+
+    async def _give_up_late(self, relay: _Relay, ep: NodeEndpoint) -> None:
+        if relay.prefill.done():
+            return
+        relay.prefill.cancel()
+        with contextlib.suppress(BaseException):
+            await relay.prefill
+        request_id = relay.prefill_request_id
+        await self.nodes.abort(ep, request_id)
+        log.warning("request %s: no prefill answer within %.0f s of its last token",
+                    request_id, LATE_ANSWER_TIMEOUT_S)  # fmt: skip
 
     # -- the Backend contract ---------------------------------------------------------------------
     async def generate(self, req: GenerationRequest) -> AsyncIterator[TokenEvent]:
@@ -315,17 +355,22 @@ class ClusterDispatcher:
                     )
                 prefill = asyncio.create_task(self.nodes.prefill(pre_ep, prefill_cmd))
                 life.advance(RequestState.PREFILLING, time.monotonic())
-                relay = _Relay(self, req, hashes, plan, prefill, moved, life)
+                relay = _Relay(self, req, hashes, plan, prefill, prefill_cmd, moved, life)
                 try:
                     async with contextlib.aclosing(relay.run(events)) as relayed:
                         async for event in relayed:
                             yield event
                 finally:
-                    if not prefill.done():
-                        prefill.cancel()
-                        await self.nodes.abort(pre_ep, prefill_cmd.request_id)
-                    with contextlib.suppress(BaseException):
-                        await prefill
+                    if not prefill.done() and relay.finished:
+                        # The client has every token; the prefill node's answer is late (a busy
+                        # host). Book it when it lands rather than drop its route and outcome.
+                        self._late_answer(relay, pre_ep)
+                    else:
+                        if not prefill.done():
+                            prefill.cancel()
+                            await self.nodes.abort(pre_ep, prefill_cmd.request_id)
+                        with contextlib.suppress(BaseException):
+                            await prefill
         except NodeCallFailed as exc:
             raise AttemptFailed.of("decode", exc) from None
 
@@ -341,6 +386,7 @@ class _Relay:
         hashes: tuple[int, ...],
         plan: AttemptPlan,
         prefill: asyncio.Task[PrefillOutcome],
+        prefill_cmd: PrefillCommand,
         moved: int,
         life: RequestLifecycle,
     ) -> None:
@@ -349,9 +395,12 @@ class _Relay:
         self.hashes = hashes
         self.plan = plan
         self.prefill = prefill
+        self.prefill_request_id = prefill_cmd.request_id
         self.moved = moved
         self.life = life
         self.num_cached_tokens: int | None = None
+        self.finished = False
+        """The last token is out: the client's request is done, whatever the prefill says."""
 
     async def run(self, events: AsyncIterator[DecodeEvent]) -> AsyncGenerator[TokenEvent, None]:
         next_event: asyncio.Future[DecodeEvent] = asyncio.ensure_future(anext(events))
@@ -362,7 +411,7 @@ class _Relay:
                     waiting.add(self.prefill)
                 await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 if not self.prefill_seen and self.prefill.done():
-                    self._book_prefill()  # raises when the prefill failed
+                    self.book_prefill()  # raises when the prefill failed
                 if not next_event.done():
                     continue
                 try:
@@ -374,6 +423,7 @@ class _Relay:
                 self._decoding()
                 if event.finish_reason is not None:
                     await self._settle_prefill()
+                    self.finished = True
                     self.d.registry.record_success(self.plan.decode_node)
                     self.life.advance(RequestState.FINISHED, time.monotonic())
                     yield TokenEvent(
@@ -406,14 +456,14 @@ class _Relay:
             await asyncio.wait_for(asyncio.shield(self.prefill), ABORT_TIMEOUT_S)
         if self.prefill.done():
             with contextlib.suppress(AttemptFailed):
-                self._book_prefill()
+                self.book_prefill()
 
     def _cached_or_planned(self) -> int:
         if self.num_cached_tokens is not None:
             return self.num_cached_tokens
         return self.plan.decision.num_cached_tokens
 
-    def _book_prefill(self) -> None:
+    def book_prefill(self) -> None:
         node = self.plan.decision.prefill_node
         self.num_cached_tokens = 0  # seen, whatever it says
         try:
