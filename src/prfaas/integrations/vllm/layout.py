@@ -10,9 +10,14 @@ vLLM side (per attention layer, one tensor registered by ``register_kv_caches``)
   token pairs. So where vLLM's writer is at hand (``cpu_kv_writer``) the element order is taken
   from it (``paged_kv(..., writer=)`` writes index-coded tokens into a scratch block once and
   reads back where each (token, head, dim) landed); without it the plain token-major views.
-- Flash-attention layout (CUDA backends, NHD): ``[2, num_blocks, block_size, num_kv_heads,
-  head_dim]``, K = ``[0]``, V = ``[1]``. Recognised by its shape; untested here (no GPU).
-Both are normalised to K and V views of ``[num_blocks, block_size, num_kv_heads, head_dim]``;
+- CUDA backends of vLLM 0.32 (flash_attn, triton_attn, flex_attention): the same
+  ``[num_blocks, num_kv_heads, block_size, 2 * head_dim]`` shape, which they view as
+  ``transpose(1, 2).split(head_dim, -1)``: per token and head, K's dims then V's
+  (``paged_kv(..., halves="dims")``; the stride order, NHD or HND, does not matter to views).
+  Written from their code, untested here (no GPU).
+- Older flash-attention layout: ``[2, num_blocks, block_size, num_kv_heads, head_dim]``, K =
+  ``[0]``, V = ``[1]``. Recognised by its shape; untested.
+All are normalised to K and V views of ``[num_blocks, block_size, num_kv_heads, head_dim]``;
 token ``t`` of a request lives at block ``block_ids[t // block_size]``, row ``t % block_size``.
 
 prfaas side (``CacheSpec.layout``, the wire format): per spec layer, the tensors ``k`` then ``v``,
@@ -22,7 +27,9 @@ segment's ``first_token``. So tokens ``[a, b)`` of layer ``i`` are two byte rang
 Which vLLM layer is which spec position: the decoder layer number in the layer name
 (``model.layers.<n>.self_attn.attn``) through ``HFCacheMap.model_layers``.
 
-Imports torch (not vllm): the unit tests run it in the project's venv.
+Device-agnostic: the views, gathers and scatters run where the cache is (index tensors are put
+on its device); only ``as_bytes`` needs host memory (``staging`` gets it there). Imports torch
+(not vllm): the unit tests run it in the project's venv.
 """
 
 from __future__ import annotations
@@ -151,13 +158,27 @@ def _element_offsets(
 
 
 def paged_kv(
-    kv: torch.Tensor, num_kv_heads: int, head_dim: int, writer: KVWriter | None = None
+    kv: torch.Tensor,
+    num_kv_heads: int,
+    head_dim: int,
+    writer: KVWriter | None = None,
+    halves: str = "rows",
 ) -> PagedKV:
     """Views of vLLM's per-layer cache tensor (see the module docstring for the layouts); with
-    the CPU backend's ``writer``, its element order within a block."""
+    the CPU backend's ``writer``, its element order within a block. ``halves`` says how a
+    ``[num_blocks, heads, block_size, 2 * head_dim]`` tensor holds K and V: "rows" (CPU_ATTN:
+    per block and head, the K rows then the V rows) or "dims" (vLLM 0.32's CUDA backends,
+    flash_attn / triton / flex: per token and head, K's dims then V's)."""
     shape = tuple(kv.shape)
+    if halves not in ("rows", "dims"):
+        raise LayoutError(f"unknown K/V halves {halves!r}")
     if kv.dim() == 4 and shape[1] == num_kv_heads and shape[3] == 2 * head_dim:
         nb, h, bs, _ = shape
+        if halves == "dims":
+            if writer is not None:
+                raise LayoutError("a cache writer's element order is for the CPU layout only")
+            by_token = kv.transpose(1, 2)  # as those backends view it: [blocks, rows, heads, 2d]
+            return PagedKV(by_token[..., :head_dim], by_token[..., head_dim:])
         k, v = _cpu_halves(kv, head_dim)
         views = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)
         if writer is None:
@@ -172,16 +193,25 @@ def paged_kv(
 
 
 def token_slots(
-    block_ids: Sequence[int], block_size: int, start: int, end: int
+    block_ids: Sequence[int],
+    block_size: int,
+    start: int,
+    end: int,
+    device: torch.device | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(block index, row) of tokens ``[start, end)`` of a request holding ``block_ids``."""
+    """(block index, row) of tokens ``[start, end)`` of a request holding ``block_ids``, on
+    ``device`` when that is not the CPU (index tensors on the CPU would be copied to the cache's
+    device synchronously, a wait for the compute stream per layer; this copy is asynchronous)."""
     if not 0 <= start <= end <= len(block_ids) * block_size:
         raise LayoutError(
             f"tokens [{start}, {end}) outside {len(block_ids)} blocks of {block_size}"
         )
     t = torch.arange(start, end)
     blocks = torch.as_tensor(list(block_ids), dtype=torch.long)[t // block_size]
-    return blocks, t % block_size
+    rows = t % block_size
+    if device is not None and device.type != "cpu":
+        return blocks.to(device, non_blocking=True), rows.to(device, non_blocking=True)
+    return blocks, rows
 
 
 def gather(
@@ -189,7 +219,7 @@ def gather(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Copies of tokens ``[start, end)``: K and V, each ``[end - start, heads, head_dim]``,
     contiguous (the staging buffers handed to the sender)."""
-    blocks, rows = token_slots(block_ids, paged.block_size, start, end)
+    blocks, rows = token_slots(block_ids, paged.block_size, start, end, paged.key.device)
     if paged.flat is not None:
         assert paged.key_index is not None and paged.value_index is not None
         b = blocks.view(-1, 1, 1)
@@ -206,7 +236,8 @@ def scatter(
 ) -> None:
     """Write token rows ``key``/``value`` (``[n, heads, head_dim]``) as tokens
     ``[start, start + n)`` of the request holding ``block_ids``."""
-    blocks, rows = token_slots(block_ids, paged.block_size, start, start + int(key.shape[0]))
+    n = int(key.shape[0])
+    blocks, rows = token_slots(block_ids, paged.block_size, start, start + n, paged.key.device)
     if paged.flat is not None:
         assert paged.key_index is not None and paged.value_index is not None
         b = blocks.view(-1, 1, 1)
@@ -225,7 +256,7 @@ def zero_after(paged: PagedKV, block_ids: Sequence[int], start: int) -> None:
     end = len(block_ids) * paged.block_size
     if start >= end:
         return
-    blocks, rows = token_slots(block_ids, paged.block_size, start, end)
+    blocks, rows = token_slots(block_ids, paged.block_size, start, end, paged.key.device)
     if paged.flat is not None:
         assert paged.key_index is not None and paged.value_index is not None
         b = blocks.view(-1, 1, 1)
@@ -418,7 +449,12 @@ def export_state(
     """Copies of state block ``block`` in the spec's shapes and dtypes: ``recurrent_state``
     ``[h, dk, dv]`` and ``conv_state`` ``[channels, kernel]`` (oldest column zero), contiguous."""
     state = paged.ssm[block].transpose(-1, -2).to(torch_dtype(lin.state_dtype)).contiguous()
-    conv = torch.zeros(lin.conv_channels, lin.conv_kernel, dtype=torch_dtype(lin.conv_dtype))
+    conv = torch.zeros(
+        lin.conv_channels,
+        lin.conv_kernel,
+        dtype=torch_dtype(lin.conv_dtype),
+        device=paged.conv.device,  # made where the state is: on a GPU, not a host tensor
+    )
     conv[:, 1:] = paged.conv[block]
     return state, conv
 
@@ -437,7 +473,8 @@ def state_of(buffer: memoryview, lin: LinearState) -> tuple[torch.Tensor, torch.
 
 
 def install_state(paged: PagedState, block: int, state: torch.Tensor, conv: torch.Tensor) -> None:
-    """Write spec-shaped ``state`` / ``conv`` into vLLM's state block ``block``."""
+    """Write spec-shaped ``state`` / ``conv`` (on the cache's device) into vLLM's state block
+    ``block``."""
     paged.ssm[block] = state.transpose(-1, -2)
     paged.conv[block] = conv[:, 1:]
 
