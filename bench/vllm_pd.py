@@ -47,11 +47,11 @@ import argparse
 import contextlib
 import ctypes
 import dataclasses
+import functools
 import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -66,12 +66,13 @@ from typing import Any
 import httpx
 
 from prfaas.integrations.vllm.transfer_thread import TRACE_ENV, Trace
+from prfaas.testbed import vllm_servers as V
 from prfaas.testbed.netns import TwoSiteTestbed, unavailable_reason
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 PSK = "bench-vllm-pd-psk-0123456789abcdef"
-MODEL_NAME = "tiny"
+MODEL_NAME = V.SERVED_MODEL
 MODEL_OVERRIDES = {
     "num_hidden_layers": 8,
     "num_attention_heads": 8,
@@ -111,21 +112,8 @@ def vocab_size(model: Path) -> int:
 
 
 # -- servers ----------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
-class Server:
-    name: str
-    host: str
-    port: int
-    proc: subprocess.Popen[bytes]
-    log: Path
-    agent: str = ""
-    kv_port: int = 0
+class Server(V.ServerProcess):
     near: ThreadPoolExecutor | None = None
     """One thread inside the server's namespace (site A), for requests sent from beside it."""
     near_client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=90))
@@ -134,23 +122,8 @@ class Server:
     # fails instead of the whole run hanging
     client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=90))
 
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
     def agent_call(self, req: dict[str, Any], timeout_s: float = 120.0) -> dict[str, Any]:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(timeout_s)
-            s.connect(self.agent)
-            s.sendall(json.dumps(req).encode() + b"\n")
-            buf = b""
-            while not buf.endswith(b"\n"):
-                part = s.recv(65536)
-                if not part:
-                    break
-                buf += part
-        out: dict[str, Any] = json.loads(buf)
-        return out
+        return V.agent_call(self.agent, req, timeout_s)
 
 
 def start_server(
@@ -170,37 +143,17 @@ def start_server(
     connector without pause), and its floating EngineCore and API server then take the prefill
     server's core, slowing the prefill's forward pass 2-6x (measured: docs/vllm.md)."""
     host = tb.ip_a if site == "a" else tb.ip_b
-    port = _free_port()
-    env = dict(os.environ)
-    env.update(
-        VLLM_CPU_OMP_THREADS_BIND=str(core),
-        VLLM_CPU_KVCACHE_SPACE="1",
-        PYTHONUNBUFFERED="1",
-    )
-    env[TRACE_ENV] = str(tmp / f"trace-{config}.jsonl")  # the connector's timestamped events
-    args: list[str] = []
+    port = V.free_port()
+    trace = {TRACE_ENV: str(tmp / f"trace-{config}.jsonl")}  # the connector's timestamped events
+    env = V.vllm_env(core, PSK if config == "prfaas" else None, **trace)
+    kv_cfg: dict[str, Any] | None = None
     agent, kv_port = "", 0
     if config == "prfaas":
         # per run: a dying server of another run unlinks its own socket path
-        agent, kv_port = str(tmp / f"{name}-{os.getpid()}.sock"), _free_port()
-        env["PRFAAS_KV_PSK"] = PSK
-        extra = {
-            "listen_host": host,  # B's veth address: the prefill in A reaches it over the link
-            "listen_port": kv_port,
-            "psk_env": "PRFAAS_KV_PSK",
-            "num_connections": 4,
-            "kv_budget_mib": 256,
-            "pace_gbps": None,  # tbf holds the rate
-            "agent_socket": agent,
-        }
-        kv_cfg: dict[str, Any] = {
-            "kv_connector": "PrfaasConnector",
-            "kv_connector_module_path": "prfaas.integrations.vllm.connector",
-            "kv_role": "kv_both",
-            "kv_load_failure_policy": "recompute",
-            "kv_connector_extra_config": extra,
-        }
-        args = ["--kv-transfer-config", json.dumps(kv_cfg)]
+        agent, kv_port = str(tmp / f"{name}-{os.getpid()}.sock"), V.free_port()
+        # the receiver on B's veth address (the prefill in A reaches it over the link), unpaced:
+        # the tbf holds the rate
+        kv_cfg = V.prfaas_connector(host, kv_port, agent, kv_budget_mib=256)
     elif config == "nixl":
         dev = "a0" if site == "a" else tb.dev_b
         # tcp only: UCX's shared-memory and CMA transports would move the bytes between the two
@@ -209,7 +162,7 @@ def start_server(
             UCX_TLS="tcp",
             UCX_NET_DEVICES=dev,
             VLLM_NIXL_SIDE_CHANNEL_HOST=host,
-            VLLM_NIXL_SIDE_CHANNEL_PORT=str(_free_port()),
+            VLLM_NIXL_SIDE_CHANNEL_PORT=str(V.free_port()),
         )
         kv_cfg = {
             "kv_connector": "NixlConnector",
@@ -219,23 +172,11 @@ def start_server(
             # read the blocks (NIXL_ERR_REMOTE_DISCONNECT, request failed): give it 300 s
             "kv_connector_extra_config": {"kv_lease_duration": 300},
         }
-        args = ["--kv-transfer-config", json.dumps(kv_cfg)]
-    cmd = [
-        str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model), "--served-model-name", MODEL_NAME, "--dtype", "float32",
-        "--max-model-len", "2048", "--host", host, "--port", str(port), "-O0", *args,
-    ]  # fmt: skip
+    argv = V.vllm_argv(
+        model, host, port, kv_config=kv_cfg, extra_args=("-O0",), python=str(VLLM_PY)
+    )
     log = tmp / f"{config}-{name}.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            tb.netns_argv(site, cmd),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,  # its own group: EngineCore and Worker go with it
-            # inherited by every process and thread the server starts
-            preexec_fn=(lambda: os.sched_setaffinity(0, {core})) if pin_tree else None,
-        )
+    proc = V.launch(tb.netns_argv(site, argv), env, log, core if pin_tree else None)
     near = netns_thread(tb.ns_a) if site == "a" else None
     return Server(name, host, port, proc, log, agent, kv_port, near)
 
@@ -267,31 +208,7 @@ def stop_server(server: Server) -> None:
     if server.near is not None:
         server.near.submit(server.near_client.close).result()
         server.near.shutdown()
-    if server.proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(server.proc.pid, signal.SIGTERM)
-    try:
-        server.proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.proc.pid, signal.SIGKILL)
-        server.proc.wait(timeout=10)
-
-
-def wait_healthy(servers: list[Server], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    for s in servers:
-        while True:
-            if s.proc.poll() is not None:
-                tail = s.log.read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"{s.name} exited ({s.proc.returncode}):\n{tail}")
-            with contextlib.suppress(httpx.HTTPError):
-                if s.client.get(s.url + "/health", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{s.name} not healthy:\n{s.log.read_text()[-3000:]}")
-            time.sleep(1)
+    V.stop(server)
 
 
 # -- measurements -----------------------------------------------------------------------------
@@ -665,21 +582,18 @@ def row(
 def started(
     tb: TwoSiteTestbed, config: str, model: Path, tmp: Path, pin_tree: bool
 ) -> Iterator[list[Server]]:
-    servers: list[Server] = []
-    try:
-        if config == "single":
-            servers.append(start_server(tb, "b", "single", model, 1, tmp, config, pin_tree))
-        else:
-            servers.append(start_server(tb, "a", "prefill", model, 0, tmp, config, pin_tree))
-            servers.append(start_server(tb, "b", "decode", model, 1, tmp, config, pin_tree))
-        wait_healthy(servers, 300)
+    where = (
+        [("b", "single", 1)] if config == "single" else [("a", "prefill", 0), ("b", "decode", 1)]
+    )
+    starts = [
+        functools.partial(start_server, tb, site, name, model, core, tmp, config, pin_tree)
+        for site, name, core in where
+    ]
+    with V.running(starts, 300, stop_server) as servers:
         (tmp / f"affinity-{config}.txt").write_text(
             "".join(thread_affinity(s.name, s.proc.pid) for s in servers)
         )
         yield servers
-    finally:
-        for s in servers:
-            stop_server(s)
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:

