@@ -4,7 +4,7 @@ server process itself (the sidecar starts it through a fake "python" that drops 
 It speaks what the sidecar uses: ``/health`` (only after ``FAKE_VLLM_START_DELAY_S``, like a
 server loading its model), ``/metrics`` (the gauges the reports read), ``/v1/completions`` with a
 token-id prompt, streaming and not, ``return_token_ids``; and the agent socket named in
-``--kv-transfer-config`` (``wait_sent``, ``abort``, ``stats``). Its "model" is deterministic:
+``--kv-transfer-config`` (every agent op, ``set_pace`` too). Its "model" is deterministic:
 the next token is a function of the last three. A prompt holding ``SLOW_TOKEN`` is slow (a long
 prefill, tokens streamed apart), for tests that abort mid-request. Every completion and agent
 call is appended to ``FAKE_VLLM_RECORD`` (JSON lines) so a test sees what the sidecar sent.
@@ -58,6 +58,8 @@ class Fake:
         self.sent: dict[str, int] = {}
         """transfer id -> KV bytes "sent" (verified at once)."""
         self.running = 0
+        self.pace_gbps: float | None = None
+        """The connector's pace (``pace_gbps`` of its settings, then ``set_pace``'s)."""
 
 
 def make_app(fake: Fake) -> FastAPI:
@@ -146,12 +148,21 @@ async def serve_agent(fake: Fake, path: str) -> asyncio.AbstractServer:
             )
         elif op == "abort":
             answer = {"aborted": fake.sent.pop(req["transfer_id"], None) is not None}
+        elif op == "set_pace":
+            fake.pace_gbps = float(req["gbps"])
+            answer = {"pace_gbps": fake.pace_gbps}
         else:
             answer = {
                 "egress_bytes": sum(fake.sent.values()), "egress_backlog_bytes": 5,
                 "link_rtt_s": 0.002, "link_retransmit_rate": 0.0, "handshake_failures": 1,
                 "staged_bytes": 0, "sessions_sent": len(fake.sent), "sessions_received": 0,
                 "loads_ok": 0, "loads_failed": 0,
+                # The connector's estimate of its cross-site links (a paced one measures).
+                "pace_gbps": fake.pace_gbps,
+                "link_capacity_basis": "measured" if fake.pace_gbps else "",
+                "link_estimate_bytes_per_s": 7e7, "link_goodput_bytes_per_s": 6e7,
+                "link_queue_bytes": 11, "link_backlog_bytes": 13,
+                "cross_site_bytes": sum(fake.sent.values()), "cross_site_unsent_bytes": 17,
             }  # fmt: skip
         writer.write(json.dumps(answer).encode() + b"\n")
         await writer.drain()
@@ -172,6 +183,7 @@ async def main() -> None:
     record({"kind": "start", "psk_set": bool(os.environ.get(extra["psk_env"])), "extra": extra})
     await asyncio.sleep(START_DELAY_S)  # "loading the model": /health refuses meanwhile
     fake = Fake()
+    fake.pace_gbps = extra.get("pace_gbps")
     agent = await serve_agent(fake, extra["agent_socket"])
     config = uvicorn.Config(make_app(fake), host=args.host, port=args.port, log_level="warning")
     async with agent:

@@ -245,6 +245,7 @@ async def test_nodes_register_at_once_and_serve_once_vllm_answers(
     extra = {s["extra"]["listen_port"]: s["extra"] for s in starts}
     pf_extra, pd_extra = extra[nodes["pf0"]["transfer_port"]], extra[nodes["d0"]["transfer_port"]]
     assert pf_extra["pace_gbps"] == 1.0 and pd_extra["pace_gbps"] is None  # the link's own rate
+    assert pf_extra["link_gbps"] == 1.0 and pd_extra["link_gbps"] is None  # its estimate's start
     assert pf_extra["kv_budget_mib"] == 1024 and pf_extra["listen_host"] == "127.0.0.1"
     report = await until(
         lambda: (r := gateway.last_report("pf0")) and r["queue_depth"] == 2 and r,
@@ -253,7 +254,15 @@ async def test_nodes_register_at_once_and_serve_once_vllm_answers(
     assert report["batch_size"] == 0 and report["kv_capacity_bytes"] == 1 << 20
     assert report["kv_used_bytes"] == (1 << 20) // 8
     assert report["handshake_failures"] == 1 and report["link_rtt_s"] == 0.002
-    assert report["egress_backlog_bytes"] == 5 and report["link_capacity_bytes_per_s"] == 1e9 / 8
+    assert report["link_capacity_bytes_per_s"] == 1e9 / 8
+    # The connector's own estimate of its cross-site sends, unconverted (a vLLM deployment's
+    # engine scales neither bytes nor time): what the gateway's registry builds the LinkState of.
+    assert report["link_capacity_basis"] == "measured"
+    assert report["link_estimate_bytes_per_s"] == 7e7 and report["link_goodput_bytes_per_s"] == 6e7
+    assert report["link_queue_bytes"] == 11 and report["link_backlog_bytes"] == 13
+    assert report["egress_backlog_bytes"] == 17  # open sends' bytes not handed over (one node)
+    pd_reports = [gateway.last_report(n) for n in ("p0", "d0")]
+    assert all(r is not None and r["link_capacity_basis"] == "" for r in pd_reports)  # no link
 
 
 async def test_remote_prefill_then_decode_speak_kv_transfer_params(
@@ -294,6 +303,57 @@ async def test_remote_prefill_then_decode_speak_kv_transfer_params(
     report = await until(lambda: (r := gateway.last_report("pf0")) and r["egress_bytes"] and r,
                          "egress in the report")  # fmt: skip
     assert report["egress_bytes"] == outcome.kv_bytes_sent
+
+
+async def test_link_rate_re_paces_the_connector_and_a_restarted_one_again(
+    cluster: tuple[Gateway, Sidecar, Sidecar, Path],
+) -> None:
+    gateway, pf, pd, record = cluster
+    await _ready(gateway, "pf0", "p0", "d0")
+
+    def paces() -> list[float]:
+        return [
+            r["gbps"] for r in records(record) if r["kind"] == "agent" and r["op"] == "set_pace"
+        ]
+
+    r = await pf.client.post(f"{pf.url}/link/rate", json={"gbps": 2.5})
+    assert r.status_code == 200, r.text
+    assert paces() == [2.5]  # the agent was asked, once
+    await until(
+        lambda: (gateway.last_report("pf0") or {}).get("link_capacity_bytes_per_s") == 2.5e9 / 8,
+        "the new rate in the reports",
+    )
+    r = await pd.client.post(f"{pd.url}/link/rate", json={"gbps": 2.5})
+    assert r.status_code == 409 and "sends nothing across sites" in r.text
+    # The server dies: a clear refusal meanwhile; restarted (at the file's pace), it is paced
+    # again at the rate /link/rate set.
+    server = pf.host.server
+    assert server is not None and server.pid is not None
+    os.killpg(server.pid, signal.SIGKILL)
+    await until(lambda: not server.ready.is_set(), "the death noticed")
+    r = await pf.client.post(f"{pf.url}/link/rate", json={"gbps": 4.0})
+    assert r.status_code == 503 and "the vLLM server is down" in r.text, r.text
+    await _ready(gateway, "pf0")
+    await until(lambda: paces() == [2.5, 2.5], "the pace applied again after the restart")
+    stats = await pf.host.agent.stats()
+    assert stats.pace_gbps == 2.5
+
+
+async def test_link_rate_with_netns_is_refused_not_pretended(
+    deployment: Callable[..., DeploymentConfig],
+) -> None:
+    """tbf shapes a namespaced deployment's link; the connector does not pace it, so no rate
+    is claimed that nothing applies."""
+    from prfaas.serve.node.hosting import LinkRateRefused
+
+    d = deployment(9).model_copy(update={"netns": True})
+    host = VllmHost(d, ["pf0"], d.control_url)
+    argv = list(host.spec().argv)
+    extra = json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]
+    assert extra["pace_gbps"] is None and extra["link_gbps"] == 1.0  # estimated, not paced
+    with pytest.raises(LinkRateRefused, match="tbf shapes the link"):
+        await host.set_link_gbps(2.5)
+    assert host.link_gbps == 1.0
 
 
 async def test_the_whole_server_runs_on_its_cpu_bind_cores(

@@ -126,7 +126,7 @@ def test_the_server_command_line_follows_the_contract(tmp_path: Path) -> None:
     data = _deployment(tmp_path, python=str(exe), extra_args=["--enforce-eager"])
     d = load_deployment(_write(tmp_path, data))
     eng = d.engine_for("pf")
-    settings = ConnectorSettings("10.0.0.2", 7001, "/run/x/agent.sock", 512, 0.5)
+    settings = ConnectorSettings("10.0.0.2", 7001, "/run/x/agent.sock", 512, 0.5, link_gbps=10.0)
     spec = server_spec(eng, settings, host="127.0.0.1", port=9100, psk=PSK, owner="o")
     argv = list(spec.argv)
     assert argv[:3] == [str(exe), "-m", "vllm.entrypoints.openai.api_server"]
@@ -142,7 +142,7 @@ def test_the_server_command_line_follows_the_contract(tmp_path: Path) -> None:
     assert kv["kv_connector_extra_config"] == {
         "listen_host": "10.0.0.2", "listen_port": 7001, "psk_env": PSK_ENV,
         "num_connections": 4, "kv_budget_mib": 512, "pace_gbps": 0.5,
-        "agent_socket": "/run/x/agent.sock",
+        "agent_socket": "/run/x/agent.sock", "link_gbps": 10.0,
     }  # fmt: skip
     env = spec.environment({"PATH": "/bin"})
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "1"

@@ -110,6 +110,10 @@ class SenderLinkEstimator:
     ) -> None:
         self._estimator = CapacityEstimator(configured_bytes_per_s, config)
 
+    @property
+    def configured_bytes_per_s(self) -> float:
+        return self._estimator.configured_bytes_per_s
+
     def observe(
         self, now_s: float, links: Iterable[SenderLink], pace_bytes_per_s: float | None
     ) -> SenderEstimate:

@@ -6,6 +6,7 @@ the fidelity bench's live capacity was a quarter of the simulated one because of
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ def test_a_torch_node_paces_at_the_files_rate(tmp_path: Path) -> None:
     host = _host(raw)
     try:
         assert host.link_rate_bytes_per_s() == pytest.approx(10e9 / 8)
-        host.set_link_gbps(2.5)
+        asyncio.run(host.set_link_gbps(2.5))
         assert host.link_rate_bytes_per_s() == pytest.approx(2.5e9 / 8)
     finally:
         for node in host.nodes.values():
@@ -60,3 +61,17 @@ def test_the_netns_testbed_shapes_the_same_rate_as_the_pacer() -> None:
                      "time_scale": 0.05, "byte_divisor": 1000}  # fmt: skip
     rate_mbit, delay_s = shaped_link(DeploymentConfig.model_validate(raw), "prfaas")
     assert rate_mbit == pytest.approx(100e3) and delay_s == pytest.approx(0.005)
+
+
+def test_link_rate_is_refused_under_netns_where_tbf_shapes_the_link() -> None:
+    """Nothing in the process paces a namespaced deployment's link: ``/link/rate`` used to change
+    only the rate its reports and estimator claimed."""
+    from prfaas.serve.node.hosting import LinkRateRefused
+
+    raw = deployment_dict()
+    raw["netns"] = True
+    host = _host(raw)
+    assert host.link_rate_bytes_per_s() is None  # unpaced
+    with pytest.raises(LinkRateRefused, match="tbf shapes the link"):
+        asyncio.run(host.set_link_gbps(2.5))
+    assert host.link_gbps == 100.0  # what the file says, still

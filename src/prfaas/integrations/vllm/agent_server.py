@@ -5,7 +5,8 @@ A unix stream socket (mode 0600, replaced if a stale one is there), one JSON obj
 way, any number of requests per connection. The ops and what their fields must be are checked
 here; what they do is the transfer thread's (``AgentOps``). A request that is not JSON, names an
 unknown op or gives a bad field is answered ``{"error": "bad request: ..."}`` and the connection
-goes on. Imports neither torch nor vllm.
+goes on (a JSON value that is not an object too: it used to end the connection with an
+AttributeError logged by the loop). Imports neither torch nor vllm.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-OPS = ("wait_sent", "abort", "stats")
+OPS = ("wait_sent", "abort", "stats", "set_pace")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +32,8 @@ class AgentOps:
     abort: Callable[[str], bool]
     """Drop a transfer (either side); whether there was one."""
     stats: Callable[[], dict[str, Any]]
+    set_pace: Callable[[float], dict[str, Any]]
+    """Pace the cross-site sends at this many Gbps (> 0) from now on -> ``{"pace_gbps"}``."""
 
 
 class AgentServer:
@@ -66,9 +70,18 @@ class AgentServer:
             writer.close()
 
     async def _op(self, req: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(req, dict):
+            raise ValueError(f"expected a JSON object, got {req!r:.100}")
         op = req.get("op")
         if op == "stats":
             return self._ops.stats()
+        if op == "set_pace":
+            gbps = req.get("gbps")
+            if isinstance(gbps, bool) or not isinstance(gbps, int | float):
+                raise ValueError(f"gbps must be a number, got {gbps!r}")
+            if not 0 < gbps < math.inf:
+                raise ValueError(f"gbps must be finite and > 0, got {gbps!r}")
+            return self._ops.set_pace(float(gbps))
         tid = req.get("transfer_id")
         if not isinstance(tid, str) or not tid:
             raise ValueError(f"transfer_id must be a non-empty string, got {tid!r}")

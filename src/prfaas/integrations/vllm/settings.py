@@ -57,8 +57,13 @@ class ConnectorSettings:
     kv_budget_mib: int
     """Bytes of received sessions staged at once (verified or arriving, not yet installed)."""
     pace_gbps: float | None
-    """Pacing of cross-site sends (an emulated inter-site link); None: unpaced."""
+    """Pacing of cross-site sends (an emulated inter-site link); None: unpaced. The agent's
+    ``set_pace`` changes it while the server runs."""
     agent_socket: str | None
+    link_gbps: float | None = None
+    """The inter-site link's rate the deployment file names: where the connector's capacity
+    estimate starts ("configured") until its cross-site sends measure the link; None: the
+    pace's (no pace either: not estimated)."""
 
     @classmethod
     def from_extra_config(cls, cfg: Mapping[str, Any]) -> ConnectorSettings:
@@ -71,6 +76,7 @@ class ConnectorSettings:
             kv_budget_mib=_int(cfg, "kv_budget_mib", 1024, 1, 1 << 30),
             pace_gbps=_float_or_none(cfg, "pace_gbps"),
             agent_socket=_str(cfg, "agent_socket") if cfg.get("agent_socket") else None,
+            link_gbps=_float_or_none(cfg, "link_gbps"),
         )
 
     @property
@@ -80,6 +86,12 @@ class ConnectorSettings:
     @property
     def pace_bytes_per_s(self) -> float | None:
         return None if self.pace_gbps is None else self.pace_gbps * 1e9 / 8
+
+    @property
+    def link_bytes_per_s(self) -> float | None:
+        """The link's configured rate (``link_gbps``, else the pace), bytes/s; None: unknown."""
+        gbps = self.link_gbps if self.link_gbps is not None else self.pace_gbps
+        return None if gbps is None else gbps * 1e9 / 8
 
     def psk(self) -> bytes:
         """The deployment's PSK from the environment (never the command line)."""

@@ -45,12 +45,21 @@ from prfaas.transfer import (
     SessionAborted,
     TransferConfig,
 )
+from prfaas.transfer.link_readings import SenderEstimate, SenderLinkEstimator
+from prfaas.transfer.pacing import TokenBucket
+from prfaas.transfer.sender import pacer
 
 log = logging.getLogger("prfaas.integrations.vllm")
 
 _KEEP_DONE = 4096  # finished send jobs remembered for wait_sent after the fact
 _SEND_IDLE_TIMEOUT_S = 60.0  # a session whose producer went silent this long is aborted
 _MONITOR_INTERVAL_S = 0.5
+_ESTIMATE_INTERVAL_S = 0.25
+"""The capacity estimator samples the cross-site links this often, on its own timer: spans of at
+least ``LINK_ESTIMATOR.min_interval_s`` (0.5 s) then end every 0.25 s, however often (or not) the
+sidecar asks for ``stats``; sampled only at its polls (one a heartbeat, 0.5 s by default but a
+deployment's choice) a span would be the whole heartbeat and measure only a transfer that kept
+the link busy for 90% of it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +86,8 @@ class _SendJob:
     kv_bytes: int = 0
     handed_bytes: int = 0
     """Bytes the connector handed over (queued here or given to the session)."""
+    accepted_bytes: int = 0
+    """Bytes the session (its link's sender) accepted so far."""
     done: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
 
@@ -105,6 +116,8 @@ class _LinkEntry:
     monitor: LinkMonitor
     monitor_task: asyncio.Task[None] | None = None
     latest: LinkState | None = None
+    cross_site: bool = False
+    """How its last session reached the receiver (it is paced, and estimated, only then)."""
 
 
 class TransferThread:
@@ -130,6 +143,16 @@ class TransferThread:
         self._agent: AgentServer | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._egress_closed_bytes = 0
+        # One pacer for every cross-site link (created on first use): the links to several
+        # decode servers cross one emulated inter-site link, as WorkerHost's senders do.
+        self._pace: float | None = settings.pace_bytes_per_s
+        self._pacer: TokenBucket | None = None
+        self._estimator: SenderLinkEstimator | None = None
+        link_rate = settings.link_bytes_per_s
+        if link_rate is not None:
+            self._estimator = SenderLinkEstimator(link_rate)
+        self._estimate: SenderEstimate | None = None
+        self._cross_site_bytes = 0
         self.listen_address: tuple[str, int] | None = None
         self.sessions_sent = 0
         self.sessions_received = 0
@@ -178,10 +201,11 @@ class TransferThread:
             self.listen_address = await self._receiver.listen(s.listen_host, s.listen_port)
             self._spawn(self._accept_sessions(self._receiver))
         if s.agent_socket is not None:
-            ops = AgentOps(self._wait_sent, self._abort_by_sidecar, self.stats)
+            ops = AgentOps(self._wait_sent, self._abort_by_sidecar, self.stats, self.set_pace)
             self._agent = AgentServer(s.agent_socket, ops)
             await self._agent.start()
         self._spawn(self._reap())
+        self._spawn(self._sample_estimate())
 
     async def _shutdown(self) -> None:
         for job in list(self._sends.values()):
@@ -349,6 +373,9 @@ class TransferThread:
                         await session.finish(-1)
                         break
                     await session.send(*item)
+                    job.accepted_bytes += len(item[2])
+                    if job.cross_site:
+                        self._cross_site_bytes += len(item[2])
             if not job.done.is_set():  # (a send failed meanwhile stays failed)
                 job.state, job.kv_bytes = "verified", job.manifest.num_bytes
                 self.sessions_sent += 1
@@ -371,14 +398,12 @@ class TransferThread:
     async def _link(self, host: str, port: int, cross_site: bool) -> Link:
         key = (host, port)
         lock = self._link_locks.setdefault(key, asyncio.Lock())
-        rate = self.settings.pace_bytes_per_s if cross_site else None
         async with lock:
             entry = self._links.get(key)
             if entry is None:
                 cfg = TransferConfig(
                     psk=self._psk,
                     num_connections=self.settings.num_connections,
-                    rate_limit_bytes_per_s=rate,
                     name=self._name,
                 )
                 link = await Link.connect(host, port, cfg)
@@ -386,9 +411,45 @@ class TransferThread:
                 entry = _LinkEntry(link, monitor)
                 entry.monitor_task = self._spawn(monitor.run(self._publisher(entry)))
                 self._links[key] = entry
-            elif entry.link.rate_bytes_per_s != rate:
-                entry.link.set_rate(rate)  # the same receiver, now reached cross-site or not
+            # The same receiver may be reached cross-site or not: the latest use decides.
+            entry.cross_site = cross_site
+            entry.link.share_pacer(self._shared_pacer() if cross_site else None)
             return entry.link
+
+    def _shared_pacer(self) -> TokenBucket | None:
+        """The cross-site links' one pacer at the pace (None: unpaced)."""
+        if self._pace is not None and self._pacer is None:
+            self._pacer = pacer(self._pace, self._loop.time())
+        return self._pacer
+
+    def set_pace(self, gbps: float) -> dict[str, Any]:
+        """Pace every cross-site link at ``gbps`` from the next chunk on (the agent's
+        ``set_pace``; loop thread), and estimate the link afresh from that rate: a re-shaped
+        link is another link (what was measured of the old one would stand for the estimator's
+        whole window)."""
+        rate = gbps * 1e9 / 8
+        self._pace = rate
+        if self._pacer is not None:
+            self._pacer.set_rate(rate, self._loop.time())
+        for entry in self._links.values():
+            if entry.cross_site:
+                entry.link.share_pacer(self._shared_pacer())
+        self._estimator = SenderLinkEstimator(rate)
+        self._estimate = None
+        TRACE("set_pace", gbps=gbps)
+        return {"pace_gbps": gbps}
+
+    def _cross_site_links(self) -> list[Link]:
+        return [e.link for e in self._links.values() if e.cross_site]
+
+    async def _sample_estimate(self) -> None:
+        """Feed the capacity estimator the cross-site links' counters every
+        ``_ESTIMATE_INTERVAL_S`` (``transfer.link_readings``, as WorkerHost's senders)."""
+        while True:
+            if self._estimator is not None:
+                now = self._loop.time()
+                self._estimate = self._estimator.observe(now, self._cross_site_links(), self._pace)
+            await asyncio.sleep(_ESTIMATE_INTERVAL_S)
 
     @staticmethod
     def _publisher(entry: _LinkEntry) -> Callable[[LinkState], None]:
@@ -518,6 +579,7 @@ class TransferThread:
         rx = self._receiver
         with self._lock:
             return {
+                **self._link_stats(),
                 "egress_bytes": egress,
                 "egress_backlog_bytes": backlog,
                 "link_rtt_s": sum(rtts) / len(rtts) if rtts else 0.0,
@@ -529,3 +591,41 @@ class TransferThread:
                 "loads_ok": self.loads_ok,
                 "loads_failed": self.loads_failed,
             }
+
+    def _link_stats(self) -> dict[str, Any]:
+        """The cross-site link's figures (loop thread): the pace, the capacity estimate of the
+        cross-site links (``link_capacity_basis`` "" when the settings name no link rate: not
+        estimated), the senders' unacknowledged bytes (``link_backlog_bytes``), the bytes they
+        accepted so far, piece by piece (``cross_site_bytes``), and what the open cross-site
+        sends have not handed to them yet (``cross_site_unsent_bytes``: a session counts whole
+        from its opening, as WorkerHost's nodes count theirs)."""
+        unsent = sum(
+            j.manifest.num_bytes - j.accepted_bytes
+            for j in self._sends.values()
+            if j.cross_site and j.manifest is not None and not j.done.is_set()
+        )
+        links = self._cross_site_links()
+        out: dict[str, Any] = {
+            "pace_gbps": None if self._pace is None else self._pace * 8 / 1e9,
+            "link_capacity_basis": "",
+            "link_estimate_bytes_per_s": 0.0,
+            "link_goodput_bytes_per_s": 0.0,
+            "link_queue_bytes": 0,
+            "link_backlog_bytes": sum(link.counters().backlog_bytes for link in links),
+            "cross_site_bytes": self._cross_site_bytes,
+            "cross_site_unsent_bytes": max(0, unsent),
+        }
+        est, estimator = self._estimate, self._estimator
+        if est is not None:
+            out.update(
+                link_capacity_basis=est.basis,
+                link_estimate_bytes_per_s=est.capacity_bytes_per_s,
+                link_goodput_bytes_per_s=est.goodput_bytes_per_s,
+                link_queue_bytes=est.queue_bytes,
+            )
+        elif estimator is not None:  # not sampled since it was made
+            out.update(
+                link_capacity_basis="configured",
+                link_estimate_bytes_per_s=estimator.configured_bytes_per_s,
+            )
+        return out

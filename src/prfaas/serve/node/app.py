@@ -7,7 +7,7 @@ otherwise); ``/health`` tells liveness and loads, never ports.
 ``POST /nodes/{node}/abort/{id}`` cancel a running prefill of that request
 ``POST /nodes/{node}/role``      RoleCommand: drain, then switch role (the rebalancer's decision)
 ``POST /prefix/pull``, ``/prefix/push`` cross-site prefix moves (pull asks the source to push)
-``POST /link/rate``              shape this site's inter-site link (emulation)
+``POST /link/rate``              re-pace this site's inter-site link (emulation; 409 under netns)
 ``GET  /health``                 this process's node reports (open: no ports in it)
 """
 
@@ -24,7 +24,7 @@ from fastapi.responses import StreamingResponse
 from prfaas.core import NodeRole
 from prfaas.serve import internal_errors
 from prfaas.serve.auth import SignatureMiddleware, Verifier
-from prfaas.serve.node.hosting import NodeHost, ServedNode
+from prfaas.serve.node.hosting import LinkRateRefused, LinkRateUnavailable, NodeHost, ServedNode
 from prfaas.serve.node.messages import (
     DecodeCommand,
     LinkRateCommand,
@@ -147,7 +147,12 @@ def create_node_app(host: NodeHost) -> FastAPI:
         """Shape this site's inter-site link (emulation without network namespaces)."""
         if host.link_gbps is None:
             raise HTTPException(409, f"site {host.site.name} sends nothing across sites")
-        host.set_link_gbps(cmd.gbps)
+        try:
+            await host.set_link_gbps(cmd.gbps)
+        except LinkRateRefused as exc:
+            raise HTTPException(409, str(exc)) from None
+        except LinkRateUnavailable as exc:
+            raise HTTPException(503, str(exc)) from None
         return {"gbps": cmd.gbps}
 
     @app.get("/health")

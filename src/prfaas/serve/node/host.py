@@ -43,6 +43,7 @@ from prfaas.serve.node.control_plane import (
 )
 from prfaas.serve.node.control_plane import default_process_name as default_process_name
 from prfaas.serve.node.engines import build_engine, prefix_store_bytes
+from prfaas.serve.node.hosting import LinkRateRefused
 from prfaas.serve.node.messages import (
     Heartbeat,
     NodeReport,
@@ -190,8 +191,15 @@ class WorkerHost:
         """The deployment file's link rate in wall payload bytes/s (0: no inter-site link)."""
         return 0.0 if self.link_gbps is None else self.link_gbps * 1e9 / 8 / self._wall_scale()
 
-    def set_link_gbps(self, gbps: float) -> None:
-        """Shape the inter-site link (modelled Gbps): paces every cross-site sender from now on."""
+    async def set_link_gbps(self, gbps: float) -> None:
+        """Shape the inter-site link (modelled Gbps): paces every cross-site sender from now on.
+        Refused with ``netns: true``: tbf shapes the link there, nothing here paces it (this used
+        to change only the rate the reports and the estimator claimed)."""
+        if self.deployment.netns:
+            raise LinkRateRefused(
+                f"site {self.site.name}: with netns: true tbf shapes the link and the senders "
+                "do not pace it; change the shaper (tc) instead"
+            )
         self.link_gbps = gbps
         # The estimate starts afresh (SenderLinks.set_pace): a re-shaped link is another link.
         self.links.set_pace(self.link_rate_bytes_per_s(), self._configured_wall_rate())

@@ -25,6 +25,14 @@ from prfaas.serve.node.messages import (
 )
 
 
+class LinkRateRefused(Exception):
+    """``/link/rate`` cannot shape this site's link at all (409; the message says why)."""
+
+
+class LinkRateUnavailable(Exception):
+    """``/link/rate`` cannot be applied now: what paces the link cannot be asked (503)."""
+
+
 class ServedNode(Protocol):
     role: NodeRole
     draining: bool
@@ -81,7 +89,12 @@ class NodeHost(Protocol):
         """``LookupError``: no such prefix here."""
         ...
 
-    def set_link_gbps(self, gbps: float) -> None: ...
+    async def set_link_gbps(self, gbps: float) -> None:
+        """Pace this site's cross-site sends at ``gbps`` (modelled) from now on; the capacity
+        estimate starts afresh. ``LinkRateRefused``: nothing here paces the link (netns: tbf
+        shapes it); ``LinkRateUnavailable``: the pacer cannot be reached now (a vLLM server
+        down)."""
+        ...
 
     def registration(self) -> Registration: ...
 

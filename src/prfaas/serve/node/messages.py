@@ -128,11 +128,12 @@ class NodeReport(_Msg):
     draining: bool = False
     egress_bytes: int = 0
     """KV bytes this node has handed to its cross-site sender so far, credited piece by piece
-    as the sender accepts each (prefill nodes)."""
+    as the sender accepts each (prefill nodes; a vLLM sidecar: its server's, on one prefill
+    node)."""
     egress_backlog_bytes: int = 0
     """KV bytes of this node's open cross-site transfers not yet accepted by the sender (a
     transfer counts whole from its first layer, as the simulator's link counts it); a vLLM
-    sidecar reports its server's backlog here instead (``link_capacity_basis`` empty)."""
+    sidecar reports its server's (its connector's open cross-site sends) on one prefill node."""
     link_capacity_bytes_per_s: float = 0.0
     """Modelled rate this node's inter-site sender is paced at (0: not a cross-site sender)."""
     link_rtt_s: float = 0.0

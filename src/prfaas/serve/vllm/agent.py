@@ -1,7 +1,9 @@
 """``AgentClient``: the sidecar's side of the connector's agent socket (a unix stream socket the
 connector's worker side serves inside the vLLM Worker process; one JSON object per line each way).
 ``wait_sent`` tells whether a prefill's KV reached its decode node verified, ``abort`` drops a
-transfer, ``stats`` gives the transfer counters and link figures for the node reports.
+transfer, ``stats`` gives the transfer counters and link figures for the node reports (the
+connector's own capacity estimate of its cross-site links among them), ``set_pace`` re-paces the
+cross-site sends (``POST /link/rate``).
 
 One connection per call: ``wait_sent`` may wait as long as a transfer takes while heartbeats ask
 for ``stats``, and a unix connect costs microseconds. Must not import vllm.
@@ -13,6 +15,8 @@ import asyncio
 import json
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from prfaas.core.link_estimate import CapacityBasis
 
 SendState = Literal["verified", "failed", "unknown", "timeout"]
 CALL_MARGIN_S = 5.0
@@ -44,6 +48,21 @@ class AgentStats:
     sessions_received: int = 0
     loads_ok: int = 0
     loads_failed: int = 0
+    pace_gbps: float | None = None
+    """The cross-site sends' pace now (None: unpaced)."""
+    link_capacity_basis: CapacityBasis | Literal[""] = ""
+    """"" : the connector does not estimate (no link rate in its settings, or an agent from
+    before it did)."""
+    link_estimate_bytes_per_s: float = 0.0
+    """The cross-site links' capacity as the connector measures it (real bytes, wall seconds)."""
+    link_goodput_bytes_per_s: float = 0.0
+    link_queue_bytes: int = 0
+    link_backlog_bytes: int = 0
+    """The cross-site senders' bytes accepted and not acknowledged."""
+    cross_site_bytes: int = 0
+    """Bytes the cross-site senders accepted so far, piece by piece."""
+    cross_site_unsent_bytes: int = 0
+    """Bytes of open cross-site sends not yet accepted by the senders."""
 
 
 class AgentClient:
@@ -102,6 +121,28 @@ class AgentClient:
                 sessions_received=int(a.get("sessions_received", 0)),
                 loads_ok=int(a.get("loads_ok", 0)),
                 loads_failed=int(a.get("loads_failed", 0)),
+                pace_gbps=None if a.get("pace_gbps") is None else float(a["pace_gbps"]),
+                link_capacity_basis=_basis(a.get("link_capacity_basis", "")),
+                link_estimate_bytes_per_s=float(a.get("link_estimate_bytes_per_s", 0.0)),
+                link_goodput_bytes_per_s=float(a.get("link_goodput_bytes_per_s", 0.0)),
+                link_queue_bytes=int(a.get("link_queue_bytes", 0)),
+                link_backlog_bytes=int(a.get("link_backlog_bytes", 0)),
+                cross_site_bytes=int(a.get("cross_site_bytes", 0)),
+                cross_site_unsent_bytes=int(a.get("cross_site_unsent_bytes", 0)),
             )
         except (TypeError, ValueError) as exc:
             raise AgentError(f"agent: bad stats {a!r:.200}: {exc}") from None
+
+    async def set_pace(self, gbps: float) -> float:
+        """Pace the connector's cross-site sends at ``gbps`` from now on (its capacity estimate
+        starts afresh from that rate); returns the pace the agent set."""
+        a = await self.call({"op": "set_pace", "gbps": gbps}, SHORT_CALL_S)
+        if "error" in a or not isinstance(a.get("pace_gbps"), int | float):
+            raise AgentError(f"agent: set_pace answered {a!r:.200}")
+        return float(a["pace_gbps"])
+
+
+def _basis(value: object) -> CapacityBasis | Literal[""]:
+    if value == "configured" or value == "measured" or value == "":
+        return value
+    raise ValueError(f"link_capacity_basis {value!r}")

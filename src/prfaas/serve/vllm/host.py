@@ -36,6 +36,7 @@ from prfaas.serve.node.control_plane import (
     run_control_plane,
     site_of_nodes,
 )
+from prfaas.serve.node.hosting import LinkRateRefused, LinkRateUnavailable
 from prfaas.serve.node.messages import (
     Heartbeat,
     NodeReport,
@@ -98,12 +99,18 @@ class VllmHost:
         self._process_name = process_name or default_process_name(node_names)
         self._auth = SignedAuth(deployment.psk.encode())
         link = deployment.link_to_home(self._site.name)
-        self._link_capacity_bytes_per_s = 0.0 if link is None else link.gbps * 1e9 / 8
-        # The connector paces cross-site sends from its start: the rate cannot be changed later.
+        self._link_gbps: float | None = None if link is None else link.gbps
+        """The site's link rate: the file's, then what ``/link/rate`` set."""
         # vLLM's KV is real-sized (the gateway counts it so): the link's own rate, not scaled.
+        # None with netns: tbf shapes the real link. The agent's set_pace changes it.
         self._pace_gbps: float | None = None
         if link is not None and not deployment.netns:
             self._pace_gbps = link.gbps
+        self._egress_base = 0
+        """Cross-site bytes of the server's earlier lives (its counters restart with it)."""
+        self._pace_changes = 0
+        self._pacing = False
+        """A ``/link/rate`` is being applied (the poll leaves the pace alone meanwhile)."""
         self.http_port = 0
         self.transfer_port = 0
         # Uncapped, as the gateway's node client: a decode stream waits for its KV while other
@@ -160,10 +167,34 @@ class VllmHost:
 
     @property
     def link_gbps(self) -> float | None:
-        return None  # /link/rate is refused: the connector's pacing is fixed when vLLM starts
+        return self._link_gbps
 
-    def set_link_gbps(self, gbps: float) -> None:
-        raise RuntimeError("a vLLM site's link rate is fixed when its server starts")
+    async def set_link_gbps(self, gbps: float) -> None:
+        """Re-pace the server's cross-site sends (the connector's one pacer, through the agent's
+        ``set_pace``; its capacity estimate starts afresh). Refused with ``netns: true`` (tbf
+        shapes the link, nothing here paces it) and while the server cannot be asked."""
+        if self._deployment.netns:
+            raise LinkRateRefused(
+                f"site {self._site.name}: with netns: true tbf shapes the link and the connector "
+                "does not pace it; change the shaper (tc) instead"
+            )
+        server = self.server
+        if server is None or not server.ready.is_set():
+            why = self._fault() or "not ready"
+            raise LinkRateUnavailable(f"site {self._site.name}: the vLLM server is down: {why}")
+        before, self._pace_gbps = self._pace_gbps, gbps
+        self._pace_changes += 1
+        self._pacing = True
+        try:
+            await self.agent.set_pace(gbps)
+        except AgentError as exc:
+            self._pace_gbps = before
+            raise LinkRateUnavailable(
+                f"site {self._site.name}: the vLLM server's connector did not take the pace: {exc}"
+            ) from None
+        finally:
+            self._pacing = False
+        self._link_gbps = gbps
 
     def _fault(self) -> str:
         return "vLLM server starting" if self.server is None else self.server.fault
@@ -197,10 +228,13 @@ class VllmHost:
         )
         out = []
         prefill_nodes = [n for n in self._nodes.values() if n.role is NodeRole.PREFILL]
+        link = self._link_fields(stats)
         for node in self._nodes.values():
-            # One server for all nodes: each reports its load. The backlog is the server's, so
-            # only one prefill node carries it (the gateway sums a site's backlogs).
-            carries_backlog = bool(prefill_nodes) and node is prefill_nodes[0]
+            # One server for all nodes: each reports its load. Its cross-site bytes and what
+            # its open sends have not handed over are the server's, so only one prefill node
+            # carries them (the gateway sums a site's); every node carries the link's fields
+            # (the gateway reads one per process).
+            carries = bool(prefill_nodes) and node is prefill_nodes[0]
             out.append(
                 NodeReport(
                     node=node.name,
@@ -212,16 +246,36 @@ class VllmHost:
                     kv_used_bytes=int(load.kv_cache_usage * capacity),
                     kv_capacity_bytes=capacity,
                     draining=node.draining,
-                    egress_bytes=node.egress_bytes,
-                    egress_backlog_bytes=stats.egress_backlog_bytes if carries_backlog else 0,
-                    link_capacity_bytes_per_s=self._link_capacity_bytes_per_s,
+                    egress_bytes=self._egress_base + stats.cross_site_bytes if carries else 0,
+                    egress_backlog_bytes=stats.cross_site_unsent_bytes if carries else 0,
                     link_rtt_s=stats.link_rtt_s,
                     link_retransmit_rate=stats.link_retransmit_rate,
                     fault=fault,
                     handshake_failures=stats.handshake_failures,
+                    **link,
                 )
             )
         return out
+
+    def _link_fields(self, stats: AgentStats) -> dict[str, Any]:
+        """The link's report fields from the connector's own estimate of its cross-site sends
+        (``transfer.link_readings``, as WorkerHost's). Real bytes and wall seconds: vLLM's KV is
+        real-sized and runs in real time, and a vLLM deployment's engine converts neither
+        (``EngineConfig.real_bytes_per_payload_byte`` and ``wall_s_per_modelled_s`` are 1)."""
+        fields: dict[str, Any] = {
+            "link_capacity_bytes_per_s": 0.0
+            if self._link_gbps is None
+            else self._link_gbps * 1e9 / 8
+        }
+        if stats.link_capacity_basis:  # the connector estimates (it knows the link's rate)
+            fields.update(
+                link_estimate_bytes_per_s=stats.link_estimate_bytes_per_s,
+                link_capacity_basis=stats.link_capacity_basis,
+                link_goodput_bytes_per_s=stats.link_goodput_bytes_per_s,
+                link_queue_bytes=stats.link_queue_bytes,
+                link_backlog_bytes=stats.link_backlog_bytes,
+            )
+        return fields
 
     async def _poll(self) -> None:
         """Refresh the server's figures once per heartbeat (while it serves)."""
@@ -237,13 +291,31 @@ class VllmHost:
                 except httpx.HTTPError as exc:
                     log.debug("vLLM /metrics: %s", exc)
                 try:
-                    stats = await self.agent.stats()
+                    stats = await self._agent_stats()
                 except AgentError as exc:
                     log.debug("agent stats: %s", exc)
                 self._snapshot = _Snapshot(load, stats)
             else:
                 self._snapshot = _Snapshot(stats=self._snapshot.stats)
             await asyncio.sleep(interval)
+
+    async def _agent_stats(self) -> AgentStats:
+        """The agent's stats; a restarted server's counters start again from zero (its earlier
+        cross-site bytes are kept here: the gateway reads them as cumulative) and its pace from
+        the file's (what ``/link/rate`` set is applied again)."""
+        changes = self._pace_changes
+        stats = await self.agent.stats()
+        last = self._snapshot.stats
+        if stats.cross_site_bytes < last.cross_site_bytes:
+            self._egress_base += last.cross_site_bytes
+        want = self._pace_gbps
+        settled = not self._pacing and changes == self._pace_changes  # (stats not older)
+        if settled and want is not None and stats.pace_gbps not in (None, want):
+            log.info(
+                "vLLM connector paced at %g Gbps, not %g: pacing it again", stats.pace_gbps, want
+            )
+            await self.agent.set_pace(want)
+        return stats
 
     # -- life cycle ------------------------------------------------------------------------------
     def spec(self) -> ServerSpec:
@@ -255,6 +327,7 @@ class VllmHost:
             kv_budget_mib=self.engine.kv_budget_mib,
             pace_gbps=self._pace_gbps,
             num_connections=NUM_CONNECTIONS,
+            link_gbps=self._link_gbps,
         )
         return server_spec(
             self.engine,

@@ -103,8 +103,6 @@ class VllmNode:
         self._prefilling: dict[str, int] = {}
         """Requests prefilling here -> their prompt tokens."""
         self._decoding: set[str] = set()
-        self.egress_bytes = 0
-        """KV bytes this node's prefills sent across sites (verified sessions)."""
 
     @property
     def fixed_role(self) -> bool:
@@ -196,8 +194,7 @@ class VllmNode:
             return PrefillOutcome(
                 request_id=rid, ok=False, error=f"KV transfer {sent.state}: {why}"
             )
-        if cmd.cross_site:
-            self.egress_bytes += sent.kv_bytes
+        # (The cross-site bytes a node reports are its server's, from the agent: VllmHost.)
         return PrefillOutcome(
             request_id=rid,
             ok=True,

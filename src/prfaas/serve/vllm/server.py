@@ -70,6 +70,8 @@ class ConnectorSettings:
     pace_gbps: float | None
     """Pacing of cross-site sends (an emulated link); None: unpaced."""
     num_connections: int = 4
+    link_gbps: float | None = None
+    """The site's link rate in the file: where the connector's capacity estimate starts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +109,7 @@ def kv_transfer_config(c: ConnectorSettings) -> dict[str, Any]:
             "kv_budget_mib": c.kv_budget_mib,
             "pace_gbps": c.pace_gbps,
             "agent_socket": c.agent_socket,
+            "link_gbps": c.link_gbps,
         },
     }
 

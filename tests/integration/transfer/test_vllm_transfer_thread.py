@@ -1,0 +1,149 @@
+"""The vLLM connector's ``TransferThread`` without vLLM (it imports neither torch nor vllm): two
+threads over loopback, the sender's sends paced cross-site, asked through its agent socket with
+the sidecar's own ``AgentClient``. The capacity estimate of its cross-site links goes from
+"configured" to "measured" near the pace while a transfer keeps the pacer busy; ``set_pace``
+changes the rate the next transfer is measured at (and starts the estimate afresh); the backlog
+figures count a session whole from its opening; bad agent requests are answered, not fatal."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from prfaas.integrations.vllm.settings import ConnectorSettings
+from prfaas.integrations.vllm.transfer_thread import TransferThread
+from prfaas.serve.vllm.agent import AgentClient, AgentError
+from prfaas.spec import CacheSpec, DType, LayerCache
+from prfaas.transfer import Manifest
+
+pytestmark = pytest.mark.timeout(120)
+
+PSK = b"thread-test-key-0123456789"
+PACE_GBPS = 0.008
+"""1 MB/s: a 2.6 MB session keeps the pacer busy for about 2.6 s (the estimator's spans are
+0.5 s, sampled every 0.25 s)."""
+SPEC = CacheSpec(tuple(LayerCache.gqa(2, 64, DType.FP32) for _ in range(4)))
+"""1 KiB per token per layer."""
+PIECE = 64 << 10
+
+
+@pytest.fixture
+def threads(tmp_path: Path) -> Iterator[tuple[TransferThread, TransferThread, AgentClient]]:
+    rx = TransferThread(
+        ConnectorSettings.from_extra_config({"listen_port": 0, "kv_budget_mib": 64}), PSK, "rx"
+    )
+    agent = str(tmp_path / "agent.sock")
+    tx = TransferThread(
+        ConnectorSettings.from_extra_config({"agent_socket": agent, "pace_gbps": PACE_GBPS}),
+        PSK,
+        "tx",
+    )
+    started = []
+    try:
+        for t in (rx, tx):
+            t.start()
+            started.append(t)
+        yield rx, tx, AgentClient(agent)
+    finally:
+        for t in started:
+            t.close()
+
+
+def _send(tx: TransferThread, rx: TransferThread, tid: str, num_tokens: int) -> int:
+    """Open a cross-site session to ``rx`` and hand it every byte at once (as a prefill's layers
+    come faster than the pace); returns its bytes."""
+    assert rx.listen_address is not None
+    host, port = rx.listen_address
+    manifest = Manifest.from_layout(tid, SPEC.layout(num_tokens, 0))
+    rx.claim(tid, 60.0)
+    tx.open_send(tid, host, port, True, manifest)
+    for i, layer in enumerate(manifest.layers):
+        data = memoryview(bytearray(layer.num_bytes))
+        for off in range(0, layer.num_bytes, PIECE):
+            tx.send(tid, i, off, data[off : off + PIECE], data)
+    tx.finish_send(tid)
+    return manifest.num_bytes
+
+
+async def _stats_until_sent(
+    agent: AgentClient, tid: str, rx: TransferThread
+) -> list[dict[str, Any]]:
+    """The agent's stats every 0.1 s until ``tid`` is verified at both ends."""
+    seen = []
+    sent = asyncio.create_task(agent.wait_sent(tid, 60.0))
+    while not sent.done():
+        seen.append(await agent.call({"op": "stats"}, 5.0))
+        await asyncio.sleep(0.1)
+    assert (await sent).state == "verified"
+    deadline = time.monotonic() + 30
+    while (outcome := rx.poll(tid)) is None and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert outcome is not None and outcome.delivery is not None, outcome
+    rx.release(tid, ok=True)
+    seen.append(await agent.call({"op": "stats"}, 5.0))
+    return seen
+
+
+async def test_paced_transfers_are_measured_and_set_pace_changes_the_next_ones_rate(
+    threads: tuple[TransferThread, TransferThread, AgentClient],
+) -> None:
+    rx, tx, agent = threads
+    pace = PACE_GBPS * 1e9 / 8
+    first = await agent.call({"op": "stats"}, 5.0)
+    assert first["link_capacity_basis"] == "configured"
+    assert first["link_estimate_bytes_per_s"] == pytest.approx(pace)
+    assert first["pace_gbps"] == pytest.approx(PACE_GBPS)
+    size = _send(tx, rx, "t1", 640)
+    seen = await _stats_until_sent(agent, "t1", rx)
+    # While it crossed, the session counted whole from its opening: what the sender had not
+    # accepted yet, plus what it had accepted and the receiver not yet acknowledged.
+    assert max(s["cross_site_unsent_bytes"] + s["link_backlog_bytes"] for s in seen) > size / 2
+    last = seen[-1]
+    assert last["cross_site_bytes"] == size and last["cross_site_unsent_bytes"] == 0
+    assert last["link_backlog_bytes"] == 0
+    measured = [s for s in seen if s["link_capacity_basis"] == "measured"]
+    assert measured, [s["link_capacity_basis"] for s in seen]
+    estimate = measured[-1]["link_estimate_bytes_per_s"]
+    assert 0.7 * pace <= estimate <= pace  # never above the pace, at most 30% below it
+    # Four times the pace: the estimate starts afresh from the new rate, then measures it.
+    assert await agent.set_pace(4 * PACE_GBPS) == pytest.approx(4 * PACE_GBPS)
+    reset = await agent.stats()
+    assert reset.link_capacity_basis == "configured" and reset.pace_gbps == 4 * PACE_GBPS
+    assert reset.link_estimate_bytes_per_s == pytest.approx(4 * pace)
+    _send(tx, rx, "t2", 4 * 640)
+    seen = await _stats_until_sent(agent, "t2", rx)
+    measured = [s for s in seen if s["link_capacity_basis"] == "measured"]
+    assert measured, [s["link_capacity_basis"] for s in seen]
+    faster = measured[-1]["link_estimate_bytes_per_s"]
+    assert 0.7 * 4 * pace <= faster <= 4 * pace and faster > 2 * estimate
+
+
+async def test_bad_agent_requests_are_answered_and_the_connection_goes_on(
+    threads: tuple[TransferThread, TransferThread, AgentClient],
+) -> None:
+    _, _, agent = threads
+    reader, writer = await asyncio.open_unix_connection(agent.path)
+    try:
+        for req, needle in (
+            ({"op": "set_pace", "gbps": 0}, "gbps must be finite and > 0"),
+            ({"op": "set_pace", "gbps": True}, "gbps must be a number"),
+            ({"op": "set_pace"}, "gbps must be a number"),
+            ([1, 2], "expected a JSON object"),
+            ({"op": "teleport", "transfer_id": "x"}, "known: wait_sent, abort, stats, set_pace"),
+        ):
+            writer.write(json.dumps(req).encode() + b"\n")
+            answer = json.loads(await reader.readline())
+            assert needle in answer["error"], (req, answer)
+        writer.write(b'{"op": "stats"}\n')
+        assert "pace_gbps" in json.loads(await reader.readline())  # still served
+    finally:
+        writer.close()
+    with pytest.raises(AgentError, match="gbps"):
+        await agent.set_pace(-1.0)
+    assert (await agent.stats()).pace_gbps == PACE_GBPS  # unchanged by the refused calls
