@@ -65,7 +65,7 @@ from typing import Any
 
 import httpx
 
-from prfaas.integrations.vllm.transfer_thread import TRACE_ENV, Trace
+from prfaas.integrations.vllm.trace import TRACE_ENV, Trace
 from prfaas.testbed import vllm_servers as V
 from prfaas.testbed.netns import TwoSiteTestbed, unavailable_reason
 

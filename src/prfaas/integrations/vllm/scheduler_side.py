@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from prfaas.integrations.vllm.faults import inject
 from prfaas.integrations.vllm.metadata import LoadJob, PrfaasMetadata, SendStep
 from prfaas.integrations.vllm.settings import SendParams, SettingsError, load_params, send_params
-from prfaas.integrations.vllm.transfer_thread import TRACE
+from prfaas.integrations.vllm.trace import TRACE
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks

@@ -33,7 +33,8 @@ from prfaas.integrations.vllm.groups import HYBRID_ENV, CacheGroups
 from prfaas.integrations.vllm.metadata import LoadJob, PrfaasMetadata, SendStep
 from prfaas.integrations.vllm.settings import ConnectorSettings
 from prfaas.integrations.vllm.staging import HostStaging, Staging, staging_for
-from prfaas.integrations.vllm.transfer_thread import TRACE, TransferThread
+from prfaas.integrations.vllm.trace import TRACE
+from prfaas.integrations.vllm.transfer_thread import TransferThread
 from prfaas.spec import CacheSpec, LayerKind
 from prfaas.transfer import Manifest
 
