@@ -317,7 +317,9 @@ class Engine(Protocol):
         prompt_token_ids: Sequence[int] = (),
     ) -> TokenEvent:
         """Join the decode batch with a filled (verified) allocation; the first token's event.
-        ``prompt_token_ids`` (when known) feed the repetition penalty."""
+        ``prompt_token_ids`` (when known) feed the repetition penalty. ``first_token`` < 0 (the
+        wire's "none": a vLLM prefill server's END) means the sender sampled none: the engine
+        makes the first token itself, and the event may carry no token yet."""
         ...
 
     def release(self, request_id: str) -> None: ...

@@ -345,7 +345,9 @@ class TimedEngine:
             rid, allocation.layout.num_tokens, sampling, 1, _rng(rid, sampling), stop,
             allocation.reserved_bytes,
         )  # fmt: skip
-        self._draw(run.rng, sampling, 0)  # the first token was drawn by the prefill: skip it
+        drawn = self._draw(run.rng, sampling, 0)  # the prefill's first token: same rng stream
+        if first_token < 0:  # the sender sampled none (a vLLM prefill server): use the draw
+            first_token = drawn
         reason = self._reason(run, first_token)
         if reason is not None:
             self.budget.release(rid)

@@ -220,3 +220,14 @@ async def test_made_up_tokens_stop_on_stop_ids_only_after_min_tokens() -> None:
     no_stops = SamplingParams(max_new_tokens=40, ignore_eos=False)  # no EOS here: full length
     assert {len(t) for t in await _lengths(engine, no_stops, 5)} == {40}
     assert engine.budget.used_bytes == 0 and engine.num_running == 0
+
+
+async def test_kv_without_a_first_token_gets_the_one_the_prefill_would_have_drawn() -> None:
+    """END carrying -1 (a vLLM prefill server samples none): the timed decode node draws the
+    first token itself, from the request's own stream, so never relays -1."""
+    sampling = SamplingParams(max_new_tokens=5)
+    prefilled, unsampled = _engine(), _engine()
+    _, result = await _prefill(prefilled, PrefillRequest("u", (1, 2, 3), sampling))
+    alloc = unsampled.allocate(LayoutManifest.of("u", unsampled.layout(3)), 5)
+    assert unsampled.install(alloc, -1, sampling).token_ids == (result.first_token,)
+    assert result.first_token >= 0

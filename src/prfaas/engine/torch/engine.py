@@ -385,7 +385,9 @@ class TorchEngine:
     ) -> TokenEvent:
         """Join the decode batch with a verified transfer (its buffers become the cache: no copy
         unless a cached prefix must be joined). On any error the allocation is released.
-        ``prompt_token_ids`` feed the repetition penalty (without them it sees the output only)."""
+        ``prompt_token_ids`` feed the repetition penalty (without them it sees the output only).
+        ``first_token`` < 0: the sender sampled none; the last prompt token is run here and the
+        first token comes with the next step (needs ``prompt_token_ids``; the event has none)."""
         rid = allocation.request_id
         with self._lock:
             if self._allocs.get(rid) is not allocation:
@@ -403,9 +405,17 @@ class TorchEngine:
         except BaseException:
             self.release(rid)
             raise
+        if first_token < 0:  # the sender sampled none (a vLLM prefill server): compute it here
+            try:
+                cache, last = _before_last_token(cache, layout, prompt_token_ids, rid)
+            except BaseException:
+                self.release(rid)
+                raise
         with self._lock:
             if self._allocs.pop(rid, None) is not allocation:  # released meanwhile
                 raise UnknownRequest(f"request {rid} was released before it was installed")
+            if first_token < 0:
+                return self._join_unsampled(rid, cache, last, sampling, prompt_token_ids)
             return self._join(rid, cache, first_token, sampling, prompt_token_ids)
 
     def _join(
@@ -427,6 +437,22 @@ class TorchEngine:
         else:
             self.budget.release(rid)
         return TokenEvent(rid, (first,), reason)
+
+    def _join_unsampled(
+        self,
+        rid: str,
+        cache: hf_cache.RequestCache,
+        last_prompt_token: int,
+        sampling: SamplingParams,
+        prompt_token_ids: Sequence[int],
+    ) -> TokenEvent:
+        """(Under the lock.) Join with the last prompt token still to run: the next decode step
+        feeds it at position ``cache.num_tokens`` and samples the first token from its logits
+        (as vLLM's own decode server does with a remote prefill). No token out yet."""
+        seen = self._seen(sampling, prompt_token_ids)
+        stop = self._stop_ids(sampling)
+        self._running[rid] = _Running(cache, sampling, stop, last_prompt_token, 0, seen)
+        return TokenEvent(rid, ())
 
     def _reserve_bytes(self, num_tokens: int, sampling: SamplingParams) -> int:
         return self.cache_spec.bytes_for(num_tokens + sampling.max_new_tokens)
@@ -557,6 +583,38 @@ class TorchEngine:
                         raise EngineError(ev.error)
                     tokens.extend(ev.token_ids)
         return tokens
+
+
+def _before_last_token(
+    cache: hf_cache.RequestCache,
+    layout: CacheLayout,
+    prompt_token_ids: Sequence[int],
+    request_id: str,
+) -> tuple[hf_cache.RequestCache, int]:
+    """An installed cache whose first token the sender did not sample (END carried none: a vLLM
+    prefill server samples after its KV has left), as the cache before the last prompt token and
+    that token, to run as a decode step. A cache of the whole prompt loses its last row (only
+    full-attention layers can: a state or a window cannot be rewound); one of all but the last
+    token (a hybrid vLLM server sends the states before it) is taken as it is."""
+    n, m = len(prompt_token_ids), cache.num_tokens
+    if n == 0:
+        raise EngineError(f"request {request_id}: the KV came without a first token and no prompt")
+    if m == n - 1:
+        return cache, int(prompt_token_ids[-1])
+    if m != n:
+        raise EngineError(
+            f"request {request_id}: the KV covers {m} tokens of a {n}-token prompt "
+            "and came without a first token"
+        )
+    fixed = [seg.kind.value for seg in layout.segments if not seg.kind.grows_with_length]
+    if fixed:
+        raise EngineError(
+            f"request {request_id}: the KV came without a first token and covers the whole "
+            f"prompt; this model's {fixed[0]} layers cannot drop the last token to recompute it"
+        )
+    # Attention tensors are [1, heads, tokens, dim]: drop the last token's row.
+    layers = [{name: t[..., : m - 1, :] for name, t in layer.items()} for layer in cache.layers]
+    return hf_cache.RequestCache(m - 1, layers), int(prompt_token_ids[-1])
 
 
 def _error_event(request_id: str, what: str, exc: Exception) -> TokenEvent:

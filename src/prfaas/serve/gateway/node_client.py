@@ -152,6 +152,8 @@ async def _events(node: str, lines: AsyncIterator[str]) -> AsyncGenerator[Decode
                 event = DecodeEvent.model_validate(json.loads(line))
             except ValueError as exc:
                 raise NodeCallFailed(node, "rejected", f"garbled decode event: {exc}") from None
+            if any(t < 0 for t in event.token_ids):  # the detokenizer would raise on it: a 500
+                raise NodeCallFailed(node, "rejected", f"token id < 0 in {event.token_ids}")
             yield event
             if event.finish_reason is not None or event.kind == "error":
                 return

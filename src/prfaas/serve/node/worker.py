@@ -309,6 +309,8 @@ class Node:
                 tokens.pop()  # the stop token / EOS itself is not returned to the client
         elif event.finish_reason is FinishReason.LENGTH:
             reason = "length"
+        if not tokens and reason is None:
+            return  # installed with the first token still to compute (the sender sampled none)
         exp.events.put_nowait(DecodeEvent(kind="tokens", token_ids=tokens, finish_reason=reason))
 
     async def decode_loop(self) -> None:
