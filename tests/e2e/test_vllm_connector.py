@@ -6,7 +6,8 @@ recompute, never decode from unverified KV.
 Also a long prompt prefilled in several chunks (the servers schedule at most
 ``CHUNK_TOKENS`` per step; vLLM's CPU default is 2048, the whole prompt), faults inside the
 connector (``PRFAAS_VLLM_FAULT_INJECTION``: each fails only that request's transfer, never the
-server) and a transfer id given to two requests at once.
+server), a transfer id given to two requests at once, and the connector's own measure of its
+cross-site link (``set_pace`` through the agent, then paced transfers measured near the pace).
 
 Two servers (started once for the module, pinned to cores 0 and 1), a tiny fp32 llama (head_dim
 32), compiled (the one vLLM module that runs vLLM's compiled path; the others use ``-O0``). The
@@ -109,14 +110,14 @@ def _prompt(seed: int, num_tokens: int = PROMPT_TOKENS) -> list[int]:
     return [rng.randrange(2, 512) for _ in range(num_tokens)]
 
 
-def _prefill_params(tid: str, port: int, skip: int = 0) -> dict[str, Any]:
+def _prefill_params(tid: str, port: int, skip: int = 0, cross_site: bool = False) -> dict[str, Any]:
     return {
         "do_remote_decode": True,
         "prfaas": {
             "transfer_id": tid,
             "host": "127.0.0.1",
             "port": port,
-            "cross_site": False,
+            "cross_site": cross_site,
             "skip_tokens": skip,
         },
     }
@@ -295,14 +296,20 @@ def test_wrong_psk_is_refused_and_recomputes(servers: tuple[Server, Server, Path
 
 
 def _remote(
-    prefill: Server, decode: Server, prompt: list[int], tid: str, timeout_s: float = 60
+    prefill: Server,
+    decode: Server,
+    prompt: list[int],
+    tid: str,
+    timeout_s: float = 60,
+    cross_site: bool = False,
 ) -> tuple[Any, Any, dict[str, Any]]:
     """As the sidecar does it: the decode request waits, the prefill runs, then wait_sent.
     Returns (prefill answer, decode answer, wait_sent answer)."""
     with ThreadPoolExecutor(1) as pool:
         dec = pool.submit(_complete, decode, prompt, MAX_TOKENS, _decode_params(tid, timeout_s))
         time.sleep(0.5)
-        pre = _complete(prefill, prompt, 1, _prefill_params(tid, decode.kv_port))
+        kv = _prefill_params(tid, decode.kv_port, cross_site=cross_site)
+        pre = _complete(prefill, prompt, 1, kv)
         sent = prefill.agent_call({"op": "wait_sent", "transfer_id": tid, "timeout_s": 30})
         return pre, dec.result(timeout=120), sent
 
@@ -394,3 +401,36 @@ def test_one_transfer_id_for_two_requests(servers: tuple[Server, Server, Path]) 
     ref = _complete(prefill, prompt, MAX_TOKENS)
     for answer in both:
         _same_answer(answer, ref)
+
+
+def test_cross_site_transfers_are_measured_near_the_pace_set_through_the_agent(
+    servers: tuple[Server, Server, Path],
+) -> None:
+    """The module's servers start unpaced (no link rate: not estimated). ``set_pace`` at 16
+    Mbit/s (2 MB/s), one long prompt's KV cross-site (3.5 MB: ~1.7 s): the agent's estimate is
+    "measured", never above the pace and within 40% below it; at twice the pace, two long
+    prompts at once (7 MB): measured at the new rate. Runs last: it leaves the prefill server's
+    cross-site sends paced (the other tests send within the site)."""
+    prefill, decode, _ = servers
+    assert prefill.stats()["link_capacity_basis"] == ""  # no link rate given: not estimated
+    rates = []
+    for n, gbps in ((1, 0.016), (2, 0.032)):
+        assert prefill.agent_call({"op": "set_pace", "gbps": gbps}) == {"pace_gbps": gbps}
+        fresh = prefill.stats()
+        assert fresh["link_capacity_basis"] == "configured" and fresh["pace_gbps"] == gbps
+        prompts = [_prompt(50 + 10 * n + i, LONG_PROMPT_TOKENS) for i in range(n)]
+        with ThreadPoolExecutor(n) as pool:
+            runs = [
+                pool.submit(_remote, prefill, decode, p, f"t-paced-{n}-{i}", cross_site=True)
+                for i, p in enumerate(prompts)
+            ]
+            for run in runs:
+                _, got, sent = run.result(timeout=120)
+                assert sent["state"] == "verified", sent
+        stats = prefill.stats()
+        pace = gbps * 1e9 / 8
+        assert stats["link_capacity_basis"] == "measured", stats
+        assert 0.6 * pace <= stats["link_estimate_bytes_per_s"] <= pace, (stats, pace)
+        rates.append(stats["link_estimate_bytes_per_s"])
+        _same_answer(got, _complete(prefill, prompts[-1], MAX_TOKENS))
+    assert rates[1] > 1.4 * rates[0]  # the next transfers ran at the new pace

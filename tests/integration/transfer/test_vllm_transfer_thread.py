@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -147,3 +148,29 @@ async def test_bad_agent_requests_are_answered_and_the_connection_goes_on(
     with pytest.raises(AgentError, match="gbps"):
         await agent.set_pace(-1.0)
     assert (await agent.stats()).pace_gbps == PACE_GBPS  # unchanged by the refused calls
+
+
+def test_closing_ends_an_idle_agent_connection_quietly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A sidecar's connection waiting in ``readline`` when the Worker shuts down: it used to be
+    left pending and reported by asyncio ("Task was destroyed but it is pending!")."""
+    import gc
+    import socket
+
+    agent = str(tmp_path / "agent.sock")
+    thread = TransferThread(ConnectorSettings.from_extra_config({"agent_socket": agent}), PSK)
+    thread.start()
+    idle = socket.socket(socket.AF_UNIX)
+    try:
+        idle.connect(agent)
+        idle.sendall(b'{"op": "stats"}\n')
+        assert b"pace_gbps" in idle.recv(65536)  # served, then left open and idle
+        with caplog.at_level(logging.ERROR, logger="asyncio"):
+            thread.close()
+            del thread
+            gc.collect()
+        assert not [r for r in caplog.records if r.name == "asyncio"], caplog.text
+        assert idle.recv(1) == b""  # the agent closed its end
+    finally:
+        idle.close()

@@ -41,6 +41,7 @@ class AgentServer:
         self.path = path
         self._ops = ops
         self._server: asyncio.AbstractServer | None = None
+        self._clients: set[asyncio.Task[Any]] = set()
 
     async def start(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -48,14 +49,24 @@ class AgentServer:
         self._server = await asyncio.start_unix_server(self._client, self.path)
         os.chmod(self.path, 0o600)
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
+        """Stop serving and end the connections still open (a sidecar's idle one waits in
+        ``readline``: left pending, its task was destroyed with the loop, and said so)."""
         if self._server is None:
             return
         self._server.close()
         with contextlib.suppress(OSError):
             os.unlink(self.path)
+        for task in list(self._clients):
+            task.cancel()
+        for task in list(self._clients):
+            with contextlib.suppress(BaseException):
+                await task
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._clients.add(task)
         try:
             while line := await reader.readline():
                 try:
@@ -66,8 +77,14 @@ class AgentServer:
                 await writer.drain()
         except (ConnectionError, OSError):
             pass
+        except asyncio.CancelledError:
+            # Only aclose cancels: end quietly (asyncio's server callback reads the task's
+            # exception, and a cancelled task's raises there).
+            pass
         finally:
             writer.close()
+            if task is not None:
+                self._clients.discard(task)
 
     async def _op(self, req: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(req, dict):

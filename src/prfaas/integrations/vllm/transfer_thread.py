@@ -214,7 +214,7 @@ class TransferThread:
         for task in list(self._tasks):
             task.cancel()
         if self._agent is not None:
-            self._agent.close()
+            await self._agent.aclose()
         for entry in list(self._links.values()):
             if entry.monitor_task is not None:
                 entry.monitor_task.cancel()
