@@ -8,7 +8,12 @@ server (co-located). Through the official ``openai`` client, streaming and not:
   the route log says which route each request took;
 - the PrfaaS site's vLLM server killed (its process group) while a request waits on it: the
   request completes through local prefill, the sidecar restarts vLLM and the node comes back
-  into rotation (then takes long prompts again).
+  into rotation (then takes long prompts again);
+- the servers' prefix caches reach the gateway's mirror (their KV cache events through the
+  sidecars' heartbeats): after a remote prefill both sites hold the prompt's 512-token blocks, a
+  longer prompt sharing them goes remote with only its new tokens' KV crossing (the decode
+  node's "ready" says what its server holds), and one sharing them with a short new part stays
+  local (the threshold counts only the uncached tokens at home).
 
 Servers start once for the module (``-O0``: no compilation, ~20 s). Needs ``.venv-vllm`` and an
 AVX-512 CPU, else skipped with the reason. Run under the machine's vLLM lock:
@@ -31,6 +36,7 @@ import pytest
 
 from prfaas.config import DeploymentConfig
 from prfaas.serve.demo_vllm import vllm_unavailable
+from prfaas.serve.gateway.decision_log import read_decision_log
 from prfaas.serve.launcher import Launcher, RestartPolicy
 from prfaas.serve.vllm.server import find_orphans, owner_tag
 
@@ -43,6 +49,8 @@ CHUNK_TOKENS = 512
 """Each server schedules at most this many tokens per step: the long prompt takes several."""
 PROCESSES = ("pf0", "p0+d0")
 """The launcher's node processes (one per site): their sidecars' names."""
+BLOCK_TOKENS = 512
+"""The deployment's prefix-cache block (``engine.block_tokens``' default)."""
 
 
 def _skip_reason() -> str | None:
@@ -56,7 +64,7 @@ pytestmark = [
 ]
 
 
-def _deployment(model: Path) -> DeploymentConfig:
+def _deployment(model: Path, decision_log: Path) -> DeploymentConfig:
     return DeploymentConfig.model_validate(
         {
             "engine": {
@@ -66,7 +74,7 @@ def _deployment(model: Path) -> DeploymentConfig:
                          "extra_args": ["-O0", "--max-num-batched-tokens", str(CHUNK_TOKENS)]},
             },
             "gateway": {"port": 0, "control_port": 0, "request_timeout_s": 120,
-                        "heartbeat_timeout_s": 3},
+                        "heartbeat_timeout_s": 3, "decision_log": str(decision_log)},
             "policy": {"router": "threshold", "threshold_tokens": THRESHOLD_TOKENS},
             "heartbeat_interval_s": 0.5,
             "sites": [
@@ -102,8 +110,9 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def live(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
+    work = tmp_path_factory.mktemp("up")
     launcher = Launcher(
-        _deployment(model), tmp_path_factory.mktemp("up"), restart=RestartPolicy(max_deaths=3)
+        _deployment(model, work / "decisions.jsonl"), work, restart=RestartPolicy(max_deaths=3)
     )
     try:
         launcher.start(ready_timeout_s=300)
@@ -133,10 +142,12 @@ def prompts(model: Path) -> tuple[str, str]:
 
     tok = AutoTokenizer.from_pretrained(str(model))
     words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while"]
-    long = " ".join(words[i % len(words)] for i in range(400))
+    long = " ".join(words[i % len(words)] for i in range(150))
     short = " ".join(words[:10])
     n_long, n_short = len(tok.encode(long)), len(tok.encode(short))
-    assert THRESHOLD_TOKENS < n_long < 2048 - MAX_TOKENS and n_short < THRESHOLD_TOKENS
+    # Under one prefix-cache block: the servers' prefix reports never make it short at home, so
+    # each test routes it by its length alone however often it was sent before.
+    assert THRESHOLD_TOKENS < n_long < BLOCK_TOKENS and n_short < THRESHOLD_TOKENS
     return long, short
 
 
@@ -278,3 +289,75 @@ def test_a_killed_prfaas_server_mid_request_completes_locally_and_comes_back(
     assert len(_complete(live, long, stream=False)) == MAX_TOKENS
     route = _last_route(live, before)
     assert route["offloaded"] and route["prefill_node"] == "pf0", route
+
+
+def _prefix_report(live: Launcher, node: str) -> dict[str, Any]:
+    """The sidecar's account of its server's prefix report (``/health``)."""
+    report = _vllm_of(live, node)["prefix_report"]
+    assert report is not None, "no KV cache events subscribed"
+    return dict(report)
+
+
+def test_the_servers_prefix_caches_reach_the_gateway_and_count(live: Launcher, model: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model))
+    words = [
+        "river",
+        "stone",
+        "cloud",
+        "maple",
+        "quiet",
+        "amber",
+        "seven",
+        "north",
+        "glass",
+        "ember",
+    ]
+    base = " ".join(words[(i * 3) % len(words)] for i in range(330))  # ~1,190 tokens: 2 blocks
+    longer = base + " " + " ".join(words[(i * 7) % len(words)] for i in range(110))
+    nearly = base + " over the lazy dog"
+    ids = [tok.encode(p) for p in (base, longer, nearly)]
+    assert all(i[: 2 * BLOCK_TOKENS] == ids[0][: 2 * BLOCK_TOKENS] for i in ids)
+    assert 2 * BLOCK_TOKENS < len(ids[0]) < 3 * BLOCK_TOKENS and len(ids[1]) < 2048 - MAX_TOKENS
+    assert len(ids[1]) - 2 * BLOCK_TOKENS > THRESHOLD_TOKENS >= len(ids[2]) - 2 * BLOCK_TOKENS
+    live.wait_nodes(60, ["pf0", "p0", "d0"])
+    before = {n: _prefix_report(live, n)["entries"] for n in ("pf0", "d0")}
+
+    # 1. Nothing of it cached anywhere: remote, every token's KV crosses.
+    n_routes = len(live.routes())
+    _complete(live, base, stream=False)
+    first = _last_route(live, n_routes)
+    assert first["offloaded"] and first["prefill_node"] == "pf0", first
+    # Both servers now hold its two blocks (the decode server caches what it installed), and
+    # the gateway has applied every change of both reports.
+    for node in ("pf0", "d0"):
+
+        def mirrored(node: str = node) -> bool:
+            r = _prefix_report(live, node)
+            return bool(r["entries"] >= before[node] + 2 and r["unacknowledged"] == 0)
+
+        _until(mirrored, f"{node}'s server's blocks in the gateway's mirror", 30)
+        assert _prefix_report(live, node)["lost"] == 0
+
+    # 2. Sharing those 1,024 tokens, with more than the threshold new: remote, and the decode
+    # node's "ready" said its server holds 1,024, so only the rest's KV crossed.
+    n_routes = len(live.routes())
+    _complete(live, longer, stream=True)
+    second = _last_route(live, n_routes)
+    assert second["offloaded"] and second["prefill_node"] == "pf0", second
+    n1, n2 = first["num_prompt_tokens"], second["num_prompt_tokens"]
+    assert second["kv_bytes"] * n1 == first["kv_bytes"] * (n2 - 2 * BLOCK_TOKENS), (first, second)
+    assert second["num_cached_tokens"] >= 2 * BLOCK_TOKENS  # pf0's vLLM reused its own cache
+    routes = [r for r in read_decision_log(live.deployment.gateway.decision_log or "")
+              if r["kind"] == "route" and r["request"]["num_prompt_tokens"] == n2]  # fmt: skip
+    assert routes and routes[-1]["request"]["cached_tokens_by_site"] == {
+        "pf": 2 * BLOCK_TOKENS, "pd": 2 * BLOCK_TOKENS,
+    }, routes[-1]["request"]  # fmt: skip
+    assert routes[-1]["decision"]["num_cached_tokens"] == 2 * BLOCK_TOKENS
+
+    # 3. Sharing them with only a few new tokens: uncached at home under the threshold, local.
+    n_routes = len(live.routes())
+    assert len(_complete(live, nearly, stream=False)) == MAX_TOKENS
+    third = _last_route(live, n_routes)
+    assert not third["offloaded"] and third["prefill_node"] == "p0", third

@@ -8,19 +8,32 @@ token-id prompt, streaming and not, ``return_token_ids``; and the agent socket n
 the next token is a function of the last three. A prompt holding ``SLOW_TOKEN`` is slow (a long
 prefill, tokens streamed apart), for tests that abort mid-request. Every completion and agent
 call is appended to ``FAKE_VLLM_RECORD`` (JSON lines) so a test sees what the sidecar sent.
+
+With ``--kv-events-config`` it publishes KV cache events as vLLM does (a ZMQ PUB socket: topic,
+8-byte sequence number, a msgpack batch ``[ts, events, rank]`` of tagged maps; a ROUTER replay
+socket): every completion "caches" its prompt's full blocks of ``FAKE_BLOCK`` tokens
+(``BlockStored`` for those not cached yet, chained by their parent). ``POST /fake/kv``
+``{"op": "skip" | "junk" | "clear" | "remove", "index": i}`` makes the next message vanish
+(replayable), sends a junk payload, clears the cache, or removes block ``i`` of the last
+prompt stored, for the sidecar's recovery tests.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
+import msgpack
 import uvicorn
+import zmq
+import zmq.asyncio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
@@ -31,6 +44,9 @@ START_DELAY_S = float(os.environ.get("FAKE_VLLM_START_DELAY_S", "0"))
 SLOW_TOKEN = 511
 SLOW_PREFILL_S = 30.0
 SLOW_TOKEN_S = 0.05
+FAKE_BLOCK = 8
+"""The fake's cache block (the sidecar tests' prfaas block is 16: unequal sizes)."""
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 
 def next_token(ids: list[int]) -> int:
@@ -53,13 +69,83 @@ def record(entry: dict[str, Any]) -> None:
             f.write(json.dumps({"pid": os.getpid(), **entry}) + "\n")
 
 
+class KvEvents:
+    """The fake's prefix cache and its event publisher."""
+
+    def __init__(self, endpoint: str, replay_endpoint: str) -> None:
+        self.ctx = zmq.asyncio.Context()
+        self.pub = self.ctx.socket(zmq.PUB)
+        self.pub.bind(endpoint)
+        self.replay = self.ctx.socket(zmq.ROUTER)
+        self.replay.bind(replay_endpoint)
+        self.seq = 0
+        self.buffer: deque[tuple[int, bytes]] = deque(maxlen=1000)
+        self.cached: set[bytes] = set()
+        self.last: list[bytes] = []
+        self.next = ""
+        """"skip" or "junk": what happens to the next message."""
+
+    def publish(self, events: list[dict[str, Any]]) -> None:
+        payload = bytes(msgpack.packb([time.time(), events, 0]))
+        seq, self.seq = self.seq, self.seq + 1
+        self.buffer.append((seq, payload))
+        what, self.next = self.next, ""
+        if what == "skip":
+            return  # lost on the way (the replay socket still has it)
+        if what == "junk":
+            payload = b"\xc1 not a batch"
+        self.pub.send_multipart([b"", seq.to_bytes(8, "big"), payload])
+
+    def store(self, prompt: list[int]) -> None:
+        hashes: list[bytes] = []
+        parent: bytes | None = None
+        for i in range(0, len(prompt) - FAKE_BLOCK + 1, FAKE_BLOCK):
+            parent = hashlib.sha256(repr((parent, prompt[i : i + FAKE_BLOCK])).encode()).digest()
+            hashes.append(parent)
+        self.last = hashes
+        first = next((i for i, h in enumerate(hashes) if h not in self.cached), len(hashes))
+        if first == len(hashes):
+            return
+        self.cached.update(hashes[first:])
+        self.publish([{
+            "type": "BlockStored", "block_hashes": hashes[first:],
+            "parent_block_hash": hashes[first - 1] if first else None,
+            "token_ids": prompt[first * FAKE_BLOCK : len(hashes) * FAKE_BLOCK],
+            "block_size": FAKE_BLOCK, "lora_id": None, "medium": "GPU", "lora_name": None,
+            "group_idx": 0,
+        }])  # fmt: skip
+
+    def act(self, op: str, index: int) -> None:
+        if op in ("skip", "junk"):
+            self.next = op
+        elif op == "clear":
+            self.cached.clear()
+            self.publish([{"type": "AllBlocksCleared"}])
+        elif op == "remove":
+            h = self.last[index]
+            self.cached.discard(h)
+            self.publish([{"type": "BlockRemoved", "block_hashes": [h], "medium": "GPU"}])
+
+    async def serve_replay(self) -> None:
+        while True:
+            frames = await self.replay.recv_multipart()
+            client, start = frames[0], int.from_bytes(frames[2], "big")
+            for seq, payload in list(self.buffer):
+                if seq >= start:
+                    await self.replay.send_multipart(
+                        [client, b"", b"", seq.to_bytes(8, "big"), payload]
+                    )
+            await self.replay.send_multipart([client, b"", b"", END_SEQ, b""])
+
+
 class Fake:
-    def __init__(self) -> None:
+    def __init__(self, events: KvEvents | None = None) -> None:
         self.sent: dict[str, int] = {}
         """transfer id -> KV bytes "sent" (verified at once)."""
         self.running = 0
         self.pace_gbps: float | None = None
         """The connector's pace (``pace_gbps`` of its settings, then ``set_pace``'s)."""
+        self.events = events
 
 
 def make_app(fake: Fake) -> FastAPI:
@@ -89,6 +175,8 @@ def make_app(fake: Fake) -> FastAPI:
         params = body.get("kv_transfer_params")
         record({"kind": "completion", "stream": bool(body.get("stream")), "body": body})
         out, finish = greedy(prompt, int(body["max_tokens"]), set(body.get("stop_token_ids", [])))
+        if fake.events is not None:
+            fake.events.store(prompt)
         slow = SLOW_TOKEN in prompt
         if not body.get("stream"):
             fake.running += 1
@@ -126,6 +214,13 @@ def make_app(fake: Fake) -> FastAPI:
                 fake.running -= 1
 
         return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    @app.post("/fake/kv")
+    async def kv(request: Request) -> dict[str, bool]:
+        body = await request.json()
+        assert fake.events is not None
+        fake.events.act(body["op"], int(body.get("index", 0)))
+        return {"ok": True}
 
     return app
 
@@ -178,16 +273,25 @@ async def main() -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--kv-transfer-config", required=True)
+    p.add_argument("--kv-events-config")
     args, _ = p.parse_known_args()
     extra = json.loads(args.kv_transfer_config)["kv_connector_extra_config"]
-    record({"kind": "start", "psk_set": bool(os.environ.get(extra["psk_env"])), "extra": extra})
+    kv_events = json.loads(args.kv_events_config) if args.kv_events_config else None
+    record({"kind": "start", "psk_set": bool(os.environ.get(extra["psk_env"])), "extra": extra,
+            "kv_events": kv_events})  # fmt: skip
     await asyncio.sleep(START_DELAY_S)  # "loading the model": /health refuses meanwhile
-    fake = Fake()
+    events = None
+    if kv_events is not None:
+        events = KvEvents(kv_events["endpoint"], kv_events["replay_endpoint"])
+    fake = Fake(events)
     fake.pace_gbps = extra.get("pace_gbps")
     agent = await serve_agent(fake, extra["agent_socket"])
     config = uvicorn.Config(make_app(fake), host=args.host, port=args.port, log_level="warning")
+    replay = asyncio.create_task(events.serve_replay()) if events is not None else None
     async with agent:
         await uvicorn.Server(config).serve()
+    if replay is not None:
+        replay.cancel()
 
 
 if __name__ == "__main__":

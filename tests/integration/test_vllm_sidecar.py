@@ -4,7 +4,11 @@ through a fake "python": registration at once with the fault "vLLM server starti
 /health answers; the remote prefill's and decode's ``kv_transfer_params`` as the contract says;
 the co-located shortcut (no prefill call, a plain decode request); aborts reaching the agent;
 reports from /metrics and agent stats; a killed server noticed, restarted, the fault cleared; and
-the server's whole process group gone when the sidecar stops. Fast: no vLLM."""
+the server's whole process group gone when the sidecar stops. The prefix report: the fake's KV
+cache events (its blocks of 8 tokens) reach the gateway's ``KVMirror`` as prfaas entries (blocks
+of 16), a decode node's "ready" says what its server holds, a lost message is replayed, junk and
+a clear empty the report, and a restarted server's report starts again empty under a new epoch.
+Fast: no vLLM."""
 
 from __future__ import annotations
 
@@ -24,15 +28,21 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from prfaas.cache.mirror import KVMirror
 from prfaas.config import DeploymentConfig
+from prfaas.core.ids import SiteId
 from prfaas.serve.auth import SignedAuth
+from prfaas.serve.gateway.hashing import block_hashes
 from prfaas.serve.listeners import bind, server_for
 from prfaas.serve.node.app import create_node_app
 from prfaas.serve.node.messages import (
     DecodeCommand,
     DecodeEvent,
+    Heartbeat,
     PrefillCommand,
     PrefillOutcome,
+    PrefixAckMsg,
+    Registration,
     SamplingMsg,
     pack_tokens,
 )
@@ -45,6 +55,10 @@ FAKE = Path(__file__).with_name("fake_vllm.py")
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
 SLOW = [*PROMPT, 511]
 """The fake takes its time with this prompt (fake_vllm.SLOW_TOKEN)."""
+BLOCK = 16
+"""The deployment's prfaas block (the fake's vLLM blocks are 8 tokens)."""
+LONG = [(i * 37 + 11) % 500 for i in range(44)]
+"""Five fake blocks: prfaas entries at 16 and 32 tokens."""
 
 
 def fake_next(ids: list[int]) -> int:  # the fake's "model", as fake_vllm.next_token
@@ -69,10 +83,13 @@ async def until(check: Callable[[], Any], what: str, timeout_s: float = 30.0) ->
 
 @dataclass
 class Gateway:
-    """The gateway's control listener, reduced to recording what nodes tell it."""
+    """The gateway's control listener, reduced to recording what nodes tell it, with the real
+    gateway's prefix mirror (``KVMirror``: tracked at registration, fed and acknowledged by the
+    heartbeats, as ``serve/gateway/registry.py`` does)."""
 
     registrations: list[dict[str, Any]] = field(default_factory=list)
     heartbeats: list[dict[str, Any]] = field(default_factory=list)
+    kv: KVMirror = field(default_factory=lambda: KVMirror([SiteId("pf"), SiteId("pd")], 5.0))
 
     def app(self) -> FastAPI:
         app = FastAPI()
@@ -80,14 +97,26 @@ class Gateway:
         @app.post("/internal/register")
         async def register(body: dict[str, Any]) -> dict[str, bool]:
             self.registrations.append(body)
+            reg = Registration.model_validate(body)
+            self.kv.track(reg.process, SiteId(reg.nodes[0].site))
             return {"ok": True}
 
         @app.post("/internal/heartbeat")
-        async def heartbeat(body: dict[str, Any]) -> dict[str, bool]:
+        async def heartbeat(body: dict[str, Any]) -> dict[str, Any]:
             self.heartbeats.append(body)
-            return {"ok": True}
+            beat = Heartbeat.model_validate(body)
+            answer: dict[str, Any] = {"ok": True}
+            if beat.prefix is not None:
+                ack = self.kv.apply(beat.process, beat.prefix.to_report(), time.monotonic())
+                if ack is not None:
+                    answer["prefix"] = PrefixAckMsg.of(ack).model_dump()
+            return answer
 
         return app
+
+    def entries(self, process: str) -> dict[int, int]:
+        store = self.kv.store(process)
+        return {} if store is None else dict(store.entries)
 
     def last_report(self, node: str) -> dict[str, Any] | None:
         for beat in reversed(self.heartbeats):
@@ -139,6 +168,7 @@ def deployment(tmp_path: Path) -> Callable[..., DeploymentConfig]:
             {
                 "engine": {
                     "kind": "vllm", "model": "tiny", "model_path": str(model),
+                    "block_tokens": BLOCK,
                     "vllm": {"python": str(python), "startup_timeout_s": 20, "cpu_bind": "0"},
                 },
                 "gateway": {"port": 0, "control_port": control_port},
@@ -543,3 +573,94 @@ async def test_a_python_gone_since_the_file_was_read_is_a_fault_not_a_crash(
         assert "restarting in" in fault and "python" in fault
     finally:
         await host.stop()
+
+
+# -- the prefix report ----------------------------------------------------------------------------
+async def _fake_kv(sidecar: Sidecar, op: str, index: int = 0) -> None:
+    server = sidecar.host.server
+    assert server is not None
+    async with httpx.AsyncClient(trust_env=False) as c:
+        r = await c.post(f"{server.spec.base_url}/fake/kv", json={"op": op, "index": index})
+        assert r.status_code == 200
+
+
+async def _decode_all(sidecar: Sidecar, cmd: DecodeCommand) -> list[DecodeEvent]:
+    async with sidecar.decode("d0", cmd) as stream:
+        return [DecodeEvent.model_validate_json(line) async for line in stream]
+
+
+def _long_decode(rid: str, prompt: list[int] = LONG) -> DecodeCommand:
+    cmd = _decode_cmd(rid, "p0", 2, prompt=prompt)  # co-located: the PD server prefills itself
+    return cmd.model_copy(update={"block_hashes": list(block_hashes(prompt, BLOCK))})
+
+
+async def test_the_servers_cache_reaches_the_gateways_mirror_and_the_ready_answer(
+    cluster: tuple[Gateway, Sidecar, Sidecar, Path],
+) -> None:
+    gateway, _, pd, record = cluster
+    await _ready(gateway, "p0", "d0")
+    starts = [r for r in records(record) if r["kind"] == "start"]
+    assert all(s["kv_events"]["endpoint"].startswith("ipc://") for s in starts)
+    assert all(s["kv_events"]["enable_kv_cache_events"] for s in starts)
+    first = await _decode_all(pd, _long_decode("r7.1"))
+    assert first[0].kind == "ready" and first[0].prefix_tokens == 0  # nothing cached yet
+    hashes = block_hashes(LONG, BLOCK)
+    want = {hashes[0]: 16, hashes[1]: 32}
+    await until(lambda: gateway.entries("p0+d0") == want, "the entries in the gateway's mirror")
+    assert gateway.entries("pf0") == {}  # the other site's server holds nothing
+    # A prompt sharing 32 tokens: the decode node's server holds them, the prefill skips them.
+    shared = [*LONG[:36], 1, 2, 3, 4, 5, 6, 7, 8]
+    again = await _decode_all(pd, _long_decode("r8.1", shared))
+    assert again[0].kind == "ready" and again[0].prefix_tokens == 32
+    health = (await pd.client.get(f"{pd.url}/health")).json()["vllm"]["prefix_report"]
+    assert health["entries"] == 2 and health["lost"] == 0 and health["lifetimes"] == 1
+    await until(
+        lambda: pd.host.kv_events is not None and len(pd.host.kv_events.translator.journal) == 0,
+        "every change acknowledged",
+    )
+
+
+async def test_evictions_lost_messages_junk_and_clears(
+    cluster: tuple[Gateway, Sidecar, Sidecar, Path],
+) -> None:
+    gateway, _, pd, _ = cluster
+    await _ready(gateway, "p0", "d0")
+    hashes = block_hashes(LONG, BLOCK)
+    events = pd.host.kv_events
+    assert events is not None
+    await _fake_kv(pd, "skip")  # the store's message never arrives live
+    await _decode_all(pd, _long_decode("r9.1"))
+    await _fake_kv(pd, "remove", 3)  # fake block 3 (tokens 24..32): the 32-token prefix goes
+    await until(lambda: gateway.entries("p0+d0") == {hashes[0]: 16}, "the eviction mirrored")
+    assert events.num_gaps == 1 and events.num_lost == 0  # replayed, nothing lost
+    await _fake_kv(pd, "junk")
+    await _decode_all(pd, _long_decode("r10.1", [9, *LONG]))  # its store is the junk message
+    await until(lambda: events.num_lost == 1, "the junk counted")
+    await until(lambda: gateway.entries("p0+d0") == {}, "the mirror emptied")
+    await _fake_kv(pd, "clear")  # the server's cache emptied (AllBlocksCleared) ...
+    await _decode_all(pd, _long_decode("r11.1"))  # ... so this stores every block again
+    await until(lambda: gateway.entries("p0+d0") == {hashes[0]: 16, hashes[1]: 32}, "stored")
+    await _fake_kv(pd, "clear")
+    await until(lambda: gateway.entries("p0+d0") == {}, "AllBlocksCleared mirrored")
+
+
+async def test_a_restarted_server_reports_from_empty_under_a_new_epoch(
+    cluster: tuple[Gateway, Sidecar, Sidecar, Path],
+) -> None:
+    gateway, pf, _, _ = cluster
+    await _ready(gateway, "pf0", "d0")
+    outcome = await pf.prefill("pf0", _prefill_cmd("r12.1", "d0", 9, True, prompt=LONG))
+    assert outcome.ok, outcome.error
+    await until(lambda: len(gateway.entries("pf0")) == 2, "pf0's server's entries")
+    mirror = gateway.kv.store("pf0")
+    assert mirror is not None and pf.host.kv_events is not None
+    old_epoch = mirror.epoch
+    server = pf.host.server
+    assert server is not None and server.pid is not None
+    os.killpg(server.pid, signal.SIGKILL)
+    await until(lambda: gateway.entries("pf0") == {}, "the dead server's blocks forgotten")
+    await _ready(gateway, "pf0")
+    await until(lambda: pf.host.kv_events is not None and
+                pf.host.kv_events.num_lifetimes == 2, "the second lifetime")  # fmt: skip
+    store = gateway.kv.store("pf0")
+    assert store is not None and store.epoch != old_epoch and store.entries == {}

@@ -6,7 +6,10 @@ meanwhile), heartbeats their reports (vLLM's ``/metrics`` and the connector agen
 stops the server when the process stops.
 
 It has no KV receiver or sender of its own: the registered transfer port is the one the
-connector's receiver binds inside the vLLM Worker process. Prefix moves between sites are not
+connector's receiver binds inside the vLLM Worker process. What the server's prefix cache holds
+comes from its KV cache events (``kv_events.KvEventSubscriber``, one store per process as a
+worker process's ``PrefixStore``): the heartbeats carry it to the gateway's mirror, and a decode
+node's "ready" says how much of a prompt its server holds. Prefix moves between sites are not
 offered (vLLM keeps its prefix cache to itself): a pull answers that it failed, a push that the
 prefix is not here, and the gateway computes the prefix instead. Must not import vllm.
 """
@@ -42,11 +45,14 @@ from prfaas.serve.node.messages import (
     NodeReport,
     PrefillCommand,
     PrefillOutcome,
+    PrefixAckMsg,
     PrefixPullCommand,
     PrefixPushCommand,
+    PrefixReportMsg,
     Registration,
 )
 from prfaas.serve.vllm.agent import AgentClient, AgentError, AgentStats
+from prfaas.serve.vllm.kv_events import KvEventSubscriber
 from prfaas.serve.vllm.metrics import (
     VllmLoad,
     kv_bytes_per_token,
@@ -56,6 +62,7 @@ from prfaas.serve.vllm.metrics import (
 from prfaas.serve.vllm.node import VllmEndpoint, VllmNode
 from prfaas.serve.vllm.server import (
     ConnectorSettings,
+    KvEventsEndpoints,
     ServerSpec,
     VllmServer,
     owner_tag,
@@ -123,6 +130,9 @@ class VllmHost:
         """Its socket's path is known once the process starts (a private temporary folder)."""
         self.server: VllmServer | None = None
         self._endpoint = VllmEndpoint("", self.engine.model, self._client, self._fault)
+        self.kv_events: KvEventSubscriber | None = None
+        """The server's KV cache events as prefix entries (None: prefix caching off)."""
+        self._endpoint.cached_tokens = self._cached_tokens
         self._nodes: dict[str, VllmNode] = {}
         for name in node_names:
             self._nodes[name] = VllmNode(
@@ -216,8 +226,15 @@ class VllmHost:
                 "pid": None if s is None else s.pid,
                 "starts": 0 if s is None else s.num_starts,
                 "fault": self._fault(),
+                "prefix_report": None if self.kv_events is None else self.kv_events.details(),
             }
         }
+
+    def _cached_tokens(self, block_hashes: Sequence[int], num_prompt_tokens: int) -> int:
+        """The prefix of a prompt the server's cache holds, per its KV cache events."""
+        if self.kv_events is None:
+            return 0
+        return self.kv_events.translator.cached_tokens(block_hashes, num_prompt_tokens)
 
     # -- reports ---------------------------------------------------------------------------------
     def reports(self) -> list[NodeReport]:
@@ -319,7 +336,7 @@ class VllmHost:
 
     # -- life cycle ------------------------------------------------------------------------------
     def spec(self) -> ServerSpec:
-        """The server's command line, once the ports are known."""
+        """The server's command line, once the ports and the private folder are known."""
         settings = ConnectorSettings(
             listen_host=self.host,
             listen_port=self.transfer_port,
@@ -336,6 +353,7 @@ class VllmHost:
             port=free_port("127.0.0.1"),
             psk=self._deployment.psk,
             owner=owner_tag(self._process_name, self._deployment.psk),
+            kv_events=None if self._agent_dir is None else _kv_events_endpoints(self._agent_dir),
         )
 
     async def start(self, http_port: int) -> None:
@@ -348,6 +366,9 @@ class VllmHost:
         self.server = VllmServer(self.spec())
         self._endpoint.base_url = self.server.spec.base_url
         self.spawn(self.server.run())
+        if (events := self.server.spec.kv_events) is not None:
+            self.kv_events = KvEventSubscriber(events, self._deployment.engine.block_tokens)
+            self.spawn(self.kv_events.run(self.server))
         self.spawn(self._poll())
         self.spawn(self._control_plane())
 
@@ -374,8 +395,28 @@ class VllmHost:
         )
 
     def heartbeat(self) -> Heartbeat:
-        """Every node's report; no prefix report: vLLM's cache is its own."""
-        return Heartbeat(process=self._process_name, reports=self.reports())
+        """Every node's report and, with prefix caching on, the server's prefix-cache changes
+        (one report per process: its nodes share the server, as a worker process's share its
+        store)."""
+        events = self.kv_events
+        prefix = None if events is None else PrefixReportMsg.of(events.translator.report())
+        return Heartbeat(process=self._process_name, reports=self.reports(), prefix=prefix)
+
+    def _on_heartbeat_answer(self, r: httpx.Response) -> None:
+        """The gateway's acknowledgement of our prefix report (``WorkerHost`` does the same)."""
+        if self.kv_events is None:
+            return
+        try:
+            body = r.json()
+            ack = body.get("prefix") if isinstance(body, dict) else None
+            if ack is not None:
+                self.kv_events.translator.acknowledge(PrefixAckMsg.model_validate(ack).to_ack())
+        except ValueError as exc:
+            log.debug("heartbeat answer without a usable prefix acknowledgement: %s", exc)
+
+    def _on_registered(self) -> None:
+        if self.kv_events is not None:  # the gateway mirrors us afresh
+            self.kv_events.translator.snapshot()
 
     async def _control_plane(self) -> None:
         """Register at once (retrying until the gateway answers), then heartbeat; re-register
@@ -387,7 +428,13 @@ class VllmHost:
             log,
             self.registration,
             self.heartbeat,
+            on_registered=self._on_registered,
+            on_heartbeat_answer=self._on_heartbeat_answer,
         )
+
+
+def _kv_events_endpoints(folder: Path) -> KvEventsEndpoints:
+    return KvEventsEndpoints(f"ipc://{folder}/kv-events.sock", f"ipc://{folder}/kv-replay.sock")
 
 
 def _bytes_per_token(model_path: str | None, dtype: str) -> int:

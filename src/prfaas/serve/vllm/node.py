@@ -18,7 +18,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any, Literal
 
 import httpx
@@ -55,6 +55,9 @@ class VllmEndpoint:
         self.client = client
         self.fault = fault
         """Why the server cannot serve now ("" when it can)."""
+        self.cached_tokens: Callable[[Sequence[int], int], int] = lambda hashes, n: 0
+        """The prefix of a prompt (its block hashes, its length) the server's cache holds, per
+        its KV cache events (``serve/vllm/kv_events.py``; 0 without them)."""
 
 
 def sampling_body(s: SamplingMsg) -> dict[str, Any]:
@@ -231,9 +234,12 @@ class VllmNode:
         self._decoding.add(rid)
         finished = False
         try:
-            # The prefill sends every token the decode side's server lacks: it installs only what
-            # its own prefix cache does not hold.
-            yield DecodeEvent(kind="ready", prefix_tokens=0)
+            # What this server's prefix cache holds of the prompt (its KV cache events): the
+            # prefill skips sending it. Should vLLM evict it before the request is scheduled,
+            # the connector finds the session does not fit (it starts past the local hit) and
+            # vLLM recomputes; a longer local hit only installs less.
+            held = self.server.cached_tokens(cmd.block_hashes, cmd.num_prompt_tokens)
+            yield DecodeEvent(kind="ready", prefix_tokens=held)
             async for event in self._stream(body, cmd.timeout_s):
                 yield event
                 if event.kind == "error" or event.finish_reason is not None:

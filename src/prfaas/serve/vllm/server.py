@@ -75,6 +75,22 @@ class ConnectorSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class KvEventsEndpoints:
+    """Where the server publishes its KV cache events (``--kv-events-config``), private to its
+    sidecar (``ipc://`` in the sidecar's 0700 temporary folder): ``serve/vllm/kv_events.py``."""
+
+    endpoint: str
+    """vLLM's PUB socket (vLLM binds it, the sidecar connects)."""
+    replay_endpoint: str
+    """vLLM's ROUTER socket, answering replay requests from a sequence number."""
+
+
+KV_EVENTS_BUFFER_STEPS = 1024
+"""Batches (engine steps with events) the server keeps for replay: a gap the sidecar notices
+is at most a few steps old; vLLM's default (10,000) would keep megabytes of token ids."""
+
+
+@dataclass(frozen=True, slots=True)
 class ServerSpec:
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
@@ -86,6 +102,8 @@ class ServerSpec:
     """The ``PRFAAS_VLLM_OWNER`` tag (also in ``env``)."""
     cpus: frozenset[int] | None = None
     """Cores the whole server process tree runs on (``cpu_bind``; None: ``auto``, unpinned)."""
+    kv_events: KvEventsEndpoints | None = None
+    """Where its KV cache events are published; None: not published (prefix caching off)."""
 
     @property
     def base_url(self) -> str:
@@ -112,6 +130,36 @@ def kv_transfer_config(c: ConnectorSettings) -> dict[str, Any]:
             "link_gbps": c.link_gbps,
         },
     }
+
+
+def kv_events_config(e: KvEventsEndpoints) -> dict[str, Any]:
+    return {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": e.endpoint,
+        "replay_endpoint": e.replay_endpoint,
+        "buffer_steps": KV_EVENTS_BUFFER_STEPS,
+        "topic": "",
+    }
+
+
+def prefix_caching_on(engine: EngineConfig) -> bool:
+    """Whether the server keeps a prefix cache: vLLM's default, but off for models with linear
+    layers (the sidecar turns it off, below) and when ``extra_args`` turns it off."""
+    args = engine.vllm.extra_args
+    last = next(
+        (
+            a
+            for a in reversed(args)
+            if a in ("--enable-prefix-caching", "--no-enable-prefix-caching")
+        ),
+        None,
+    )
+    if model_has_linear_layers(engine):
+        # Even when extra_args turns it back on ("align" mode), a hit needs the attention and
+        # the state groups both: not reported (serve/vllm/block_translator.py).
+        return False
+    return last != "--no-enable-prefix-caching"
 
 
 def model_max_len(engine: EngineConfig) -> int | None:
@@ -154,9 +202,12 @@ def server_spec(
     port: int,
     psk: str,
     owner: str,
+    kv_events: KvEventsEndpoints | None = None,
 ) -> ServerSpec:
     """The contract's command line: ``PYTHON -m vllm.entrypoints.openai.api_server --model ...
-    --kv-transfer-config JSON [extra args]`` and its environment."""
+    --kv-transfer-config JSON [--kv-events-config JSON] [extra args]`` and its environment.
+    ``kv_events``: publish the KV cache events there (only with prefix caching on: without
+    it vLLM has nothing to report)."""
     v = engine.vllm
     assert engine.model_path is not None
     argv = [
@@ -179,6 +230,10 @@ def server_spec(
     if v.gpu_memory_utilization is not None:
         argv += ["--gpu-memory-utilization", f"{v.gpu_memory_utilization:g}"]
     argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(connector))]
+    if kv_events is not None and not prefix_caching_on(engine):
+        kv_events = None
+    if kv_events is not None:
+        argv += ["--kv-events-config", json.dumps(kv_events_config(kv_events))]
     if model_has_linear_layers(engine):
         # One state block per request (mamba_cache_mode "none"), the only mode whose states
         # PrfaasConnector sends; extra_args may still turn prefix caching on (then it refuses
@@ -192,7 +247,9 @@ def server_spec(
         ("PYTHONUNBUFFERED", "1"),
         (OWNER_ENV, owner),
     )
-    return ServerSpec(tuple(argv), env, host, port, v.startup_timeout_s, owner, cpu_set(v.cpu_bind))
+    return ServerSpec(
+        tuple(argv), env, host, port, v.startup_timeout_s, owner, cpu_set(v.cpu_bind), kv_events
+    )
 
 
 class ServerState(enum.Enum):
