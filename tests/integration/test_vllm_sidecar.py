@@ -529,6 +529,41 @@ def test_a_registration_with_faulty_reports_keeps_the_nodes_out_of_rotation(
         assert not in_rotation and "vLLM server starting" in why
 
 
+def test_the_gateway_builds_a_vllm_sites_link_from_the_connectors_estimate(
+    deployment: Callable[..., DeploymentConfig],
+) -> None:
+    """What the registry does with a vLLM sidecar's link fields (a vLLM deployment: the registry
+    converts neither bytes nor seconds): the site's LinkState is "configured" at the file's rate
+    until the connector has measured, then its estimate; the backlog is the open sends' bytes
+    not handed over plus the senders' unacknowledged ones; delivered bytes grow with the
+    server's cross-site bytes, piece by piece."""
+    from prfaas.core import MutableClusterView, SiteId, SiteKind
+    from prfaas.serve.gateway.registry import NodeRegistry
+    from prfaas.serve.vllm.agent import AgentStats
+    from prfaas.serve.vllm.host import _Snapshot
+
+    d = deployment(9)
+    host = VllmHost(d, ["pf0"], d.control_url)
+    view = MutableClusterView({SiteId(s.name): SiteKind(s.kind) for s in d.sites}, 256)
+    registry = NodeRegistry(d, view)
+    registry.register(host.registration(), 0.0)
+
+    def beat(at_s: float, **stats: Any) -> Any:
+        host._snapshot = _Snapshot(stats=AgentStats(pace_gbps=1.0, **stats))
+        assert registry.heartbeat(host.heartbeat(), at_s)
+        return view.link(SiteId("pf"), SiteId("pd"))
+
+    link = beat(1.0, link_capacity_basis="configured", link_estimate_bytes_per_s=1e9 / 8)
+    assert link.capacity_basis == "configured" and link.capacity_bytes_per_s == 1e9 / 8
+    link = beat(
+        2.0, link_capacity_basis="measured", link_estimate_bytes_per_s=9e7,
+        link_backlog_bytes=1_000, cross_site_bytes=5_000_000, cross_site_unsent_bytes=300,
+    )  # fmt: skip
+    assert link.capacity_basis == "measured" and link.capacity_bytes_per_s == 9e7
+    assert link.backlog_bytes == 1_300
+    assert link.goodput_bytes_per_s > 0  # 5 MB less the unacknowledged, delivered in 1 s
+
+
 async def test_an_orphan_of_an_earlier_sidecar_is_killed_before_its_server_starts(
     deployment: Callable[..., DeploymentConfig],
 ) -> None:
