@@ -679,6 +679,19 @@ async def test_evictions_lost_messages_junk_and_clears(
     await until(lambda: gateway.entries("p0+d0") == {}, "AllBlocksCleared mirrored")
 
 
+async def test_a_lost_last_message_is_fetched_after_a_silence(
+    cluster: tuple[Gateway, Sidecar, Sidecar, Path],
+) -> None:
+    gateway, _, pd, _ = cluster
+    await _ready(gateway, "p0", "d0")
+    await _fake_kv(pd, "skip")  # lost, and nothing follows it to reveal the gap
+    await _decode_all(pd, _long_decode("r13.1"))
+    hashes = block_hashes(LONG, BLOCK)
+    await until(lambda: gateway.entries("p0+d0") == {hashes[0]: 16, hashes[1]: 32},
+                "the replayed store", timeout_s=20)  # fmt: skip
+    assert pd.host.kv_events is not None and pd.host.kv_events.num_lost == 0
+
+
 async def test_a_restarted_server_reports_from_empty_under_a_new_epoch(
     cluster: tuple[Gateway, Sidecar, Sidecar, Path],
 ) -> None:

@@ -4,7 +4,8 @@ sidecar's private temporary folder), kept as a ``BlockTranslator`` the heartbeat
 
 One translator per server lifetime: when the server is ready the subscriber starts a fresh one
 (a new journal epoch: the gateway's mirror resets to it) and asks the replay socket for
-everything from sequence number 0 (what was published before the subscription took); when the
+everything from sequence number 0 (what was published before the subscription took), and again
+for what follows the last message after ``IDLE_REPLAY_S`` of silence; when the
 server stops being ready or is started again, it starts another, empty one (the dead server's
 blocks are gone with it). Messages are applied in sequence order: one already applied (a replay
 overlapping the live stream) is skipped; a gap asks the replay socket for the missing ones, and
@@ -40,6 +41,10 @@ log = logging.getLogger("prfaas.vllm")
 POLL_S = 0.5
 """How often the subscriber looks at the server's state between messages."""
 REPLAY_TIMEOUT_S = 2.0
+IDLE_REPLAY_S = 5.0
+"""After this long without a message the subscriber asks the replay socket for what follows the
+last one it applied: a lost last message has no successor to reveal the gap (a PUB socket drops
+what it sends before a subscription takes, or past its high-water mark)."""
 MAX_WARNINGS = 5
 """Lost-event warnings logged per server lifetime (then counted only)."""
 
@@ -131,9 +136,14 @@ class KvEventSubscriber:
         sub.connect(self.endpoints.endpoint)
         try:
             await self._replay(ctx, 0)  # what the server published before we subscribed
+            idle_s = 0.0
             while alive():
                 if await sub.poll(int(POLL_S * 1000)):
+                    idle_s = 0.0
                     await self._on_message(ctx, await sub.recv_multipart())
+                elif (idle_s := idle_s + POLL_S) >= IDLE_REPLAY_S:
+                    idle_s = 0.0
+                    await self._replay(ctx, self._expected)
         finally:
             sub.close(linger=0)
 
