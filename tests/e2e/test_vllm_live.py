@@ -361,3 +361,43 @@ def test_the_servers_prefix_caches_reach_the_gateway_and_count(live: Launcher, m
     assert len(_complete(live, nearly, stream=False)) == MAX_TOKENS
     third = _last_route(live, n_routes)
     assert not third["offloaded"] and third["prefill_node"] == "p0", third
+
+
+def test_the_gateway_measures_the_vllm_sites_link_after_link_rate(
+    live: Launcher, model: Path
+) -> None:
+    """``POST /link/rate`` on the PrfaaS site's sidecar re-paces its server's connector (the
+    agent's ``set_pace``) at 16 Mbit/s; a fresh ~1,750-token prompt's KV (3.6 MB, ~1.8 s) then
+    crosses paced, and the gateway's link state for the site says "measured", near the pace:
+    the connector's own estimate, through the sidecar's reports and the registry. Runs last: it
+    leaves the link slow."""
+    from transformers import AutoTokenizer
+
+    from prfaas.serve.auth import SignedAuth
+
+    gbps = 0.016
+    pace = gbps * 1e9 / 8  # a vLLM deployment's modelled bytes/s are real bytes per wall second
+    live.wait_nodes(60, ["pf0", "p0", "d0"])
+    (link,) = live.control.control()["links"]
+    assert link["capacity_basis"] == "configured" and link["capacity_bytes_per_s"] == 10e9 / 8
+    ep = next(e for e in live.control.endpoints() if e["node"] == "pf0")
+    r = httpx.post(
+        f"http://{ep['host']}:{ep['http_port']}/link/rate", json={"gbps": gbps},
+        auth=SignedAuth(PSK.encode()), timeout=10, trust_env=False,
+    )  # fmt: skip
+    assert r.status_code == 200, r.text
+    tok = AutoTokenizer.from_pretrained(str(model))
+    words = ["violet", "harbor", "copper", "meadow", "lantern", "orbit", "saffron", "tundra"]
+    prompt = " ".join(words[(i * 5 + i // 8) % len(words)] for i in range(400))
+    assert 1200 < len(tok.encode(prompt)) < 2048 - MAX_TOKENS
+    before = len(live.routes())
+    assert len(_complete(live, prompt, stream=True)) == MAX_TOKENS
+    route = _last_route(live, before)
+    assert route["offloaded"] and route["kv_bytes"] > pace, route  # over 1 s of KV at the pace
+
+    def measured() -> dict[str, Any] | None:
+        (state,) = live.control.control()["links"]
+        return dict(state) if state["capacity_basis"] == "measured" else None
+
+    state = _until(measured, "the link measured at the gateway", 15)
+    assert 0.6 * pace <= state["capacity_bytes_per_s"] <= pace, (state, pace)
