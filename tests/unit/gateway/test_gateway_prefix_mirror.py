@@ -189,3 +189,20 @@ async def test_what_a_prefill_stored_is_seen_before_the_next_report() -> None:
     # ...the prefill node's has what its outcome said, until that process's reports cover it.
     assert registry.kv.peek(hashes, 40, time.monotonic()).get(PD) == 2 * BLOCK_TOKENS
     assert _mismatches(d, "prefill") == 0
+
+
+async def test_an_engine_reusing_more_than_the_mirrors_blocks_is_no_mismatch() -> None:
+    # vLLM reuses its own (finer) blocks: 36 tokens cached of which the mirror knows 32 is the
+    # mirror being right at its granularity; reusing fewer blocks than it said is a mismatch.
+    nodes = FakeNodes()
+    d, registry = make_dispatcher(nodes)
+    req = request("r", 40)
+    for node in ("p0", "p1"):
+        _stored_at(registry, node, list(req.prompt_token_ids))
+        nodes.script(node).cached_tokens = 2 * BLOCK_TOKENS + 4
+    [e async for e in d.generate(req)]
+    assert _mismatches(d, "prefill") == 0
+    for node in ("p0", "p1"):
+        nodes.script(node).cached_tokens = BLOCK_TOKENS + 4
+    [e async for e in d.generate(request("r2", 40))]
+    assert _mismatches(d, "prefill") == 1

@@ -480,7 +480,10 @@ class _Relay:
         decision = self.plan.decision
         move = decision.cache_move
         move_failed = move is not None and move.num_tokens > 0 and self.moved == 0
-        if outcome.num_cached_tokens != decision.num_cached_tokens and not move_failed:
+        # The mirror knows block-aligned prefixes only; an engine with its own, finer cache
+        # (vLLM's 128-token blocks) may reuse more than that, which is no stale mirror.
+        reused = outcome.num_cached_tokens // self.d.block_tokens * self.d.block_tokens
+        if reused != decision.num_cached_tokens and not move_failed:
             # A failed cache move is counted as such; anything else is a stale mirror.
             self.d.prefix_mismatch.labels(side="prefill").inc()
         self.d.book.prefill_done(
