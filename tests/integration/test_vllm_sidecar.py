@@ -647,6 +647,11 @@ async def test_the_servers_cache_reaches_the_gateways_mirror_and_the_ready_answe
     shared = [*LONG[:36], 1, 2, 3, 4, 5, 6, 7, 8]
     again = await _decode_all(pd, _long_decode("r8.1", shared))
     assert again[0].kind == "ready" and again[0].prefix_tokens == 32
+    # The co-located prefill of that prompt answers with the same hit (usage, hit rates).
+    co_located = _prefill_cmd("r8.1", "d0", pd.host.transfer_port, False, shared)
+    co_located.block_hashes = list(block_hashes(shared, BLOCK))
+    outcome = await pd.prefill("p0", co_located)
+    assert outcome.ok and outcome.num_cached_tokens == 32
     health = (await pd.client.get(f"{pd.url}/health")).json()["vllm"]["prefix_report"]
     assert health["entries"] == 2 and health["lost"] == 0 and health["lifetimes"] == 1
     await until(

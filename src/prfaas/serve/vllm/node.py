@@ -141,8 +141,11 @@ class VllmNode:
     async def prefill(self, cmd: PrefillCommand) -> PrefillOutcome:
         rid = cmd.request_id
         if self.shares_server(cmd.decode_node):
-            # The decode node's request prefills in this very server: nothing to do here.
-            return PrefillOutcome(request_id=rid, ok=True)
+            # The decode node's request prefills in this very server: nothing to do here. Its
+            # hit is what the server's cache holds now (vLLM's answer comes to the decode side
+            # only): without it the gateway booked every co-located prefill as a miss.
+            held = self.server.cached_tokens(cmd.block_hashes, len(unpack_tokens(cmd.tokens)))
+            return PrefillOutcome(request_id=rid, ok=True, num_cached_tokens=held)
         if fault := self.server.fault():
             return PrefillOutcome(request_id=rid, ok=False, error=f"node {self.name}: {fault}")
         token_ids = unpack_tokens(cmd.tokens)
