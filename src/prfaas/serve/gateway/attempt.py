@@ -156,9 +156,14 @@ class AttemptPlanner:
             decode_transfer_port=decode_ep.transfer_port,
             cross_site=plan.decision.prefill_site != self.home,
             receiver_cached_tokens=receiver_tokens,
+            decode_recomputes_last_token=self._runs_vllm(decode_ep.site),
             sampling=sampling,
         )
         return decode, prefill
+
+    def _runs_vllm(self, site: str) -> bool:
+        """A site of vLLM servers (the registry knows only the file's sites)."""
+        return self.registry.deployment.engine_for(site).kind == "vllm"
 
 
 class _Avoiding:

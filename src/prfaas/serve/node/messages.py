@@ -69,6 +69,11 @@ class PrefillCommand(_Msg):
     """KV crosses the inter-site link: paced at the link's emulated rate."""
     receiver_cached_tokens: int = Field(0, ge=0)
     """Prefix tokens the decode node already holds (its site's store): only the rest crosses."""
+    decode_recomputes_last_token: bool = False
+    """The decode node runs the last prompt token itself (a vLLM server: its connector installs
+    ``prompt_len - 1`` tokens of a model with linear-attention states, whose state cannot be
+    rewound). A prefill node of such a model then sends the cache of all but the last token and
+    no first token; a dense model's whole cache is sent as always."""
     sampling: SamplingMsg
 
 

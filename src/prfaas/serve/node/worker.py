@@ -177,11 +177,24 @@ class Node:
     async def _prefill(self, cmd: PrefillCommand, link: TransferLink) -> PrefillOutcome:
         rid = cmd.request_id
         token_ids = unpack_tokens(cmd.tokens)
+        # A vLLM decode server runs the last prompt token itself, and a state cannot be rewound:
+        # for a model with fixed-size states it installs all but that token. Send those (the
+        # states before it) and no first token; a dense model's cache crosses whole.
+        cut = (
+            cmd.decode_recomputes_last_token
+            and len(token_ids) > 1
+            and any(not la.kind.grows_with_length for la in self.engine.cache_spec.layers)
+        )
+        if cut:
+            token_ids = token_ids[:-1]
         n = len(token_ids)
         sampling = sampling_from(cmd.sampling)
         cached = None
         if self.prefix_store is not None and cmd.use_cached_tokens > 0:
-            cached = self.prefix_store.lookup(cmd.block_hashes, n, cmd.use_cached_tokens)
+            # (cut by one above, the prompt must still leave a token to compute)
+            cached = self.prefix_store.lookup(
+                cmd.block_hashes, n, min(cmd.use_cached_tokens, n - 1)
+            )
         k = 0 if cached is None else cached.num_tokens
         t0 = time.monotonic()
         # Checkpoint at every block; the store keeps what the KV manager's cache model keeps
@@ -233,7 +246,8 @@ class Node:
                 raise EngineError(f"request {rid}: the prefill ended without a result")
             if session is None:  # nothing to hand out (cannot happen with a layer per position)
                 session = await stack.enter_async_context(link.session(manifest))
-            await session.finish(result.first_token)
+            first_token = -1 if cut else result.first_token  # -1: the wire's "none"
+            await session.finish(first_token)
         stored: list[tuple[int, int]] = []
         if store is not None and result.checkpoints:
             try:  # an optimisation: the request itself succeeded, whatever happens here
@@ -243,7 +257,7 @@ class Node:
         return PrefillOutcome(
             request_id=rid,
             ok=True,
-            first_token=result.first_token,
+            first_token=first_token,
             num_cached_tokens=k,
             kv_bytes_sent=sent,
             prefill_s=time.monotonic() - t0,
