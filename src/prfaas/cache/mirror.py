@@ -119,6 +119,12 @@ class StoreJournal:
         for block_hash, num_tokens in entries:
             self.stored(block_hash, num_tokens)
 
+    def outgrown(self, num_entries: int) -> bool:
+        """Longer than a snapshot of a store of ``num_entries`` (plus a report's worth): the
+        store should snapshot instead, so a gateway that does not acknowledge cannot make the
+        journal grow without bound."""
+        return len(self._unacked) > 2 * (num_entries + 1) + self.max_changes
+
     def _append(self, change: StoreChange) -> None:
         self.seq += 1
         self._unacked.append(change)

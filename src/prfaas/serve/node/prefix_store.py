@@ -129,9 +129,7 @@ class PrefixStore:
         self.journal.snapshot(self.entries())
 
     def _bound_journal(self) -> None:
-        # A gateway that does not acknowledge must not make the journal grow without bound: once
-        # it is longer than a snapshot (plus a report's worth), the snapshot replaces it.
-        if len(self.journal) > 2 * (len(self._entries) + 1) + self.journal.max_changes:
+        if self.journal.outgrown(len(self._entries)):
             self.snapshot()
 
     @property

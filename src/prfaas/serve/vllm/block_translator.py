@@ -284,5 +284,5 @@ class BlockTranslator:
         self.journal.snapshot(self.entries())
 
     def _bound_journal(self) -> None:
-        if len(self.journal) > 2 * (len(self._entries) + 1) + self.journal.max_changes:
+        if self.journal.outgrown(len(self._entries)):
             self.snapshot()
