@@ -8,6 +8,8 @@ vLLM loads it with ``"kv_connector": "PrfaasConnector", "kv_connector_module_pat
   tokens sit in vLLM's paged KV tensors (torch, no vllm);
 - ``transfer_thread``: one background thread per vLLM worker process running an asyncio loop with
   the prfaas.transfer links, the receiver and the agent socket (no torch, no vllm);
+- ``cross_site_links``: that thread's cross-site pacer, capacity estimate and link stats (no
+  torch, no vllm);
 - ``connector``: the class vLLM loads (imports vllm and torch).
 
 Importing this package imports neither vllm nor torch; ``PrfaasConnector`` is loaded on first use.

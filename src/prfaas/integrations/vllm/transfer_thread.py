@@ -6,6 +6,7 @@ One daemon thread runs an asyncio loop holding
 - the ``Receiver`` (when the settings give a listen port), whose ``allocate`` stages each incoming
   session in fresh buffers within ``kv_budget_mib``, and whose sessions are awaited to their
   digest check here, so the worker only ever sees verified bytes;
+- the cross-site links' one pacer and capacity estimate (``cross_site_links.CrossSiteLinks``);
 - the agent socket (``agent_server.AgentServer``: a unix stream socket, mode 0600) the sidecar
   asks ``wait_sent`` / ``abort`` / ``stats`` on (one JSON object per line each way).
 The worker's thread calls the methods below; they hand work to the loop with
@@ -29,10 +30,9 @@ from typing import Any
 
 from prfaas.core import LinkId, LinkState
 from prfaas.integrations.vllm.agent_server import AgentOps, AgentServer
+from prfaas.integrations.vllm.cross_site_links import CrossSiteLinks
 from prfaas.integrations.vllm.settings import UNCLAIMED_STAGED_TTL_S, ConnectorSettings
-from prfaas.integrations.vllm.trace import TRACE as TRACE
-from prfaas.integrations.vllm.trace import TRACE_ENV as TRACE_ENV
-from prfaas.integrations.vllm.trace import Trace as Trace
+from prfaas.integrations.vllm.trace import TRACE
 from prfaas.transfer import (
     ConnectError,
     Delivery,
@@ -45,21 +45,12 @@ from prfaas.transfer import (
     SessionAborted,
     TransferConfig,
 )
-from prfaas.transfer.link_readings import SenderEstimate, SenderLinkEstimator
-from prfaas.transfer.pacing import TokenBucket
-from prfaas.transfer.sender import pacer
 
 log = logging.getLogger("prfaas.integrations.vllm")
 
 _KEEP_DONE = 4096  # finished send jobs remembered for wait_sent after the fact
 _SEND_IDLE_TIMEOUT_S = 60.0  # a session whose producer went silent this long is aborted
 _MONITOR_INTERVAL_S = 0.5
-_ESTIMATE_INTERVAL_S = 0.25
-"""The capacity estimator samples the cross-site links this often, on its own timer: spans of at
-least ``LINK_ESTIMATOR.min_interval_s`` (0.5 s) then end every 0.25 s, however often (or not) the
-sidecar asks for ``stats``; sampled only at its polls (one a heartbeat, 0.5 s by default but a
-deployment's choice) a span would be the whole heartbeat and measure only a transfer that kept
-the link busy for 90% of it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,16 +134,7 @@ class TransferThread:
         self._agent: AgentServer | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._egress_closed_bytes = 0
-        # One pacer for every cross-site link (created on first use): the links to several
-        # decode servers cross one emulated inter-site link, as WorkerHost's senders do.
-        self._pace: float | None = settings.pace_bytes_per_s
-        self._pacer: TokenBucket | None = None
-        self._estimator: SenderLinkEstimator | None = None
-        link_rate = settings.link_bytes_per_s
-        if link_rate is not None:
-            self._estimator = SenderLinkEstimator(link_rate)
-        self._estimate: SenderEstimate | None = None
-        self._cross_site_bytes = 0
+        self._cross = CrossSiteLinks(settings, self._cross_site_links, self._loop.time)
         self.listen_address: tuple[str, int] | None = None
         self.sessions_sent = 0
         self.sessions_received = 0
@@ -205,7 +187,7 @@ class TransferThread:
             self._agent = AgentServer(s.agent_socket, ops)
             await self._agent.start()
         self._spawn(self._reap())
-        self._spawn(self._sample_estimate())
+        self._spawn(self._cross.sample())
 
     async def _shutdown(self) -> None:
         for job in list(self._sends.values()):
@@ -375,7 +357,7 @@ class TransferThread:
                     await session.send(*item)
                     job.accepted_bytes += len(item[2])
                     if job.cross_site:
-                        self._cross_site_bytes += len(item[2])
+                        self._cross.count_sent(len(item[2]))
             if not job.done.is_set():  # (a send failed meanwhile stays failed)
                 job.state, job.kv_bytes = "verified", job.manifest.num_bytes
                 self.sessions_sent += 1
@@ -413,43 +395,17 @@ class TransferThread:
                 self._links[key] = entry
             # The same receiver may be reached cross-site or not: the latest use decides.
             entry.cross_site = cross_site
-            entry.link.share_pacer(self._shared_pacer() if cross_site else None)
+            entry.link.share_pacer(self._cross.pacer() if cross_site else None)
             return entry.link
-
-    def _shared_pacer(self) -> TokenBucket | None:
-        """The cross-site links' one pacer at the pace (None: unpaced)."""
-        if self._pace is not None and self._pacer is None:
-            self._pacer = pacer(self._pace, self._loop.time())
-        return self._pacer
 
     def set_pace(self, gbps: float) -> dict[str, Any]:
         """Pace every cross-site link at ``gbps`` from the next chunk on (the agent's
-        ``set_pace``; loop thread), and estimate the link afresh from that rate: a re-shaped
-        link is another link (what was measured of the old one would stand for the estimator's
-        whole window)."""
-        rate = gbps * 1e9 / 8
-        self._pace = rate
-        if self._pacer is not None:
-            self._pacer.set_rate(rate, self._loop.time())
-        for entry in self._links.values():
-            if entry.cross_site:
-                entry.link.share_pacer(self._shared_pacer())
-        self._estimator = SenderLinkEstimator(rate)
-        self._estimate = None
-        TRACE("set_pace", gbps=gbps)
-        return {"pace_gbps": gbps}
+        ``set_pace``; loop thread), and estimate the link afresh from that rate
+        (``CrossSiteLinks.set_pace``)."""
+        return self._cross.set_pace(gbps)
 
     def _cross_site_links(self) -> list[Link]:
         return [e.link for e in self._links.values() if e.cross_site]
-
-    async def _sample_estimate(self) -> None:
-        """Feed the capacity estimator the cross-site links' counters every
-        ``_ESTIMATE_INTERVAL_S`` (``transfer.link_readings``, as WorkerHost's senders)."""
-        while True:
-            if self._estimator is not None:
-                now = self._loop.time()
-                self._estimate = self._estimator.observe(now, self._cross_site_links(), self._pace)
-            await asyncio.sleep(_ESTIMATE_INTERVAL_S)
 
     @staticmethod
     def _publisher(entry: _LinkEntry) -> Callable[[LinkState], None]:
@@ -593,39 +549,12 @@ class TransferThread:
             }
 
     def _link_stats(self) -> dict[str, Any]:
-        """The cross-site link's figures (loop thread): the pace, the capacity estimate of the
-        cross-site links (``link_capacity_basis`` "" when the settings name no link rate: not
-        estimated), the senders' unacknowledged bytes (``link_backlog_bytes``), the bytes they
-        accepted so far, piece by piece (``cross_site_bytes``), and what the open cross-site
-        sends have not handed to them yet (``cross_site_unsent_bytes``: a session counts whole
-        from its opening, as WorkerHost's nodes count theirs)."""
+        """The cross-site link's figures (loop thread; ``CrossSiteLinks.stats``), with what the
+        open cross-site sends have not handed to their links yet (a session counts whole from its
+        opening, as WorkerHost's nodes count theirs)."""
         unsent = sum(
             j.manifest.num_bytes - j.accepted_bytes
             for j in self._sends.values()
             if j.cross_site and j.manifest is not None and not j.done.is_set()
         )
-        links = self._cross_site_links()
-        out: dict[str, Any] = {
-            "pace_gbps": None if self._pace is None else self._pace * 8 / 1e9,
-            "link_capacity_basis": "",
-            "link_estimate_bytes_per_s": 0.0,
-            "link_goodput_bytes_per_s": 0.0,
-            "link_queue_bytes": 0,
-            "link_backlog_bytes": sum(link.counters().backlog_bytes for link in links),
-            "cross_site_bytes": self._cross_site_bytes,
-            "cross_site_unsent_bytes": max(0, unsent),
-        }
-        est, estimator = self._estimate, self._estimator
-        if est is not None:
-            out.update(
-                link_capacity_basis=est.basis,
-                link_estimate_bytes_per_s=est.capacity_bytes_per_s,
-                link_goodput_bytes_per_s=est.goodput_bytes_per_s,
-                link_queue_bytes=est.queue_bytes,
-            )
-        elif estimator is not None:  # not sampled since it was made
-            out.update(
-                link_capacity_basis="configured",
-                link_estimate_bytes_per_s=estimator.configured_bytes_per_s,
-            )
-        return out
+        return self._cross.stats(unsent)
