@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from prfaas.perf.plumbing import NO_PLUMBING, PlumbingCosts
 from prfaas.perf.profile_read import find_profile
 from prfaas.perf.profiles import DecodeFit, Profile
 from prfaas.perf.roofline import Roofline
@@ -30,6 +31,9 @@ class CostModel:
     model: ModelSpec
     hardware: HardwareSpec
     profile: Profile | None = None
+    plumbing: PlumbingCosts = NO_PLUMBING
+    """The live system's costs around the forward passes (``perf.plumbing``); all 0.0 unless
+    a profile measured them."""
     _decode_cache: dict[int, tuple[float, float]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
