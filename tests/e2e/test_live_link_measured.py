@@ -21,7 +21,7 @@ from link_helpers import link_deployment
 from link_helpers import wave as send_wave
 from live_helpers import control, launched, routes
 
-from prfaas.testbed import unavailable_reason
+from prfaas.netlab import unavailable_reason
 
 pytestmark = pytest.mark.timeout(150)
 

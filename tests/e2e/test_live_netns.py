@@ -12,7 +12,7 @@ import httpx
 import pytest
 from live_helpers import control, launched, routes, timed_deployment
 
-from prfaas.testbed import unavailable_reason
+from prfaas.netlab import unavailable_reason
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -403,6 +403,13 @@ def test_one_transfer_id_for_two_requests(servers: tuple[Server, Server, Path]) 
         _same_answer(answer, ref)
 
 
+def _link(server: Server) -> dict[str, Any]:
+    """The agent's reading of the server's one destination link (``core.SenderLinkReport``)."""
+    (link,) = server.stats()["links"]
+    assert isinstance(link, dict) and link["link"] == "cross-site", link
+    return link
+
+
 def test_cross_site_transfers_are_measured_near_the_pace_set_through_the_agent(
     servers: tuple[Server, Server, Path],
 ) -> None:
@@ -412,12 +419,13 @@ def test_cross_site_transfers_are_measured_near_the_pace_set_through_the_agent(
     prompts at once (7 MB): measured at the new rate. Runs last: it leaves the prefill server's
     cross-site sends paced (the other tests send within the site)."""
     prefill, decode, _ = servers
-    assert prefill.stats()["link_capacity_basis"] == ""  # no link rate given: not estimated
+    assert _link(prefill)["basis"] == ""  # no link rate given: not estimated
     rates = []
     for n, gbps in ((1, 0.016), (2, 0.032)):
         assert prefill.agent_call({"op": "set_pace", "gbps": gbps}) == {"pace_gbps": gbps}
-        fresh = prefill.stats()
-        assert fresh["link_capacity_basis"] == "configured" and fresh["pace_gbps"] == gbps
+        pace = gbps * 1e9 / 8
+        fresh = _link(prefill)
+        assert fresh["basis"] == "configured" and fresh["pace_bytes_per_s"] == pace
         prompts = [_prompt(50 + 10 * n + i, LONG_PROMPT_TOKENS) for i in range(n)]
         with ThreadPoolExecutor(n) as pool:
             runs = [
@@ -427,10 +435,9 @@ def test_cross_site_transfers_are_measured_near_the_pace_set_through_the_agent(
             for run in runs:
                 _, got, sent = run.result(timeout=120)
                 assert sent["state"] == "verified", sent
-        stats = prefill.stats()
-        pace = gbps * 1e9 / 8
-        assert stats["link_capacity_basis"] == "measured", stats
-        assert 0.6 * pace <= stats["link_estimate_bytes_per_s"] <= pace, (stats, pace)
-        rates.append(stats["link_estimate_bytes_per_s"])
+        link = _link(prefill)
+        assert link["basis"] == "measured", link
+        assert 0.6 * pace <= link["capacity_bytes_per_s"] <= pace, (link, pace)
+        rates.append(link["capacity_bytes_per_s"])
         _same_answer(got, _complete(prefill, prompts[-1], MAX_TOKENS))
     assert rates[1] > 1.4 * rates[0]  # the next transfers ran at the new pace

@@ -145,6 +145,10 @@ class Fake:
         self.running = 0
         self.pace_gbps: float | None = None
         """The connector's pace (``pace_gbps`` of its settings, then ``set_pace``'s)."""
+        self.link_gbps: float | None = None
+        """The link's rate its estimate starts from (``link_gbps``, then ``set_pace``'s)."""
+        self.link = "cross-site"
+        """Its destination link's name (the settings' ``link``)."""
         self.events = events
 
 
@@ -244,19 +248,22 @@ async def serve_agent(fake: Fake, path: str) -> asyncio.AbstractServer:
         elif op == "abort":
             answer = {"aborted": fake.sent.pop(req["transfer_id"], None) is not None}
         elif op == "set_pace":
-            fake.pace_gbps = float(req["gbps"])
+            fake.pace_gbps = fake.link_gbps = float(req["gbps"])
             answer = {"pace_gbps": fake.pace_gbps}
         else:
+            pace = None if fake.pace_gbps is None else fake.pace_gbps * 1e9 / 8
+            configured = fake.link_gbps * 1e9 / 8 if fake.link_gbps else (pace or 0.0)
+            # The connector's reading of its destination link (a paced one measures).
+            link = {
+                "link": fake.link, "configured_bytes_per_s": configured,
+                "pace_bytes_per_s": pace, "capacity_bytes_per_s": 7e7 if pace else 0.0,
+                "basis": "measured" if pace else "", "backlog_bytes": 13, "rtt_s": 0.002,
+                "retransmit_rate": 0.0,
+            }  # fmt: skip
             answer = {
-                "egress_bytes": sum(fake.sent.values()), "egress_backlog_bytes": 5,
-                "link_rtt_s": 0.002, "link_retransmit_rate": 0.0, "handshake_failures": 1,
-                "staged_bytes": 0, "sessions_sent": len(fake.sent), "sessions_received": 0,
+                "links": [link], "handshake_failures": 1, "staged_bytes": 0,
+                "sessions_sent": len(fake.sent), "sessions_received": 0,
                 "loads_ok": 0, "loads_failed": 0,
-                # The connector's estimate of its cross-site links (a paced one measures).
-                "pace_gbps": fake.pace_gbps,
-                "link_capacity_basis": "measured" if fake.pace_gbps else "",
-                "link_estimate_bytes_per_s": 7e7, "link_goodput_bytes_per_s": 6e7,
-                "link_queue_bytes": 11, "link_backlog_bytes": 13,
                 "cross_site_bytes": sum(fake.sent.values()), "cross_site_unsent_bytes": 17,
             }  # fmt: skip
         writer.write(json.dumps(answer).encode() + b"\n")
@@ -285,6 +292,8 @@ async def main() -> None:
         events = KvEvents(kv_events["endpoint"], kv_events["replay_endpoint"])
     fake = Fake(events)
     fake.pace_gbps = extra.get("pace_gbps")
+    fake.link_gbps = extra.get("link_gbps")
+    fake.link = extra.get("link", "cross-site")
     agent = await serve_agent(fake, extra["agent_socket"])
     config = uvicorn.Config(make_app(fake), host=args.host, port=args.port, log_level="warning")
     replay = asyncio.create_task(events.serve_replay()) if events is not None else None

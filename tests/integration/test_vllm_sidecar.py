@@ -118,6 +118,13 @@ class Gateway:
         store = self.kv.store(process)
         return {} if store is None else dict(store.entries)
 
+    def last_link(self, process: str) -> dict[str, Any] | None:
+        """The last link reading ``process`` sent (its one destination link)."""
+        for beat in reversed(self.heartbeats):
+            if beat["process"] == process:
+                return dict(beat["links"][0]) if beat["links"] else None
+        return None
+
     def last_report(self, node: str) -> dict[str, Any] | None:
         for beat in reversed(self.heartbeats):
             for r in beat["reports"]:
@@ -283,16 +290,19 @@ async def test_nodes_register_at_once_and_serve_once_vllm_answers(
     )
     assert report["batch_size"] == 0 and report["kv_capacity_bytes"] == 1 << 20
     assert report["kv_used_bytes"] == (1 << 20) // 8
-    assert report["handshake_failures"] == 1 and report["link_rtt_s"] == 0.002
-    assert report["link_capacity_bytes_per_s"] == 1e9 / 8
-    # The connector's own estimate of its cross-site sends, unconverted (a vLLM deployment's
-    # engine scales neither bytes nor time): what the gateway's registry builds the LinkState of.
-    assert report["link_capacity_basis"] == "measured"
-    assert report["link_estimate_bytes_per_s"] == 7e7 and report["link_goodput_bytes_per_s"] == 6e7
-    assert report["link_queue_bytes"] == 11 and report["link_backlog_bytes"] == 13
+    assert report["handshake_failures"] == 1
+    assert pf_extra["link"] == "pf->pd"  # the destination link its reading is named after
+    # The connector's own reading of its destination link, unconverted (a vLLM site's engine
+    # scales neither bytes nor time): what the gateway's registry builds the LinkState of.
+    pf_process = next(r["process"] for r in regs if r["nodes"][0]["node"] == "pf0")
+    link = gateway.last_link(pf_process)
+    assert link == {
+        "link": "pf->pd", "configured_bytes_per_s": 1e9 / 8, "pace_bytes_per_s": 1e9 / 8,
+        "capacity_bytes_per_s": 7e7, "basis": "measured", "backlog_bytes": 13, "rtt_s": 0.002,
+        "retransmit_rate": 0.0,
+    }  # fmt: skip
     assert report["egress_backlog_bytes"] == 17  # open sends' bytes not handed over (one node)
-    pd_reports = [gateway.last_report(n) for n in ("p0", "d0")]
-    assert all(r is not None and r["link_capacity_basis"] == "" for r in pd_reports)  # no link
+    assert "link_rtt_s" not in report  # one reading per link in the heartbeat, not per node
 
 
 async def test_remote_prefill_then_decode_speak_kv_transfer_params(
@@ -350,8 +360,11 @@ async def test_link_rate_re_paces_the_connector_and_a_restarted_one_again(
     assert r.status_code == 200, r.text
     assert paces() == [2.5]  # the agent was asked, once
     await until(
-        lambda: (gateway.last_report("pf0") or {}).get("link_capacity_bytes_per_s") == 2.5e9 / 8,
-        "the new rate in the reports",
+        lambda: (
+            (gateway.last_link(pf.host.process_name) or {}).get("configured_bytes_per_s")
+            == 2.5e9 / 8
+        ),
+        "the new rate in the heartbeats",
     )
     r = await pd.client.post(f"{pd.url}/link/rate", json={"gbps": 2.5})
     assert r.status_code == 409 and "sends nothing across sites" in r.text
@@ -365,8 +378,8 @@ async def test_link_rate_re_paces_the_connector_and_a_restarted_one_again(
     assert r.status_code == 503 and "the vLLM server is down" in r.text, r.text
     await _ready(gateway, "pf0")
     await until(lambda: paces() == [2.5, 2.5], "the pace applied again after the restart")
-    stats = await pf.host.agent.stats()
-    assert stats.pace_gbps == 2.5
+    link = (await pf.host.agent.stats()).link("pf->pd")
+    assert link is not None and link.pace_bytes_per_s == 2.5e9 / 8
 
 
 async def test_link_rate_with_netns_is_refused_not_pretended(
@@ -538,6 +551,7 @@ def test_the_gateway_builds_a_vllm_sites_link_from_the_connectors_estimate(
     not handed over plus the senders' unacknowledged ones; delivered bytes grow with the
     server's cross-site bytes, piece by piece."""
     from prfaas.core import MutableClusterView, SiteId, SiteKind
+    from prfaas.core.link_report import SenderLinkReport
     from prfaas.serve.gateway.registry import NodeRegistry
     from prfaas.serve.vllm.agent import AgentStats
     from prfaas.serve.vllm.host import _Snapshot
@@ -548,17 +562,17 @@ def test_the_gateway_builds_a_vllm_sites_link_from_the_connectors_estimate(
     registry = NodeRegistry(d, view)
     registry.register(host.registration(), 0.0)
 
-    def beat(at_s: float, **stats: Any) -> Any:
-        host._snapshot = _Snapshot(stats=AgentStats(pace_gbps=1.0, **stats))
+    def beat(at_s: float, basis: Any, estimate: float, backlog: int = 0, **stats: Any) -> Any:
+        reading = SenderLinkReport("pf->pd", 1e9 / 8, 1e9 / 8, estimate, basis, backlog)
+        host._snapshot = _Snapshot(stats=AgentStats(links=(reading,), **stats))
         assert registry.heartbeat(host.heartbeat(), at_s)
         return view.link(SiteId("pf"), SiteId("pd"))
 
-    link = beat(1.0, link_capacity_basis="configured", link_estimate_bytes_per_s=1e9 / 8)
+    link = beat(1.0, "configured", 1e9 / 8)
     assert link.capacity_basis == "configured" and link.capacity_bytes_per_s == 1e9 / 8
     link = beat(
-        2.0, link_capacity_basis="measured", link_estimate_bytes_per_s=9e7,
-        link_backlog_bytes=1_000, cross_site_bytes=5_000_000, cross_site_unsent_bytes=300,
-    )  # fmt: skip
+        2.0, "measured", 9e7, 1_000, cross_site_bytes=5_000_000, cross_site_unsent_bytes=300
+    )
     assert link.capacity_basis == "measured" and link.capacity_bytes_per_s == 9e7
     assert link.backlog_bytes == 1_300
     assert link.goodput_bytes_per_s > 0  # 5 MB less the unacknowledged, delivered in 1 s

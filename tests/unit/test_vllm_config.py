@@ -15,10 +15,10 @@ from prfaas.cli import main
 from prfaas.config import DeploymentConfig, load_deployment
 from prfaas.deployment_sections import cpu_set
 from prfaas.errors import UsageError
+from prfaas.integrations.vllm.settings import ConnectorSettings
 from prfaas.serve.vllm.server import (
     OWNER_ENV,
     PSK_ENV,
-    ConnectorSettings,
     owner_tag,
     server_spec,
 )
@@ -126,7 +126,10 @@ def test_the_server_command_line_follows_the_contract(tmp_path: Path) -> None:
     data = _deployment(tmp_path, python=str(exe), extra_args=["--enforce-eager"])
     d = load_deployment(_write(tmp_path, data))
     eng = d.engine_for("pf")
-    settings = ConnectorSettings("10.0.0.2", 7001, "/run/x/agent.sock", 512, 0.5, link_gbps=10.0)
+    settings = ConnectorSettings(
+        listen_host="10.0.0.2", listen_port=7001, agent_socket="/run/x/agent.sock",
+        kv_budget_mib=512, pace_gbps=0.5, link_gbps=10.0, link="pf->pd",
+    )  # fmt: skip
     spec = server_spec(eng, settings, host="127.0.0.1", port=9100, psk=PSK, owner="o")
     argv = list(spec.argv)
     assert argv[:3] == [str(exe), "-m", "vllm.entrypoints.openai.api_server"]
@@ -142,8 +145,10 @@ def test_the_server_command_line_follows_the_contract(tmp_path: Path) -> None:
     assert kv["kv_connector_extra_config"] == {
         "listen_host": "10.0.0.2", "listen_port": 7001, "psk_env": PSK_ENV,
         "num_connections": 4, "kv_budget_mib": 512, "pace_gbps": 0.5,
-        "agent_socket": "/run/x/agent.sock", "link_gbps": 10.0,
+        "agent_socket": "/run/x/agent.sock", "link_gbps": 10.0, "link": "pf->pd",
     }  # fmt: skip
+    # One description of the settings: what the sidecar writes, the connector reads back.
+    assert ConnectorSettings.from_extra_config(kv["kv_connector_extra_config"]) == settings
     env = spec.environment({"PATH": "/bin"})
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert env[PSK_ENV] == PSK and env[OWNER_ENV] == "o" and env["PATH"] == "/bin"
@@ -163,7 +168,9 @@ def test_cpu_bind_values_name_their_cores(bind: str, cores: set[int] | None) -> 
 def test_max_model_len_from_the_file_wins_and_gpu_utilisation_is_passed(tmp_path: Path) -> None:
     data = _deployment(tmp_path, max_model_len=512, gpu_memory_utilization=0.8)
     d = load_deployment(_write(tmp_path, data))
-    settings = ConnectorSettings("127.0.0.1", 1, "s", 1, None)
+    settings = ConnectorSettings(
+        listen_host="127.0.0.1", listen_port=1, agent_socket="s", kv_budget_mib=1
+    )
     argv = list(server_spec(d.engine, settings, host="h", port=1, psk=PSK, owner="o").argv)
     assert argv[argv.index("--max-model-len") + 1] == "512"
     assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.8"
@@ -195,7 +202,9 @@ def test_the_servers_output_goes_to_the_log_marked_without_the_polling(tmp_path:
     from prfaas.serve.vllm.server import VllmServer
 
     d = load_deployment(_write(tmp_path, _deployment(tmp_path)))
-    settings = ConnectorSettings("127.0.0.1", 1, "s", 1, None)
+    settings = ConnectorSettings(
+        listen_host="127.0.0.1", listen_port=1, agent_socket="s", kv_budget_mib=1
+    )
     spec = server_spec(d.engine, settings, host="127.0.0.1", port=1, psk=PSK, owner="o")
     out = io.BytesIO()
     server = VllmServer(spec, out=out)
@@ -219,7 +228,9 @@ def test_a_hybrid_model_gets_its_server_with_prefix_caching_off(tmp_path: Path) 
     cfg = {"max_position_embeddings": 1024, "layer_types": ["linear_attention", "full_attention"]}
     (tmp_path / "model" / "config.json").write_text(json.dumps(cfg))
     d = load_deployment(_write(tmp_path, data))
-    settings = ConnectorSettings("127.0.0.1", 1, "s", 1, None)
+    settings = ConnectorSettings(
+        listen_host="127.0.0.1", listen_port=1, agent_socket="s", kv_budget_mib=1
+    )
     argv = list(server_spec(d.engine, settings, host="h", port=1, psk=PSK, owner="o").argv)
     # PrfaasConnector moves linear-attention states only with one state block per request.
     assert "--no-enable-prefix-caching" in argv

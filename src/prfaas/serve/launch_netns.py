@@ -1,6 +1,6 @@
 """Where a ``netns: true`` deployment's processes run: the PrfaaS site in its own namespace.
 
-``namespaced(d)`` sets up the two-site testbed (``prfaas.testbed``) for the deployment's one
+``namespaced(d)`` sets up the two-site testbed (``prfaas.netlab``) for the deployment's one
 PrfaaS site and returns it with the deployment whose gateway listens on this side's veth
 address; ``namespaced_argv`` turns a worker's command line into one run inside its site's
 namespace, listening on that namespace's address. The launcher tears the testbed down when it
@@ -15,15 +15,15 @@ from prfaas.config import DeploymentConfig
 from prfaas.serve.launch_errors import LaunchError
 
 if TYPE_CHECKING:
-    from prfaas.testbed import TwoSiteTestbed
+    from prfaas.netlab import TwoSiteTestbed
 
 
 def namespaced(d: DeploymentConfig) -> tuple[TwoSiteTestbed, DeploymentConfig]:
     """Put the PrfaaS site in its own network namespace, joined to this one (the PD site and
     the gateway) by a veth whose PrfaaS -> PD direction is tbf-shaped to the link's emulated
-    rate, with the link's RTT from a userspace delay line (``prfaas.testbed``). The gateway
+    rate, with the link's RTT from a userspace delay line (``prfaas.netlab``). The gateway
     and PD workers then listen on this side's veth address."""
-    from prfaas.testbed import TwoSiteTestbed, unavailable_reason
+    from prfaas.netlab import TwoSiteTestbed, unavailable_reason
 
     remote = [s for s in d.sites if s.kind == "prfaas"]
     if len(remote) != 1:

@@ -27,8 +27,9 @@ from typing import Any, Protocol, TypeVar
 import httpx
 
 from prfaas.deployment_sections import default_vllm_python
+from prfaas.integrations.vllm.settings import ConnectorSettings
 from prfaas.serve.process_group import ChildGroup, terminate
-from prfaas.serve.vllm.server import PSK_ENV, ConnectorSettings, kv_transfer_config
+from prfaas.serve.vllm.server import PSK_ENV, kv_transfer_config
 
 SERVED_MODEL = "tiny"
 STOP_GRACE_S = 30.0

@@ -43,7 +43,7 @@ from prfaas.transfer.config import TransferConfig
 from prfaas.transfer.errors import AbortCode, ConnectError, LocalProtocolError, SessionAborted
 from prfaas.transfer.manifest import Manifest
 from prfaas.transfer.outbound import OpenSession, OutboundSession, _Item
-from prfaas.transfer.pacing import TokenBucket
+from prfaas.transfer.pacing import Pacer, TokenBucket
 from prfaas.transfer.session_state import SessionState, advance
 from prfaas.transfer.waiting import Signal, wait_until
 
@@ -97,7 +97,7 @@ class Link:
         self._closed = False
         self._loop = loop = asyncio.get_running_loop()
         rate = config.rate_limit_bytes_per_s
-        self._bucket = None if rate is None else pacer(rate, loop.time())
+        self._bucket: Pacer | None = None if rate is None else pacer(rate, loop.time())
         # Busy-time accounting (see counters()): bytes of enqueued chunks not yet written or
         # skipped, when that last became non-zero, and the closed backlogged seconds before it.
         self._unwritten = 0
@@ -249,10 +249,11 @@ class Link:
         """The pacing rate in force (None: unpaced)."""
         return None if self._bucket is None else self._bucket.rate_bytes_per_s
 
-    def share_pacer(self, bucket: TokenBucket | None) -> None:
+    def share_pacer(self, bucket: Pacer | None) -> None:
         """Pace this link with ``bucket`` (None: unpaced) from the next chunk on: links given
         the same bucket share one rate, as connections to several receivers over one emulated
-        inter-site link do. ``set_rate`` then changes the shared bucket's rate."""
+        inter-site link do (``transfer.link_pool`` hands them out). Its owner changes the
+        shared bucket's rate."""
         if self._bucket is not None and self._bucket is not bucket:
             self._pacer_closed_s += self._bucket.throttled_s(self._loop.time())
         self._bucket = bucket
@@ -264,10 +265,12 @@ class Link:
             if self._bucket is not None:
                 self._pacer_closed_s += self._bucket.throttled_s(now)
             self._bucket = None
-        elif self._bucket is None:
-            self._bucket = pacer(rate_bytes_per_s, now)
-        else:
+        elif isinstance(self._bucket, TokenBucket):
             self._bucket.set_rate(rate_bytes_per_s, now)
+        else:  # none, or a shared one: this link gets its own
+            if self._bucket is not None:
+                self._pacer_closed_s += self._bucket.throttled_s(now)
+            self._bucket = pacer(rate_bytes_per_s, now)
 
     async def aclose(self) -> None:
         if self._closed:

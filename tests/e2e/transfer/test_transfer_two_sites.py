@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from prfaas.testbed import TwoSiteTestbed, sweep_stale, unavailable_reason
-from prfaas.testbed.netns import PREFIX, STATE_DIR
+from prfaas.netlab import TwoSiteTestbed, sweep_stale, unavailable_reason
+from prfaas.netlab.netns import PREFIX, STATE_DIR
 
 _WHY = unavailable_reason()
 pytestmark = [

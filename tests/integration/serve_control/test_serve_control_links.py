@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from control_helpers import PSK, deployment_dict
 
-import prfaas.serve.node.sender_links as links_module
+import prfaas.transfer.link_pool as links_module
 from prfaas.config import DeploymentConfig
 from prfaas.serve.node.host import WorkerHost
 from prfaas.transfer import ConnectError, Receiver, Refused, TransferConfig

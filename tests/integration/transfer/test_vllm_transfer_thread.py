@@ -13,13 +13,13 @@ import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from prfaas.integrations.vllm.settings import ConnectorSettings
+from prfaas.core.link_report import SenderLinkReport
+from prfaas.integrations.vllm.settings import DEFAULT_LINK, ConnectorSettings
 from prfaas.integrations.vllm.transfer_thread import TransferThread
-from prfaas.serve.vllm.agent import AgentClient, AgentError
+from prfaas.serve.vllm.agent import AgentClient, AgentError, AgentStats
 from prfaas.spec import CacheSpec, DType, LayerCache
 from prfaas.transfer import Manifest
 
@@ -72,14 +72,12 @@ def _send(tx: TransferThread, rx: TransferThread, tid: str, num_tokens: int) -> 
     return manifest.num_bytes
 
 
-async def _stats_until_sent(
-    agent: AgentClient, tid: str, rx: TransferThread
-) -> list[dict[str, Any]]:
+async def _stats_until_sent(agent: AgentClient, tid: str, rx: TransferThread) -> list[AgentStats]:
     """The agent's stats every 0.1 s until ``tid`` is verified at both ends."""
     seen = []
     sent = asyncio.create_task(agent.wait_sent(tid, 60.0))
     while not sent.done():
-        seen.append(await agent.call({"op": "stats"}, 5.0))
+        seen.append(await agent.stats())
         await asyncio.sleep(0.1)
     assert (await sent).state == "verified"
     deadline = time.monotonic() + 30
@@ -87,7 +85,7 @@ async def _stats_until_sent(
         await asyncio.sleep(0.05)
     assert outcome is not None and outcome.delivery is not None, outcome
     rx.release(tid, ok=True)
-    seen.append(await agent.call({"op": "stats"}, 5.0))
+    seen.append(await agent.stats())
     return seen
 
 
@@ -96,33 +94,67 @@ async def test_paced_transfers_are_measured_and_set_pace_changes_the_next_ones_r
 ) -> None:
     rx, tx, agent = threads
     pace = PACE_GBPS * 1e9 / 8
-    first = await agent.call({"op": "stats"}, 5.0)
-    assert first["link_capacity_basis"] == "configured"
-    assert first["link_estimate_bytes_per_s"] == pytest.approx(pace)
-    assert first["pace_gbps"] == pytest.approx(PACE_GBPS)
+    first = (await agent.stats()).link(DEFAULT_LINK)
+    assert first is not None and first.basis == "configured"
+    assert first.capacity_bytes_per_s == pytest.approx(pace)
+    assert first.pace_bytes_per_s == pytest.approx(pace)
     size = _send(tx, rx, "t1", 640)
     seen = await _stats_until_sent(agent, "t1", rx)
     # While it crossed, the session counted whole from its opening: what the sender had not
     # accepted yet, plus what it had accepted and the receiver not yet acknowledged.
-    assert max(s["cross_site_unsent_bytes"] + s["link_backlog_bytes"] for s in seen) > size / 2
+    assert max(s.cross_site_unsent_bytes + _link(s).backlog_bytes for s in seen) > size / 2
     last = seen[-1]
-    assert last["cross_site_bytes"] == size and last["cross_site_unsent_bytes"] == 0
-    assert last["link_backlog_bytes"] == 0
-    measured = [s for s in seen if s["link_capacity_basis"] == "measured"]
-    assert measured, [s["link_capacity_basis"] for s in seen]
-    estimate = measured[-1]["link_estimate_bytes_per_s"]
+    assert last.cross_site_bytes == size and last.cross_site_unsent_bytes == 0
+    assert _link(last).backlog_bytes == 0
+    measured = [_link(s) for s in seen if _link(s).basis == "measured"]
+    assert measured, [_link(s).basis for s in seen]
+    estimate = measured[-1].capacity_bytes_per_s
     assert 0.7 * pace <= estimate <= pace  # never above the pace, at most 30% below it
     # Four times the pace: the estimate starts afresh from the new rate, then measures it.
     assert await agent.set_pace(4 * PACE_GBPS) == pytest.approx(4 * PACE_GBPS)
-    reset = await agent.stats()
-    assert reset.link_capacity_basis == "configured" and reset.pace_gbps == 4 * PACE_GBPS
-    assert reset.link_estimate_bytes_per_s == pytest.approx(4 * pace)
+    reset = _link(await agent.stats())
+    assert reset.basis == "configured" and reset.pace_bytes_per_s == pytest.approx(4 * pace)
+    assert reset.capacity_bytes_per_s == pytest.approx(4 * pace)
     _send(tx, rx, "t2", 4 * 640)
     seen = await _stats_until_sent(agent, "t2", rx)
-    measured = [s for s in seen if s["link_capacity_basis"] == "measured"]
-    assert measured, [s["link_capacity_basis"] for s in seen]
-    faster = measured[-1]["link_estimate_bytes_per_s"]
+    measured = [_link(s) for s in seen if _link(s).basis == "measured"]
+    assert measured, [_link(s).basis for s in seen]
+    faster = measured[-1].capacity_bytes_per_s
     assert 0.7 * 4 * pace <= faster <= 4 * pace and faster > 2 * estimate
+
+
+def _link(stats: AgentStats) -> SenderLinkReport:
+    reading = stats.link(DEFAULT_LINK)
+    assert reading is not None, stats
+    return reading
+
+
+async def test_one_receiver_reached_across_sites_and_within_gets_two_connections(
+    threads: tuple[TransferThread, TransferThread, AgentClient],
+) -> None:
+    """The pool keys links by route: a receiver reached cross-site and in-site gets a paced and
+    an unpaced connection, and the in-site send does not flip the cross-site one's pacing (it
+    used to: one link per (host, port), paced as its latest use said)."""
+    rx, tx, agent = threads
+    assert rx.listen_address is not None
+    host, port = rx.listen_address
+    manifest = Manifest.from_layout("in", SPEC.layout(64, 0))
+    rx.claim("in", 60.0)
+    tx.open_send("in", host, port, False, manifest)
+    for i, layer in enumerate(manifest.layers):
+        data = memoryview(bytearray(layer.num_bytes))
+        tx.send("in", i, 0, data, data)
+    tx.finish_send("in")
+    assert (await agent.wait_sent("in", 30.0)).state == "verified"
+    _send(tx, rx, "cross", 64)
+    assert (await agent.wait_sent("cross", 30.0)).state == "verified"
+    pool = tx._pool
+    cross, local = pool.links(DEFAULT_LINK), pool.links(None)
+    assert len(cross) == 1 and len(local) == 1 and cross[0] is not local[0]
+    assert cross[0].rate_bytes_per_s == pytest.approx(PACE_GBPS * 1e9 / 8)
+    assert local[0].rate_bytes_per_s is None  # within the site: never paced
+    for tid in ("in", "cross"):
+        rx.release(tid, ok=True)
 
 
 async def test_bad_agent_requests_are_answered_and_the_connection_goes_on(
@@ -142,12 +174,13 @@ async def test_bad_agent_requests_are_answered_and_the_connection_goes_on(
             answer = json.loads(await reader.readline())
             assert needle in answer["error"], (req, answer)
         writer.write(b'{"op": "stats"}\n')
-        assert "pace_gbps" in json.loads(await reader.readline())  # still served
+        assert "links" in json.loads(await reader.readline())  # still served
     finally:
         writer.close()
     with pytest.raises(AgentError, match="gbps"):
         await agent.set_pace(-1.0)
-    assert (await agent.stats()).pace_gbps == PACE_GBPS  # unchanged by the refused calls
+    paced = _link(await agent.stats()).pace_bytes_per_s  # unchanged by the refused calls
+    assert paced == pytest.approx(PACE_GBPS * 1e9 / 8)
 
 
 def test_closing_ends_an_idle_agent_connection_quietly(
@@ -165,7 +198,7 @@ def test_closing_ends_an_idle_agent_connection_quietly(
     try:
         idle.connect(agent)
         idle.sendall(b'{"op": "stats"}\n')
-        assert b"pace_gbps" in idle.recv(65536)  # served, then left open and idle
+        assert b"links" in idle.recv(65536)  # served, then left open and idle
         with caplog.at_level(logging.ERROR, logger="asyncio"):
             thread.close()
             del thread

@@ -10,9 +10,11 @@ import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from prfaas.config import DeploymentConfig
 from prfaas.core import MutableClusterView, SiteId, SiteKind
+from prfaas.core.link_report import SenderLinkReport
 from prfaas.policy import make_router
 from prfaas.serve.api.metrics import GatewayMetrics
 from prfaas.serve.backend import GenerationRequest, ModelInfo
@@ -194,8 +196,25 @@ def register_all(registry: NodeRegistry, now_s: float = 0.0) -> None:
         )  # fmt: skip
 
 
-def heartbeat(registry: NodeRegistry, node: str, now_s: float, **changes: object) -> bool:
-    return registry.heartbeat(Heartbeat(process=node, reports=[report(node, **changes)]), now_s)
+def link_report(**fields: Any) -> SenderLinkReport:
+    """The PrfaaS site's reading of its link to the PD site (not estimated unless ``basis``)."""
+    base: dict[str, Any] = {
+        "link": "remote->pd", "configured_bytes_per_s": 0.0, "pace_bytes_per_s": None,
+        "capacity_bytes_per_s": 0.0, "basis": "", "backlog_bytes": 0,
+    }  # fmt: skip
+    return SenderLinkReport(**{**base, **fields})
+
+
+def heartbeat(
+    registry: NodeRegistry,
+    node: str,
+    now_s: float,
+    link: SenderLinkReport | None = None,
+    **changes: object,
+) -> bool:
+    """One heartbeat of ``node``'s process: its report with ``changes``, and ``link``."""
+    beat = Heartbeat(process=node, reports=[report(node, **changes)], links=[link] if link else [])
+    return registry.heartbeat(beat, now_s)
 
 
 def make_dispatcher(nodes: FakeNodes) -> tuple[ClusterDispatcher, NodeRegistry]:

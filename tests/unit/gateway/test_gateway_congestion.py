@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from gateway_fakes import heartbeat, make_registry, register_all
+from gateway_fakes import heartbeat, link_report, make_registry, register_all
 
 from prfaas.core import CongestionRule, LinkState
 from prfaas.core.link_estimate import GOODPUT_EWMA_S, DeliveredRate
@@ -23,25 +23,26 @@ def _link_after(changes: list[dict[str, object]]) -> tuple[NodeRegistry, LinkSta
     register_all(registry)
     step_wall_s = registry.time_scale
     for i, change in enumerate(changes):
-        beat = {"link_capacity_bytes_per_s": CAPACITY, **change}
-        assert heartbeat(registry, "pf0", i * step_wall_s, **beat)
+        beat = dict(change)
+        link = {"configured_bytes_per_s": CAPACITY, **beat.pop("link", {})}  # type: ignore[dict-item]
+        assert heartbeat(registry, "pf0", i * step_wall_s, link_report(**link), **beat)
     (state,) = registry.link_states()
     return registry, state
 
 
 def _payload_bytes(registry: NodeRegistry, modelled_bytes: float) -> int:
-    return int(modelled_bytes / registry.byte_divisor)
+    return int(modelled_bytes / registry.byte_divisors["remote"])
 
 
 @pytest.mark.timeout(30)
 def test_calm_link_is_not_congested() -> None:
-    _, state = _link_after([{}, {"link_retransmit_rate": 0.02}])
+    _, state = _link_after([{}, {"link": {"retransmit_rate": 0.02}}])
     assert state.retransmit_rate == 0.02 and not state.congested  # at the threshold, not over
 
 
 @pytest.mark.timeout(30)
 def test_loss_alone_congests() -> None:
-    _, state = _link_after([{}, {"link_retransmit_rate": 0.03}])
+    _, state = _link_after([{}, {"link": {"retransmit_rate": 0.03}}])
     assert state.utilisation == 0.0 and state.congested
 
 
@@ -75,8 +76,9 @@ def test_goodput_is_the_simulators_filter_over_delivered_bytes() -> None:
     accepted = [0, 3e6, 5e6, 5e6, 9e6]
     unacked = [0, 1e6, 2e6, 0, 1e6]
     beats: list[dict[str, object]] = [
-        {"egress_bytes": _payload_bytes(probe, a), "link_backlog_bytes": int(u),
-         "link_capacity_basis": "configured", "link_estimate_bytes_per_s": CAPACITY}
+        {"egress_bytes": _payload_bytes(probe, a),
+         "link": {"backlog_bytes": int(u), "basis": "configured",
+                  "capacity_bytes_per_s": CAPACITY}}
         for a, u in zip(accepted, unacked, strict=True)
     ]  # fmt: skip
     _, state = _link_after(beats)
@@ -94,8 +96,8 @@ def test_backlog_counts_what_the_nodes_have_not_handed_over() -> None:
     unsent bytes plus the senders' unacknowledged ones, both over the capacity in use."""
     probe = make_registry()
     beat = {"egress_backlog_bytes": _payload_bytes(probe, 1.5 * CAPACITY),
-            "link_backlog_bytes": int(0.5 * CAPACITY), "link_capacity_basis": "configured",
-            "link_estimate_bytes_per_s": CAPACITY}  # fmt: skip
+            "link": {"backlog_bytes": int(0.5 * CAPACITY), "basis": "configured",
+                     "capacity_bytes_per_s": CAPACITY}}  # fmt: skip
     _, state = _link_after([beat])
     assert state.backlog_bytes == pytest.approx(2 * CAPACITY)
     assert state.drain_time_s() == pytest.approx(2.0) and state.congested

@@ -4,7 +4,7 @@ the deployment file's rate until they measured, and the tuner re-searches ``t`` 
 from __future__ import annotations
 
 import pytest
-from gateway_fakes import heartbeat, make_registry, register_all
+from gateway_fakes import heartbeat, link_report, make_registry, register_all
 
 from prfaas.core import SiteId
 from prfaas.core.views import LinkState
@@ -26,14 +26,14 @@ def test_configured_until_measured_then_the_estimate_and_its_backlog() -> None:
     registry = make_registry()
     register_all(registry)
     assert _state(registry).capacity_bytes_per_s == CONFIGURED
-    heartbeat(registry, "pf0", 0.1, link_capacity_bytes_per_s=CONFIGURED,
-              link_estimate_bytes_per_s=CONFIGURED, link_capacity_basis="configured")  # fmt: skip
+    heartbeat(registry, "pf0", 0.1, link_report(configured_bytes_per_s=CONFIGURED,
+              capacity_bytes_per_s=CONFIGURED, basis="configured"))  # fmt: skip
     assert (_state(registry).capacity_bytes_per_s, _state(registry).capacity_basis) == (
         CONFIGURED, "configured"
     )  # fmt: skip
-    heartbeat(registry, "pf0", 0.2, link_capacity_bytes_per_s=CONFIGURED,
-              link_estimate_bytes_per_s=1e9, link_capacity_basis="measured",
-              link_backlog_bytes=3e9, egress_backlog_bytes=0)  # fmt: skip
+    heartbeat(registry, "pf0", 0.2, link_report(configured_bytes_per_s=CONFIGURED,
+              capacity_bytes_per_s=1e9, basis="measured", backlog_bytes=int(3e9)),
+              egress_backlog_bytes=0)  # fmt: skip
     state = _state(registry)
     assert (state.capacity_bytes_per_s, state.capacity_basis) == (1e9, "measured")
     assert state.backlog_bytes == 3e9 and state.drain_time_s() == pytest.approx(3.0)
@@ -43,7 +43,9 @@ def test_configured_until_measured_then_the_estimate_and_its_backlog() -> None:
 def test_a_node_that_does_not_estimate_keeps_the_paced_rate() -> None:
     registry = make_registry()
     register_all(registry)
-    heartbeat(registry, "pf0", 0.1, link_capacity_bytes_per_s=2e9, link_estimate_bytes_per_s=1.0)
+    heartbeat(
+        registry, "pf0", 0.1, link_report(configured_bytes_per_s=2e9, capacity_bytes_per_s=1.0)
+    )
     state = _state(registry)
     assert (state.capacity_bytes_per_s, state.capacity_basis) == (2e9, "configured")
 
@@ -55,14 +57,9 @@ def test_the_highest_live_process_estimate_counts_and_a_silent_one_expires() -> 
     registry.register(Registration(process="pf1", nodes=[ep]), 0.0)
 
     def beat(process: str, at_s: float, estimate: float) -> None:
-        r = NodeReport(
-            node=process,
-            site="remote",
-            role="prefill",
-            link_estimate_bytes_per_s=estimate,
-            link_capacity_basis="measured",
-        )
-        assert registry.heartbeat(Heartbeat(process=process, reports=[r]), at_s)
+        r = NodeReport(node=process, site="remote", role="prefill")
+        link = link_report(capacity_bytes_per_s=estimate, basis="measured")
+        assert registry.heartbeat(Heartbeat(process=process, reports=[r], links=[link]), at_s)
 
     beat("pf0", 0.1, 1e9)
     beat("pf1", 0.2, 4e9)
@@ -76,6 +73,6 @@ def test_the_policy_view_holds_the_measured_capacity() -> None:
     """The tuner and router read ``capacity_bytes_per_s`` off this view: the estimate."""
     registry = make_registry()
     register_all(registry)
-    heartbeat(registry, "pf0", 0.1, link_estimate_bytes_per_s=5e8, link_capacity_basis="measured")
+    heartbeat(registry, "pf0", 0.1, link_report(capacity_bytes_per_s=5e8, basis="measured"))
     link = registry.view.link(SiteId("remote"), SiteId("pd"))
     assert link is not None and link.capacity_bytes_per_s == 5e8

@@ -1,8 +1,11 @@
 """The connector's settings (``kv_connector_extra_config``) and per-request ``kv_transfer_params``.
 
-Both come from outside (the sidecar builds them; a client could send its own params), so each is
-checked here and a bad value is named in the error. Pure: no torch, no vllm, no I/O (the PSK is
-read from the environment variable the settings name, by ``psk_from_env``).
+``ConnectorSettings`` is the one description of the settings: the sidecar
+(``serve.vllm.server``) builds one and writes it with ``to_extra_config``, the connector reads it
+back with ``from_extra_config``. Both come from outside (a client could send its own params, a
+user their own extra config), so each is checked here and a bad value is named in the error.
+Pure: no torch, no vllm, no I/O (the PSK is read from the environment variable the settings
+name, by ``psk_from_env``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 DEFAULT_LOAD_TIMEOUT_S = 30.0
+DEFAULT_PSK_ENV = "PRFAAS_KV_PSK"
+"""The environment variable that carries the deployment's key to the connector."""
+DEFAULT_LINK = "cross-site"
+"""The destination link's name when the settings give none."""
 UNCLAIMED_STAGED_TTL_S = 60.0
 """A received session nobody claims within this time is freed (contract)."""
 
@@ -45,25 +52,30 @@ def _float_or_none(cfg: Mapping[str, Any], key: str) -> float | None:
     return float(value)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ConnectorSettings:
     """``kv_connector_extra_config`` of the contract."""
 
-    listen_host: str | None
+    listen_host: str | None = None
     """Where the receiver binds (None with listen_port: this server never decodes remotely)."""
-    listen_port: int | None
-    psk_env: str
-    num_connections: int
-    kv_budget_mib: int
+    listen_port: int | None = None
+    """The receiver's port (the node's registered transfer port); None: no receiver."""
+    psk_env: str = DEFAULT_PSK_ENV
+    num_connections: int = 4
+    kv_budget_mib: int = 1024
     """Bytes of received sessions staged at once (verified or arriving, not yet installed)."""
-    pace_gbps: float | None
+    pace_gbps: float | None = None
     """Pacing of cross-site sends (an emulated inter-site link); None: unpaced. The agent's
     ``set_pace`` changes it while the server runs."""
-    agent_socket: str | None
+    agent_socket: str | None = None
+    """Unix socket the connector's worker side serves for its sidecar; None: none."""
     link_gbps: float | None = None
     """The inter-site link's rate the deployment file names: where the connector's capacity
     estimate starts ("configured") until its cross-site sends measure the link; None: the
     pace's (no pace either: not estimated)."""
+    link: str = DEFAULT_LINK
+    """The destination link cross-site sends cross (its ``LinkId``, e.g. "pf->pd"): the name of
+    its reading in the agent's ``stats``."""
 
     @classmethod
     def from_extra_config(cls, cfg: Mapping[str, Any]) -> ConnectorSettings:
@@ -71,13 +83,28 @@ class ConnectorSettings:
         return cls(
             listen_host=_str(cfg, "listen_host", "127.0.0.1") if port is not None else None,
             listen_port=_int(cfg, "listen_port", None, 0, 65535) if port is not None else None,
-            psk_env=_str(cfg, "psk_env", "PRFAAS_KV_PSK"),
+            psk_env=_str(cfg, "psk_env", DEFAULT_PSK_ENV),
             num_connections=_int(cfg, "num_connections", 4, 1, 64),
             kv_budget_mib=_int(cfg, "kv_budget_mib", 1024, 1, 1 << 30),
             pace_gbps=_float_or_none(cfg, "pace_gbps"),
             agent_socket=_str(cfg, "agent_socket") if cfg.get("agent_socket") else None,
             link_gbps=_float_or_none(cfg, "link_gbps"),
+            link=_str(cfg, "link", DEFAULT_LINK),
         )
+
+    def to_extra_config(self) -> dict[str, Any]:
+        """The ``kv_connector_extra_config`` that ``from_extra_config`` reads back as these."""
+        return {
+            "listen_host": self.listen_host,
+            "listen_port": self.listen_port,
+            "psk_env": self.psk_env,
+            "num_connections": self.num_connections,
+            "kv_budget_mib": self.kv_budget_mib,
+            "pace_gbps": self.pace_gbps,
+            "agent_socket": self.agent_socket,
+            "link_gbps": self.link_gbps,
+            "link": self.link,
+        }
 
     @property
     def kv_budget_bytes(self) -> int:

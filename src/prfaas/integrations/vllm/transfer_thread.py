@@ -1,12 +1,14 @@
 """``TransferThread``: one vLLM worker process's prfaas.transfer engine, off the forward path.
 
 One daemon thread runs an asyncio loop holding
-- the sender links, one ``Link`` per receiver ``(host, port)``, reused by every session to it and
-  replaced when it broke (each with a ``LinkMonitor`` sampling its counters and ``TCP_INFO``);
+- the sender links, a ``transfer.link_pool.LinkPool`` (as WorkerHost's): one ``Link`` per
+  receiver and route (a receiver reached across sites and within its site gets two, paced and
+  not), reused by every session to it and replaced when it broke, connected within
+  ``CONNECT_TIMEOUT_S``; the cross-site ones share one pacer, are monitored and feed one capacity
+  estimate of the destination link (``settings.link``), sampled on the pool's own timer;
 - the ``Receiver`` (when the settings give a listen port), whose ``allocate`` stages each incoming
   session in fresh buffers within ``kv_budget_mib``, and whose sessions are awaited to their
   digest check here, so the worker only ever sees verified bytes;
-- the cross-site links' one pacer and capacity estimate (``cross_site_links.CrossSiteLinks``);
 - the agent socket (``agent_server.AgentServer``: a unix stream socket, mode 0600) the sidecar
   asks ``wait_sent`` / ``abort`` / ``stats`` on (one JSON object per line each way).
 The worker's thread calls the methods below; they hand work to the loop with
@@ -28,29 +30,25 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from prfaas.core import LinkId, LinkState
 from prfaas.integrations.vllm.agent_server import AgentOps, AgentServer
-from prfaas.integrations.vllm.cross_site_links import CrossSiteLinks
 from prfaas.integrations.vllm.settings import UNCLAIMED_STAGED_TTL_S, ConnectorSettings
 from prfaas.integrations.vllm.trace import TRACE
 from prfaas.transfer import (
     ConnectError,
     Delivery,
     InboundSession,
-    Link,
-    LinkMonitor,
     Manifest,
     Receiver,
     Refused,
     SessionAborted,
     TransferConfig,
 )
+from prfaas.transfer.link_pool import DEPLOYMENT_KEY, Destination, LinkPool
 
 log = logging.getLogger("prfaas.integrations.vllm")
 
 _KEEP_DONE = 4096  # finished send jobs remembered for wait_sent after the fact
 _SEND_IDLE_TIMEOUT_S = 60.0  # a session whose producer went silent this long is aborted
-_MONITOR_INTERVAL_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,16 +99,6 @@ class _Claim:
     deadline_s: float
 
 
-@dataclass(slots=True)
-class _LinkEntry:
-    link: Link
-    monitor: LinkMonitor
-    monitor_task: asyncio.Task[None] | None = None
-    latest: LinkState | None = None
-    cross_site: bool = False
-    """How its last session reached the receiver (it is paced, and estimated, only then)."""
-
-
 class TransferThread:
     """The transfer engine of one worker process, in its own thread and event loop."""
 
@@ -124,8 +112,14 @@ class TransferThread:
         self._start_error: BaseException | None = None
         self._lock = threading.Lock()
         # loop-owned (read under the lock by the worker thread where noted)
-        self._links: dict[tuple[str, int], _LinkEntry] = {}
-        self._link_locks: dict[tuple[str, int], asyncio.Lock] = {}
+        self._pool = LinkPool(
+            self._name, {DEPLOYMENT_KEY: psk}, num_connections=settings.num_connections
+        )
+        # The one destination link its cross-site sends cross: paced at the settings' pace,
+        # estimated from the link's rate (``set_pace`` re-rates both).
+        self._pool.set_route(settings.link, settings.pace_bytes_per_s, settings.link_bytes_per_s)
+        self._cross_site_bytes = 0
+        """Bytes cross-site sends' links accepted so far, piece by piece."""
         self._sends: OrderedDict[str, _SendJob] = OrderedDict()
         self._staged: dict[str, _Staged] = {}  # under the lock
         self._claims: dict[str, _Claim] = {}  # under the lock
@@ -133,8 +127,6 @@ class TransferThread:
         self._receiver: Receiver | None = None
         self._agent: AgentServer | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._egress_closed_bytes = 0
-        self._cross = CrossSiteLinks(settings, self._cross_site_links, self._loop.time)
         self.listen_address: tuple[str, int] | None = None
         self.sessions_sent = 0
         self.sessions_received = 0
@@ -187,7 +179,7 @@ class TransferThread:
             self._agent = AgentServer(s.agent_socket, ops)
             await self._agent.start()
         self._spawn(self._reap())
-        self._spawn(self._cross.sample())
+        self._spawn(self._pool.run())
 
     async def _shutdown(self) -> None:
         for job in list(self._sends.values()):
@@ -197,10 +189,7 @@ class TransferThread:
             task.cancel()
         if self._agent is not None:
             await self._agent.aclose()
-        for entry in list(self._links.values()):
-            if entry.monitor_task is not None:
-                entry.monitor_task.cancel()
-            await entry.link.aclose()
+        await self._pool.aclose()
         if self._receiver is not None:
             await self._receiver.aclose()
 
@@ -335,13 +324,15 @@ class TransferThread:
         try:
             assert job.manifest is not None  # opened sends carry one
             session = None
+            route = self.settings.link if job.cross_site else None
+            dest = Destination(job.host, job.port, route, DEPLOYMENT_KEY)
             for attempt in (0, 1):  # a link that broke since its last use is replaced once
-                link = await self._link(job.host, job.port, job.cross_site)
+                link = await self._pool.link_to(dest)
                 try:
                     session = await link.open(job.manifest)
                     break
                 except ConnectError:
-                    await self._drop_link((job.host, job.port), link)
+                    await self._pool.drop(dest, link)
                     if attempt:
                         raise
             assert session is not None
@@ -357,7 +348,7 @@ class TransferThread:
                     await session.send(*item)
                     job.accepted_bytes += len(item[2])
                     if job.cross_site:
-                        self._cross.count_sent(len(item[2]))
+                        self._cross_site_bytes += len(item[2])
             if not job.done.is_set():  # (a send failed meanwhile stays failed)
                 job.state, job.kv_bytes = "verified", job.manifest.num_bytes
                 self.sessions_sent += 1
@@ -377,51 +368,14 @@ class TransferThread:
             job.keep.clear()
             job.done.set()
 
-    async def _link(self, host: str, port: int, cross_site: bool) -> Link:
-        key = (host, port)
-        lock = self._link_locks.setdefault(key, asyncio.Lock())
-        async with lock:
-            entry = self._links.get(key)
-            if entry is None:
-                cfg = TransferConfig(
-                    psk=self._psk,
-                    num_connections=self.settings.num_connections,
-                    name=self._name,
-                )
-                link = await Link.connect(host, port, cfg)
-                monitor = LinkMonitor(link, LinkId(f"{self._name}->{host}:{port}"))
-                entry = _LinkEntry(link, monitor)
-                entry.monitor_task = self._spawn(monitor.run(self._publisher(entry)))
-                self._links[key] = entry
-            # The same receiver may be reached cross-site or not: the latest use decides.
-            entry.cross_site = cross_site
-            entry.link.share_pacer(self._cross.pacer() if cross_site else None)
-            return entry.link
-
     def set_pace(self, gbps: float) -> dict[str, Any]:
         """Pace every cross-site link at ``gbps`` from the next chunk on (the agent's
         ``set_pace``; loop thread), and estimate the link afresh from that rate
-        (``CrossSiteLinks.set_pace``)."""
-        return self._cross.set_pace(gbps)
-
-    def _cross_site_links(self) -> list[Link]:
-        return [e.link for e in self._links.values() if e.cross_site]
-
-    @staticmethod
-    def _publisher(entry: _LinkEntry) -> Callable[[LinkState], None]:
-        def publish(state: LinkState) -> None:
-            entry.latest = state
-
-        return publish
-
-    async def _drop_link(self, key: tuple[str, int], link: Link) -> None:
-        entry = self._links.get(key)
-        if entry is not None and entry.link is link:
-            del self._links[key]
-            if entry.monitor_task is not None:
-                entry.monitor_task.cancel()
-            self._egress_closed_bytes += link.counters().bytes_acked
-        await link.aclose()
+        (``LinkPool.set_route``: a re-shaped link is another link)."""
+        rate = gbps * 1e9 / 8
+        self._pool.set_route(self.settings.link, rate, rate)
+        TRACE("set_pace", gbps=gbps)
+        return {"pace_gbps": gbps}
 
     # -- loop side: receiving ------------------------------------------------------------------
     def _allocate(self, manifest: Manifest) -> list[bytearray]:
@@ -519,27 +473,25 @@ class TransferThread:
         return {"state": job.state, "kv_bytes": job.kv_bytes, "error": job.error}
 
     def stats(self) -> dict[str, Any]:
-        """The contract's stats, from the links' own counters and TCP_INFO (loop thread)."""
-        egress = self._egress_closed_bytes
-        backlog = 0
-        rtts: list[float] = []
-        retrans = 0.0
-        for entry in self._links.values():
-            c = entry.link.counters()
-            egress += c.bytes_acked
-            backlog += c.backlog_bytes
-            if entry.latest is not None:
-                if entry.latest.rtt_s > 0:
-                    rtts.append(entry.latest.rtt_s)
-                retrans = max(retrans, entry.latest.retransmit_rate)
+        """The contract's stats (loop thread): the pool's reading of each destination link
+        (``core.SenderLinkReport``, as JSON), the bytes cross-site sends' links accepted so far
+        (``cross_site_bytes``), what the open cross-site sends have not handed to their links yet
+        (``cross_site_unsent_bytes``: a session counts whole from its opening, as WorkerHost's
+        nodes count theirs), every link's bytes acknowledged (``egress_bytes``, dropped links
+        included) and not yet (``egress_backlog_bytes``), and the receiving side's counters."""
+        unsent = sum(
+            j.manifest.num_bytes - j.accepted_bytes
+            for j in self._sends.values()
+            if j.cross_site and j.manifest is not None and not j.done.is_set()
+        )
         rx = self._receiver
         with self._lock:
             return {
-                **self._link_stats(),
-                "egress_bytes": egress,
-                "egress_backlog_bytes": backlog,
-                "link_rtt_s": sum(rtts) / len(rtts) if rtts else 0.0,
-                "link_retransmit_rate": retrans,
+                "links": [r.to_json() for r in self._pool.reports()],
+                "cross_site_bytes": self._cross_site_bytes,
+                "cross_site_unsent_bytes": max(0, unsent),
+                "egress_bytes": self._pool.acked_bytes(),
+                "egress_backlog_bytes": self._pool.backlog_bytes(),
                 "handshake_failures": 0 if rx is None else rx.num_handshake_failures,
                 "staged_bytes": self._staged_bytes,
                 "sessions_sent": self.sessions_sent,
@@ -547,14 +499,3 @@ class TransferThread:
                 "loads_ok": self.loads_ok,
                 "loads_failed": self.loads_failed,
             }
-
-    def _link_stats(self) -> dict[str, Any]:
-        """The cross-site link's figures (loop thread; ``CrossSiteLinks.stats``), with what the
-        open cross-site sends have not handed to their links yet (a session counts whole from its
-        opening, as WorkerHost's nodes count theirs)."""
-        unsent = sum(
-            j.manifest.num_bytes - j.accepted_bytes
-            for j in self._sends.values()
-            if j.cross_site and j.manifest is not None and not j.done.is_set()
-        )
-        return self._cross.stats(unsent)

@@ -122,7 +122,7 @@ class ClusterDispatcher:
         self.nodes: NodeClient = node_client or HttpNodeClient(node_auth)
         self.planner = AttemptPlanner(registry, router, fallback, metrics)
         self.book = OutcomeBook(
-            registry.kv, metrics, self.home, registry.byte_divisor, route_log_size
+            registry.kv, metrics, self.home, registry.byte_divisors, route_log_size
         )
         self.lifecycles: dict[str, RequestLifecycle] = {}
         """The requests being served, by id, and where each is."""

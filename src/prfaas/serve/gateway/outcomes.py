@@ -12,6 +12,7 @@ a follow-up request sent before it would otherwise miss the prefix.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from prfaas.cache.mirror import KVMirror
@@ -47,13 +48,14 @@ class OutcomeBook:
         kv: KVMirror,
         metrics: GatewayMetrics,
         home: SiteId,
-        byte_divisor: int,
+        byte_divisors: Mapping[str, int],
         route_log_size: int,
     ) -> None:
         self.kv = kv
         self.metrics = metrics
         self.home = home
-        self.byte_divisor = byte_divisor
+        self.byte_divisors = byte_divisors
+        """Real KV bytes per payload byte, per site (each site's own engine)."""
         self.records: deque[RouteRecord] = deque(maxlen=route_log_size)
         """The newest ``route_log_size`` requests' routes; older ones are dropped."""
         self._prefix_counts: dict[str, tuple[int, int]] = {}
@@ -85,7 +87,7 @@ class OutcomeBook:
         looked, hit = looked + n, hit + outcome.num_cached_tokens
         self._prefix_counts[site] = (looked, hit)
         self.metrics.prefix_hit_rate.labels(site=site).set(hit / looked)
-        kv_bytes = outcome.kv_bytes_sent * self.byte_divisor
+        kv_bytes = outcome.kv_bytes_sent * self.byte_divisors.get(site, 1)
         if decision.offloaded:
             self.metrics.cross_site_bytes.labels(src_site=site, dst_site=self.home).inc(kv_bytes)
         self.records.append(

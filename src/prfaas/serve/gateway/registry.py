@@ -10,7 +10,10 @@ measured (basis "configured"), and the reported paced rate for nodes that do not
 
 Units: the view is in *modelled* units, like the simulator's: seconds of the emulated hardware
 (wall seconds / time_scale) and real KV bytes (payload bytes x byte_divisor), so the same policy
-objects and thresholds apply to both drivers.
+objects and thresholds apply to both drivers. Byte counts are converted with each site's own
+engine (a vLLM or torch site sends real bytes even under a top-level ``timed`` engine); a
+heartbeat's link readings (``core.SenderLinkReport``) come converted by the process that sent
+them.
 
 Whether a node takes new work is its ``Rotation`` (``rotation.py``: the reasons and the way back
 from each); the view's ``healthy`` and ``draining`` flags are derived from it on every change.
@@ -31,6 +34,7 @@ from prfaas.core import LinkState, MutableClusterView, NodeId, NodeLoad, NodeRol
 from prfaas.core.congestion import CongestionRule
 from prfaas.core.ids import link_id_for
 from prfaas.core.link_estimate import DeliveredRate
+from prfaas.core.link_report import SenderLinkReport
 from prfaas.serve.gateway.rotation import Rotation
 from prfaas.serve.node.messages import Heartbeat, NodeEndpoint, NodeReport, Registration
 
@@ -75,9 +79,13 @@ class NodeRegistry:
         self.deployment = deployment
         self.view = view
         eng = deployment.engine
-        # The nodes' conversion too (serve/node/host.py): only the timed engine scales.
+        # The gateway's clock: modelled seconds of the deployment (only the timed engine scales).
         self.time_scale = eng.wall_s_per_modelled_s
-        self.byte_divisor = eng.real_bytes_per_payload_byte
+        # Bytes: each site's own engine, as its nodes convert (serve/node/host.py).
+        self.byte_divisors = {
+            s.name: deployment.engine_for(s.name).real_bytes_per_payload_byte
+            for s in deployment.sites
+        }
         self.endpoints: dict[str, NodeEndpoint] = {}
         # Work the gateway itself has sent and not seen finish, per node: request -> tokens.
         # Authoritative for queues between heartbeats (a heartbeat is up to an interval old, and
@@ -142,7 +150,7 @@ class NodeRegistry:
                     update={"role": report.role}
                 )
                 self._update(report, now_wall_s)
-        self._update_links(beat.reports, now_wall_s, beat.process)
+        self._update_links(beat.reports, beat.links, now_wall_s, beat.process)
         if beat.prefix is not None:
             ack = self.kv.apply(beat.process, beat.prefix.to_report(), now_wall_s)
             if ack is not None:
@@ -279,7 +287,11 @@ class NodeRegistry:
         )  # fmt: skip
 
     def _update_links(
-        self, reports: list[NodeReport], now_wall_s: float, process: str = ""
+        self,
+        reports: list[NodeReport],
+        links: list[SenderLinkReport],
+        now_wall_s: float,
+        process: str = "",
     ) -> None:
         """The site's ``LinkState`` after one process's reports, measured as the simulator's
         link measures its own: backlog = KV accepted for the link and not yet delivered (a
@@ -294,16 +306,19 @@ class NodeRegistry:
                 continue
             for r in mine:
                 meter.per_node_bytes[r.node] = r.egress_bytes
-            accepted = sum(meter.per_node_bytes.values()) * self.byte_divisor
-            unsent = sum(r.egress_backlog_bytes for r in mine) * self.byte_divisor
-            reported = [r.link_capacity_bytes_per_s for r in mine if r.link_capacity_bytes_per_s]
-            if reported:  # the rate the site's sender is paced at now (modelled bytes/s)
-                meter.capacity_bytes_per_s = min(reported)
-            cap, basis, links = self._measured(meter, mine, unsent, process, now_wall_s)
-            if links is None:  # senders that do not count: the nodes' figure is the backlog
+            divisor = self.byte_divisors[site]
+            accepted = sum(meter.per_node_bytes.values()) * divisor
+            unsent = sum(r.egress_backlog_bytes for r in mine) * divisor
+            link_id = link_id_for(SiteId(site), SiteId(home))
+            reading = next((lk for lk in links if lk.link == link_id), None)
+            if reading is not None and reading.configured_bytes_per_s > 0:
+                # the rate the site's sender is paced at now (modelled bytes/s)
+                meter.capacity_bytes_per_s = reading.configured_bytes_per_s
+            cap, basis, backlogs = self._measured(meter, reading, unsent, process, now_wall_s)
+            if backlogs is None:  # senders that do not count: the nodes' figure is the backlog
                 backlog, unacked = unsent, 0
             else:
-                backlog, unacked = links
+                backlog, unacked = backlogs
             # Counters restart with a process: delivered bytes never go back (the filter's
             # input is cumulative).
             meter.delivered_bytes = max(meter.delivered_bytes, float(accepted - unacked))
@@ -312,17 +327,17 @@ class NodeRegistry:
             utilisation = goodput / cap if cap > 0 else 0.0
             # Loss is the worst retransmit rate the nodes' transfer monitors saw; their queueing
             # (wall-clock RTT) is not used: a busy emulation host inflates it.
-            retransmit_rate = max(r.link_retransmit_rate for r in mine)
+            retransmit_rate = 0.0 if reading is None else reading.retransmit_rate
             drain = backlog / cap if cap > 0 else (float("inf") if backlog else 0.0)
             congested = CONGESTION.congested(utilisation, drain, retransmit_rate)
             self.view.update_link(
                 LinkState(
-                    link_id=link_id_for(SiteId(site), SiteId(home)),
+                    link_id=link_id,
                     capacity_bytes_per_s=cap,
                     utilisation=utilisation,
                     goodput_bytes_per_s=goodput,
                     backlog_bytes=backlog,
-                    rtt_s=max(r.link_rtt_s for r in mine) / self.time_scale,
+                    rtt_s=0.0 if reading is None else reading.rtt_s,
                     retransmit_rate=retransmit_rate,
                     congested=congested,
                     sampled_at_s=now,
@@ -331,19 +346,17 @@ class NodeRegistry:
             )
 
     def _measured(
-        self, meter: _LinkMeter, mine: list[NodeReport], unsent: int, process: str,
+        self, meter: _LinkMeter, reading: SenderLinkReport | None, unsent: int, process: str,
         now_wall_s: float,
     ) -> tuple[float, str, tuple[int, int] | None]:  # fmt: skip
         """(capacity, its basis, (backlog, unacknowledged) or None) for a site from its
-        processes' estimates; ``unsent`` is what this process's nodes have not handed over yet.
-        Every node of a process carries the same link fields: one entry per process. A process
-        silent for longer than the heartbeat timeout no longer counts."""
-        estimating = [r for r in mine if r.link_capacity_basis]
-        if estimating:
-            r = estimating[0]
+        processes' estimates; ``reading`` is this process's of the site's link, ``unsent`` what
+        its nodes have not handed over yet. A process silent for longer than the heartbeat
+        timeout no longer counts."""
+        if reading is not None and reading.basis:
             meter.per_process[process] = _ProcessLink(
-                r.link_estimate_bytes_per_s, r.link_capacity_basis,
-                r.link_backlog_bytes + unsent, r.link_backlog_bytes, now_wall_s,
+                reading.capacity_bytes_per_s, reading.basis,
+                reading.backlog_bytes + unsent, reading.backlog_bytes, now_wall_s,
             )  # fmt: skip
         horizon = now_wall_s - self.deployment.gateway.heartbeat_timeout_s
         live = [p for p in meter.per_process.values() if p.at_wall_s >= horizon]

@@ -4,17 +4,17 @@ deployment's key: the loop is ``control_plane``'s, shared with the vLLM host; wh
 carries and how its answer is applied are this host's). One site per process.
 
 The receiver (one port per process) hands each incoming session to the node that expects its
-request; the sender links (``sender_links.SenderLinks``: pooled per peer, one connect per peer at
-a time) are paced at the inter-site link's emulated rate when the KV crosses sites (an R Gbps
-link is paced at R / byte_divisor / time_scale for the timed engine, at R for real engines; one
-token bucket for all of them: they cross one link).
+request; the sender links are a ``transfer.link_pool.LinkPool`` (pooled per destination, key and
+route, one bounded connect per destination at a time), the cross-site ones paced at the
+inter-site link's emulated rate (an R Gbps link is paced at R / byte_divisor / time_scale for the
+timed engine, at R for real engines: the site's own engine decides; one pacer for all of them:
+they cross one link).
 
-The inter-site link's capacity is measured here, not taken from the deployment file: at every
-report the cross-site links' counters (TCP_INFO bytes acknowledged and bytes not yet sent, the
-links' own unwritten bytes, RTT: ``transfer.link_readings``, shared with the vLLM connector) feed
-one ``core.link_estimate.CapacityEstimator`` for the process (a span ends at every report:
-heartbeats, status calls), and the report carries its estimate and basis ("configured" until
-the first busy interval, then "measured"), in modelled units like every other report field.
+The inter-site link's capacity is measured, not taken from the deployment file: the pool samples
+the cross-site links' counters on its own timer (``transfer.link_readings``, shared with the vLLM
+connector) into one ``core.link_estimate.CapacityEstimator``, and every heartbeat carries the
+pool's ``core.SenderLinkReport`` per destination link, converted to modelled units like every
+other report field.
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ from typing import Any
 import httpx
 
 from prfaas.config import DeploymentConfig
-from prfaas.core import NodeRole
+from prfaas.core import NodeRole, SiteId
+from prfaas.core.ids import link_id_for
+from prfaas.core.link_report import SenderLinkReport
 from prfaas.engine.api import Engine
 from prfaas.serve.auth import SignedAuth
 from prfaas.serve.node.control_plane import (
@@ -57,7 +59,6 @@ from prfaas.serve.node.messages import (
 )
 from prfaas.serve.node.prefix_move import PendingMoves, is_move, new_move_id
 from prfaas.serve.node.prefix_store import PrefixStore
-from prfaas.serve.node.sender_links import SenderLinks
 from prfaas.serve.node.worker import Node
 from prfaas.transfer import (
     InboundSession,
@@ -69,8 +70,11 @@ from prfaas.transfer import (
     TransferError,
 )
 from prfaas.transfer import Link as TransferLink
+from prfaas.transfer.link_pool import Destination, LinkPool
 
 log = logging.getLogger("prfaas.node")
+DEPLOYMENT_KEY_ID = "deployment"
+"""The key id of the deployment's ``psk`` (the one credential a worker process holds today)."""
 
 
 class WorkerHost:
@@ -121,16 +125,22 @@ class WorkerHost:
             None,
         )
         self.link_gbps: float | None = link.gbps if link is not None else None
+        self.route: str | None = None
+        """The destination link this process's cross-site KV crosses (its ``LinkId``)."""
+        if link is not None:
+            other = link.dst if link.src == self.site.name else link.src
+            self.route = link_id_for(SiteId(self.site.name), SiteId(other))
         tls = deployment.tls
-        self.links = SenderLinks(
+        self.links = LinkPool(
             self.process_name,
-            self.site.name,
-            self._psk,
-            self.link_rate_bytes_per_s(),
-            self._configured_wall_rate(),
-            self._client_ssl,
-            tls.server_hostname if tls is not None else None,
+            {DEPLOYMENT_KEY_ID: self._psk},
+            client_ssl=self._client_ssl,
+            server_hostname=tls.server_hostname if tls is not None else None,
         )
+        if self.route is not None:
+            self.links.set_route(
+                self.route, self.link_rate_bytes_per_s(), self._configured_wall_rate()
+            )
         self.receiver: Receiver | None = None
         self.transfer_port = 0
         self.http_port = 0
@@ -184,7 +194,7 @@ class WorkerHost:
     def _wall_scale(self) -> float:
         """Modelled bytes per second for one wall-clock payload byte per second (the registry's
         conversion: payload x byte_divisor, wall seconds / time_scale)."""
-        eng = self.deployment.engine
+        eng = self.deployment.engine_for(self.site.name)  # the site's own engine converts
         return eng.real_bytes_per_payload_byte * eng.wall_s_per_modelled_s
 
     def _configured_wall_rate(self) -> float:
@@ -201,8 +211,11 @@ class WorkerHost:
                 "do not pace it; change the shaper (tc) instead"
             )
         self.link_gbps = gbps
-        # The estimate starts afresh (SenderLinks.set_pace): a re-shaped link is another link.
-        self.links.set_pace(self.link_rate_bytes_per_s(), self._configured_wall_rate())
+        # The estimate starts afresh (LinkPool.set_route): a re-shaped link is another link.
+        if self.route is not None:
+            self.links.set_route(
+                self.route, self.link_rate_bytes_per_s(), self._configured_wall_rate()
+            )
 
     def handshake_failures(self) -> int:
         """KV handshakes this process's receiver refused since it started (wrong key, bad or
@@ -210,58 +223,34 @@ class WorkerHost:
         return 0 if self.receiver is None else self.receiver.num_handshake_failures
 
     def reports(self) -> list[NodeReport]:
-        capacity = 0.0 if self.link_gbps is None else self.link_gbps * 1e9 / 8
-        update: dict[str, object] = {
-            "link_capacity_bytes_per_s": capacity,
-            "handshake_failures": self.handshake_failures(),
-        }
-        update.update(self._link_health())
+        update = {"handshake_failures": self.handshake_failures()}
         return [n.report().model_copy(update=update) for n in self.nodes.values()]
 
-    def _link_health(self) -> dict[str, object]:
-        """What the transfer monitor saw on this site's inter-site connections since the last
-        report (TCP_INFO): the worst RTT and retransmit rate. The gateway applies the congestion
-        rule (``core.CongestionRule``) to the rate; the monitor's queueing term is left out there:
-        it reads wall-clock RTT, which a busy emulation host inflates without any network cause."""
-        now = asyncio.get_running_loop().time()
-        health = self._link_estimate(now)
-        states = self.links.monitor_states(now)
-        if not states:
-            return health
-        rate = max(s.retransmit_rate for s in states)
-        health.update({
-            "link_rtt_s": max(s.rtt_s for s in states),
-            "link_retransmit_rate": rate,
-        })  # fmt: skip
-        return health
+    def link_reports(self) -> list[SenderLinkReport]:
+        """The pool's reading of each destination link (its last sample: RTT, retransmit rate,
+        capacity estimate, backlog), in modelled units. The gateway applies the congestion rule
+        (``core.CongestionRule``) to the rate; the monitor's queueing term is left out there:
+        it reads wall-clock RTT, which a busy emulation host inflates without any network
+        cause."""
+        eng = self.deployment.engine_for(self.site.name)
+        return [
+            r.scaled(eng.real_bytes_per_payload_byte, eng.wall_s_per_modelled_s)
+            for r in self.links.reports()
+        ]
 
-    def _link_estimate(self, now_s: float) -> dict[str, object]:
-        """Feed the capacity estimator the cross-site links' counters now
-        (``transfer.link_readings``); the report fields, in modelled units."""
-        if self.link_gbps is None:
-            return {}
-        est = self.links.estimate(now_s)
-        scale = self._wall_scale()
-        return {
-            "link_estimate_bytes_per_s": est.capacity_bytes_per_s * scale,
-            "link_capacity_basis": est.basis,
-            "link_goodput_bytes_per_s": est.goodput_bytes_per_s * scale,
-            "link_queue_bytes": int(est.queue_bytes * self._byte_divisor()),
-            "link_backlog_bytes": int(est.backlog_bytes * self._byte_divisor()),
-        }
-
-    def _byte_divisor(self) -> int:
-        """Real KV bytes per payload byte (the timed engine sends 1/byte_divisor of the KV)."""
-        eng = self.deployment.engine
-        return eng.real_bytes_per_payload_byte
+    def _destination(self, host: str, port: int, cross_site: bool) -> Destination:
+        route = self.route if cross_site else None
+        if cross_site and route is None:  # no link in the file: a separate, unpaced connection
+            route = f"{self.site.name}->?"
+        return Destination(host, port, route, DEPLOYMENT_KEY_ID)
 
     async def link_to(self, host: str, port: int, cross_site: bool) -> TransferLink:
-        """The pooled link to a peer's receiver (``SenderLinks.link_to``)."""
-        return await self.links.link_to(host, port, cross_site)
+        """The pooled link to a peer's receiver (``LinkPool.link_to``)."""
+        return await self.links.link_to(self._destination(host, port, cross_site))
 
     async def drop_link(self, host: str, port: int, cross_site: bool) -> None:
         """Forget a link that failed; the next prefill to that peer reconnects."""
-        await self.links.drop(host, port, cross_site)
+        await self.links.drop(self._destination(host, port, cross_site))
 
     async def prefill(self, name: str, cmd: PrefillCommand) -> PrefillOutcome:
         """Node ``name`` prefills ``cmd`` into a session on the pooled link to the decode node's
@@ -328,6 +317,7 @@ class WorkerHost:
         wanted = max((self.deployment.node(n).transfer_port for n in self.nodes), default=0)
         _, self.transfer_port = await self.receiver.listen(self.host, wanted)
         self.spawn(self._consume_sessions())
+        self.spawn(self.links.run())
         for node in self.nodes.values():
             self.spawn(node.decode_loop())
         self.spawn(self._control_plane())
@@ -365,6 +355,7 @@ class WorkerHost:
         return Heartbeat(
             process=self.process_name,
             reports=self.reports(),
+            links=self.link_reports(),
             prefix=PrefixReportMsg.of(report),
         )
 

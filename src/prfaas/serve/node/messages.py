@@ -3,7 +3,8 @@
 Gateway -> node: ``PrefillCommand`` (prefill these tokens, stream the KV to that decode node),
 ``DecodeCommand`` (expect this request's KV, then stream its tokens back as NDJSON
 ``DecodeEvent`` lines), aborts and role changes. Node -> gateway: ``Registration`` once, then a
-``Heartbeat`` with every node's ``NodeReport`` every ``heartbeat_interval_s``, and the process's
+``Heartbeat`` with every node's ``NodeReport`` and the process's ``core.SenderLinkReport`` per
+destination link every ``heartbeat_interval_s``, and the process's
 prefix-store changes (``PrefixReportMsg``, answered by a ``PrefixAckMsg``: ``cache/mirror.py``).
 """
 
@@ -23,6 +24,7 @@ from prfaas.cache.mirror import (
     StoreChange,
     StoreReport,
 )
+from prfaas.core.link_report import SenderLinkReport
 
 
 class _Msg(BaseModel):
@@ -139,27 +141,6 @@ class NodeReport(_Msg):
     """KV bytes of this node's open cross-site transfers not yet accepted by the sender (a
     transfer counts whole from its first layer, as the simulator's link counts it); a vLLM
     sidecar reports its server's (its connector's open cross-site sends) on one prefill node."""
-    link_capacity_bytes_per_s: float = 0.0
-    """Modelled rate this node's inter-site sender is paced at (0: not a cross-site sender)."""
-    link_rtt_s: float = 0.0
-    """Smoothed wall-clock RTT of the inter-site connections (TCP_INFO), worst connection."""
-    link_retransmit_rate: float = 0.0
-    """Worst retransmitted share of segments since the last report (the gateway's congestion
-    rule reads it)."""
-    link_estimate_bytes_per_s: float = 0.0
-    """Capacity of the inter-site link as this process's senders measure it (modelled bytes/s,
-    ``core.link_estimate``); 0 with ``link_capacity_basis`` "": not estimated (the gateway then
-    takes ``link_capacity_bytes_per_s``)."""
-    link_capacity_basis: Literal["", "configured", "measured"] = ""
-    """"configured": no busy interval yet, the estimate is the deployment file's rate;
-    "measured": from acknowledged bytes while the senders had a queue."""
-    link_goodput_bytes_per_s: float = 0.0
-    """Bytes acknowledged per second over the last reporting interval (modelled)."""
-    link_queue_bytes: int = 0
-    """Bytes the process's cross-site senders accepted and have not sent yet (modelled)."""
-    link_backlog_bytes: int = 0
-    """Bytes the process's cross-site senders accepted and the receivers have not acknowledged
-    (modelled; the links' own counters)."""
     fault: str = ""
     """Non-empty when the node cannot serve (its engine thread died, say): the gateway takes it
     out of rotation until a report without a fault."""
@@ -237,6 +218,9 @@ class PrefixAckMsg(_Msg):
 class Heartbeat(_Msg):
     process: str
     reports: list[NodeReport]
+    links: list[SenderLinkReport] = Field([], max_length=64)
+    """What the process's senders know of each destination link its KV crosses (modelled
+    units: real bytes, modelled seconds): one reading per link, not per node."""
     prefix: PrefixReportMsg | None = None
     """The process's prefix-store changes since the last acknowledged report (None: none)."""
 

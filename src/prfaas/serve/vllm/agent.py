@@ -1,9 +1,9 @@
 """``AgentClient``: the sidecar's side of the connector's agent socket (a unix stream socket the
 connector's worker side serves inside the vLLM Worker process; one JSON object per line each way).
 ``wait_sent`` tells whether a prefill's KV reached its decode node verified, ``abort`` drops a
-transfer, ``stats`` gives the transfer counters and link figures for the node reports (the
-connector's own capacity estimate of its cross-site links among them), ``set_pace`` re-paces the
-cross-site sends (``POST /link/rate``).
+transfer, ``stats`` gives the transfer counters for the node reports and the connector's reading
+of each destination link (``core.SenderLinkReport``: pace, capacity estimate, backlog, RTT) for
+the heartbeat, ``set_pace`` re-paces the cross-site sends (``POST /link/rate``).
 
 One connection per call: ``wait_sent`` may wait as long as a transfer takes while heartbeats ask
 for ``stats``, and a unix connect costs microseconds. Must not import vllm.
@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from prfaas.core.link_estimate import CapacityBasis
+from prfaas.core.link_report import SenderLinkReport
 
 SendState = Literal["verified", "failed", "unknown", "timeout"]
 CALL_MARGIN_S = 5.0
@@ -38,31 +38,44 @@ class SendResult:
 
 @dataclass(frozen=True, slots=True)
 class AgentStats:
-    egress_bytes: int = 0
-    egress_backlog_bytes: int = 0
-    link_rtt_s: float = 0.0
-    link_retransmit_rate: float = 0.0
+    links: tuple[SenderLinkReport, ...] = ()
+    """The connector's reading of each destination link (real bytes, wall seconds)."""
+    cross_site_bytes: int = 0
+    """Bytes the cross-site senders accepted so far, piece by piece."""
+    cross_site_unsent_bytes: int = 0
+    """Bytes of open cross-site sends not yet accepted by the senders."""
     handshake_failures: int = 0
     staged_bytes: int = 0
     sessions_sent: int = 0
     sessions_received: int = 0
     loads_ok: int = 0
     loads_failed: int = 0
-    pace_gbps: float | None = None
-    """The cross-site sends' pace now (None: unpaced)."""
-    link_capacity_basis: CapacityBasis | Literal[""] = ""
-    """"" : the connector does not estimate (no link rate in its settings, or an agent from
-    before it did)."""
-    link_estimate_bytes_per_s: float = 0.0
-    """The cross-site links' capacity as the connector measures it (real bytes, wall seconds)."""
-    link_goodput_bytes_per_s: float = 0.0
-    link_queue_bytes: int = 0
-    link_backlog_bytes: int = 0
-    """The cross-site senders' bytes accepted and not acknowledged."""
-    cross_site_bytes: int = 0
-    """Bytes the cross-site senders accepted so far, piece by piece."""
-    cross_site_unsent_bytes: int = 0
-    """Bytes of open cross-site sends not yet accepted by the senders."""
+
+    def link(self, name: str) -> SenderLinkReport | None:
+        """The reading of destination link ``name`` (None: the connector has none)."""
+        return next((r for r in self.links if r.link == name), None)
+
+    @classmethod
+    def from_json(cls, a: dict[str, Any]) -> AgentStats:
+        """The agent's ``stats`` answer; a ``ValueError`` names what is wrong."""
+        links = a.get("links", [])
+        if not isinstance(links, list):
+            raise ValueError(f"links must be a list, got {links!r:.100}")
+        counts = {f: _count(a, f) for f in _COUNTS}
+        return cls(tuple(SenderLinkReport.from_json(r) for r in links), **counts)
+
+
+_COUNTS = (
+    "cross_site_bytes", "cross_site_unsent_bytes", "handshake_failures", "staged_bytes",
+    "sessions_sent", "sessions_received", "loads_ok", "loads_failed",
+)  # fmt: skip
+
+
+def _count(a: dict[str, Any], key: str) -> int:
+    value = a.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{key} must be a whole number >= 0, got {value!r}")
+    return value
 
 
 class AgentClient:
@@ -110,27 +123,8 @@ class AgentClient:
     async def stats(self) -> AgentStats:
         a = await self.call({"op": "stats"}, SHORT_CALL_S)
         try:
-            return AgentStats(
-                egress_bytes=int(a.get("egress_bytes", 0)),
-                egress_backlog_bytes=int(a.get("egress_backlog_bytes", 0)),
-                link_rtt_s=float(a.get("link_rtt_s", 0.0)),
-                link_retransmit_rate=float(a.get("link_retransmit_rate", 0.0)),
-                handshake_failures=int(a.get("handshake_failures", 0)),
-                staged_bytes=int(a.get("staged_bytes", 0)),
-                sessions_sent=int(a.get("sessions_sent", 0)),
-                sessions_received=int(a.get("sessions_received", 0)),
-                loads_ok=int(a.get("loads_ok", 0)),
-                loads_failed=int(a.get("loads_failed", 0)),
-                pace_gbps=None if a.get("pace_gbps") is None else float(a["pace_gbps"]),
-                link_capacity_basis=_basis(a.get("link_capacity_basis", "")),
-                link_estimate_bytes_per_s=float(a.get("link_estimate_bytes_per_s", 0.0)),
-                link_goodput_bytes_per_s=float(a.get("link_goodput_bytes_per_s", 0.0)),
-                link_queue_bytes=int(a.get("link_queue_bytes", 0)),
-                link_backlog_bytes=int(a.get("link_backlog_bytes", 0)),
-                cross_site_bytes=int(a.get("cross_site_bytes", 0)),
-                cross_site_unsent_bytes=int(a.get("cross_site_unsent_bytes", 0)),
-            )
-        except (TypeError, ValueError) as exc:
+            return AgentStats.from_json(a)
+        except ValueError as exc:
             raise AgentError(f"agent: bad stats {a!r:.200}: {exc}") from None
 
     async def set_pace(self, gbps: float) -> float:
@@ -140,9 +134,3 @@ class AgentClient:
         if "error" in a or not isinstance(a.get("pace_gbps"), int | float):
             raise AgentError(f"agent: set_pace answered {a!r:.200}")
         return float(a["pace_gbps"])
-
-
-def _basis(value: object) -> CapacityBasis | Literal[""]:
-    if value == "configured" or value == "measured" or value == "":
-        return value
-    raise ValueError(f"link_capacity_basis {value!r}")

@@ -30,7 +30,10 @@ from typing import Any
 import httpx
 
 from prfaas.config import DeploymentConfig, SiteConfig
-from prfaas.core import NodeRole
+from prfaas.core import NodeRole, SiteId
+from prfaas.core.ids import link_id_for
+from prfaas.core.link_report import SenderLinkReport
+from prfaas.integrations.vllm.settings import ConnectorSettings
 from prfaas.serve.auth import SignedAuth
 from prfaas.serve.node.control_plane import (
     BackgroundTasks,
@@ -61,7 +64,6 @@ from prfaas.serve.vllm.metrics import (
 )
 from prfaas.serve.vllm.node import VllmEndpoint, VllmNode
 from prfaas.serve.vllm.server import (
-    ConnectorSettings,
     KvEventsEndpoints,
     ServerSpec,
     VllmServer,
@@ -108,6 +110,8 @@ class VllmHost:
         link = deployment.link_to_home(self._site.name)
         self._link_gbps: float | None = None if link is None else link.gbps
         """The site's link rate: the file's, then what ``/link/rate`` set."""
+        self._route = str(link_id_for(SiteId(self._site.name), SiteId(deployment.home_site.name)))
+        """The destination link the connector's cross-site sends cross (its reading's name)."""
         # vLLM's KV is real-sized (the gateway counts it so): the link's own rate, not scaled.
         # None with netns: tbf shapes the real link. The agent's set_pace changes it.
         self._pace_gbps: float | None = None
@@ -245,12 +249,10 @@ class VllmHost:
         )
         out = []
         prefill_nodes = [n for n in self._nodes.values() if n.role is NodeRole.PREFILL]
-        link = self._link_fields(stats)
         for node in self._nodes.values():
             # One server for all nodes: each reports its load. Its cross-site bytes and what
             # its open sends have not handed over are the server's, so only one prefill node
-            # carries them (the gateway sums a site's); every node carries the link's fields
-            # (the gateway reads one per process).
+            # carries them (the gateway sums a site's).
             carries = bool(prefill_nodes) and node is prefill_nodes[0]
             out.append(
                 NodeReport(
@@ -265,34 +267,21 @@ class VllmHost:
                     draining=node.draining,
                     egress_bytes=self._egress_base + stats.cross_site_bytes if carries else 0,
                     egress_backlog_bytes=stats.cross_site_unsent_bytes if carries else 0,
-                    link_rtt_s=stats.link_rtt_s,
-                    link_retransmit_rate=stats.link_retransmit_rate,
                     fault=fault,
                     handshake_failures=stats.handshake_failures,
-                    **link,
                 )
             )
         return out
 
-    def _link_fields(self, stats: AgentStats) -> dict[str, Any]:
-        """The link's report fields from the connector's own estimate of its cross-site sends
-        (``transfer.link_readings``, as WorkerHost's). Real bytes and wall seconds: vLLM's KV is
-        real-sized and runs in real time, and a vLLM deployment's engine converts neither
-        (``EngineConfig.real_bytes_per_payload_byte`` and ``wall_s_per_modelled_s`` are 1)."""
-        fields: dict[str, Any] = {
-            "link_capacity_bytes_per_s": 0.0
-            if self._link_gbps is None
-            else self._link_gbps * 1e9 / 8
-        }
-        if stats.link_capacity_basis:  # the connector estimates (it knows the link's rate)
-            fields.update(
-                link_estimate_bytes_per_s=stats.link_estimate_bytes_per_s,
-                link_capacity_basis=stats.link_capacity_basis,
-                link_goodput_bytes_per_s=stats.link_goodput_bytes_per_s,
-                link_queue_bytes=stats.link_queue_bytes,
-                link_backlog_bytes=stats.link_backlog_bytes,
-            )
-        return fields
+    def link_reports(self) -> list[SenderLinkReport]:
+        """The connector's reading of each destination link (``transfer.link_pool``, as
+        WorkerHost's), converted by the site's engine: none for vLLM (real bytes, real seconds:
+        ``EngineConfig.real_bytes_per_payload_byte`` and ``wall_s_per_modelled_s`` are 1)."""
+        eng = self.engine
+        return [
+            r.scaled(eng.real_bytes_per_payload_byte, eng.wall_s_per_modelled_s)
+            for r in self._snapshot.stats.links
+        ]
 
     async def _poll(self) -> None:
         """Refresh the server's figures once per heartbeat (while it serves)."""
@@ -327,9 +316,11 @@ class VllmHost:
             self._egress_base += last.cross_site_bytes
         want = self._pace_gbps
         settled = not self._pacing and changes == self._pace_changes  # (stats not older)
-        if settled and want is not None and stats.pace_gbps not in (None, want):
+        reading = stats.link(self._route)
+        paced = None if reading is None else reading.pace_bytes_per_s
+        if settled and want is not None and paced is not None and paced != want * 1e9 / 8:
             log.info(
-                "vLLM connector paced at %g Gbps, not %g: pacing it again", stats.pace_gbps, want
+                "vLLM connector paced at %g Gbps, not %g: pacing it again", paced * 8 / 1e9, want
             )
             await self.agent.set_pace(want)
         return stats
@@ -345,6 +336,7 @@ class VllmHost:
             pace_gbps=self._pace_gbps,
             num_connections=NUM_CONNECTIONS,
             link_gbps=self._link_gbps,
+            link=self._route,
         )
         return server_spec(
             self.engine,
@@ -400,7 +392,12 @@ class VllmHost:
         store)."""
         events = self.kv_events
         prefix = None if events is None else PrefixReportMsg.of(events.translator.report())
-        return Heartbeat(process=self._process_name, reports=self.reports(), prefix=prefix)
+        return Heartbeat(
+            process=self._process_name,
+            reports=self.reports(),
+            links=self.link_reports(),
+            prefix=prefix,
+        )
 
     def _on_heartbeat_answer(self, r: httpx.Response) -> None:
         """The gateway's acknowledgement of our prefix report (``WorkerHost`` does the same)."""

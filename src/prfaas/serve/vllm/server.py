@@ -34,12 +34,13 @@ import httpx
 
 from prfaas.config import EngineConfig
 from prfaas.deployment_sections import cpu_set, default_vllm_python
+from prfaas.integrations.vllm.settings import DEFAULT_PSK_ENV, ConnectorSettings
 from prfaas.serve.process_group import ChildGroup, terminate
 from prfaas.serve.supervisor import RestartPolicy, describe_exit
 
 log = logging.getLogger("prfaas.vllm")
 
-PSK_ENV = "PRFAAS_KV_PSK"
+PSK_ENV = DEFAULT_PSK_ENV
 OWNER_ENV = "PRFAAS_VLLM_OWNER"
 CONNECTOR_MODULE = "prfaas.integrations.vllm.connector"
 STOP_GRACE_S = 10.0
@@ -54,24 +55,6 @@ QUIET_LINES = (b'"GET /health HTTP', b'"GET /metrics HTTP')
 BACKOFF = RestartPolicy(initial_backoff_s=1.0, max_backoff_s=30.0, stable_after_s=60.0)
 """Restart waits: 1 s doubling to 30 s; a server up 60 s resets it. A sidecar never gives up
 on its server (the node stays out of rotation, saying why, meanwhile)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectorSettings:
-    """``kv_connector_extra_config`` of the server's ``PrfaasConnector`` (issue 12 contract)."""
-
-    listen_host: str
-    """Where the decode side's KV receiver binds (the node's registered host)."""
-    listen_port: int
-    """The node's registered transfer port."""
-    agent_socket: str
-    """Unix socket the connector's worker side serves for this sidecar."""
-    kv_budget_mib: int
-    pace_gbps: float | None
-    """Pacing of cross-site sends (an emulated link); None: unpaced."""
-    num_connections: int = 4
-    link_gbps: float | None = None
-    """The site's link rate in the file: where the connector's capacity estimate starts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,21 +97,13 @@ class ServerSpec:
 
 
 def kv_transfer_config(c: ConnectorSettings) -> dict[str, Any]:
+    """vLLM's ``--kv-transfer-config`` for a server whose connector runs with ``c``."""
     return {
         "kv_connector": "PrfaasConnector",
         "kv_connector_module_path": CONNECTOR_MODULE,
         "kv_role": "kv_both",
         "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {
-            "listen_host": c.listen_host,
-            "listen_port": c.listen_port,
-            "psk_env": PSK_ENV,
-            "num_connections": c.num_connections,
-            "kv_budget_mib": c.kv_budget_mib,
-            "pace_gbps": c.pace_gbps,
-            "agent_socket": c.agent_socket,
-            "link_gbps": c.link_gbps,
-        },
+        "kv_connector_extra_config": c.to_extra_config(),
     }
 
 

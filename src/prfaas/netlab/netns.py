@@ -3,7 +3,7 @@
 Layout without delay:   [A: a0 10.77.x.1] ==veth== [B: b0 10.77.x.2]
 Layout with delay:      [A: a0] ==veth== [M: ma | delay line | mb] ==veth== [B: b0]
 ``tc qdisc tbf`` on ``a0`` (A -> B, the KV direction) holds the rate; the delay line
-(``prfaas.testbed.delayline``, a process in the middle namespace M) adds ``one_way_delay_s`` each
+(``prfaas.netlab.delayline``, a process in the middle namespace M) adds ``one_way_delay_s`` each
 way. Names are unique per run (``pfx<owner pid>x<random>``); ``sweep_stale()`` (called on every
 setup) removes namespaces and helper processes of runs whose owner process is gone, so a killed run
 leaves nothing behind for long. Teardown always runs (context manager), also when a test fails.
@@ -205,7 +205,7 @@ class TwoSiteTestbed:
 
     def _start_delay_line(self) -> None:
         argv = [
-            "ip", "netns", "exec", self.ns_m, sys.executable, "-m", "prfaas.testbed.delayline",
+            "ip", "netns", "exec", self.ns_m, sys.executable, "-m", "prfaas.netlab.delayline",
             "ma", "mb", str(self.one_way_delay_s), "--run-id", self.run_id,
         ]  # fmt: skip
         env = dict(os.environ)

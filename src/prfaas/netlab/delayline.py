@@ -7,7 +7,7 @@ It forwards TCP end to end (it is not a proxy), so the bandwidth-delay effect on
 ``PACKET_VNET_HDR`` keeps GSO/GRO super-frames whole (up to 64 KiB per frame), so a few thousand
 frames per second carry gigabits. Standard library only; the process exits when its parent dies.
 
-Run: ``python -m prfaas.testbed.delayline IFACE_A IFACE_B DELAY_S [--max-queue-bytes N]``
+Run: ``python -m prfaas.netlab.delayline IFACE_A IFACE_B DELAY_S [--max-queue-bytes N]``
 """
 
 from __future__ import annotations
