@@ -1,7 +1,7 @@
 """``SenderLinkEstimator``: one process's cross-site sender ``Link``s turned into
-``core.link_estimate.LinkReading``s and fed to one ``CapacityEstimator``; the one place both
-senders of KV across sites do it (``serve.node.sender_links`` for torch/timed nodes, the vLLM
-connector's ``integrations.vllm.cross_site_links`` inside the vLLM Worker process).
+``core.link_estimate.LinkReading``s and fed to one ``CapacityEstimator``; ``link_pool.LinkPool``
+keeps one per destination link, for every sender of KV across sites (WorkerHost's torch/timed
+nodes, the vLLM connector's transfer thread inside the vLLM Worker process).
 
 Per link: bytes acknowledged are TCP's (``TCP_INFO`` bytes_acked, summed over the connections:
 per segment, where the receiver's own ACK frames come per 4 MiB), the link's counters in memory;

@@ -62,7 +62,7 @@ def _send(tx: TransferThread, rx: TransferThread, tid: str, num_tokens: int) -> 
     assert rx.listen_address is not None
     host, port = rx.listen_address
     manifest = Manifest.from_layout(tid, SPEC.layout(num_tokens, 0))
-    rx.claim(tid, 60.0)
+    rx.staged.claim(tid, 60.0)
     tx.open_send(tid, host, port, True, manifest)
     for i, layer in enumerate(manifest.layers):
         data = memoryview(bytearray(layer.num_bytes))
@@ -81,10 +81,10 @@ async def _stats_until_sent(agent: AgentClient, tid: str, rx: TransferThread) ->
         await asyncio.sleep(0.1)
     assert (await sent).state == "verified"
     deadline = time.monotonic() + 30
-    while (outcome := rx.poll(tid)) is None and time.monotonic() < deadline:
+    while (outcome := rx.staged.poll(tid)) is None and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert outcome is not None and outcome.delivery is not None, outcome
-    rx.release(tid, ok=True)
+    rx.staged.release(tid, ok=True)
     seen.append(await agent.stats())
     return seen
 
@@ -139,7 +139,7 @@ async def test_one_receiver_reached_across_sites_and_within_gets_two_connections
     assert rx.listen_address is not None
     host, port = rx.listen_address
     manifest = Manifest.from_layout("in", SPEC.layout(64, 0))
-    rx.claim("in", 60.0)
+    rx.staged.claim("in", 60.0)
     tx.open_send("in", host, port, False, manifest)
     for i, layer in enumerate(manifest.layers):
         data = memoryview(bytearray(layer.num_bytes))
@@ -154,7 +154,7 @@ async def test_one_receiver_reached_across_sites_and_within_gets_two_connections
     assert cross[0].rate_bytes_per_s == pytest.approx(PACE_GBPS * 1e9 / 8)
     assert local[0].rate_bytes_per_s is None  # within the site: never paced
     for tid in ("in", "cross"):
-        rx.release(tid, ok=True)
+        rx.staged.release(tid, ok=True)
 
 
 async def test_bad_agent_requests_are_answered_and_the_connection_goes_on(

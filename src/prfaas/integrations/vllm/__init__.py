@@ -8,8 +8,8 @@ vLLM loads it with ``"kv_connector": "PrfaasConnector", "kv_connector_module_pat
   tokens sit in vLLM's paged KV tensors (torch, no vllm);
 - ``transfer_thread``: one background thread per vLLM worker process running an asyncio loop with
   the prfaas.transfer links, the receiver and the agent socket (no torch, no vllm);
-- ``cross_site_links``: that thread's cross-site pacer, capacity estimate and link stats (no
-  torch, no vllm);
+- ``staged_sessions``: the sessions that thread's receiver takes in, staged for the worker (no
+  torch, no vllm); its sender links are a ``transfer.link_pool.LinkPool``;
 - ``connector``: the class vLLM loads (imports vllm and torch).
 
 Importing this package imports neither vllm nor torch; ``PrfaasConnector`` is loaded on first use.

@@ -37,7 +37,7 @@ This module is only the class vLLM loads: it delegates each hook to ``scheduler_
 role makes; the step metadata between them is ``metadata``. Imports vllm at module level (vLLM
 imports this module in its own venv); the parts without vllm live in ``settings``, ``layout``,
 ``staging``, ``faults``, ``trace`` and ``transfer_thread`` (with ``agent_server`` and
-``cross_site_links``).
+``staged_sessions``).
 """
 
 from __future__ import annotations

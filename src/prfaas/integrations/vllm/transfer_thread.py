@@ -6,15 +6,16 @@ One daemon thread runs an asyncio loop holding
   not), reused by every session to it and replaced when it broke, connected within
   ``CONNECT_TIMEOUT_S``; the cross-site ones share one pacer, are monitored and feed one capacity
   estimate of the destination link (``settings.link``), sampled on the pool's own timer;
-- the ``Receiver`` (when the settings give a listen port), whose ``allocate`` stages each incoming
-  session in fresh buffers within ``kv_budget_mib``, and whose sessions are awaited to their
-  digest check here, so the worker only ever sees verified bytes;
+- the ``Receiver`` (when the settings give a listen port), whose sessions are staged for the
+  worker within ``kv_budget_mib`` and awaited to their digest check
+  (``staged_sessions.StagedSessions``, ``staged``: the worker ``claim``s, ``poll``s and
+  ``release``s them there), so the worker only ever sees verified bytes;
 - the agent socket (``agent_server.AgentServer``: a unix stream socket, mode 0600) the sidecar
   asks ``wait_sent`` / ``abort`` / ``stats`` on (one JSON object per line each way).
 The worker's thread calls the methods below; they hand work to the loop with
-``call_soon_threadsafe`` and read shared state under one lock, so a forward pass never waits on
-the network. Imports neither torch nor vllm: the tensors it is handed arrive as memoryviews plus
-an opaque object to keep alive until the session ends.
+``call_soon_threadsafe`` (``staged`` shares its state under its own lock), so a forward pass
+never waits on the network. Imports neither torch nor vllm: the tensors it is handed arrive as
+memoryviews plus an opaque object to keep alive until the session ends.
 """
 
 from __future__ import annotations
@@ -24,22 +25,19 @@ import contextlib
 import logging
 import os
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 from prfaas.integrations.vllm.agent_server import AgentOps, AgentServer
-from prfaas.integrations.vllm.settings import UNCLAIMED_STAGED_TTL_S, ConnectorSettings
+from prfaas.integrations.vllm.settings import ConnectorSettings
+from prfaas.integrations.vllm.staged_sessions import StagedSessions
 from prfaas.integrations.vllm.trace import TRACE
 from prfaas.transfer import (
     ConnectError,
-    Delivery,
-    InboundSession,
     Manifest,
     Receiver,
-    Refused,
     SessionAborted,
     TransferConfig,
 )
@@ -49,15 +47,6 @@ log = logging.getLogger("prfaas.integrations.vllm")
 
 _KEEP_DONE = 4096  # finished send jobs remembered for wait_sent after the fact
 _SEND_IDLE_TIMEOUT_S = 60.0  # a session whose producer went silent this long is aborted
-
-
-@dataclass(frozen=True, slots=True)
-class LoadOutcome:
-    """What became of a claimed session: verified bytes (``delivery``) or why not."""
-
-    transfer_id: str
-    delivery: Delivery | None
-    error: str = ""
 
 
 @dataclass(slots=True)
@@ -81,24 +70,6 @@ class _SendJob:
     task: asyncio.Task[None] | None = None
 
 
-@dataclass(slots=True)
-class _Staged:
-    transfer_id: str
-    manifest: Manifest
-    num_bytes: int
-    arrived_at_s: float
-    session: InboundSession | None = None
-    delivery: Delivery | None = None
-    error: str = ""
-    claimed: bool = False
-    freed: bool = False
-
-
-@dataclass(slots=True)
-class _Claim:
-    deadline_s: float
-
-
 class TransferThread:
     """The transfer engine of one worker process, in its own thread and event loop."""
 
@@ -110,8 +81,7 @@ class TransferThread:
         self._thread = threading.Thread(target=self._run, name="prfaas-kv", daemon=True)
         self._ready = threading.Event()
         self._start_error: BaseException | None = None
-        self._lock = threading.Lock()
-        # loop-owned (read under the lock by the worker thread where noted)
+        # loop-owned
         self._pool = LinkPool(
             self._name, {DEPLOYMENT_KEY: psk}, num_connections=settings.num_connections
         )
@@ -121,17 +91,13 @@ class TransferThread:
         self._cross_site_bytes = 0
         """Bytes cross-site sends' links accepted so far, piece by piece."""
         self._sends: OrderedDict[str, _SendJob] = OrderedDict()
-        self._staged: dict[str, _Staged] = {}  # under the lock
-        self._claims: dict[str, _Claim] = {}  # under the lock
-        self._staged_bytes = 0  # under the lock
+        self.staged = StagedSessions(settings.kv_budget_bytes, self._spawn, self._call)
+        """What the receiver took in, staged for the worker (``claim``/``poll``/``release``)."""
         self._receiver: Receiver | None = None
         self._agent: AgentServer | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self.listen_address: tuple[str, int] | None = None
         self.sessions_sent = 0
-        self.sessions_received = 0
-        self.loads_ok = 0  # counted by the connector, under the lock
-        self.loads_failed = 0
 
     # -- lifecycle (worker thread) -------------------------------------------------------------
     def start(self) -> None:
@@ -170,15 +136,15 @@ class TransferThread:
         if s.listen_port is not None:
             assert s.listen_host is not None
             cfg = TransferConfig(psk=self._psk, name=self._name)
-            self._receiver = Receiver(cfg, self._allocate)
+            self._receiver = Receiver(cfg, self.staged.allocate)
             await self._receiver.__aenter__()
             self.listen_address = await self._receiver.listen(s.listen_host, s.listen_port)
-            self._spawn(self._accept_sessions(self._receiver))
+            self._spawn(self.staged.accept(self._receiver))
         if s.agent_socket is not None:
             ops = AgentOps(self._wait_sent, self._abort_by_sidecar, self.stats, self.set_pace)
             self._agent = AgentServer(s.agent_socket, ops)
             await self._agent.start()
-        self._spawn(self._reap())
+        self._spawn(self.staged.reap())
         self._spawn(self._pool.run())
 
     async def _shutdown(self) -> None:
@@ -228,45 +194,6 @@ class TransferThread:
         failed, so ``wait_sent`` answers "failed" with ``reason`` at once, not "unknown" later."""
         self._call(self._fail_send, transfer_id, reason)
 
-    # -- loading (worker thread) ---------------------------------------------------------------
-    def claim(self, transfer_id: str, timeout_s: float) -> None:
-        """The worker wants session ``transfer_id``, verified within ``timeout_s``."""
-        with self._lock:
-            self._claims[transfer_id] = _Claim(time.monotonic() + timeout_s)
-            staged = self._staged.get(transfer_id)
-            if staged is not None:
-                staged.claimed = True
-
-    def poll(self, transfer_id: str) -> LoadOutcome | None:
-        """The claimed session's outcome once known, else None (still arriving)."""
-        with self._lock:
-            claim = self._claims.get(transfer_id)
-            staged = self._staged.get(transfer_id)
-            if staged is not None and staged.delivery is not None:
-                return LoadOutcome(transfer_id, staged.delivery)
-            if staged is not None and staged.error:
-                return LoadOutcome(transfer_id, None, staged.error)
-            if claim is not None and time.monotonic() > claim.deadline_s:
-                got = "arriving" if staged is not None else "none arrived"
-                return LoadOutcome(transfer_id, None, f"no verified session in time ({got})")
-            return None
-
-    def release(self, transfer_id: str, *, ok: bool | None = None) -> None:
-        """The worker is done with ``transfer_id`` (installed, failed or abandoned): free it.
-        ``ok`` counts the load (True: installed, False: recomputed, None: not counted)."""
-        with self._lock:
-            self._claims.pop(transfer_id, None)
-            if ok is True:
-                self.loads_ok += 1
-            elif ok is False:
-                self.loads_failed += 1
-        self._call(self._drop_staged, transfer_id, "released by the worker")
-
-    def count_failed_load(self) -> None:
-        """A load that failed before it claimed a session (counted in ``loads_failed``)."""
-        with self._lock:
-            self.loads_failed += 1
-
     # -- loop side: sending --------------------------------------------------------------------
     def _open_send(
         self, tid: str, host: str, port: int, cross_site: bool, manifest: Manifest
@@ -299,12 +226,7 @@ class TransferThread:
             job.error = reason
             job.task.cancel()
             found = True
-        with self._lock:
-            staged = self._staged.get(tid)
-        if staged is not None:
-            self._drop_staged(tid, reason)
-            found = True
-        return found
+        return self.staged.drop(tid, reason) or found
 
     def _fail_send(self, tid: str, reason: str) -> None:
         job = self._sends.get(tid)
@@ -377,82 +299,6 @@ class TransferThread:
         TRACE("set_pace", gbps=gbps)
         return {"pace_gbps": gbps}
 
-    # -- loop side: receiving ------------------------------------------------------------------
-    def _allocate(self, manifest: Manifest) -> list[bytearray]:
-        tid, need = manifest.request_id, manifest.num_bytes
-        self._drop_staged(tid, "replaced by a newer session with the same transfer id")
-        with self._lock:
-            if self._staged_bytes + need > self.settings.kv_budget_bytes:
-                raise Refused(
-                    f"over KV budget: {need} bytes asked, {self._staged_bytes} of "
-                    f"{self.settings.kv_budget_bytes} staged"
-                )
-            self._staged_bytes += need
-            staged = _Staged(tid, manifest, need, time.monotonic())
-            staged.claimed = tid in self._claims
-            self._staged[tid] = staged
-        return [bytearray(layer.num_bytes) for layer in manifest.layers]
-
-    async def _accept_sessions(self, rx: Receiver) -> None:
-        async for session in rx:
-            with self._lock:
-                staged = self._staged.get(session.request_id)
-                if staged is not None and staged.session is None:
-                    staged.session = session
-            if staged is None:
-                session.abort("dropped before it was accepted")
-                continue
-            self._spawn(self._await_verified(staged, session))
-
-    async def _await_verified(self, staged: _Staged, session: InboundSession) -> None:
-        try:
-            delivery = await session.complete(timeout_s=24 * 3600.0)  # the stall watchdog bounds it
-        except (SessionAborted, TimeoutError) as exc:
-            self._fail_staged(staged, f"{type(exc).__name__}: {exc}")
-            return
-        except Exception as exc:  # a bug: this load fails (the decode side recomputes)
-            log.exception("KV session %s failed", staged.transfer_id)
-            self._fail_staged(staged, f"{type(exc).__name__}: {exc}")
-            return
-        with self._lock:
-            if not staged.freed:
-                staged.delivery = delivery
-                self.sessions_received += 1
-
-    def _fail_staged(self, staged: _Staged, error: str) -> None:
-        log.warning("KV session %s failed: %s", staged.transfer_id, error)
-        with self._lock:
-            staged.error = staged.error or error
-            if not staged.freed:  # the receiver no longer writes an aborted session's buffers
-                staged.freed = True
-                self._staged_bytes -= staged.num_bytes
-
-    def _drop_staged(self, tid: str, reason: str) -> None:
-        with self._lock:
-            staged = self._staged.pop(tid, None)
-            if staged is None:
-                return
-            was_freed, staged.freed = staged.freed, True
-            if not was_freed:
-                self._staged_bytes -= staged.num_bytes
-        s = staged.session
-        if s is not None and s.error is None and staged.delivery is None:
-            s.abort(reason)
-
-    async def _reap(self) -> None:
-        """Free staged sessions nobody claimed within the TTL, and forget stale failures."""
-        while True:
-            await asyncio.sleep(1.0)
-            now = time.monotonic()
-            with self._lock:
-                stale = [
-                    s.transfer_id
-                    for s in self._staged.values()
-                    if not s.claimed and now - s.arrived_at_s > UNCLAIMED_STAGED_TTL_S
-                ]
-            for tid in stale:
-                self._drop_staged(tid, f"not claimed within {UNCLAIMED_STAGED_TTL_S:g} s")
-
     # -- agent ops (loop; agent_server.AgentServer serves the socket) -------------------------
     def _abort_by_sidecar(self, tid: str) -> bool:
         return self._abort(tid, "aborted by the sidecar")
@@ -485,17 +331,13 @@ class TransferThread:
             if j.cross_site and j.manifest is not None and not j.done.is_set()
         )
         rx = self._receiver
-        with self._lock:
-            return {
-                "links": [r.to_json() for r in self._pool.reports()],
-                "cross_site_bytes": self._cross_site_bytes,
-                "cross_site_unsent_bytes": max(0, unsent),
-                "egress_bytes": self._pool.acked_bytes(),
-                "egress_backlog_bytes": self._pool.backlog_bytes(),
-                "handshake_failures": 0 if rx is None else rx.num_handshake_failures,
-                "staged_bytes": self._staged_bytes,
-                "sessions_sent": self.sessions_sent,
-                "sessions_received": self.sessions_received,
-                "loads_ok": self.loads_ok,
-                "loads_failed": self.loads_failed,
-            }
+        return {
+            "links": [r.to_json() for r in self._pool.reports()],
+            "cross_site_bytes": self._cross_site_bytes,
+            "cross_site_unsent_bytes": max(0, unsent),
+            "egress_bytes": self._pool.acked_bytes(),
+            "egress_backlog_bytes": self._pool.backlog_bytes(),
+            "handshake_failures": 0 if rx is None else rx.num_handshake_failures,
+            "sessions_sent": self.sessions_sent,
+            **self.staged.counts(),
+        }

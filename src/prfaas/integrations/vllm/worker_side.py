@@ -214,7 +214,7 @@ class WorkerSide:
                 if tid in awaited:  # one session installs into one request
                     raise ValueError(f"transfer {tid} is already awaited by {awaited[tid]}")
                 inject("claim", tid)
-                self._thread.claim(tid, job.params.timeout_s)
+                self._thread.staged.claim(tid, job.params.timeout_s)
                 awaited[tid] = job.req_id
             except Exception as exc:
                 self._load_errors[job.req_id] = f"{type(exc).__name__}: {exc}"
@@ -344,7 +344,7 @@ class WorkerSide:
                 log.exception("request %s: KV load failed in the connector", rid)
                 result = False, f"connector fault: {type(exc).__name__}: {exc}"
                 with contextlib.suppress(Exception):
-                    self._thread.release(job.params.transfer_id, ok=False)
+                    self._thread.staged.release(job.params.transfer_id, ok=False)
             if result is None:
                 continue
             ok, why = result
@@ -364,13 +364,13 @@ class WorkerSide:
         rid, tid = job.req_id, job.params.transfer_id
         error = self._load_errors.pop(rid, None)
         if error is not None:  # never claimed: nothing to release (the id may be another's)
-            self._thread.count_failed_load()
+            self._thread.staged.count_failed_load()
             return False, error
         if rid in self._cancelled:
             self._cancelled.discard(rid)
-            self._thread.release(tid)
+            self._thread.staged.release(tid)
             return False, "request aborted"
-        outcome = self._thread.poll(tid)
+        outcome = self._thread.staged.poll(tid)
         if outcome is None:
             return None
         ok, why = False, outcome.error
@@ -381,7 +381,7 @@ class WorkerSide:
                 ok = True
             except L.LayoutError as exc:
                 why = f"does not fit the request: {exc}"
-        self._thread.release(tid, ok=ok)
+        self._thread.staged.release(tid, ok=ok)
         return ok, why
 
     def _install(self, job: LoadJob, manifest: Manifest, buffers: Any) -> None:
