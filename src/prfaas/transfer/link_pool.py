@@ -145,10 +145,6 @@ class LinkPool:
             if dest.route == route:
                 link.share_pacer(self._pacer_of(r))
 
-    def pace_bytes_per_s(self, route: str) -> float | None:
-        r = self._routes.get(route)
-        return None if r is None else r.pace_bytes_per_s
-
     def _pacer_of(self, r: _Route) -> Pacer | None:
         """The route's shared pacer now (made on first use, in the loop)."""
         if r.pacer is not None:
