@@ -1,12 +1,15 @@
 """The control plane under an active attacker, against real ``prfaas serve`` processes: a flood of
 calls with well-formed forged signature headers and big, slow bodies leaves the gateway's memory
 where it was and every node in rotation; idle connections are held to their own small quota;
-a signed call captured before the gateway restarted is refused after the restart."""
+a signed call captured before the gateway restarted is refused after the restart; the key rotates
+on SIGHUP without a restart."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import select
+import signal
 import socket
 import threading
 import time
@@ -19,7 +22,7 @@ import pytest
 import yaml
 from control_helpers import PSK, Cluster, _wait, cluster, deployment_dict, spawn, stop
 
-from prfaas.serve.auth import signed_headers
+from prfaas.serve.auth import SignedAuth, signed_headers
 from prfaas.serve.keyring import key_id_of
 from prfaas.serve.listeners import MAX_UNVERIFIED
 
@@ -144,11 +147,41 @@ def test_a_call_captured_before_a_restart_is_refused_after_it(tmp_path: Path) ->
 
 
 @contextlib.contextmanager
-def _gateway(config: dict[str, Any], path: Path, log: Path) -> Iterator[None]:
+def _gateway(config: dict[str, Any], path: Path, log: Path) -> Iterator[int]:
+    """A gateway alone, as ``prfaas serve`` runs it; yields its pid."""
     c = Cluster(config, path, logs=[log])
     try:
         c.procs.append(spawn(path, ["--role", "gateway"], log))
         _wait("the gateway", lambda: httpx.get(f"{c.url}/v1/models").status_code == 200, c, 60)
-        yield
+        yield c.procs[0].pid
     finally:
         stop(c.procs)
+
+
+def test_the_key_rotates_on_sighup_without_a_restart(tmp_path: Path) -> None:
+    new = "rotated-key-0123456789abcdef"
+    config = deployment_dict()
+    path = tmp_path / "deployment.yaml"
+    path.write_text(yaml.safe_dump(config))
+    url = f"http://127.0.0.1:{config['gateway']['control_port']}/internal/control"
+
+    def status_with(key: str) -> int:
+        with httpx.Client(auth=SignedAuth(key.encode()), timeout=5, trust_env=False) as c:
+            return c.get(url).status_code
+
+    def eventually(key: str, status: int) -> bool:
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            if status_with(key) == status:
+                return True
+            time.sleep(0.1)
+        return False
+
+    with _gateway(config, path, tmp_path / "gateway.log") as pid:
+        assert status_with(PSK) == 200 and status_with(new) == 401
+        path.write_text(yaml.safe_dump(config | {"psk": new, "accept_psks": [PSK]}))
+        os.kill(pid, signal.SIGHUP)
+        assert eventually(new, 200) and status_with(PSK) == 200  # both, mid-rotation
+        path.write_text(yaml.safe_dump(config | {"psk": new}))
+        os.kill(pid, signal.SIGHUP)
+        assert eventually(PSK, 401) and status_with(new) == 200  # the old key is gone

@@ -9,10 +9,12 @@ import asyncio
 import hashlib
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
@@ -25,6 +27,7 @@ from prfaas.serve.answer_auth import (
 )
 from prfaas.serve.auth import NONCE_HEADER, Refusal, SignedAuth, Verifier, signed_headers
 from prfaas.serve.auth_middleware import SignatureMiddleware
+from prfaas.serve.key_reload import reload_keys, ring_from_file
 from prfaas.serve.keyring import Keyring, KeyringHolder, key_id_of
 from prfaas.serve.listeners import UnverifiedConnections
 
@@ -343,3 +346,16 @@ def test_the_oldest_unverified_connection_is_cut_for_a_new_one() -> None:
     assert conns[0].closed and not conns[1].closed and not conns[3].closed
     assert len(quota) == 3 and quota.num_cut == 1
     assert Refusal("x", "y").header == "x-prfaas-signature"
+
+
+def test_a_reload_reads_the_files_keys_and_a_bad_file_changes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "d.yaml"
+    raw = {"sites": [{"name": "pd", "kind": "pd", "nodes": [{"name": "d0", "role": "decode"}]}]}
+    path.write_text(yaml.safe_dump(raw | {"psk": OLD.decode()}))
+    holder = KeyringHolder(ring_from_file(path))
+    path.write_text(yaml.safe_dump(raw | {"psk": NEW.decode(), "accept_psks": [OLD.decode()]}))
+    assert reload_keys(holder, lambda: ring_from_file(path))
+    assert holder.ring.signing_key == NEW and holder.ring.key(key_id_of(OLD)) == OLD
+    path.write_text("psk: [not, a, key")
+    assert not reload_keys(holder, lambda: ring_from_file(path))
+    assert holder.ring.signing_key == NEW and holder.num_reloads == 1
