@@ -7,6 +7,7 @@ on SIGHUP without a restart."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import select
 import signal
@@ -44,13 +45,16 @@ def _status_kib(pid: int, field: str) -> int:
     raise KeyError(field)
 
 
+BODY_SHA256 = hashlib.sha256(b"x" * BODY_BYTES).hexdigest()
+
+
 def _forged_head(port: int) -> bytes:
-    """Well-formed, fresh, naming the deployment's key id: only the signature is wrong."""
+    """Well-formed, fresh, naming the deployment's key id and the body's digest: only the
+    signature is wrong."""
     host = f"127.0.0.1:{port}"
-    body_digest_of = b"x" * BODY_BYTES
-    key_id = key_id_of(PSK.encode())
     headers = signed_headers(b"attacker-key-0123456789", "POST", host, "/internal/heartbeat",
-                             body_digest_of, time.time(), key_id=key_id)  # fmt: skip
+                             b"", time.time(), key_id=key_id_of(PSK.encode()))  # fmt: skip
+    headers["x-prfaas-content-sha256"] = BODY_SHA256
     lines = ["POST /internal/heartbeat HTTP/1.1", f"host: {host}",
              "content-type: application/json", f"content-length: {BODY_BYTES}"]  # fmt: skip
     lines += [f"{k}: {v}" for k, v in headers.items()]
