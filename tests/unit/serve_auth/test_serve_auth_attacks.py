@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,7 @@ from prfaas.serve.answer_auth import (
 )
 from prfaas.serve.auth import NONCE_HEADER, Refusal, SignedAuth, Verifier, signed_headers
 from prfaas.serve.auth_middleware import SignatureMiddleware
-from prfaas.serve.key_reload import reload_keys, ring_from_file
+from prfaas.serve.key_reload import install_sighup_reload, reload_keys, ring_from_file
 from prfaas.serve.keyring import Keyring, KeyringHolder, key_id_of
 from prfaas.serve.listeners import UnverifiedConnections
 
@@ -359,3 +361,21 @@ def test_a_reload_reads_the_files_keys_and_a_bad_file_changes_nothing(tmp_path: 
     path.write_text("psk: [not, a, key")
     assert not reload_keys(holder, lambda: ring_from_file(path))
     assert holder.ring.signing_key == NEW and holder.num_reloads == 1
+
+
+async def test_sighup_reloads_the_keyring_from_the_config_file(tmp_path: Path) -> None:
+    path = tmp_path / "d.yaml"
+    raw = {"sites": [{"name": "pd", "kind": "pd", "nodes": [{"name": "d0", "role": "decode"}]}]}
+    path.write_text(yaml.safe_dump(raw | {"psk": OLD.decode()}))
+    holder = KeyringHolder(ring_from_file(path))
+    install_sighup_reload(holder, path)
+    try:
+        path.write_text(yaml.safe_dump(raw | {"psk": NEW.decode()}))
+        os.kill(os.getpid(), signal.SIGHUP)
+        for _ in range(200):  # the handler runs on the loop: give it turns
+            if holder.num_reloads:
+                break
+            await asyncio.sleep(0.01)
+        assert holder.ring.signing_key == NEW and holder.ring.key(key_id_of(OLD)) is None
+    finally:
+        asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
