@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -294,6 +294,9 @@ class DeploymentConfig(_Strict):
     sites: list[SiteConfig]
     links: list[LinkConfig] = []
     psk: str = Field(default_factory=lambda: secrets.token_hex(16), min_length=16)
+    accept_psks: list[Annotated[str, Field(min_length=16)]] = Field(
+        [], description="keys also accepted on the control plane (a rotation; SIGHUP reloads)"
+    )
     tls: TLSConfig | None = None
     netns: bool = Field(False, description="place the sites in network namespaces (root)")
     heartbeat_interval_s: float = Field(0.5, gt=0)

@@ -31,7 +31,8 @@ from fastapi import FastAPI
 from prfaas.cache.mirror import KVMirror
 from prfaas.config import DeploymentConfig
 from prfaas.core.ids import SiteId
-from prfaas.serve.auth import SignedAuth
+from prfaas.serve.auth import SignedAuth, Verifier
+from prfaas.serve.auth_middleware import SignatureMiddleware
 from prfaas.serve.gateway.hashing import block_hashes
 from prfaas.serve.listeners import bind, server_for
 from prfaas.serve.node.app import create_node_app
@@ -202,7 +203,8 @@ async def cluster(
     monkeypatch.setenv("FAKE_VLLM_START_DELAY_S", "0.5")
     gateway = Gateway()
     gsock = bind("127.0.0.1", 0)
-    gserver = server_for(gateway.app())
+    # Behind the real signature check: the sidecar verifies the MAC on every answer it gets.
+    gserver = server_for(SignatureMiddleware(gateway.app(), Verifier(PSK.encode())))
     gtask = asyncio.create_task(gserver.serve(sockets=[gsock]))
     d = deployment(gsock.getsockname()[1])
     sidecars = []

@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     if args.role == "gateway":
         if args.node:
             raise UsageError("--node is for node processes, not the gateway")
-        run_gateway(d)
+        _refuse_placeholder_key(args.config, d.psk, d.accept_psks)
+        run_gateway(d, config_path=args.config)
         return 0
     if not args.node:
         raise UsageError(f"--role {args.role} needs at least one --node NAME")
@@ -63,5 +64,22 @@ def run(args: argparse.Namespace) -> int:
     sites = {d.site_of(n).name for n in args.node}
     if len(sites) > 1:
         raise UsageError(f"one process hosts nodes of one site, got {sorted(sites)}")
-    run_worker(d, args.node, host=args.host)
+    _refuse_placeholder_key(args.config, d.psk, d.accept_psks)
+    run_worker(d, args.node, host=args.host, config_path=args.config)
     return 0
+
+
+def _refuse_placeholder_key(path: Path, psk: str, accept_psks: list[str]) -> None:
+    import os
+
+    from prfaas.serve.keyring import LAUNCHED_BY_UP_ENV, placeholder_in
+
+    if os.environ.get(LAUNCHED_BY_UP_ENV) == "1":
+        return  # `prfaas up` warned already: these are its own children on one machine
+    key = placeholder_in(psk, accept_psks)
+    if key is not None:
+        raise UsageError(
+            f"{path}: psk: {key!r} is the examples' public placeholder: anyone could sign control "
+            "calls and KV handshakes with it. Put a secret of your own in the file (e.g. the "
+            "output of `openssl rand -hex 32`)"
+        )

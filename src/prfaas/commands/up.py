@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_deaths < 1:
         raise UsageError(f"--max-deaths must be >= 1, got {args.max_deaths}")
     d = load_deployment(args.deployment)
+    _warn_placeholder_key(args.deployment, d.psk, d.accept_psks)
     check_api_key_env()
     d.require_one_pd_site()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="prfaas-up-"))
@@ -113,3 +114,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"prfaas up: error: the gateway kept dying ({gateway_lost[0]})", file=sys.stderr)
         return 1
     return 0
+
+
+def _warn_placeholder_key(path: Path, psk: str, accept_psks: list[str]) -> None:
+    from prfaas.serve.keyring import placeholder_in
+
+    key = placeholder_in(psk, accept_psks)
+    if key is not None:
+        print(
+            f"prfaas: warning: {path}: psk: {key!r} is the examples' public placeholder; fine on "
+            "one machine, but `prfaas serve` refuses it: put a secret of your own before the "
+            "processes listen anywhere others can reach",
+            file=sys.stderr,
+        )

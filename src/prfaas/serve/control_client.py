@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 
 from prfaas.config import DeploymentConfig
+from prfaas.serve.answer_auth import AnswerNotAuthentic
 
 
 class GatewayUnreachable(RuntimeError):
@@ -53,11 +54,14 @@ class ControlClient:
 
     def __init__(self, deployment: DeploymentConfig, timeout_s: float = 2.0) -> None:
         from prfaas.serve.auth import SignedAuth
+        from prfaas.serve.keyring import ring_of_psks
 
         self.url = deployment.gateway.control_url
         self.client_url = deployment.gateway.url
         self._http = httpx.Client(
-            auth=SignedAuth(deployment.psk.encode()), timeout=timeout_s, trust_env=False
+            auth=SignedAuth(ring_of_psks(deployment.psk, deployment.accept_psks)),
+            timeout=timeout_s,
+            trust_env=False,
         )
 
     def close(self) -> None:
@@ -75,6 +79,8 @@ class ControlClient:
             r = self._http.request(method, url)
         except httpx.TransportError as exc:
             raise GatewayUnreachable(self.url, str(exc) or type(exc).__name__) from None
+        except AnswerNotAuthentic as exc:  # not the gateway we know, or someone in between
+            raise GatewayUnreachable(self.url, f"answer not authentic: {exc}") from None
         if r.status_code >= 400:
             raise ControlRefused(url, r.status_code, _error_message(r))
         return r.json()

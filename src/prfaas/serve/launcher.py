@@ -47,6 +47,7 @@ import yaml
 from prfaas.config import DeploymentConfig
 from prfaas.serve.childlog import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, LogPump, RotatingLog
 from prfaas.serve.control_client import ControlClient, GatewayUnreachable
+from prfaas.serve.keyring import LAUNCHED_BY_UP_ENV
 from prfaas.serve.launch_errors import LaunchCancelled, LaunchError
 from prfaas.serve.launch_netns import namespaced, namespaced_argv
 from prfaas.serve.process_group import ChildGroup, terminate
@@ -250,6 +251,7 @@ class Launcher:
             "TRANSFORMERS_VERBOSITY": "error",
             "HF_HUB_DISABLE_PROGRESS_BARS": "1",
             "PYTHONUNBUFFERED": "1",
+            LAUNCHED_BY_UP_ENV: "1",  # a placeholder key: `prfaas up` warned about it already
         }
         read_fd, write_fd = os.pipe()
         try:

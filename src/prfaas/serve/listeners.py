@@ -12,6 +12,15 @@ long response is not limited here (the apps have their own deadlines).
 local address in ``scope["server"]``; a request that arrived on the control port goes to the
 control app, everything else to the client app; lifespan events go to the client app only (the
 control app keeps no state of its own).
+
+``UnverifiedConnections`` is the quota of connections that have not yet made a verified (signed)
+call, on the ports it guards (a node's port, the gateway's control port; not the gateway's client
+port): at most ``max_unverified`` of them, and when one more arrives the *oldest* is cut. A flood of
+idle, slow or forged connections then costs at most ``max_unverified`` x (h11's 16 KiB head limit
++ uvicorn's 64 KiB read buffer) of memory and never the connections of registered nodes, which
+verified on their first call and keep-alive; a fresh legitimate connection sends its signed head
+at once and verifies long before it becomes the oldest. The signature check itself
+(``serve.auth_middleware``) tells the connection it verified.
 """
 
 from __future__ import annotations
@@ -19,31 +28,95 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from prfaas.serve.auth_middleware import CONNECTION_EXTENSION
+
 HEAD_TIMEOUT_S = 10.0
+MAX_UNVERIFIED = 64
+"""Connections at once that have not made a verified call, per listening server."""
 log = logging.getLogger("prfaas.serve")
+
+
+class UnverifiedConnections:
+    """The quota of connections (on ``ports``; None: every port) without a verified call yet."""
+
+    def __init__(self, max_unverified: int = MAX_UNVERIFIED, ports: Collection[int] | None = None):
+        if max_unverified < 1:
+            raise ValueError(f"max_unverified={max_unverified} must be >= 1")
+        self.max_unverified = max_unverified
+        self.ports = None if ports is None else frozenset(ports)
+        self._held: dict[HeadTimeoutProtocol, None] = {}  # insertion order: oldest first
+        self.num_cut = 0
+        """Connections cut to make room (the oldest unverified one each time)."""
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def guards(self, port: int | None) -> bool:
+        return self.ports is None or port in self.ports
+
+    def admit(self, conn: HeadTimeoutProtocol) -> None:
+        self._held[conn] = None
+        while len(self._held) > self.max_unverified:
+            oldest = next(iter(self._held))
+            del self._held[oldest]
+            self.num_cut += 1
+            if self.num_cut & (self.num_cut - 1) == 0:  # 1st, 2nd, 4th...: a flood can't fill logs
+                log.warning(
+                    "over %d unverified connections: cut the oldest, %s (%d cut so far)",
+                    self.max_unverified, oldest.client, self.num_cut,
+                )  # fmt: skip
+            oldest.transport.close()
+
+    def release(self, conn: HeadTimeoutProtocol) -> None:
+        self._held.pop(conn, None)
+
+
+class _Handle:
+    """What the signature check sees of a connection (``scope["extensions"]``)."""
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: HeadTimeoutProtocol) -> None:
+        self._conn = conn
+
+    def verified(self) -> None:
+        quota = self._conn.unverified
+        if quota is not None:
+            quota.release(self._conn)
 
 
 class HeadTimeoutProtocol(H11Protocol):
     """uvicorn's h11 protocol plus a deadline on each request head."""
 
     head_timeout_s = HEAD_TIMEOUT_S
+    unverified: UnverifiedConnections | None = None
     num_cut = 0
     """Connections cut for a slow head, in this process (all listeners)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._head_timer: asyncio.TimerHandle | None = None
+        inner, handle = self.app, _Handle(self)
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            scope.setdefault("extensions", {})[CONNECTION_EXTENSION] = handle
+            await inner(scope, receive, send)
+
+        self.app = app
 
     # uvicorn's H11Protocol narrows BaseProtocol's BaseTransport to Transport; so does this one.
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        quota = self.unverified
+        if quota is not None and quota.guards(_local_port(transport)):
+            quota.admit(self)
         self._watch_head()
 
     def data_received(self, data: bytes) -> None:
@@ -56,6 +129,8 @@ class HeadTimeoutProtocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_timer()
+        if self.unverified is not None:
+            self.unverified.release(self)
         super().connection_lost(exc)
 
     def _watch_head(self) -> None:
@@ -80,10 +155,18 @@ class HeadTimeoutProtocol(H11Protocol):
             self.transport.close()
 
 
-def protocol_with_head_timeout(head_timeout_s: float) -> type[HeadTimeoutProtocol]:
+def _local_port(transport: asyncio.Transport) -> int | None:
+    name = transport.get_extra_info("sockname")
+    return int(name[1]) if isinstance(name, tuple) and len(name) > 1 else None
+
+
+def protocol_with_head_timeout(
+    head_timeout_s: float, unverified: UnverifiedConnections | None = None
+) -> type[HeadTimeoutProtocol]:
     if head_timeout_s <= 0:
         raise ValueError(f"head_timeout_s={head_timeout_s} must be positive")
-    return type("HeadTimeoutProtocol", (HeadTimeoutProtocol,), {"head_timeout_s": head_timeout_s})
+    attrs = {"head_timeout_s": head_timeout_s, "unverified": unverified}
+    return type("HeadTimeoutProtocol", (HeadTimeoutProtocol,), attrs)
 
 
 class PortRouter:
@@ -114,19 +197,27 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def server_for(app: Any, head_timeout_s: float = HEAD_TIMEOUT_S) -> uvicorn.Server:
+def server_for(
+    app: Any,
+    head_timeout_s: float = HEAD_TIMEOUT_S,
+    unverified: UnverifiedConnections | None = None,
+) -> uvicorn.Server:
     config = uvicorn.Config(
         app,
         log_level="warning",
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=2,
-        http=protocol_with_head_timeout(head_timeout_s),
+        http=protocol_with_head_timeout(head_timeout_s, unverified),
     )
     return uvicorn.Server(config)
 
 
 async def serve(
-    app: Any, sockets: Sequence[socket.socket], head_timeout_s: float = HEAD_TIMEOUT_S
+    app: Any,
+    sockets: Sequence[socket.socket],
+    head_timeout_s: float = HEAD_TIMEOUT_S,
+    unverified: UnverifiedConnections | None = None,
 ) -> None:
-    await server_for(app, head_timeout_s).serve(sockets=list(sockets))
+    """``unverified``: the quota of connections without a verified call (see the module)."""
+    await server_for(app, head_timeout_s, unverified).serve(sockets=list(sockets))

@@ -12,12 +12,14 @@ import asyncio
 import contextlib
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 from prfaas.config import DeploymentConfig
 from prfaas.errors import UsageError
 from prfaas.serve.backend import ModelInfo
-from prfaas.serve.listeners import PortRouter, bind, serve
+from prfaas.serve.key_reload import install_sighup_reload
+from prfaas.serve.listeners import PortRouter, UnverifiedConnections, bind, serve
 
 log = logging.getLogger("prfaas.serve")
 
@@ -70,7 +72,8 @@ class _HFTokenizer:
         return self._tok.apply_chat_template(messages, **kwargs)
 
 
-def run_gateway(d: DeploymentConfig) -> None:
+def run_gateway(d: DeploymentConfig, config_path: Path | None = None) -> None:
+    """``config_path``: the file SIGHUP re-reads the keys from (``serve.key_reload``)."""
     from prfaas.serve.gateway.app import create_cluster_gateway
 
     tokenizer, model = gateway_tokenizer_and_model(d)
@@ -82,10 +85,22 @@ def run_gateway(d: DeploymentConfig) -> None:
     if g.control_port == 0:  # nobody can guess it: say it (the launcher picks ports itself)
         log.warning("control listener on %s:%d", g.host, control_port)
     router = PortRouter(apps.client, {control_port: apps.control})
-    asyncio.run(serve(router, [client_sock, control_sock]))
+    # Only the control port's callers sign: the client port's are not held to the quota.
+    unverified = UnverifiedConnections(ports=[control_port])
+
+    async def main() -> None:
+        install_sighup_reload(apps.keys, config_path)
+        await serve(router, [client_sock, control_sock], unverified=unverified)
+
+    asyncio.run(main())
 
 
-def run_worker(d: DeploymentConfig, node_names: list[str], host: str = "127.0.0.1") -> None:
+def run_worker(
+    d: DeploymentConfig,
+    node_names: list[str],
+    host: str = "127.0.0.1",
+    config_path: Path | None = None,
+) -> None:
     """A node process: prfaas engines (``WorkerHost``), or, at a vLLM site, the sidecar of one
     vLLM server (``VllmHost``); both speak the same node API."""
     from prfaas.serve.node.app import create_node_app
@@ -109,7 +124,8 @@ def run_worker(d: DeploymentConfig, node_names: list[str], host: str = "127.0.0.
         port = max(d.node(n).port for n in node_names)
         sock = bind(host, port)
         await worker.start(sock.getsockname()[1])
-        await serve(create_node_app(worker), [sock])
+        install_sighup_reload(worker.auth.keys, config_path)
+        await serve(create_node_app(worker), [sock], unverified=UnverifiedConnections())
 
     asyncio.run(main())
 

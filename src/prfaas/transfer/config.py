@@ -39,8 +39,9 @@ class TransferConfig:
     """Receiver: a connection not authenticated this long after it was accepted is closed
     (counted in ``Receiver.num_handshake_failures``). The handshake is 1.5 round trips."""
     max_pending_handshakes: int = 256
-    """Receiver: connections accepted but not yet authenticated; beyond it a new connection is
-    closed at once (so unauthenticated peers hold at most this many x ~1 KiB of buffers)."""
+    """Receiver: connections accepted but not yet authenticated; beyond it the oldest is closed
+    (so unauthenticated peers hold at most this many x ~1 KiB of buffers). Peers that
+    authenticated before keep a few more of their own (``pending_handshakes``)."""
     max_session_bytes: int = 64 << 30
     """Receiver: larger manifests are refused (TOO_LARGE) before ``allocate`` is called."""
     max_chunk_bytes: int = 16 << 20

@@ -1,8 +1,10 @@
 """``Receiver``: accepts senders' connections and reassembles their sessions into consumer buffers.
 
 Before a connection authenticates it holds at most ~1 KiB (the codec's pre-auth bound), at most
-``max_pending_handshakes`` such connections are kept, and each is cut ``handshake_timeout_s`` after
-it was accepted; every connection that closes unauthenticated is counted in
+``max_pending_handshakes`` such connections are kept (the oldest cut for a new one; peers that
+authenticated before keep rooms of their own: ``pending_handshakes``), and each is cut
+``handshake_timeout_s`` after it was accepted; every connection that closes unauthenticated is
+counted in
 ``num_handshake_failures`` and logged at WARNING with the peer's address and the reason.
 
 On OPEN the receiver checks the manifest's size, then asks its consumer ``allocate(manifest)`` for
@@ -37,6 +39,7 @@ from prfaas.transfer.errors import (
 )
 from prfaas.transfer.inbound import InboundSession, _Peer
 from prfaas.transfer.manifest import Manifest
+from prfaas.transfer.pending_handshakes import PendingHandshakes
 from prfaas.transfer.session_state import SessionState
 
 log = logging.getLogger("prfaas.transfer")
@@ -56,7 +59,8 @@ class Receiver:
         self.allocate = allocate
         self._peers: dict[bytes, _Peer] = {}
         self._channels: set[Channel] = set()
-        self._pending: set[Channel] = set()  # accepted, not yet authenticated
+        # Accepted, not authenticated yet.
+        self._pending: PendingHandshakes[Channel] = PendingHandshakes(config.max_pending_handshakes)
         self._incoming: asyncio.Queue[InboundSession] = asyncio.Queue()
         self._server: asyncio.Server | None = None
         self._watchdog: asyncio.Task[None] | None = None
@@ -147,21 +151,17 @@ class Receiver:
         )
 
     def _new_protocol(self) -> ProtocolChannel:
-        full = len(self._pending) >= self.config.max_pending_handshakes
         ch = ProtocolChannel(
-            self._codec(),
-            self,
-            handshake_timeout_s=self.config.handshake_timeout_s,
-            refuse=f"{len(self._pending)} handshakes already pending" if full else None,
+            self._codec(), self, handshake_timeout_s=self.config.handshake_timeout_s
         )
-        self._adopt(ch)
+        self._adopt(ch)  # when full, the oldest pending connection is cut, not this one
         return ch
 
     def _adopt(self, ch: Channel) -> None:
         """Take a new, unauthenticated channel (from the listener, or an in-memory pair)."""
         ch.codec.chunk_sink = self._sink_for(ch)
         self._channels.add(ch)
-        self._pending.add(ch)
+        self._pending.admit(ch)
 
     def _sink_for(self, ch: Channel) -> Callable[[F.Chunk], memoryview | None]:
         def sink(chunk: F.Chunk) -> memoryview | None:
@@ -182,10 +182,12 @@ class Receiver:
 
     # -- ChannelHandler -----------------------------------------------------------------------
     def on_events(self, ch: Channel) -> None:
+        if ch.codec.peer_name and ch in self._pending:  # its HELLO came: a returning peer?
+            self._pending.hello(ch, ch.codec.peer_name)
         while (ev := ch.codec.next_event()) is not None:
             match ev:
-                case Authenticated(peer_id):
-                    self._pending.discard(ch)
+                case Authenticated(peer_id, peer_name):
+                    self._pending.authenticated(ch, peer_name)
                     peer = self._peers.get(peer_id) or self._peers.setdefault(
                         peer_id, _Peer(peer_id)
                     )

@@ -1,10 +1,13 @@
 """``serve.listeners`` over loopback sockets: a request head that arrives too slowly (or never)
 gets the connection cut; complete heads, slow bodies and keep-alive reuse are unaffected; one server
-on two sockets routes by the local port."""
+on two sockets routes by the local port; behind the signature check, a forged call with a big body
+is answered and cut without its body being read, and unverified connections are held to their
+quota while verified ones are not."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -12,7 +15,15 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 
-from prfaas.serve.listeners import HeadTimeoutProtocol, PortRouter, bind, server_for
+from prfaas.serve.auth import SignedAuth, Verifier, signed_headers
+from prfaas.serve.auth_middleware import SignatureMiddleware
+from prfaas.serve.listeners import (
+    HeadTimeoutProtocol,
+    PortRouter,
+    UnverifiedConnections,
+    bind,
+    server_for,
+)
 
 HEAD_TIMEOUT_S = 0.5
 HANG_BOUND_S = 20.0
@@ -36,10 +47,12 @@ def _app(name: str) -> FastAPI:
 
 
 @asynccontextmanager
-async def _serving(app: object, num_sockets: int = 1) -> AsyncIterator[list[int]]:
+async def _serving(
+    app: object, num_sockets: int = 1, unverified: UnverifiedConnections | None = None
+) -> AsyncIterator[list[int]]:
     socks = [bind("127.0.0.1", 0) for _ in range(num_sockets)]
     ports = [s.getsockname()[1] for s in socks]
-    server = server_for(app, head_timeout_s=HEAD_TIMEOUT_S)
+    server = server_for(app, head_timeout_s=HEAD_TIMEOUT_S, unverified=unverified)
     task = asyncio.create_task(server.serve(sockets=socks))
     try:
         while not server.started:
@@ -131,3 +144,52 @@ async def test_one_server_routes_two_sockets_by_local_port() -> None:
             b = await http.get(f"http://127.0.0.1:{control_port}/who")
     assert a.json() == {"app": "client"}
     assert b.json() == {"app": "control"}
+
+
+PSK = b"listener-key-0123456789"
+
+
+async def test_a_forged_call_is_answered_and_cut_before_its_body() -> None:
+    got: list[int] = []
+    inner = _app("a")
+
+    @inner.post("/count")
+    async def count(request: Request) -> dict[str, int]:
+        got.append(len(await request.body()))
+        return {"n": got[-1]}
+
+    app = SignatureMiddleware(inner, Verifier(PSK))
+    async with _serving(app) as (port,):
+        host = f"127.0.0.1:{port}"
+        size = 20 << 20
+        # Well-formed, fresh, the real key's id and the body's digest: a made-up signature.
+        forged = signed_headers(PSK, "POST", host, "/count", b"x" * size, time.time())
+        forged["x-prfaas-signature"] = "0" * 64
+        head = "".join(f"{k}: {v}\r\n" for k, v in forged.items())
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(f"POST /count HTTP/1.1\r\nHost: {host}\r\nContent-Length: {size}\r\n"
+                     f"{head}\r\n".encode() + b"x" * 65536)  # fmt: skip
+        await writer.drain()
+        answer = await _closed_by_server(reader)  # answered, then closed: the rest is never read
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+        assert b"bad_signature" in answer and b"connection: close" in answer.lower()
+        async with httpx.AsyncClient(auth=SignedAuth(PSK), timeout=5, trust_env=False) as http:
+            ok = await http.post(f"http://{host}/count", content=b"abc")
+    assert ok.status_code == 200 and got == [3]
+
+
+async def test_unverified_connections_are_held_to_their_quota() -> None:
+    quota = UnverifiedConnections(max_unverified=4)
+    app = SignatureMiddleware(_app("a"), Verifier(PSK))
+    http = httpx.AsyncClient(auth=SignedAuth(PSK), timeout=5, trust_env=False)
+    async with _serving(app, unverified=quota) as (port,), http:
+        assert (await http.get(f"http://127.0.0.1:{port}/who")).status_code == 200
+        idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(10)]
+        # The six oldest idle ones were cut to make room; the verified keep-alive one was not.
+        for reader, _ in idle[:6]:
+            assert await _closed_by_server(reader) == b""
+        assert quota.num_cut == 6 and len(quota) == 4
+        assert (await http.get(f"http://127.0.0.1:{port}/who")).status_code == 200
+        for _, writer in idle:
+            writer.close()

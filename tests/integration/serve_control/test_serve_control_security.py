@@ -90,11 +90,11 @@ def test_a_fake_node_cannot_take_a_real_nodes_name(live: Cluster) -> None:
     unsigned = httpx.post(f"{live.control_url}/internal/register", json=body, timeout=5)
     _assert_refused(unsigned, "missing_signature")
     with live.signed(psk="attacker-key-0123456789") as c:
-        _assert_refused(c.post(f"{live.control_url}/internal/register", json=body), "bad_signature")
+        _assert_refused(c.post(f"{live.control_url}/internal/register", json=body), "unknown_key")
         beat = {"process": "pd", "reports": [{"node": "d0", "site": "pd", "role": "decode",
                                               "draining": True}]}  # fmt: skip
         _assert_refused(c.post(f"{live.control_url}/internal/heartbeat", json=beat),
-                        "bad_signature")  # fmt: skip
+                        "unknown_key")  # fmt: skip
     after = live.endpoints()["d0"]
     assert after == before  # still the real node's address
     assert next(n for n in live.nodes() if n["node"] == "d0")["in_rotation"]
@@ -125,7 +125,7 @@ def test_unsigned_worker_calls_are_refused(live: Cluster, method: str, path: str
     r = httpx.request(method, f"{base}{path}", json={"gbps": 1, "role": "prefill"}, timeout=5)
     _assert_refused(r, "missing_signature")
     with live.signed(psk="attacker-key-0123456789") as c:
-        _assert_refused(c.request(method, f"{base}{path}", json={"gbps": 1}), "bad_signature")
+        _assert_refused(c.request(method, f"{base}{path}", json={"gbps": 1}), "unknown_key")
 
 
 def test_worker_health_is_open_and_shows_no_ports(live: Cluster) -> None:

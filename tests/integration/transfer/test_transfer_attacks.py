@@ -271,24 +271,54 @@ async def test_pending_handshakes_are_capped_and_refusals_are_logged(
             for _ in range(5):
                 socks.append(await _raw_client(port))
             await _until(lambda: rx.num_pending_handshakes == 5)
-            extra = await _raw_client(port)
-            socks.append(extra)
-            extra_port = extra.getsockname()[1]
-            await _read_until_closed(extra)  # closed at once: the cap, not the timeout
-            assert rx.num_pending_handshakes == 5 and rx.num_handshake_failures == 1
-            # A peer that is served still gets in once the pending ones are gone.
-            for s in socks[:5]:
-                s.close()
-            await _until(lambda: rx.num_pending_handshakes == 0)
+            oldest_port = socks[0].getsockname()[1]
+            socks.append(await _raw_client(port))
+            await _read_until_closed(socks[0])  # the oldest is cut for the newcomer, at once
+            await _until(lambda: rx.num_handshake_failures == 1)
+            assert rx.num_pending_handshakes == 5
+            # A peer that is served gets in while the pending ones are still held.
             async with await Link.connect("127.0.0.1", port, CFG):
                 pass
-            assert rx.num_handshake_failures == 6
+            assert rx.num_handshake_failures == 1 + CFG.num_connections  # the oldest made room
     finally:
         for s in socks:
             s.close()
     lines = [r.getMessage() for r in caplog.records if r.name == "prfaas.transfer"]
     assert all(x.startswith("KV handshake from 127.0.0.1:") for x in lines), lines
-    assert any(f":{extra_port} " in x and "handshakes already pending" in x for x in lines), lines
+    assert any(f":{oldest_port} " in x and "pending handshakes is full" in x for x in lines), lines
+
+
+async def test_a_returning_peer_connects_while_an_attacker_holds_every_pending_handshake() -> None:
+    """256 connections held open by an attacker (the default cap), some claiming the returning
+    peer's name in their HELLO: a fresh link of a peer that authenticated before still connects,
+    and so does a peer never seen (the oldest pending connection makes room)."""
+    known = dataclasses.replace(CFG, name="pf0")
+    cfg = dataclasses.replace(CFG, handshake_timeout_s=60)
+    assert cfg.max_pending_handshakes == 256
+    loop = asyncio.get_running_loop()
+    socks: list[socket.socket] = []
+    try:
+        async with Receiver(cfg, Allocator()) as rx:
+            _, port = await rx.listen()
+            async with await Link.connect("127.0.0.1", port, known):
+                pass  # pf0 authenticated once
+            for i in range(300):
+                s = await _raw_client(port)
+                socks.append(s)
+                if i % 10 == 0:  # some pose as pf0: their HELLO names it, they cannot prove it
+                    hello = F.Hello(os.urandom(16), os.urandom(16), "pf0")
+                    await loop.sock_sendall(s, F.encode_frame(hello))
+            await _until(lambda: rx.num_pending_handshakes >= 256)
+            assert rx.num_pending_handshakes <= 256 + 16
+            for _ in range(3):  # a fresh link each time, two connections each
+                async with await Link.connect("127.0.0.1", port, known) as link:
+                    assert link is not None
+            async with await Link.connect("127.0.0.1", port, dataclasses.replace(CFG, name="new")):
+                pass
+            assert rx.num_pending_handshakes <= 256 + 16
+    finally:
+        for s in socks:
+            s.close()
 
 
 async def test_tls_connections_that_never_finish_any_handshake_are_cut(tmp_path: Path) -> None:

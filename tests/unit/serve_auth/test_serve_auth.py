@@ -10,20 +10,28 @@ import pytest
 from fastapi import FastAPI, Request
 
 from prfaas.serve.auth import (
+    CONTENT_SHA256_HEADER,
+    KEY_ID_HEADER,
     NONCE_HEADER,
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
     Refusal,
-    SignatureMiddleware,
     SignedAuth,
-    Verifier,
     signed_headers,
 )
+from prfaas.serve.auth import Verifier as _Verifier
+from prfaas.serve.auth_middleware import SignatureMiddleware
+from prfaas.serve.keyring import key_id_of
 
 PSK = b"test-key-0123456789abcdef"
 NOW_S = 1_800_000_000.0
 BODY = b'{"process": "pd", "nodes": []}'
 TARGET = "/internal/register?x=1"
+STARTED_S = NOW_S - 3600.0
+
+
+def Verifier(psk: bytes, **kw: float) -> _Verifier:  # the class, started an hour ago
+    return _Verifier(psk, started_at_s=STARTED_S, **kw)  # type: ignore[arg-type]
 
 
 def _signed(
@@ -62,13 +70,18 @@ def test_a_signed_request_verifies() -> None:
         {"method": b"PUT"},
         {"target": b"/internal/heartbeat?x=1"},
         {"target": b"/internal/register?x=2"},
-        {"body": BODY.replace(b"pd", b"pf")},
-        {"body": BODY + b" "},
     ],
 )
 def test_any_change_to_the_request_breaks_the_signature(change: dict[str, bytes]) -> None:
     refusal = _verify(Verifier(PSK), _signed(), **change)  # type: ignore[arg-type]
     assert refusal is not None and refusal.code == "bad_signature"
+
+
+@pytest.mark.parametrize("body", [BODY.replace(b"pd", b"pf"), BODY + b" ", b""])
+def test_a_changed_body_does_not_match_its_signed_digest(body: bytes) -> None:
+    refusal = _verify(Verifier(PSK), _signed(), body=body)
+    assert refusal is not None and refusal.code == "body_mismatch"
+    assert refusal.header == CONTENT_SHA256_HEADER
 
 
 @pytest.mark.parametrize(
@@ -78,6 +91,7 @@ def test_any_change_to_the_request_breaks_the_signature(change: dict[str, bytes]
         (NONCE_HEADER, b"0" * 32),
         (TIMESTAMP_HEADER, f"{NOW_S + 1:.3f}".encode()),
         (SIGNATURE_HEADER, b"0" * 64),
+        (CONTENT_SHA256_HEADER, b"0" * 64),
     ],
 )
 def test_any_changed_header_breaks_the_signature(header: str, value: bytes) -> None:
@@ -89,10 +103,19 @@ def test_any_changed_header_breaks_the_signature(header: str, value: bytes) -> N
 
 def test_a_wrong_key_is_refused() -> None:
     refusal = _verify(Verifier(PSK), _signed(psk=b"another-key-0123456789"))
+    assert refusal is not None and refusal.code == "unknown_key"
+    # Claiming the deployment key's id does not help: the signature does not match.
+    headers = signed_headers(b"another-key-0123456789", "POST", "127.0.0.1:8001", TARGET, BODY,
+                             NOW_S, key_id=key_id_of(PSK))  # fmt: skip
+    forged = {k: v.encode() for k, v in headers.items()} | {"host": b"127.0.0.1:8001"}
+    refusal = _verify(Verifier(PSK), forged)
     assert refusal is not None and refusal.code == "bad_signature"
 
 
-@pytest.mark.parametrize("missing", [TIMESTAMP_HEADER, NONCE_HEADER, SIGNATURE_HEADER])
+@pytest.mark.parametrize(
+    "missing",
+    [TIMESTAMP_HEADER, NONCE_HEADER, KEY_ID_HEADER, CONTENT_SHA256_HEADER, SIGNATURE_HEADER],
+)
 def test_an_unsigned_request_names_the_missing_header(missing: str) -> None:
     headers = _signed()
     del headers[missing]
@@ -110,6 +133,8 @@ def test_an_unsigned_request_names_the_missing_header(missing: str) -> None:
         (NONCE_HEADER, b"short"),
         (NONCE_HEADER, b"Z" * 32),
         (SIGNATURE_HEADER, b"abc"),
+        (KEY_ID_HEADER, b"a key"),
+        (CONTENT_SHA256_HEADER, b"abc"),
     ],
 )
 def test_malformed_headers_are_refused(header: str, value: bytes) -> None:
@@ -179,9 +204,10 @@ def test_signed_auth_signs_what_httpx_sends() -> None:
     signed = next(flow)
     headers = {k.lower(): v.encode() for k, v in signed.headers.items()}
     now = float(headers[TIMESTAMP_HEADER])
-    assert Verifier(PSK).verify(b"POST", TARGET.encode(), headers, BODY, now) is None
-    wrong = Verifier(b"another-key-0123456789").verify(b"POST", TARGET.encode(), headers, BODY, now)
-    assert wrong is not None
+    assert _Verifier(PSK).verify(b"POST", TARGET.encode(), headers, BODY, now) is None
+    other = _Verifier(b"another-key-0123456789")
+    wrong = other.verify(b"POST", TARGET.encode(), headers, BODY, now)
+    assert wrong is not None and wrong.code == "unknown_key"
 
 
 # -- the middleware, in process ---------------------------------------------------------------
@@ -200,7 +226,7 @@ def _app(refusals: list[Refusal], max_body_bytes: int = 1 << 20) -> SignatureMid
 
     return SignatureMiddleware(
         inner,
-        Verifier(PSK),
+        _Verifier(PSK),
         exempt=("/health",),
         max_body_bytes=max_body_bytes,
         on_refused=refusals.append,
@@ -232,11 +258,12 @@ async def test_middleware_refuses_unsigned_and_wrongly_signed_calls(psk: bytes |
     app = _app(refusals)
     async with await _client(app, psk) as client:
         r = await client.post("/echo", json={"x": 1})
+    async with await _client(app, None) as client:
         health = await client.get("/health")
     assert r.status_code == 401
     error = r.json()["error"]
     assert error["type"] == "authentication_error"
-    assert error["code"] == ("missing_signature" if psk is None else "bad_signature")
+    assert error["code"] == ("missing_signature" if psk is None else "unknown_key")
     assert error["param"].startswith("x-prfaas-")
     assert health.status_code == 200  # exempt
     assert len(refusals) == 1 and app.verifier.num_refused == 1

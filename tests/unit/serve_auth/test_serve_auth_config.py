@@ -1,4 +1,5 @@
-"""The control plane's deployment-file parts: ``gateway.control_port`` and the shared ``psk``."""
+"""The control plane's deployment-file parts: ``gateway.control_port`` and the shared ``psk`` (the
+examples' public placeholder is refused by ``prfaas serve``, a warning from ``prfaas up``)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from prfaas.cli import main
 from prfaas.config import DeploymentConfig, load_deployment
 from prfaas.errors import UsageError
+from prfaas.serve.keyring import LAUNCHED_BY_UP_ENV, PLACEHOLDER_PSKS
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "two-site.yaml"
 
@@ -50,3 +53,34 @@ def test_short_keys_are_refused_and_the_examples_placeholder_works(tmp_path: Pat
     with pytest.raises(ValidationError, match="psk"):
         DeploymentConfig.model_validate(_raw(psk="short"))
     assert load_deployment(EXAMPLE, require_psk=True).psk == "change-me-to-a-long-random-secret"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("key", sorted(PLACEHOLDER_PSKS))
+def test_prfaas_serve_refuses_the_examples_placeholder_key(
+    key: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv(LAUNCHED_BY_UP_ENV, raising=False)
+    raw = yaml.safe_load(EXAMPLE.read_text()) | {"psk": key}
+    path = tmp_path / "d.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    node = raw["sites"][0]["nodes"][0]["name"]
+    for argv in (["--role", "gateway"], ["--role", "node", "--node", node]):
+        assert main(["serve", "--config", str(path), *argv]) == 2
+        err = capsys.readouterr().err
+        assert "psk" in err and "placeholder" in err and "Traceback" not in err
+    # Also as a key accepted during a rotation.
+    path.write_text(yaml.safe_dump(raw | {"psk": "a-real-secret-0123456789", "accept_psks": [key]}))
+    assert main(["serve", "--config", str(path), "--role", "gateway"]) == 2
+    assert "placeholder" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(30)
+def test_prfaas_up_warns_about_the_placeholder_key(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert yaml.safe_load(EXAMPLE.read_text())["psk"] in PLACEHOLDER_PSKS
+    monkeypatch.setenv("PRFAAS_API_KEY", "shortk")  # stops `up` right after the warning
+    assert main(["up", str(EXAMPLE)]) == 2
+    err = capsys.readouterr().err
+    assert "warning" in err and "placeholder" in err and "psk" in err

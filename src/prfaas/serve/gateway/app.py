@@ -31,12 +31,14 @@ from prfaas.scenarios import deployment_cost_models, planned_threshold
 from prfaas.serve import internal_errors
 from prfaas.serve.api import GatewayHTTPConfig, GatewayMetrics, create_gateway_app
 from prfaas.serve.api.api_keys import resolve_api_keys
-from prfaas.serve.auth import Refusal, SignatureMiddleware, SignedAuth, Verifier
+from prfaas.serve.auth import Refusal, SignedAuth, Verifier
+from prfaas.serve.auth_middleware import SignatureMiddleware
 from prfaas.serve.backend import ModelInfo
 from prfaas.serve.gateway.control import ControlLoop
 from prfaas.serve.gateway.decision_log import DecisionLog
 from prfaas.serve.gateway.dispatcher import ClusterDispatcher
 from prfaas.serve.gateway.registry import NodeRegistry
+from prfaas.serve.keyring import KeyringHolder, ring_of_psks
 from prfaas.serve.node.messages import Heartbeat, PrefixAckMsg, Registration
 
 EXPIRY_PERIOD_S = 0.25
@@ -53,6 +55,8 @@ class GatewayApps:
     """The control routes, behind ``SignatureMiddleware``."""
     verifier: Verifier
     """The control listener's signature check (its ``refused`` counts by reason)."""
+    keys: KeyringHolder
+    """The gateway's keyring: its checks and its signed calls to nodes (a reload swaps it)."""
 
 
 def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo) -> GatewayApps:
@@ -75,10 +79,10 @@ def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo
     router = make_router(d.policy.router, home, prfaas_sites, remote=remote, local=local)
     fallback = make_router("local_only", home, prfaas_sites)
     metrics = GatewayMetrics()
-    psk = d.psk.encode()
+    keys = KeyringHolder(ring_of_psks(d.psk, d.accept_psks))
     dispatcher = ClusterDispatcher(
         registry, router, fallback, metrics, model, d.engine.block_tokens,
-        route_log_size=d.gateway.route_log_size, node_auth=SignedAuth(psk),
+        route_log_size=d.gateway.route_log_size, node_auth=SignedAuth(keys),
     )  # fmt: skip
     g = d.gateway
     http = GatewayHTTPConfig(
@@ -110,7 +114,7 @@ def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo
     security = _SecurityMetrics(metrics)
 
     async def control_loop() -> None:
-        async with httpx.AsyncClient(auth=SignedAuth(psk), trust_env=False) as client:
+        async with httpx.AsyncClient(auth=SignedAuth(keys), trust_env=False) as client:
             while True:
                 # Expiry at least every period_s; the policy on its modelled interval.
                 await asyncio.sleep(min(period_s, control.wait_s(time.monotonic())))
@@ -134,9 +138,9 @@ def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo
             decisions.close()
 
     internal = _control_app(registry, dispatcher, control, security)
-    verifier = Verifier(psk)
+    verifier = Verifier(keys)
     internal.add_middleware(SignatureMiddleware, verifier=verifier, on_refused=security.refused)
-    return GatewayApps(client=app, control=internal, verifier=verifier)
+    return GatewayApps(client=app, control=internal, verifier=verifier, keys=keys)
 
 
 class _SecurityMetrics:

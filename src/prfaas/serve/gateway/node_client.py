@@ -10,6 +10,9 @@ comes out as one ``NodeCallFailed`` whose ``kind`` says what it means for rotati
 - ``rejected``: any other non-200 answer, or an answer that does not parse: this request failed
   there; the node stays in rotation.
 - ``closed``: a decode stream ended before its last token.
+
+An answer that is not authenticated under the deployment's key (``serve.answer_auth``: forged or
+altered on the way) is ``rejected``, its message saying so.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Literal, Protocol
 
 import httpx
 
+from prfaas.serve.answer_auth import AnswerNotAuthentic
 from prfaas.serve.node.messages import (
     DecodeCommand,
     DecodeEvent,
@@ -100,6 +104,8 @@ class HttpNodeClient:
                     raise _answer_failure(ep.node, resp)
                 async with contextlib.aclosing(_events(ep.node, resp.aiter_lines())) as events:
                     yield events
+        except AnswerNotAuthentic as exc:
+            raise NodeCallFailed(ep.node, "rejected", f"unauthenticated answer: {exc}") from None
         except httpx.HTTPError as exc:
             raise NodeCallFailed(ep.node, "unreachable", f"{type(exc).__name__}: {exc}") from None
 
@@ -107,6 +113,8 @@ class HttpNodeClient:
         url = f"{self.base_url(ep)}/nodes/{ep.node}/prefill"
         try:
             resp = await self._client.post(url, json=cmd.model_dump())
+        except AnswerNotAuthentic as exc:
+            raise NodeCallFailed(ep.node, "rejected", f"unauthenticated answer: {exc}") from None
         except httpx.HTTPError as exc:
             raise NodeCallFailed(ep.node, "unreachable", f"{type(exc).__name__}: {exc}") from None
         if resp.status_code != 200:
@@ -157,6 +165,8 @@ async def _events(node: str, lines: AsyncIterator[str]) -> AsyncGenerator[Decode
             yield event
             if event.finish_reason is not None or event.kind == "error":
                 return
+    except AnswerNotAuthentic as exc:
+        raise NodeCallFailed(node, "rejected", f"unauthenticated answer: {exc}") from None
     except httpx.HTTPError as exc:
         raise NodeCallFailed(node, "unreachable", f"{type(exc).__name__}: {exc}") from None
     raise NodeCallFailed(node, "closed", "the decode stream ended before its last token")

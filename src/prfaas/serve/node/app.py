@@ -23,7 +23,8 @@ from fastapi.responses import StreamingResponse
 
 from prfaas.core import NodeRole
 from prfaas.serve import internal_errors
-from prfaas.serve.auth import SignatureMiddleware, Verifier
+from prfaas.serve.auth import Verifier
+from prfaas.serve.auth_middleware import SignatureMiddleware
 from prfaas.serve.node.hosting import LinkRateRefused, LinkRateUnavailable, NodeHost, ServedNode
 from prfaas.serve.node.messages import (
     DecodeCommand,
@@ -43,7 +44,7 @@ def create_node_app(host: NodeHost) -> FastAPI:
     running: dict[str, asyncio.Task[PrefillOutcome]] = {}
 
     client = httpx.AsyncClient(timeout=30.0, auth=host.auth, trust_env=False)
-    verifier = Verifier(host.deployment.psk.encode())
+    verifier = Verifier(host.auth.keys)  # one keyring with the signing half: one reload
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

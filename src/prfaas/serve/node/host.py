@@ -34,6 +34,7 @@ from prfaas.core.ids import link_id_for
 from prfaas.core.link_report import SenderLinkReport
 from prfaas.engine.api import Engine
 from prfaas.serve.auth import SignedAuth
+from prfaas.serve.keyring import ring_of_psks
 from prfaas.serve.node.control_plane import (
     MAX_PROCESS_NAME_BYTES as MAX_PROCESS_NAME_BYTES,
 )
@@ -111,7 +112,7 @@ class WorkerHost:
                 fixed_role=self.site.kind == "prfaas",
             )
         self._psk = deployment.psk.encode()
-        self.auth = SignedAuth(self._psk)
+        self.auth = SignedAuth(ring_of_psks(deployment.psk, deployment.accept_psks))
         """Signs this process's calls: to the gateway's control listener and to other workers."""
         self._server_ssl, self._client_ssl = _ssl_contexts(deployment)
         # One rate per inter-site link, both directions (PD -> PrfaaS carries prefix moves).

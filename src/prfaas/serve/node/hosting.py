@@ -13,6 +13,7 @@ import httpx
 
 from prfaas.config import DeploymentConfig, SiteConfig
 from prfaas.core import NodeRole
+from prfaas.serve.auth import SignedAuth
 from prfaas.serve.node.messages import (
     DecodeCommand,
     DecodeEvent,
@@ -66,7 +67,7 @@ class NodeHost(Protocol):
     def control_url(self) -> str: ...
 
     @property
-    def auth(self) -> httpx.Auth:
+    def auth(self) -> SignedAuth:
         """Signs this process's calls (to the gateway and to other workers)."""
         ...
 

@@ -35,6 +35,7 @@ from prfaas.core.ids import link_id_for
 from prfaas.core.link_report import SenderLinkReport
 from prfaas.integrations.vllm.settings import ConnectorSettings
 from prfaas.serve.auth import SignedAuth
+from prfaas.serve.keyring import ring_of_psks
 from prfaas.serve.node.control_plane import (
     BackgroundTasks,
     default_process_name,
@@ -106,7 +107,7 @@ class VllmHost:
         self.host = host
         self._control_url = control_url.rstrip("/")
         self._process_name = process_name or default_process_name(node_names)
-        self._auth = SignedAuth(deployment.psk.encode())
+        self._auth = SignedAuth(ring_of_psks(deployment.psk, deployment.accept_psks))
         link = deployment.link_to_home(self._site.name)
         self._link_gbps: float | None = None if link is None else link.gbps
         """The site's link rate: the file's, then what ``/link/rate`` set."""
