@@ -1,5 +1,6 @@
-"""A deployment file that is not UTF-8 text is one line naming the file and exit status 2 in every
-command that reads one (they all read it through ``config.load_yaml_mapping``), never a traceback."""
+"""A deployment file that is not UTF-8 text is one line naming the file and exit status 2 in
+every command that reads one (all read it through ``config.load_yaml_mapping``), never a
+traceback."""
 
 from __future__ import annotations
 
