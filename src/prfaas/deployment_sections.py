@@ -136,7 +136,8 @@ class VllmSettings(_Strict):
     @field_validator("extra_args")
     @classmethod
     def _no_unsupported_args(cls, args: list[str]) -> list[str]:
-        return _supported_extra_args(args)
+        _supported_extra_args(args)
+        return args
 
 
 UNSUPPORTED_VLLM_ARGS = {
