@@ -44,6 +44,9 @@ START_DELAY_S = float(os.environ.get("FAKE_VLLM_START_DELAY_S", "0"))
 SLOW_TOKEN = 511
 SLOW_PREFILL_S = 30.0
 SLOW_TOKEN_S = 0.05
+TOKEN_TEXT = "a\u0085b\u2028c\u2029d\r"
+"""Every streamed token's text: the characters str.splitlines (and httpx's aiter_lines) split on
+besides \\n, written raw, as vLLM's JSON encoder leaves them; a reader must split on \\n only."""
 FAKE_BLOCK = 8
 """The fake's cache block (the sidecar tests' prfaas block is 16: unequal sizes)."""
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
@@ -205,10 +208,12 @@ def make_app(fake: Fake) -> FastAPI:
                     await asyncio.sleep(SLOW_TOKEN_S if slow else 0.0)
                     last = i == len(out) - 1
                     choice = {
-                        "index": 0, "text": "", "token_ids": [token],
+                        "index": 0, "text": TOKEN_TEXT, "token_ids": [token],
                         "finish_reason": finish if last else None,
                     }  # fmt: skip
-                    yield f"data: {json.dumps({'choices': [choice]})}\n\n".encode()
+                    # Raw UTF-8, as vLLM writes it: line separators stay unescaped in the text.
+                    data = json.dumps({"choices": [choice]}, ensure_ascii=False)
+                    yield f"data: {data}\n\n".encode()
                 yield b"data: [DONE]\n\n"
             finally:
                 fake.running -= 1

@@ -24,6 +24,7 @@ from typing import Any, Literal
 import httpx
 
 from prfaas.core import NodeRole
+from prfaas.serve.http_lines import aiter_lines
 from prfaas.serve.node.messages import (
     DecodeCommand,
     DecodeEvent,
@@ -268,7 +269,7 @@ class VllmNode:
                         kind="error", error=f"vLLM answered {r.status_code}: {text[:300]}"
                     )
                     return
-                async for line in r.aiter_lines():
+                async for line in aiter_lines(r):  # on \n only: U+2028 may be in a token
                     event = _event_of(line)
                     if event is not None:
                         yield event
