@@ -140,6 +140,8 @@ class TransferThread:
         self.sessions_received = 0
         self.loads_ok = 0  # counted by the connector, under the lock
         self.loads_failed = 0
+        self._load_results: OrderedDict[str, bool] = OrderedDict()
+        """Per transfer id, the newest ``_KEEP_DONE`` loads: installed (True) or recomputed."""
 
     # -- lifecycle (worker thread) -------------------------------------------------------------
     def start(self) -> None:
@@ -183,7 +185,9 @@ class TransferThread:
             self.listen_address = await self._receiver.listen(s.listen_host, s.listen_port)
             self._spawn(self._accept_sessions(self._receiver))
         if s.agent_socket is not None:
-            ops = AgentOps(self._wait_sent, self._abort_by_sidecar, self.stats, self.set_pace)
+            ops = AgentOps(
+                self._wait_sent, self._abort_by_sidecar, self.stats, self.set_pace, self.load_result
+            )
             self._agent = AgentServer(s.agent_socket, ops)
             await self._agent.start()
         self._spawn(self._reap())
@@ -271,12 +275,31 @@ class TransferThread:
                 self.loads_ok += 1
             elif ok is False:
                 self.loads_failed += 1
+            if ok is not None:
+                self._remember_load(transfer_id, ok)
         self._call(self._drop_staged, transfer_id, "released by the worker")
 
-    def count_failed_load(self) -> None:
-        """A load that failed before it claimed a session (counted in ``loads_failed``)."""
+    def count_failed_load(self, transfer_id: str | None = None) -> None:
+        """A load that failed before it claimed a session (counted in ``loads_failed``; the
+        request's ``load_result`` says recomputed)."""
         with self._lock:
             self.loads_failed += 1
+            if transfer_id is not None:
+                self._remember_load(transfer_id, False)
+
+    def _remember_load(self, transfer_id: str, ok: bool) -> None:
+        """Under the lock: the sidecar asks per request after its decode (``load_result``)."""
+        self._load_results[transfer_id] = ok
+        self._load_results.move_to_end(transfer_id)
+        while len(self._load_results) > _KEEP_DONE:
+            self._load_results.popitem(last=False)
+
+    def load_result(self, transfer_id: str) -> dict[str, Any]:
+        """The agent's ``load_result``: ``{"state": "installed" | "recomputed" | "unknown"}``
+        (unknown: no load of that id counted, or forgotten)."""
+        with self._lock:
+            ok = self._load_results.get(transfer_id)
+        return {"state": "unknown" if ok is None else "installed" if ok else "recomputed"}
 
     # -- loop side: sending --------------------------------------------------------------------
     def _open_send(
