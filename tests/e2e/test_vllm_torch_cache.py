@@ -6,11 +6,14 @@ attention), one server each (``-O0``; the hybrid with ``--no-enable-prefix-cachi
   that allocates in a torch decode engine; the session is compared tensor by tensor with
   engine.torch's own cache of the same tokens (the whole prompt; a hybrid's all but the last
   token) and then decoded by engine.torch (END carries no first token): the tokens of engine.torch
-  alone. Token equality alone would say little for the states: the tiny hybrid's greedy tokens
-  hardly depend on them.
+  alone up to near ties (``tests/greedy_agreement.py``: two numeric paths may take either of two
+  tokens within rounding of each other, and then part). Token agreement alone would say little
+  for the states: the tiny hybrid's greedy tokens hardly depend on them; the tensors are what is
+  compared closely.
 - **torch -> vLLM**: engine.torch's cache (a hybrid's without the last token) sent through a prfaas
   ``Link`` to the server's connector receiver, then a ``do_remote_prefill`` request: installed
-  (the agent counts the load), and the server's own tokens and log-probs for the prompt.
+  (the agent counts the load), and the server's own tokens and log-probs for the prompt (up
+  to near ties, as above).
 
 Needs ``.venv-vllm`` and an AVX-512 CPU, else skipped with the reason. Run under the machine's vLLM
 lock: ``flock /tmp/vllm.lock .venv/bin/pytest -q tests/e2e/test_vllm_torch_cache.py``.
@@ -20,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import math
 import random
 from collections.abc import Iterator
@@ -29,6 +31,7 @@ from typing import Any
 import httpx
 import pytest
 
+from greedy_agreement import check_against_torch, check_vllm_answers
 from prfaas.serve.demo_vllm import vllm_unavailable
 from prfaas.testbed import vllm_servers as V
 
@@ -36,6 +39,10 @@ PSK = "vllm-torch-cache-test-key-0123456789"
 PROMPT_TOKENS = 300
 NEW_TOKENS = 16
 ARCHS = ("llama", "qwen3_next")
+TIE_NATS = {"llama": 1e-3, "qwen3_next": 0.05}
+"""Where two engines' greedy tokens part (fp32: rounding ~1e-5; bf16: ~1e-2), the other path's
+token is within this of the reference's top log-prob there (a near tie); a zeroed or misplaced
+cache moves log-probs by whole nats."""
 
 
 def _skip_reason() -> str | None:
@@ -183,13 +190,15 @@ def test_vllm_sends_engine_torchs_cache_and_engine_torch_decodes_it(
         first = decoder.install(alloc, delivery.first_token, _greedy(), prompt_token_ids=ids)
         tokens = _decode(decoder, alloc.request_id, first)
         alone = TorchEngine(loaded).generate(PrefillRequest("alone", tuple(ids), _greedy()))
-        assert tokens == alone, (arch, seed)
+        # Two engines' numbers (vLLM's cache, engine.torch's): the same tokens up to a near tie.
+        check_against_torch(loaded.model, ids, tokens, alone, TIE_NATS[arch])
 
 
 def _complete(server: Any, ids: list[int], kv: Any = None) -> Any:
     body: dict[str, Any] = {
         "model": V.SERVED_MODEL, "prompt": ids, "max_tokens": NEW_TOKENS, "temperature": 0,
-        "ignore_eos": True, "return_token_ids": True, "logprobs": 1,
+        "ignore_eos": True, "return_token_ids": True, "logprobs": 5,
+        "return_tokens_as_token_ids": True,
     }  # fmt: skip
     if kv is not None:
         body["kv_transfer_params"] = kv
@@ -240,8 +249,5 @@ def test_engine_torchs_cache_installs_in_vllm_and_decodes_as_the_server_alone(
         after = server.stats()
         assert after["loads_ok"] - before["loads_ok"] == 1, (before, after)
         assert after["loads_failed"] == before["loads_failed"], (before, after)
-        assert got["token_ids"] == reference["token_ids"], (arch, seed)
         tolerance = 0.02 if hybrid else 1e-3  # bf16 vs fp32, as the vLLM <-> vLLM tests allow
-        assert got["logprobs"]["token_logprobs"] == pytest.approx(
-            reference["logprobs"]["token_logprobs"], abs=tolerance
-        ), (arch, seed, json.dumps(got["logprobs"]["token_logprobs"]))
+        check_vllm_answers(got, reference, logprob_tol=tolerance, tie_nats=TIE_NATS[arch])
