@@ -442,9 +442,10 @@ def test_cross_site_transfers_are_measured_near_the_pace_set_through_the_agent(
 LONG_TOKENS = 1500
 """3.07 MB of KV for the tiny llama (4 layers x 2 KV heads x head_dim 32, fp32)."""
 SHORT_TOKENS = 200
-PACE_GBPS = 0.002
-"""250 kB/s: the long prompt's KV takes ~12 s to cross, its prefill well under a second here
-(slow enough to catch the answer before the KV, short enough to keep the module quick)."""
+PACE_GBPS = 0.001
+"""125 kB/s: the long prompt's KV takes ~25 s to cross, its prefill well under a second on an idle
+machine (slow enough to catch both answers before the KV: at 0.002, ~12 s, the second answer came
+after the KV had crossed once on a machine shared with seven other sessions' test runs)."""
 RELEASE_MAX_TOKENS = 6
 
 
@@ -476,7 +477,7 @@ def test_prefill_answers_before_its_kv_has_crossed(servers: tuple[Server, Server
     and vLLM's answer never wait for the network, the session is verified later). Asserted on
     the order of events (the agent's ``wait_sent`` still answering "timeout", the link's
     acknowledged bytes short of the session), never on wall time. The prefill server's
-    cross-site sends paced at ``PACE_GBPS`` (``set_pace``), so the transfer takes about 12 s.
+    cross-site sends paced at ``PACE_GBPS`` (``set_pace``), so the transfer takes about 25 s.
     Runs after the pace test (this module's last): it leaves the prefill server paced. Was
     ``test_vllm_prefill_release.py`` with two servers of its own (-O0)."""
     prefill, decode, model = servers
