@@ -10,7 +10,7 @@ httpx only; owns no connection.
 from __future__ import annotations
 
 import codecs
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 
@@ -21,6 +21,20 @@ async def aiter_lines(resp: httpx.Response) -> AsyncIterator[str]:
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     pending = ""
     async for chunk in resp.aiter_bytes():
+        pending += decoder.decode(chunk)
+        *lines, pending = pending.split("\n")
+        for line in lines:
+            yield line.removesuffix("\r")
+    pending += decoder.decode(b"", final=True)
+    if pending:
+        yield pending.removesuffix("\r")
+
+
+def iter_lines(resp: httpx.Response) -> Iterator[str]:
+    """``aiter_lines`` for a synchronous stream (``httpx.stream``, ``Client.stream``)."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pending = ""
+    for chunk in resp.iter_bytes():
         pending += decoder.decode(chunk)
         *lines, pending = pending.split("\n")
         for line in lines:

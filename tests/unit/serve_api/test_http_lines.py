@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
 
-from prfaas.serve.http_lines import aiter_lines
+from prfaas.serve.http_lines import aiter_lines, iter_lines
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -49,3 +49,20 @@ async def test_httpx_own_reader_would_have_split_them() -> None:
 
 async def test_undecodable_bytes_are_replaced_not_raised() -> None:
     assert await _lines(b"a\xffb\nc", 1) == ["a\ufffdb", "c"]
+
+
+class _SyncChunks(httpx.SyncByteStream):
+    def __init__(self, body: bytes, size: int) -> None:
+        self.body, self.size = body, size
+
+    def __iter__(self) -> Iterator[bytes]:
+        for i in range(0, len(self.body), self.size):
+            yield self.body[i : i + self.size]
+
+
+@pytest.mark.parametrize("size", [1, 3, 4096])
+def test_the_synchronous_reader_splits_alike(size: int) -> None:
+    event = {"choices": [{"text": TEXT}]}
+    body = f"data: {json.dumps(event, ensure_ascii=False)}\r\n\ndata: [DONE]\n".encode()
+    lines = list(iter_lines(httpx.Response(200, stream=_SyncChunks(body, size))))
+    assert lines == [f"data: {json.dumps(event, ensure_ascii=False)}", "", "data: [DONE]"]
