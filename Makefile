@@ -65,8 +65,14 @@ TYPED := core spec perf analytic workload cache policy sim transfer testbed engi
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy $(addprefix src/prfaas/,$(TYPED))
 
-test: lint typecheck vllm-venv
-	$(PY) -m pytest -q
+# Lint and types run beside the tests (they need no test and the tests wait on servers a lot);
+# either failing fails `make test`, after both are done.
+test: $(STAMP) vllm-venv
+	@$(MAKE) --no-print-directory lint typecheck & checks=$$!; \
+	$(PY) -m pytest -q; tests=$$?; \
+	wait $$checks; checked=$$?; \
+	if [ $$checked -ne 0 ]; then echo "make test: lint or typecheck failed"; exit $$checked; fi; \
+	exit $$tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
