@@ -93,7 +93,8 @@ def vllm_logprobs(choice: Any) -> list[dict[int, float]]:
     and ``return_tokens_as_token_ids`` (its tokens spelled ``token_id:N``)."""
     out = []
     for top in choice["logprobs"]["top_logprobs"]:
-        out.append({int(k.removeprefix("token_id:")): float(v) for k, v in top.items()})
+        items = (top or {}).items()  # None where vLLM has none for a position
+        out.append({int(k.removeprefix("token_id:")): float(v) for k, v in items})
     return out
 
 
