@@ -65,10 +65,11 @@ TYPED := core spec perf analytic workload cache policy sim transfer testbed engi
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy $(addprefix src/prfaas/,$(TYPED))
 
-# Lint and types run beside the tests (they need no test and the tests wait on servers a lot);
-# either failing fails `make test`, after both are done.
+# Lint and types run beside the tests, at the lowest CPU priority (they use the time the tests
+# wait on servers and sleeps, and never slow a timing-sensitive e2e test); either failing fails
+# `make test`, after both are done.
 test: $(STAMP) vllm-venv
-	@$(MAKE) --no-print-directory lint typecheck & checks=$$!; \
+	@nice -n 19 $(MAKE) --no-print-directory lint typecheck & checks=$$!; \
 	$(PY) -m pytest -q; tests=$$?; \
 	wait $$checks; checked=$$?; \
 	if [ $$checked -ne 0 ]; then echo "make test: lint or typecheck failed"; exit $$checked; fi; \
