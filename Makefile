@@ -66,7 +66,7 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy $(addprefix src/prfaas/,$(TYPED))
 
 # Lint and types run beside the tests, at the lowest CPU priority (they use the time the tests
-# wait on servers and sleeps, and never slow a timing-sensitive e2e test); either failing fails
+# wait on servers and sleeps, and hardly slow a timing-sensitive e2e test); either failing fails
 # `make test`, after both are done.
 test: $(STAMP) vllm-venv
 	@nice -n 19 $(MAKE) --no-print-directory lint typecheck & checks=$$!; \
