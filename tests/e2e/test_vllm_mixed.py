@@ -13,7 +13,8 @@ nodes (the same tiny fp32 llama folder at both):
 
 Each remote request (random token ids, through the official ``openai`` client) must give the
 greedy tokens of engine.torch alone on the same ids (fp32; a single vLLM server gives the same:
-docs/vllm.md "Mixed sites"), take one attempt, and cross exactly ``CacheSpec.transfer_bytes`` of
+docs/vllm.md "Mixed sites"; two runtimes round differently, so up to a near tie:
+``tests/greedy_agreement.py``), take one attempt, and cross exactly ``CacheSpec.transfer_bytes`` of
 its tokens. A zeroed cache gives other tokens for every prompt used (checked here), so equal tokens
 say the crossed KV was used. Short prompts stay local.
 
@@ -39,6 +40,7 @@ from typing import Any
 import httpx
 import pytest
 
+from greedy_agreement import check_against_torch
 from prfaas.config import DeploymentConfig
 from prfaas.serve.demo_vllm import vllm_unavailable
 from prfaas.serve.launcher import Launcher, RestartPolicy
@@ -183,7 +185,22 @@ def torch_alone(model: Path) -> Callable[[list[int]], list[int]]:
         assert got != tokens, "this prompt's tokens do not depend on its KV: pick another"
         return tokens
 
+    generate.model = loaded.model  # type: ignore[attr-defined]
     return generate
+
+
+TIE_NATS = 1e-3
+"""vLLM and engine.torch in fp32 round differently (log-probs ~1e-5 apart): where their greedy
+tokens part, it must be at a near tie within this (``tests/greedy_agreement.py``)."""
+
+
+def _agree(
+    torch_alone: Callable[[list[int]], list[int]], ids: list[int], tokens: list[int]
+) -> bool:
+    """``tokens`` are engine.torch's own on ``ids``, up to a near tie (asserted)."""
+    model = torch_alone.model  # type: ignore[attr-defined]
+    check_against_torch(model, ids, tokens, torch_alone(ids), TIE_NATS)
+    return True
 
 
 def _complete(live: Launcher, ids: list[int], stream: bool) -> list[int]:
@@ -257,7 +274,7 @@ def test_vllm_prefill_to_a_torch_decode_node_gives_engine_torchs_tokens(
     assert route["offloaded"] and route["prefill_node"] == "pf0", route
     assert route["decode_node"] == "d0" and route["attempts"] == 1, route
     assert route["kv_bytes"] == _kv_bytes_of(model, num_tokens), route
-    assert len(tokens) == MAX_TOKENS and tokens == torch_alone(ids)
+    assert len(tokens) == MAX_TOKENS and _agree(torch_alone, ids, tokens)
 
 
 @pytest.mark.parametrize(("seed", "num_tokens", "stream"), [(21, 300, True), (22, 700, False)])
@@ -281,7 +298,7 @@ def test_torch_prefill_to_a_vllm_decode_server_installs_and_gives_the_same_token
     assert after["sessions_received"] - before["sessions_received"] == 1, (before, after)
     assert after["loads_ok"] - before["loads_ok"] == 1, (before, after)
     assert after["loads_failed"] == before["loads_failed"], (before, after)
-    assert len(tokens) == MAX_TOKENS and tokens == torch_alone(ids)
+    assert len(tokens) == MAX_TOKENS and _agree(torch_alone, ids, tokens)
 
 
 @pytest.mark.parametrize("which", ["forward", "reverse"])
@@ -291,4 +308,4 @@ def test_a_short_prompt_stays_local(
     ids = _prompt(31, 40)
     tokens, route = _route(live[which], ids, stream=True)
     assert not route["offloaded"] and route["prefill_node"] == "p0", route
-    assert route["attempts"] == 1 and tokens == torch_alone(ids)
+    assert route["attempts"] == 1 and _agree(torch_alone, ids, tokens)

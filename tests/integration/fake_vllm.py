@@ -42,8 +42,13 @@ BYTES_PER_TOKEN = 1024
 RECORD = os.environ.get("FAKE_VLLM_RECORD", "")
 START_DELAY_S = float(os.environ.get("FAKE_VLLM_START_DELAY_S", "0"))
 SLOW_TOKEN = 511
+RECOMPUTE_TOKEN = 510
+"""A decode request whose prompt holds it is one whose KV load "failed": recomputed."""
 SLOW_PREFILL_S = 30.0
 SLOW_TOKEN_S = 0.05
+TOKEN_TEXT = "a\u0085b\u2028c\u2029d\r"
+"""Every streamed token's text: the characters str.splitlines (and httpx's aiter_lines) split on
+besides \\n, written raw, as vLLM's JSON encoder leaves them; a reader must split on \\n only."""
 FAKE_BLOCK = 8
 """The fake's cache block (the sidecar tests' prfaas block is 16: unequal sizes)."""
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
@@ -142,6 +147,8 @@ class Fake:
     def __init__(self, events: KvEvents | None = None) -> None:
         self.sent: dict[str, int] = {}
         """transfer id -> KV bytes "sent" (verified at once)."""
+        self.loads: dict[str, str] = {}
+        """transfer id -> the agent's ``load_result`` state of a ``do_remote_prefill`` request."""
         self.running = 0
         self.pace_gbps: float | None = None
         """The connector's pace (``pace_gbps`` of its settings, then ``set_pace``'s)."""
@@ -182,6 +189,9 @@ def make_app(fake: Fake) -> FastAPI:
         if fake.events is not None:
             fake.events.store(prompt)
         slow = SLOW_TOKEN in prompt
+        if params and params.get("do_remote_prefill"):
+            tid = params["prfaas"]["transfer_id"]
+            fake.loads[tid] = "recomputed" if RECOMPUTE_TOKEN in prompt else "installed"
         if not body.get("stream"):
             fake.running += 1
             try:
@@ -209,10 +219,12 @@ def make_app(fake: Fake) -> FastAPI:
                     await asyncio.sleep(SLOW_TOKEN_S if slow else 0.0)
                     last = i == len(out) - 1
                     choice = {
-                        "index": 0, "text": "", "token_ids": [token],
+                        "index": 0, "text": TOKEN_TEXT, "token_ids": [token],
                         "finish_reason": finish if last else None,
                     }  # fmt: skip
-                    yield f"data: {json.dumps({'choices': [choice]})}\n\n".encode()
+                    # Raw UTF-8, as vLLM writes it: line separators stay unescaped in the text.
+                    data = json.dumps({"choices": [choice]}, ensure_ascii=False)
+                    yield f"data: {data}\n\n".encode()
                 yield b"data: [DONE]\n\n"
             finally:
                 fake.running -= 1
@@ -247,6 +259,8 @@ async def serve_agent(fake: Fake, path: str) -> asyncio.AbstractServer:
             )
         elif op == "abort":
             answer = {"aborted": fake.sent.pop(req["transfer_id"], None) is not None}
+        elif op == "load_result":
+            answer = {"state": fake.loads.get(req["transfer_id"], "unknown")}
         elif op == "set_pace":
             fake.pace_gbps = fake.link_gbps = float(req["gbps"])
             answer = {"pace_gbps": fake.pace_gbps}

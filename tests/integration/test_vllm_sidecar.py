@@ -56,6 +56,8 @@ FAKE = Path(__file__).with_name("fake_vllm.py")
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
 SLOW = [*PROMPT, 511]
 """The fake takes its time with this prompt (fake_vllm.SLOW_TOKEN)."""
+RECOMPUTE_TOKEN = 510
+"""The fake's decode "recomputes" a prompt holding it (fake_vllm.RECOMPUTE_TOKEN)."""
 BLOCK = 16
 """The deployment's prfaas block (the fake's vLLM blocks are 8 tokens)."""
 LONG = [(i * 37 + 11) % 500 for i in range(44)]
@@ -733,3 +735,25 @@ async def test_a_restarted_server_reports_from_empty_under_a_new_epoch(
                 pf.host.kv_events.num_lifetimes == 2, "the second lifetime")  # fmt: skip
     store = gateway.kv.store("pf0")
     assert store is not None and store.epoch != old_epoch and store.entries == {}
+
+
+async def test_a_decode_that_recomputed_says_so_on_its_last_event(
+    cluster: tuple[Gateway, Sidecar, Sidecar, Path],
+) -> None:
+    """The connector's load failed (the fake's RECOMPUTE_TOKEN in the prompt): vLLM's tokens are
+    right, and the sidecar's finishing event says the KV sent was not used (the agent's
+    ``load_result``); a load that worked says nothing."""
+    gateway, _, pd, _ = cluster
+    await _ready(gateway, "pf0", "p0", "d0")
+    for rid, prompt, recomputed in (
+        ("rc.1", [*PROMPT, RECOMPUTE_TOKEN], True),
+        ("rc.2", PROMPT, False),
+    ):
+        lines: list[DecodeEvent] = []
+        async with pd.decode("d0", _decode_cmd(rid, "pf0", 3, prompt)) as stream:
+            async for line in stream:
+                lines.append(DecodeEvent.model_validate_json(line))
+        assert [t for e in lines for t in e.token_ids] == fake_greedy(prompt, 3), lines
+        assert lines[-1].finish_reason == "length"
+        assert lines[-1].kv_recomputed is recomputed, (rid, lines[-1])
+        assert not any(e.kv_recomputed for e in lines[:-1])

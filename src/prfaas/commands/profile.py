@@ -279,6 +279,8 @@ class _Endpoint:
         """Seconds from sending to each streamed chunk that carries choices."""
         body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens,
                 "stream": True, "temperature": 0.0}  # fmt: skip
+        from prfaas.serve.http_lines import iter_lines
+
         where = f"endpoint {self.url}"
         stamps: list[float] = []
         t0 = time.perf_counter()
@@ -289,7 +291,7 @@ class _Endpoint:
                     raise UsageError(
                         f"{where} answered HTTP {resp.status_code} to /v1/completions: {text[:200]}"
                     )
-                for line in resp.iter_lines():
+                for line in iter_lines(resp):  # on \n only: U+2028 may be in a token
                     if not line.startswith("data:"):
                         continue
                     data = line[5:].strip()

@@ -142,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         check_output("--perfetto", args.perfetto)
+        check_output("--requests-csv", args.requests_csv)  # before the run, not after it
         sc, exact = build_scenario(args)
         sc.validate()
         if args.find_max_rate:

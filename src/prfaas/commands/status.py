@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         "nodes": nodes,
         "control": control,
         "num_routes": len(routes),
+        "num_kv_recomputed": sum(1 for r in routes if r.get("kv_recomputed")),
         "routes": routes[-NUM_ROUTES:],
         "processes": _processes(args.deployment),
     }
@@ -101,7 +102,9 @@ def render(report: dict[str, Any]) -> str:
     out = [f"gateway {g['url']}  {ready}  (control {g['control_url']})", ""]
     out.append(_nodes(report["nodes"]))
     out += ["", _control(report["control"])]
-    out += ["", f"routes (last {len(report['routes'])} of {report['num_routes']}):"]
+    recomputed = report.get("num_kv_recomputed", 0)
+    unused = f"; {recomputed} decoded by recomputing, their KV unused" if recomputed else ""
+    out += ["", f"routes (last {len(report['routes'])} of {report['num_routes']}{unused}):"]
     out.append(_routes(report["routes"]) if report["routes"] else "  none yet")
     procs = report["processes"]
     if procs is not None:
@@ -176,7 +179,9 @@ def _routes(routes: list[dict[str, Any]]) -> str:
             str(r.get("num_cached_tokens", "")),
             f"{r.get('prefill_site', '')}/{r.get('prefill_node', '')}",
             str(r.get("decode_node", "")),
-            "yes" if r.get("offloaded") else "no",
+            ("yes, KV unused: recomputed" if r.get("kv_recomputed") else "yes")
+            if r.get("offloaded")
+            else "no",
             str(r.get("attempts", "")),
         ]
         for r in routes

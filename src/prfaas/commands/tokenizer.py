@@ -31,8 +31,8 @@ def register(subparsers: Any) -> None:
         help="write the served model's tokenizer as a Hugging Face folder",
         description=(
             "Write the tokenizer the gateway of DEPLOYMENT uses as a Hugging Face folder, for "
-            "clients that count tokens themselves (aiperf --tokenizer DIR, guidellm "
-            "--processor DIR, vllm bench serve --tokenizer DIR)."
+            "clients that count tokens themselves (aiperf --tokenizer DIR, guidellm 0.8 "
+            "--tokenizer kind=huggingface_auto,model=DIR, vllm bench serve --tokenizer DIR)."
         ),
     )
     export.add_argument("deployment", type=Path, metavar="DEPLOYMENT.yaml")

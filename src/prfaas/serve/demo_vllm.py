@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from prfaas.config import DeploymentConfig, load_yaml_mapping
+from prfaas.serve.http_lines import iter_lines
 from prfaas.serve.launcher import Launcher
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "vllm-tiny.yaml"
@@ -63,7 +64,7 @@ def _stream(url: str, model: str, prompt: str) -> tuple[float, str, str, int]:
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=180) as r:
         if r.status_code != 200:
             raise RuntimeError(f"the gateway answered {r.status_code}: {r.read().decode()[:300]}")
-        for line in r.iter_lines():
+        for line in iter_lines(r):  # on \n only: U+2028 may be in a token
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[len("data: ") :])

@@ -61,7 +61,8 @@ class Script:
 
     decode: str | None = None
     """"unreachable" | "refuse" | "reject" | "error" (an error event after ready) |
-    "cut" (stream cut after the first token) | "hang" (never sends the KV's tokens)."""
+    "cut" (stream cut after the first token) | "hang" (never sends the KV's tokens) |
+    "recompute" (all tokens, the last event says the KV was not used: ``kv_recomputed``)."""
     prefill: str | None = None
     """"unreachable" | "refuse" | "reject" | "fail" (ok=False outcome) | "hang" | "late" (the KV
     is delivered, the answer waits for ``FakeNodes.answer_late``)."""
@@ -132,7 +133,10 @@ class FakeNodes:
                 raise NodeCallFailed(node, "unreachable", "RemoteProtocolError: peer closed")
             last = i == n - 1
             finish = "length" if last else None
-            yield DecodeEvent(kind="tokens", token_ids=[i], finish_reason=finish)
+            recomputed = last and s.decode == "recompute"
+            yield DecodeEvent(
+                kind="tokens", token_ids=[i], finish_reason=finish, kv_recomputed=recomputed
+            )
             await asyncio.sleep(0)
 
     async def prefill(self, ep: NodeEndpoint, cmd: PrefillCommand) -> PrefillOutcome:

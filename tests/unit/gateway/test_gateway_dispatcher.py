@@ -53,6 +53,21 @@ async def test_long_prompt_is_offloaded() -> None:
     await collect(d, n=100)
     (record,) = d.records
     assert record.prefill_node == "pf0" and record.offloaded
+    assert not record.kv_recomputed
+    assert_nothing_held(nodes, reg)
+
+
+async def test_a_decode_that_recomputed_is_logged_and_counted_as_such() -> None:
+    nodes = FakeNodes(scripts={"d0": Script(decode="recompute"), "d1": Script(decode="recompute")})
+    d, reg = make_dispatcher(nodes)
+    events = await collect(d, n=100)
+    assert [t for e in events for t in e.token_ids] == [0, 1, 2]  # the client's answer is whole
+    (record,) = d.records
+    assert record.offloaded and record.kv_recomputed and record.attempts == 1
+    metric = d.metrics.registry.get_sample_value(
+        "prfaas_kv_recomputed_total", {"decode_node": record.decode_node}
+    )
+    assert metric == 1.0
     assert_nothing_held(nodes, reg)
 
 

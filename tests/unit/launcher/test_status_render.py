@@ -67,3 +67,10 @@ def test_a_file_with_port_0_points_at_the_resolved_file(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"gateway\.control_port is 0 .*deployment\.resolved"):
         load_with_ports(path)
     assert load_with_ports(EXAMPLE).gateway.control_port == 8001
+
+
+def test_a_route_whose_decode_recomputed_says_its_kv_went_unused() -> None:
+    route = {**REPORT["routes"][0], "kv_recomputed": True}  # type: ignore[index]
+    text = render({**REPORT, "num_kv_recomputed": 1, "routes": [route]})
+    assert "routes (last 1 of 12; 1 decoded by recomputing, their KV unused)" in text
+    assert "yes, KV unused: recomputed" in text

@@ -152,3 +152,18 @@ def test_requests_csv_has_a_row_per_request_with_its_route(
     assert (
         _run(["--duration", "5", "--requests-csv", str(tmp_path / "no" / "x.csv")], capsys)[0] == 2
     )
+
+
+@pytest.mark.parametrize("where", ["folder", "missing"])
+def test_requests_csv_path_is_checked_before_the_run(
+    where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import prfaas.commands.sim as sim_command
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the simulation ran before its output path was checked")
+
+    monkeypatch.setattr(sim_command, "_run_one", never)
+    path = tmp_path if where == "folder" else tmp_path / "no" / "x.csv"
+    rc, _, err = _run(["--duration", "3600", "--requests-csv", str(path)], capsys)
+    assert rc == 2 and err.count("\n") == 1 and "--requests-csv" in err, err

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-OPS = ("wait_sent", "abort", "stats", "set_pace")
+OPS = ("wait_sent", "abort", "stats", "set_pace", "load_result")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +34,9 @@ class AgentOps:
     stats: Callable[[], dict[str, Any]]
     set_pace: Callable[[float], dict[str, Any]]
     """Pace the cross-site sends at this many Gbps (> 0) from now on -> ``{"pace_gbps"}``."""
+    load_result: Callable[[str], dict[str, Any]]
+    """(transfer id) -> ``{"state": "installed" | "recomputed" | "unknown"}``: what the decode
+    side did with that request's KV (recomputed: the load failed and vLLM recomputed)."""
 
 
 class AgentServer:
@@ -104,6 +107,8 @@ class AgentServer:
             raise ValueError(f"transfer_id must be a non-empty string, got {tid!r}")
         if op == "abort":
             return {"aborted": self._ops.abort(tid)}
+        if op == "load_result":
+            return self._ops.load_result(tid)
         if op == "wait_sent":
             timeout = req.get("timeout_s", 30.0)
             if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:

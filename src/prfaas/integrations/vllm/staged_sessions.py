@@ -15,6 +15,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,10 @@ from prfaas.integrations.vllm.settings import UNCLAIMED_STAGED_TTL_S
 from prfaas.transfer import Delivery, InboundSession, Manifest, Receiver, Refused, SessionAborted
 
 log = logging.getLogger("prfaas.integrations.vllm")
+
+
+KEEP_LOAD_RESULTS = 4096
+"""Load outcomes remembered for the sidecar's ``load_result`` after the fact."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +76,9 @@ class StagedSessions:
         self.sessions_received = 0
         self.loads_ok = 0  # counted by the connector, under the lock
         self.loads_failed = 0
+        self._load_results: OrderedDict[str, bool] = OrderedDict()
+        """Per transfer id, the newest ``KEEP_LOAD_RESULTS`` loads: installed (True) or
+        recomputed (False); the sidecar asks per request after its decode (``load_result``)."""
 
     def counts(self) -> dict[str, int]:
         """The agent's receiving-side stats."""
@@ -114,12 +122,31 @@ class StagedSessions:
                 self.loads_ok += 1
             elif ok is False:
                 self.loads_failed += 1
+            if ok is not None:
+                self._remember_load(transfer_id, ok)
         self._call_soon(self.drop, transfer_id, "released by the worker")
 
-    def count_failed_load(self) -> None:
-        """A load that failed before it claimed a session (counted in ``loads_failed``)."""
+    def count_failed_load(self, transfer_id: str | None = None) -> None:
+        """A load that failed before it claimed a session (counted in ``loads_failed``; the
+        request's ``load_result`` says recomputed)."""
         with self._lock:
             self.loads_failed += 1
+            if transfer_id is not None:
+                self._remember_load(transfer_id, False)
+
+    def _remember_load(self, transfer_id: str, ok: bool) -> None:
+        """Under the lock."""
+        self._load_results[transfer_id] = ok
+        self._load_results.move_to_end(transfer_id)
+        while len(self._load_results) > KEEP_LOAD_RESULTS:
+            self._load_results.popitem(last=False)
+
+    def load_result(self, transfer_id: str) -> dict[str, Any]:
+        """The agent's ``load_result``: ``{"state": "installed" | "recomputed" | "unknown"}``
+        (unknown: no load of that id counted, or forgotten)."""
+        with self._lock:
+            ok = self._load_results.get(transfer_id)
+        return {"state": "unknown" if ok is None else "installed" if ok else "recomputed"}
 
     # -- the loop thread -----------------------------------------------------------------------
     def allocate(self, manifest: Manifest) -> list[bytearray]:

@@ -141,7 +141,13 @@ class TransferThread:
             self.listen_address = await self._receiver.listen(s.listen_host, s.listen_port)
             self._spawn(self.staged.accept(self._receiver))
         if s.agent_socket is not None:
-            ops = AgentOps(self._wait_sent, self._abort_by_sidecar, self.stats, self.set_pace)
+            ops = AgentOps(
+                self._wait_sent,
+                self._abort_by_sidecar,
+                self.stats,
+                self.set_pace,
+                self.staged.load_result,
+            )
             self._agent = AgentServer(s.agent_socket, ops)
             await self._agent.start()
         self._spawn(self.staged.reap())

@@ -364,7 +364,7 @@ class WorkerSide:
         rid, tid = job.req_id, job.params.transfer_id
         error = self._load_errors.pop(rid, None)
         if error is not None:  # never claimed: nothing to release (the id may be another's)
-            self._thread.staged.count_failed_load()
+            self._thread.staged.count_failed_load(tid)
             return False, error
         if rid in self._cancelled:
             self._cancelled.discard(rid)

@@ -76,6 +76,10 @@ class GatewayMetrics:
             "cross_site_bytes", "KV bytes sent between sites", ["src_site", "dst_site"],
             namespace=ns, registry=r,
         )  # fmt: skip
+        self.kv_recomputed = Counter(
+            "kv_recomputed", "Requests whose decode node could not use the KV sent to it and "
+            "recomputed the prompt", ["decode_node"], namespace=ns, registry=r,
+        )  # fmt: skip
         self.cross_site_goodput_bytes_per_s = Gauge(
             "cross_site_goodput_bytes_per_s", "Measured KV goodput on an inter-site link",
             ["link"], namespace=ns, registry=r,

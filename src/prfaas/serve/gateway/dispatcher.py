@@ -423,6 +423,8 @@ class _Relay:
                 self._decoding()
                 if event.finish_reason is not None:
                     await self._settle_prefill()
+                    if event.kv_recomputed:  # the KV crossed but was not used
+                        self.d.book.decode_recomputed(self.req.request_id, self.plan.decode_node)
                     self.finished = True
                     self.d.registry.record_success(self.plan.decode_node)
                     self.life.advance(RequestState.FINISHED, time.monotonic())

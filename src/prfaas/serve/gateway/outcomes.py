@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from prfaas.cache.mirror import KVMirror
 from prfaas.core import SiteId
@@ -40,6 +40,9 @@ class RouteRecord:
     """Prefix tokens moved across sites before the prefill (the router's ``CacheMove``)."""
     prompt_digest: str = ""
     """Hash of the prompt's token ids: lets a load generator match records to its requests."""
+    kv_recomputed: bool = False
+    """The decode node could not use the KV sent to it and recomputed the prompt (a vLLM
+    server's failed load): ``kv_bytes`` crossed but were wasted; the route did not work as one."""
 
 
 class OutcomeBook:
@@ -97,3 +100,12 @@ class OutcomeBook:
                 prompt_digest(prompt_token_ids),
             )
         )  # fmt: skip
+
+    def decode_recomputed(self, request_id: str, decode_node: str) -> None:
+        """``request_id``'s decode node recomputed its prompt instead of using the KV sent to it:
+        counted, and its route record (if still logged) says so."""
+        self.metrics.kv_recomputed.labels(decode_node=decode_node).inc()
+        for i in range(len(self.records) - 1, -1, -1):  # newest last: it is near the end
+            if self.records[i].request_id == request_id:
+                self.records[i] = replace(self.records[i], kv_recomputed=True)
+                return

@@ -15,6 +15,8 @@ from typing import Any
 
 import httpx
 
+from prfaas.serve.http_lines import aiter_lines
+
 
 @dataclass(frozen=True, slots=True)
 class RequestResult:
@@ -92,7 +94,7 @@ async def _read_stream(
     gaps: list[float] = []
     num_chunks = 0
     usage_tokens: int | None = None
-    async for line in resp.aiter_lines():
+    async for line in aiter_lines(resp):  # on \n only: U+2028 may be in a token
         if not line.startswith("data:"):
             continue
         data = line[5:].strip()

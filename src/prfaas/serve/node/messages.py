@@ -121,6 +121,10 @@ class DecodeEvent(_Msg):
     token_ids: list[int] = []
     finish_reason: Literal["stop", "length"] | None = None
     error: str = ""
+    kv_recomputed: bool = False
+    """The finishing event only: this node was to decode from KV sent to it but could not use it
+    and recomputed the prompt (a vLLM server whose connector load failed): the tokens are right,
+    the remote route's KV was wasted."""
 
 
 class NodeReport(_Msg):

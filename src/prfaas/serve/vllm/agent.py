@@ -116,6 +116,15 @@ class AgentClient:
             raise AgentError(f"agent: wait_sent answered state {state!r}")
         return SendResult(state, int(a.get("kv_bytes") or 0), str(a.get("error") or ""))
 
+    async def load_result(self, transfer_id: str) -> Literal["installed", "recomputed", "unknown"]:
+        """What the decode server did with ``transfer_id``'s KV (after its decode): installed,
+        recomputed (the load failed), unknown (no load counted: none was asked, or forgotten)."""
+        a = await self.call({"op": "load_result", "transfer_id": transfer_id}, SHORT_CALL_S)
+        state = a.get("state")
+        if state not in ("installed", "recomputed", "unknown"):
+            raise AgentError(f"agent: load_result answered {a!r:.200}")
+        return state  # type: ignore[no-any-return]
+
     async def abort(self, transfer_id: str) -> bool:
         a = await self.call({"op": "abort", "transfer_id": transfer_id}, SHORT_CALL_S)
         return bool(a.get("aborted"))

@@ -24,6 +24,7 @@ from typing import Any, Literal
 import httpx
 
 from prfaas.core import NodeRole
+from prfaas.serve.http_lines import aiter_lines
 from prfaas.serve.node.messages import (
     DecodeCommand,
     DecodeEvent,
@@ -244,6 +245,8 @@ class VllmNode:
             held = self.server.cached_tokens(cmd.block_hashes, cmd.num_prompt_tokens)
             yield DecodeEvent(kind="ready", prefix_tokens=held)
             async for event in self._stream(body, cmd.timeout_s):
+                if event.finish_reason is not None and not local:
+                    event = await self._with_load_result(rid, event)
                 yield event
                 if event.kind == "error" or event.finish_reason is not None:
                     finished = event.kind != "error"
@@ -253,6 +256,20 @@ class VllmNode:
             self._decoding.discard(rid)
             if not finished and not local:
                 self._abort_transfer(rid)
+
+    async def _with_load_result(self, rid: str, event: DecodeEvent) -> DecodeEvent:
+        """The finishing event, marked ``kv_recomputed`` when the server's connector could not
+        install the KV sent for ``rid`` and vLLM recomputed the prompt (the agent knows per
+        request: its ``load_result``). An agent that cannot say leaves the event as it is."""
+        try:
+            state = await self.agent.load_result(rid)
+        except (AgentError, OSError, TimeoutError) as exc:
+            log.warning("request %s: the agent could not say how its KV load went: %s", rid, exc)
+            return event
+        if state != "recomputed":
+            return event
+        log.warning("request %s: decoded by recomputing the prompt (the KV load failed)", rid)
+        return event.model_copy(update={"kv_recomputed": True})
 
     async def _stream(self, body: dict[str, Any], timeout_s: float) -> AsyncIterator[DecodeEvent]:
         """The streaming completion as decode events (the stop token itself is dropped: a client
@@ -268,7 +285,7 @@ class VllmNode:
                         kind="error", error=f"vLLM answered {r.status_code}: {text[:300]}"
                     )
                     return
-                async for line in r.aiter_lines():
+                async for line in aiter_lines(r):  # on \n only: U+2028 may be in a token
                     event = _event_of(line)
                     if event is not None:
                         yield event
