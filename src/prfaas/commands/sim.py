@@ -1,8 +1,9 @@
 """``prfaas sim``: simulate a deployment (defaults: the paper's case study, PrfaaS-PD).
 
 The deployment comes from a deployment file (``prfaas sim FILE``: the file ``prfaas up`` runs,
-with its ``workload:`` and ``simulation:`` sections), from an older scenario YAML (``--config``,
-keys: ``SimScenario`` fields), or from the paper's case study (``--deployment paper-...``).
+with its ``workload:`` and ``simulation:`` sections) or from the paper's case study
+(``--deployment paper-...``); the older scenario YAML (``--config``) is refused with how to
+convert it.
 Flags override the file: a flag overrides only when it is given (every flag's default is None;
 the paper defaults, ``sim_build.PAPER_DEFAULTS``, apply only without a file; building the scenario
 is ``sim_build.py``). ``--find-max-rate`` searches the highest sustainable arrival rate (rule:
@@ -50,7 +51,8 @@ def register(subparsers: Any) -> None:
     a = p.add_argument
     a("file", nargs="?", type=Path, default=None, metavar="DEPLOYMENT.yaml",
       help="deployment file (as for prfaas up); flags override it")  # fmt: skip
-    a("--config", type=Path, default=None, help="older scenario YAML (keys: SimScenario fields)")
+    a("--config", type=Path, default=None,
+      help="gone (the older scenario YAML): says how to convert it")  # fmt: skip
     a(
         "--deployment",
         default="paper-prfaas",

@@ -49,13 +49,13 @@ from prfaas.sim.scenario import SimScenario
 from prfaas.sim.world import World
 from prfaas.workload import (
     FixedLengths,
+    LengthDistribution,
     SimRequestSpec,
     TruncatedLogNormal,
     read_mooncake,
     synthetic_requests,
     trace_requests,
 )
-from prfaas.workload.requests import LengthDistribution
 
 _ARRIVAL = EventKind.ARRIVAL
 _KV_ARRIVE = EventKind.KV_ARRIVE
@@ -161,14 +161,17 @@ class Simulator:
         if sc.trace is not None:
             records = read_mooncake(sc.trace, sc.trace_limit)
             return trace_requests(
-                records, rate_scale=sc.rate_scale, duration_s=sc.duration_s, num_home_sites=homes
-            )
+                records, rate_scale=sc.rate_scale, duration_s=sc.duration_s, num_home_sites=homes,
+                max_prompt_tokens=sc.max_prompt_tokens,
+            )  # fmt: skip
         lc = sc.lengths
         dist: LengthDistribution
         if lc.kind == "fixed":
             dist = FixedLengths(lc.fixed_tokens)
         else:
             dist = TruncatedLogNormal(lc.mu, lc.sigma, lc.min_tokens, lc.max_tokens)
+        if sc.max_prompt_tokens is not None:
+            dist = dist.capped(sc.max_prompt_tokens)
         return synthetic_requests(
             sc.arrival, dist, sc.output_tokens, sc.duration_s, rng,
             stratified=sc.stratified, num_home_sites=homes,
@@ -224,6 +227,7 @@ class Simulator:
         w = self.world
         m = w.metrics
         m.num_arrived += 1
+        m.last_arrival_s = w.now
         sc = w.sc
         home = self.homes[req.home]
         hashes = req.block_hashes if sc.prefix_cache else ()
