@@ -77,6 +77,11 @@ def register(subparsers: Any) -> None:
     a("--threshold-step", type=int, default=None, help="grid step of t, tokens [paper: 100]")
     a("--price-ratio", type=float, default=None,
       help="PrfaaS GPU price / local GPU [paper: 2; a file's prices: give it]")  # fmt: skip
+    p.add_argument(
+        "--no-capacity", action="store_true",
+        help="with --deployment: skip the file's simulated capacity (capacity.py: the one "
+        "definition, as sim --find-max-rate; it takes seconds)",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object (schema: README)")
     p.add_argument("--plot", type=Path, default=None, help="write the paper's Fig. 5 to this PNG")
     p.set_defaults(run=run)
@@ -385,6 +390,45 @@ def _print_table(result: Any) -> None:
     )
 
 
+def _file_capacity(args: argparse.Namespace, planner: Any) -> dict[str, Any] | None:
+    """With ``--deployment`` (unless ``--n-local``/``--trace`` reshape it): the file's one
+    capacity (``prfaas.capacity``: the simulator's rule over the file's roles, shared cores,
+    batching, plumbing), beside Eqs. 1-8's ``lambda_max_exact`` for the same roles and ``t``,
+    and what those leave out."""
+    if args.deployment is None or args.no_capacity or args.n_local_given or args.trace:
+        return None
+    from prfaas.capacity import deployment_capacity
+    from prfaas.config import load_deployment
+    from prfaas.scenarios import home_roles, sim_scenario
+
+    d = load_deployment(args.deployment)
+    if len(d.pd_sites) != 1:
+        return None
+    try:
+        sc = sim_scenario(d)
+        sc.validate()
+        n_prfaas, n_p, n_d = home_roles(d)
+        offloads = n_prfaas > 0 and d.policy.router != "local_only"
+        t = sc.threshold_tokens if offloads else None
+        exact = planner.evaluate(t, n_prfaas if offloads else 0, n_p, n_d).lambda_max_exact
+        cap = deployment_capacity(d, sc, exact)
+    except ValueError as exc:
+        raise UsageError(f"{args.deployment}: capacity: {exc}") from None
+    return cap.as_dict()
+
+
+def _print_capacity(c: dict[str, Any]) -> None:
+    eqs = c["lambda_max_exact_eqs_1_8"]
+    print(
+        f"Capacity of the file (simulated, the one definition: {c['definition']}): "
+        f"{c['capacity_rps']:.3f} req/s"
+        + (f"; Eqs. 1-8 exact {eqs:.3f} req/s (x{c['ratio_to_eqs']:.3f})" if eqs else "")
+        + "."
+    )
+    for line in c["eqs_1_8_leave_out"]:
+        print(f"  Eqs. 1-8 leave out: {line}")
+
+
 def _plot(planner: Any, result: Any, path: Path) -> None:
     import matplotlib
 
@@ -428,13 +472,18 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     prices = _file_prices(args)
+    capacity = _file_capacity(args, planner)
     if args.json:
         out = result_to_json(result)
         out["money"] = plan_money(planner, result, prices)
+        if capacity is not None:
+            out["capacity"] = capacity
         print(json.dumps(out, indent=2))
     else:
         _print_table(result)
         _print_money(plan_money(planner, result, prices))
+        if capacity is not None:
+            _print_capacity(capacity)
     if args.plot is not None:
         _plot(planner, result, args.plot)
         if not args.json:

@@ -147,19 +147,17 @@ def run(args: argparse.Namespace) -> int:
         sc, exact = build_scenario(args)
         sc.validate()
         if args.find_max_rate:
-            from prfaas.sim import MaxRateRule, find_max_rate
+            from prfaas.capacity import search
 
-            if sc.trace is not None:
-                raise UsageError("--find-max-rate needs synthetic arrivals, not --trace")
             if args.perfetto is not None or args.requests_csv is not None:
                 raise UsageError("--find-max-rate runs many trials: --perfetto and "
                                  "--requests-csv export one run, drop them")  # fmt: skip
-            start = exact or sc.arrival.rate_rps
-            res = find_max_rate(replace(sc, stratified=True), start,
-                                MaxRateRule(num_requests=args.max_rate_requests))  # fmt: skip
+            res = search(sc, exact, args.max_rate_requests)
             out: dict[str, Any] = {
                 "schema": "prfaas.sim.max_rate/1",
                 "max_rate_rps": res.max_rate_rps,
+                "capacity_rps": res.max_rate_rps,
+                "workload": "trace" if sc.trace is not None else "synthetic",
                 "lambda_max_exact": exact,
                 "ratio_to_exact": res.max_rate_rps / exact if exact else None,
                 "rule": {

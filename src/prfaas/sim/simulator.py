@@ -99,7 +99,8 @@ class Simulator:
         self._home_sites = tuple(self.homes)
         self._requests = requests if requests is not None else self._workload()
         self.num_events = 0
-        self.probe: Callable[[Simulator], None] | None = None
+        self.probes: list[tuple[float, int, Callable[[Simulator], None]]] = []
+        """Pending probes, earliest first (``schedule_probe``)."""
         self._primed = False
         self.last_arrival_s = 0.0
         handlers: dict[EventKind, Callable[[Any], None]] = {
@@ -445,10 +446,11 @@ class Simulator:
             w.links[key].set_capacity(w.now, gbps * 1e9 / 8)
 
     def schedule_probe(self, at_s: float, fn: Callable[[Simulator], None]) -> None:
-        """Call ``fn(self)`` at ``at_s`` (after everything else due then); ``--find-max-rate``."""
-        self.probe = fn
+        """Call ``fn(self)`` at ``at_s`` (after everything else due then); ``--find-max-rate``
+        probes twice (halfway and at the end)."""
+        heapq.heappush(self.probes, (at_s, self.world.q.next_seq(), fn))
         self.world.q.timer(at_s, EventKind.PROBE)
 
     def _on_probe(self, _: Timer) -> None:
-        if self.probe is not None:
-            self.probe(self)
+        if self.probes:
+            heapq.heappop(self.probes)[2](self)

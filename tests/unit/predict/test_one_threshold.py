@@ -57,7 +57,7 @@ def test_t_is_planned_for_the_files_roles(
     assert (free.n_p, free.n_d) != (1, 2)  # the planner alone would pick another split
     assert t == planner_for(d).plan(n_p=1).prfaas.threshold_tokens != free.threshold_tokens
     assert sim_scenario(d).threshold_tokens == t
-    assert main(["plan", "--deployment", str(_file(tmp_path)), "--json"]) == 0
+    assert main(["plan", "--deployment", str(_file(tmp_path)), "--json", "--no-capacity"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert (out["prfaas"]["threshold_tokens"], out["prfaas"]["n_p"], out["prfaas"]["n_d"]) == (
         t, 1, 2,
@@ -90,7 +90,7 @@ def test_context_shorter_than_the_workload_is_cut_the_same_everywhere(
     wl = workload_lengths(d)
     assert wl.lengths.max_tokens == 131072 == wl.max_prompt_tokens  # paper-1t's context
     assert wl.warning is not None and "cut to 131072" in wl.warning
-    assert main(["plan", "--deployment", str(path), "--json"]) == 0
+    assert main(["plan", "--deployment", str(path), "--json", "--no-capacity"]) == 0
     out = capsys.readouterr()
     assert "cut to 131072" in out.err
     t = json.loads(out.out)["prfaas"]["threshold_tokens"]
