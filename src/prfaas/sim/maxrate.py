@@ -19,11 +19,12 @@ Stopping rule (fixed; tests depend on it):
    are all at most ``backlog_fraction x D`` (completions keep pace with arrivals: an overloaded
    stage accumulates ``(rho - 1) x D`` of backlog), the decode per-token SLO held for every finished
    request, and, when ``ttft_p99_s`` is given, the TTFT P99 of finished requests meets it.
-   Decode work in flight also counts: a decode node slowed by cores it shares (``engine.cpus``)
-   keeps every request in its batch, below ``BS_max``, while the batch grows without bound; so
-   each decode pool's requests in flight (batch + waiting) are counted at ``D / 2`` and at ``D``,
-   and their growth, in seconds of arrivals (``growth / r``), must also stay within
-   ``backlog_fraction x D``.
+   Requests in flight also count, pool by pool, at ``D / 2`` and at ``D`` (a prefill pool's queued
+   and in service, a decode pool's batch and waiting): their growth, in seconds of arrivals
+   (``growth / r``), must also stay within ``backlog_fraction x D``. On cores shared by a site's
+   nodes (``engine.cpus``) the work probe above misses an overload: a prefill node's ``free_at``
+   adds service at its own speed, and a slowed decode node keeps every request in a batch below
+   ``BS_max`` while the batch grows; the counts see both.
 3. Bracket: from ``start_rps`` (e.g. the planner's ``lambda_max``) double up / halve down until one
    rate passes and one fails; then bisect until ``hi / lo <= 1 + rel_tol``. The answer is ``lo``,
    the highest rate that passed. Every trial uses the same seed.
@@ -94,13 +95,18 @@ def trace_rate(scenario: SimScenario, limit: int | None = None) -> TraceRate:
 
 
 def _in_flight(s: Simulator) -> dict[str, int]:
-    """Requests in each decode pool: in its batches and waiting for a slot."""
+    """Requests in each pool: a prefill pool's queued and in service, a decode pool's in its
+    batches and waiting for a slot."""
     w = s.world
     out: dict[str, int] = {}
     for site, role, nodes in w.pools:
+        name = f"{role.value}:{w.site_ids[site]}"
         if role is NodeRole.DECODE:
             dec = [n for n in nodes if isinstance(n, DecodeNode)]
-            out[f"decode:{w.site_ids[site]}"] = sum(len(n.members) + len(n.waiting) for n in dec)
+            out[name] = sum(len(n.members) + len(n.waiting) for n in dec)
+        else:
+            pre = [n for n in nodes if isinstance(n, PrefillNode)]
+            out[name] = sum(len(n.queue) + n.busy for n in pre)
     return out
 
 

@@ -22,16 +22,18 @@ def _site_capacity(shared_cores: int | None) -> float:
     sc = SimScenario(
         sites=(site,), policy="local_only", prefix_cache=False, output_tokens=64,
         lengths=LengthConfig(mu=7.0, sigma=1.0, min_tokens=128, max_tokens=4096),
-        prefill_token_budget=1, stratified=True,
+        prefill_token_budget=1, stratified=True, slo_tpot_s=1.0,
     )  # fmt: skip
     return find_max_rate(sc, 1.0, MaxRateRule(num_requests=1000)).max_rate_rps
 
 
 def test_shared_cores_lower_the_capacity() -> None:
+    """The issue's case: a loose decode SLO (the slowed decode step still meets it), so only the
+    backlog can tell. One core for a prefill node and a decode node that is busy nearly all the
+    time: the prefill runs at half speed, the capacity halves (it used to read as unshared: the
+    prefill probe added service at the node's own speed)."""
     alone, shared = _site_capacity(None), _site_capacity(1)
-    # One core for a prefill and a decode node that is busy nearly all the time: the prefill
-    # runs at half speed at best and the decode step is slowed past its SLO unless idle often.
-    assert shared < 0.5 * alone
+    assert 0.45 < shared / alone < 0.55
 
 
 def test_trace_capacity_at_rescaled_rates(
