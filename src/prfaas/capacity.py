@@ -37,9 +37,20 @@ checks against Eqs. 1-8: fewer make a long prefill in service look like backlog)
 
 
 @dataclass(frozen=True, slots=True)
+class PlumbingBound:
+    """A ceiling a measured plumbing term alone puts on the rate (``CostModel.plumbing``)."""
+
+    what: str
+    rate_rps: float
+
+
+@dataclass(frozen=True, slots=True)
 class Capacity:
     capacity_rps: float
-    """The one capacity (the simulator's rule)."""
+    """The one capacity: the simulator's rule, capped by any plumbing ceiling lower than it."""
+    simulated_rps: float
+    """The simulator's rule alone (it charges whatever plumbing terms it models itself)."""
+    bounds: tuple[PlumbingBound, ...]
     lambda_max_exact: float | None
     """Eqs. 1-8 with exact service for the file's roles and ``t`` (None: several PD sites)."""
     left_out: tuple[str, ...]
@@ -52,6 +63,8 @@ class Capacity:
     def as_dict(self) -> dict[str, object]:
         return {
             "capacity_rps": self.capacity_rps,
+            "simulated_rps": self.simulated_rps,
+            "plumbing_bounds_rps": {b.what: b.rate_rps for b in self.bounds},
             "definition": "highest constant open-loop arrival rate at which no stage's backlog "
             "grows and the decode SLO holds (simulated, sim.maxrate rule)",
             "lambda_max_exact_eqs_1_8": self.lambda_max_exact,
@@ -103,6 +116,37 @@ def left_out_by_eqs(d: DeploymentConfig, sc: SimScenario) -> tuple[str, ...]:
     return tuple(out)
 
 
+def plumbing_bounds(d: DeploymentConfig, sc: SimScenario) -> tuple[PlumbingBound, ...]:
+    """Ceilings from the measured plumbing terms of the home PD site's cost model, each a
+    necessary condition (it counts that one CPU cost and nothing else on the same core):
+    - the gateway, one process on at most one core: ``rate x (per request + per output token x
+      L_out) <= 1``;
+    - the decode nodes: ``rate x (per request + per KV byte x E[S_kv] + per output token x L_out)
+      <= N_d`` (each node's own CPU, on top of its batched steps);
+    - every prefill node pays its per-request cost: ``rate x per request <= N_prefill``.
+    Empty when nothing is measured (all 0.0)."""
+    from prfaas.analytic.lengths import mean
+    from prfaas.scenarios import home_roles, site_cost_model, workload_lengths
+
+    cm = site_cost_model(d, d.home_site)
+    if cm is None:
+        return ()
+    p = cm.plumbing
+    out_tokens = sc.output_tokens
+    n_prfaas, n_p, n_d = home_roles(d)
+    kv = float(cm.kv_bytes(max(1, round(mean(workload_lengths(d).lengths)))))
+    candidates = (
+        ("gateway CPU (one process)", p.gateway_per_request_s
+         + p.gateway_per_output_token_s * out_tokens, 1),
+        ("decode nodes' CPU beyond their steps", p.node_per_request_s
+         + p.decode_per_kv_byte_s * kv + p.decode_per_output_token_s * out_tokens, n_d),
+        ("prefill nodes' per-request CPU", p.node_per_request_s, n_p + n_prfaas),
+    )  # fmt: skip
+    return tuple(
+        PlumbingBound(what, cores / seconds) for what, seconds, cores in candidates if seconds > 0
+    )
+
+
 def deployment_capacity(
     d: DeploymentConfig,
     sc: SimScenario,
@@ -112,8 +156,14 @@ def deployment_capacity(
     """The capacity of ``d`` as ``prfaas sim`` simulates it (``sc``: ``scenarios.sim_scenario``
     with any flags applied), searched from the planner's figure (or the file's rate)."""
     res = search(sc, lambda_max_exact, num_requests)
+    bounds = plumbing_bounds(d, sc)
+    capacity = min([res.max_rate_rps, *(b.rate_rps for b in bounds)])
+    left_out = left_out_by_eqs(d, sc) + tuple(
+        f"plumbing ceiling: {b.what} allows {b.rate_rps:.3f} req/s" for b in bounds
+        if b.rate_rps <= res.max_rate_rps
+    )  # fmt: skip
     return Capacity(
-        res.max_rate_rps, lambda_max_exact, left_out_by_eqs(d, sc), len(res.trials),
+        capacity, res.max_rate_rps, bounds, lambda_max_exact, left_out, len(res.trials),
         res.rule.num_requests, "trace" if sc.trace is not None else "synthetic",
     )  # fmt: skip
 

@@ -153,10 +153,18 @@ def run(args: argparse.Namespace) -> int:
                 raise UsageError("--find-max-rate runs many trials: --perfetto and "
                                  "--requests-csv export one run, drop them")  # fmt: skip
             res = search(sc, exact, args.max_rate_requests)
+            bounds: dict[str, float] = {}
+            if args.file is not None:  # the file's measured plumbing ceilings (capacity.py)
+                from prfaas.capacity import plumbing_bounds
+                from prfaas.config import load_deployment
+
+                found = plumbing_bounds(load_deployment(args.file), sc)
+                bounds = {b.what: b.rate_rps for b in found}
             out: dict[str, Any] = {
                 "schema": "prfaas.sim.max_rate/1",
                 "max_rate_rps": res.max_rate_rps,
-                "capacity_rps": res.max_rate_rps,
+                "capacity_rps": min([res.max_rate_rps, *bounds.values()]),
+                "plumbing_bounds_rps": bounds,
                 "workload": "trace" if sc.trace is not None else "synthetic",
                 "lambda_max_exact": exact,
                 "ratio_to_exact": res.max_rate_rps / exact if exact else None,

@@ -5,7 +5,7 @@ and the bench flags that make a live run reproducible (``--extra-body``, ``--ign
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -17,7 +17,9 @@ from prfaas.serve.loadgen.maxrate import LiveRule, find_max_rate_live, in_flight
 pytestmark = pytest.mark.timeout(30)
 
 
-def _fifo_server(service_s: float, num_requests: int = 60, tokens: int = 10):
+def _fifo_server(
+    service_s: float, num_requests: int = 60, tokens: int = 10
+) -> Callable[[float], tuple[Sequence[RequestResult], float]]:
     """One request at a time, ``service_s`` each: capacity ``1 / service_s``."""
 
     def run_step(rate: float) -> tuple[Sequence[RequestResult], float]:

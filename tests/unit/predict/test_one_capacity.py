@@ -71,3 +71,40 @@ def test_plan_prints_the_files_capacity_and_what_eqs_leave_out(
     cap = json.loads(capsys.readouterr().out)["capacity"]
     assert cap["capacity_rps"] == pytest.approx(cap["lambda_max_exact_eqs_1_8"], rel=0.05)
     assert any("prefill batching" in line for line in cap["eqs_1_8_leave_out"])
+
+
+def test_measured_plumbing_puts_ceilings_on_the_capacity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dataclasses
+
+    import prfaas.scenarios as scenarios
+    from prfaas.capacity import plumbing_bounds
+    from prfaas.config import load_deployment
+    from prfaas.perf.plumbing import PlumbingCosts
+
+    path = tmp_path / "d.yaml"
+    path.write_text(
+        "engine: {kind: timed, model: paper-1t}\npolicy: {router: local_only}\nsites:\n"
+        "  - {name: pd, kind: pd, hardware: h20, prefill_nodes: 1, decode_nodes: 2}\n"
+        "workload: {output_tokens: 100, lengths: {kind: fixed, fixed_tokens: 1000}}\n",
+        encoding="utf-8",
+    )
+    d = load_deployment(path)
+    sc = scenarios.sim_scenario(d)
+    assert plumbing_bounds(d, sc) == ()  # nothing measured: no ceiling
+    real = scenarios.site_cost_model
+    terms = PlumbingCosts(0.01, 1e-9, 0.001, 0.02, 0.0002, missing=())
+
+    def measured(dep, site):  # type: ignore[no-untyped-def]
+        cm = real(dep, site)
+        assert cm is not None
+        return dataclasses.replace(cm, plumbing=terms)
+
+    monkeypatch.setattr(scenarios, "site_cost_model", measured)
+    kv = real(d, d.home_site).kv_bytes(1000)  # type: ignore[union-attr]
+    bounds = {b.what: b.rate_rps for b in plumbing_bounds(d, sc)}
+    assert bounds["gateway CPU (one process)"] == pytest.approx(1 / (0.02 + 0.0002 * 100))
+    decode_s = 0.01 + 1e-9 * kv + 0.001 * 100
+    assert bounds["decode nodes' CPU beyond their steps"] == pytest.approx(2 / decode_s)
+    assert bounds["prefill nodes' per-request CPU"] == pytest.approx(1 / 0.01)
