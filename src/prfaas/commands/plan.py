@@ -145,6 +145,14 @@ def _scenario(args: argparse.Namespace) -> Any:
     from prfaas.commands.common import model_arg, read_trace_lengths
 
     args.n_local_given = args.n_local is not None
+    # Flags that make the plan another deployment than the file (its capacity is the file's).
+    args.reshaping_flags = [
+        flag for flag in ("model", "prfaas_hardware", "local_hardware", "prfaas_profile",
+                          "local_profile", "n_prfaas", "n_local", "link_gbps", "mu", "sigma",
+                          "min_tokens", "max_tokens", "trace", "output_tokens", "decode_slo",
+                          "threshold")
+        if getattr(args, flag) is not None
+    ]  # fmt: skip
     args.model = model_arg(args.model)  # a preset name, or the ModelSpec of a config
     _profiles_from_file(args)
     apply_profiles(args)  # before the fallbacks: a profile names its model and hardware
@@ -395,7 +403,13 @@ def _file_capacity(args: argparse.Namespace, planner: Any) -> dict[str, Any] | N
     capacity (``prfaas.capacity``: the simulator's rule over the file's roles, shared cores,
     batching, plumbing), beside Eqs. 1-8's ``lambda_max_exact`` for the same roles and ``t``,
     and what those leave out."""
-    if args.deployment is None or args.no_capacity or args.n_local_given or args.trace:
+    if args.deployment is None or args.no_capacity:
+        return None
+    if args.reshaping_flags:
+        flags = ", ".join("--" + f.replace("_", "-") for f in args.reshaping_flags)
+        print(f"prfaas plan: no capacity of the file: {flags} change the deployment "
+              "(simulate the changed file: prfaas sim FILE --find-max-rate)",
+              file=sys.stderr)  # fmt: skip
         return None
     from prfaas.capacity import deployment_capacity
     from prfaas.config import load_deployment
