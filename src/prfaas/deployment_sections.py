@@ -70,11 +70,30 @@ class SimulationConfig(_Strict):
     tune: bool | None = Field(None, description="re-search t online (None: on for prfaas)")
     role_switch_s: float = Field(10.0, ge=0, description="time to reload a node in a new role")
     local_fabric_gbps: float = Field(400.0, gt=0, description="RDMA rate inside a site")
-    prefill_token_budget: int = Field(32768, ge=1)
+    prefill_token_budget: int | None = Field(
+        None,
+        ge=1,
+        description="uncached tokens one prefill batch may hold; None: the engine kind's own "
+        "(ENGINE_PREFILL_TOKEN_BUDGET: timed 32768, torch 1 = one request per prefill, "
+        "vllm 2048 = vLLM's OpenAI server max_num_batched_tokens)",
+    )
     decode_kv_fraction: float = Field(0.25, gt=0, le=1)
     slo_ttft_s: float = Field(10.0, gt=0)
     slo_tpot_s: float = Field(0.025, gt=0)
     sample_interval_s: float = Field(1.0, gt=0)
+
+    def prefill_budget_for(self, engine_kind: str) -> int:
+        """``prefill_token_budget``, or the engine kind's own batching when the file gives none."""
+        if self.prefill_token_budget is not None:
+            return self.prefill_token_budget
+        return ENGINE_PREFILL_TOKEN_BUDGET[engine_kind]
+
+
+ENGINE_PREFILL_TOKEN_BUDGET = {"timed": 32768, "torch": 1, "vllm": 2048}
+"""How each engine kind batches prefills, in the simulator's terms (uncached tokens per batch; the
+head request always runs, alone if larger): the timed engine batches with ``PrefillBatcher`` at
+32K tokens; the torch engine prefills one request at a time; a vLLM server schedules up to
+``max_num_batched_tokens`` (2048 by default for its OpenAI server, CPU and GPU)."""
 
 
 Prices = dict[str, float]

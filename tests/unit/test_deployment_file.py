@@ -64,7 +64,8 @@ def test_demo_file_plans_exactly_like_the_default_case_study(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from_file = run_json(
-        ["plan", "--deployment", str(EXAMPLES / "paper-prfaas-pd.yaml"), "--json"], capsys
+        ["plan", "--deployment", str(EXAMPLES / "paper-prfaas-pd.yaml"), "--json", "--no-capacity"],
+        capsys,
     )
     built_in = run_json(["plan", "--json"], capsys)
     money_file, money_assumed = from_file.pop("money"), built_in.pop("money")
@@ -85,7 +86,9 @@ def test_flags_override_the_file_only_when_given(capsys: pytest.CaptureFixture[s
     assert changed["links"][0]["bandwidth_gbps"] == 40.0
     assert changed["links"][0]["rtt_s"] == base["links"][0]["rtt_s"] == 0.0  # not given: kept
     assert changed["output_tokens"] == base["output_tokens"] == 1024
-    plan = run_json(["plan", "--deployment", path, "--link-gbps", "40", "--json"], capsys)
+    plan = run_json(
+        ["plan", "--deployment", path, "--link-gbps", "40", "--json", "--no-capacity"], capsys
+    )
     assert plan["scenario"]["link_gbps"] == 40.0 and plan["scenario"]["price_ratio"] == 2.0
     assert plan["naive"]["n_prfaas"] == 4  # from the file
 
@@ -189,7 +192,7 @@ def test_plan_of_a_file_whose_hardware_are_profile_files_equals_the_presets(
     raw["sites"][1]["hardware"] = "paper-1t@h200.yaml"
     raw["prices"] = {}
     path = write(tmp_path, raw)
-    from_profiles = run_json(["plan", "--deployment", str(path), "--json"], capsys)
+    from_profiles = run_json(["plan", "--deployment", str(path), "--json", "--no-capacity"], capsys)
     from_presets = run_json(["plan", "--json"], capsys)
     assert from_profiles["sources"] != from_presets["sources"]  # says where timing came from
     for key in ("prfaas", "homogeneous", "naive", "ratios", "decode"):

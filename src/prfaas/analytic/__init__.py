@@ -5,6 +5,7 @@ Pure: imports ``spec`` and ``perf``, numpy and scipy; no I/O, no clock, no torch
 
 from prfaas.analytic.lengths import (
     EmpiricalLengths,
+    FixedLengths,
     LengthDistribution,
     TruncatedLogNormal,
     mean,
@@ -27,6 +28,7 @@ __all__ = [
     "DecodePoint",
     "DeploymentPlan",
     "EmpiricalLengths",
+    "FixedLengths",
     "LengthDistribution",
     "OptimalityCheck",
     "PlanResult",

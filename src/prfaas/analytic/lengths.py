@@ -1,18 +1,29 @@
-"""Prompt-length distributions with exact conditional moments.
+"""Prompt-length distributions: the ONE type the planner, the simulator, the online policies and
+the load generator share (``workload`` re-exports them; there is no second copy).
 
-``TruncatedLogNormal`` answers ``P(L <= x)`` and ``E[L; a < L <= b]`` in closed form (normal CDFs)
-and ``E[f(L); a < L <= b]`` by adaptive quadrature (scipy), never by sampling. ``EmpiricalLengths``
-holds observed lengths (e.g. a trace) and answers the same questions with exact sums. Both accept
-numpy arrays for ``x`` so the planner's grid search over thresholds is vectorised.
-Pure: numpy/scipy only; no I/O.
+``TruncatedLogNormal`` (the paper's workload), ``EmpiricalLengths`` (observed lengths, e.g. a
+trace's prompts) and ``FixedLengths``. The analytic side: ``P(L <= x)`` and ``E[L; a < L <= b]``
+in closed form (normal CDFs, exact sums), ``E[f(L); a < L <= b]`` by adaptive quadrature (scipy)
+or exact sums, never by sampling; numpy arrays for ``x`` so the planner's grid search over
+thresholds is vectorised; ``sample(np_rng, n)``. The drawing side (the simulator's requests):
+``token_at(u)`` the length at probability ``u``, ``draw(rng)`` one length from a seeded
+``random.Random``, and ``stratified(rng, n)``: lengths whose empirical CDF matches the
+distribution closely in every block of ``block`` draws (one uniform per stratum ``[(j + U)/block)``,
+shuffled), used when the simulator must reproduce the analytic model's capacity, so that a few
+thousand requests carry the distribution's mean service time to a fraction of a percent instead of
+the ~1% noise of plain sampling. ``capped(max_tokens)``: the same workload cut to a model's
+context (``scenarios.workload_lengths`` says so with a warning).
+Pure: numpy/scipy only; randomness passed in; no I/O.
 """
 
 from __future__ import annotations
 
 import math
+import random
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Protocol
 
 import numpy as np
@@ -20,6 +31,7 @@ from numpy.typing import ArrayLike, NDArray
 from scipy import integrate, special  # type: ignore[import-untyped]
 
 FloatArray = NDArray[np.float64]
+_STD = NormalDist()
 
 
 class LengthDistribution(Protocol):
@@ -47,6 +59,18 @@ class LengthDistribution(Protocol):
 
     def describe(self) -> str: ...
 
+    def token_at(self, u: float) -> int:
+        """The length (tokens) at probability ``u`` in [0, 1]."""
+        ...
+
+    def draw(self, rng: random.Random) -> int: ...
+
+    def stratified(self, rng: random.Random, block: int = 1000) -> Iterator[int]: ...
+
+    def capped(self, max_tokens: int) -> LengthDistribution:
+        """The same workload with no prompt longer than ``max_tokens``."""
+        ...
+
 
 def _phi(z: ArrayLike) -> FloatArray:
     return np.asarray(special.ndtr(z), dtype=np.float64)
@@ -63,6 +87,8 @@ class TruncatedLogNormal:
     _z_lo: float = field(init=False, repr=False)
     _z_hi: float = field(init=False, repr=False)
     _mass: float = field(init=False, repr=False)
+    _u_lo: float = field(init=False, repr=False)
+    _u_hi: float = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.sigma > 0:
@@ -80,6 +106,10 @@ class TruncatedLogNormal:
         object.__setattr__(self, "_z_lo", z_lo)
         object.__setattr__(self, "_z_hi", z_hi)
         object.__setattr__(self, "_mass", mass)
+        # The drawing side uses the standard library's normal (the simulator's hot path: no numpy
+        # call per request, and the same lengths as before the two types were merged).
+        object.__setattr__(self, "_u_lo", _STD.cdf(z_lo))
+        object.__setattr__(self, "_u_hi", _STD.cdf(z_hi))
 
     @property
     def min_tokens(self) -> int:
@@ -142,6 +172,25 @@ class TruncatedLogNormal:
     def describe(self) -> str:
         return f"truncated log-normal(mu={self.mu}, sigma={self.sigma}) on [{self.lo}, {self.hi}]"
 
+    def token_at(self, u: float) -> int:
+        lo = self._u_lo
+        p = min(max(lo + u * (self._u_hi - lo), 1e-15), 1 - 1e-15)
+        tokens = round(math.exp(self.mu + self.sigma * _STD.inv_cdf(p)))
+        return min(max(tokens, self.lo), self.hi)
+
+    def draw(self, rng: random.Random) -> int:
+        return self.token_at(rng.random())
+
+    def stratified(self, rng: random.Random, block: int = 1000) -> Iterator[int]:
+        return _stratified(self.token_at, rng, block)
+
+    def capped(self, max_tokens: int) -> LengthDistribution:
+        if max_tokens >= self.hi:
+            return self
+        if max_tokens <= self.lo:
+            return FixedLengths(max_tokens)
+        return TruncatedLogNormal(self.mu, self.sigma, self.lo, max_tokens)
+
 
 class EmpiricalLengths:
     """Observed lengths, each with equal weight (a trace's prompts)."""
@@ -155,6 +204,21 @@ class EmpiricalLengths:
         self._x = values
         self._cum_x = np.concatenate(([0.0], np.cumsum(values)))
         self._label = label
+        self.values: tuple[int, ...] = tuple(int(v) for v in values)
+        """The lengths, sorted (the drawing side indexes them)."""
+
+    @classmethod
+    def of(cls, values: Sequence[int], label: str = "empirical") -> EmpiricalLengths:
+        return cls(values, label)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, EmpiricalLengths) and self.values == other.values
+
+    def __hash__(self) -> int:
+        return hash(self.values)
+
+    def __repr__(self) -> str:
+        return f"EmpiricalLengths({self.describe()})"
 
     @property
     def min_tokens(self) -> int:
@@ -197,6 +261,87 @@ class EmpiricalLengths:
     def describe(self) -> str:
         return f"{self._label} ({self._x.size} lengths, mean {self._x.mean():.0f})"
 
+    def token_at(self, u: float) -> int:
+        v = self.values
+        return v[min(int(u * len(v)), len(v) - 1)]
+
+    def draw(self, rng: random.Random) -> int:
+        return self.token_at(rng.random())
+
+    def stratified(self, rng: random.Random, block: int = 1000) -> Iterator[int]:
+        return _stratified(self.token_at, rng, block)
+
+    def capped(self, max_tokens: int) -> LengthDistribution:
+        """Each observed prompt longer than ``max_tokens`` cut to it (a client truncates)."""
+        if max_tokens >= self.max_tokens:
+            return self
+        return EmpiricalLengths([min(v, max_tokens) for v in self.values], self._label)
+
+
+@dataclass(frozen=True, slots=True)
+class FixedLengths:
+    """Every prompt ``tokens`` long."""
+
+    tokens: int
+
+    def __post_init__(self) -> None:
+        if self.tokens <= 0:
+            raise ValueError(f"a fixed length must be > 0 tokens, got {self.tokens}")
+
+    @property
+    def min_tokens(self) -> int:
+        return self.tokens
+
+    @property
+    def max_tokens(self) -> int:
+        return self.tokens
+
+    def cdf(self, x: ArrayLike) -> FloatArray:
+        return np.asarray(np.asarray(x, dtype=np.float64) >= self.tokens, dtype=np.float64)
+
+    def partial_mean(self, lo: ArrayLike, hi: ArrayLike) -> FloatArray:
+        inside = (np.asarray(lo, dtype=np.float64) < self.tokens) & (
+            self.tokens <= np.asarray(hi, dtype=np.float64)
+        )
+        return np.asarray(np.where(inside, float(self.tokens), 0.0), dtype=np.float64)
+
+    def partial_expect(self, fn: Callable[[float], float], lo: float, hi: float) -> float:
+        return fn(float(self.tokens)) if lo < self.tokens <= hi else 0.0
+
+    def quantile(self, q: float) -> float:
+        if not 0 <= q <= 1:
+            raise ValueError(f"quantile level must be in [0, 1], got {q}")
+        return float(self.tokens)
+
+    def sample(self, rng: np.random.Generator, n: int) -> NDArray[np.int64]:
+        return np.full(n, self.tokens, dtype=np.int64)
+
+    def describe(self) -> str:
+        return f"fixed {self.tokens} tokens"
+
+    def token_at(self, u: float) -> int:
+        return self.tokens
+
+    def draw(self, rng: random.Random) -> int:
+        return self.tokens
+
+    def stratified(self, rng: random.Random, block: int = 1000) -> Iterator[int]:
+        while True:
+            yield self.tokens
+
+    def capped(self, max_tokens: int) -> LengthDistribution:
+        return self if max_tokens >= self.tokens else FixedLengths(max_tokens)
+
+
+def _stratified(token_at: Callable[[float], int], rng: random.Random, block: int) -> Iterator[int]:
+    if block <= 0:
+        raise ValueError(f"stratification block must be > 0, got {block}")
+    while True:
+        us = [(j + rng.random()) / block for j in range(block)]
+        rng.shuffle(us)
+        for u in us:
+            yield token_at(u)
+
 
 def prob_above(dist: LengthDistribution, t: ArrayLike) -> FloatArray:
     return np.asarray(1.0 - dist.cdf(t), dtype=np.float64)
@@ -218,3 +363,21 @@ def mean_at_or_below(dist: LengthDistribution, t: ArrayLike) -> FloatArray:
 
 def mean(dist: LengthDistribution) -> float:
     return float(dist.partial_mean(0, dist.max_tokens))
+
+
+def cut_to_context(
+    dist: LengthDistribution, context_tokens: int, what: str
+) -> tuple[LengthDistribution, str | None]:
+    """THE rule for a model whose context is shorter than the workload (plan, sim and the
+    gateway's ``t``): every prompt longer than ``context_tokens`` is cut to it (``capped``), and
+    the returned warning (None when nothing was cut) says how many. ``what`` names the workload
+    and the model in the warning."""
+    if dist.max_tokens <= context_tokens:
+        return dist, None
+    share = float(1.0 - dist.cdf(context_tokens))
+    warning = (
+        f"{what}: prompts up to {dist.max_tokens} tokens exceed the model's context of "
+        f"{context_tokens} tokens; {100 * share:.1f}% of prompts are cut to {context_tokens} "
+        "tokens (plan, sim and the gateway's t all use the cut lengths)"
+    )
+    return dist.capped(context_tokens), warning

@@ -179,8 +179,9 @@ class Planner:
         ts, prefill, decode = self.bounds_grid()
         return ts, np.minimum(prefill, decode[None, :])
 
-    def plan(self, threshold_tokens: int | None = None) -> PlanResult:
-        """The best (t, N_p) on the grid; with ``threshold_tokens`` only the split is searched."""
+    def plan(self, threshold_tokens: int | None = None, n_p: int | None = None) -> PlanResult:
+        """The best (t, N_p) on the grid; with ``threshold_tokens`` only the split is searched,
+        with ``n_p`` (a deployment file's roles: ``N_d = n_local - n_p``) only ``t``."""
         s = self.scenario
         ts, lam = self.lambda_grid()
         if threshold_tokens is not None:
@@ -191,6 +192,12 @@ class Planner:
                 )
             ts = np.array([float(threshold_tokens)])
             lam = self._lambda_at(threshold_tokens)[None, :]
+        if n_p is not None:
+            if not 0 <= n_p < s.n_local:
+                raise ValueError(f"N_p {n_p} is outside 0..{s.n_local - 1} (N_d must be >= 1)")
+            fixed = np.full_like(lam, -1.0)
+            fixed[:, n_p] = lam[:, n_p]
+            lam = fixed
         flat = int(np.argmax(lam))  # first maximum: the smallest t, then the smallest N_p
         i, n_p = divmod(flat, lam.shape[1])
         t = int(ts[i])

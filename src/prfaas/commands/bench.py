@@ -101,6 +101,30 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="send prompts longer than the server's max_model_len as they are",
     )
+    p.add_argument(
+        "--ignore-eos", action="store_true",
+        help="ask for exactly max_tokens tokens (vLLM's and prfaas's ignore_eos): realistic "
+        "output lengths from a random-weight model",
+    )  # fmt: skip
+    p.add_argument(
+        "--extra-body", metavar="JSON", default=None,
+        help='fields added to every request body, e.g. \'{"ignore_eos": true, "temperature": 0}\'',
+    )  # fmt: skip
+    p.add_argument(
+        "--api-key", default=None,
+        help="bearer key for the server (a prfaas gateway with gateway.api_keys, vLLM "
+        "--api-key) [default: $PRFAAS_API_KEY]",
+    )  # fmt: skip
+    p.add_argument(
+        "--find-max-rate", action="store_true",
+        help="measure the endpoint's capacity live by the simulator's rule (steps of constant "
+        "open-loop rate from --rate; a step fails when a backlog grows or --slo-tpot is missed): "
+        "serve/loadgen/maxrate.py",
+    )  # fmt: skip
+    p.add_argument(
+        "--slo-tpot", type=float, default=None, metavar="S",
+        help="--find-max-rate: the decode SLO, seconds per output token (P90)",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=run)  # fmt: skip
@@ -141,20 +165,51 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise UsageError(f"trace file {args.trace} does not exist")
 
 
+def api_key_of(args: argparse.Namespace) -> str | None:
+    """``--api-key``, else ``$PRFAAS_API_KEY`` (the variable a prfaas gateway reads its key
+    from), else None."""
+    import os
+
+    from prfaas.serve.api.api_keys import API_KEY_ENV
+
+    return getattr(args, "api_key", None) or os.environ.get(API_KEY_ENV) or None
+
+
+def extra_body_of(args: argparse.Namespace) -> dict[str, Any]:
+    """``--extra-body`` (a JSON object) with ``--ignore-eos`` over it."""
+    body: dict[str, Any] = {}
+    if args.extra_body is not None:
+        try:
+            body = json.loads(args.extra_body)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"--extra-body: not JSON: {exc.msg}") from None
+        if not isinstance(body, dict):
+            raise UsageError("--extra-body: want a JSON object, e.g. '{\"ignore_eos\": true}'")
+        clash = sorted(set(body) & {"model", "prompt", "stream", "max_tokens"})
+        if clash:
+            raise UsageError(f"--extra-body: {', '.join(clash)} are set by bench itself")
+    if args.ignore_eos:
+        body["ignore_eos"] = True
+    return body
+
+
 def base_url(url: str) -> str:
     url = url.rstrip("/")
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
-def preflight(url: str, model: str | None) -> tuple[str, int | None]:
+def preflight(url: str, model: str | None, api_key: str | None = None) -> tuple[str, int | None]:
     """The model to use and its context length (if the server says), or UsageError."""
     import httpx
 
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        resp = httpx.get(url + "/v1/models", timeout=PREFLIGHT_TIMEOUT_S)
+        resp = httpx.get(url + "/v1/models", timeout=PREFLIGHT_TIMEOUT_S, headers=headers)
     except httpx.HTTPError as exc:
         raise UsageError(f"cannot reach {url}: {type(exc).__name__}: {exc}") from None
     cards: list[dict[str, Any]] = []
+    if resp.status_code == 401:
+        raise UsageError(f"{url} wants an API key: give --api-key or set $PRFAAS_API_KEY")
     if resp.status_code == 200:
         try:
             cards = [c for c in resp.json().get("data", []) if isinstance(c, dict)]
@@ -223,10 +278,17 @@ def run(args: argparse.Namespace) -> int:
     from prfaas.serve.loadgen import PromptSynth, summarize
 
     _check_flags(args)
+    extra = extra_body_of(args)
+    api_key = api_key_of(args)
     deployment = _deployment(args.deployment)
     url = base_url(args.url or (deployment.gateway.url if deployment else DEFAULT_URL))
+    if args.find_max_rate:
+        from prfaas.commands.bench_maxrate import run_find_max_rate
+
+        model, max_model_len = preflight(url, args.model, api_key)
+        return run_find_max_rate(args, url, model, max_model_len, extra, api_key)
     requests = build_workload(args)
-    model, max_model_len = preflight(url, args.model)
+    model, max_model_len = preflight(url, args.model, api_key)
     if deployment is not None:
         _routes(deployment, args.deployment)  # the key and the control port work: before the load
     num_clipped = 0
@@ -244,9 +306,10 @@ def run(args: argparse.Namespace) -> int:
             "concurrency": args.concurrency,
             "prompt_format": args.prompt_format,
             "num_clipped_to_context": num_clipped,
+            "extra_body": extra,
         },
     }
-    results, wall_s = _run_with_progress(args, requests, url, model, synth)
+    results, wall_s = _run_with_progress(args, requests, url, model, synth, extra, api_key)
     summary = summarize(results, wall_s, meta)
     if args.requests_csv is not None or args.perfetto is not None:
         routes: list[dict[str, Any]] = []
@@ -327,6 +390,8 @@ def _run_with_progress(
     url: str,
     model: str,
     synth: PromptSynth,
+    extra: dict[str, Any] | None = None,
+    api_key: str | None = None,
 ) -> tuple[list[RequestResult], float]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -349,7 +414,8 @@ def _run_with_progress(
 
         coro = run_workload(
             requests, base_url=url, model=model, synth=synth, concurrency=args.concurrency,
-            timeout_s=args.timeout, duration_s=args.duration, on_done=on_done,
+            timeout_s=args.timeout, duration_s=args.duration, on_done=on_done, extra_body=extra,
+            api_key=api_key,
         )  # fmt: skip
         try:
             return asyncio.run(coro)

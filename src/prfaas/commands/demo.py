@@ -174,6 +174,12 @@ def _print(console: Any, out: dict[str, Any], workdir: Path) -> None:
             f"TTFT P50 {agree['ttft_p50_live_over_sim']:.2f}, "
             f"P90 {agree['ttft_p90_live_over_sim']:.2f}"
         )
+    if out["agreement"]:
+        console.print(
+            "(the live nodes here are emulated: they sleep the simulator's own cost model, so "
+            "this agreement holds largely by construction and tests the plumbing, not the "
+            "predictions; real engines against the simulator: docs/fidelity.md)"
+        )
     if "torch" in out:
         for ans in out["torch"]["answers"]:
             same = "identical" if ans["identical_to_single_process"] else "DIFFERENT"

@@ -37,6 +37,10 @@ def register(subparsers: Any) -> None:
     mk.add_argument("--seed", type=int, default=0, help="weight seed")
     mk.add_argument("--vocab-size", type=int, default=512, help="tokenizer vocabulary")
     mk.add_argument(
+        "--max-position-embeddings", type=int, default=None, metavar="N",
+        help="the model's context, tokens (default 2048): long workloads need a longer one",
+    )  # fmt: skip
+    mk.add_argument(
         "--dtype",
         default=None,
         choices=["float32", "bfloat16"],
@@ -72,6 +76,10 @@ def run_make_tiny(args: argparse.Namespace) -> int:
         raise UsageError(f"--vocab-size must be >= 300 (bytes + merges), got {args.vocab_size}")
     if args.out.exists() and not args.out.is_dir():
         raise UsageError(f"--out {args.out} exists and is not a folder")
+    if args.max_position_embeddings is not None and args.max_position_embeddings < 16:
+        raise UsageError(
+            f"--max-position-embeddings must be >= 16, got {args.max_position_embeddings}"
+        )
     from prfaas.engine.errors import UnknownArchitecture
     from prfaas.engine.torch.tiny import make_tiny, vllm_variant
 
@@ -88,6 +96,8 @@ def run_make_tiny(args: argparse.Namespace) -> int:
                     f"--dtype {args.dtype}: vLLM on CPU runs {arch} in {vllm_dtype} only"
                 )
             dtype = vllm_dtype
+    if args.max_position_embeddings is not None:
+        overrides = {**overrides, "max_position_embeddings": args.max_position_embeddings}
     out = make_tiny(
         arch, args.out, seed=args.seed, vocab_size=args.vocab_size, dtype=dtype,
         overrides=overrides,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,11 @@ def register(subparsers: Any) -> None:
     a("--threshold-step", type=int, default=None, help="grid step of t, tokens [paper: 100]")
     a("--price-ratio", type=float, default=None,
       help="PrfaaS GPU price / local GPU [paper: 2; a file's prices: give it]")  # fmt: skip
+    p.add_argument(
+        "--no-capacity", action="store_true",
+        help="with --deployment: skip the file's simulated capacity (capacity.py: the one "
+        "definition, as sim --find-max-rate; it takes seconds)",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object (schema: README)")
     p.add_argument("--plot", type=Path, default=None, help="write the paper's Fig. 5 to this PNG")
     p.set_defaults(run=run)
@@ -88,12 +94,33 @@ def _base(args: argparse.Namespace) -> Any:
     if args.deployment is None:
         return Scenario()
     from prfaas.config import load_deployment
-    from prfaas.scenarios import plan_scenario
+    from prfaas.scenarios import plan_scenario, workload_lengths
 
+    d = load_deployment(args.deployment)
+    wl = workload_lengths(d)  # the trace's lengths when the file names one, cut to the context
+    if wl.warning and args.trace is None:
+        print(f"warning: {wl.warning}", file=sys.stderr)
     try:
-        return plan_scenario(load_deployment(args.deployment), profiles_ok=True)
+        return plan_scenario(d, profiles_ok=True, lengths=wl.lengths)
     except ValueError as exc:
         raise UsageError(f"{args.deployment}: {exc}") from None
+
+
+def _file_split(args: argparse.Namespace) -> tuple[int | None, int | None]:
+    """(t, N_p) a deployment file fixes: its ``policy.threshold_tokens`` and its PD site's
+    prefill nodes (the planner then searches only ``t``, over the file's roles, as the gateway
+    and the simulator do: ``scenarios.planned_threshold``); (None, None) without a file or when
+    ``--n-local`` resizes it."""
+    if args.deployment is None or args.n_local_given:
+        return None, None
+    from prfaas.config import load_deployment
+    from prfaas.scenarios import home_roles
+
+    d = load_deployment(args.deployment)
+    n_prfaas, n_p, n_d = home_roles(d)
+    if n_prfaas == 0 or n_d == 0 or n_p + n_d != args.n_local:
+        return d.policy.threshold_tokens, None
+    return d.policy.threshold_tokens, n_p
 
 
 def _profiles_from_file(args: argparse.Namespace) -> None:
@@ -114,8 +141,18 @@ def _profiles_from_file(args: argparse.Namespace) -> None:
 
 def _scenario(args: argparse.Namespace) -> Any:
     from prfaas.analytic import EmpiricalLengths, Scenario, TruncatedLogNormal
+    from prfaas.analytic.lengths import cut_to_context
     from prfaas.commands.common import model_arg, read_trace_lengths
 
+    args.n_local_given = args.n_local is not None
+    # Flags that make the plan another deployment than the file (its capacity is the file's).
+    args.reshaping_flags = [
+        flag for flag in ("model", "prfaas_hardware", "local_hardware", "prfaas_profile",
+                          "local_profile", "n_prfaas", "n_local", "link_gbps", "mu", "sigma",
+                          "min_tokens", "max_tokens", "trace", "output_tokens", "decode_slo",
+                          "threshold")
+        if getattr(args, flag) is not None
+    ]  # fmt: skip
     args.model = model_arg(args.model)  # a preset name, or the ModelSpec of a config
     _profiles_from_file(args)
     apply_profiles(args)  # before the fallbacks: a profile names its model and hardware
@@ -130,10 +167,19 @@ def _scenario(args: argparse.Namespace) -> Any:
         if getattr(args, flag) is None:
             setattr(args, flag, getattr(base, name))
     lengths_base = base.lengths
+    length_flags = ("mu", "sigma", "min_tokens", "max_tokens")
+    # A file's own workload (its trace, a fixed length, or its log-normal) stands unless a
+    # length flag is given.
+    keep_file_lengths = (
+        args.deployment is not None
+        and args.trace is None
+        and all(getattr(args, flag) is None for flag in length_flags)
+    )
     for flag, name in (("mu", "mu"), ("sigma", "sigma"), ("min_tokens", "lo"),
                        ("max_tokens", "hi")):  # fmt: skip
         if getattr(args, flag) is None:
-            setattr(args, flag, getattr(lengths_base, name))
+            # A file with a trace or fixed lengths: the log-normal flags start from the paper's.
+            setattr(args, flag, getattr(lengths_base, name, getattr(TruncatedLogNormal(), name)))
     for name in ("n_prfaas", "n_local", "n_homogeneous", "output_tokens", "threshold_step"):
         value = getattr(args, name)
         if value <= 0:
@@ -145,8 +191,10 @@ def _scenario(args: argparse.Namespace) -> Any:
     if args.n_local < 2 or args.n_homogeneous < 2:
         raise UsageError("--n-local and --n-homogeneous need at least 2 instances (P and D)")
     remote, local = side_costs(args)
-    if args.trace is not None:
-        lengths: Any = EmpiricalLengths(read_trace_lengths(args.trace), label=str(args.trace))
+    if keep_file_lengths:
+        lengths: Any = lengths_base
+    elif args.trace is not None:
+        lengths = EmpiricalLengths(read_trace_lengths(args.trace), label=str(args.trace))
     else:
         if not 0 < args.min_tokens < args.max_tokens:
             raise UsageError(
@@ -156,11 +204,12 @@ def _scenario(args: argparse.Namespace) -> Any:
             lengths = TruncatedLogNormal(args.mu, args.sigma, args.min_tokens, args.max_tokens)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+    # One rule everywhere (analytic.lengths.cut_to_context): prompts longer than the model's
+    # context are cut to it, with a warning; plan, sim and the gateway's t read the same cut.
     limit = min(remote.model.max_context_tokens, local.model.max_context_tokens)
-    if lengths.max_tokens > limit:
-        raise UsageError(
-            f"prompts of {lengths.max_tokens} tokens exceed {remote.model.name}'s {limit}"
-        )
+    lengths, warning = cut_to_context(lengths, limit, f"{lengths.describe()} ({remote.model.name})")
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     return Scenario(
         model=remote.model.name,
         prfaas_hardware=args.prfaas_hardware,
@@ -349,6 +398,51 @@ def _print_table(result: Any) -> None:
     )
 
 
+def _file_capacity(args: argparse.Namespace, planner: Any) -> dict[str, Any] | None:
+    """With ``--deployment`` (unless ``--n-local``/``--trace`` reshape it): the file's one
+    capacity (``prfaas.capacity``: the simulator's rule over the file's roles, shared cores,
+    batching, plumbing), beside Eqs. 1-8's ``lambda_max_exact`` for the same roles and ``t``,
+    and what those leave out."""
+    if args.deployment is None or args.no_capacity:
+        return None
+    if args.reshaping_flags:
+        flags = ", ".join("--" + f.replace("_", "-") for f in args.reshaping_flags)
+        print(f"prfaas plan: no capacity of the file: {flags} change the deployment "
+              "(simulate the changed file: prfaas sim FILE --find-max-rate)",
+              file=sys.stderr)  # fmt: skip
+        return None
+    from prfaas.capacity import deployment_capacity
+    from prfaas.config import load_deployment
+    from prfaas.scenarios import home_roles, sim_scenario
+
+    d = load_deployment(args.deployment)
+    if len(d.pd_sites) != 1:
+        return None
+    try:
+        sc = sim_scenario(d)
+        sc.validate()
+        n_prfaas, n_p, n_d = home_roles(d)
+        offloads = n_prfaas > 0 and d.policy.router != "local_only"
+        t = sc.threshold_tokens if offloads else None
+        exact = planner.evaluate(t, n_prfaas if offloads else 0, n_p, n_d).lambda_max_exact
+        cap = deployment_capacity(d, sc, exact)
+    except ValueError as exc:
+        raise UsageError(f"{args.deployment}: capacity: {exc}") from None
+    return cap.as_dict()
+
+
+def _print_capacity(c: dict[str, Any]) -> None:
+    eqs = c["lambda_max_exact_eqs_1_8"]
+    print(
+        f"Capacity of the file (simulated, the one definition: {c['definition']}): "
+        f"{c['capacity_rps']:.3f} req/s"
+        + (f"; Eqs. 1-8 exact {eqs:.3f} req/s (x{c['ratio_to_eqs']:.3f})" if eqs else "")
+        + "."
+    )
+    for line in c["eqs_1_8_leave_out"]:
+        print(f"  Eqs. 1-8 leave out: {line}")
+
+
 def _plot(planner: Any, result: Any, path: Path) -> None:
     import matplotlib
 
@@ -383,17 +477,27 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--plot: folder {args.plot.parent} does not exist")
     try:
         planner = Planner(scenario, *side_costs(args))
-        result = planner.plan(args.threshold)
+        file_t, file_n_p = _file_split(args)
+        lo, hi = scenario.lengths.min_tokens, scenario.lengths.max_tokens
+        if file_t is not None and not lo <= file_t <= hi:
+            file_t = min(max(file_t, lo), hi)  # same routes: nothing / everything offloaded
+        threshold = args.threshold if args.threshold is not None else file_t
+        result = planner.plan(threshold, n_p=file_n_p)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     prices = _file_prices(args)
+    capacity = _file_capacity(args, planner)
     if args.json:
         out = result_to_json(result)
         out["money"] = plan_money(planner, result, prices)
+        if capacity is not None:
+            out["capacity"] = capacity
         print(json.dumps(out, indent=2))
     else:
         _print_table(result)
         _print_money(plan_money(planner, result, prices))
+        if capacity is not None:
+            _print_capacity(capacity)
     if args.plot is not None:
         _plot(planner, result, args.plot)
         if not args.json:

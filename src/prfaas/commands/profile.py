@@ -65,6 +65,9 @@ def register(subparsers: Any) -> None:
     )  # fmt: skip
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--timeout", type=float, default=60.0, help="--endpoint: seconds per request")
+    p.add_argument(
+        "--api-key", default=None, help="--endpoint: the server's bearer key [$PRFAAS_API_KEY]"
+    )
     p.add_argument("--seed", type=int, default=0, help="prompt token seed")
     p.set_defaults(run=run)
 
@@ -264,12 +267,13 @@ def _profile_torch(args: argparse.Namespace) -> Any:
 class _Endpoint:
     """Streams ``/v1/completions`` with token-id prompts; errors are ``UsageError`` s."""
 
-    def __init__(self, url: str, model: str, timeout_s: float) -> None:
+    def __init__(self, url: str, model: str, timeout_s: float, api_key: str | None = None) -> None:
         import httpx
 
         self.url = url.rstrip("/")
         self.model = model
-        self._client = httpx.Client(timeout=timeout_s)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(timeout=timeout_s, headers=headers)
         self._httpx = httpx
 
     def close(self) -> None:
@@ -340,7 +344,9 @@ def _profile_endpoint(args: argparse.Namespace) -> Any:
 
     grid = [(n, c) for c in args.cached_tokens for n in args.new_tokens]
     decode_grid = [(b, x) for b in args.batch_sizes for x in args.contexts]
-    client = _Endpoint(args.endpoint, args.model, args.timeout)
+    from prfaas.commands.bench import api_key_of
+
+    client = _Endpoint(args.endpoint, args.model, args.timeout, api_key_of(args))
     prefill_points, decode_points = [], []
     try:
         with _Progress(len(grid) + len(decode_grid), "connecting") as bar:

@@ -1,8 +1,9 @@
 """``prfaas sim``: simulate a deployment (defaults: the paper's case study, PrfaaS-PD).
 
 The deployment comes from a deployment file (``prfaas sim FILE``: the file ``prfaas up`` runs,
-with its ``workload:`` and ``simulation:`` sections), from an older scenario YAML (``--config``,
-keys: ``SimScenario`` fields), or from the paper's case study (``--deployment paper-...``).
+with its ``workload:`` and ``simulation:`` sections) or from the paper's case study
+(``--deployment paper-...``); the older scenario YAML (``--config``) is refused with how to
+convert it.
 Flags override the file: a flag overrides only when it is given (every flag's default is None;
 the paper defaults, ``sim_build.PAPER_DEFAULTS``, apply only without a file; building the scenario
 is ``sim_build.py``). ``--find-max-rate`` searches the highest sustainable arrival rate (rule:
@@ -50,7 +51,8 @@ def register(subparsers: Any) -> None:
     a = p.add_argument
     a("file", nargs="?", type=Path, default=None, metavar="DEPLOYMENT.yaml",
       help="deployment file (as for prfaas up); flags override it")  # fmt: skip
-    a("--config", type=Path, default=None, help="older scenario YAML (keys: SimScenario fields)")
+    a("--config", type=Path, default=None,
+      help="gone (the older scenario YAML): says how to convert it")  # fmt: skip
     a(
         "--deployment",
         default="paper-prfaas",
@@ -146,19 +148,25 @@ def run(args: argparse.Namespace) -> int:
         sc, exact = build_scenario(args)
         sc.validate()
         if args.find_max_rate:
-            from prfaas.sim import MaxRateRule, find_max_rate
+            from prfaas.capacity import search
 
-            if sc.trace is not None:
-                raise UsageError("--find-max-rate needs synthetic arrivals, not --trace")
             if args.perfetto is not None or args.requests_csv is not None:
                 raise UsageError("--find-max-rate runs many trials: --perfetto and "
                                  "--requests-csv export one run, drop them")  # fmt: skip
-            start = exact or sc.arrival.rate_rps
-            res = find_max_rate(replace(sc, stratified=True), start,
-                                MaxRateRule(num_requests=args.max_rate_requests))  # fmt: skip
+            res = search(sc, exact, args.max_rate_requests)
+            bounds: dict[str, float] = {}
+            if args.file is not None:  # the file's measured plumbing ceilings (capacity.py)
+                from prfaas.capacity import plumbing_bounds
+                from prfaas.config import load_deployment
+
+                found = plumbing_bounds(load_deployment(args.file), sc)
+                bounds = {b.what: b.rate_rps for b in found}
             out: dict[str, Any] = {
                 "schema": "prfaas.sim.max_rate/1",
                 "max_rate_rps": res.max_rate_rps,
+                "capacity_rps": min([res.max_rate_rps, *bounds.values()]),
+                "plumbing_bounds_rps": bounds,
+                "workload": "trace" if sc.trace is not None else "synthetic",
                 "lambda_max_exact": exact,
                 "ratio_to_exact": res.max_rate_rps / exact if exact else None,
                 "rule": {

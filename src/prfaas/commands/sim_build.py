@@ -1,14 +1,15 @@
-"""What ``prfaas sim`` simulates: the ``SimScenario`` built from a deployment file, an older
-scenario YAML (``--config``) or the paper's case study, with the flags given over it (every
-flag's default is None; the paper defaults apply only without a file), the planner's capacity for
-it, and what a trace replay covers. Also the run's money (``analytic.prices``). The command
-itself, its flags and its output are ``commands/sim.py``.
+"""What ``prfaas sim`` simulates: the ``SimScenario`` built from a deployment file or the paper's
+case study (the older scenario YAML, ``--config``, is refused with how to convert it), with the
+flags given over it (every flag's default is None; the paper defaults apply only without a
+file), the planner's capacity for it, and what a trace replay covers. Also the run's money
+(``analytic.prices``). The command itself, its flags and its output are ``commands/sim.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -53,48 +54,40 @@ def _schedule(text: str) -> tuple[tuple[float, float], ...]:
     return tuple(out)
 
 
-def _from_scenario_yaml(path: Path) -> SimScenario:
-    from prfaas.config import load_yaml_mapping
-    from prfaas.sim import LengthConfig, LinkConfig, SimScenario, SiteConfig
-    from prfaas.workload import ArrivalSpec
-
-    data = load_yaml_mapping(path)
-    known = set(SimScenario.__dataclass_fields__)
-    bad = sorted(set(data) - known)
-    if bad:
-        raise UsageError(f"{path}: unknown scenario key(s) {', '.join(bad)}")
-    try:
-        data["sites"] = tuple(SiteConfig(**s) for s in data.get("sites", ()))
-        links = []
-        for lk in data.get("links", ()):
-            lk = dict(lk)
-            lk["schedule"] = tuple(tuple(x) for x in lk.get("schedule", ()))
-            links.append(LinkConfig(**lk))
-        data["links"] = tuple(links)
-        if "arrival" in data:
-            data["arrival"] = ArrivalSpec(**data["arrival"])
-        if "lengths" in data:
-            data["lengths"] = LengthConfig(**data["lengths"])
-        return SimScenario(**data)
-    except (TypeError, ValueError) as exc:
-        raise UsageError(f"{path}: {exc}") from None
+CONFIG_GONE = (
+    "--config {path}: the scenario YAML (SimScenario keys) is gone; `prfaas sim` and `prfaas plan` "
+    "read deployment files (the file `prfaas up` runs). Convert it: sites' num_prefill/num_decode "
+    "-> prefill_nodes/decode_nodes, links' bandwidth_gbps -> gbps and rtt_s -> rtt_ms (x1000), "
+    "policy -> policy.router, threshold_tokens -> policy.threshold_tokens, arrival/lengths/"
+    "duration_s/seed/trace/output_tokens -> workload:, the rest -> simulation:; add engine: "
+    "{{kind: timed, model: MODEL}}; then `prfaas sim FILE` (docs/deployment-file.md; "
+    "docs/examples/two_tenants.yaml is a converted example)"
+)
+"""What ``--config`` answers: how to convert an old scenario YAML."""
 
 
-def _from_deployment_file(path: Path) -> tuple[SimScenario, float | None]:
+def _from_deployment_file(
+    path: Path, trace: str | None = None, trace_limit: int | None = None
+) -> tuple[SimScenario, float | None]:
     """(scenario, the planner's lambda_max_exact for exactly this deployment, when it is the
-    planner's two-cluster kind: one PD site, PrfaaS sites or none)."""
+    planner's two-cluster kind: one PD site, PrfaaS sites or none). ``trace`` (``--trace``)
+    replaces the file's workload: its prompt lengths plan ``t`` and the planner's figure."""
     from prfaas.config import load_deployment
-    from prfaas.scenarios import planned_threshold, planner_for, sim_scenario
+    from prfaas.scenarios import planner_for, sim_scenario, workload_lengths
 
     d = load_deployment(path)
-    sc = sim_scenario(d)
+    wl = workload_lengths(d, trace, trace_limit)
+    if wl.warning:
+        print(f"warning: {wl.warning}", file=sys.stderr)
+    sc = sim_scenario(d, trace, trace_limit)
     exact: float | None = None
-    if len(d.pd_sites) == 1 and sc.trace is None:
+    if len(d.pd_sites) == 1:
         home = next(s for s in sc.sites if s.kind == "pd")
         n_prfaas = sum(s.num_prefill for s in sc.sites if s.kind == "prfaas")
         offloads = n_prfaas > 0 and d.policy.router != "local_only"
-        t = planned_threshold(d) if offloads else None
-        planner = planner_for(d, n_local=max(2, home.num_prefill + home.num_decode))
+        t = sc.threshold_tokens if offloads else None
+        planner = planner_for(d, lengths=wl.lengths,
+                              n_local=max(2, home.num_prefill + home.num_decode))  # fmt: skip
         exact = planner.evaluate(t, n_prfaas if offloads else 0, home.num_prefill,
                                  home.num_decode).lambda_max_exact  # fmt: skip
     if d.workload.arrival.rate_rps is None and exact:
@@ -139,9 +132,9 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise UsageError(f"--mu must be finite, got {args.mu:g}")
     if args.requests_csv is not None and not args.requests_csv.parent.is_dir():
         raise UsageError(f"--requests-csv: folder {args.requests_csv.parent} does not exist")
-    if args.file is not None and args.config is not None:
-        raise UsageError("give a deployment file or --config, not both")
-    from_file = args.file is not None or args.config is not None
+    if args.config is not None:
+        raise UsageError(CONFIG_GONE.format(path=args.config))
+    from_file = args.file is not None
     if from_file and (args.n_p is not None or args.n_d is not None):
         raise UsageError("--n-p/--n-d size the paper deployments; a file gives its node counts")
     if args.file is not None and (args.pd_sites > 1 or args.prfaas_sites > 1):
@@ -158,8 +151,11 @@ def _paper(args: argparse.Namespace) -> tuple[SimScenario, float | None]:
             f"unknown deployment {args.deployment!r} (known: {', '.join(DEPLOYMENTS)})"
         )
     value = _with_paper_defaults(args)
+    threshold = args.threshold
+    if threshold is None and args.trace is not None and args.deployment == "paper-prfaas":
+        threshold = _trace_threshold(args, value("link_gbps"))
     sc = paper_deployment(
-        args.deployment, threshold_tokens=args.threshold, n_p=args.n_p, n_d=args.n_d,
+        args.deployment, threshold_tokens=threshold, n_p=args.n_p, n_d=args.n_d,
         link_gbps=value("link_gbps"), rtt_s=value("rtt_ms") / 1000,
     )  # fmt: skip
     if args.pd_sites > 1 or args.prfaas_sites > 1:
@@ -172,6 +168,24 @@ def _paper(args: argparse.Namespace) -> tuple[SimScenario, float | None]:
     if args.n_p is not None or args.n_d is not None or args.prfaas_sites > 1:
         exact = None  # not the planner's deployment any more
     return sc, exact
+
+
+def _trace_threshold(args: argparse.Namespace, link_gbps: float) -> int:
+    """The paper deployment's ``t`` re-planned over the trace's prompt lengths (not the
+    log-normal's), at the deployment's own split: the rule of ``scenarios.planned_threshold``."""
+    from prfaas.analytic import EmpiricalLengths, Planner, Scenario
+    from prfaas.sim.scenario import paper_plan
+    from prfaas.workload import read_mooncake
+
+    values = [r.num_prompt_tokens for r in read_mooncake(args.trace, args.trace_limit)]
+    if not values:
+        raise UsageError(f"trace {args.trace}: no records")
+    d = paper_plan(link_gbps).prfaas
+    n_p = d.n_p if args.n_p is None else args.n_p
+    n_d = d.n_d if args.n_d is None else args.n_d
+    scenario = Scenario(link_gbps=link_gbps, n_local=n_p + n_d,
+                        lengths=EmpiricalLengths(values, label=f"trace {args.trace}"))  # fmt: skip
+    return int(Planner(scenario).plan(n_p=n_p).prfaas.threshold_tokens or 0)
 
 
 def _with_paper_defaults(args: argparse.Namespace) -> Callable[[str], Any]:
@@ -188,11 +202,10 @@ def build_scenario(args: argparse.Namespace) -> tuple[SimScenario, float | None]
     from prfaas.workload import ArrivalSpec
 
     _check_flags(args)
-    from_file = args.file is not None or args.config is not None
+    from_file = args.file is not None
     if args.file is not None:
-        sc, exact = _from_deployment_file(args.file)
-    elif args.config is not None:
-        sc, exact = _from_scenario_yaml(args.config), None
+        trace = None if args.trace is None else str(args.trace)
+        sc, exact = _from_deployment_file(args.file, trace, args.trace_limit)
     else:
         sc, exact = _paper(args)
 
@@ -299,7 +312,7 @@ def sim_money(sc: SimScenario, out: dict[str, Any], prices: dict[str, float]) ->
 
 def _file_sets_duration(args: argparse.Namespace) -> bool:
     if args.file is None:
-        return args.config is not None  # an older scenario YAML: its duration as before
+        return False
     from prfaas.config import load_deployment
 
     return "duration_s" in load_deployment(args.file).workload.model_fields_set

@@ -52,6 +52,7 @@ class Metrics:
         self.prompt_tokens = 0
         """Prompt tokens of the completed requests (what they were served, cached or not)."""
         self.num_good = 0
+        self.last_arrival_s = 0.0
         self.first_finish_s = math.inf
         self.last_finish_s = 0.0
         self.threshold_updates: list[dict[str, object]] = []

@@ -86,6 +86,9 @@ class SimScenario:
     warmup_s: float = 0.0
     """Requests arriving earlier are served but not counted in latency metrics."""
     seed: int = 0
+    max_prompt_tokens: int | None = None
+    """Prompts longer than this (the model's context) are cut to it; None: no cut (the length
+    distribution is already within it). ``scenarios.workload_lengths`` states the cut."""
     stratified: bool = False
     """Stratified length sampling (used by --find-max-rate; see workload/lengths.py)."""
     prefix_cache: bool = True

@@ -49,13 +49,13 @@ from prfaas.sim.scenario import SimScenario
 from prfaas.sim.world import World
 from prfaas.workload import (
     FixedLengths,
+    LengthDistribution,
     SimRequestSpec,
     TruncatedLogNormal,
     read_mooncake,
     synthetic_requests,
     trace_requests,
 )
-from prfaas.workload.requests import LengthDistribution
 
 _ARRIVAL = EventKind.ARRIVAL
 _KV_ARRIVE = EventKind.KV_ARRIVE
@@ -99,7 +99,8 @@ class Simulator:
         self._home_sites = tuple(self.homes)
         self._requests = requests if requests is not None else self._workload()
         self.num_events = 0
-        self.probe: Callable[[Simulator], None] | None = None
+        self.probes: list[tuple[float, int, Callable[[Simulator], None]]] = []
+        """Pending probes, earliest first (``schedule_probe``)."""
         self._primed = False
         self.last_arrival_s = 0.0
         handlers: dict[EventKind, Callable[[Any], None]] = {
@@ -161,14 +162,17 @@ class Simulator:
         if sc.trace is not None:
             records = read_mooncake(sc.trace, sc.trace_limit)
             return trace_requests(
-                records, rate_scale=sc.rate_scale, duration_s=sc.duration_s, num_home_sites=homes
-            )
+                records, rate_scale=sc.rate_scale, duration_s=sc.duration_s, num_home_sites=homes,
+                max_prompt_tokens=sc.max_prompt_tokens,
+            )  # fmt: skip
         lc = sc.lengths
         dist: LengthDistribution
         if lc.kind == "fixed":
             dist = FixedLengths(lc.fixed_tokens)
         else:
             dist = TruncatedLogNormal(lc.mu, lc.sigma, lc.min_tokens, lc.max_tokens)
+        if sc.max_prompt_tokens is not None:
+            dist = dist.capped(sc.max_prompt_tokens)
         return synthetic_requests(
             sc.arrival, dist, sc.output_tokens, sc.duration_s, rng,
             stratified=sc.stratified, num_home_sites=homes,
@@ -224,6 +228,7 @@ class Simulator:
         w = self.world
         m = w.metrics
         m.num_arrived += 1
+        m.last_arrival_s = w.now
         sc = w.sc
         home = self.homes[req.home]
         hashes = req.block_hashes if sc.prefix_cache else ()
@@ -441,10 +446,11 @@ class Simulator:
             w.links[key].set_capacity(w.now, gbps * 1e9 / 8)
 
     def schedule_probe(self, at_s: float, fn: Callable[[Simulator], None]) -> None:
-        """Call ``fn(self)`` at ``at_s`` (after everything else due then); ``--find-max-rate``."""
-        self.probe = fn
+        """Call ``fn(self)`` at ``at_s`` (after everything else due then); ``--find-max-rate``
+        probes twice (halfway and at the end)."""
+        heapq.heappush(self.probes, (at_s, self.world.q.next_seq(), fn))
         self.world.q.timer(at_s, EventKind.PROBE)
 
     def _on_probe(self, _: Timer) -> None:
-        if self.probe is not None:
-            self.probe(self)
+        if self.probes:
+            heapq.heappop(self.probes)[2](self)

@@ -4,12 +4,18 @@ Pure: no torch, no asyncio, no clock reads. Randomness comes from a seeded ``ran
 in. The only I/O is the explicit trace reader (``read_mooncake``).
 """
 
+# The one length-distribution type lives in analytic (the planner reads the same objects).
+from prfaas.analytic.lengths import (
+    EmpiricalLengths,
+    FixedLengths,
+    LengthDistribution,
+    TruncatedLogNormal,
+)
 from prfaas.workload.arrivals import (
     ARRIVAL_KINDS,
     ArrivalSpec,
     arrival_times,
 )
-from prfaas.workload.lengths import EmpiricalLengths, FixedLengths, TruncatedLogNormal
 from prfaas.workload.mooncake import TraceError, TraceRecord, read_mooncake
 from prfaas.workload.requests import SimRequestSpec, synthetic_requests, trace_requests
 
@@ -18,6 +24,7 @@ __all__ = [
     "ArrivalSpec",
     "EmpiricalLengths",
     "FixedLengths",
+    "LengthDistribution",
     "SimRequestSpec",
     "TraceError",
     "TraceRecord",

@@ -7,16 +7,10 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
 
+from prfaas.analytic.lengths import LengthDistribution
 from prfaas.workload.arrivals import ArrivalSpec, arrival_times
 from prfaas.workload.mooncake import TraceRecord
-
-
-class LengthDistribution(Protocol):
-    def sample(self, rng: random.Random) -> int: ...
-
-    def stratified(self, rng: random.Random, block: int = 1000) -> Iterator[int]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +50,7 @@ def synthetic_requests(
     length_rng = random.Random(rng.getrandbits(64))
     length_iter = lengths.stratified(length_rng) if stratified else None
     for i, t in enumerate(arrival_times(arrivals, duration_s, time_rng)):
-        n = next(length_iter) if length_iter is not None else lengths.sample(length_rng)
+        n = next(length_iter) if length_iter is not None else lengths.draw(length_rng)
         yield SimRequestSpec(i, t, n, num_output_tokens, (), i % num_home_sites)
 
 
@@ -66,14 +60,19 @@ def trace_requests(
     rate_scale: float = 1.0,
     duration_s: float | None = None,
     num_home_sites: int = 1,
+    max_prompt_tokens: int | None = None,
 ) -> Iterator[SimRequestSpec]:
-    """Replay trace records; ``rate_scale`` 2 compresses time so requests arrive twice as fast."""
+    """Replay trace records; ``rate_scale`` 2 compresses time so requests arrive twice as fast.
+    ``max_prompt_tokens``: a longer prompt is cut to it (the model's context: the same cut as
+    ``EmpiricalLengths.capped``; its block hashes are cut with it)."""
     if not rate_scale > 0:
         raise ValueError(f"rate scale must be > 0, got {rate_scale}")
     for i, rec in enumerate(records):
         t = rec.arrival_s / rate_scale
         if duration_s is not None and t >= duration_s:
             return
-        yield SimRequestSpec(
-            i, t, rec.num_prompt_tokens, rec.num_output_tokens, rec.block_hashes, i % num_home_sites
-        )
+        n, hashes = rec.num_prompt_tokens, rec.block_hashes
+        if max_prompt_tokens is not None and n > max_prompt_tokens:
+            keep = len(hashes) * max_prompt_tokens // n  # whole blocks still inside the cut
+            n, hashes = max_prompt_tokens, hashes[:keep]
+        yield SimRequestSpec(i, t, n, rec.num_output_tokens, hashes, i % num_home_sites)

@@ -38,7 +38,7 @@ def _policy(tune: bool, rebalance: bool) -> ControlPolicy:
     rng = random.Random(0)
     dist = TruncatedLogNormal(9.9, 1.0, 128, 131072)
     for i in range(2000):  # 2.5 requests/s of the paper's lengths
-        policy.observe(dist.sample(rng), 1024, i / 2.5)
+        policy.observe(dist.draw(rng), 1024, i / 2.5)
     return policy
 
 

@@ -64,15 +64,24 @@ def test_zero_gbps_link_in_use_is_refused(
 ) -> None:
     cfg = tmp_path / "s.yaml"
     cfg.write_text(
-        "sites:\n"
-        "  - {name: pd, kind: pd, hardware: h20, num_prefill: 3, num_decode: 5}\n"
-        "  - {name: far, kind: prfaas, hardware: h200, num_prefill: 4}\n"
-        "links:\n  - {src: far, dst: pd, bandwidth_gbps: 0}\n"
-        "policy: threshold\n",
+        "engine: {kind: timed, model: paper-1t}\npolicy: {router: threshold}\nsites:\n"
+        "  - {name: pd, kind: pd, hardware: h20, prefill_nodes: 3, decode_nodes: 5}\n"
+        "  - {name: far, kind: prfaas, hardware: h200, prefill_nodes: 4}\n"
+        "links:\n  - {src: far, dst: pd, gbps: 10}\n",
         encoding="utf-8",
     )
+    rc, _, err = _run([str(cfg), "--link-gbps", "0"], capsys)
+    assert rc == 2 and "--link-gbps" in err and len(err.strip().splitlines()) == 1
+
+
+def test_old_scenario_yaml_is_refused_with_how_to_convert(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text("sites: []\n", encoding="utf-8")
     rc, _, err = _run(["--config", str(cfg)], capsys)
-    assert rc == 2 and "0 Gbps" in err and len(err.strip().splitlines()) == 1
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert "deployment file" in err and "prefill_nodes" in err and "two_tenants.yaml" in err
 
 
 def test_malformed_trace_line_names_its_number(
@@ -101,7 +110,7 @@ def test_trace_replay_with_rate_scale(capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_yaml_example_runs_and_flags_override_it(capsys: pytest.CaptureFixture[str]) -> None:
     example = Path(__file__).resolve().parents[3] / "docs" / "examples" / "two_tenants.yaml"
-    rc, out, _ = _run(["--config", str(example), "--duration", "60", "--json"], capsys)
+    rc, out, _ = _run([str(example), "--duration", "60", "--json"], capsys)
     assert rc == 0
     data = json.loads(out)
     assert data["scenario"]["arrival"]["kind"] == "poisson"  # from the file

@@ -61,14 +61,14 @@ def test_truncated_lognormal_matches_the_paper() -> None:
     xs = [x for _, x in zip(range(20000), d.stratified(random.Random(3)), strict=False)]
     assert min(xs) >= 128 and max(xs) <= 131072
     assert statistics.mean(xs) == pytest.approx(27485, rel=0.01)  # PAPER.md: mean ~27.5K
-    plain = [d.sample(random.Random(i)) for i in range(2000)]
+    plain = [d.draw(random.Random(i)) for i in range(2000)]
     assert 128 <= min(plain) and max(plain) <= 131072
 
 
 def test_empirical_lengths() -> None:
     e = EmpiricalLengths.of([5, 1, 3])
     assert e.values == (1, 3, 5)
-    assert {e.sample(random.Random(i)) for i in range(50)} == {1, 3, 5}
+    assert {e.draw(random.Random(i)) for i in range(50)} == {1, 3, 5}
 
 
 def test_same_lengths_at_every_rate() -> None:

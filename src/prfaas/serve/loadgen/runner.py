@@ -29,8 +29,10 @@ async def run_workload(
     duration_s: float | None = None,
     on_done: Callable[[RequestResult], None] | None = None,
     extra_body: dict[str, Any] | None = None,
+    api_key: str | None = None,
 ) -> tuple[list[RequestResult], float]:
-    """Results in request order, and the wall time of the run in seconds."""
+    """Results in request order, and the wall time of the run in seconds. ``extra_body``: fields
+    added to every request (e.g. ``ignore_eos``); ``api_key``: sent as a bearer token."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     url = base_url.rstrip("/") + "/v1/completions"
@@ -38,7 +40,8 @@ async def run_workload(
     results: list[RequestResult] = []
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     timeout = httpx.Timeout(timeout_s, connect=min(10.0, timeout_s))
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, headers=headers) as client:
         start = time.perf_counter()
 
         async def one(req: BenchRequest, sent_s: float) -> None:

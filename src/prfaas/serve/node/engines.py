@@ -30,7 +30,7 @@ def build_engine(
             # Made-up tokens drawn from ASCII: each one is a whole character for the gateway's
             # byte tokenizer, so a client sees text from the very first token.
             vocab_size=128,
-            prefill_token_budget=sim.prefill_token_budget,
+            prefill_token_budget=sim.prefill_budget_for("timed"),
             decode_kv_fraction=sim.decode_kv_fraction,
         )
         return TimedEngine(cost, LoopWaiter(LoopClock()), timed)

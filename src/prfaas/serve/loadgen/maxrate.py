@@ -1,0 +1,129 @@
+"""``prfaas bench --find-max-rate``: a live endpoint's CAPACITY by the simulator's rule
+(``sim/maxrate.py``, ``prfaas/capacity.py``): the highest constant open-loop arrival rate at
+which no stage's backlog grows and the decode SLO holds.
+
+Live, the stages' queues are not visible from the client, so a step's backlog is what the client
+sees of all of them together: the requests in flight (sent, not finished). One step sends the
+same requests (same seed, same lengths) at a constant rate ``r`` over ``D`` seconds; the step
+*passes* when
+- the requests in flight at ``D`` exceed those at ``D / 2`` by at most ``growth_fraction x D``
+  seconds of arrivals (``growth / r``; an overloaded stage piles up ``(rho - 1) x r x D / 2`` of
+  them in the second half: the simulator's rule with a looser fraction, live steps are short),
+- every request completed (a 429 or a timeout is overload),
+- and, with a decode SLO, the P90 time per output token meets it.
+Search: from ``start_rps`` multiply by ``step_factor`` while steps pass (divide while they fail),
+then bisect until ``hi / lo <= 1 + rel_tol``; the answer is the highest rate that passed.
+
+The judging is pure (``judge_step`` over ``RequestResult`` rows); ``find_max_rate_live`` drives
+steps through an injected ``run_step`` (the command sends real requests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from prfaas.serve.loadgen.client import RequestResult
+
+
+@dataclass(frozen=True, slots=True)
+class LiveRule:
+    growth_fraction: float = 0.02
+    """In-flight growth allowed between ``D / 2`` and ``D``, in seconds of arrivals over ``D``:
+    a stage at utilisation ``rho > 1`` grows by ``(rho - 1) x D / 2``, so steps up to ``rho``
+    1.04 pass (the simulator allows 0.0025 x D at 20,000 requests; live steps are shorter)."""
+    slo_tpot_s: float | None = None
+    step_factor: float = 1.25
+    rel_tol: float = 0.05
+    max_steps: int = 12
+
+
+@dataclass(frozen=True, slots=True)
+class LiveStep:
+    rate_rps: float
+    passed: bool
+    why: str
+    in_flight_half: int
+    in_flight_end: int
+    window_s: float
+    completed: int
+    num_requests: int
+    tpot_p90_s: float | None
+
+
+def in_flight_at(results: Sequence[RequestResult], t_s: float) -> int:
+    """Requests sent by ``t_s`` and not finished by then (a failed one counts until it failed,
+    unknown: until the end)."""
+    n = 0
+    for r in results:
+        if r.sent_s > t_s:
+            continue
+        end = r.sent_s + r.latency_s if r.latency_s is not None else float("inf")
+        n += end > t_s
+    return n
+
+
+def judge_step(
+    results: Sequence[RequestResult], rate_rps: float, window_s: float, rule: LiveRule
+) -> LiveStep:
+    half, end = in_flight_at(results, window_s / 2), in_flight_at(results, window_s)
+    completed = sum(r.ok for r in results)
+    tpots = sorted(t for r in results if (t := r.tpot_s) is not None)
+    p90 = tpots[min(len(tpots) - 1, int(0.9 * len(tpots)))] if tpots else None
+    growth_s = (end - half) / rate_rps
+    why = ""
+    if completed < len(results):
+        why = f"{len(results) - completed} of {len(results)} failed"
+    elif growth_s > rule.growth_fraction * window_s:
+        why = f"in flight grew {half} -> {end} ({growth_s:.2f} s of arrivals)"
+    elif rule.slo_tpot_s is not None and p90 is not None and p90 > rule.slo_tpot_s:
+        why = f"TPOT P90 {p90 * 1e3:.1f} ms > SLO {rule.slo_tpot_s * 1e3:.1f} ms"
+    return LiveStep(rate_rps, not why, why or "ok", half, end, window_s, completed, len(results),
+                    p90)  # fmt: skip
+
+
+def find_max_rate_live(
+    run_step: Callable[[float], tuple[Sequence[RequestResult], float]],
+    start_rps: float,
+    rule: LiveRule | None = None,
+    on_step: Callable[[LiveStep], None] | None = None,
+) -> tuple[float, tuple[LiveStep, ...]]:
+    """(capacity, steps). ``run_step(rate)`` sends the step's requests at ``rate`` and returns
+    their results and the sending window ``D`` in seconds."""
+    rule = rule or LiveRule()
+    if not start_rps > 0:
+        raise ValueError(f"start rate must be > 0, got {start_rps}")
+    steps: list[LiveStep] = []
+
+    def run(rate: float) -> bool:
+        results, window_s = run_step(rate)
+        step = judge_step(results, rate, window_s, rule)
+        steps.append(step)
+        if on_step is not None:
+            on_step(step)
+        return step.passed
+
+    lo, hi, rate = 0.0, 0.0, start_rps
+    if run(rate):
+        lo = rate
+        while len(steps) < rule.max_steps:
+            rate *= rule.step_factor
+            if not run(rate):
+                hi = rate
+                break
+            lo = rate
+    else:
+        hi = rate
+        while len(steps) < rule.max_steps:
+            rate /= rule.step_factor
+            if run(rate):
+                lo = rate
+                break
+            hi = rate
+    while lo > 0 and hi > 0 and hi / lo > 1 + rule.rel_tol and len(steps) < rule.max_steps:
+        mid = (lo * hi) ** 0.5
+        if run(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo, tuple(steps)
