@@ -98,6 +98,7 @@ def measure(
     from prfaas.config import load_deployment
     from prfaas.perf.plumbing import PlumbingCosts
     from prfaas.perf.profile_costs import cost_model_from_profile_file
+    from prfaas.serve.launch_errors import LaunchError
     from prfaas.serve.launcher import Launcher
     from prfaas.serve.loadgen import BenchRequest, PromptSynth, run_workload
 
@@ -126,7 +127,15 @@ def measure(
             )
 
     say("plumbing: starting a one-site deployment (gateway, prefill node, decode node)")
-    with Launcher(d, workdir / "plumbing-run") as launcher:
+    launcher = Launcher(d, workdir / "plumbing-run")
+    try:
+        launcher.start()
+    except LaunchError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UsageError(
+            f"plumbing measurement: the deployment did not start ({first}); --no-plumbing skips it"
+        ) from None
+    try:  # start() stops what it started when it fails; stop() the rest
         url = launcher.url
         pids = {name: launcher.child(name).proc.pid for name in PROCESSES}
         send(SHORT_PROMPT_TOKENS, 2, 2, url)  # warm-up: first passes allocate, load lazily
@@ -152,6 +161,8 @@ def measure(
             cls(SHORT_PROMPT_TOKENS, OUTPUT_TOKENS),
             cls(long_prompt_tokens, 1),
         )
+    finally:
+        launcher.stop()
     notes: dict[str, str] = {}
 
     def floor0(name: str, value: float) -> float:
