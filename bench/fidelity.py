@@ -1,31 +1,27 @@
 """Fidelity check: does ``prfaas sim`` predict a live deployment whose nodes really compute?
 
-    .venv/bin/python bench/fidelity.py                      # the full check (~15-25 min here)
-    .venv/bin/python bench/fidelity.py --json out.json      # and the figures as JSON
-    .venv/bin/python bench/fidelity.py --quick              # a tiny end-to-end run (the test's)
+    .venv/bin/python bench/fidelity.py --fresh-profiles --json out.json   # the scored table
+    .venv/bin/python bench/fidelity.py --seed-list 11 22 33 ...           # rerun given seeds
+    .venv/bin/python bench/fidelity.py --quick                            # tiny (the test's)
 
 Steps, all from this script (docs/fidelity.md has the method, the figures and why they differ):
-1. A tiny random-weight Qwen3-Next hybrid (3 Gated DeltaNet : 1 gated attention layers, fp32,
-   torch fallbacks), small enough that a few thousand prompt tokens prefill in 0.1-1 s on a core.
-2. ``prfaas profile --engine torch`` of that model twice, apart and beforehand: under
-   ``taskset -c 1`` (the PrfaaS node's core) and ``taskset -c 0`` (the PD site's core), on random
-   prompts of their own seed (none of the run's prompts; nothing is fitted to the runs).
-3. A deployment file (``engine: {kind: torch}``, the ``prfaas`` router, ``hardware:`` the two
-   profile files): one PrfaaS site of one prefill node, one PD site of a prefill and a decode node.
-4. Live: ``Launcher`` runs it (gateway + one process per node); each site's ``engine.cpus``
-   pins its node processes, every thread (the PrfaaS node to core 1, the PD site's two nodes to
-   core 0, which they share; the gateway and this load client are left to the scheduler). The
-   simulator reads the same field: nodes on one core share it. Two scenarios:
-   a Mooncake trace slice (its prefix reuse kept: a hash id becomes the same 512 tokens wherever
-   it appears) and a synthetic burst (gamma inter-arrivals, cv 3, log-normal lengths). Each is run
-   first overloaded (at ``--overload`` x the simulator's capacity: the measured capacity is
-   completed / makespan), then at ``--loads`` fractions of that measured capacity (0.5, 0.95).
-5. The simulator runs exactly the same requests (same arrivals, lengths, block hashes) from the
-   same deployment file, its timings from the same profile files.
-6. Side by side: completed requests, throughput, TTFT P50/P90, the route (offloaded or not) of
-   every request compared one by one, prefix hit rates per site; medians over ``--repeats``.
-
-What the two sides share by construction and what they do not: docs/fidelity.md.
+1. A tiny random-weight Qwen3-Next hybrid (3 Gated DeltaNet : 1 gated attention layers, fp32).
+2. ``prfaas profile --engine torch`` of that model twice, at once and beforehand, under
+   ``taskset -c 1`` (the PrfaaS node's core) and ``taskset -c 0`` (the PD site's core): forward
+   passes on random prompts of their own seed, then the plumbing terms through a live one-site
+   deployment (``commands/profile_plumbing.py``). Nothing is fitted to the runs.
+3. A deployment file (torch nodes, the ``prfaas`` router, ``hardware:`` the two profiles, the PD
+   site's two nodes sharing core 0 through ``engine.cpus``, which the simulator models).
+4. Two workload shapes (multi-turn sessions sharing prefixes; independent log-normal prompts),
+   each generated per seed, seeds drawn fresh every run and printed; outputs of tens of tokens
+   sent with ``ignore_eos``.
+5. Per seed: burst throughput (all at once), live capacity (a step-rate search) and simulated
+   capacity (bisection by the same keep-up rule), then 50% and 90% of the live capacity, run
+   live twice (the noise floor) and simulated in seven variants of ``simulation.plumbing`` (all
+   terms, none, each one off).
+6. The table: per shape, median (worst) over seeds of capacity and burst sim/live, TTFT P50/P90
+   sim/live and the median per-request TTFT error; issue 20's bounds per seed; agreements that
+   hold by construction (routes with ``t`` fixed) apart.
 """
 
 from __future__ import annotations
