@@ -892,7 +892,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--threshold-tokens", type=int, help="the router's t [balanced_t]")
     p.add_argument("--fresh-profiles", action="store_true", help="profile again even if present")
+    p.add_argument("--render", type=Path, help="print the table of a saved --json (a cut run)")
     args = p.parse_args(argv)
+    if args.render is not None:
+        saved = json.loads(args.render.read_text())
+        print(f"seeds: {' '.join(map(str, saved['seeds']))}; t = {saved['threshold_tokens']}; "
+              f"{saved['requests']} requests per run; rows {len(saved['rows'])}")  # fmt: skip
+        print(render_scored(saved["rows"]))
+        return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     fields: dict[str, Any] = dict(QUICK) if args.quick else {}
     if args.quick:
