@@ -646,16 +646,30 @@ def lognormal_specs(seed: int, n: int, mean_output: int) -> list[Any]:
     return out
 
 
-def in_system_at_last_arrival(outcomes: Sequence[Outcome]) -> int:
-    """Requests not finished when the last one arrived (failed ones count: never finished)."""
-    last = max(o.arrival_s for o in outcomes)
-    return sum(1 for o in outcomes if not o.ok or o.finish_s is None or o.finish_s > last + 1e-9)
+def ttft_trend(outcomes: Sequence[Outcome]) -> tuple[float, float] | None:
+    """Median TTFT of the first and of the last third of the requests (by arrival)."""
+    ok = sorted((o for o in outcomes if o.ok and o.ttft_s is not None), key=lambda o: o.arrival_s)
+    third = len(ok) // 3
+    if third < 2:
+        return None
+    first = statistics.median(o.ttft_s for o in ok[:third])  # type: ignore[misc]
+    last = statistics.median(o.ttft_s for o in ok[-third:])  # type: ignore[misc]
+    return first, last
+
+
+TREND_FACTOR, TREND_SLACK_S = 1.5, 0.2
 
 
 def keeps_up(outcomes: Sequence[Outcome]) -> bool:
     """The bench's capacity rule (live and simulated alike, until ``bench --find-max-rate``'s
-    lands): at the last arrival at most max(4, 10%) of the requests are still in the system."""
-    return in_system_at_last_arrival(outcomes) <= max(4, len(outcomes) // 10)
+    lands): every request completes and no queue builds up over the run, i.e. the median TTFT of
+    the last third of the requests is at most 1.5x that of the first third plus 0.2 s (an
+    overloaded stage makes TTFT grow with the arrival index)."""
+    trend = ttft_trend(outcomes)
+    if trend is None or any(not o.ok for o in outcomes):
+        return False
+    first, last = trend
+    return last <= TREND_FACTOR * first + TREND_SLACK_S
 
 
 def sim_capacity(deployment: Path, specs: Sequence[Any], off: tuple[str, ...],
@@ -681,18 +695,28 @@ def sim_capacity(deployment: Path, specs: Sequence[Any], off: tuple[str, ...],
     return lo
 
 
-def live_capacity(run: Any, burst_rps: float, steps: Sequence[float]) -> tuple[float, list[Any]]:
-    """The live step-rate search: rates ``burst_rps x step`` upwards until one does not keep up;
-    capacity = the highest that did (the lowest step that failed, times 0.8, when none did)."""
+def step_capacity(run: Any, burst_rps: float, steps: Sequence[float]) -> tuple[float, list[Any]]:
+    """The step-rate search (live, and the simulator the same way, so both are quantized alike):
+    rates ``burst_rps x step`` upwards until one does not keep up, then one more run halfway
+    (geometric) between the last that did and the first that did not; capacity = the highest
+    rate that kept up (0.8 x the lowest step when none did)."""
     tried: list[Any] = []
+
+    def attempt(rate: float) -> bool:
+        outcomes = run(rate)
+        passed = keeps_up(outcomes)
+        tried.append({"rate_rps": rate, "kept_up": passed,
+                      "ttft_first_last_third_s": ttft_trend(outcomes)})  # fmt: skip
+        return passed
+
     best = None
     for step in steps:
         rate = burst_rps * step
-        outcomes = run(rate)
-        passed = keeps_up(outcomes)
-        left = in_system_at_last_arrival(outcomes)
-        tried.append({"rate_rps": rate, "kept_up": passed, "in_system_at_last_arrival": left})
-        if not passed:
+        if not attempt(rate):
+            if best is not None:
+                mid = (best * rate) ** 0.5
+                if attempt(mid):
+                    best = mid
             break
         best = rate
     if best is None:
@@ -763,10 +787,16 @@ def score_seed(
                            "burst": {"live_rps": live_burst, "sim_rps": {}}}  # fmt: skip
     for name, off in VARIANTS.items():
         row["burst"]["sim_rps"][name] = summarize(run_sim(deployment, burst, off))["throughput_rps"]
-    cap, tried = live_capacity(lambda r: live(r, "step"), live_burst, args.steps)
-    row["capacity"] = {"live_rps": cap, "live_steps": tried, "sim_rps": {}}
+    cap, tried = step_capacity(lambda r: live(r, "step"), live_burst, args.steps)
+    row["capacity"] = {"live_rps": cap, "live_steps": tried, "sim_rps": {}, "sim_bisect_rps": {}}
     for name, off in VARIANTS.items():
-        row["capacity"]["sim_rps"][name] = sim_capacity(deployment, specs, off, cap)
+        # The same search from the simulator's own burst throughput (no live figure used),
+        # and a finer bisection by the same rule.
+        sim_burst = row["burst"]["sim_rps"][name]
+        row["capacity"]["sim_rps"][name] = step_capacity(
+            lambda r, off=off: run_sim(deployment, at_rate(specs, r), off), sim_burst, args.steps
+        )[0]
+        row["capacity"]["sim_bisect_rps"][name] = sim_capacity(deployment, specs, off, cap)
     row["loads"] = {}
     for load in s.loads:
         rate = load * cap

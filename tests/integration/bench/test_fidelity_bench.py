@@ -99,14 +99,15 @@ def test_workload_shapes_are_new_per_seed_and_realistic(fid: ModuleType) -> None
 
 
 @pytest.mark.timeout(30)
-def test_the_capacity_rule_counts_requests_left_at_the_last_arrival(fid: ModuleType) -> None:
-    def o(i: int, arrival: float, finish: float | None) -> Any:
-        return fid.Outcome(i, finish is not None, arrival, 0.1, finish, False, "pd", 100, 0)
+def test_the_capacity_rule_looks_for_a_growing_queue(fid: ModuleType) -> None:
+    def o(i: int, arrival: float, ttft: float, ok: bool = True) -> Any:
+        return fid.Outcome(i, ok, arrival, ttft, arrival + ttft + 1.0, False, "pd", 100, 0)
 
-    steady = [o(i, float(i), i + 0.5) for i in range(40)]
-    assert fid.in_system_at_last_arrival(steady) == 1 and fid.keeps_up(steady)
-    behind = [o(i, i * 0.1, 1.0 + i * 0.5) for i in range(40)]  # service 2x slower than arrivals
-    assert fid.in_system_at_last_arrival(behind) > 4 and not fid.keeps_up(behind)
+    steady = [o(i, float(i), 0.3 + 0.1 * (i % 3)) for i in range(30)]
+    assert fid.keeps_up(steady)
+    behind = [o(i, i * 0.1, 0.3 + 0.05 * i) for i in range(30)]  # the queue grows
+    assert fid.ttft_trend(behind)[1] > 1.0 and not fid.keeps_up(behind)
+    assert not fid.keeps_up([*steady[:-1], o(29, 29.0, 0.3, ok=False)])
     assert fid.per_request_error(steady, steady) == 0.0
 
 
