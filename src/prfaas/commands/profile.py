@@ -418,6 +418,7 @@ def _with_plumbing(pf: Any, args: argparse.Namespace) -> Any:
     import tempfile
 
     from prfaas.commands.profile_plumbing import measure
+    from prfaas.perf.plumbing import PlumbingCosts
     from prfaas.perf.profile_write import dump_profile_file
 
     if args.plumbing_requests < 2:
@@ -425,7 +426,8 @@ def _with_plumbing(pf: Any, args: argparse.Namespace) -> Any:
     limit = pf.model.max_context_tokens or 4096
     with tempfile.TemporaryDirectory(prefix="prfaas-plumbing-") as tmp:
         scratch = Path(tmp) / "forward.yaml"
-        dump_profile_file(pf, scratch)
+        # Zeros, none missing: the forward passes only, without the missing-terms warning.
+        dump_profile_file(dataclasses.replace(pf, plumbing=PlumbingCosts(missing=())), scratch)
         costs, how = measure(
             pf.model.name, args.model_path, scratch, Path(tmp), requests=args.plumbing_requests,
             threads=args.threads, seed=args.seed + 1, long_prompt_tokens=min(4096, limit // 2),

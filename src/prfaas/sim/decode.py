@@ -59,7 +59,7 @@ class DecodeStage:
             raise InvalidTransition(f"r{req.index}", req.state, _DECODING)
         req.state = _DECODING
         req.kv_ready_s = w.now
-        if dec.per_request_s or dec.install_per_byte_s:
+        if dec.installs:
             # The first token goes out once the KV is installed (the install itself is
             # charged to the node's batch when the request joins it).
             req.kv_ready_s += self._install_s(dec, req)
@@ -98,9 +98,11 @@ class DecodeStage:
                 shared.busy += 1
                 self.respan_site(dec.site, now, dec)
             # Installing the KV (``sim.plumbing``) is the node's first work.
-            start_s = now + self._install_s(dec, req) if dec.per_request_s or (
-                dec.install_per_byte_s) else now  # fmt: skip
-            dec.busy_s += start_s - now
+            start_s = now
+            if dec.installs:
+                install_s = self._install_s(dec, req)
+                dec.busy_s += install_s
+                start_s += install_s
             self._enter(dec, req, dec.step, start_s)
             self._new_span(dec, start_s)
             return
@@ -108,7 +110,7 @@ class DecodeStage:
         # boundary, where a new span (new batch size and context) begins. One event, not two.
         # The batch pauses there while the node installs the newcomer's KV (``sim.plumbing``).
         boundary_s = self._step_boundary(dec, now)
-        if dec.per_request_s or dec.install_per_byte_s:
+        if dec.installs:
             install_s = self._install_s(dec, req)
             dec.busy_s += install_s
             dec.slot_s += install_s * dec.span_batch
@@ -178,19 +180,21 @@ class DecodeStage:
         adm = self._admission[dec.site]
         waiting = dec.waiting
         start_s = now
-        install = dec.per_request_s or dec.install_per_byte_s
-        while waiting and adm.admit_fast(
-            len(members), dec.kv_used, dec.kv_capacity, waiting[0].kv_bytes
-        ):
-            req = waiting.popleft()
-            w.site_waiting[dec.site] -= 1
-            dec.kv_used += req.kv_bytes
-            if install:  # each admitted request's KV is installed before the next span
-                start_s += self._install_s(dec, req)
-            self._enter(dec, req, step, start_s)
+        if waiting:
+            installs = dec.installs
+            while waiting and adm.admit_fast(
+                len(members), dec.kv_used, dec.kv_capacity, waiting[0].kv_bytes
+            ):
+                req = waiting.popleft()
+                w.site_waiting[dec.site] -= 1
+                dec.kv_used += req.kv_bytes
+                if installs:  # each admitted request's KV is installed before the next span
+                    start_s += self._install_s(dec, req)
+                self._enter(dec, req, step, start_s)
         self._decode_pools[dec.site].touch(dec)
         if members:
-            dec.busy_s += start_s - now
+            if start_s > now:
+                dec.busy_s += start_s - now
             self._new_span(dec, start_s)
         else:
             dec.tick_s = float("inf")

@@ -77,7 +77,7 @@ class PrefillNode(NodeBase):
 
 
 class DecodeNode(NodeBase):
-    __slots__ = ("ctx_sum", "install_per_byte_s", "kv_capacity", "kv_used", "max_batch",
+    __slots__ = ("ctx_sum", "install_per_byte_s", "installs", "kv_capacity", "kv_used", "max_batch",
                  "members", "reserved", "seq", "slot_s", "span_batch", "span_ctx", "span_factor",
                  "span_start_s", "step", "tick_s", "tick_steps", "tick_version",
                  "waiting")  # fmt: skip
@@ -112,6 +112,8 @@ class DecodeNode(NodeBase):
         self.tick_version = 0
         self.install_per_byte_s = cm.plumbing.decode_per_kv_byte_s
         """Receiving, verifying and installing one KV byte (``sim.plumbing``)."""
+        self.installs = self.per_request_s > 0 or self.install_per_byte_s > 0
+        """Taking a request in costs this node time (one test on the hot path)."""
 
     def is_idle(self) -> bool:
         return not (self.members or self.waiting or self.reserved)
