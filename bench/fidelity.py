@@ -982,8 +982,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rows": rows,
         }  # fmt: skip
 
-    for shape in args.shapes:
-        for seed in seeds:
+    for seed in seeds:  # shapes interleaved: a run cut short still has every shape
+        for shape in args.shapes:
             rows.append(score_seed(shape, seed, deployment, s, args, runs))
             if args.json:  # after every seed: a run cut short keeps what it measured
                 args.json.write_text(json.dumps(report(), indent=2))
