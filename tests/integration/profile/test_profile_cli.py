@@ -55,12 +55,12 @@ def test_bad_profiles_exit_2_with_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     wrong = tmp_path / "wrong.yaml"
-    wrong.write_text("version: 2\n", encoding="utf-8")
+    wrong.write_text("version: 3\n", encoding="utf-8")
     incomplete = tmp_path / "incomplete.yaml"
     incomplete.write_text("version: 1\nmodel: {name: paper-1t}\n", encoding="utf-8")
     cases = [
         (["plan", "--local-profile", str(tmp_path / "none.yaml")], "cannot read profile file"),
-        (["kv", "--profile", str(wrong)], "unsupported profile version 2"),
+        (["kv", "--profile", str(wrong)], "unsupported profile version 3"),
         (["plan", "--prfaas-profile", str(incomplete)], "hardware: missing"),
         (["profile", "--preset", "paper-1t@tpu", "-o", str(tmp_path / "x")], "unknown shipped"),
     ]
