@@ -61,6 +61,21 @@ class WorkloadConfig(_Strict):
     seed: int = 0
 
 
+class PlumbingSwitches(_Strict):
+    """``simulation.plumbing``: which measured plumbing terms of the profiles the simulator
+    charges (``perf.plumbing``; docs/profiles.md). Off: charged as 0 (what each term buys)."""
+
+    node_per_request: bool = True
+    decode_per_kv_byte: bool = True
+    decode_per_output_token: bool = True
+    gateway_per_request: bool = True
+    gateway_per_output_token: bool = True
+
+    def off(self) -> tuple[str, ...]:
+        """The ``PlumbingCosts`` field names switched off."""
+        return tuple(f"{k}_s" for k, on in self.model_dump().items() if not on)
+
+
 class SimulationConfig(_Strict):
     """What only the simulator models (the live system measures it instead)."""
 
@@ -81,6 +96,7 @@ class SimulationConfig(_Strict):
     slo_ttft_s: float = Field(10.0, gt=0)
     slo_tpot_s: float = Field(0.025, gt=0)
     sample_interval_s: float = Field(1.0, gt=0)
+    plumbing: PlumbingSwitches = PlumbingSwitches()
 
     def prefill_budget_for(self, engine_kind: str) -> int:
         """``prefill_token_budget``, or the engine kind's own batching when the file gives none."""

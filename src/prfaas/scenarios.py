@@ -314,6 +314,7 @@ def sim_scenario(
         role_switch_s=sim.role_switch_s,
         control_interval_s=d.policy.control_interval_s,
         sample_interval_s=sim.sample_interval_s,
+        plumbing_off=sim.plumbing.off(),
     )
 
 

@@ -63,6 +63,19 @@ def register(subparsers: Any) -> None:
         help="--engine torch: prefill in passes ending at multiples of N tokens, as engine.torch "
         "runs with prefix checkpoints every N-token block [one pass]",
     )  # fmt: skip
+    p.add_argument(
+        "--no-plumbing", action="store_true",
+        help="--engine torch: skip the plumbing terms (measured by default through a live "
+        "one-site deployment of the model: gateway, prefill node, decode node)",
+    )  # fmt: skip
+    p.add_argument(
+        "--plumbing-requests", type=int, default=16, metavar="N",
+        help="--engine torch: requests per class of the plumbing measurement",
+    )  # fmt: skip
+    p.add_argument(
+        "--threads", type=int, default=1,
+        help="--engine torch: the plumbing deployment's torch threads per node process",
+    )  # fmt: skip
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--timeout", type=float, default=60.0, help="--endpoint: seconds per request")
     p.add_argument(
@@ -405,6 +418,32 @@ def _itl_round(client: _Endpoint, prompts: list[list[int]], steps: int) -> float
     return statistics.median(gaps)
 
 
+def _with_plumbing(pf: Any, args: argparse.Namespace) -> Any:
+    """``pf`` with its plumbing terms, measured on a live deployment whose nodes' hardware is
+    ``pf`` itself (written to a scratch folder first): ``commands.profile_plumbing``."""
+    import dataclasses
+    import sys
+    import tempfile
+
+    from prfaas.commands.profile_plumbing import measure
+    from prfaas.perf.plumbing import PlumbingCosts
+    from prfaas.perf.profile_write import dump_profile_file
+
+    if args.plumbing_requests < 2:
+        raise UsageError(f"--plumbing-requests must be >= 2, got {args.plumbing_requests}")
+    limit = pf.model.max_context_tokens or 4096
+    with tempfile.TemporaryDirectory(prefix="prfaas-plumbing-") as tmp:
+        scratch = Path(tmp) / "forward.yaml"
+        # Zeros, none missing: the forward passes only, without the missing-terms warning.
+        dump_profile_file(dataclasses.replace(pf, plumbing=PlumbingCosts(missing=())), scratch)
+        costs, how = measure(
+            pf.model.name, args.model_path, scratch, Path(tmp), requests=args.plumbing_requests,
+            threads=args.threads, seed=args.seed + 1, long_prompt_tokens=min(4096, limit // 2),
+            say=lambda m: print(m, file=sys.stderr, flush=True),
+        )  # fmt: skip
+    return dataclasses.replace(pf, plumbing=costs, plumbing_how=how)
+
+
 # -- entry ---------------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
     from prfaas.perf.profile_costs import cost_model_from
@@ -425,9 +464,16 @@ def run(args: argparse.Namespace) -> int:
         return 0
     _check_grid(args)
     pf = _profile_torch(args) if args.engine == "torch" else _profile_endpoint(args)
+    if args.engine == "torch" and not args.no_plumbing:
+        pf = _with_plumbing(pf, args)
     dump_profile_file(pf, args.output)
     print(f"wrote {args.output}: {len(pf.prefill.points)} prefill and "
           f"{len(pf.decode.points)} decode points")  # fmt: skip
+    from prfaas.perf.plumbing import PLUMBING_TERMS
+
+    for name in PLUMBING_TERMS:
+        if name not in pf.plumbing.missing:
+            print(f"  plumbing {name}: {getattr(pf.plumbing, name):.4g}")
     try:
         cost = cost_model_from(load_profile_text(args.output.read_text(), str(args.output)))
     except ProfileFileError as exc:  # e.g. an endpoint profile without --model-spec

@@ -34,6 +34,11 @@ class CostModel:
     plumbing: PlumbingCosts = NO_PLUMBING
     """The live system's costs around the forward passes (``perf.plumbing``); all 0.0 unless
     a profile measured them."""
+    relay_in_decode_step: bool = False
+    """Decode step times include ``plumbing.decode_per_output_token_s`` per request of the
+    batch (the simulator's view: the decode node relays each token on the core it steps on).
+    False (the default, the timed engine's): the engine's forward pass alone, since a live node
+    pays its plumbing itself. ``decode_batch_limit`` never includes it (the engine's batch)."""
     _decode_cache: dict[int, tuple[float, float]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -92,19 +97,27 @@ class CostModel:
         return sum(self.prefill_s(n, c) for n, c in items)
 
     # -- decode --------------------------------------------------------------------------------
+    def _engine_parts(self, batch_size: int) -> tuple[float, float]:
+        """(fixed, per context token) seconds of the engine's own decode step."""
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be > 0, got {batch_size}")
+        decode = self.profile.decode if self.profile is not None else None
+        if decode is None:
+            return self.roofline.decode_step_parts(batch_size)
+        if isinstance(decode, DecodeFit):
+            return (decode.base_s + decode.per_request_s * batch_size, decode.per_token_s)
+        return (decode.step_s * max(1.0, batch_size / decode.max_batch), 0.0)
+
     def _decode_parts(self, batch_size: int) -> tuple[float, float]:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be > 0, got {batch_size}")
         # Memoised per batch size: the simulator asks for every batch membership change.
         parts = self._decode_cache.get(batch_size)
         if parts is None:
-            decode = self.profile.decode if self.profile is not None else None
-            if decode is None:
-                parts = self.roofline.decode_step_parts(batch_size)
-            elif isinstance(decode, DecodeFit):
-                parts = (decode.base_s + decode.per_request_s * batch_size, decode.per_token_s)
-            else:
-                parts = (decode.step_s * max(1.0, batch_size / decode.max_batch), 0.0)
+            parts = self._engine_parts(batch_size)
+            if self.relay_in_decode_step:
+                relay_s = self.plumbing.decode_per_output_token_s * batch_size
+                parts = (parts[0] + relay_s, parts[1])
             self._decode_cache[batch_size] = parts
         return parts
 
@@ -145,12 +158,14 @@ class CostModel:
         decode = self.profile.decode if self.profile is not None else None
         if decode is not None and not isinstance(decode, DecodeFit):
             return decode.max_batch if decode.step_s <= step_budget_s + 1e-12 else 0
+        # The engine's own step (memoised when no relay is added to it).
+        relayed = self.relay_in_decode_step and self.plumbing.decode_per_output_token_s > 0
+        parts = self._engine_parts if relayed else self._decode_parts
         batch = 0
-        while (
-            batch < 4096
-            and self.decode_step_s(batch + 1, (batch + 1) * context_tokens_per_request)
-            <= step_budget_s
-        ):
+        while batch < 4096:
+            fixed_s, per_token_s = parts(batch + 1)
+            if fixed_s + per_token_s * (batch + 1) * context_tokens_per_request > step_budget_s:
+                break
             batch += 1
         return batch
 

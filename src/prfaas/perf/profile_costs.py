@@ -2,11 +2,13 @@
 ``cost_model_from`` (an already read ``ProfileFile``) and ``cost_model_for_hardware`` (what a
 deployment's ``hardware`` names: a preset or a profile file). Its own module so that
 ``profile_file`` (the format) and ``profile_read`` do not import ``cost_model``, which reads the
-shipped profiles through ``profile_read``. The only I/O is the profile file read when asked for.
+shipped profiles through ``profile_read``. The only I/O is the profile file read when asked for,
+and one warning per file (logger ``prfaas.perf``) naming the plumbing terms it did not measure.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from prfaas.perf.cost_model import CostModel, cost_model_for
@@ -30,7 +32,31 @@ def cost_model_from_profile_file(path: Path, model: ModelSpec | str | None = Non
 def cost_model_from(pf: ProfileFile, model: ModelSpec | str | None = None) -> CostModel:
     """The ``CostModel`` of an already read profile (see ``cost_model_from_profile_file``)."""
     spec = model_spec_for(pf, model)
-    return CostModel(spec, hardware_spec_for(pf), pf.to_profile(pf.label))
+    warn_missing_plumbing(pf)
+    return CostModel(spec, hardware_spec_for(pf), pf.to_profile(pf.label), pf.plumbing)
+
+
+_log = logging.getLogger("prfaas.perf")
+_WARNED: set[str] = set()
+"""Profile files already warned about (once per file and process: a simulator's
+``--find-max-rate`` builds its cost models many times)."""
+
+
+def missing_plumbing_message(pf: ProfileFile) -> str | None:
+    """The one warning of a profile without some plumbing terms, or None if it has them all."""
+    if not pf.plumbing.missing:
+        return None
+    return (
+        f"profile {pf.origin or pf.label}: plumbing terms not measured, charged as 0: "
+        f"{', '.join(pf.plumbing.missing)} (re-run `prfaas profile`; docs/profiles.md)"
+    )
+
+
+def warn_missing_plumbing(pf: ProfileFile) -> None:
+    message = missing_plumbing_message(pf)
+    if message is not None and pf.origin not in _WARNED:
+        _WARNED.add(pf.origin)
+        _log.warning(message)
 
 
 def cost_model_for_hardware(model: ModelSpec | str, hardware: str) -> CostModel:

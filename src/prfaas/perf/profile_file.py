@@ -9,7 +9,8 @@ mean: ``ProfileFile.to_profile()`` turns it into the ``Profile`` the ``CostModel
 (``perf.profile_costs.cost_model_from_profile_file`` does the whole way from a path). Reading
 and checking a document is ``perf.profile_read`` (which also reads the package's shipped
 profiles), writing one ``perf.profile_write``. The schema is documented in docs/profiles.md;
-``SCHEMA_VERSION`` is the only version read.
+``SCHEMA_VERSION`` (2) is written; ``READ_VERSIONS`` are read (a version-1 file has no
+``plumbing`` section: every plumbing term is missing, and the loader warns once naming them).
 
 Pure: no I/O, no clock, no network; imports neither the reader nor the writer.
 """
@@ -23,12 +24,16 @@ import numpy as np
 from scipy.optimize import nnls  # type: ignore[import-untyped]
 
 from prfaas.perf.curves import PiecewiseLinearCurve, PolynomialCurve
+from prfaas.perf.plumbing import NO_PLUMBING, PlumbingCosts
 from prfaas.perf.profiles import DecodeFit, DecodeProfile, Profile
 from prfaas.spec.cache_spec import CacheSpec
 from prfaas.spec.hardware import HardwareSpec
 from prfaas.spec.model_spec import ModelSpec
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READ_VERSIONS = (1, 2)
+"""Version 2 added the optional ``plumbing`` section (the live system's costs around the
+forward passes, ``perf.plumbing``); a version-1 file reads as measuring none of them."""
 PREFILL_CURVES = ("piecewise-linear", "polynomial")
 DECODE_MODELS = ("slo-constant", "linear")
 
@@ -116,6 +121,10 @@ class ProfileFile:
     note: str = ""
     origin: str = ""
     """Where it was read from (a path or ``preset:<name>``); not written."""
+    plumbing: PlumbingCosts = NO_PLUMBING
+    """The measured plumbing terms (``missing`` names those the file lacks)."""
+    plumbing_how: tuple[tuple[str, str], ...] = ()
+    """Per measured term, how it was measured (written as the section's ``how``)."""
 
     @property
     def label(self) -> str:

@@ -19,10 +19,11 @@ from typing import Any
 
 import yaml
 
+from prfaas.perf.plumbing import PLUMBING_TERMS, PlumbingCosts
 from prfaas.perf.profile_file import (
     DECODE_MODELS,
     PREFILL_CURVES,
-    SCHEMA_VERSION,
+    READ_VERSIONS,
     DecodePoint,
     DecodeSection,
     HardwareSection,
@@ -195,10 +196,10 @@ def profile_file_from_dict(data: Any, origin: str) -> ProfileFile:
     if not isinstance(data, dict):
         raise ProfileFileError(f"{origin}: not a profile file (a YAML mapping is expected)")
     version = data.get("version")
-    if version != SCHEMA_VERSION:
+    if isinstance(version, bool) or version not in READ_VERSIONS:
         raise ProfileFileError(
-            f"{origin}: unsupported profile version {version!r} (this prfaas reads version "
-            f"{SCHEMA_VERSION})"
+            f"{origin}: unsupported profile version {version!r} (this prfaas reads versions "
+            f"{', '.join(map(str, READ_VERSIONS))})"
         )
     r = _Reader(data, f"{origin}: ")
     model = r.section("model")
@@ -207,6 +208,8 @@ def profile_file_from_dict(data: Any, origin: str) -> ProfileFile:
     prefill = r.section("prefill", required=False)
     decode = r.section("decode", required=False)
     measured = r.get("measured_with", dict, required=False) or {}
+    plumbing_section = r.section("plumbing", required=False) if version >= 2 else None
+    plumbing, how = _read_plumbing(plumbing_section)
     return ProfileFile(
         _read_model(model),
         HardwareSection(hardware.get("name", str), hardware.number("memory_bytes_per_instance",
@@ -216,7 +219,27 @@ def profile_file_from_dict(data: Any, origin: str) -> ProfileFile:
         tuple((str(k), str(v)) for k, v in measured.items()),
         r.get("note", str, required=False) or "",
         origin,
+        plumbing,
+        how,
     )  # fmt: skip
+
+
+def _read_plumbing(r: _Reader | None) -> tuple[PlumbingCosts, tuple[tuple[str, str], ...]]:
+    """The ``plumbing`` section: each term a non-negative number of seconds (per request, per
+    KV byte or per output token); a term left out (or the whole section) is missing."""
+    if r is None:
+        return PlumbingCosts(), ()
+    unknown = sorted(set(r.data) - {*PLUMBING_TERMS, "how"})
+    if unknown:
+        raise ProfileFileError(f"{r.where}{unknown[0]}: unknown plumbing term (known: "
+                               f"{', '.join(PLUMBING_TERMS)})")  # fmt: skip
+    values = {n: r.number(n, required=False, positive=False) for n in PLUMBING_TERMS}
+    measured = {n: v for n, v in values.items() if v is not None}
+    missing = tuple(n for n in PLUMBING_TERMS if n not in measured)
+    how = r.get("how", dict, required=False) or {}
+    return PlumbingCosts(**measured, missing=missing), tuple(
+        (str(k), str(v)) for k, v in how.items()
+    )
 
 
 def load_profile_file(path: Path) -> ProfileFile:

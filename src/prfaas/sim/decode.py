@@ -38,6 +38,16 @@ class DecodeStage:
         self._metrics = world.metrics
         self._decode_pools = world.pools.decode
         self._shared = world.shared
+        self._kv_bytes = world.kv_bytes
+
+    def _install_s(self, dec: DecodeNode, req: SimRequest) -> float:
+        """The decode node's work to take ``req`` in (``sim.plumbing``): its fixed per-request
+        cost and the KV bytes it received (over the link, or a local prefill's whole prompt),
+        verified and installed; on shared cores, slowed as its steps are."""
+        nbytes = req.transfer_bytes or self._kv_bytes.total(req.num_prompt)
+        work_s = dec.per_request_s + dec.install_per_byte_s * nbytes
+        shared = self._shared[dec.site]
+        return work_s if shared is None else work_s * shared.slowdown()
 
     def on_kv_arrive(self, event: KvArrive | Handoff) -> None:
         """A KV_ARRIVE event, or the handoff itself when the KV needs no propagation delay
@@ -49,6 +59,10 @@ class DecodeStage:
             raise InvalidTransition(f"r{req.index}", req.state, _DECODING)
         req.state = _DECODING
         req.kv_ready_s = w.now
+        if dec.installs:
+            # The first token goes out once the KV is installed (the install itself is
+            # charged to the node's batch when the request joins it).
+            req.kv_ready_s += self._install_s(dec, req)
         dec.reserved -= 1
         dec.cached_load = None
         if not dec.waiting and self._admission[dec.site].admit_fast(
@@ -79,16 +93,28 @@ class DecodeStage:
         now = self._world.now
         dec.kv_used += req.kv_bytes
         if not dec.members:
-            self._enter(dec, req, dec.step, now)
             shared = self._shared[dec.site]
             if shared is not None:  # the node starts computing: its site's cores get busier
                 shared.busy += 1
                 self.respan_site(dec.site, now, dec)
-            self._new_span(dec, now)
+            # Installing the KV (``sim.plumbing``) is the node's first work.
+            start_s = now
+            if dec.installs:
+                install_s = self._install_s(dec, req)
+                dec.busy_s += install_s
+                start_s += install_s
+            self._enter(dec, req, dec.step, start_s)
+            self._new_span(dec, start_s)
             return
         # Mid-span: the step in progress finishes without the newcomer; it joins at that step
         # boundary, where a new span (new batch size and context) begins. One event, not two.
+        # The batch pauses there while the node installs the newcomer's KV (``sim.plumbing``).
         boundary_s = self._step_boundary(dec, now)
+        if dec.installs:
+            install_s = self._install_s(dec, req)
+            dec.busy_s += install_s
+            dec.slot_s += install_s * dec.span_batch
+            boundary_s += install_s
         self._enter(dec, req, dec.step, boundary_s)
         self._new_span(dec, boundary_s)
 
@@ -153,16 +179,23 @@ class DecodeStage:
             self._finish(req, dec)
         adm = self._admission[dec.site]
         waiting = dec.waiting
-        while waiting and adm.admit_fast(
-            len(members), dec.kv_used, dec.kv_capacity, waiting[0].kv_bytes
-        ):
-            req = waiting.popleft()
-            w.site_waiting[dec.site] -= 1
-            dec.kv_used += req.kv_bytes
-            self._enter(dec, req, step, now)
+        start_s = now
+        if waiting:
+            installs = dec.installs
+            while waiting and adm.admit_fast(
+                len(members), dec.kv_used, dec.kv_capacity, waiting[0].kv_bytes
+            ):
+                req = waiting.popleft()
+                w.site_waiting[dec.site] -= 1
+                dec.kv_used += req.kv_bytes
+                if installs:  # each admitted request's KV is installed before the next span
+                    start_s += self._install_s(dec, req)
+                self._enter(dec, req, step, start_s)
         self._decode_pools[dec.site].touch(dec)
         if members:
-            self._new_span(dec, now)
+            if start_s > now:
+                dec.busy_s += start_s - now
+            self._new_span(dec, start_s)
         else:
             dec.tick_s = float("inf")
             dec.tick_steps = 0

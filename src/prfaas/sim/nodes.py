@@ -25,8 +25,8 @@ from prfaas.sim.request import SimRequest
 class NodeBase:
     """What prefill and decode nodes share; a node is a ``SimNode`` (one of the two)."""
 
-    __slots__ = ("busy_s", "cached_load", "cm", "draining", "heap_key", "index", "node_id", "role",
-                 "site", "site_id")  # fmt: skip
+    __slots__ = ("busy_s", "cached_load", "cm", "draining", "heap_key", "index", "node_id",
+                 "per_request_s", "role", "site", "site_id")  # fmt: skip
 
     def __init__(
         self, node_id: NodeId, index: int, site: int, site_id: SiteId, role: NodeRole,
@@ -45,6 +45,8 @@ class NodeBase:
         """The last ``NodeLoad`` built; the simulator clears it whenever the node changes."""
         self.busy_s = 0.0
         """Seconds spent working (prefill) or with a non-empty batch (decode)."""
+        self.per_request_s = cm.plumbing.node_per_request_s
+        """The node process's fixed cost per request it serves (``sim.plumbing``)."""
 
 
 class PrefillNode(NodeBase):
@@ -75,8 +77,8 @@ class PrefillNode(NodeBase):
 
 
 class DecodeNode(NodeBase):
-    __slots__ = ("ctx_sum", "kv_capacity", "kv_used", "max_batch", "members",
-                 "reserved", "seq", "slot_s", "span_batch", "span_ctx", "span_factor",
+    __slots__ = ("ctx_sum", "install_per_byte_s", "installs", "kv_capacity", "kv_used", "max_batch",
+                 "members", "reserved", "seq", "slot_s", "span_batch", "span_ctx", "span_factor",
                  "span_start_s", "step", "tick_s", "tick_steps", "tick_version",
                  "waiting")  # fmt: skip
 
@@ -108,6 +110,10 @@ class DecodeNode(NodeBase):
         self.tick_s = float("inf")
         self.tick_steps = 0
         self.tick_version = 0
+        self.install_per_byte_s = cm.plumbing.decode_per_kv_byte_s
+        """Receiving, verifying and installing one KV byte (``sim.plumbing``)."""
+        self.installs = self.per_request_s > 0 or self.install_per_byte_s > 0
+        """Taking a request in costs this node time (one test on the hot path)."""
 
     def is_idle(self) -> bool:
         return not (self.members or self.waiting or self.reserved)

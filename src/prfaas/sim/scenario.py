@@ -111,6 +111,9 @@ class SimScenario:
     control_interval_s: float = 1.0
     sample_interval_s: float = 1.0
     timeseries: bool = False
+    plumbing_off: tuple[str, ...] = ()
+    """Plumbing terms (``perf.plumbing.PLUMBING_TERMS``) not charged although the profiles
+    measured them (``simulation.plumbing``)."""
 
     def validate(self) -> None:
         names = [s.name for s in self.sites]
@@ -173,6 +176,11 @@ class SimScenario:
             raise ScenarioError(f"threshold must be >= 0 tokens, got {self.threshold_tokens}")
         if self.policy not in ("local_only", "naive", "threshold", "prfaas"):
             raise ScenarioError(f"unknown policy {self.policy!r}")
+        from prfaas.perf.plumbing import PLUMBING_TERMS
+
+        unknown = sorted(set(self.plumbing_off) - set(PLUMBING_TERMS))
+        if unknown:
+            raise ScenarioError(f"unknown plumbing term {unknown[0]!r}")
 
     def link_between(self, a: str, b: str) -> LinkConfig | None:
         for link in self.links:

@@ -97,6 +97,8 @@ class Simulator:
         self._decode_pools = w.pools.decode
         self._prefill_pools = w.pools.prefill
         self._home_sites = tuple(self.homes)
+        # Each home site's gateway CPU (``sim.plumbing``): None when no gateway term is charged.
+        self._gateways = tuple(w.gateway_cpu(h) for h in self._home_sites)
         self._requests = requests if requests is not None else self._workload()
         self.num_events = 0
         self.probes: list[tuple[float, int, Callable[[Simulator], None]]] = []
@@ -213,13 +215,20 @@ class Simulator:
             w.arrivals_done = True
             return
         homes = self._home_sites
-        home = homes[spec.home_site % len(homes)]
+        k = spec.home_site % len(homes)
         req = SimRequest(
             spec.index, spec.arrival_s, spec.num_prompt_tokens, spec.num_output_tokens,
-            spec.block_hashes, home,
+            spec.block_hashes, homes[k],
         )  # fmt: skip
         q = self._q
-        heapq.heappush(q.heap, (spec.arrival_s, _ARRIVAL, next(q.seq), req))
+        # Routed once its gateway has handled it (arrivals come in order: a FIFO, no event).
+        gateway = self._gateways[k]
+        at_s = (
+            spec.arrival_s
+            if gateway is None
+            else gateway.route_at(spec.arrival_s, spec.num_output_tokens)
+        )
+        heapq.heappush(q.heap, (at_s, _ARRIVAL, next(q.seq), req))
 
     # -- arrival and routing -----------------------------------------------------------------------
     def _on_arrival(self, event: Arrival) -> None:
@@ -288,7 +297,7 @@ class Simulator:
     def _assign(self, req: SimRequest, node: PrefillNode, site: int) -> None:
         w = self.world
         uncached = req.num_prompt - req.num_cached
-        svc = node.cm.prefill_s(uncached, req.num_cached)
+        svc = node.cm.prefill_s(uncached, req.num_cached) + node.per_request_s
         req.work_s = svc
         now = w.now
         node.free_at_s = (node.free_at_s if node.free_at_s > now else now) + svc

@@ -22,6 +22,7 @@ from prfaas.sim.kv_bytes import KvBytes
 from prfaas.sim.link import Flow, SimLink
 from prfaas.sim.metrics import Metrics
 from prfaas.sim.nodes import DecodeNode, Pools, PrefillNode, SimNode
+from prfaas.sim.plumbing import GatewayCpu, charged_cost_model
 from prfaas.sim.processor import SharedCores
 from prfaas.sim.request import SimRequest
 from prfaas.sim.scenario import ScenarioError, SimScenario
@@ -42,6 +43,7 @@ class World:
         self.on_finish: Callable[[SimRequest], None] | None = None
         """Called with each request as it completes (drivers comparing runs request by request)."""
         self._cms: dict[str, CostModel] = {}
+        self._node_cms: dict[str, CostModel] = {}
         self.site_ids: tuple[SiteId, ...] = tuple(SiteId(s.name) for s in sc.sites)
         self.site_index = {sid: i for i, sid in enumerate(self.site_ids)}
         self.site_kinds = tuple(SiteKind(s.kind) for s in sc.sites)
@@ -94,13 +96,31 @@ class World:
             self._cms[hardware] = cm
         return cm
 
+    def node_cost_model(self, hardware: str) -> CostModel:
+        """What the simulated nodes run on: ``cost_model`` with the plumbing terms charged
+        (``sim.plumbing``); routers and tuners read ``cost_model``, as the live gateway's do."""
+        cm = self._node_cms.get(hardware)
+        if cm is None:
+            cm = self._node_cms[hardware] = charged_cost_model(
+                self.cost_model(hardware), self.sc.plumbing_off
+            )
+        return cm
+
+    def gateway_cpu(self, site: int) -> GatewayCpu | None:
+        """The gateway of home site ``site`` (its plumbing terms from that site's profile), or
+        None when neither gateway term is charged."""
+        p = self.node_cost_model(self.sc.sites[site].hardware).plumbing
+        if p.gateway_per_request_s <= 0 and p.gateway_per_output_token_s <= 0:
+            return None
+        return GatewayCpu(p.gateway_per_request_s, p.gateway_per_output_token_s)
+
     def decode_kv_capacity(self, cm: CostModel) -> int:
         """A decode instance's KV budget: a fraction of its HBM."""
         return int(cm.hardware.instance_memory_bytes * self.sc.decode_kv_fraction)
 
     def _build_nodes(self) -> None:
         for i, s in enumerate(self.sc.sites):
-            cm = self.cost_model(s.hardware)
+            cm = self.node_cost_model(s.hardware)
             sid = self.site_ids[i]
             for k in range(s.num_prefill):
                 self.add_node(PrefillNode(NodeId(f"{s.name}/p{k}"), len(self.nodes), i, sid, cm))

@@ -82,12 +82,39 @@ def test_trace_slice_cuts_prompts_with_their_blocks(fid: ModuleType) -> None:
     assert len(set(firsts)) < len(firsts)
 
 
+@pytest.mark.timeout(30)
+def test_workload_shapes_are_new_per_seed_and_realistic(fid: ModuleType) -> None:
+    for gen in (fid.session_specs, fid.lognormal_specs):
+        a, b = gen(101, 40, 47), gen(202, 40, 47)
+        assert len(a) == len(b) == 40
+        assert [x.num_prompt_tokens for x in a] != [x.num_prompt_tokens for x in b]
+        assert gen(101, 40, 47) == a  # a printed seed reproduces its run
+        outputs = [x.num_output_tokens for x in a]
+        assert min(outputs) >= 15 and max(outputs) <= 80  # tens of tokens
+        assert [x.arrival_s for x in a] == sorted(x.arrival_s for x in a)
+    sessions = fid.session_specs(7, 60, 47)
+    assert all(50 <= x.num_prompt_tokens <= 3000 for x in sessions)
+    firsts = [x.block_hashes[0] for x in sessions]
+    assert len(set(firsts)) < len(firsts)  # turns of a session share their prefix
+
+
+@pytest.mark.timeout(30)
+def test_the_capacity_rule_looks_for_a_growing_queue(fid: ModuleType) -> None:
+    def o(i: int, arrival: float, ttft: float, ok: bool = True) -> Any:
+        return fid.Outcome(i, ok, arrival, ttft, arrival + ttft + 1.0, False, "pd", 100, 0)
+
+    steady = [o(i, float(i), 0.3 + 0.1 * (i % 3)) for i in range(30)]
+    assert fid.keeps_up(steady)
+    behind = [o(i, i * 0.1, 0.3 + 0.05 * i) for i in range(30)]  # the queue grows
+    assert fid.ttft_trend(behind)[1] > 1.0 and not fid.keeps_up(behind)
+    assert not fid.keeps_up([*steady[:-1], o(29, 29.0, 0.3, ok=False)])
+    assert fid.per_request_error(steady, steady) == 0.0
+
+
 @pytest.mark.timeout(420)
 def test_tiny_run_end_to_end(tmp_path: Path) -> None:
-    if not TRACE.is_file():
-        pytest.skip(f"no trace at {TRACE}")
     out = tmp_path / "fidelity.json"
-    cmd = [sys.executable, str(BENCH), "--quick", "--scenarios", "trace", "--loads",
+    cmd = [sys.executable, str(BENCH), "--quick", "--seed-list", "99",
            "--workdir", str(tmp_path / "work"), "--json", str(out)]  # fmt: skip
     # On SIGTERM the bench unwinds and its Launcher stops every process it started (they run in
     # sessions of their own, so a signal to the bench's group would not reach them).
@@ -105,15 +132,21 @@ def test_tiny_run_end_to_end(tmp_path: Path) -> None:
                 proc.communicate()
     assert proc.returncode == 0, stdout[-3000:]
     report = json.loads(out.read_text())
+    assert report["seeds"] == [99]
     (row,) = report["rows"]
-    assert (row["scenario"], row["load"]) == ("trace", "capacity")
-    n = report["settings"]["trace_requests"]
-    assert row["live"]["completed"] == row["sim"]["completed"] == n
-    assert row["route_agreement"]["compared"] == n  # every live request matched its route
+    assert (row["shape"], row["seed"]) == ("lognormal", 99)
+    assert row["burst"]["live_rps"] > 0 and row["capacity"]["live_rps"] > 0
+    assert set(row["burst"]["sim_rps"]) == set(row["capacity"]["sim_rps"])
+    assert "no terms" in row["capacity"]["sim_rps"]
+    (point,) = row["loads"].values()
+    n = report["requests"]
+    assert point["live"]["completed"] == n
+    assert point["variants"]["all terms"]["route_agreement"]["compared"] == n
     deployment = Path(report["deployment"])
     from prfaas.config import load_deployment
     from prfaas.perf.profile_costs import cost_model_for_hardware
     from prfaas.perf.profile_file import ProfileFileError
+    from prfaas.perf.profile_read import load_profile_file
 
     d = load_deployment(deployment)
     assert d.engine.kind == "torch" and d.policy.router == "prfaas"
@@ -123,9 +156,8 @@ def test_tiny_run_end_to_end(tmp_path: Path) -> None:
     assert cost_model_for_hardware(d.engine.model, hardware[0]).model.name == d.engine.model
     with pytest.raises(ProfileFileError, match="unknown model"):
         cost_model_for_hardware("not-the-profiled-model", hardware[0])
-    # profiled as the engine prefills with checkpoints: passes ending on every block boundary
-    from prfaas.perf.profile_read import load_profile_file
-
-    measured = dict(load_profile_file(Path(hardware[0])).measured_with)
-    assert measured["pass_tokens"] == str(d.engine.block_tokens)
-    assert "| trace | capacity |" in stdout
+    # profiled as the engine prefills with checkpoints, and with every plumbing term measured
+    pf = load_profile_file(Path(hardware[0]))
+    assert dict(pf.measured_with)["pass_tokens"] == str(d.engine.block_tokens)
+    assert pf.plumbing.missing == ()
+    assert "### lognormal (seeds 99" in stdout and "| all terms |" in stdout

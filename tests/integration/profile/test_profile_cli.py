@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from prfaas.cli import main
+from prfaas.perf.plumbing import PLUMBING_TERMS
 from prfaas.perf.profile_costs import cost_model_from_profile_file
 from prfaas.perf.profile_read import load_profile_file
 
@@ -54,12 +55,12 @@ def test_bad_profiles_exit_2_with_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     wrong = tmp_path / "wrong.yaml"
-    wrong.write_text("version: 2\n", encoding="utf-8")
+    wrong.write_text("version: 3\n", encoding="utf-8")
     incomplete = tmp_path / "incomplete.yaml"
     incomplete.write_text("version: 1\nmodel: {name: paper-1t}\n", encoding="utf-8")
     cases = [
         (["plan", "--local-profile", str(tmp_path / "none.yaml")], "cannot read profile file"),
-        (["kv", "--profile", str(wrong)], "unsupported profile version 2"),
+        (["kv", "--profile", str(wrong)], "unsupported profile version 3"),
         (["plan", "--prfaas-profile", str(incomplete)], "hardware: missing"),
         (["profile", "--preset", "paper-1t@tpu", "-o", str(tmp_path / "x")], "unknown shipped"),
     ]
@@ -83,8 +84,11 @@ def test_profile_a_tiny_torch_model_in_process(
 ) -> None:
     out = tmp_path / "tiny.yaml"
     argv = ["profile", "--engine", "torch", "--model-path", str(tiny_model), "-o", str(out)]
-    assert main([*argv, *SMALL_GRID]) == 0
+    # The forward passes only: the plumbing terms' live deployment is covered by
+    # tests/integration/bench/test_fidelity_bench.py's end-to-end run.
+    assert main([*argv, *SMALL_GRID, "--no-plumbing"]) == 0
     pf = load_profile_file(out)
+    assert pf.plumbing.missing == PLUMBING_TERMS
     assert pf.prefill is not None and pf.decode is not None
     assert {(p.new_tokens, p.cached_tokens) for p in pf.prefill.points} == {
         (16, 0), (48, 0), (16, 16), (48, 16)

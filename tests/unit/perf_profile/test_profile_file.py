@@ -114,7 +114,7 @@ def _edit(change: str) -> dict[str, object]:
     prefill = data["prefill"]
     assert isinstance(prefill, dict)
     if change == "version":
-        data["version"] = 2
+        data["version"] = 3
     elif change == "no-model":
         del data["model"]
     elif change == "no-median":
@@ -133,7 +133,7 @@ def _edit(change: str) -> dict[str, object]:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ("version", "unsupported profile version 2"),
+        ("version", "unsupported profile version 3"),
         ("no-model", "model: missing"),
         ("no-median", r"prefill\.points\[1\]\.median_s: missing"),
         ("negative", r"prefill\.points\[2\]\.median_s: must be a positive finite number"),

@@ -1,0 +1,203 @@
+"""``prfaas profile --engine torch``'s plumbing terms: what a live request pays around the forward
+passes, measured through a real deployment of the profiled model (``perf.plumbing``).
+
+A one-site deployment (the gateway, one torch prefill node, one torch decode node, each its own
+process, ``router: local_only``) is launched on this host with ``serve.Launcher``; requests go
+through its HTTP API one at a time (nothing queued), in three classes: short prompts with one
+output token, short prompts with ``K`` output tokens, long prompts with one output token (fresh
+random prompts, so no prefix hits). Each process's CPU time (user + system, all threads, from
+``/proc``), less its idle rate measured beforehand, divided by the requests, gives per process
+and class the CPU one request costs; the terms are differences of classes, less the profile's own
+forward-pass times where a node computes:
+
+- ``gateway_per_output_token_s``: the gateway's CPU, (K class - short class) / (K - 1);
+- ``gateway_per_request_s``: the gateway's CPU of the short class, less one token's;
+- ``decode_per_kv_byte_s``: the decode node's CPU, (long class - short class) over the KV bytes
+  between them (it runs no forward pass for a one-token request: the prefill sampled it);
+- ``decode_per_output_token_s``: the decode node's CPU, (K class - short class - the profile's
+  K - 1 decode steps) / (K - 1): its relay and scheduling per token beyond the batched step;
+- ``node_per_request_s``: the mean over the two nodes of the short class's CPU less its forward
+  pass (the prefill node's profiled prefill) and KV bytes (the decode node's): the simulator
+  charges it on each node a request visits.
+
+CPU is counted in clock ticks (10 ms): the figures are means over ``requests`` requests per
+class; a difference that comes out negative (noise) is stored as 0 and said so in ``how``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from prfaas.errors import UsageError
+
+SHORT_PROMPT_TOKENS = 64
+LONG_PROMPT_TOKENS = 4096
+OUTPUT_TOKENS = 32
+PROCESSES = ("gateway", "p0", "d0")
+IDLE_S = 2.0
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True, slots=True)
+class ClassCpu:
+    """Mean CPU seconds per request of one class, per process, idle rate removed."""
+
+    prompt_tokens: int
+    output_tokens: int
+    per_process_s: dict[str, float]
+
+
+def deployment_text(model_name: str, model_path: Path, profile: Path, threads: int) -> str:
+    d = {
+        "engine": {
+            "kind": "torch", "model": model_name, "model_path": str(model_path.resolve()),
+            "threads": threads,
+        },
+        "gateway": {"port": 0, "control_port": 0, "request_timeout_s": 600},
+        "policy": {"router": "local_only", "tune_min_samples": 1_000_000},
+        "sites": [{
+            "name": "pd", "kind": "pd", "hardware": str(profile.resolve()),
+            "nodes": [{"name": "p0", "role": "prefill"}, {"name": "d0", "role": "decode"}],
+        }],
+        "psk": secrets.token_hex(16),
+    }  # fmt: skip
+    return "# Written by prfaas profile: the deployment its plumbing terms are measured on.\n" + (
+        yaml.safe_dump(d, sort_keys=False)
+    )
+
+
+def measure(
+    model_name: str,
+    model_path: Path,
+    profile: Path,
+    workdir: Path,
+    *,
+    requests: int,
+    threads: int,
+    seed: int,
+    long_prompt_tokens: int,
+    say: Callable[[str], None],
+) -> tuple[Any, tuple[tuple[str, str], ...]]:
+    """``(PlumbingCosts, how)`` measured on a deployment whose nodes' hardware is ``profile``
+    (the forward-pass profile just measured)."""
+    from prfaas.config import load_deployment
+    from prfaas.perf.plumbing import PlumbingCosts
+    from prfaas.perf.profile_costs import cost_model_from_profile_file
+    from prfaas.serve.launch_errors import LaunchError
+    from prfaas.serve.launcher import Launcher
+    from prfaas.serve.loadgen import BenchRequest, PromptSynth, run_workload
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / "plumbing-deployment.yaml"
+    path.write_text(deployment_text(model_name, model_path, profile, threads), encoding="utf-8")
+    d = load_deployment(path)  # a UsageError naming the field
+    cm = cost_model_from_profile_file(profile)
+    synth = PromptSynth(seed=seed, vocab_size=256)
+    extra = {"ignore_eos": True}
+    index = iter(range(1, 1 << 30))
+
+    def send(prompt: int, output: int, count: int, url: str) -> None:
+        reqs = [BenchRequest(next(index), 0.0, prompt, output) for _ in range(count)]
+        results, _ = asyncio.run(
+            run_workload(reqs, base_url=url, model=model_name, synth=synth, concurrency=1,
+                         timeout_s=300, extra_body=extra)
+        )  # fmt: skip
+        bad = [r for r in results if not r.ok]
+        if bad:
+            raise UsageError(f"plumbing measurement: a request failed: {bad[0].reason}")
+        short = [r for r in results if r.num_output_tokens != output]
+        if short:
+            raise UsageError(
+                f"plumbing measurement: asked for {output} tokens, got {short[0].num_output_tokens}"
+            )
+
+    say("plumbing: starting a one-site deployment (gateway, prefill node, decode node)")
+    launcher = Launcher(d, workdir / "plumbing-run")
+    try:
+        launcher.start()
+    except LaunchError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UsageError(
+            f"plumbing measurement: the deployment did not start ({first}); --no-plumbing skips it"
+        ) from None
+    try:  # start() stops what it started when it fails; stop() the rest
+        url = launcher.url
+        pids = {name: launcher.child(name).proc.pid for name in PROCESSES}
+        send(SHORT_PROMPT_TOKENS, 2, 2, url)  # warm-up: first passes allocate, load lazily
+        send(long_prompt_tokens, 1, 1, url)
+        t0, cpu0 = time.perf_counter(), {n: process_cpu_s(p) for n, p in pids.items()}
+        time.sleep(IDLE_S)
+        idle_wall = time.perf_counter() - t0
+        idle = {n: (process_cpu_s(p) - cpu0[n]) / idle_wall for n, p in pids.items()}
+
+        def cls(prompt: int, output: int) -> ClassCpu:
+            say(f"plumbing: {requests} requests of {prompt} prompt, {output} output tokens")
+            w0, c0 = time.perf_counter(), {n: process_cpu_s(p) for n, p in pids.items()}
+            send(prompt, output, requests, url)
+            wall = time.perf_counter() - w0
+            per = {
+                n: max(0.0, process_cpu_s(p) - c0[n] - idle[n] * wall) / requests
+                for n, p in pids.items()
+            }
+            return ClassCpu(prompt, output, per)
+
+        short, tokens, long = (
+            cls(SHORT_PROMPT_TOKENS, 1),
+            cls(SHORT_PROMPT_TOKENS, OUTPUT_TOKENS),
+            cls(long_prompt_tokens, 1),
+        )
+    finally:
+        launcher.stop()
+    notes: dict[str, str] = {}
+
+    def floor0(name: str, value: float) -> float:
+        if value < 0:
+            notes[name] = f"measured {value:.3g}, stored 0 (below the noise)"
+            return 0.0
+        return value
+
+    g_s, g_k = short.per_process_s["gateway"], tokens.per_process_s["gateway"]
+    gw_tok = floor0("gateway_per_output_token_s", (g_k - g_s) / (OUTPUT_TOKENS - 1))
+    gw_req = floor0("gateway_per_request_s", g_s - gw_tok)
+    kv_short, kv_long = cm.kv_bytes(SHORT_PROMPT_TOKENS), cm.kv_bytes(long_prompt_tokens)
+    d_s, d_k, d_l = (c.per_process_s["d0"] for c in (short, tokens, long))
+    per_byte = floor0("decode_per_kv_byte_s", (d_l - d_s) / (kv_long - kv_short))
+    steps_s = cm.decode_span_s(1, SHORT_PROMPT_TOKENS + 1, OUTPUT_TOKENS - 1)
+    per_tok = floor0("decode_per_output_token_s", (d_k - d_s - steps_s) / (OUTPUT_TOKENS - 1))
+    prefill_req = short.per_process_s["p0"] - cm.prefill_s(SHORT_PROMPT_TOKENS)
+    decode_req = d_s - per_byte * kv_short
+    node_req = floor0("node_per_request_s", statistics.mean((prefill_req, decode_req)))
+    costs = PlumbingCosts(node_req, per_byte, per_tok, gw_req, gw_tok, missing=())
+    common = (
+        f"process CPU (/proc, idle rate removed) of a live one-site torch deployment, "
+        f"{requests} sequential requests per class"
+    )
+    how = {
+        "node_per_request_s": f"{common}; mean of prefill node {prefill_req:.4g} s "
+        f"(less its profiled {SHORT_PROMPT_TOKENS}-token prefill) and decode node "
+        f"{decode_req:.4g} s",
+        "decode_per_kv_byte_s": f"{common}; decode node, {long_prompt_tokens} vs "
+        f"{SHORT_PROMPT_TOKENS}-token prompts ({kv_long} vs {kv_short} KV bytes)",
+        "decode_per_output_token_s": f"{common}; decode node, {OUTPUT_TOKENS} vs 1 output "
+        f"tokens, less the profile's {OUTPUT_TOKENS - 1} decode steps ({steps_s:.4g} s)",
+        "gateway_per_request_s": f"{common}; gateway process",
+        "gateway_per_output_token_s": f"{common}; gateway, {OUTPUT_TOKENS} vs 1 output tokens",
+    }
+    for name, note in notes.items():
+        how[name] += f"; {note}"
+    return costs, tuple(how.items())

@@ -1,0 +1,55 @@
+"""What the simulator charges of the profiles' plumbing terms (``perf.plumbing``), and where.
+
+``charged_cost_model`` is the cost model the simulated nodes run on: the profile's, with the
+terms ``simulation.plumbing`` switches off set to 0 and the decode node's per-token relay folded
+into its decode step. ``GatewayCpu`` is the gateway process: one FIFO server on a core of its
+own (the live gateway is not pinned; ``docs/profiles.md``), whose per-request and per-output-token
+CPU delays each arrival's routing. Where each other term is charged (all as extra service time
+in existing events, never an event per byte or token):
+
+- ``node_per_request_s``: added to the request's prefill service time on its prefill node and
+  to its KV install on its decode node (``simulator._assign``, ``decode.DecodeStage``);
+- ``decode_per_kv_byte_s``: the KV install on the decode node, per byte received (the transfer's
+  bytes; a local prefill's whole prompt KV), before the request joins its batch: the batch
+  pauses for it, on the decode node's core (slowed like its steps when the site's cores are
+  shared);
+- ``decode_per_output_token_s``: each decode step, per request of the batch.
+
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+
+from prfaas.perf import CostModel
+
+
+def charged_cost_model(cm: CostModel, off: Iterable[str] = ()) -> CostModel:
+    """``cm`` as the simulator charges it: terms in ``off`` zeroed, the relay in the step."""
+    plumbing = cm.plumbing
+    zeroed = {name: 0.0 for name in off}
+    if zeroed:
+        plumbing = replace(plumbing, **zeroed)  # type: ignore[arg-type]
+    return replace(cm, plumbing=plumbing, relay_in_decode_step=True)
+
+
+class GatewayCpu:
+    """The gateway's CPU as a FIFO server: requests are handled in arrival order, each taking
+    ``per_request_s + per_output_token_s * output tokens`` (its token relay booked up front:
+    the same CPU, paid while the request decodes; its effect on capacity is exact, on latency
+    an approximation). ``route_at`` is when a request's routing can happen."""
+
+    __slots__ = ("free_at_s", "per_output_token_s", "per_request_s")
+
+    def __init__(self, per_request_s: float, per_output_token_s: float) -> None:
+        self.per_request_s = per_request_s
+        self.per_output_token_s = per_output_token_s
+        self.free_at_s = 0.0
+
+    def route_at(self, arrival_s: float, num_output_tokens: int) -> float:
+        start = arrival_s if arrival_s > self.free_at_s else self.free_at_s
+        at = start + self.per_request_s
+        self.free_at_s = at + self.per_output_token_s * num_output_tokens
+        return at

@@ -1,0 +1,184 @@
+"""The plumbing terms (``perf.plumbing``): stored in a profile file (version 2), a version-1 file
+reads with one warning naming every missing term, and the simulator charges each term where the
+live system pays it, switched off one by one by ``simulation.plumbing``."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+from prfaas.deployment_sections import PlumbingSwitches
+from prfaas.perf import profile_costs
+from prfaas.perf.plumbing import PLUMBING_TERMS, PlumbingCosts
+from prfaas.perf.profile_costs import cost_model_from_profile_file
+from prfaas.perf.profile_file import (
+    DecodePoint,
+    DecodeSection,
+    HardwareSection,
+    ModelSection,
+    PrefillPoint,
+    PrefillSection,
+    ProfileFile,
+    ProfileFileError,
+)
+from prfaas.perf.profile_read import load_profile_file
+from prfaas.perf.profile_write import dump_profile_file
+from prfaas.sim import SimScenario, Simulator, SiteConfig
+from prfaas.sim.kv_bytes import KvBytes
+from prfaas.spec import get_model
+from prfaas.workload import SimRequestSpec
+
+pytestmark = pytest.mark.timeout(60)
+
+PLUMBING = PlumbingCosts(0.004, 2e-9, 0.0003, 0.002, 0.0001, missing=())
+
+
+def _profile(plumbing: PlumbingCosts = PLUMBING) -> ProfileFile:
+    spec = get_model("paper-1t")
+    prefill = tuple(PrefillPoint(n, 0, 0.01 + 1e-5 * n) for n in (64, 256, 1024, 4096))
+    decode = tuple(
+        DecodePoint(b, ctx, 0.002 + 0.0005 * b + 1e-8 * b * ctx)
+        for b in (1, 2, 4)
+        for ctx in (128, 1024)
+    )
+    how = tuple((n, "test") for n in PLUMBING_TERMS if n not in plumbing.missing)
+    return ProfileFile(
+        ModelSection("tiny", spec.cache, 1e6, 1e6, 64, 4, 16, 4.0, 8192),
+        HardwareSection("cpu-test", 8e9),
+        PrefillSection("piecewise-linear", prefill),
+        DecodeSection("linear", points=decode),
+        (("source", "torch"),),
+        "test",
+        plumbing=plumbing,
+        plumbing_how=how,
+    )
+
+
+def _write(tmp_path: Path, pf: ProfileFile, name: str = "tiny.yaml") -> Path:
+    path = tmp_path / name
+    dump_profile_file(pf, path)
+    return path
+
+
+def test_the_terms_round_trip_and_reach_the_cost_model(tmp_path: Path) -> None:
+    path = _write(tmp_path, _profile())
+    text = path.read_text()
+    assert "version: 2" in text and "plumbing:" in text
+    pf = load_profile_file(path)
+    assert pf.plumbing == PLUMBING
+    assert dict(pf.plumbing_how)["node_per_request_s"] == "test"
+    cm = cost_model_from_profile_file(path)
+    assert cm.plumbing == PLUMBING
+    # The engine's own timings (what the timed engine sleeps) carry none of them.
+    assert not cm.relay_in_decode_step
+    assert cm.decode_step_s(2, 200) == pytest.approx(0.002 + 0.001 + 2e-6)
+    relayed = replace(cm, relay_in_decode_step=True)
+    assert relayed.decode_step_s(2, 200) == pytest.approx(cm.decode_step_s(2, 200) + 2 * 0.0003)
+    assert relayed.max_decode_batch == cm.max_decode_batch
+    assert relayed.prefill_s(300) == cm.prefill_s(300)
+
+
+def test_old_profiles_load_with_one_warning_naming_the_missing_terms(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    data = yaml.safe_load(_write(tmp_path, _profile()).read_text())
+    data["version"] = 1
+    del data["plumbing"]
+    old = tmp_path / "old.yaml"
+    old.write_text(yaml.safe_dump(data))
+    partial = dict(data, version=2, plumbing={"node_per_request_s": 0.01})
+    part = tmp_path / "partial.yaml"
+    part.write_text(yaml.safe_dump(partial))
+    profile_costs._WARNED.clear()
+    with caplog.at_level(logging.WARNING, logger="prfaas.perf"):
+        for _ in range(3):  # read many times (find-max-rate does): warned once per file
+            assert cost_model_from_profile_file(old).plumbing.missing == PLUMBING_TERMS
+            cost_model_from_profile_file(part)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2, messages
+    assert all(n in messages[0] for n in PLUMBING_TERMS) and str(old) in messages[0]
+    assert "node_per_request_s" not in messages[1]
+    assert "decode_per_kv_byte_s" in messages[1]
+    assert cost_model_from_profile_file(part).plumbing.node_per_request_s == 0.01
+
+
+def test_a_bad_plumbing_term_is_named(tmp_path: Path) -> None:
+    data = yaml.safe_load(_write(tmp_path, _profile()).read_text())
+    data["plumbing"]["gateway_per_request"] = 0.1
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(ProfileFileError, match=r"plumbing\.gateway_per_request: unknown"):
+        load_profile_file(bad)
+    data["plumbing"] = {"decode_per_kv_byte_s": -1}
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(ProfileFileError, match=r"plumbing\.decode_per_kv_byte_s: must be a non"):
+        load_profile_file(bad)
+
+
+PROMPT, OUTPUT = 1000, 20
+
+
+def _isolated(tmp_path: Path, off: tuple[str, ...]) -> tuple[float, float]:
+    """TTFT and decode span of one request on an idle PD site (the first of two far apart)."""
+    path = _write(tmp_path, _profile(), "charged.yaml")
+    sc = SimScenario(
+        sites=(SiteConfig("pd", "pd", str(path), 1, 1),), model="tiny", policy="local_only",
+        prefix_cache=False, duration_s=1e6, prefill_token_budget=1, plumbing_off=off,
+    )  # fmt: skip
+    specs = [SimRequestSpec(i, 100.0 * i, PROMPT, OUTPUT) for i in range(2)]
+    sim = Simulator(sc, iter(specs))
+    done: dict[int, tuple[float, float]] = {}
+    sim.on_finish = lambda r: done.__setitem__(
+        r.index, (r.kv_ready_s - r.arrival_s, r.finish_s - r.kv_ready_s)
+    )
+    sim.run()
+    return done[1]
+
+
+def test_each_term_is_charged_where_it_is_paid_and_switched_off(tmp_path: Path) -> None:
+    base_ttft, base_decode = _isolated(tmp_path, PLUMBING_TERMS)
+    ttft, decode = _isolated(tmp_path, ())
+    kv = KvBytes(get_model("paper-1t").cache).total(PROMPT)
+    p = PLUMBING
+    # Gateway, prefill node, decode node (fixed + per KV byte) before the first token.
+    extra = p.gateway_per_request_s + 2 * p.node_per_request_s + p.decode_per_kv_byte_s * kv
+    assert ttft - base_ttft == pytest.approx(extra, rel=1e-6)
+    assert decode - base_decode == pytest.approx(OUTPUT * p.decode_per_output_token_s, rel=1e-6)
+    for term in PLUMBING_TERMS:  # each switch removes its own term only
+        ttft_off, decode_off = _isolated(tmp_path, (term,))
+        if term == "decode_per_output_token_s":
+            assert ttft_off == pytest.approx(ttft) and decode_off == pytest.approx(base_decode)
+        elif term == "gateway_per_output_token_s":  # a lone request never waits on it
+            assert (ttft_off, decode_off) == pytest.approx((ttft, decode))
+        else:
+            assert ttft_off < ttft - 1e-6 and decode_off == pytest.approx(decode)
+
+
+def test_the_gateway_serves_requests_in_arrival_order(tmp_path: Path) -> None:
+    """Requests arriving together wait for the gateway's CPU, their token relay included."""
+    path = _write(tmp_path, _profile(), "gw.yaml")
+    sc = SimScenario(
+        sites=(SiteConfig("pd", "pd", str(path), 4, 4),), model="tiny", policy="local_only",
+        prefix_cache=False, duration_s=1e6, prefill_token_budget=1,
+    )  # fmt: skip
+    specs = [SimRequestSpec(i, 0.0, 64, OUTPUT) for i in range(3)]
+    sim = Simulator(sc, iter(specs))
+    starts: dict[int, float] = {}
+    sim.on_finish = lambda r: starts.__setitem__(r.index, r.prefill_start_s)
+    sim.run()
+    gap = PLUMBING.gateway_per_request_s + OUTPUT * PLUMBING.gateway_per_output_token_s
+    assert starts[1] - starts[0] == pytest.approx(gap)
+    assert starts[2] - starts[1] == pytest.approx(gap)
+
+
+def test_the_deployment_switches_name_the_terms() -> None:
+    assert PlumbingSwitches().off() == ()
+    off = PlumbingSwitches(node_per_request=False, gateway_per_output_token=False).off()
+    assert off == ("node_per_request_s", "gateway_per_output_token_s")
+    assert set(PlumbingSwitches(**{n[:-2]: False for n in PLUMBING_TERMS}).off()) == set(
+        PLUMBING_TERMS
+    )
