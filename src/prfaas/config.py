@@ -227,6 +227,12 @@ class GatewayConfig(_Strict):
     max_queued: int = Field(512, ge=0)
     request_timeout_s: float = Field(600.0, gt=0)
     heartbeat_timeout_s: float = Field(3.0, gt=0, description="a silent node leaves rotation")
+    path_wait_s: float = Field(
+        30.0,
+        ge=0,
+        description="a request that finds no node in rotation (one restarting) waits this long "
+        "for one to come back before its 503 (0: refuse at once)",
+    )
     route_log_size: int = Field(
         10_000, ge=1, description="routes kept for /internal/routes (the newest; a ring)"
     )
