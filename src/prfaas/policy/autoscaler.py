@@ -24,6 +24,8 @@ link that neither counts):
 - bounds (``min_nodes`` may be 0: demand wakes the group), a cooldown after each kind of action,
   and one decision in flight: until the group's counts show the last decision (or
   ``in_flight_timeout_s`` passed: the provider failed), nothing else is decided;
+- with ``season_s``, the offered load one season ago over the next start-up is a forecast the
+  group is sized for too (seasonal-naive), so a recurring burst finds its nodes started;
 - a link-bound group is not scaled up: with the link congested or nearly full, or already carrying
   as many tokens/s as the nodes it has can prefill, more prefill would only queue on the link.
 
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections import deque
 from dataclasses import dataclass
 
 from prfaas.core.views import LinkState
@@ -65,12 +68,24 @@ class AutoscaleConfig:
     """After an add, wait this long before the next add."""
     down_cooldown_s: float = 300.0
     """After any action, wait this long before a drain (Dynamo's throughput loop: 180 s)."""
+    down_stabilisation_s: float = 180.0
+    """A drain goes only to the largest size the load asked to keep over this window (the
+    Kubernetes HPA's scale-down stabilisation): a dip in a noisy rate drains nothing."""
     in_flight_timeout_s: float = 600.0
     """A decision the group's counts never show is given up after this long."""
     link_bound_utilisation: float = 0.9
     """The link at or over this utilisation (or congested) makes the group link-bound."""
     prior_tokens_per_s: float = 10_000.0
     """Per-node prefill speed assumed until one is measured (a group at zero nodes)."""
+    season_s: float | None = None
+    """The load's period, when it has one (a daily cycle, periodic bursts): the group is also
+    sized for the offered load seen one season ago over the next ``startup_s`` (a seasonal-naive
+    forecast), so nodes are ready when a recurring burst starts. None: reactive only."""
+    history_bucket_s: float = 10.0
+    """The offered load is remembered per bucket of this many seconds (for ``season_s``)."""
+    forecast_lead_s: float = 60.0
+    """The forecast looks this far past the start-up too: the offered rate is measured over a
+    window, so a burst shows in the history that much after it began."""
 
     def __post_init__(self) -> None:
         if self.min_nodes < 0:
@@ -79,10 +94,13 @@ class AutoscaleConfig:
             raise ValueError(
                 f"max_nodes ({self.max_nodes}) must be >= min_nodes ({self.min_nodes}) and >= 1"
             )
-        for name in ("ttft_target_s", "prior_tokens_per_s"):
+        if self.season_s is not None and not self.season_s > self.startup_s:
+            raise ValueError(f"season_s ({self.season_s}) must be > startup_s ({self.startup_s})")
+        for name in ("ttft_target_s", "prior_tokens_per_s", "history_bucket_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("startup_s", "up_cooldown_s", "down_cooldown_s", "in_flight_timeout_s"):
+        for name in ("startup_s", "up_cooldown_s", "down_cooldown_s", "in_flight_timeout_s",
+                     "forecast_lead_s", "down_stabilisation_s"):  # fmt: skip
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0 < self.down_utilisation < self.up_utilisation <= 1:
@@ -109,6 +127,9 @@ class GroupObservation:
     link: LinkState | None = None
     kv_bytes_per_token: float = 0.0
     """Mean KV bytes per uncached token crossing the link (0: no link bound known)."""
+    num_lost: int = 0
+    """Nodes lost so far (preempted, killed): a decision in flight is shown by the counts net of
+    the nodes lost since it was made."""
 
     @property
     def num_starting(self) -> int:
@@ -143,17 +164,44 @@ class Autoscaler:
         self.config = config
         self._last_add_s = -math.inf
         self._last_action_s = -math.inf
-        self._in_flight: tuple[ScaleAction, int, float] | None = None
-        """(action, the group size it leads to, when decided)."""
+        self._in_flight: tuple[ScaleAction, int, float, int] | None = None
+        """(action, the group size it leads to, when decided, nodes lost by then)."""
+        self._keeps: deque[tuple[float, int]] = deque()
+        """(when, the size the load asked to keep then) over ``down_stabilisation_s``."""
+        self._history: dict[int, float] = {}
+        """Bucket -> the highest offered tokens/s seen in it (one season kept)."""
 
-    def desired_nodes(self, obs: GroupObservation) -> tuple[int, float]:
+    def remember(self, offered_tokens_per_s: float, now_s: float) -> None:
+        """Record the offered load (``decide`` does; for the seasonal forecast)."""
+        c = self.config
+        if c.season_s is None:
+            return
+        bucket = int(now_s // c.history_bucket_s)
+        self._history[bucket] = max(self._history.get(bucket, 0.0), offered_tokens_per_s)
+        keep = int(c.season_s // c.history_bucket_s) + 1
+        if len(self._history) > 2 * keep:
+            oldest = bucket - keep - int(c.startup_s // c.history_bucket_s) - 2
+            self._history = {b: v for b, v in self._history.items() if b >= oldest}
+
+    def forecast_tokens_per_s(self, now_s: float) -> float:
+        """The highest offered load one season ago over the next ``startup_s`` and
+        ``forecast_lead_s`` (0: no season, or no history yet)."""
+        c = self.config
+        if c.season_s is None:
+            return 0.0
+        start = int((now_s - c.season_s) // c.history_bucket_s)
+        stop = int((now_s - c.season_s + c.startup_s + c.forecast_lead_s) // c.history_bucket_s)
+        return max((self._history.get(b, 0.0) for b in range(start, stop + 1)), default=0.0)
+
+    def desired_nodes(self, obs: GroupObservation, obs_now_s: float = 0.0) -> tuple[int, float]:
         """(the size the load asks for within the bounds, the need in nodes)."""
         c = self.config
         speed = obs.prefill_tokens_per_s_per_node or c.prior_tokens_per_s
         horizon_s = max(c.ttft_target_s, c.startup_s)
-        need = (obs.offered_tokens_per_s + obs.queued_uncached_tokens / horizon_s) / speed
+        offered = max(obs.offered_tokens_per_s, self.forecast_tokens_per_s(obs_now_s))
+        need = (offered + obs.queued_uncached_tokens / horizon_s) / speed
         want = math.ceil(need / c.up_utilisation - 1e-9)
-        if want == 0 and (obs.queued_uncached_tokens > 0 or obs.offered_tokens_per_s > 0):
+        if want == 0 and (obs.queued_uncached_tokens > 0 or offered > 0):
             want = 1  # any demand wakes a sleeping group
         return min(max(want, c.min_nodes), c.max_nodes), need
 
@@ -178,16 +226,16 @@ class Autoscaler:
 
     def decide(self, obs: GroupObservation, now_s: float) -> ScaleDecision:
         c = self.config
-        desired, need = self.desired_nodes(obs)
+        self.remember(obs.offered_tokens_per_s, now_s)
+        desired, need = self.desired_nodes(obs, now_s)
 
         def out(action: ScaleAction, num: int, reason: str) -> ScaleDecision:
             return ScaleDecision(obs.group, action, num, desired, reason, now_s)
 
         if self._in_flight is not None:
-            action, target, since_s = self._in_flight
-            shown = (
-                obs.num_nodes >= target if action is ScaleAction.ADD else obs.num_nodes <= target
-            )
+            action, target, since_s, lost = self._in_flight
+            n = obs.num_nodes + max(0, obs.num_lost - lost)
+            shown = n >= target if action is ScaleAction.ADD else n <= target
             if shown:
                 self._in_flight = None
             elif now_s - since_s < c.in_flight_timeout_s:
@@ -211,7 +259,7 @@ class Autoscaler:
             starting = f" ({obs.num_starting} starting)" if obs.num_starting else ""
             why = f"{load} at {c.up_utilisation:.0%}; {have} on hand{starting}"
             return self._act(obs, ScaleAction.ADD, desired - have, desired, now_s, why)
-        keep = self._keep_on_drain(obs, need, have)
+        keep = self._stable_keep(self._keep_on_drain(obs, need, have), now_s)
         if keep < have:
             if now_s - self._last_action_s < c.down_cooldown_s:
                 return out(ScaleAction.HOLD, 0, f"{load}, {have} on hand; down cooldown")
@@ -220,12 +268,19 @@ class Autoscaler:
                              f"{c.down_utilisation:.0%}")  # fmt: skip
         return out(ScaleAction.HOLD, 0, f"{load}, {have} on hand")
 
+    def _stable_keep(self, keep: int, now_s: float) -> int:
+        keeps = self._keeps
+        keeps.append((now_s, keep))
+        while keeps and keeps[0][0] < now_s - self.config.down_stabilisation_s:
+            keeps.popleft()
+        return max(k for _, k in keeps)
+
     def _keep_on_drain(self, obs: GroupObservation, need: float, have: int) -> int:
         """The smallest group (>= min_nodes) the load fits under ``down_utilisation`` with a short
         queue; ``have`` when none smaller does. An oversized group shrinks in one step, so a
         steady load sees one event, not one per cooldown."""
         c = self.config
-        idle = obs.offered_tokens_per_s == 0 and obs.queued_uncached_tokens == 0
+        idle = need == 0
         floor = c.min_nodes if idle else max(c.min_nodes, 1)
         keep = max(floor, math.ceil(need / c.down_utilisation - 1e-9))
         if keep >= have:
@@ -247,7 +302,7 @@ class Autoscaler:
         else:
             target = obs.num_nodes - num
         self._last_action_s = now_s
-        self._in_flight = (action, target, now_s)
+        self._in_flight = (action, target, now_s, obs.num_lost)
         return ScaleDecision(obs.group, action, num, desired, reason, now_s)
 
 

@@ -92,7 +92,7 @@ class WaitingRoom:
                     WaitVerdict.ALTERNATIVE,
                     f"{missing}: expected in {why}, the alternative in {alternative_s:.1f} s",
                 )
-            if expected_path_s > left_s:
+            if left_s <= 0 or expected_path_s > left_s:
                 return WaitDecision(
                     WaitVerdict.ALTERNATIVE,
                     f"{missing}: expected in {expected_path_s:.1f} s, past the wait limit",
