@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from prfaas.deployment_autoscale import AutoscaleSection
 from prfaas.deployment_sections import (
     CPUS_PATTERN,
     Prices,
@@ -307,6 +308,9 @@ class DeploymentConfig(_Strict):
     """What ``prfaas sim`` and ``prfaas plan`` feed the deployment (``prfaas up`` ignores it)."""
     simulation: SimulationConfig = SimulationConfig()
     prices: Prices = Field({}, description="USD per instance-hour by site hardware")
+    autoscale: AutoscaleSection | None = Field(
+        None, description="an elastic PrfaaS pool: node groups, bounds, cooldowns (docs/elastic.md)"
+    )
 
     @field_validator("prices")
     @classmethod

@@ -141,6 +141,14 @@ def run(args: argparse.Namespace) -> int:
     from prfaas.workload import TraceError
 
     try:
+        if args.file is not None:
+            from prfaas.config import load_deployment
+
+            deployment = load_deployment(args.file)
+            if deployment.autoscale is not None:  # an elastic pool: its own simulator
+                from prfaas.commands.sim_elastic import run_elastic
+
+                return run_elastic(args, deployment)
         check_output("--perfetto", args.perfetto)
         sc, exact = build_scenario(args)
         sc.validate()
