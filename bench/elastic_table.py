@@ -107,17 +107,24 @@ def bursts(records: list[tuple[float, int]], duration_s: float) -> None:
 
 
 def steady(records: list[tuple[float, int]]) -> None:
-    print("\n### Steady load near a node boundary (30 min, flat rate)\n")
-    print(
-        "| rate scale | need (nodes at 80%) | scale events | after the first |\n|---|---|---|---|"
-    )
+    """Rates whose mean need (offered tokens/s over a node's 13k tokens/s at 80%) is within 10%
+    of 4 nodes, calibrated by one run at the trace's own rate."""
+    print("\n### Steady load near a node boundary (30 min, flat rate, boundary 4 nodes)\n")
+    print("| rate scale | mean need (nodes) | scale events | after the first |\n|---|---|---|---|")
     od = GroupConfig("on-demand", startup_s=STARTUP_S, initial_nodes=1)
     flat = RateProfile("flat")
-    for scale in (0.85, 0.95, 1.05, 1.15):
+    per_node = 13_000 * 0.8
+
+    def mean_need(r: ElasticReport) -> float:
+        late = [s.offered_tokens_per_s for s in r.samples if s.at_s >= 60]
+        return sum(late) / len(late) / per_node
+
+    calib = mean_need(run(records, flat, 1800.0, (od,), autoscale(16, None), 0.0))
+    for target in (0.9, 0.95, 1.05, 1.1):
+        scale = 4 * target / calib
         r = run(records, flat, 1800.0, (od,), autoscale(16, None), 0.0, base_scale=scale)
-        need = [s.desired_nodes for s in r.samples]
         events = len(r.scale_events)
-        print(f"| {scale:g} | {min(need)}-{max(need)} | {events} | {max(0, events - 1)} |")
+        print(f"| {scale:.3f} | {mean_need(r):.2f} | {events} | {max(0, events - 1)} |")
 
 
 def spot(records: list[tuple[float, int]], duration_s: float) -> None:
