@@ -39,6 +39,7 @@ from prfaas.policy.autoscaler import (
     ScaleAction,
     wait_for_starting,
 )
+from prfaas.policy.pool_actions import GroupKind, PoolNodeView, group_for_add, node_to_drain
 from prfaas.policy.waiting_room import WaitingRoom, WaitVerdict
 from prfaas.sim.elastic.config import ElasticScenario, GroupConfig
 from prfaas.sim.elastic.load import Arrival
@@ -66,6 +67,7 @@ class ElasticSim:
         self.autoscaler = Autoscaler(sc.autoscale) if sc.autoscale is not None else None
         self.room = WaitingRoom(max_wait_s=max(sc.ttft_slo_s, 600.0))
         self.groups = {g.name: g for g in sc.groups}
+        self._kinds = tuple(GroupKind(g.name, g.spot) for g in sc.groups)
         self.now = 0.0
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = itertools.count()
@@ -366,27 +368,22 @@ class ElasticSim:
         self._push(self.now + self.sc.tick_s, _TICK, None)
 
     def _add_one(self) -> None:
-        spot = [g for g in self.sc.groups if g.spot]
-        on_demand = [g for g in self.sc.groups if not g.spot]
-        for g in spot:
-            if self._spot_available(g):
-                self._launch(g)
-                return
-        if on_demand:
-            if spot:
-                self.num_fallbacks += 1
-            self._launch(on_demand[0])
+        choice = group_for_add(self._kinds, lambda name: self._spot_available(self.groups[name]))
+        if choice is not None:
+            self.num_fallbacks += choice.fallback
+            self._launch(self.groups[choice.group])
 
     def _drain_one(self) -> None:
         live = [n for n in self.live if n.state in (NodeState.STARTING, NodeState.SERVING)]
-        if not live:
+        views = [
+            PoolNodeView(n.node_id, n.group, n.spot, n.state is NodeState.STARTING,
+                         n.job is not None)
+            for n in live
+        ]  # fmt: skip
+        chosen = node_to_drain(views)
+        if chosen is None:
             return
-
-        def order(n: PoolNode) -> tuple[bool, bool, bool]:
-            # Starting nodes first (no work lost), then idle, on-demand before spot (dearer).
-            return (n.state is not NodeState.STARTING, n.job is not None, n.spot)
-
-        node = min(live, key=order)
+        node = live[views.index(chosen)]
         if node.state is NodeState.STARTING or node.job is None:
             self._gone(node)
         else:
