@@ -101,6 +101,12 @@ def _print_human(out: dict[str, Any], r: ElasticReport) -> None:
     print(f"scale events: {out['scale_ups']} up, {out['scale_downs']} down; preemptions "
           f"{out['preemptions']} (finished {out['finished_on_notice']}, re-queued "
           f"{out['requeued_on_notice']}); on-demand fallbacks {out['fallbacks']}")  # fmt: skip
+    bound = out["steady_state_bound"]["intervals"]
+    if bound:
+        shown = " ".join(str(n) for _, n in bound[:48])
+        more = " ..." if len(bound) > 48 else ""
+        print(f"steady-state bound, nodes per {bound[1][0] if len(bound) > 1 else 0:g} s "
+              f"(ignores start-up): {shown}{more}")  # fmt: skip
     for e in r.scale_events[:20]:
         print(f"  {e.at_s:8.0f} s {e.action} {e.num_nodes}: {e.reason}")
     if "plot" in out:
@@ -124,6 +130,9 @@ def plot(r: ElasticReport, folder: Path) -> Path:
                     label="starting")  # fmt: skip
     ax.step(t, [s.desired_nodes for s in r.samples], where="post", color="black", lw=0.8,
             label="desired")  # fmt: skip
+    if r.bound:
+        ax.step([b[0] / 60 for b in r.bound], [b[1] for b in r.bound], where="post",
+                color="grey", lw=1.0, ls="--", label="bound (no start-up)")  # fmt: skip
     for e in r.scale_events:
         ax.axvline(e.at_s / 60, color="green" if e.action == "add" else "red", lw=0.3)
     ax.set_xlabel("minutes")

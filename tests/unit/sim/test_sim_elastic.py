@@ -127,3 +127,13 @@ def test_warp_replays_the_trace_faster_in_a_burst() -> None:
     before = sum(1 for a in arrivals if a.arrival_s < 100)
     assert before == pytest.approx(100, abs=2) and in_burst == pytest.approx(400, abs=4)
     assert [a.index for a in arrivals] == list(range(len(arrivals)))
+
+
+def test_the_steady_state_bound_counts_each_interval() -> None:
+    from prfaas.sim.elastic.bound import steady_state_bound
+
+    offered = [(10.0, 50_000), (20.0, 50_000), (310.0, 10_000)]
+    # 100k tokens in the first 300 s: 333 tokens/s over 1000 x 0.5 per node -> 1 node.
+    assert steady_state_bound(offered, 300, 1000, 0.5, 900) == ((0, 1), (300, 1), (600, 0))
+    heavy = [(float(t), 10_000) for t in range(300)]  # 10k tokens/s
+    assert steady_state_bound(heavy, 300, 1000, 0.8, 300) == ((0, 13),)

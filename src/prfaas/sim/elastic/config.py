@@ -60,6 +60,8 @@ class ElasticScenario:
     rate_window_s: float = 60.0
     """Offered tokens/s is measured over this window."""
     seed: int = 0
+    bound_interval_s: float = 300.0
+    """The steady-state bound's interval (``bound.py``)."""
     measure_from_s: float = 0.0
     """Node-hours, $ and TTFT count from here (a warm-up before it: e.g. one season, in which a
     seasonal autoscaler learns its history; fixed and autoscaled runs share the window)."""
@@ -95,7 +97,7 @@ class ElasticScenario:
             raise ScenarioError(f"num_local_prefill must be >= 1, got {self.num_local_prefill}")
         if self.measure_from_s < 0:
             raise ScenarioError(f"measure_from_s must be >= 0, got {self.measure_from_s}")
-        for name in ("ttft_slo_s", "link_gbps", "tick_s", "rate_window_s"):
+        for name in ("ttft_slo_s", "link_gbps", "tick_s", "rate_window_s", "bound_interval_s"):
             if not getattr(self, name) > 0:
                 raise ScenarioError(f"{name} must be > 0, got {getattr(self, name)}")
 

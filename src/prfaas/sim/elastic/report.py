@@ -58,6 +58,8 @@ class ElasticReport:
     num_fallbacks: int
     """Adds that went on-demand because spot was unavailable."""
     samples: tuple[Sample, ...] = field(default=(), repr=False)
+    bound: tuple[tuple[float, int], ...] = field(default=(), repr=False)
+    """(interval start s, nodes): the steady-state bound per interval, ignoring start-up."""
 
     @property
     def node_hours(self) -> float:
@@ -98,4 +100,8 @@ class ElasticReport:
             "finished_on_notice": self.num_finished_on_notice,
             "requeued_on_notice": self.num_requeued_on_notice,
             "fallbacks": self.num_fallbacks,
+            "steady_state_bound": {
+                "note": "nodes per interval at steady state; a bound that ignores start-up",
+                "intervals": [[round(t, 1), n] for t, n in self.bound],
+            },
         }

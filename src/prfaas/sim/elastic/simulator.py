@@ -41,6 +41,7 @@ from prfaas.policy.autoscaler import (
 )
 from prfaas.policy.pool_actions import GroupKind, PoolNodeView, group_for_add, node_to_drain
 from prfaas.policy.waiting_room import WaitingRoom, WaitVerdict
+from prfaas.sim.elastic.bound import steady_state_bound
 from prfaas.sim.elastic.config import ElasticScenario, GroupConfig
 from prfaas.sim.elastic.load import Arrival
 from prfaas.sim.elastic.pool import Job, NodeState, PoolNode, group_hours
@@ -98,6 +99,8 @@ class ElasticSim:
         self.num_fallbacks = 0
         self.num_lost = 0
         self._offered: deque[tuple[float, int]] = deque()
+        self.offered_log: list[tuple[float, int]] = []
+        """Every long prompt offered to the pool (arrival s, tokens), for the steady-state bound."""
         self._offered_tokens = 0
         self._prefilled_tokens = 0
         self._busy_s = 0.0
@@ -144,6 +147,7 @@ class ElasticSim:
             self._local(a.arrival_s, a.num_prompt_tokens)
             return
         self._offered.append((self.now, a.num_prompt_tokens))
+        self.offered_log.append((self.now, a.num_prompt_tokens))
         self._offered_tokens += a.num_prompt_tokens
         job = Job(a.index, a.arrival_s, a.num_prompt_tokens)
         local_s = self._local_expected_s(a.num_prompt_tokens)
@@ -390,6 +394,20 @@ class ElasticSim:
             node.state = NodeState.DRAINING
 
     # -- the report -------------------------------------------------------------------------------
+    def _bound(self) -> tuple[tuple[float, int], ...]:
+        """Nodes per interval at steady state (ignores start-up): ``bound.py``."""
+        c = self.sc.autoscale
+        util = c.up_utilisation if c is not None else 0.8
+        mean = (
+            sum(n for _, n in self.offered_log) // len(self.offered_log)
+            if self.offered_log
+            else self.sc.threshold_tokens
+        )
+        speed = mean / self._prefill_s(max(1, mean))
+        return steady_state_bound(
+            self.offered_log, self.sc.bound_interval_s, speed, util, self.duration_s
+        )
+
     def _report(self) -> ElasticReport:
         end_s = max(self.duration_s, self.now)
         from_s = self.sc.measure_from_s
@@ -419,4 +437,5 @@ class ElasticSim:
             num_requeued_on_notice=self.num_requeued_on_notice,
             num_fallbacks=self.num_fallbacks,
             samples=tuple(self.samples),
+            bound=self._bound(),
         )
