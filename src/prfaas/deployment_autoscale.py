@@ -7,13 +7,15 @@ simulator and the live provider use (``policy.AutoscaleConfig``, ``sim.elastic``
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from prfaas.policy.autoscaler import AutoscaleConfig
-from prfaas.sim.elastic import GroupConfig, PreemptionConfig, RateProfile, parse_availability
-from prfaas.sim.scenario import ScenarioError
+if TYPE_CHECKING:
+    # The pure objects are built on demand: loading a deployment file (every command) does not
+    # import the policy and simulator packages for a section most files do not have.
+    from prfaas.policy.autoscaler import AutoscaleConfig
+    from prfaas.sim.elastic import GroupConfig, PreemptionConfig, RateProfile
 
 
 class _Strict(BaseModel):
@@ -33,6 +35,9 @@ class PreemptionSection(_Strict):
     def _parses(cls, trace: str | list[int] | None) -> str | list[int] | None:
         if trace is None:
             return None
+        from prfaas.sim.elastic import parse_availability
+        from prfaas.sim.scenario import ScenarioError
+
         text = trace if isinstance(trace, str) else " ".join(str(x) for x in trace)
         try:
             parse_availability(text, "trace")
@@ -41,6 +46,8 @@ class PreemptionSection(_Strict):
         return trace
 
     def build(self) -> PreemptionConfig:
+        from prfaas.sim.elastic import PreemptionConfig, parse_availability
+
         trace: tuple[int, ...] = ()
         if self.trace is not None:
             raw = self.trace if isinstance(self.trace, str) else " ".join(map(str, self.trace))
@@ -69,6 +76,8 @@ class GroupSection(_Strict):
         return self
 
     def build(self, hardware: str) -> GroupConfig:
+        from prfaas.sim.elastic import GroupConfig
+
         return GroupConfig(
             self.name, hardware, self.spot, self.usd_per_hour, self.notice_s, self.startup_s,
             self.initial_nodes, self.preemption.build(),
@@ -86,6 +95,8 @@ class LoadSection(_Strict):
     offset_s: float = Field(600.0, ge=0)
 
     def build(self) -> RateProfile:
+        from prfaas.sim.elastic import RateProfile
+
         return RateProfile(self.kind, self.factor, self.period_s, self.burst_s, self.ramp_s,
                            self.offset_s)  # fmt: skip
 
@@ -126,6 +137,8 @@ class AutoscaleSection(_Strict):
         return self
 
     def policy(self) -> AutoscaleConfig:
+        from prfaas.policy.autoscaler import AutoscaleConfig
+
         return AutoscaleConfig(
             min_nodes=self.min_nodes, max_nodes=self.max_nodes, ttft_target_s=self.ttft_target_s,
             startup_s=max(g.startup_s for g in self.groups), up_utilisation=self.up_utilisation,
