@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from prfaas.deployment_autoscale import AutoscaleSection
 from prfaas.deployment_sections import (
     CPUS_PATTERN,
     Prices,
@@ -227,6 +228,12 @@ class GatewayConfig(_Strict):
     max_queued: int = Field(512, ge=0)
     request_timeout_s: float = Field(600.0, gt=0)
     heartbeat_timeout_s: float = Field(3.0, gt=0, description="a silent node leaves rotation")
+    path_wait_s: float = Field(
+        30.0,
+        ge=0,
+        description="a request that finds no node in rotation (one restarting) waits this long "
+        "for one to come back before its 503 (0: refuse at once)",
+    )
     route_log_size: int = Field(
         10_000, ge=1, description="routes kept for /internal/routes (the newest; a ring)"
     )
@@ -304,6 +311,9 @@ class DeploymentConfig(_Strict):
     """What ``prfaas sim`` and ``prfaas plan`` feed the deployment (``prfaas up`` ignores it)."""
     simulation: SimulationConfig = SimulationConfig()
     prices: Prices = Field({}, description="USD per instance-hour by site hardware")
+    autoscale: AutoscaleSection | None = Field(
+        None, description="an elastic PrfaaS pool: node groups, bounds, cooldowns (docs/elastic.md)"
+    )
 
     @field_validator("prices")
     @classmethod

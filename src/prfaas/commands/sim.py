@@ -143,6 +143,14 @@ def run(args: argparse.Namespace) -> int:
     from prfaas.workload import TraceError
 
     try:
+        if args.file is not None:
+            from prfaas.config import load_deployment
+
+            deployment = load_deployment(args.file)
+            if deployment.autoscale is not None:  # an elastic pool: its own simulator
+                from prfaas.commands.sim_elastic import run_elastic
+
+                return run_elastic(args, deployment)
         check_output("--perfetto", args.perfetto)
         check_output("--requests-csv", args.requests_csv)  # before the run, not after it
         sc, exact = build_scenario(args)

@@ -90,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     # SIGINT too: a shell may start `up` in the background with SIGINT ignored.
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, on_signal)
+    elastic: Any = None
     try:
         _say(f"starting {args.deployment} (logs in {workdir})")
         try:
@@ -105,9 +106,17 @@ def run(args: argparse.Namespace) -> int:
         _say(f"control endpoint {launcher.control_url} (signed with the file's psk)")
         _say(f"resolved deployment {launcher.config_path} (for `prfaas status` / `prfaas drain`)")
         _say(f"logs in {workdir} (NAME.log, rotated); Ctrl-C stops everything")
+        if d.autoscale is not None:  # the elastic pool's loop (docs/elastic.md)
+            from prfaas.serve.elastic.loop import ElasticLoop
+
+            elastic = ElasticLoop(launcher)
+            elastic.start()
+            _say(f"autoscaling the PrfaaS pool every {d.autoscale.tick_s:g} s")
         while not stop.wait(0.5):
             pass
     finally:
+        if elastic is not None:
+            elastic.stop()
         launcher.stop()
         _say("stopped")
     if gateway_lost:

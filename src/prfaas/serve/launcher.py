@@ -396,6 +396,28 @@ class Launcher:
             time.sleep(0.02)
         raise LaunchError(f"{name} (pid {handle.pid}) still alive {STOP_GRACE_S:g} s after {sig}")
 
+    def add_node(self, site: str, name: str, role: str = "prefill") -> None:
+        """Add a node to ``site`` at run time (an elastic pool's provider): it joins the resolved
+        file (a free port, like every node the file leaves at 0) and the desired set as a process
+        of its own; ``remove(name)`` takes it out again."""
+        from prfaas.config import NodeConfig
+
+        with self._lock:
+            d = self.deployment
+            if any(n.name == name for s in d.sites for n in s.nodes):
+                raise LaunchError(f"a node named {name!r} exists already")
+            sites = [
+                s.model_copy(update={"nodes": [*s.nodes, NodeConfig(name=name, role=role)]})
+                if s.name == site
+                else s
+                for s in d.sites
+            ]
+            if sites == list(d.sites):
+                raise LaunchError(f"no site named {site!r}")
+            self.deployment = d.model_copy(update={"sites": sites})
+            self._write_resolved()
+        self._add(name, ["--role", "node", "--node", name])
+
     def remove(self, name: str) -> None:
         """Take ``name`` out of the desired set, then stop its process group: it stays down."""
         with self._lock:

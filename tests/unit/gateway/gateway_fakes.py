@@ -16,6 +16,7 @@ from prfaas.config import DeploymentConfig
 from prfaas.core import MutableClusterView, SiteId, SiteKind
 from prfaas.core.link_report import SenderLinkReport
 from prfaas.policy import make_router
+from prfaas.policy.waiting_room import WaitingRoom
 from prfaas.serve.api.metrics import GatewayMetrics
 from prfaas.serve.backend import GenerationRequest, ModelInfo
 from prfaas.serve.gateway.dispatcher import ClusterDispatcher
@@ -221,7 +222,9 @@ def heartbeat(
     return registry.heartbeat(beat, now_s)
 
 
-def make_dispatcher(nodes: FakeNodes) -> tuple[ClusterDispatcher, NodeRegistry]:
+def make_dispatcher(
+    nodes: FakeNodes, path_wait_s: float = 0.0
+) -> tuple[ClusterDispatcher, NodeRegistry]:
     registry = make_registry()
     register_all(registry)
     home = SiteId("pd")
@@ -229,6 +232,7 @@ def make_dispatcher(nodes: FakeNodes) -> tuple[ClusterDispatcher, NodeRegistry]:
         registry, make_router("threshold", home, [SiteId("remote")]),
         make_router("local_only", home, [SiteId("remote")]), GatewayMetrics(),
         ModelInfo("paper-1t", 100_000), BLOCK_TOKENS, node_client=nodes, route_log_size=8,
+        waiting_room=WaitingRoom(max_wait_s=path_wait_s, recheck_s=0.01),
     )  # fmt: skip
     return dispatcher, registry
 

@@ -27,6 +27,7 @@ from prometheus_client import Counter, Gauge
 from prfaas.config import DeploymentConfig
 from prfaas.core import MutableClusterView, NodeId, NodeRole, SiteId
 from prfaas.policy import TuningConfig, make_router
+from prfaas.policy.waiting_room import WaitingRoom
 from prfaas.scenarios import deployment_cost_models, planned_threshold
 from prfaas.serve import internal_errors
 from prfaas.serve.api import GatewayHTTPConfig, GatewayMetrics, create_gateway_app
@@ -83,6 +84,7 @@ def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo
     dispatcher = ClusterDispatcher(
         registry, router, fallback, metrics, model, d.engine.block_tokens,
         route_log_size=d.gateway.route_log_size, node_auth=SignedAuth(keys),
+        waiting_room=WaitingRoom(max_wait_s=d.gateway.path_wait_s),
     )  # fmt: skip
     g = d.gateway
     http = GatewayHTTPConfig(

@@ -48,6 +48,17 @@ class AttemptPlan:
     decode_node: str
 
 
+class NoPathError(GenerationError):
+    """No node can take the request now (none in rotation): a 503 the dispatcher may first wait
+    out (``policy.WaitingRoom``). ``missing`` names what is missing."""
+
+    def __init__(self, missing: str, role: NodeRole) -> None:
+        super().__init__(503, "service_unavailable", missing)
+        self.missing = missing
+        self.role = role
+        """The role no node of which can take it (the 503 says why each is out)."""
+
+
 class AttemptPlanner:
     def __init__(
         self,
@@ -94,13 +105,13 @@ class AttemptPlanner:
         except NoRouteError as exc:
             if log is not None:
                 log.write(route_record(which, view, cluster, now, None, str(exc)))
-            raise GenerationError(503, "service_unavailable", f"no prefill node: {exc}") from None
+            raise NoPathError(f"no prefill node: {exc}", NodeRole.PREFILL) from None
         decode = self.placement.choose(cluster, self.home, now)
         if log is not None:
             log.write(route_record(which, view, cluster, now, decision, None))
             log.write(place_record(cluster, self.home, now, decode))
         if decode is None:
-            raise GenerationError(503, "service_unavailable", "no decode node in rotation")
+            raise NoPathError("no decode node in rotation", NodeRole.DECODE)
         # A bounded label set: the decision's own reason text names lengths.
         kind = "rerouted" if decision.rerouted else "cache_move" if decision.cache_move else "rule"
         self.metrics.route_decisions.labels(

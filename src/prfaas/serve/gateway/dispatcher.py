@@ -39,9 +39,10 @@ from prometheus_client import Counter
 
 from prfaas.core import NodeRole, RequestLifecycle, RequestState, SiteId, can_transition
 from prfaas.policy import Router, least_loaded
+from prfaas.policy.waiting_room import WaitingRoom, WaitVerdict
 from prfaas.serve.api.metrics import GatewayMetrics
 from prfaas.serve.backend import GenerationError, GenerationRequest, ModelInfo, TokenEvent
-from prfaas.serve.gateway.attempt import AttemptPlan, AttemptPlanner
+from prfaas.serve.gateway.attempt import AttemptPlan, AttemptPlanner, NoPathError
 from prfaas.serve.gateway.hashing import block_hashes
 from prfaas.serve.gateway.node_client import (
     ABORT_TIMEOUT_S,
@@ -106,8 +107,17 @@ class ClusterDispatcher:
         node_client: NodeClient | None = None,
         node_auth: httpx.Auth | None = None,
         route_log_size: int = DEFAULT_ROUTE_LOG_SIZE,
+        waiting_room: WaitingRoom | None = None,
     ) -> None:
         self.registry = registry
+        self.waiting_room = waiting_room or WaitingRoom()
+        """How long a request waits for a path (a restarting node) before its 503."""
+        self.path_waits = Counter(
+            "path_waits",
+            "Requests that found no node in rotation and waited for one, by how the wait ended "
+            "(served: a path came back; refused: 503 at the wait limit)",
+            ["outcome"], namespace="prfaas", registry=metrics.registry,
+        )  # fmt: skip
         self.kv = registry.kv
         self.metrics = metrics
         self.prefix_mismatch = Counter(
@@ -232,7 +242,7 @@ class ClusterDispatcher:
         failed_at: set[str] = set()
         last = MAX_ATTEMPTS + MAX_BUSY_SKIPS
         for number in range(1, last + 1):
-            plan = self.planner.plan(req, hashes, number, use_fallback, frozenset(failed_at))
+            plan = await self._plan(req, hashes, number, use_fallback, frozenset(failed_at))
             life.advance(RequestState.ROUTED, time.monotonic())
             try:
                 # aclosing: a client that leaves closes every nested generator at once, down to
@@ -263,6 +273,55 @@ class ClusterDispatcher:
                     life.advance(RequestState.FAILED, time.monotonic())
                     raise GenerationError(502, "server_error", f"request failed: {exc}") from None
                 self.metrics.retries.labels(reason=exc.reason).inc()
+
+    async def _plan(
+        self,
+        req: GenerationRequest,
+        hashes: tuple[int, ...],
+        number: int,
+        use_fallback: bool,
+        avoid: frozenset[str],
+    ) -> AttemptPlan:
+        """Plan the attempt; while no node can take it (one restarting), wait as the waiting room
+        says, then plan again or refuse with its reason."""
+        waited = False
+        since_s: float | None = None  # the wait is bounded per attempt, from its first miss
+        while True:
+            try:
+                plan = self.planner.plan(req, hashes, number, use_fallback, avoid)
+            except NoPathError as exc:
+                missing = exc.missing
+                role = exc.role
+            else:
+                if waited:
+                    self.path_waits.labels(outcome="served").inc()
+                return plan
+            now_s = time.monotonic()
+            since_s = now_s if since_s is None else since_s
+            # A restart's return is not predicted and there is no other path: no alternative.
+            decision = self.waiting_room.decide(arrived_s=since_s, now_s=now_s, missing=missing)
+            if decision.verdict is not WaitVerdict.WAIT or decision.recheck_at_s is None:
+                if waited:
+                    self.path_waits.labels(outcome="refused").inc()
+                why = self._why_out(role)
+                message = f"{decision.reason}; {why}" if why else decision.reason
+                raise GenerationError(503, "service_unavailable", message)
+            if not waited:
+                log.info("request %s: %s; waiting up to %g s for a path",
+                         req.request_id, missing, self.waiting_room.max_wait_s)  # fmt: skip
+            waited = True
+            await asyncio.sleep(max(0.0, decision.recheck_at_s - now_s))
+
+    def _why_out(self, role: NodeRole) -> str:
+        """Why each node of ``role`` is out of rotation (the decode nodes: the home site's)."""
+        view = self.registry.view
+        sites = [self.home] if role is NodeRole.DECODE else list(view.site_ids())
+        reasons = [
+            f"{load.node_id}: {self.registry.rotation(load.node_id)[1] or 'busy'}"
+            for site in sites
+            for load in view.nodes(site, role)
+        ]
+        return ", ".join(reasons[:8]) if reasons else f"no {role.value} node registered"
 
     def _on_failure(self, exc: AttemptFailed) -> None:
         now_wall_s = time.monotonic()  # the registry's clock (heartbeats are stamped with it)

@@ -1,0 +1,65 @@
+"""``ElasticLoop``: the elastic pool's live loop under ``prfaas up`` (a file with ``autoscale:``).
+Every ``tick_s``: the provider moves its nodes along (``LocalProvider.poll``), the observer reads
+the gateway (``LiveObserver``), the controller asks the autoscaler and acts
+(``ElasticController.tick``). One thread; a failed look is logged and the next one tries again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from prfaas.policy.autoscaler import Autoscaler
+from prfaas.policy.pool_actions import GroupKind
+from prfaas.serve.elastic.controller import ElasticController
+from prfaas.serve.elastic.local import LocalGroup, LocalProvider
+from prfaas.serve.elastic.observe import LiveObserver
+
+log = logging.getLogger("prfaas.elastic")
+
+
+class ElasticLoop:
+    def __init__(self, launcher: Any) -> None:
+        d = launcher.deployment
+        auto = d.autoscale
+        assert auto is not None
+        sites = [s.name for s in d.sites if s.kind == "prfaas"]
+        site = auto.site or sites[0]
+        self.launcher = launcher
+        self.tick_s = auto.tick_s
+        groups = [LocalGroup(g.name, g.startup_s, g.spot) for g in auto.groups]
+        self.provider = LocalProvider(launcher, site, groups, time.monotonic)
+        self.observer = LiveObserver(
+            site, d.policy.threshold_tokens or 8192, {g.name: g.startup_s for g in auto.groups}
+        )
+        kinds = [GroupKind(g.name, g.spot) for g in auto.groups]
+        self.controller = ElasticController(Autoscaler(auto.policy()), self.provider, kinds)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def look(self) -> None:
+        """One look: poll, observe, decide, act."""
+        self.provider.poll()
+        now = time.monotonic()
+        obs = self.observer.observe(
+            self.launcher.nodes(), self.launcher.routes(), self.provider.nodes(), now
+        )
+        self.controller.tick(obs, now)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.tick_s):
+            try:
+                self.look()
+            except Exception:  # a gateway restarting, say: the next look tries again
+                log.exception("elastic loop")
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="elastic", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()

@@ -1,0 +1,84 @@
+"""``LiveObserver``: the autoscaler's ``GroupObservation`` of a live PrfaaS site, from what the
+gateway's control listener lists (``/internal/nodes`` rows, ``/internal/routes`` records) and the
+provider's nodes.
+
+- serving: the provider's serving nodes plus the file's own nodes of the site in rotation;
+  starting: the provider's starting nodes with their remaining ``startup_s``;
+- queued uncached tokens: the site's nodes' queue depth times the mean uncached length offered
+  (the rows carry depths, not tokens);
+- offered uncached tokens/s: the uncached tokens of the long prompts (over the threshold) routed
+  since the last look, wherever they went: a long prompt prefilled locally is demand the pool
+  did not take; measured over the time since the last look;
+- per-node speed: the configured prior (the live nodes do not report tokens/s yet).
+No clock: ``now_s`` is passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from prfaas.policy.autoscaler import GroupObservation
+from prfaas.serve.elastic.provider import NodePhase, ProvidedNode
+
+
+class LiveObserver:
+    def __init__(
+        self, site: str, threshold_tokens: int, startup_s: Mapping[str, float], group: str = "pool"
+    ) -> None:
+        self.site = site
+        self.threshold_tokens = threshold_tokens
+        self.startup_s = dict(startup_s)
+        self.group = group
+        self._seen: set[str] = set()
+        self._last_s: float | None = None
+        self._mean_tokens = float(threshold_tokens)
+        self.num_lost = 0
+
+    def observe(
+        self,
+        rows: Iterable[Mapping[str, Any]],
+        routes: Iterable[Mapping[str, Any]],
+        provided: Sequence[ProvidedNode],
+        now_s: float,
+    ) -> GroupObservation:
+        mine = {p.name: p for p in provided}
+        site_rows = [r for r in rows if r.get("site") == self.site and r.get("role") == "prefill"]
+        serving = sum(
+            1
+            for r in site_rows
+            if r.get("in_rotation")
+            and (r["node"] not in mine or mine[r["node"]].phase is NodePhase.SERVING)
+        )
+        starting = tuple(
+            max(0.0, self.startup_s.get(p.group, 0.0) - (now_s - p.started_s))
+            for p in provided
+            if p.phase is NodePhase.STARTING
+        )
+        draining = sum(1 for p in provided if p.phase is NodePhase.DRAINING)
+        offered_tokens, num_long = 0, 0
+        listed: set[str] = set()
+        for rec in routes:
+            rid = str(rec.get("request_id"))
+            listed.add(rid)
+            if rid in self._seen:
+                continue
+            uncached = int(rec.get("num_prompt_tokens", 0)) - int(rec.get("num_cached_tokens", 0))
+            if int(rec.get("num_prompt_tokens", 0)) > self.threshold_tokens:
+                offered_tokens += uncached
+                num_long += 1
+        self._seen = listed  # the gateway's route log is a ring: remember what it still lists
+        if num_long:
+            self._mean_tokens = offered_tokens / num_long
+        span = now_s - self._last_s if self._last_s is not None else 0.0
+        self._last_s = now_s
+        queued = sum(int(r.get("queue_depth", 0)) for r in site_rows) * self._mean_tokens
+        return GroupObservation(
+            group=self.group,
+            num_serving=serving,
+            starting_remaining_s=starting,
+            num_draining=draining,
+            queued_uncached_tokens=int(queued),
+            offered_tokens_per_s=offered_tokens / span if span > 0 else 0.0,
+            num_lost=self.num_lost,
+        )

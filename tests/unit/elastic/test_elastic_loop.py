@@ -1,0 +1,95 @@
+"""``ElasticLoop.look`` against a fake launcher (no processes): long prompts routed in a burst
+make it add nodes through the local provider; once they have started and the quiet has lasted,
+it drains and removes them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from prfaas.config import DeploymentConfig
+from prfaas.serve.elastic import loop as loop_module
+from prfaas.serve.elastic.loop import ElasticLoop
+
+pytestmark = pytest.mark.timeout(30)
+
+DEPLOYMENT = DeploymentConfig.model_validate(
+    {
+        "engine": {"kind": "timed", "model": "paper-1t"},
+        "policy": {"router": "threshold", "threshold_tokens": 8192},
+        "sites": [
+            {"name": "prfaas", "kind": "prfaas", "hardware": "h200",
+             "nodes": [{"name": "pf0", "role": "prefill"}]},
+            {"name": "pd", "kind": "pd", "hardware": "h20",
+             "nodes": [{"name": "p0", "role": "prefill"}, {"name": "d0", "role": "decode"}]},
+        ],
+        "links": [{"src": "prfaas", "dst": "pd", "gbps": 100}],
+        "psk": "unit-test-key-0123456789",
+        "autoscale": {"min_nodes": 1, "max_nodes": 3, "tick_s": 1, "up_cooldown_s": 0,
+                      "down_cooldown_s": 0, "down_stabilisation_s": 0,
+                      "prior_tokens_per_s": 10_000, "groups": [{"name": "od", "startup_s": 5}]},
+    }
+)  # fmt: skip
+
+
+@dataclass
+class Control:
+    def drain(self, node: str) -> dict[str, Any]:
+        return {}
+
+    def resume(self, node: str) -> dict[str, Any]:
+        return {}
+
+
+@dataclass
+class FakeLauncher:
+    deployment: DeploymentConfig = DEPLOYMENT
+    control: Control = field(default_factory=Control)
+    rows: dict[str, dict[str, Any]] = field(default_factory=dict)
+    route_log: list[dict[str, Any]] = field(default_factory=list)
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+
+    def add_node(self, site: str, name: str) -> None:
+        self.added.append(name)
+        self.rows[name] = {"node": name, "site": site, "role": "prefill", "in_rotation": True,
+                           "queue_depth": 0, "in_flight": 0}  # fmt: skip
+
+    def remove(self, name: str) -> None:
+        self.removed.append(name)
+        self.rows.pop(name, None)
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return list(self.rows.values())
+
+    def routes(self) -> list[dict[str, Any]]:
+        return list(self.route_log)
+
+
+def test_a_burst_adds_nodes_and_the_quiet_after_it_removes_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [0.0]
+    monkeypatch.setattr(loop_module.time, "monotonic", lambda: now[0])
+    launcher = FakeLauncher()
+    launcher.rows["pf0"] = {"node": "pf0", "site": "prfaas", "role": "prefill",
+                            "in_rotation": True, "queue_depth": 0, "in_flight": 0}  # fmt: skip
+    loop = ElasticLoop(launcher)
+    loop.look()
+    for step in range(1, 6):  # 5 s of burst: 4 long prompts (20k tokens) per second
+        now[0] = float(step)
+        launcher.route_log += [
+            {"request_id": f"r{step}-{i}", "num_prompt_tokens": 20_000, "num_cached_tokens": 0}
+            for i in range(4)
+        ]
+        loop.look()
+    assert launcher.added  # 80k tokens/s against 10k per node: more nodes asked for
+    assert loop.controller.last is not None and loop.controller.last.reason
+    for step in range(6, 40):  # quiet: nothing routed
+        now[0] = float(step)
+        loop.look()
+    assert sorted(launcher.removed) == sorted(launcher.added)
+    assert not loop.provider.nodes()
+    assert loop.controller.counts.added == len(launcher.added) >= 2
