@@ -29,6 +29,7 @@ COMMANDS: tuple[str, ...] = (
     "status",
     "drain",
     "demo",
+    "k8s",
 )
 
 
