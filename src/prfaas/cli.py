@@ -30,6 +30,7 @@ COMMANDS: tuple[str, ...] = (
     "drain",
     "demo",
     "k8s",
+    "epp",
 )
 
 
