@@ -31,6 +31,7 @@ COMMANDS: tuple[str, ...] = (
     "demo",
     "k8s",
     "epp",
+    "epp-sidecar",
 )
 
 
@@ -44,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
-        importlib.import_module(f"prfaas.commands.{name}").register(subparsers)
+        importlib.import_module(f"prfaas.commands.{name.replace('-', '_')}").register(subparsers)
     return parser
 
 

@@ -1,4 +1,4 @@
-"""What a prfaas pod runs: ``python -m prfaas.k8s.entry gateway|node|drain|epp ...``.
+"""What a prfaas pod runs: ``python -m prfaas.k8s.entry gateway|node|sidecar|drain|epp ...``.
 
 At start it composes the process's deployment file from the ConfigMap's variant and the mounted
 Secret's key (``/run/prfaas/deployment.yaml``, a memory-backed volume, mode 0600), works out which
@@ -86,8 +86,12 @@ def _write_private(path: Path, text: str) -> None:
 def prepare(args: argparse.Namespace, env: dict[str, str]) -> tuple[Path, list[str]]:
     raw = compose(args.file)
     nodes: list[str] = []
-    if args.command == "node":
+    if args.command in ("node", "sidecar"):
         nodes = pod_nodes(raw, args.site, args.role, args.pod_group, env)
+    if args.command == "sidecar":  # its own file: the node container writes the other one
+        composed = _root(paths.SIDECAR_FILE)
+        _write_private(composed, yaml.safe_dump(raw, sort_keys=True))
+        return composed, nodes
     composed = _root(paths.COMPOSED_FILE)
     _write_private(composed, yaml.safe_dump(raw, sort_keys=True))
     _write_private(_root(paths.NODES_FILE), "".join(f"{n}\n" for n in nodes))
@@ -108,6 +112,14 @@ def serve_argv(args: argparse.Namespace, composed: Path, nodes: list[str]) -> li
             "--health-port",
             str(args.health_port),
         ]
+    if args.command == "sidecar":  # the decode nodes of this pod (a "both" pod's decode ones)
+        argv = ["prfaas", "epp-sidecar", "--config", str(composed), "--port", str(args.port)]
+        raw = load_yaml_mapping(composed, what="composed deployment file")
+        roles = {n["name"]: n["role"] for s in raw["sites"] for n in s["nodes"]}
+        for n in nodes:
+            if roles.get(n) == "decode":
+                argv += ["--node", n]
+        return argv
     argv = ["prfaas", "serve", "--role", args.role, "--config", str(composed), "--host", args.host]
     for n in nodes:
         argv += ["--node", n]
@@ -140,6 +152,12 @@ def parser() -> argparse.ArgumentParser:
     node.add_argument("--role", required=True, choices=("prefill", "decode", "node"))
     node.add_argument("--pod-group", required=True, choices=("statefulset", "deployment"))
     node.add_argument("--host", required=True)
+    side = sub.add_parser("sidecar")
+    side.add_argument("--file", required=True)
+    side.add_argument("--site", required=True)
+    side.add_argument("--role", required=True, choices=("decode", "node"))
+    side.add_argument("--pod-group", required=True, choices=("statefulset", "deployment"))
+    side.add_argument("--port", type=int, required=True)
     epp = sub.add_parser("epp")
     epp.add_argument("--file", required=True)
     epp.add_argument("--grpc-port", type=int, required=True)

@@ -3,24 +3,24 @@
 (``prfaas epp``) as a Deployment and Service, and an example ``HTTPRoute`` sending a Gateway's
 traffic to the pool.
 
-The pool's target port is the decode pods' OpenAI port; docs/kubernetes.md says which parts of
-that path run today."""
+The pool's target port is the decode pods' sidecar (``prfaas epp-sidecar``, port 8300), which
+runs the prefill where the picker's header says and then the decode (docs/kubernetes.md)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from prfaas.config import DeploymentConfig
 from prfaas.k8s import pods
-from prfaas.k8s.config_files import NODES_FILE
+from prfaas.k8s.config_files import GATEWAY_FILE, gateway_ports
 from prfaas.k8s.names import (
     CONFIG_DIR,
     DECODES_LABEL,
     EPP_GRPC_PORT,
     EPP_HEALTH_PORT,
-    EPP_METRICS_PORT,
-    NODE_HTTP_PORT,
     RUN_DIR,
     SECRET_DIR,
+    SIDECAR_PORT,
     Names,
 )
 from prfaas.k8s.options import RenderOptions
@@ -46,7 +46,7 @@ def inference_pool(names: Names, namespace: str) -> Manifest:
                     DECODES_LABEL: "true",
                 }
             },
-            "targetPorts": [{"number": NODE_HTTP_PORT}],
+            "targetPorts": [{"number": SIDECAR_PORT}],
             "endpointPickerRef": {
                 "name": names.epp,
                 "port": {"number": EPP_GRPC_PORT},
@@ -56,14 +56,17 @@ def inference_pool(names: Names, namespace: str) -> Manifest:
     }
 
 
-def picker(names: Names, opts: RenderOptions) -> list[Manifest]:
+def picker(d: DeploymentConfig, names: Names, opts: RenderOptions) -> list[Manifest]:
+    """The picker: a gateway process (nodes register with it; its OpenAI port serves
+    ``/metrics``) whose routes go to the proxy over ext_proc."""
     labels = names.labels("epp")
+    port, control = gateway_ports(d)
     vols, mounts = pods_volumes(names, opts)
     pod_sec, ctr_sec = pods.security()
     cmd, args = pods.entry_command(
         "epp",
         "--file",
-        NODES_FILE,
+        GATEWAY_FILE,
         "--grpc-port",
         str(EPP_GRPC_PORT),
         "--health-port",
@@ -81,7 +84,8 @@ def picker(names: Names, opts: RenderOptions) -> list[Manifest]:
         "ports": [
             {"name": "grpc", "containerPort": EPP_GRPC_PORT, "protocol": "TCP"},
             {"name": "grpc-health", "containerPort": EPP_HEALTH_PORT, "protocol": "TCP"},
-            {"name": "metrics", "containerPort": EPP_METRICS_PORT, "protocol": "TCP"},
+            {"name": "http", "containerPort": port, "protocol": "TCP"},
+            {"name": "control", "containerPort": control, "protocol": "TCP"},
         ],
         "livenessProbe": grpc_probe("liveness"),
         "readinessProbe": grpc_probe("readiness"),
@@ -120,12 +124,6 @@ def picker(names: Names, opts: RenderOptions) -> list[Manifest]:
                     "targetPort": "grpc",
                     "protocol": "TCP",
                     "appProtocol": "http2",
-                },
-                {
-                    "name": "metrics",
-                    "port": EPP_METRICS_PORT,
-                    "targetPort": "metrics",
-                    "protocol": "TCP",
                 },
             ],
         },

@@ -19,6 +19,8 @@ NODE_HTTP_PORT = 8100
 """Every node process's HTTP API (probes, signed commands)."""
 NODE_KV_PORT = 8200
 """Every node process's KV receiver."""
+SIDECAR_PORT = 8300
+"""The decode-side sidecar's OpenAI port (the InferencePool's target) with ``--inference-pool``."""
 EPP_GRPC_PORT = 9002
 """The Endpoint Picker's ext_proc gRPC port (the Gateway API Inference Extension's default)."""
 EPP_HEALTH_PORT = 9003
@@ -30,6 +32,7 @@ TLS_DIR = "/etc/prfaas/tls"
 RUN_DIR = "/run/prfaas"
 COMPOSED_FILE = f"{RUN_DIR}/deployment.yaml"
 NODES_FILE = f"{RUN_DIR}/nodes"
+SIDECAR_FILE = f"{RUN_DIR}/sidecar.yaml"
 
 SITE_LABEL = "prfaas.io/site"
 ROLE_LABEL = "llm-d.ai/role"

@@ -13,7 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 from prfaas.k8s.groups import NodeGroup
-from prfaas.k8s.names import NODE_HTTP_PORT, NODE_KV_PORT, ROLE_LABEL, Names
+from prfaas.k8s.names import (
+    DECODES_LABEL,
+    NODE_HTTP_PORT,
+    NODE_KV_PORT,
+    ROLE_LABEL,
+    SIDECAR_PORT,
+    Names,
+)
 from prfaas.k8s.workloads import node_labels, node_selector
 
 Manifest = dict[str, Any]
@@ -36,9 +43,14 @@ def _tcp(port: int | str) -> dict[str, Any]:
     return {"protocol": "TCP", "port": port}
 
 
-def network_policies(names: Names, namespace: str, control_port: int) -> list[Manifest]:
+def network_policies(
+    names: Names, namespace: str, control_port: int, picker: bool = False
+) -> list[Manifest]:
+    """With ``picker`` the Endpoint Picker's pods are the control plane (its ext_proc port open
+    to the proxy) and the decode pods' sidecar port is open (the proxy sends requests there)."""
     nodes = {"podSelector": {"matchLabels": names.selector("node")}}
-    gateway = {"podSelector": {"matchLabels": names.selector("gateway")}}
+    front = "epp" if picker else "gateway"
+    gateway = {"podSelector": {"matchLabels": names.selector(front)}}
     prefill_side = {
         "podSelector": {
             "matchLabels": names.selector("node"),
@@ -64,7 +76,7 @@ def network_policies(names: Names, namespace: str, control_port: int) -> list[Ma
             },
         }
 
-    return [
+    out = [
         policy(
             "node-control",
             names.selector("node"),
@@ -77,10 +89,19 @@ def network_policies(names: Names, namespace: str, control_port: int) -> list[Ma
         ),
         policy(
             "gateway",
-            names.selector("gateway"),
+            names.selector(front),
             [
-                {"ports": [_tcp("http")]},
+                {"ports": [_tcp("http")] + ([_tcp("grpc")] if picker else [])},
                 {"from": [nodes], "ports": [_tcp(control_port)]},
             ],
         ),
     ]
+    if picker:
+        out.append(
+            policy(
+                "node-openai",
+                {**names.selector("node"), DECODES_LABEL: "true"},
+                [{"ports": [_tcp(SIDECAR_PORT)]}],
+            )
+        )
+    return out

@@ -49,19 +49,19 @@ def render_deployment(
             config_files.NODES_FILE: config_files.dump(config_files.nodes_file(d, names, ns)),
         },
     }
-    out: list[Manifest] = [configmap, *gateway_workload(d, names, opts)]
+    out: list[Manifest] = [configmap, *gateway_workload(d, names, opts, inference_pool)]
     for g in groups:
-        out.extend(node_workload(d, names, opts, g))
+        out.extend(node_workload(d, names, opts, g, sidecar=inference_pool))
     out.extend(policies.disruption_budget(names, g, ns, model) for g in groups)
     _, control_port = config_files.gateway_ports(d)
-    out.extend(policies.network_policies(names, ns, control_port))
+    out.extend(policies.network_policies(names, ns, control_port, inference_pool))
     out.append(monitoring.service_monitor(names, ns))
     out.extend(
         monitoring.scaled_object(names, g, ns, opts.prometheus_url) for g in groups if g.scalable
     )
     if inference_pool:
         out.append(inference.inference_pool(names, ns))
-        out.extend(inference.picker(names, opts))
+        out.extend(inference.picker(d, names, opts))
         out.append(inference.http_route(names, ns, gateway_name))
     keys = tuple(secrets.secret_manifests(d, names, ns)) if opts.with_secrets else ()
     return Rendering(tuple(out), keys, unsupported.warnings_for(d), groups)

@@ -16,6 +16,7 @@ from prfaas.k8s.names import (
     NODE_HTTP_PORT,
     NODE_KV_PORT,
     ROLE_LABEL,
+    SIDECAR_PORT,
     SITE_LABEL,
     Names,
 )
@@ -47,8 +48,10 @@ def node_selector(names: Names, g: NodeGroup) -> dict[str, str]:
 
 
 def node_workload(
-    d: DeploymentConfig, names: Names, opts: RenderOptions, g: NodeGroup
+    d: DeploymentConfig, names: Names, opts: RenderOptions, g: NodeGroup, sidecar: bool = False
 ) -> list[Manifest]:
+    """The group's workload and headless Service; with ``sidecar`` its decode pods also run
+    ``prfaas epp-sidecar`` (the OpenAI port the Endpoint Picker routes to)."""
     eng = d.engine_for(g.site)
     res = pod_resources(
         g.site, g.site_index, d.sites[g.site_index].hardware, eng.kind, eng.device, eng.threads
@@ -97,10 +100,13 @@ def node_workload(
     }
     if g.scalable:  # scale-down removes the lowest; `kubectl annotate` a drained pod lower
         annotations["controller.kubernetes.io/pod-deletion-cost"] = "0"
+    containers = [container]
+    if sidecar and g.receives_kv:
+        containers.append(_sidecar_container(opts, g, t, mounts, ctr_sec, env))
     template = {
         "metadata": {"labels": labels, "annotations": annotations},
         "spec": {
-            "containers": [container],
+            "containers": containers,
             "volumes": vols,
             "affinity": pods.affinity(g.site, opts, res),
             "securityContext": pod_sec,
@@ -143,6 +149,41 @@ def node_workload(
     return [workload, headless]
 
 
+def _sidecar_container(
+    opts: RenderOptions,
+    g: NodeGroup,
+    t: pods.Timing,
+    mounts: list[dict[str, Any]],
+    security: dict[str, Any],
+    env: list[dict[str, Any]],
+) -> dict[str, Any]:
+    cmd, args = pods.entry_command(
+        "sidecar",
+        "--file",
+        NODES_FILE,
+        "--site",
+        g.site,
+        "--role",
+        g.serve_role,
+        "--pod-group",
+        "deployment" if g.scalable else "statefulset",
+        "--port",
+        str(SIDECAR_PORT),
+    )
+    return {
+        "name": "sidecar",
+        "image": opts.image,
+        "command": cmd,
+        "args": args,
+        "env": env,
+        "ports": [{"name": "openai", "containerPort": SIDECAR_PORT, "protocol": "TCP"}],
+        **pods.probes("openai", t),
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
+        "volumeMounts": mounts,
+        "securityContext": security,
+    }
+
+
 def names_safe(value: str) -> str:
     """A label value (63 characters of [A-Za-z0-9._-], alphanumeric at both ends)."""
     import re
@@ -151,7 +192,12 @@ def names_safe(value: str) -> str:
     return cleaned or "model"
 
 
-def gateway_workload(d: DeploymentConfig, names: Names, opts: RenderOptions) -> list[Manifest]:
+def gateway_workload(
+    d: DeploymentConfig, names: Names, opts: RenderOptions, picker: bool = False
+) -> list[Manifest]:
+    """The gateway's Deployment and its two Services; with ``picker`` the Endpoint Picker is the
+    control plane (``prfaas epp`` is a gateway whose routes go to Envoy): the Services select
+    its pods and no gateway Deployment is rendered."""
     home = d.engine_for(d.home_site.name)
     t = pods.timing(d, "gateway", 0)
     port, control = gateway_ports(d)
@@ -207,12 +253,13 @@ def gateway_workload(d: DeploymentConfig, names: Names, opts: RenderOptions) -> 
             "template": template,
         },
     }
+    front = "epp" if picker else "gateway"
     client = {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": _meta(names.gateway, opts.namespace, labels),
         "spec": {
-            "selector": names.selector("gateway"),
+            "selector": names.selector(front),
             "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
         },
     }
@@ -221,10 +268,10 @@ def gateway_workload(d: DeploymentConfig, names: Names, opts: RenderOptions) -> 
         "kind": "Service",
         "metadata": _meta(names.gateway_control, opts.namespace, names.labels("gateway-control")),
         "spec": {
-            "selector": names.selector("gateway"),
+            "selector": names.selector(front),
             "ports": [
                 {"name": "control", "port": control, "targetPort": "control", "protocol": "TCP"}
             ],
         },
     }
-    return [deployment, client, control_svc]
+    return [client, control_svc] if picker else [deployment, client, control_svc]

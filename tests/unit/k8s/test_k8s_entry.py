@@ -122,3 +122,35 @@ async def test_node_ready_is_open_and_follows_draining() -> None:
         r = await client.get("/ready")
         assert (r.status_code, r.json()["ready"]) == (503, False)
         assert (await client.get("/link/rate")).status_code in (401, 405)  # the rest is signed
+
+
+def test_a_decode_pods_sidecar_serves_its_decode_node(tmp_path: Path, monkeypatch: Any) -> None:
+    pod_root(tmp_path, monkeypatch, "vllm-tiny.yaml")
+    args = entry.parser().parse_args(
+        [
+            "sidecar",
+            "--file",
+            "nodes.yaml",
+            "--site",
+            "pd",
+            "--role",
+            "node",
+            "--pod-group",
+            "statefulset",
+            "--port",
+            "8300",
+        ]
+    )
+    composed, nodes = entry.prepare(args, {"POD_INDEX": "0"})
+    assert composed.name == "sidecar.yaml" and nodes == ["p0", "d0"]
+    argv = entry.serve_argv(args, composed, nodes)
+    assert argv == [
+        "prfaas",
+        "epp-sidecar",
+        "--config",
+        str(composed),
+        "--port",
+        "8300",
+        "--node",
+        "d0",
+    ]

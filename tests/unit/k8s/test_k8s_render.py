@@ -253,3 +253,29 @@ def test_keys_kubernetes_cannot_honour_are_stated(
     err = capsys.readouterr().err
     assert "warning: netns: ignored on Kubernetes" in err
     assert "netns: ignored" in (out / "dep.warnings.txt").read_text()
+
+
+def test_with_an_inference_pool_the_picker_is_the_control_plane() -> None:
+    r = render_file(ROOT / "examples" / "two-site.yaml")  # rendered with --inference-pool
+    by_name = {(m["kind"], m["metadata"]["name"]): m for m in r.manifests}
+    assert ("Deployment", "two-site-gateway") not in by_name  # `prfaas epp` is the gateway
+    control = by_name[("Service", "two-site-gateway-control")]
+    assert control["spec"]["selector"]["app.kubernetes.io/component"] == "epp"
+    pool = by_name[("InferencePool", "two-site-pool")]
+    assert pool["spec"]["targetPorts"] == [{"number": 8300}]
+    assert pool["spec"]["endpointPickerRef"]["failureMode"] == "FailClose"
+    decode = by_name[("StatefulSet", "two-site-pd-decode")]["spec"]["template"]
+    assert decode["metadata"]["labels"]["prfaas.io/decodes"] == "true"
+    sidecar = decode["spec"]["containers"][1]
+    assert sidecar["name"] == "sidecar" and sidecar["ports"][0]["containerPort"] == 8300
+    prefill = by_name[("StatefulSet", "two-site-pd-prefill")]["spec"]["template"]
+    assert [c["name"] for c in prefill["spec"]["containers"]] == ["node"]
+    epp = by_name[("Deployment", "two-site-epp")]["spec"]["template"]["spec"]["containers"][0]
+    assert epp["args"][:3] == ["epp", "--file", "gateway.yaml"]
+    plain = render_deployment(
+        load_deployment(ROOT / "examples" / "two-site.yaml"), RenderOptions(name="p")
+    )
+    assert "InferencePool" not in kinds(plain.manifests)
+    assert any(
+        m["metadata"]["name"] == "p-gateway" and m["kind"] == "Deployment" for m in plain.manifests
+    )

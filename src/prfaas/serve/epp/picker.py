@@ -34,6 +34,7 @@ PREFILL_NODE_HEADER = "x-prfaas-prefill-node"
 PREFILL_SITE_HEADER = "x-prfaas-prefill-site"
 DECODE_NODE_HEADER = "x-prfaas-decode-node"
 ROUTE_HEADER = "x-prfaas-route"
+CACHED_TOKENS_HEADER = "x-prfaas-cached-tokens"
 
 
 class Refused(Exception):
@@ -154,6 +155,7 @@ class EndpointPicker:
             (PREFILL_NODE_HEADER, str(decision.prefill_node)),
             (PREFILL_SITE_HEADER, prefill_site),
             (ROUTE_HEADER, "offloaded" if offloaded else "local"),
+            (CACHED_TOKENS_HEADER, str(decision.num_cached_tokens)),
         ]
         if offloaded:
             ep = self.registry.endpoints.get(str(decision.prefill_node))
