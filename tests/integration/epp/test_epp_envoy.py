@@ -162,6 +162,14 @@ class World:
         self.endpoints = {n: FakeEndpoint(HOSTS[n], self.port) for n in ("d0", "d1")}
         self.server = EppServer(self.picker)
         self.epp_port = free_port()
+        self.envoy: EnvoyProcess | None = None
+        try:
+            self._start(tmp)
+        except BaseException:
+            self.close()  # whatever started is stopped, even when start-up fails
+            raise
+
+    def _start(self, tmp: Path) -> None:
         self.feed(lambda r, now: [r.register(reg, now) for reg in registrations()])
         for e in self.endpoints.values():
             self.loop.run(e.start())
@@ -190,7 +198,8 @@ class World:
 
     def close(self) -> None:
         try:
-            self.envoy.stop()
+            if self.envoy is not None:
+                self.envoy.stop()
         finally:
             self.loop.run(self.server.stop(0))
             for e in self.endpoints.values():
