@@ -101,6 +101,11 @@ def run(args: argparse.Namespace) -> int:
         if args.validate:
             from prfaas.k8s.validate import validate_all
 
+            if args.crds is None:
+                print(
+                    f"prfaas k8s: {path}: custom resources not validated (no --crds DIR)",
+                    file=sys.stderr,
+                )
             problems = validate_all(r.manifests + r.secrets, args.target, args.crds)
             if problems:
                 for p in problems:
