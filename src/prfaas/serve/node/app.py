@@ -9,6 +9,8 @@ otherwise); ``/health`` tells liveness and loads, never ports.
 ``POST /prefix/pull``, ``/prefix/push`` cross-site prefix moves (pull asks the source to push)
 ``POST /link/rate``              re-pace this site's inter-site link (emulation; 409 under netns)
 ``GET  /health``                 this process's node reports (open: no ports in it)
+``GET  /ready``                  200 once started while some node of this process is not draining
+                                 for a role change; 503 otherwise (open: a readiness probe)
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from contextlib import asynccontextmanager
 
 import httpx
 from fastapi import FastAPI, HTTPException
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from prfaas.core import NodeRole
 from prfaas.serve import internal_errors
@@ -60,7 +62,7 @@ def create_node_app(host: NodeHost) -> FastAPI:
         openapi_url=None,
     )
     internal_errors.install(app)
-    app.add_middleware(SignatureMiddleware, verifier=verifier, exempt=("/health",))
+    app.add_middleware(SignatureMiddleware, verifier=verifier, exempt=("/health", "/ready"))
 
     def node_or_404(name: str) -> ServedNode:
         node = host.nodes.get(name)
@@ -164,6 +166,15 @@ def create_node_app(host: NodeHost) -> FastAPI:
             "auth_refused": verifier.num_refused,
             **host.health_details(),
         }
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        # The app serves only once the host has started (receiver listening, a vLLM server
+        # up): ready means some node is not draining for a role change. Open like /health:
+        # the kubelet's probe cannot sign; the answer names nodes only, never ports.
+        taking = sorted(n for n, node in host.nodes.items() if not node.draining)
+        status = 200 if taking else 503
+        return JSONResponse({"ready": bool(taking), "nodes": taking}, status_code=status)
 
     app.state.host = host
     return app
