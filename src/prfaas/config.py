@@ -36,6 +36,7 @@ from prfaas.deployment_sections import (
 )
 from prfaas.errors import UsageError
 from prfaas.perf.profile_file import is_profile_file
+from prfaas.pool_sections import PoolRef
 
 
 class _Strict(BaseModel):
@@ -301,6 +302,8 @@ class DeploymentConfig(_Strict):
     """What ``prfaas sim`` and ``prfaas plan`` feed the deployment (``prfaas up`` ignores it)."""
     simulation: SimulationConfig = SimulationConfig()
     prices: Prices = Field({}, description="USD per instance-hour by site hardware")
+    pool: PoolRef | None = None
+    """A tenant of a shared PrfaaS pool (``docs/pool.md``): offloads go there, not to a site."""
 
     @field_validator("prices")
     @classmethod
@@ -349,6 +352,8 @@ class DeploymentConfig(_Strict):
             for end in (link.src, link.dst):
                 if end not in names:
                     raise ValueError(f"link {link.src}->{link.dst} names unknown site {end!r}")
+        if self.pool is not None and len(self.pd_sites) != len(self.sites):
+            raise ValueError("pool: a tenant file names the pool instead of a prfaas site")
         pd_names = {s.name for s in self.pd_sites}
         for site in self.sites:
             if site.kind == "prfaas" and not any(

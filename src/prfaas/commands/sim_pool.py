@@ -1,0 +1,144 @@
+"""``prfaas sim POOL.yaml TENANT.yaml...``: simulate a shared PrfaaS pool and its tenants from the
+very files ``prfaas up`` runs (``docs/pool.md``).
+
+Each tenant file gives the tenant's arrivals and lengths (``workload:``), its local prefill nodes
+and their hardware (its PD site), its model, its own link and TTFT target and tuner (``pool:``);
+the pool file gives the groups (model, hardware, nodes), the egress and the tenants' weights,
+floors and caps. ``build_pool_scenario`` is also what ``bench/pool_coordination.py`` runs.
+Bad input: one line naming the file and field, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from prfaas.errors import UsageError
+from prfaas.perf import ProfileFileError, cost_model_for_hardware
+from prfaas.pool_file import load_pool, load_tenant, pool_shape
+from prfaas.sim.pool_scenario import PoolSimGroup, PoolSimScenario, PoolSimTenant, TunerKind
+from prfaas.workload import ArrivalSpec, FixedLengths, TruncatedLogNormal
+
+
+def build_pool_scenario(
+    pool_path: Path,
+    tenant_paths: list[Path],
+    tuner: TunerKind | None = None,
+    rate_factors: dict[str, float] | None = None,
+    ttft_target_s: float | None = None,
+    duration_s: float | None = None,
+) -> PoolSimScenario:
+    pool = load_pool(pool_path)
+    if not tenant_paths:
+        raise UsageError(f"{pool_path}: give the tenant files to simulate after the pool file")
+    groups = []
+    for i, g in enumerate(pool.groups):
+        try:
+            cost = cost_model_for_hardware(g.model, g.hardware)
+        except (KeyError, ProfileFileError) as exc:
+            raise UsageError(
+                f"{pool_path}: groups.{i}: the simulator needs a model preset and a hardware "
+                f"preset or profile: {exc}"
+            ) from None
+        groups.append(PoolSimGroup(g.name, g.model, len(g.node_names), cost))
+    tenants = []
+    seen: set[str] = set()
+    warmup = 0.0
+    longest = 0.0
+    for path in tenant_paths:
+        cfg = load_tenant(path, pool, pool_path)
+        ref = cfg.pool
+        assert ref is not None
+        if ref.tenant in seen:
+            raise UsageError(f"{path}: pool.tenant: {ref.tenant!r} is given by two tenant files")
+        seen.add(ref.tenant)
+        wl = cfg.workload
+        if wl.trace is not None:
+            raise UsageError(
+                f"{path}: workload.trace: the pool simulator takes synthetic arrivals for now"
+            )
+        if wl.arrival.rate_rps is None:
+            raise UsageError(f"{path}: workload.arrival.rate_rps: a tenant needs its own rate")
+        rate = wl.arrival.rate_rps * (rate_factors or {}).get(ref.tenant, 1.0)
+        a = wl.arrival
+        arrival = ArrivalSpec(a.kind, rate, a.cv, a.on_s, a.on_fraction)
+        ln = wl.lengths
+        lengths = (
+            FixedLengths(ln.fixed_tokens)
+            if ln.kind == "fixed"
+            else TruncatedLogNormal(ln.mu, ln.sigma, ln.min_tokens, ln.max_tokens)
+        )
+        home = cfg.home_site
+        num_prefill = sum(1 for n in home.nodes if n.role == "prefill")
+        try:
+            local_cost = cost_model_for_hardware(cfg.engine.model, home.hardware)
+        except (KeyError, ProfileFileError) as exc:
+            raise UsageError(f"{path}: sites: {home.name}: hardware: {exc}") from None
+        dur = wl.duration_s if duration_s is None else duration_s
+        longest = max(longest, dur)
+        warmup = max(warmup, wl.warmup_s)
+        tenants.append(
+            PoolSimTenant(
+                name=ref.tenant,
+                model=cfg.engine.model,
+                arrival=arrival,
+                lengths=lengths,
+                num_local_prefill=num_prefill,
+                local_cost=local_cost,
+                link_bytes_per_s=ref.link.gbps * 1e9 / 8,
+                rtt_s=ref.link.rtt_ms / 1000,
+                threshold_tokens=cfg.policy.threshold_tokens,
+                tuner=ref.tuner if tuner is None else tuner,
+                ttft_target_s=ref.ttft_target_s if ttft_target_s is None else ttft_target_s,
+                stop_s=dur,
+                seed=wl.seed,
+            )
+        )
+    return PoolSimScenario(
+        shape=pool_shape(pool),
+        groups=tuple(groups),
+        tenants=tuple(tenants),
+        duration_s=longest,
+        measure_from_s=warmup,
+    )
+
+
+def run_pool(args: argparse.Namespace) -> int:
+    from prfaas.sim.pool_report import pool_summary
+    from prfaas.sim.pool_sim import PoolSimulator
+
+    try:
+        sc = build_pool_scenario(args.file, list(args.tenant_files), duration_s=args.duration)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    sim = PoolSimulator(sc)
+    sim.run()
+    out = pool_summary(sim)
+    if args.json:
+        print(json.dumps(out))
+    else:
+        _print_human(out)
+    return 0
+
+
+def _print_human(out: dict[str, Any]) -> None:
+    pool = out["pool"]
+    groups = ", ".join(
+        f"{g} ({v['model']}, {v['num_nodes']} nodes) {v['utilisation']:.2f}"
+        for g, v in pool["groups"].items()
+    )
+    print(
+        f"pool: {groups}; egress {pool['egress_gbps']:.0f} Gbps at {pool['egress_utilisation']:.2f}"
+    )
+    for name, t in out["tenants"].items():
+        r, ttft = t["requests"], t["ttft_s"]
+        compute = ", ".join(f"{g} {v:.3f}" for g, v in t["compute_share"].items())
+        print(
+            f"tenant {name} (weight {t['weight']}, {t['tuner']}): {r['arrived']} arrived, "
+            f"{r['completed']} completed, {r['offloaded']} offloaded, refused {r['refused']}; "
+            f"TTFT p50 {ttft['p50']:.2f} p90 {ttft['p90']:.2f} s (target "
+            f"{t['ttft_target_s']} s); compute share {compute}, egress share "
+            f"{t['egress_share']:.3f}; t = {t['threshold_tokens']}"
+        )

@@ -1,0 +1,306 @@
+"""``PoolSimulator``: one PrfaaS pool shared by several tenants, each with its own PD prefill
+nodes, link, model, arrivals and threshold tuner; admission, queueing and fair share are
+``policy.PoolAdmission``, the object the live front door runs, and each tenant's threshold is
+``policy.choose_threshold`` over the pool's ``PoolFeedback``.
+
+What it models (``docs/pool.md``): per tenant, arrivals and prompt lengths (all uncached: no
+prefix cache here), a router that offloads when the length is over the tenant's ``t`` (and, for
+coordinated tenants, keeps a request local when the pool's expected queueing is over its TTFT
+target and the local queue is shorter), a refused submit prefilled locally, local prefill nodes
+(FIFO, the tenant's profile); at the pool, each group's nodes (the group's profile) and the egress
+fluid (``sim/pool_egress.py``). TTFT ends when the prefill is done locally, or when the last KV
+byte has reached the tenant (plus the link's RTT: the submit's and the KV's one-way delays).
+Decode is not modelled. Events are ``(time_s, priority, seq, kind, payload)`` on one heap; the same
+seeds give the same run. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from prfaas.policy.pool_admission import Accepted, EgressState, PoolAdmission, PrefillJob
+from prfaas.policy.pool_coordination import PoolCapacity, TenantLoad, choose_threshold
+from prfaas.policy.window import LengthWindow
+from prfaas.sim.kv_bytes import KvBytes
+from prfaas.sim.pool_egress import EgressFlow, PoolEgress
+from prfaas.sim.pool_scenario import PoolSimScenario, PoolSimTenant
+from prfaas.workload import arrival_times
+
+_DONE, _ARRIVAL, _TUNE = 0, 1, 2  # priorities at equal times: completions first
+
+
+@dataclass(slots=True)
+class _Req:
+    tenant: str
+    request_id: str
+    arrival_s: float
+    num_tokens: int
+    offloaded: bool = False
+    ttft_s: float | None = None
+
+
+@dataclass(slots=True)
+class TenantRun:
+    """One tenant's state and counts during a run."""
+
+    spec: PoolSimTenant
+    threshold_tokens: int = 0
+    arrivals: Any = None
+    rng: random.Random = field(default_factory=random.Random)
+    window: LengthWindow = field(default_factory=LengthWindow)
+    local_free: int = 0
+    local_queue: deque[_Req] = field(default_factory=deque)
+    local_work_s: float = 0.0
+    num_arrived: int = 0
+    num_offloaded: int = 0
+    num_local: int = 0
+    num_kept_local_by_feedback: int = 0
+    refused: dict[str, int] = field(default_factory=dict)
+    ttft_s: list[float] = field(default_factory=list)
+    num_completed: int = 0
+    compute_s_in_window: dict[str, float] = field(default_factory=dict)
+    threshold_updates: list[tuple[float, int]] = field(default_factory=list)
+
+
+class PoolSimulator:
+    def __init__(self, sc: PoolSimScenario) -> None:
+        self.sc = sc
+        self.admission = PoolAdmission(sc.shape)
+        self.now = 0.0
+        self.num_events = 0
+        self._heap: list[tuple[float, int, int, int, Any]] = []
+        self._seq = itertools.count()
+        self._window = (sc.measure_from_s, sc.window_end_s)
+        self.egress = PoolEgress(
+            sc.shape.egress_bytes_per_s,
+            {t.name: t.weight for t in sc.shape.tenants},
+            {t.name: t.link_bytes_per_s for t in sc.tenants},
+            self._window,
+        )
+        self._free = {g.name: g.num_nodes for g in sc.groups}
+        self._egress_wake = math.inf
+        self._pending: dict[tuple[str, str], _Req] = {}
+        self._num_live = 0
+        self._kv = {g.model: KvBytes(g.cost.model.cache).total for g in sc.groups}
+        self.tenants: dict[str, TenantRun] = {}
+        for t in sc.tenants:
+            run = TenantRun(
+                spec=t,
+                rng=random.Random(t.seed),
+                local_free=t.num_local_prefill,
+                window=LengthWindow(sc.window_size),
+            )
+            stop = sc.duration_s if t.stop_s is None else min(t.stop_s, sc.duration_s)
+            run.arrivals = (
+                t.start_s + a for a in arrival_times(t.arrival, max(0.0, stop - t.start_s), run.rng)
+            )
+            run.compute_s_in_window = {g.name: 0.0 for g in sc.groups}
+            run.threshold_tokens = self._first_threshold(run)
+            self.tenants[t.name] = run
+            self._next_arrival(run)
+            if t.tuner != "fixed":
+                self._push(sc.tune_interval_s, _TUNE, t.name)
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self) -> None:
+        horizon = self.sc.duration_s + self.sc.drain_s
+        while self._heap:
+            t, _, _, kind, payload = heapq.heappop(self._heap)
+            if t > horizon:
+                break
+            self.num_events += 1
+            if kind != _TUNE:
+                self._num_live -= 1
+            self.now = t
+            self.egress.advance(t)
+            if kind == _DONE:
+                payload()
+            elif kind == _ARRIVAL:
+                self._on_arrival(self.tenants[payload])
+            elif kind == _TUNE:
+                self._on_tune(self.tenants[payload])
+            self._settle_egress()
+            if self._idle():
+                break
+        self.egress.advance(self.now)
+
+    def _idle(self) -> bool:
+        # Only tuner ticks left: nothing will happen any more.
+        return self._num_live == 0 and not self.egress.flows
+
+    def _push(self, t: float, kind: int, payload: Any) -> None:
+        if kind != _TUNE:
+            self._num_live += 1
+        heapq.heappush(self._heap, (t, kind, next(self._seq), kind, payload))
+
+    # -- arrivals and routing ------------------------------------------------------------------
+    def _next_arrival(self, run: TenantRun) -> None:
+        nxt = next(run.arrivals, None)
+        if nxt is not None:
+            self._push(nxt, _ARRIVAL, run.spec.name)
+
+    def _on_arrival(self, run: TenantRun) -> None:
+        spec = run.spec
+        n = spec.lengths.sample(run.rng)
+        run.num_arrived += 1
+        req = _Req(spec.name, f"{spec.name}-{run.num_arrived}", self.now, n)
+        run.window.observe(n, 1, self.now)
+        self._next_arrival(run)
+        if n > run.threshold_tokens and not self._keep_local(run, n):
+            group = self.sc.group_for(spec.model)
+            job = PrefillJob(
+                spec.name,
+                req.request_id,
+                spec.model,
+                n,
+                group.cost.prefill_s(n),
+                self._kv[spec.model](n),
+            )
+            decision = self.admission.submit(job, self.now)
+            if isinstance(decision, Accepted):
+                req.offloaded = True
+                run.num_offloaded += 1
+                self._pending[(spec.name, req.request_id)] = req
+                self._dispatch(group.name)
+                return
+            run.refused[decision.reason] = run.refused.get(decision.reason, 0) + 1
+        self._local(run, req)
+
+    def _keep_local(self, run: TenantRun, n: int) -> bool:
+        # A coordinated tenant's router reads the pool's expected queueing for it: over the TTFT
+        # target, and the local queue shorter, the request stays home.
+        if run.spec.tuner != "coordinated":
+            return False
+        fb = self.admission.feedback(run.spec.name, self.now)
+        if fb.expected_queueing_s <= run.spec.ttft_target_s:
+            return False
+        local_wait = run.local_work_s / max(run.spec.num_local_prefill, 1)
+        if local_wait < fb.expected_queueing_s and run.spec.num_local_prefill > 0:
+            run.num_kept_local_by_feedback += 1
+            return True
+        return False
+
+    # -- local prefill -------------------------------------------------------------------------
+    def _local(self, run: TenantRun, req: _Req) -> None:
+        run.num_local += 1
+        run.local_work_s += run.spec.local_cost.prefill_s(req.num_tokens)
+        run.local_queue.append(req)
+        self._start_local(run)
+
+    def _start_local(self, run: TenantRun) -> None:
+        while run.local_free > 0 and run.local_queue:
+            req = run.local_queue.popleft()
+            run.local_free -= 1
+            dur = run.spec.local_cost.prefill_s(req.num_tokens)
+            self._push(self.now + dur, _DONE, lambda r=run, q=req, d=dur: self._local_done(r, q, d))
+
+    def _local_done(self, run: TenantRun, req: _Req, dur: float) -> None:
+        run.local_free += 1
+        run.local_work_s = max(0.0, run.local_work_s - dur)
+        self._finish(run, req, self.now)
+        self._start_local(run)
+
+    # -- the pool ------------------------------------------------------------------------------
+    def _egress_state(self) -> EgressState:
+        total, per = self.egress.backlog()
+        return EgressState(
+            pool_backlog_bytes=total,
+            tenant_backlog_bytes=tuple(per.items()),
+            tenant_link_bytes_per_s=tuple(self.egress.links.items()),
+        )
+
+    def _dispatch(self, group: str) -> None:
+        while self._free[group] > 0:
+            job = self.admission.dispatch(group, self.now, self._egress_state())
+            if job is None:
+                return
+            self._free[group] -= 1
+            end = self.now + job.compute_s
+            run = self.tenants[job.tenant]
+            lo, hi = self._window
+            run.compute_s_in_window[group] += max(0.0, min(end, hi) - max(self.now, lo))
+            req = self._pending.pop((job.tenant, job.request_id))
+            self.egress.add(EgressFlow(job.tenant, req, float(job.kv_bytes), self.now, end))
+            self._push(end, _DONE, lambda j=job, g=group: self._pool_done(j, g))
+
+    def _pool_done(self, job: PrefillJob, group: str) -> None:
+        self.admission.finish(job, self.now)
+        self._free[group] += 1
+        self.egress.changed()
+        self._dispatch_all()
+
+    def _dispatch_all(self) -> None:
+        for g in self.sc.groups:
+            self._dispatch(g.name)
+
+    def _settle_egress(self) -> None:
+        finished = self.egress.take_finished()
+        for f in finished:
+            req = f.key
+            assert isinstance(req, _Req)
+            run = self.tenants[req.tenant]
+            self._finish(run, req, self.now + run.spec.rtt_s)
+        if finished:
+            self._dispatch_all()  # the egress has room again
+        wake = self.egress.next_finish_s()
+        if wake < math.inf and wake != self._egress_wake:
+            self._egress_wake = wake
+            self._push(wake, _DONE, self._noop)
+
+    def _noop(self) -> None:
+        self._egress_wake = math.inf
+
+    def _finish(self, run: TenantRun, req: _Req, at_s: float) -> None:
+        req.ttft_s = at_s - req.arrival_s
+        run.num_completed += 1
+        if self._window[0] <= req.arrival_s <= self._window[1]:
+            run.ttft_s.append(req.ttft_s)
+
+    # -- tuning --------------------------------------------------------------------------------
+    def _first_threshold(self, run: TenantRun) -> int:
+        spec = run.spec
+        if spec.threshold_tokens is not None:
+            return spec.threshold_tokens
+        rng = random.Random(spec.seed + 7919)
+        lengths = tuple(spec.lengths.sample(rng) for _ in range(512))
+        weights = [t.weight for t in self.sc.shape.tenants]
+        share = (
+            next(t.weight for t in self.sc.shape.tenants if t.name == spec.name) / sum(weights)
+            if spec.tuner == "coordinated"
+            else 1.0
+        )
+        return self._choose(run, lengths, spec.arrival.rate_rps, share, 0.0)
+
+    def _choose(
+        self, run: TenantRun, lengths: tuple[int, ...], rate: float, share: float, queueing: float
+    ) -> int:
+        spec = run.spec
+        group = self.sc.group_for(spec.model)
+        load = TenantLoad(
+            lengths, rate, spec.num_local_prefill, spec.link_bytes_per_s, spec.ttft_target_s
+        )
+        pool = PoolCapacity(group.num_nodes, self.sc.shape.egress_bytes_per_s, share, queueing)
+        choice = choose_threshold(load, pool, spec.local_cost, group.cost, self._kv[spec.model])
+        return choice.threshold_tokens
+
+    def _on_tune(self, run: TenantRun) -> None:
+        spec = run.spec
+        self._push(self.now + self.sc.tune_interval_s, _TUNE, spec.name)
+        if len(run.window) < self.sc.tune_min_samples:
+            return
+        if spec.tuner == "coordinated":
+            fb = self.admission.feedback(spec.name, self.now)
+            share, queueing = fb.attainable_share, fb.expected_queueing_s
+        else:
+            share, queueing = 1.0, 0.0
+        lengths = tuple(run.window.prompt_lengths())
+        t = self._choose(run, lengths, run.window.rate_rps(), share, queueing)
+        if t != run.threshold_tokens:
+            run.threshold_tokens = t
+            run.threshold_updates.append((self.now, t))
