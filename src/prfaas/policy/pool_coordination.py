@@ -10,10 +10,11 @@ balance three loads, from its own recent lengths and arrival rate:
 - the egress it can use: ``rate * E[S_kv(l); l > t] / min(link, s * egress)`` (its own link is its
   own; of the pool's egress it gets ``s``).
 
-``t`` minimises the largest of the three (ties: the larger ``t``, leaving the pool to others).
-When the pool reports a longer expected queueing than half the tenant's TTFT target, ``s`` is
-scaled down by that ratio first: the pool is slower for this tenant than its share says.
-*Uncoordinated* (today's tuners) is the same search with ``s = 1`` and no queueing feedback: every
+``t`` minimises the largest of the three (ties: the larger ``t``, leaving the pool to others),
+each with the work already waiting drained over ``drain_horizon_s``: the local queue's
+(``local_backlog_s / N_local``) and the pool's expected queueing for this tenant (from the feedback),
+so a tenant whose pool queue grows offloads less and one whose local queue grows offloads more.
+*Uncoordinated* (today's tuners) is the same search with ``s = 1`` and no pool feedback: every
 tenant believes it owns the pool. Pure: no I/O, no clock.
 """
 
@@ -34,7 +35,10 @@ class TenantLoad:
     rate_rps: float
     num_local_prefill: int
     link_bytes_per_s: float
-    ttft_target_s: float
+    local_backlog_s: float = 0.0
+    """Prefill work queued at the tenant's own prefill nodes (node-seconds)."""
+    drain_horizon_s: float = 30.0
+    """Backlogs count as load spread over this long (the tuner's period)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,9 +72,8 @@ def choose_threshold(
     (the simulator's ``KvBytes.total``); default ``pool_cost.kv_bytes``."""
     size = pool_cost.kv_bytes if kv_bytes is None else kv_bytes
     share = max(min(pool.share, 1.0), 1e-6)
-    budget_s = load.ttft_target_s / 2
-    if pool.expected_queueing_s > budget_s:
-        share *= budget_s / pool.expected_queueing_s
+    local_extra = load.local_backlog_s / max(load.num_local_prefill, 1e-9) / load.drain_horizon_s
+    pool_extra = pool.expected_queueing_s / load.drain_horizon_s
     xs = sorted(load.lengths)
     n = len(xs)
     if n == 0 or load.rate_rps <= 0:
@@ -92,8 +95,8 @@ def choose_threshold(
             remote_b -= kv[k - 1]
             if k < n and xs[k] == xs[k - 1]:
                 continue  # a threshold cannot split equal lengths
-        rho_l = per_req * local_acc / max(load.num_local_prefill, 1e-9)
-        rho_p = per_req * max(remote_s, 0.0) / pool_nodes
+        rho_l = per_req * local_acc / max(load.num_local_prefill, 1e-9) + local_extra
+        rho_p = per_req * max(remote_s, 0.0) / pool_nodes + pool_extra
         rho_b = per_req * max(remote_b, 0.0) / egress
         worst = max(rho_l, rho_p, rho_b)
         if worst <= best_rho * 1.01 or best is None:

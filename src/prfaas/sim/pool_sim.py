@@ -283,7 +283,12 @@ class PoolSimulator:
         spec = run.spec
         group = self.sc.group_for(spec.model)
         load = TenantLoad(
-            lengths, rate, spec.num_local_prefill, spec.link_bytes_per_s, spec.ttft_target_s
+            lengths,
+            rate,
+            spec.num_local_prefill,
+            spec.link_bytes_per_s,
+            local_backlog_s=run.local_work_s,
+            drain_horizon_s=self.sc.tune_interval_s,
         )
         pool = PoolCapacity(group.num_nodes, self.sc.shape.egress_bytes_per_s, share, queueing)
         choice = choose_threshold(load, pool, spec.local_cost, group.cost, self._kv[spec.model])
