@@ -98,7 +98,7 @@ def test_key_references(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("PRFAAS_POOL_KEY_A", "a" * 32)
     assert resolve_key(ref_a, tmp_path, "tenants.0.keys.0") == b"a" * 32
     ref_file = pool.tenants[1].keys[1]
-    with pytest.raises(UsageError, match="tenants.1.keys.1.file: cannot read"):
+    with pytest.raises(UsageError, match=r"tenants\.1\.keys\.1\.file: cannot read"):
         resolve_key(ref_file, tmp_path, "tenants.1.keys.1")
     (tmp_path / "keys").mkdir()
     (tmp_path / "keys" / "tenant-b-old.key").write_text("short\n")

@@ -12,7 +12,7 @@ balance three loads, from its own recent lengths and arrival rate:
 
 ``t`` minimises the largest of the three (ties: the larger ``t``, leaving the pool to others),
 each with the work already waiting drained over ``drain_horizon_s``: the local queue's
-(``local_backlog_s / N_local``) and the pool's expected queueing for this tenant (from the feedback),
+(``local_backlog_s / N_local``) and the pool's expected queueing for this tenant (the feedback),
 so a tenant whose pool queue grows offloads less and one whose local queue grows offloads more.
 *Uncoordinated* (today's tuners) is the same search with ``s = 1`` and no pool feedback: every
 tenant believes it owns the pool. Pure: no I/O, no clock.
