@@ -56,7 +56,7 @@ lint: $(STAMP)
 
 # Strict mypy on every package and top-level module (pydantic models via the pydantic plugin).
 TYPED := core spec perf analytic workload cache policy sim transfer testbed engine serve commands integrations \
-	config.py scenarios.py deployment_sections.py cli.py errors.py
+	config.py scenarios.py deployment_sections.py cli.py errors.py pool_file.py pool_sections.py
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy $(addprefix src/prfaas/,$(TYPED))

@@ -62,16 +62,20 @@ def main() -> None:
     if args.json:
         print(json.dumps(rows, indent=1))
         return
-    print("| TTFT target | B rate | tuner | A mean / p90 TTFT (s) | B mean / p90 TTFT (s) | "
-          "A, B offloaded | both meet |")
+    print(
+        "| TTFT target | B rate | tuner | A mean / p90 TTFT (s) | B mean / p90 TTFT (s) | "
+        "A, B offloaded | both meet |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         a, b = r["tenant-a"], r["tenant-b"]
-        print(f"| {r['target_s']:.0f} s | {r['b_rate_factor']}x | {r['tuner']} | "
-              f"{a['mean_ttft_s']:.2f} / {a['p90_ttft_s']:.2f} | "
-              f"{b['mean_ttft_s']:.2f} / {b['p90_ttft_s']:.2f} | "
-              f"{a['offloaded']}/{a['arrived']}, {b['offloaded']}/{b['arrived']} | "
-              f"{'yes' if r['both_met'] else 'no'} |")
+        print(
+            f"| {r['target_s']:.0f} s | {r['b_rate_factor']}x | {r['tuner']} | "
+            f"{a['mean_ttft_s']:.2f} / {a['p90_ttft_s']:.2f} | "
+            f"{b['mean_ttft_s']:.2f} / {b['p90_ttft_s']:.2f} | "
+            f"{a['offloaded']}/{a['arrived']}, {b['offloaded']}/{b['arrived']} | "
+            f"{'yes' if r['both_met'] else 'no'} |"
+        )
 
 
 if __name__ == "__main__":
