@@ -55,7 +55,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests bench
 
 # Strict mypy on every package and top-level module (pydantic models via the pydantic plugin).
-TYPED := core spec perf analytic workload cache policy sim transfer testbed engine serve commands integrations \
+TYPED := core spec perf analytic workload cache policy sim transfer testbed engine serve commands integrations pool \
 	config.py scenarios.py deployment_sections.py cli.py errors.py pool_file.py pool_sections.py
 
 typecheck: $(STAMP)

@@ -275,6 +275,8 @@ class PoolAdmission:
         """Drop a tenant's queued prefills (lease expired, key revoked); returns them."""
         tn = self._tenants[tenant]
         dropped = tuple(j for q in tn.queues.values() for j in q)
+        for j in dropped:  # a later submit of the same id is a new request
+            self._decisions.pop((j.tenant, j.request_id), None)
         for g, q in tn.queues.items():
             q.clear()
             tn.queued_compute_s[g] = 0.0
