@@ -148,3 +148,25 @@ def test_compute_heavy_and_byte_heavy_get_equal_dominant_shares() -> None:
 
 def test_same_seed_same_json() -> None:
     assert _two_to_one(None, (0.0, 60.0)) == _two_to_one(None, (0.0, 60.0))
+
+
+def test_coordinated_tuners_beat_uncoordinated_on_the_example() -> None:
+    from pathlib import Path
+
+    from prfaas.commands.sim_pool import build_pool_scenario
+
+    root = Path(__file__).resolve().parents[3] / "examples" / "pool"
+    files = [root / "tenant-a.yaml", root / "tenant-b.yaml"]
+    means = {}
+    for tuner in ("coordinated", "uncoordinated"):
+        sc = build_pool_scenario(root / "pool.yaml", files, tuner=tuner, duration_s=300.0)
+        sim = PoolSimulator(sc)
+        sim.run()
+        out = pool_summary(sim)
+        _all_complete(out)
+        means[tuner] = {n: t["ttft_s"]["mean"] for n, t in out["tenants"].items()}
+        offloads = {n: t["requests"]["offloaded"] for n, t in out["tenants"].items()}
+        assert all(v > 0 for v in offloads.values())
+    # Each uncoordinated tenant plans as if it owned the 4 nodes: the pool's queue grows.
+    for name in ("tenant-a", "tenant-b"):
+        assert means["coordinated"][name] < means["uncoordinated"][name]
