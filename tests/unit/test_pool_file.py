@@ -127,3 +127,27 @@ def test_cli_pool_sim_has_a_tenants_object(tmp_path: Path) -> None:
     assert res.returncode == 2
     assert "pool.tenant: 'nobody' is not a tenant" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_a_tenant_replays_its_own_trace(tmp_path: Path) -> None:
+    from prfaas.commands.sim_pool import build_pool_scenario
+    from prfaas.sim.pool_report import pool_summary
+    from prfaas.sim.pool_sim import PoolSimulator
+
+    lines = [
+        json.dumps({"timestamp": 500 * i, "input_length": 30000 + 1000 * i, "output_length": 10,
+                    "hash_ids": []})
+        for i in range(40)
+    ]  # fmt: skip
+    (tmp_path / "trace.jsonl").write_text("\n".join(lines) + "\n")
+
+    def use_trace(raw: dict) -> None:
+        raw["workload"] = {"trace": "trace.jsonl", "duration_s": 600, "seed": 1}
+
+    a = _tenant_with(tmp_path, use_trace, "tenant-a.yaml")
+    sc = build_pool_scenario(POOL, [a])
+    assert sc.tenants[0].trace is not None and len(sc.tenants[0].trace) == 40
+    sim = PoolSimulator(sc)
+    sim.run()
+    out = pool_summary(sim)["tenants"]["tenant-a"]
+    assert out["requests"]["arrived"] == out["requests"]["completed"] == 40

@@ -55,13 +55,10 @@ def build_pool_scenario(
             raise UsageError(f"{path}: pool.tenant: {ref.tenant!r} is given by two tenant files")
         seen.add(ref.tenant)
         wl = cfg.workload
-        if wl.trace is not None:
-            raise UsageError(
-                f"{path}: workload.trace: the pool simulator takes synthetic arrivals for now"
-            )
-        if wl.arrival.rate_rps is None:
+        trace = _trace(path, wl.trace, wl.trace_limit, wl.rate_scale) if wl.trace else None
+        if trace is None and wl.arrival.rate_rps is None:
             raise UsageError(f"{path}: workload.arrival.rate_rps: a tenant needs its own rate")
-        rate = wl.arrival.rate_rps * (rate_factors or {}).get(ref.tenant, 1.0)
+        rate = (wl.arrival.rate_rps or 1.0) * (rate_factors or {}).get(ref.tenant, 1.0)
         a = wl.arrival
         arrival = ArrivalSpec(a.kind, rate, a.cv, a.on_s, a.on_fraction)
         ln = wl.lengths
@@ -94,6 +91,7 @@ def build_pool_scenario(
                 ttft_target_s=ref.ttft_target_s if ttft_target_s is None else ttft_target_s,
                 stop_s=dur,
                 seed=wl.seed,
+                trace=trace,
             )
         )
     return PoolSimScenario(
@@ -103,6 +101,26 @@ def build_pool_scenario(
         duration_s=longest,
         measure_from_s=warmup,
     )
+
+
+def _trace(
+    path: Path, trace: str, limit: int | None, rate_scale: float
+) -> tuple[tuple[float, int], ...]:
+    from prfaas.workload import TraceError, read_mooncake
+
+    file = Path(trace)  # as given (like a deployment file's), else beside the tenant file
+    if not file.is_absolute() and not file.exists():
+        file = path.parent / trace
+    try:
+        records = tuple(
+            (r.arrival_s / rate_scale, r.num_prompt_tokens) for r in read_mooncake(file, limit)
+        )
+    except TraceError as exc:
+        raise UsageError(f"{path}: workload.trace: {exc}") from None
+    if not records:
+        raise UsageError(f"{path}: workload.trace: {file} has no records")
+    t0 = records[0][0]
+    return tuple((t - t0, n) for t, n in records)
 
 
 def run_pool(args: argparse.Namespace) -> int:

@@ -51,6 +51,9 @@ class PoolSimTenant:
     stop_s: float | None = None
     """Arrivals end here (None: the scenario's ``duration_s``)."""
     seed: int = 0
+    trace: tuple[tuple[float, int], ...] | None = None
+    """Replayed instead of ``arrival`` and ``lengths``: (arrival_s, prompt tokens), in order.
+    Every prompt token counts as uncached (the pool simulator has no prefix cache)."""
 
     def __post_init__(self) -> None:
         if self.num_local_prefill < 0:

@@ -52,6 +52,7 @@ class TenantRun:
     spec: PoolSimTenant
     threshold_tokens: int = 0
     arrivals: Any = None
+    trace_lengths: deque[int] | None = None
     rng: random.Random = field(default_factory=random.Random)
     window: LengthWindow = field(default_factory=LengthWindow)
     local_free: int = 0
@@ -97,9 +98,12 @@ class PoolSimulator:
                 window=LengthWindow(sc.window_size),
             )
             stop = sc.duration_s if t.stop_s is None else min(t.stop_s, sc.duration_s)
-            run.arrivals = (
-                t.start_s + a for a in arrival_times(t.arrival, max(0.0, stop - t.start_s), run.rng)
-            )
+            if t.trace is not None:
+                run.arrivals = (t.start_s + a for a, _ in t.trace if t.start_s + a <= stop)
+                run.trace_lengths = deque(n for _, n in t.trace)
+            else:
+                span = max(0.0, stop - t.start_s)
+                run.arrivals = (t.start_s + a for a in arrival_times(t.arrival, span, run.rng))
             run.compute_s_in_window = {g.name: 0.0 for g in sc.groups}
             run.threshold_tokens = self._first_threshold(run)
             self.tenants[t.name] = run
@@ -147,7 +151,11 @@ class PoolSimulator:
 
     def _on_arrival(self, run: TenantRun) -> None:
         spec = run.spec
-        n = spec.lengths.sample(run.rng)
+        n = (
+            run.trace_lengths.popleft()
+            if run.trace_lengths is not None
+            else (spec.lengths.sample(run.rng))
+        )
         run.num_arrived += 1
         req = _Req(spec.name, f"{spec.name}-{run.num_arrived}", self.now, n)
         run.window.observe(n, 1, self.now)
@@ -268,14 +276,20 @@ class PoolSimulator:
         if spec.threshold_tokens is not None:
             return spec.threshold_tokens
         rng = random.Random(spec.seed + 7919)
-        lengths = tuple(spec.lengths.sample(rng) for _ in range(512))
+        if spec.trace is not None:  # the trace's first requests, as its tuner would see them
+            lengths = tuple(n for _, n in spec.trace[:512])
+            span = spec.trace[min(511, len(spec.trace) - 1)][0] - spec.trace[0][0]
+            rate = (min(512, len(spec.trace)) - 1) / span if span > 0 else 1.0
+        else:
+            lengths = tuple(spec.lengths.sample(rng) for _ in range(512))
+            rate = spec.arrival.rate_rps
         weights = [t.weight for t in self.sc.shape.tenants]
         share = (
             next(t.weight for t in self.sc.shape.tenants if t.name == spec.name) / sum(weights)
             if spec.tuner == "coordinated"
             else 1.0
         )
-        return self._choose(run, lengths, spec.arrival.rate_rps, share, 0.0)
+        return self._choose(run, lengths, rate, share, 0.0)
 
     def _choose(
         self, run: TenantRun, lengths: tuple[int, ...], rate: float, share: float, queueing: float
