@@ -105,6 +105,9 @@ class PoolFeedback:
     the others' recent demand with this tenant's unbounded (at least its entitled share)."""
     queued_tokens: int
     running: int
+    link_backlog_s: float = 0.0
+    """The tenant's own link: its unsent KV at the pool over its link rate (from the driver's
+    ``EgressState``; 0 when none was given)."""
 
 
 @dataclass(slots=True)
@@ -285,8 +288,11 @@ class PoolAdmission:
         return dropped
 
     # -- feedback ------------------------------------------------------------------------------
-    def feedback(self, tenant: str, now: float) -> PoolFeedback:
+    def feedback(self, tenant: str, now: float, egress: EgressState | None = None) -> PoolFeedback:
         tn = self._tenants[tenant]
+        link_s = 0.0
+        if egress is not None:
+            link_s = egress.backlog_of(tenant) / egress.link_of(tenant)
         active_w = sum(o.share.weight for o in self._tenants.values() if o.active() or o is tn)
         wait = max(self._wait_s(tn, g.name, now) for g in self.shape.groups)
         return PoolFeedback(
@@ -297,6 +303,7 @@ class PoolAdmission:
             attainable_share=self._attainable(tn, now),
             queued_tokens=tn.queued_tokens,
             running=sum(tn.running.values()),
+            link_backlog_s=link_s,
         )
 
     def tenants(self) -> tuple[str, ...]:

@@ -12,8 +12,9 @@ balance three loads, from its own recent lengths and arrival rate:
 
 ``t`` minimises the largest of the three (ties: the larger ``t``, leaving the pool to others),
 each with the work already waiting drained over ``drain_horizon_s``: the local queue's
-(``local_backlog_s / N_local``) and the pool's expected queueing for this tenant (the feedback),
-so a tenant whose pool queue grows offloads less and one whose local queue grows offloads more.
+(``local_backlog_s / N_local``), the pool's expected queueing for this tenant and its own link's
+unsent KV (both from the feedback), so a tenant whose pool queue or link backlog grows offloads
+less and one whose local queue grows offloads more.
 *Uncoordinated* (today's tuners) is the same search with ``s = 1`` and no pool feedback: every
 tenant believes it owns the pool. Pure: no I/O, no clock.
 """
@@ -50,6 +51,8 @@ class PoolCapacity:
     share: float
     """1.0 uncoordinated; the pool's attainable share coordinated."""
     expected_queueing_s: float = 0.0
+    link_backlog_s: float = 0.0
+    """The tenant's own link's unsent KV at the pool, in seconds of that link."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +77,7 @@ def choose_threshold(
     share = max(min(pool.share, 1.0), 1e-6)
     local_extra = load.local_backlog_s / max(load.num_local_prefill, 1e-9) / load.drain_horizon_s
     pool_extra = pool.expected_queueing_s / load.drain_horizon_s
+    link_extra = pool.link_backlog_s / load.drain_horizon_s
     xs = sorted(load.lengths)
     n = len(xs)
     if n == 0 or load.rate_rps <= 0:
@@ -97,7 +101,7 @@ def choose_threshold(
                 continue  # a threshold cannot split equal lengths
         rho_l = per_req * local_acc / max(load.num_local_prefill, 1e-9) + local_extra
         rho_p = per_req * max(remote_s, 0.0) / pool_nodes + pool_extra
-        rho_b = per_req * max(remote_b, 0.0) / egress
+        rho_b = per_req * max(remote_b, 0.0) / egress + link_extra
         worst = max(rho_l, rho_p, rho_b)
         if worst <= best_rho * 1.01 or best is None:
             t = 0 if k == 0 else xs[k - 1]

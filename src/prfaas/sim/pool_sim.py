@@ -292,7 +292,13 @@ class PoolSimulator:
         return self._choose(run, lengths, rate, share, 0.0)
 
     def _choose(
-        self, run: TenantRun, lengths: tuple[int, ...], rate: float, share: float, queueing: float
+        self,
+        run: TenantRun,
+        lengths: tuple[int, ...],
+        rate: float,
+        share: float,
+        queueing: float,
+        link_backlog_s: float = 0.0,
     ) -> int:
         spec = run.spec
         group = self.sc.group_for(spec.model)
@@ -304,7 +310,9 @@ class PoolSimulator:
             local_backlog_s=run.local_work_s,
             drain_horizon_s=self.sc.tune_interval_s,
         )
-        pool = PoolCapacity(group.num_nodes, self.sc.shape.egress_bytes_per_s, share, queueing)
+        pool = PoolCapacity(
+            group.num_nodes, self.sc.shape.egress_bytes_per_s, share, queueing, link_backlog_s
+        )
         choice = choose_threshold(load, pool, spec.local_cost, group.cost, self._kv[spec.model])
         return choice.threshold_tokens
 
@@ -314,12 +322,12 @@ class PoolSimulator:
         if len(run.window) < self.sc.tune_min_samples:
             return
         if spec.tuner == "coordinated":
-            fb = self.admission.feedback(spec.name, self.now)
-            share, queueing = fb.attainable_share, fb.expected_queueing_s
+            fb = self.admission.feedback(spec.name, self.now, self._egress_state())
+            share, queueing, link = fb.attainable_share, fb.expected_queueing_s, fb.link_backlog_s
         else:
-            share, queueing = 1.0, 0.0
+            share, queueing, link = 1.0, 0.0, 0.0
         lengths = tuple(run.window.prompt_lengths())
-        t = self._choose(run, lengths, run.window.rate_rps(), share, queueing)
+        t = self._choose(run, lengths, run.window.rate_rps(), share, queueing, link)
         if t != run.threshold_tokens:
             run.threshold_tokens = t
             run.threshold_updates.append((self.now, t))

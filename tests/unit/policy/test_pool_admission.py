@@ -171,5 +171,11 @@ def test_coordinated_threshold_offloads_less_with_a_smaller_share() -> None:
     whole = choose_threshold(load, PoolCapacity(4, 12.5e9, 1.0), local_cost, pool_cost)
     third = choose_threshold(load, PoolCapacity(4, 12.5e9, 1 / 3), local_cost, pool_cost)
     queued = choose_threshold(load, PoolCapacity(4, 12.5e9, 1.0, 60.0), local_cost, pool_cost)
+    slow = TenantLoad(lengths, 2.0, 3, 0.2e9)  # its own link is the limit
+    link = choose_threshold(slow, PoolCapacity(4, 12.5e9, 1.0), local_cost, pool_cost)
+    backlog = PoolCapacity(4, 12.5e9, 1.0, link_backlog_s=30.0)
+    held = choose_threshold(slow, backlog, local_cost, pool_cost)
     assert third.threshold_tokens > whole.threshold_tokens
     assert queued.threshold_tokens > whole.threshold_tokens
+    assert link.threshold_tokens > whole.threshold_tokens
+    assert held.threshold_tokens > link.threshold_tokens
