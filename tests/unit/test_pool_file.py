@@ -127,6 +127,8 @@ def test_cli_pool_sim_has_a_tenants_object(tmp_path: Path) -> None:
     assert res.returncode == 2
     assert "pool.tenant: 'nobody' is not a tenant" in res.stderr
     assert "Traceback" not in res.stderr
+    res = _cli(str(POOL), str(a), "--rate", "3")
+    assert res.returncode == 2 and "--rate does not apply to a pool simulation" in res.stderr
 
 
 def test_a_tenant_replays_its_own_trace(tmp_path: Path) -> None:

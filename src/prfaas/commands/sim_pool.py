@@ -94,6 +94,11 @@ def build_pool_scenario(
                 trace=trace,
             )
         )
+    if warmup >= longest:
+        raise UsageError(
+            f"workload.warmup_s ({warmup:g} s, the largest of the tenants') is not under the "
+            f"run's {longest:g} s of arrivals: nothing would be measured"
+        )
     return PoolSimScenario(
         shape=pool_shape(pool),
         groups=tuple(groups),
@@ -123,10 +128,25 @@ def _trace(
     return tuple((t - t0, n) for t, n in records)
 
 
+_NOT_FOR_POOLS = (
+    "config", "policy", "arrival", "rate", "cv", "on_s", "on_fraction", "trace", "trace_limit",
+    "rate_scale", "seed", "threshold", "n_p", "n_d", "link_gbps", "rtt_ms", "connections",
+    "window_mib", "link_schedule", "rebalance", "no_tune", "no_cache", "output_tokens", "mu",
+    "sigma", "warmup", "find_max_rate", "timeseries", "plot", "requests_csv", "perfetto",
+)  # fmt: skip
+
+
 def run_pool(args: argparse.Namespace) -> int:
     from prfaas.sim.pool_report import pool_summary
     from prfaas.sim.pool_sim import PoolSimulator
 
+    given = [f"--{name.replace('_', '-')}" for name in _NOT_FOR_POOLS
+             if getattr(args, name, None) not in (None, False)]  # fmt: skip
+    if given:
+        raise UsageError(
+            f"{given[0]} does not apply to a pool simulation (its tenants' files set it); "
+            "a pool run takes --duration and --json"
+        )
     try:
         sc = build_pool_scenario(args.file, list(args.tenant_files), duration_s=args.duration)
     except ValueError as exc:
