@@ -220,11 +220,12 @@ class PoolAdmission:
                 )
             tn.bucket -= 1.0
         if not tn.active():
-            # VTC: a returning tenant starts level with the least-served backlogged tenant, so
-            # its idle time is not banked as credit (and its old debt is not held against it).
+            # VTC: a returning tenant starts no lower than the least-served active tenant, so its
+            # idle time is not banked as credit (a tenant ahead keeps its lead: going idle for a
+            # moment does not wipe it).
             active = [o.counter for o in self._tenants.values() if o is not tn and o.active()]
             if active:
-                tn.counter = min(active)
+                tn.counter = max(tn.counter, min(active))
         self._note_demand(tn, self.dominant_cost(job), now)
         expected = now + self._wait_s(tn, group.name, now)
         tn.queues[group.name].append(job)
