@@ -6,6 +6,8 @@
     equal weights: the rule's promise, computed before the run from the cost model (equal
     dominant shares x; A's compute share = B's egress share = x; the binding resource full).
 (c) A stops at 100 s: B's share of the pool before and after A's queue drained.
+(d) examples/pool: the front door dies at 200 s for 0.4 s or 5 s (queue lost, new epoch): every
+    request completes; fallbacks by reason and the fallen-back requests' TTFT.
 Same scenarios as tests/unit/sim/test_pool_sim.py.
 
     PYTHONPATH=src .venv/bin/python bench/pool_shares.py
@@ -100,6 +102,26 @@ def main() -> None:
           f"(30-100 s) -> {after['b']['compute_share']['g']:.3f} (200-300 s; A "
           f"{after['a']['compute_share']['g']:.3f}); egress {before['egress_share']:.4f} -> "
           f"{after['b']['egress_share']:.4f}")  # fmt: skip
+    outages()
+
+
+def outages() -> None:
+    from dataclasses import replace
+    from pathlib import Path
+
+    from prfaas.commands.sim_pool import build_pool_scenario
+
+    root = Path(__file__).resolve().parent.parent / "examples" / "pool"
+    files = [root / "tenant-a.yaml", root / "tenant-b.yaml"]
+    base = build_pool_scenario(root / "pool.yaml", files)
+    for down_s in (0.4, 5.0):
+        out = _run(replace(base, front_door_outages=((200.0, down_s),)))
+        for name, t in out["tenants"].items():
+            r, fb = t["requests"], t["fallback_ttft_s"]
+            print(f"(d) front door down {down_s} s at 200 s: {name}: {r['completed']}/"
+                  f"{r['arrived']} completed, fallbacks {r['fallbacks']}, their TTFT mean "
+                  f"{fb['mean']:.2f} max {fb['max']:.2f} s (all requests: mean "
+                  f"{t['ttft_s']['mean']:.2f} s)")  # fmt: skip
 
 
 if __name__ == "__main__":

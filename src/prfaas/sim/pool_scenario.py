@@ -75,6 +75,13 @@ class PoolSimScenario:
     measure_from_s: float = 0.0
     measure_to_s: float | None = None
     """Shares and TTFTs are measured over [from, to] (None: ``duration_s``)."""
+    front_door_outages: tuple[tuple[float, float], ...] = ()
+    """(at_s, down_s): the front door dies at ``at_s`` (its queue is lost; started prefills go on:
+    their KV does not pass through it) and comes back ``down_s`` later with a new epoch."""
+    heartbeat_interval_s: float = 0.5
+    """Tenants' heartbeats (only simulated when there are outages)."""
+    silence_s: float = 1.5
+    """A tenant whose pool has not answered for this long sends its pending prefills local."""
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tenants]

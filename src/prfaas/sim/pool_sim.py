@@ -26,13 +26,15 @@ from typing import Any
 
 from prfaas.policy.pool_admission import Accepted, EgressState, PoolAdmission, PrefillJob
 from prfaas.policy.pool_coordination import PoolCapacity, TenantLoad, choose_threshold
+from prfaas.policy.pool_session import Fallback, PoolSession
 from prfaas.policy.window import LengthWindow
 from prfaas.sim.kv_bytes import KvBytes
 from prfaas.sim.pool_egress import EgressFlow, PoolEgress
 from prfaas.sim.pool_scenario import PoolSimScenario, PoolSimTenant
 from prfaas.workload import arrival_times
 
-_DONE, _ARRIVAL, _TUNE = 0, 1, 2  # priorities at equal times: completions first
+_DONE, _ARRIVAL, _TUNE, _BEAT = 0, 1, 2, 3  # priorities at equal times: completions first
+_TIMERS = (_TUNE, _BEAT)  # periodic: they keep nothing alive
 
 
 @dataclass(slots=True)
@@ -43,6 +45,7 @@ class _Req:
     num_tokens: int
     offloaded: bool = False
     ttft_s: float | None = None
+    fell_back: bool = False
 
 
 @dataclass(slots=True)
@@ -63,7 +66,9 @@ class TenantRun:
     num_local: int = 0
     num_kept_local_by_feedback: int = 0
     refused: dict[str, int] = field(default_factory=dict)
+    session: PoolSession = field(default_factory=lambda: PoolSession(1.5))
     ttft_s: list[float] = field(default_factory=list)
+    fallback_ttft_s: list[float] = field(default_factory=list)
     num_completed: int = 0
     compute_s_in_window: dict[str, float] = field(default_factory=dict)
     threshold_updates: list[tuple[float, int]] = field(default_factory=list)
@@ -87,6 +92,8 @@ class PoolSimulator:
         self._free = {g.name: g.num_nodes for g in sc.groups}
         self._egress_wake = math.inf
         self._pending: dict[tuple[str, str], _Req] = {}
+        self.epoch = 1
+        self._door_up = True
         self._num_live = 0
         self._kv = {g.model: KvBytes(g.cost.model.cache).total for g in sc.groups}
         self.tenants: dict[str, TenantRun] = {}
@@ -110,6 +117,12 @@ class PoolSimulator:
             self._next_arrival(run)
             if t.tuner != "fixed":
                 self._push(sc.tune_interval_s, _TUNE, t.name)
+            run.session = PoolSession(sc.silence_s)
+            run.session.heard(self.epoch, 0.0)
+            if sc.front_door_outages:
+                self._push(sc.heartbeat_interval_s, _BEAT, t.name)
+        for at_s, down_s in sc.front_door_outages:
+            self._push(at_s, _DONE, lambda d=down_s: self._door_dies(d))
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -119,7 +132,7 @@ class PoolSimulator:
             if t > horizon:
                 break
             self.num_events += 1
-            if kind != _TUNE:
+            if kind not in _TIMERS:
                 self._num_live -= 1
             self.now = t
             self.egress.advance(t)
@@ -129,6 +142,8 @@ class PoolSimulator:
                 self._on_arrival(self.tenants[payload])
             elif kind == _TUNE:
                 self._on_tune(self.tenants[payload])
+            elif kind == _BEAT:
+                self._on_beat(self.tenants[payload])
             self._settle_egress()
             if self._idle():
                 break
@@ -136,10 +151,10 @@ class PoolSimulator:
 
     def _idle(self) -> bool:
         # Only tuner ticks left: nothing will happen any more.
-        return self._num_live == 0 and not self.egress.flows
+        return self._num_live == 0 and not self.egress.flows and not self._pending
 
     def _push(self, t: float, kind: int, payload: Any) -> None:
-        if kind != _TUNE:
+        if kind not in _TIMERS:
             self._num_live += 1
         heapq.heappush(self._heap, (t, kind, next(self._seq), kind, payload))
 
@@ -161,6 +176,12 @@ class PoolSimulator:
         run.window.observe(n, 1, self.now)
         self._next_arrival(run)
         if n > run.threshold_tokens and not self._keep_local(run, n):
+            if not self._door_up:
+                run.session.unreachable(req.request_id)
+                req.fell_back = True
+                self._local(run, req)
+                return
+            self._fall_back(run, run.session.heard(self.epoch, self.now))
             group = self.sc.group_for(spec.model)
             job = PrefillJob(
                 spec.name,
@@ -175,9 +196,11 @@ class PoolSimulator:
                 req.offloaded = True
                 run.num_offloaded += 1
                 self._pending[(spec.name, req.request_id)] = req
+                run.session.submitted(req.request_id, self.now)
                 self._dispatch(group.name)
                 return
             run.refused[decision.reason] = run.refused.get(decision.reason, 0) + 1
+            run.session.refused(req.request_id, decision.reason)
         self._local(run, req)
 
     def _keep_local(self, run: TenantRun, n: int) -> bool:
@@ -224,7 +247,7 @@ class PoolSimulator:
         )
 
     def _dispatch(self, group: str) -> None:
-        while self._free[group] > 0:
+        while self._door_up and self._free[group] > 0:
             job = self.admission.dispatch(group, self.now, self._egress_state())
             if job is None:
                 return
@@ -234,11 +257,13 @@ class PoolSimulator:
             lo, hi = self._window
             run.compute_s_in_window[group] += max(0.0, min(end, hi) - max(self.now, lo))
             req = self._pending.pop((job.tenant, job.request_id))
+            run.session.started(job.request_id)
             self.egress.add(EgressFlow(job.tenant, req, float(job.kv_bytes), self.now, end))
-            self._push(end, _DONE, lambda j=job, g=group: self._pool_done(j, g))
+            adm = self.admission  # the epoch that placed it is the one to tell
+            self._push(end, _DONE, lambda j=job, g=group, a=adm: self._pool_done(j, g, a))
 
-    def _pool_done(self, job: PrefillJob, group: str) -> None:
-        self.admission.finish(job, self.now)
+    def _pool_done(self, job: PrefillJob, group: str, admission: PoolAdmission) -> None:
+        admission.finish(job, self.now)
         self._free[group] += 1
         self.egress.changed()
         self._dispatch_all()
@@ -269,6 +294,35 @@ class PoolSimulator:
         run.num_completed += 1
         if self._window[0] <= req.arrival_s <= self._window[1]:
             run.ttft_s.append(req.ttft_s)
+        if req.fell_back:
+            run.fallback_ttft_s.append(req.ttft_s)
+
+    # -- front door failures (issue 21, item 7) --------------------------------------------------
+    def _door_dies(self, down_s: float) -> None:
+        self._door_up = False
+        for name in self.tenants:  # its queue is gone; started prefills stream on from the nodes
+            self.admission.withdraw(name, self.now)
+        self._push(self.now + down_s, _DONE, self._door_back)
+
+    def _door_back(self) -> None:
+        self.epoch += 1
+        self.admission = PoolAdmission(self.sc.shape)
+        self._door_up = True
+
+    def _on_beat(self, run: TenantRun) -> None:
+        if self._door_up:
+            self._fall_back(run, run.session.heard(self.epoch, self.now))
+        else:
+            self._fall_back(run, run.session.tick(self.now))
+        if not self._idle():
+            self._push(self.now + self.sc.heartbeat_interval_s, _BEAT, run.spec.name)
+
+    def _fall_back(self, run: TenantRun, fallbacks: tuple[Fallback, ...]) -> None:
+        for fb in fallbacks:
+            req = self._pending.pop((run.spec.name, fb.request_id), None)
+            if req is not None:
+                req.fell_back = True
+                self._local(run, req)
 
     # -- tuning --------------------------------------------------------------------------------
     def _first_threshold(self, run: TenantRun) -> int:

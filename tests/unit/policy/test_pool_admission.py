@@ -179,3 +179,27 @@ def test_coordinated_threshold_offloads_less_with_a_smaller_share() -> None:
     assert queued.threshold_tokens > whole.threshold_tokens
     assert link.threshold_tokens > whole.threshold_tokens
     assert held.threshold_tokens > link.threshold_tokens
+
+
+def test_pool_session_falls_back_on_epoch_change_silence_and_refusal() -> None:
+    from prfaas.policy.pool_session import PoolSession
+
+    s = PoolSession(silence_s=1.5)
+    assert not s.usable(0.0)
+    assert s.heard(1, 0.0) == ()
+    s.submitted("r1", 0.1)
+    s.submitted("r2", 0.2)
+    s.started("r1")  # its KV streams from the node: left to finish
+    assert s.tick(1.0) == ()
+    assert [(f.request_id, f.reason) for f in s.heard(2, 1.2)] == [("r2", "epoch_changed")]
+    s.submitted("r3", 1.3)
+    assert [f.reason for f in s.tick(3.0)] == ["pool_silent"]
+    assert not s.usable(3.0)
+    assert s.refused("r4", "over_rate_cap").reason == "refused:over_rate_cap"
+    assert s.unreachable("r5").reason == "pool_unreachable"
+    assert dict(s.fallbacks) == {
+        "epoch_changed": 1,
+        "pool_silent": 1,
+        "refused:over_rate_cap": 1,
+        "pool_unreachable": 1,
+    }

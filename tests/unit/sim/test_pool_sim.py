@@ -170,3 +170,32 @@ def test_coordinated_tuners_beat_uncoordinated_on_the_example() -> None:
     # Each uncoordinated tenant plans as if it owned the 4 nodes: the pool's queue grows.
     for name in ("tenant-a", "tenant-b"):
         assert means["coordinated"][name] < means["uncoordinated"][name]
+
+
+@pytest.mark.parametrize(("down_s", "reason"), [(0.4, "epoch_changed"), (5.0, "pool_silent")])
+def test_front_door_outage_loses_nothing(down_s: float, reason: str) -> None:
+    from dataclasses import replace
+
+    shape = PoolShape(
+        (GroupShape("g", "paper-1t", 4),),
+        100e9 / 8,
+        (TenantShare("a", 2.0, max_queued_tokens=2_000_000), TenantShare("b", 1.0)),
+    )
+    tenants = (_tenant("a", 1, 3.0), _tenant("b", 2, 1.0))
+    sc = PoolSimScenario(shape, (PoolSimGroup("g", "paper-1t", 4, H200),), tenants,
+                         duration_s=120, front_door_outages=((60.0, down_s),))  # fmt: skip
+    sim = PoolSimulator(sc)
+    sim.run()
+    out = pool_summary(sim)
+    _all_complete(out)
+    fallbacks = {n: t["requests"]["fallbacks"] for n, t in out["tenants"].items()}
+    assert fallbacks["a"].get(reason, 0) > 0  # a had a queue at the pool when it died
+    quiet = pool_summary(_run_quiet(replace(sc, front_door_outages=())))
+    for t in quiet["tenants"].values():  # refusals over a cap remain; nothing else falls back
+        assert all(r.startswith("refused:") for r in t["requests"]["fallbacks"])
+
+
+def _run_quiet(sc: PoolSimScenario) -> PoolSimulator:
+    sim = PoolSimulator(sc)
+    sim.run()
+    return sim
