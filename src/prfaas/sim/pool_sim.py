@@ -10,7 +10,9 @@ target and the local queue is shorter), a refused submit prefilled locally, loca
 (FIFO, the tenant's profile); at the pool, each group's nodes (the group's profile) and the egress
 fluid (``sim/pool_egress.py``). TTFT ends when the prefill is done locally, or when the last KV
 byte has reached the tenant (plus the link's RTT: the submit's and the KV's one-way delays).
-Decode is not modelled. Events are ``(time_s, priority, seq, kind, payload)`` on one heap; the same
+Front door outages (``PoolSimScenario.front_door_outages``) lose its queue and change its epoch;
+each tenant's ``policy.PoolSession`` sends what it had pending local. Decode is not modelled.
+Events are ``(time_s, priority, seq, kind, payload)`` on one heap; the same
 seeds give the same run. Pure: no I/O, no clock.
 """
 
