@@ -6,8 +6,9 @@
     equal weights: the rule's promise, computed before the run from the cost model (equal
     dominant shares x; A's compute share = B's egress share = x; the binding resource full).
 (c) A stops at 100 s: B's share of the pool before and after A's queue drained.
-(d) examples/pool: the front door dies at 200 s for 0.4 s or 5 s (queue lost, new epoch): every
-    request completes; fallbacks by reason and the fallen-back requests' TTFT.
+(d) examples/pool: the front door dies at 200 s for 0.4 s or 5 s (queue lost, new epoch), or two
+    pool nodes are lost mid-prefill: every request completes; fallbacks by reason and the
+    fallen-back requests' TTFT.
 Same scenarios as tests/unit/sim/test_pool_sim.py.
 
     PYTHONPATH=src .venv/bin/python bench/pool_shares.py
@@ -114,11 +115,16 @@ def outages() -> None:
     root = Path(__file__).resolve().parent.parent / "examples" / "pool"
     files = [root / "tenant-a.yaml", root / "tenant-b.yaml"]
     base = build_pool_scenario(root / "pool.yaml", files)
-    for down_s in (0.4, 5.0):
-        out = _run(replace(base, front_door_outages=((200.0, down_s),)))
+    cases = [(f"front door down {d} s at 200 s", replace(base, front_door_outages=((200.0, d),)))
+             for d in (0.4, 5.0)]  # fmt: skip
+    nodes = tuple((200.0 + i, "g-1t", 30.0) for i in range(2))
+    cases.append(("2 of 4 g-1t nodes lost at 200-201 s for 30 s",
+                  replace(base, pool_node_failures=nodes)))  # fmt: skip
+    for what, sc in cases:
+        out = _run(sc)
         for name, t in out["tenants"].items():
             r, fb = t["requests"], t["fallback_ttft_s"]
-            print(f"(d) front door down {down_s} s at 200 s: {name}: {r['completed']}/"
+            print(f"(d) {what}: {name}: {r['completed']}/"
                   f"{r['arrived']} completed, fallbacks {r['fallbacks']}, their TTFT mean "
                   f"{fb['mean']:.2f} max {fb['max']:.2f} s (all requests: mean "
                   f"{t['ttft_s']['mean']:.2f} s)")  # fmt: skip

@@ -78,6 +78,10 @@ class PoolSimScenario:
     front_door_outages: tuple[tuple[float, float], ...] = ()
     """(at_s, down_s): the front door dies at ``at_s`` (its queue is lost; started prefills go on:
     their KV does not pass through it) and comes back ``down_s`` later with a new epoch."""
+    pool_node_failures: tuple[tuple[float, str, float], ...] = ()
+    """(at_s, group, down_s): a node of ``group`` is lost at ``at_s`` for ``down_s``; the prefill
+    it was running (the oldest running on the group, if any) fails, its KV stream with it, and its
+    tenant is told (``failed:node_lost``) and prefills it locally."""
     heartbeat_interval_s: float = 0.5
     """Tenants' heartbeats (only simulated when there are outages)."""
     silence_s: float = 1.5

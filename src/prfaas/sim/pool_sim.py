@@ -11,9 +11,10 @@ target and the local queue is shorter), a refused submit prefilled locally, loca
 fluid (``sim/pool_egress.py``). TTFT ends when the prefill is done locally, or when the last KV
 byte has reached the tenant (plus the link's RTT: the submit's and the KV's one-way delays).
 Front door outages (``PoolSimScenario.front_door_outages``) lose its queue and change its epoch;
-each tenant's ``policy.PoolSession`` sends what it had pending local. Decode is not modelled.
-Events are ``(time_s, priority, seq, kind, payload)`` on one heap; the same
-seeds give the same run. Pure: no I/O, no clock.
+each tenant's ``policy.PoolSession`` sends what it had pending local; a lost pool node
+(``pool_node_failures``) fails its prefill to the tenant, which prefills it locally. Decode is
+not modelled. Events are ``(time_s, priority, seq, kind, payload)`` on one heap; the same seeds
+give the same run. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -27,12 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prfaas.policy.pool_admission import Accepted, EgressState, PoolAdmission, PrefillJob
-from prfaas.policy.pool_coordination import PoolCapacity, TenantLoad, choose_threshold
 from prfaas.policy.pool_session import Fallback, PoolSession
 from prfaas.policy.window import LengthWindow
 from prfaas.sim.kv_bytes import KvBytes
 from prfaas.sim.pool_egress import EgressFlow, PoolEgress
 from prfaas.sim.pool_scenario import PoolSimScenario, PoolSimTenant
+from prfaas.sim.pool_tuning import first_sample, tenant_threshold
 from prfaas.workload import arrival_times
 
 _DONE, _ARRIVAL, _TUNE, _BEAT = 0, 1, 2, 3  # priorities at equal times: completions first
@@ -94,6 +95,7 @@ class PoolSimulator:
         self._free = {g.name: g.num_nodes for g in sc.groups}
         self._egress_wake = math.inf
         self._pending: dict[tuple[str, str], _Req] = {}
+        self._running: dict[str, dict[tuple[str, str], Any]] = {g.name: {} for g in sc.groups}
         self.epoch = 1
         self._door_up = True
         self._num_live = 0
@@ -125,6 +127,8 @@ class PoolSimulator:
                 self._push(sc.heartbeat_interval_s, _BEAT, t.name)
         for at_s, down_s in sc.front_door_outages:
             self._push(at_s, _DONE, lambda d=down_s: self._door_dies(d))
+        for at_s, group, down_s in sc.pool_node_failures:
+            self._push(at_s, _DONE, lambda g=group, d=down_s: self._node_lost(g, d))
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -262,9 +266,13 @@ class PoolSimulator:
             run.session.started(job.request_id)
             self.egress.add(EgressFlow(job.tenant, req, float(job.kv_bytes), self.now, end))
             adm = self.admission  # the epoch that placed it is the one to tell
+            flow = self.egress.flows[-1]
+            self._running[group][(job.tenant, job.request_id)] = (job, end, adm, flow)
             self._push(end, _DONE, lambda j=job, g=group, a=adm: self._pool_done(j, g, a))
 
     def _pool_done(self, job: PrefillJob, group: str, admission: PoolAdmission) -> None:
+        if self._running[group].pop((job.tenant, job.request_id), None) is None:
+            return  # its node was lost mid-prefill (``_node_lost``)
         admission.finish(job, self.now)
         self._free[group] += 1
         self.egress.changed()
@@ -311,6 +319,30 @@ class PoolSimulator:
         self.admission = PoolAdmission(self.sc.shape)
         self._door_up = True
 
+    def _node_lost(self, group: str, down_s: float) -> None:
+        running = self._running[group]
+        if running:  # the oldest running prefill fails with its node, and its KV stream
+            key = next(iter(running))
+            job, end, admission, flow = running.pop(key)
+            admission.finish(job, self.now)
+            run = self.tenants[job.tenant]
+            lo, hi = self._window
+            run.compute_s_in_window[group] -= max(0.0, min(end, hi) - max(self.now, lo))
+            self.egress.flows.remove(flow)
+            self.egress.changed()
+            req = flow.key
+            assert isinstance(req, _Req)
+            run.session.failed(req.request_id, "node_lost")
+            req.fell_back = True
+            self._local(run, req)
+        else:
+            self._free[group] -= 1  # an idle node is lost
+        self._push(self.now + down_s, _DONE, lambda: self._node_back(group))
+
+    def _node_back(self, group: str) -> None:
+        self._free[group] += 1
+        self._dispatch(group)
+
     def _on_beat(self, run: TenantRun) -> None:
         if self._door_up:
             self._fall_back(run, run.session.heard(self.epoch, self.now))
@@ -328,62 +360,28 @@ class PoolSimulator:
 
     # -- tuning --------------------------------------------------------------------------------
     def _first_threshold(self, run: TenantRun) -> int:
-        spec = run.spec
-        if spec.threshold_tokens is not None:
-            return spec.threshold_tokens
-        rng = random.Random(spec.seed + 7919)
-        if spec.trace is not None:  # the trace's first requests, as its tuner would see them
-            lengths = tuple(n for _, n in spec.trace[:512])
-            span = spec.trace[min(511, len(spec.trace) - 1)][0] - spec.trace[0][0]
-            rate = (min(512, len(spec.trace)) - 1) / span if span > 0 else 1.0
-        else:
-            lengths = tuple(spec.lengths.sample(rng) for _ in range(512))
-            rate = spec.arrival.rate_rps
-        weights = [t.weight for t in self.sc.shape.tenants]
-        share = (
-            next(t.weight for t in self.sc.shape.tenants if t.name == spec.name) / sum(weights)
-            if spec.tuner == "coordinated"
-            else 1.0
-        )
-        return self._choose(run, lengths, rate, share, 0.0)
+        if run.spec.threshold_tokens is not None:
+            return run.spec.threshold_tokens
+        lengths, rate, share = first_sample(run.spec, self.sc)
+        return self._choose(run, lengths, rate, (share, 0.0, 0.0))
 
     def _choose(
-        self,
-        run: TenantRun,
-        lengths: tuple[int, ...],
-        rate: float,
-        share: float,
-        queueing: float,
-        link_backlog_s: float = 0.0,
+        self, run: TenantRun, lengths: tuple[int, ...], rate: float, fb: tuple[float, float, float]
     ) -> int:
-        spec = run.spec
-        group = self.sc.group_for(spec.model)
-        load = TenantLoad(
-            lengths,
-            rate,
-            spec.num_local_prefill,
-            spec.link_bytes_per_s,
-            local_backlog_s=run.local_work_s,
-            drain_horizon_s=self.sc.tune_interval_s,
-        )
-        pool = PoolCapacity(
-            group.num_nodes, self.sc.shape.egress_bytes_per_s, share, queueing, link_backlog_s
-        )
-        choice = choose_threshold(load, pool, spec.local_cost, group.cost, self._kv[spec.model])
-        return choice.threshold_tokens
+        kv = self._kv[run.spec.model]
+        return tenant_threshold(run.spec, self.sc, kv, lengths, rate, fb, run.local_work_s)
 
     def _on_tune(self, run: TenantRun) -> None:
         spec = run.spec
         self._push(self.now + self.sc.tune_interval_s, _TUNE, spec.name)
         if len(run.window) < self.sc.tune_min_samples:
             return
+        said = (1.0, 0.0, 0.0)  # uncoordinated: as if it owned the pool
         if spec.tuner == "coordinated":
             fb = self.admission.feedback(spec.name, self.now, self._egress_state())
-            share, queueing, link = fb.attainable_share, fb.expected_queueing_s, fb.link_backlog_s
-        else:
-            share, queueing, link = 1.0, 0.0, 0.0
+            said = (fb.attainable_share, fb.expected_queueing_s, fb.link_backlog_s)
         lengths = tuple(run.window.prompt_lengths())
-        t = self._choose(run, lengths, run.window.rate_rps(), share, queueing, link)
+        t = self._choose(run, lengths, run.window.rate_rps(), said)
         if t != run.threshold_tokens:
             run.threshold_tokens = t
             run.threshold_updates.append((self.now, t))

@@ -199,3 +199,24 @@ def _run_quiet(sc: PoolSimScenario) -> PoolSimulator:
     sim = PoolSimulator(sc)
     sim.run()
     return sim
+
+
+def test_a_lost_pool_node_fails_its_prefill_to_local() -> None:
+    shape = PoolShape(
+        (GroupShape("g", "paper-1t", 4),),
+        100e9 / 8,
+        (TenantShare("a", 2.0, max_queued_tokens=2_000_000), TenantShare("b", 1.0)),
+    )
+    tenants = (_tenant("a", 1, 3.0), _tenant("b", 2, 1.0))
+    failures = ((50.0, "g", 30.0), (51.0, "g", 30.0))
+    sc = PoolSimScenario(shape, (PoolSimGroup("g", "paper-1t", 4, H200),), tenants,
+                         duration_s=120, pool_node_failures=failures)  # fmt: skip
+    sim = PoolSimulator(sc)
+    sim.run()
+    out = pool_summary(sim)
+    _all_complete(out)
+    lost = sum(
+        t["requests"]["fallbacks"].get("failed:node_lost", 0) for t in out["tenants"].values()
+    )
+    assert lost == 2  # the pool was busy: each lost node was running a prefill
+    assert all(sim._free[g] == 4 for g in sim._free)  # both nodes came back
