@@ -59,8 +59,8 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests bench
 
 # Strict mypy on every package and top-level module (pydantic models via the pydantic plugin).
-TYPED := core spec perf analytic workload cache policy sim transfer netlab testbed engine serve commands integrations k8s \
-	config.py scenarios.py capacity.py deployment_sections.py deployment_autoscale.py cli.py errors.py
+TYPED := core spec perf analytic workload cache policy sim transfer netlab testbed engine serve commands integrations k8s pool \
+	config.py scenarios.py capacity.py deployment_sections.py deployment_autoscale.py cli.py errors.py pool_file.py pool_sections.py
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy $(addprefix src/prfaas/,$(TYPED))

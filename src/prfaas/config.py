@@ -37,6 +37,7 @@ from prfaas.deployment_sections import (
 )
 from prfaas.errors import UsageError
 from prfaas.perf.profile_file import is_profile_file
+from prfaas.pool_sections import PoolRef
 
 
 class _Strict(BaseModel):
@@ -314,6 +315,8 @@ class DeploymentConfig(_Strict):
     autoscale: AutoscaleSection | None = Field(
         None, description="an elastic PrfaaS pool: node groups, bounds, cooldowns (docs/elastic.md)"
     )
+    pool: PoolRef | None = None
+    """A tenant of a shared PrfaaS pool (``docs/pool.md``): offloads go there, not to a site."""
 
     @field_validator("prices")
     @classmethod
@@ -362,6 +365,8 @@ class DeploymentConfig(_Strict):
             for end in (link.src, link.dst):
                 if end not in names:
                     raise ValueError(f"link {link.src}->{link.dst} names unknown site {end!r}")
+        if self.pool is not None and len(self.pd_sites) != len(self.sites):
+            raise ValueError("pool: a tenant file names the pool instead of a prfaas site")
         pd_names = {s.name for s in self.pd_sites}
         for site in self.sites:
             if site.kind == "prfaas" and not any(

@@ -51,6 +51,8 @@ def register(subparsers: Any) -> None:
     a = p.add_argument
     a("file", nargs="?", type=Path, default=None, metavar="DEPLOYMENT.yaml",
       help="deployment file (as for prfaas up); flags override it")  # fmt: skip
+    a("tenant_files", nargs="*", type=Path, metavar="TENANT.yaml",
+      help="after a pool file, the tenants' files: prfaas sim pool.yaml tenant-*.yaml")  # fmt: skip
     a("--config", type=Path, default=None,
       help="gone (the older scenario YAML): says how to convert it")  # fmt: skip
     a(
@@ -142,6 +144,10 @@ def run(args: argparse.Namespace) -> int:
     from prfaas.sim import ScenarioError
     from prfaas.workload import TraceError
 
+    if args.file is not None and _is_pool(args.file, args.tenant_files):
+        from prfaas.commands.sim_pool import run_pool
+
+        return run_pool(args)
     try:
         if args.file is not None:
             from prfaas.config import load_deployment
@@ -209,6 +215,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_human(out)
     return 0
+
+
+def _is_pool(file: Path, tenant_files: list[Path]) -> bool:
+    from prfaas.pool_file import is_pool_file
+
+    if tenant_files and not is_pool_file(file):
+        raise UsageError(f"{file}: tenant files follow a pool file (groups:, tenants:)")
+    return bool(tenant_files) or is_pool_file(file)
 
 
 def _print_human(out: dict[str, Any]) -> None:

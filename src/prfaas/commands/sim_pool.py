@@ -1,0 +1,182 @@
+"""``prfaas sim POOL.yaml TENANT.yaml...``: simulate a shared PrfaaS pool and its tenants from the
+very files ``prfaas up`` runs (``docs/pool.md``).
+
+Each tenant file gives the tenant's arrivals and lengths (``workload:``), its local prefill nodes
+and their hardware (its PD site), its model, its own link and TTFT target and tuner (``pool:``);
+the pool file gives the groups (model, hardware, nodes), the egress and the tenants' weights,
+floors and caps. ``build_pool_scenario`` is also what ``bench/pool_coordination.py`` runs.
+Bad input: one line naming the file and field, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from prfaas.errors import UsageError
+from prfaas.perf import ProfileFileError, cost_model_for_hardware
+from prfaas.pool_file import load_pool, load_tenant, pool_shape
+from prfaas.sim.pool_scenario import PoolSimGroup, PoolSimScenario, PoolSimTenant, TunerKind
+from prfaas.workload import ArrivalSpec, FixedLengths, TruncatedLogNormal
+
+
+def build_pool_scenario(
+    pool_path: Path,
+    tenant_paths: list[Path],
+    tuner: TunerKind | None = None,
+    rate_factors: dict[str, float] | None = None,
+    ttft_target_s: float | None = None,
+    duration_s: float | None = None,
+) -> PoolSimScenario:
+    pool = load_pool(pool_path)
+    if not tenant_paths:
+        raise UsageError(f"{pool_path}: give the tenant files to simulate after the pool file")
+    groups = []
+    for i, g in enumerate(pool.groups):
+        try:
+            cost = cost_model_for_hardware(g.model, g.hardware)
+        except (KeyError, ProfileFileError) as exc:
+            raise UsageError(
+                f"{pool_path}: groups.{i}: the simulator needs a model preset and a hardware "
+                f"preset or profile: {exc}"
+            ) from None
+        groups.append(PoolSimGroup(g.name, g.model, len(g.node_names), cost))
+    tenants = []
+    seen: set[str] = set()
+    warmup = 0.0
+    longest = 0.0
+    for path in tenant_paths:
+        cfg = load_tenant(path, pool, pool_path)
+        ref = cfg.pool
+        assert ref is not None
+        if ref.tenant in seen:
+            raise UsageError(f"{path}: pool.tenant: {ref.tenant!r} is given by two tenant files")
+        seen.add(ref.tenant)
+        wl = cfg.workload
+        trace = _trace(path, wl.trace, wl.trace_limit, wl.rate_scale) if wl.trace else None
+        if trace is None and wl.arrival.rate_rps is None:
+            raise UsageError(f"{path}: workload.arrival.rate_rps: a tenant needs its own rate")
+        rate = (wl.arrival.rate_rps or 1.0) * (rate_factors or {}).get(ref.tenant, 1.0)
+        a = wl.arrival
+        arrival = ArrivalSpec(a.kind, rate, a.cv, a.on_s, a.on_fraction)
+        ln = wl.lengths
+        lengths = (
+            FixedLengths(ln.fixed_tokens)
+            if ln.kind == "fixed"
+            else TruncatedLogNormal(ln.mu, ln.sigma, ln.min_tokens, ln.max_tokens)
+        )
+        home = cfg.home_site
+        num_prefill = sum(1 for n in home.nodes if n.role == "prefill")
+        try:
+            local_cost = cost_model_for_hardware(cfg.engine.model, home.hardware)
+        except (KeyError, ProfileFileError) as exc:
+            raise UsageError(f"{path}: sites: {home.name}: hardware: {exc}") from None
+        dur = wl.duration_s if duration_s is None else duration_s
+        longest = max(longest, dur)
+        warmup = max(warmup, wl.warmup_s)
+        tenants.append(
+            PoolSimTenant(
+                name=ref.tenant,
+                model=cfg.engine.model,
+                arrival=arrival,
+                lengths=lengths,
+                num_local_prefill=num_prefill,
+                local_cost=local_cost,
+                link_bytes_per_s=ref.link.gbps * 1e9 / 8,
+                rtt_s=ref.link.rtt_ms / 1000,
+                threshold_tokens=cfg.policy.threshold_tokens,
+                tuner=ref.tuner if tuner is None else tuner,
+                ttft_target_s=ref.ttft_target_s if ttft_target_s is None else ttft_target_s,
+                stop_s=dur,
+                seed=wl.seed,
+                trace=trace,
+            )
+        )
+    if warmup >= longest:
+        raise UsageError(
+            f"workload.warmup_s ({warmup:g} s, the largest of the tenants') is not under the "
+            f"run's {longest:g} s of arrivals: nothing would be measured"
+        )
+    return PoolSimScenario(
+        shape=pool_shape(pool),
+        groups=tuple(groups),
+        tenants=tuple(tenants),
+        duration_s=longest,
+        measure_from_s=warmup,
+    )
+
+
+def _trace(
+    path: Path, trace: str, limit: int | None, rate_scale: float
+) -> tuple[tuple[float, int], ...]:
+    from prfaas.workload import TraceError, read_mooncake
+
+    file = Path(trace)  # as given (like a deployment file's), else beside the tenant file
+    if not file.is_absolute() and not file.exists():
+        file = path.parent / trace
+    try:
+        records = tuple(
+            (r.arrival_s / rate_scale, r.num_prompt_tokens) for r in read_mooncake(file, limit)
+        )
+    except TraceError as exc:
+        raise UsageError(f"{path}: workload.trace: {exc}") from None
+    if not records:
+        raise UsageError(f"{path}: workload.trace: {file} has no records")
+    t0 = records[0][0]
+    return tuple((t - t0, n) for t, n in records)
+
+
+_NOT_FOR_POOLS = (
+    "config", "policy", "arrival", "rate", "cv", "on_s", "on_fraction", "trace", "trace_limit",
+    "rate_scale", "seed", "threshold", "n_p", "n_d", "link_gbps", "rtt_ms", "connections",
+    "window_mib", "link_schedule", "rebalance", "no_tune", "no_cache", "output_tokens", "mu",
+    "sigma", "warmup", "find_max_rate", "timeseries", "plot", "requests_csv", "perfetto",
+)  # fmt: skip
+
+
+def run_pool(args: argparse.Namespace) -> int:
+    from prfaas.sim.pool_report import pool_summary
+    from prfaas.sim.pool_sim import PoolSimulator
+
+    given = [f"--{name.replace('_', '-')}" for name in _NOT_FOR_POOLS
+             if getattr(args, name, None) not in (None, False)]  # fmt: skip
+    if given:
+        raise UsageError(
+            f"{given[0]} does not apply to a pool simulation (its tenants' files set it); "
+            "a pool run takes --duration and --json"
+        )
+    try:
+        sc = build_pool_scenario(args.file, list(args.tenant_files), duration_s=args.duration)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    sim = PoolSimulator(sc)
+    sim.run()
+    out = pool_summary(sim)
+    if args.json:
+        print(json.dumps(out))
+    else:
+        _print_human(out)
+    return 0
+
+
+def _print_human(out: dict[str, Any]) -> None:
+    pool = out["pool"]
+    groups = ", ".join(
+        f"{g} ({v['model']}, {v['num_nodes']} nodes) {v['utilisation']:.2f}"
+        for g, v in pool["groups"].items()
+    )
+    print(
+        f"pool: {groups}; egress {pool['egress_gbps']:.0f} Gbps at {pool['egress_utilisation']:.2f}"
+    )
+    for name, t in out["tenants"].items():
+        r, ttft = t["requests"], t["ttft_s"]
+        compute = ", ".join(f"{g} {v:.3f}" for g, v in t["compute_share"].items())
+        print(
+            f"tenant {name} (weight {t['weight']}, {t['tuner']}): {r['arrived']} arrived, "
+            f"{r['completed']} completed, {r['offloaded']} offloaded, refused {r['refused']}; "
+            f"TTFT p50 {ttft['p50']:.2f} p90 {ttft['p90']:.2f} s (target "
+            f"{t['ttft_target_s']} s); compute share {compute}, egress share "
+            f"{t['egress_share']:.3f}; t = {t['threshold_tokens']}"
+        )

@@ -1,0 +1,346 @@
+"""``PoolAdmission``: the pool front door's one admission, queueing and fair-share object.
+
+The simulator (``sim/pool_sim.py``) and the live front door call the same object; a single-gateway
+deployment is the one-tenant case (``PoolShape.one_tenant``).
+
+The rule (``docs/pool.md`` states it and what it promises): **weighted dominant-resource fair
+queueing with VTC lifting, work-conserving.** The shared resources are each node group's compute
+(node-seconds, capacity ``num_nodes`` per second) and the pool's total egress (bytes, capacity
+``egress_bytes_per_s``). A prefill's *dominant cost* is the larger of its two normalised costs,
+``compute_s / num_nodes`` and ``kv_bytes / egress_bytes_per_s`` (seconds of the whole resource it
+occupies). Every tenant has a virtual counter; a started prefill adds its dominant cost / weight.
+Whenever a node of a group is free and the egress has room for the tenant (its unsent KV under
+``egress_window_s`` of its own link, and either the pool's unsent KV under ``egress_window_s`` of
+the pool's egress or its own under its weighted part of that), the backlogged tenant with the
+lowest counter starts its oldest prefill for that group (tenants under their floor on that group
+first). A tenant that becomes backlogged again is lifted to the lowest counter of the backlogged
+tenants (Sheng et al., VTC, OSDI'24): it is not owed its idle time. Nothing waits while a node
+and the egress are free and some tenant has work (work-conserving).
+
+Pure: ``now`` is passed in, decisions are frozen dataclasses; no I/O, no clock, no asyncio.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+from prfaas.policy.pool_shares import PoolShape, TenantShare, waterfill
+
+REFUSAL_REASONS = (
+    "unknown_tenant",
+    "unknown_model",
+    "over_queued_tokens_cap",
+    "over_rate_cap",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillJob:
+    """A submitted prefill, costed by the driver from the group's node profile."""
+
+    tenant: str
+    request_id: str
+    model: str
+    num_uncached_tokens: int
+    compute_s: float
+    """Node-seconds on the model's group (the node profile's ``T_prefill``)."""
+    kv_bytes: int
+    """What must leave through the pool's egress (uncached suffix + states)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    tenant: str
+    request_id: str
+    group: str
+    expected_start_s: float
+    """Absolute time (the caller's clock) the pool expects to start it, from the tenant's queue
+    and attainable share; an estimate, not a promise."""
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    tenant: str
+    request_id: str
+    reason: str
+    """One of ``REFUSAL_REASONS``."""
+    detail: str
+    retry_after_s: float | None
+    """Seconds after which the same submit may be accepted; None: never (fix the request)."""
+
+
+Decision = Accepted | Refused
+
+
+@dataclass(frozen=True, slots=True)
+class EgressState:
+    """What the driver knows of the egress: unsent KV bytes, the pool's and each tenant's, and
+    each tenant's own link rate (a tenant's link is its own constraint, never shared)."""
+
+    pool_backlog_bytes: float = 0.0
+    tenant_backlog_bytes: tuple[tuple[str, float], ...] = ()
+    tenant_link_bytes_per_s: tuple[tuple[str, float], ...] = ()
+
+    def backlog_of(self, tenant: str) -> float:
+        return next((b for t, b in self.tenant_backlog_bytes if t == tenant), 0.0)
+
+    def link_of(self, tenant: str) -> float:
+        return next((r for t, r in self.tenant_link_bytes_per_s if t == tenant), math.inf)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolFeedback:
+    """What a tenant's tuner and router read (only its own)."""
+
+    tenant: str
+    now_s: float
+    expected_queueing_s: float
+    """How long a prefill submitted now would wait before it starts (per group, the worst)."""
+    entitled_share: float
+    """weight / sum of the weights of the tenants backlogged or active now (with this one)."""
+    attainable_share: float
+    """Share of the pool this tenant would get if it offered more: the weighted water-fill of
+    the others' recent demand with this tenant's unbounded (at least its entitled share)."""
+    queued_tokens: int
+    running: int
+    link_backlog_s: float = 0.0
+    """The tenant's own link: its unsent KV at the pool over its link rate (from the driver's
+    ``EgressState``; 0 when none was given)."""
+
+
+@dataclass(slots=True)
+class _Tenant:
+    share: TenantShare
+    order: int
+    counter: float = 0.0
+    queues: dict[str, deque[PrefillJob]] = field(default_factory=dict)
+    running: dict[str, int] = field(default_factory=dict)
+    queued_tokens: int = 0
+    queued_compute_s: dict[str, float] = field(default_factory=dict)
+    queued_bytes: float = 0.0
+    bucket: float = 0.0
+    bucket_at_s: float = 0.0
+    demand_acc: float = 0.0
+    demand_at_s: float = 0.0
+
+    def backlogged(self) -> bool:
+        return any(self.queues.values())
+
+    def active(self) -> bool:
+        return self.backlogged() or any(self.running.values())
+
+
+class PoolAdmission:
+    """Submit, dispatch, finish; feedback per tenant. See the module docstring for the rule."""
+
+    def __init__(self, shape: PoolShape, remember: int = 65536) -> None:
+        self.shape = shape
+        self._tenants = {t.name: _Tenant(t, i) for i, t in enumerate(shape.tenants)}
+        for tn in self._tenants.values():
+            tn.bucket = _bucket_depth(tn.share)
+            for g in shape.groups:
+                tn.queues[g.name] = deque()
+                tn.running[g.name] = 0
+                tn.queued_compute_s[g.name] = 0.0
+        self._decisions: OrderedDict[tuple[str, str], Decision] = OrderedDict()
+        self._remember = remember
+        self.num_refused: dict[str, int] = {r: 0 for r in REFUSAL_REASONS}
+
+    # -- costs ---------------------------------------------------------------------------------
+    def dominant_cost(self, job: PrefillJob) -> float:
+        group = self.shape.group_for_model(job.model)
+        assert group is not None
+        return max(job.compute_s / group.num_nodes, job.kv_bytes / self.shape.egress_bytes_per_s)
+
+    # -- submit --------------------------------------------------------------------------------
+    def submit(self, job: PrefillJob, now: float) -> Decision:
+        """Accept (queued, with an expected start) or refuse with a reason and a retry hint.
+        Idempotent by (tenant, request_id): a repeated submit gets the first answer again."""
+        key = (job.tenant, job.request_id)
+        if key in self._decisions:
+            return self._decisions[key]
+        decision = self._decide(job, now)
+        if isinstance(decision, Refused):
+            self.num_refused[decision.reason] += 1
+            return decision  # a refusal is not remembered: the retry may be accepted
+        self._decisions[key] = decision
+        while len(self._decisions) > self._remember:
+            self._decisions.popitem(last=False)
+        return decision
+
+    def _decide(self, job: PrefillJob, now: float) -> Decision:
+        tn = self._tenants.get(job.tenant)
+        if tn is None:
+            return Refused(
+                job.tenant,
+                job.request_id,
+                "unknown_tenant",
+                f"tenant {job.tenant!r} is not a tenant of this pool",
+                None,
+            )
+        group = self.shape.group_for_model(job.model)
+        if group is None:
+            served = ", ".join(g.model for g in self.shape.groups)
+            return Refused(
+                job.tenant,
+                job.request_id,
+                "unknown_model",
+                f"model {job.model!r} is not served here (served: {served})",
+                None,
+            )
+        share = tn.share
+        cap = share.max_queued_tokens
+        if cap is not None and tn.queued_tokens + job.num_uncached_tokens > cap:
+            excess = tn.queued_tokens + job.num_uncached_tokens - cap
+            per_token_s = tn.queued_compute_s[group.name] / max(tn.queued_tokens, 1)
+            rate = group.num_nodes * self._attainable(tn, now)
+            retry = excess * per_token_s / rate if job.num_uncached_tokens <= cap else None
+            return Refused(
+                job.tenant,
+                job.request_id,
+                "over_queued_tokens_cap",
+                f"{tn.queued_tokens} tokens queued + {job.num_uncached_tokens} > "
+                f"max_queued_tokens {cap}",
+                retry,
+            )
+        if share.max_rate_rps is not None:
+            depth = _bucket_depth(share)
+            tn.bucket = min(depth, tn.bucket + (now - tn.bucket_at_s) * share.max_rate_rps)
+            tn.bucket_at_s = now
+            if tn.bucket < 1.0:
+                retry = (1.0 - tn.bucket) / share.max_rate_rps
+                return Refused(
+                    job.tenant,
+                    job.request_id,
+                    "over_rate_cap",
+                    f"over max_rate_rps {share.max_rate_rps}",
+                    retry,
+                )
+            tn.bucket -= 1.0
+        if not tn.active():
+            # VTC: a returning tenant starts no lower than the least-served active tenant, so its
+            # idle time is not banked as credit (a tenant ahead keeps its lead: going idle for a
+            # moment does not wipe it).
+            active = [o.counter for o in self._tenants.values() if o is not tn and o.active()]
+            if active:
+                tn.counter = max(tn.counter, min(active))
+        self._note_demand(tn, self.dominant_cost(job), now)
+        expected = now + self._wait_s(tn, group.name, now)
+        tn.queues[group.name].append(job)
+        tn.queued_tokens += job.num_uncached_tokens
+        tn.queued_compute_s[group.name] += job.compute_s
+        tn.queued_bytes += job.kv_bytes
+        return Accepted(job.tenant, job.request_id, group.name, expected)
+
+    # -- dispatch ------------------------------------------------------------------------------
+    def dispatch(self, group: str, now: float, egress: EgressState) -> PrefillJob | None:
+        """The prefill a free node of ``group`` should start now, or None (nothing queued, or
+        the egress has no room). The driver calls it while it has a free node."""
+        window_bytes = self.shape.egress_bytes_per_s * self.shape.egress_window_s
+        pool_full = egress.pool_backlog_bytes >= window_bytes
+        active_w = sum(o.share.weight for o in self._tenants.values() if o.active())
+        best: _Tenant | None = None
+        best_key: tuple[int, float, int] = (2, math.inf, 0)
+        for tn in self._tenants.values():
+            q = tn.queues[group]
+            if not q:
+                continue
+            link = egress.link_of(tn.share.name)
+            if egress.backlog_of(tn.share.name) >= link * self.shape.egress_window_s:
+                continue  # its own link is full: its prefills would only queue KV
+            if pool_full and egress.backlog_of(tn.share.name) >= (
+                window_bytes * tn.share.weight / active_w
+            ):
+                continue  # the egress is full and this tenant holds its share of it
+            under_floor = tn.running[group] < tn.share.floor_for(group)
+            key = (0 if under_floor else 1, tn.counter, tn.order)
+            if key < best_key:
+                best, best_key = tn, key
+        if best is None:
+            return None
+        job = best.queues[group].popleft()
+        best.counter += self.dominant_cost(job) / best.share.weight
+        best.running[group] += 1
+        best.queued_tokens -= job.num_uncached_tokens
+        best.queued_compute_s[group] = max(0.0, best.queued_compute_s[group] - job.compute_s)
+        best.queued_bytes = max(0.0, best.queued_bytes - job.kv_bytes)
+        return job
+
+    def finish(self, job: PrefillJob, now: float) -> None:
+        """The prefill ended (done, failed or aborted): its node is free again."""
+        group = self.shape.group_for_model(job.model)
+        assert group is not None
+        tn = self._tenants[job.tenant]
+        tn.running[group.name] = max(0, tn.running[group.name] - 1)
+
+    def withdraw(self, tenant: str, now: float) -> tuple[PrefillJob, ...]:
+        """Drop a tenant's queued prefills (lease expired, key revoked); returns them."""
+        tn = self._tenants[tenant]
+        dropped = tuple(j for q in tn.queues.values() for j in q)
+        for j in dropped:  # a later submit of the same id is a new request
+            self._decisions.pop((j.tenant, j.request_id), None)
+        for g, q in tn.queues.items():
+            q.clear()
+            tn.queued_compute_s[g] = 0.0
+        tn.queued_tokens = 0
+        tn.queued_bytes = 0.0
+        return dropped
+
+    # -- feedback ------------------------------------------------------------------------------
+    def feedback(self, tenant: str, now: float, egress: EgressState | None = None) -> PoolFeedback:
+        tn = self._tenants[tenant]
+        link_s = 0.0
+        if egress is not None:
+            link_s = egress.backlog_of(tenant) / egress.link_of(tenant)
+        active_w = sum(o.share.weight for o in self._tenants.values() if o.active() or o is tn)
+        wait = max(self._wait_s(tn, g.name, now) for g in self.shape.groups)
+        return PoolFeedback(
+            tenant=tenant,
+            now_s=now,
+            expected_queueing_s=wait,
+            entitled_share=tn.share.weight / active_w,
+            attainable_share=self._attainable(tn, now),
+            queued_tokens=tn.queued_tokens,
+            running=sum(tn.running.values()),
+            link_backlog_s=link_s,
+        )
+
+    def tenants(self) -> tuple[str, ...]:
+        return tuple(self._tenants)
+
+    def counter_of(self, tenant: str) -> float:
+        return self._tenants[tenant].counter
+
+    # -- internals -----------------------------------------------------------------------------
+    def _wait_s(self, tn: _Tenant, group: str, now: float) -> float:
+        g = self.shape.group(group)
+        busy = sum(o.running[group] for o in self._tenants.values())
+        if not tn.queues[group] and busy < g.num_nodes:
+            return 0.0
+        share = self._attainable(tn, now)
+        compute = tn.queued_compute_s[group] / (g.num_nodes * share)
+        egress = tn.queued_bytes / (self.shape.egress_bytes_per_s * share)
+        return max(compute, egress)
+
+    def _note_demand(self, tn: _Tenant, cost: float, now: float) -> None:
+        tn.demand_acc = self._decayed(tn, now) + cost
+        tn.demand_at_s = now
+
+    def _decayed(self, tn: _Tenant, now: float) -> float:
+        dt = max(0.0, now - tn.demand_at_s)
+        return tn.demand_acc * math.exp(-dt / self.shape.demand_horizon_s)
+
+    def _attainable(self, tn: _Tenant, now: float) -> float:
+        horizon = self.shape.demand_horizon_s
+        weights = {o.share.name: o.share.weight for o in self._tenants.values()}
+        demands: dict[str, float] = {
+            o.share.name: self._decayed(o, now) / horizon for o in self._tenants.values()
+        }
+        demands[tn.share.name] = math.inf
+        return max(waterfill(weights, demands)[tn.share.name], 1e-6)
+
+
+def _bucket_depth(share: TenantShare) -> float:
+    return max(1.0, share.max_rate_rps or 0.0)

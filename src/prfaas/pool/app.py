@@ -1,0 +1,193 @@
+"""The pool front door's tenant API, version 1 (``docs/pool.md``): a FastAPI app over ``FrontDoor``.
+
+Every call is signed by a tenant key (``serve.auth``'s HMAC over method, host, path, body digest,
+timestamp and nonce) and names the key in ``X-Prfaas-Key-Id``; the key id names the tenant, and
+the tenant is the caller for ``FrontDoor`` (a body naming another tenant is refused 403). A missing
+or unknown key id, or a signature that does not verify, is a 401 with an OpenAI-style error body.
+Key ids map to one ``serve.auth.Verifier`` each (the current single-key API): the keyring of
+``serve/auth.py`` (key id -> key, rotation, revocation on reload) replaces ``TenantKeys``.
+
+Not yet here: TLS (the listener's), the placement driver that runs ``FrontDoor.place`` on pool
+nodes, the operator's listener with per-tenant metrics, ``prfaas up pool.yaml``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from prfaas.policy.pool_admission import Accepted
+from prfaas.pool.frontdoor import FrontDoor, Receiver, Submit
+from prfaas.serve.auth import Verifier, refusal_body
+from prfaas.serve.internal_errors import error_response, install
+
+KEY_ID_HEADER = "x-prfaas-key-id"
+_M = TypeVar("_M", bound=BaseModel)
+
+
+@dataclass(frozen=True, slots=True)
+class TenantKey:
+    tenant: str
+    verifier: Verifier
+
+
+class TenantKeys:
+    """Key id -> (tenant, verifier). Stands in for the ``serve/auth.py`` keyring."""
+
+    def __init__(self, keys: Mapping[str, tuple[str, bytes]]) -> None:
+        self._keys = {kid: TenantKey(t, Verifier(k)) for kid, (t, k) in keys.items()}
+
+    def get(self, key_id: str) -> TenantKey | None:
+        return self._keys.get(key_id)
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ReceiverBody(_Body):
+    name: str = Field(min_length=1, max_length=128)
+    host: str = Field(min_length=1, max_length=255)
+    transfer_port: int = Field(ge=1, le=65535)
+
+
+class ReceiversBody(_Body):
+    receivers: list[ReceiverBody] = Field(max_length=1024)
+
+
+class SubmitBody(_Body):
+    tenant: str
+    request_id: str = Field(min_length=1, max_length=256)
+    model: str
+    fingerprint: dict[str, str] = {}
+    num_uncached_tokens: int = Field(ge=1)
+    receiver: str
+    session: str = Field(min_length=1, max_length=256)
+
+
+Costs = Callable[[str, int], tuple[float, int] | None]
+"""(model, uncached tokens) -> (compute_s on the model's group, KV bytes), None: not served."""
+
+
+def create_app(
+    door: FrontDoor,
+    keys: TenantKeys,
+    costs: Costs,
+    clock: Callable[[], float] = time.monotonic,
+    wall: Callable[[], float] = time.time,
+) -> FastAPI:
+    app = FastAPI(title="prfaas pool front door", version="1")
+    install(app)
+
+    async def caller(request: Request) -> str | JSONResponse:
+        headers = {k.decode("latin-1").lower(): v for k, v in request.scope["headers"]}
+        key_id = headers.get(KEY_ID_HEADER, b"").decode("latin-1")
+        key = keys.get(key_id)
+        if key is None:
+            return error_response(401, "unknown or missing key id", param=KEY_ID_HEADER,
+                                  code="unknown_key")  # fmt: skip
+        target = request.scope.get("raw_path") or request.url.path.encode()
+        if request.scope.get("query_string"):
+            target += b"?" + request.scope["query_string"]
+        body = await request.body()
+        refusal = key.verifier.verify(request.method.encode(), target, headers, body, wall())
+        if refusal is not None:
+            key.verifier.note(refusal)
+            return JSONResponse(content=_json(refusal_body(refusal)), status_code=401)
+        return key.tenant
+
+    @app.post("/v1/receivers")
+    async def receivers(request: Request) -> Any:
+        tenant = await caller(request)
+        if isinstance(tenant, JSONResponse):
+            return tenant
+        body = _parse(ReceiversBody, await request.body())
+        if isinstance(body, JSONResponse):
+            return body
+        recs = tuple(Receiver(r.name, r.host, r.transfer_port) for r in body.receivers)
+        epoch = door.register(tenant, recs, clock())
+        return {"epoch": epoch, "registered": [r.name for r in recs]}
+
+    @app.post("/v1/heartbeat")
+    async def heartbeat(request: Request) -> Any:
+        tenant = await caller(request)
+        if isinstance(tenant, JSONResponse):
+            return tenant
+        return {"epoch": door.heartbeat(tenant, clock()), "lease_s": door.lease_s}
+
+    @app.post("/v1/submit")
+    async def submit(request: Request) -> Any:
+        tenant = await caller(request)
+        if isinstance(tenant, JSONResponse):
+            return tenant
+        body = _parse(SubmitBody, await request.body())
+        if isinstance(body, JSONResponse):
+            return body
+        cost = costs(body.model, body.num_uncached_tokens)
+        compute_s, kv_bytes = cost if cost is not None else (0.0, 0)
+        req = Submit(body.tenant, body.request_id, body.model,
+                     tuple(sorted(body.fingerprint.items())), body.num_uncached_tokens,
+                     body.receiver, body.session, compute_s, kv_bytes)  # fmt: skip
+        ans = door.submit(tenant, req, clock())
+        d = ans.decision
+        if isinstance(d, Accepted):
+            return {"epoch": ans.epoch, "accepted": {"group": d.group,
+                    "expected_start_in_s": max(0.0, d.expected_start_s - clock())}}  # fmt: skip
+        resp = error_response(ans.status, d.detail, code=d.reason)
+        content = _json(bytes(resp.body))
+        content.update(epoch=ans.epoch, retry_after_s=d.retry_after_s)
+        headers = {"Retry-After": f"{d.retry_after_s:.3f}"} if d.retry_after_s else None
+        return JSONResponse(content, status_code=ans.status, headers=headers)
+
+    @app.get("/v1/outcome/{request_id}")
+    async def outcome(request: Request, request_id: str) -> Any:
+        tenant = await caller(request)
+        if isinstance(tenant, JSONResponse):
+            return tenant
+        out = door.outcome(tenant, request_id)
+        if out is None:  # another tenant's id reads the same as an unknown one
+            return error_response(404, f"no request {request_id!r}", code="unknown_request")
+        return {"epoch": out.epoch, "request_id": out.request_id, "state": out.state,
+                "reason": out.reason}  # fmt: skip
+
+    @app.get("/v1/feedback")
+    async def feedback(request: Request) -> Any:
+        tenant = await caller(request)
+        if isinstance(tenant, JSONResponse):
+            return tenant
+        fb = door.feedback(tenant, clock())
+        return {
+            "epoch": door.epoch,
+            "tenant": fb.tenant,
+            "expected_queueing_s": fb.expected_queueing_s,
+            "entitled_share": fb.entitled_share,
+            "attainable_share": fb.attainable_share,
+            "queued_tokens": fb.queued_tokens,
+            "running": fb.running,
+        }
+
+    return app
+
+
+def _json(raw: bytes) -> dict[str, Any]:
+    out: dict[str, Any] = json.loads(raw)
+    return out
+
+
+def _parse(model: type[_M], raw: bytes) -> _M | JSONResponse:
+    """The body, checked after the signature (an unsigned caller learns nothing of the schema);
+    a bad field is a 400 naming it."""
+    try:
+        return model.model_validate_json(raw or b"{}")
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or None
+        message = f"{field}: {first['msg']}" if field else f"invalid body: {first['msg']}"
+        return error_response(400, message, param=field, code="invalid_field")

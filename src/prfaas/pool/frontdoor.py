@@ -1,0 +1,251 @@
+"""``FrontDoor``: the pool front door's state and rules, sans I/O (``docs/pool.md``, API v1).
+
+The HTTP layer (not yet written) authenticates a call to a tenant (its key id names the tenant)
+and hands this object the tenant and the body; this object decides. It owns what ``PoolAdmission``
+(the shared admission and fair-share policy) does not: the epoch every answer carries, each
+tenant's registered receivers and lease, the model fingerprints a submit must match, the outcomes
+a tenant may read, and isolation: a tenant submits only as itself and only to receivers it
+registered, and reads only its own outcomes and feedback. Placement on a free node goes through
+``PoolAdmission.dispatch``; a lease that expires or a revoked tenant drops its queued prefills and
+aborts its running ones with the reason. Pure: ``now`` passed in; no I/O, no clock, no asyncio.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from prfaas.policy.pool_admission import (
+    Accepted,
+    EgressState,
+    PoolAdmission,
+    PoolFeedback,
+    PrefillJob,
+    Refused,
+)
+from prfaas.policy.pool_shares import PoolShape
+
+API_VERSION = "v1"
+FINGERPRINT_FIELDS = ("config", "weights_digest", "dtype", "block_tokens", "cache_layout")
+
+
+@dataclass(frozen=True, slots=True)
+class Receiver:
+    """A tenant's decode receiver: where KV may be sent for it."""
+
+    name: str
+    host: str
+    transfer_port: int
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    """A tenant's submit (API v1 ``POST /v1/submit``), after the HTTP layer parsed it."""
+
+    tenant: str
+    """The tenant the body names; must be the caller's."""
+    request_id: str
+    model: str
+    fingerprint: tuple[tuple[str, str], ...]
+    num_uncached_tokens: int
+    receiver: str
+    session: str
+    compute_s: float
+    """The group's node profile's ``T_prefill`` for these tokens (the HTTP layer costs it)."""
+    kv_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What a submit gets: ``decision`` with the front door's ``epoch``; ``status`` the HTTP code
+    it maps to (200 accepted, 429 over a cap, 403 isolation, 404 unknown, 409 fingerprint)."""
+
+    epoch: int
+    decision: Accepted | Refused
+    status: int
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    epoch: int
+    request_id: str
+    state: str
+    """``queued`` | ``running`` | ``done`` | ``failed`` | ``aborted``."""
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Start ``job`` on ``node``; its KV goes to ``receiver`` for ``session``."""
+
+    job: PrefillJob
+    node: str
+    receiver: Receiver
+    session: str
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    tenant: str
+    request_id: str
+    reason: str
+    """``lease_expired`` | ``revoked``."""
+    node: str | None
+    """The node to stop, or None (it was only queued)."""
+
+
+@dataclass(slots=True)
+class _TenantState:
+    receivers: dict[str, Receiver] = field(default_factory=dict)
+    lease_until_s: float = -1.0
+    revoked: bool = False
+
+
+_STATUS = {
+    "unknown_tenant": 404,
+    "unknown_model": 404,
+    "over_queued_tokens_cap": 429,
+    "over_rate_cap": 429,
+    "wrong_tenant": 403,
+    "receiver_not_registered": 403,
+    "no_lease": 403,
+    "revoked": 403,
+    "fingerprint_mismatch": 409,
+}
+
+
+class FrontDoor:
+    def __init__(
+        self,
+        shape: PoolShape,
+        epoch: int,
+        lease_s: float,
+        fingerprints: Mapping[str, Mapping[str, str]],
+    ) -> None:
+        """``fingerprints``: per model served, the fields of ``FINGERPRINT_FIELDS``."""
+        self.shape = shape
+        self.epoch = epoch
+        self.lease_s = lease_s
+        self.admission = PoolAdmission(shape)
+        self._fingerprints = {m: dict(f) for m, f in fingerprints.items()}
+        self._tenants = {t.name: _TenantState() for t in shape.tenants}
+        self._outcomes: dict[tuple[str, str], Outcome] = {}
+        self._targets: dict[tuple[str, str], tuple[Receiver, str]] = {}
+        self._running: dict[tuple[str, str], tuple[PrefillJob, str]] = {}
+
+    # -- tenants' calls (the caller is ``tenant``, authenticated by its key) -------------------
+    def register(self, tenant: str, receivers: tuple[Receiver, ...], now: float) -> int:
+        """Replace the tenant's receivers; renews its lease. Returns the epoch."""
+        st = self._tenants[tenant]
+        st.receivers = {r.name: r for r in receivers}
+        st.lease_until_s = now + self.lease_s
+        return self.epoch
+
+    def heartbeat(self, tenant: str, now: float) -> int:
+        self._tenants[tenant].lease_until_s = now + self.lease_s
+        return self.epoch
+
+    def submit(self, tenant: str, req: Submit, now: float) -> Answer:
+        refusal = self._isolation(tenant, req, now)
+        if refusal is not None:
+            return Answer(self.epoch, refusal, _STATUS[refusal.reason])
+        job = PrefillJob(tenant, req.request_id, req.model, req.num_uncached_tokens,
+                         req.compute_s, req.kv_bytes)  # fmt: skip
+        decision = self.admission.submit(job, now)
+        if isinstance(decision, Refused):
+            return Answer(self.epoch, decision, _STATUS[decision.reason])
+        key = (tenant, req.request_id)
+        if key not in self._outcomes:
+            receiver = self._tenants[tenant].receivers[req.receiver]
+            self._targets[key] = (receiver, req.session)
+            self._outcomes[key] = Outcome(self.epoch, req.request_id, "queued")
+        return Answer(self.epoch, decision, 200)
+
+    def outcome(self, tenant: str, request_id: str) -> Outcome | None:
+        """The tenant's own request only (another tenant's id reads as unknown)."""
+        return self._outcomes.get((tenant, request_id))
+
+    def feedback(self, tenant: str, now: float) -> PoolFeedback:
+        return self.admission.feedback(tenant, now)
+
+    # -- the pool's side -----------------------------------------------------------------------
+    def place(self, group: str, node: str, now: float, egress: EgressState) -> Placement | None:
+        """What the free ``node`` of ``group`` should run now, or None."""
+        job = self.admission.dispatch(group, now, egress)
+        if job is None:
+            return None
+        key = (job.tenant, job.request_id)
+        receiver, session = self._targets.pop(key)
+        self._running[key] = (job, node)
+        self._outcomes[key] = Outcome(self.epoch, job.request_id, "running")
+        return Placement(job, node, receiver, session)
+
+    def finished(self, tenant: str, request_id: str, now: float, error: str = "") -> None:
+        """A placed prefill ended: done, or failed with ``error`` (a lost node, a refused link)."""
+        key = (tenant, request_id)
+        ran = self._running.pop(key, None)
+        if ran is None:
+            return  # aborted already
+        self.admission.finish(ran[0], now)
+        state = "failed" if error else "done"
+        self._outcomes[key] = Outcome(self.epoch, request_id, state, error)
+
+    def expire(self, now: float) -> tuple[Abort, ...]:
+        """Tenants whose lease ran out lose their queued prefills; running ones are aborted."""
+        aborts: list[Abort] = []
+        for name, st in self._tenants.items():
+            if st.lease_until_s >= 0 and now > st.lease_until_s:
+                st.lease_until_s = -1.0
+                aborts.extend(self._drop(name, "lease_expired", now))
+        return tuple(aborts)
+
+    def revoke(self, tenant: str, now: float) -> tuple[Abort, ...]:
+        """The tenant's keys were revoked: its work is dropped and aborted (``revoked``)."""
+        st = self._tenants[tenant]
+        st.revoked = True
+        st.receivers.clear()
+        return self._drop(tenant, "revoked", now)
+
+    # -- internals -----------------------------------------------------------------------------
+    def _isolation(self, tenant: str, req: Submit, now: float) -> Refused | None:
+        def no(reason: str, detail: str) -> Refused:
+            return Refused(tenant, req.request_id, reason, detail, None)
+
+        st = self._tenants.get(tenant)
+        if st is None:
+            return no("unknown_tenant", f"tenant {tenant!r} is not a tenant of this pool")
+        if req.tenant != tenant:
+            return no("wrong_tenant", f"a key of {tenant!r} cannot submit as {req.tenant!r}")
+        if st.revoked:
+            return no("revoked", f"tenant {tenant!r} has no active key")
+        if now > st.lease_until_s:
+            return no("no_lease", "register receivers (or heartbeat) first: no live lease")
+        if req.receiver not in st.receivers:
+            return no("receiver_not_registered",
+                      f"receiver {req.receiver!r} is not registered by {tenant!r}")  # fmt: skip
+        expected = self._fingerprints.get(req.model)
+        if expected is not None:
+            given = dict(req.fingerprint)
+            for name in FINGERPRINT_FIELDS:
+                if name in expected and given.get(name) != expected[name]:
+                    return no("fingerprint_mismatch",
+                              f"fingerprint.{name}: {given.get(name)!r} != pool's "
+                              f"{expected[name]!r} for {req.model}")  # fmt: skip
+        return None
+
+    def _drop(self, tenant: str, reason: str, now: float) -> tuple[Abort, ...]:
+        aborts = [
+            Abort(tenant, job.request_id, reason, None)
+            for job in self.admission.withdraw(tenant, now)
+        ]
+        for key, (job, node) in list(self._running.items()):
+            if key[0] == tenant:
+                del self._running[key]
+                self.admission.finish(job, now)
+                aborts.append(Abort(tenant, job.request_id, reason, node))
+        for a in aborts:
+            self._targets.pop((tenant, a.request_id), None)
+            self._outcomes[(tenant, a.request_id)] = Outcome(
+                self.epoch, a.request_id, "aborted", reason
+            )
+        return tuple(aborts)

@@ -1,0 +1,138 @@
+"""Reading a pool file and the tenant files that name it; the checks across them; key references.
+
+``load_pool`` and ``load_tenant`` raise one-line ``UsageError``s naming the file and the field:
+an unknown tenant or model, a key id the pool does not list for that tenant, units or block size
+that differ from the pool's. ``resolve_key`` reads a key reference (environment or file) only when
+a live process needs the key; the simulator never does. ``pool_shape`` turns the file into the
+pure ``policy.PoolShape`` the admission object (live and simulated) is built from.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from prfaas.config import DeploymentConfig, load_deployment, load_yaml_mapping
+from prfaas.errors import UsageError
+from prfaas.policy.pool_shares import GroupShape, PoolShape, TenantShare
+from prfaas.pool_sections import KeyRef, PoolFileConfig
+
+
+def is_pool_file(path: Path) -> bool:
+    """A pool file has ``groups:`` and ``tenants:`` at the top level (a deployment file has
+    ``sites:``)."""
+    try:
+        raw = load_yaml_mapping(path)
+    except UsageError:
+        return False
+    return "tenants" in raw and "groups" in raw and "sites" not in raw
+
+
+def load_pool(path: Path) -> PoolFileConfig:
+    raw = load_yaml_mapping(path, what="pool file")
+    try:
+        pool = PoolFileConfig.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        msg = str(first["msg"]).removeprefix("Value error, ")
+        raise UsageError(f"{path}: {where}: {msg}") from None
+    for i, group in enumerate(pool.groups):
+        _check_group(path, i, group.kind, group.model, group.hardware)
+    return pool
+
+
+def _check_group(path: Path, i: int, kind: str, model: str, hardware: str) -> None:
+    # A timed node is costed from its model preset and hardware: unknown names fail here.
+    if kind != "timed":
+        return
+    from prfaas.perf.profile_file import is_profile_file
+    from prfaas.spec import get_hardware, get_model
+
+    try:
+        get_model(model)
+    except KeyError as exc:
+        raise UsageError(f"{path}: groups.{i}.model: {exc.args[0]}") from None
+    if not is_profile_file(hardware):
+        try:
+            get_hardware(hardware)
+        except KeyError as exc:
+            raise UsageError(f"{path}: groups.{i}.hardware: {exc.args[0]}") from None
+
+
+def load_tenant(path: Path, pool: PoolFileConfig, pool_path: Path) -> DeploymentConfig:
+    """A tenant's deployment file, checked against the pool it names."""
+    cfg = load_deployment(path)
+    ref = cfg.pool
+    if ref is None:
+        raise UsageError(f"{path}: pool: missing (a tenant file names the pool it uses)")
+    tenant = pool.tenant(ref.tenant)
+    if tenant is None:
+        known = ", ".join(t.name for t in pool.tenants)
+        raise UsageError(
+            f"{path}: pool.tenant: {ref.tenant!r} is not a tenant of {pool_path} (tenants: {known})"
+        )
+    if pool.group_for_model(cfg.engine.model) is None:
+        served = ", ".join(g.model for g in pool.groups)
+        raise UsageError(
+            f"{path}: engine.model: {cfg.engine.model!r} is not served by {pool_path} "
+            f"(served: {served})"
+        )
+    units = pool.units
+    for field, mine, theirs in (
+        ("time_scale", cfg.engine.time_scale, units.time_scale),
+        ("byte_divisor", cfg.engine.byte_divisor, units.byte_divisor),
+        ("block_tokens", cfg.engine.block_tokens, units.block_tokens),
+    ):
+        if mine != theirs:
+            raise UsageError(
+                f"{path}: engine.{field}: {mine} differs from the pool's units.{field} {theirs}"
+            )
+    if ref.key.id not in [k.id for k in tenant.keys]:
+        raise UsageError(
+            f"{path}: pool.key.id: {ref.key.id!r} is not an active key of tenant {tenant.name}"
+        )
+    return cfg
+
+
+def resolve_key(ref: KeyRef, base_dir: Path, where: str) -> bytes:
+    """The key a reference names (environment variable or file), at least 16 bytes."""
+    if ref.env is not None:
+        value = os.environ.get(ref.env)
+        if value is None:
+            raise UsageError(f"{where}.env: environment variable {ref.env} is not set")
+        key = value.encode()
+    else:
+        assert ref.file is not None
+        file = Path(ref.file)
+        file = file if file.is_absolute() else base_dir / file
+        try:
+            key = file.read_bytes().strip()
+        except OSError as exc:
+            raise UsageError(f"{where}.file: cannot read {file}: {exc.strerror}") from None
+    if len(key) < 16:
+        raise UsageError(f"{where}: key {ref.id} is shorter than 16 bytes")
+    return key
+
+
+def pool_shape(pool: PoolFileConfig) -> PoolShape:
+    """The admission object's view of the pool file (egress in modelled bytes/s)."""
+    return PoolShape(
+        groups=tuple(
+            GroupShape(name=g.name, model=g.model, num_nodes=len(g.node_names)) for g in pool.groups
+        ),
+        egress_bytes_per_s=pool.egress_gbps * 1e9 / 8,
+        tenants=tuple(
+            TenantShare(
+                name=t.name,
+                weight=t.weight,
+                floor_nodes=tuple(sorted(t.floor.items())),
+                max_queued_tokens=t.cap.max_queued_tokens,
+                max_rate_rps=t.cap.max_rate_rps,
+            )
+            for t in pool.tenants
+        ),
+        egress_window_s=pool.egress_window_s,
+    )

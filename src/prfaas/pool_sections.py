@@ -1,0 +1,183 @@
+"""The pool file's schema (``prfaas up pool.yaml``, ``prfaas sim pool.yaml tenant-*.yaml``) and
+the tenant file's ``pool:`` section. pydantic models, no I/O (``pool_file.py`` reads the files and
+resolves key references; ``config.py`` reads a tenant's deployment file).
+
+A pool is node groups (one model each, one engine kind), the pool's total egress, the front door's
+listeners and its tenants (weight, optional floor and caps, one or two active keys by reference).
+A tenant file is today's deployment file with a ``pool:`` section (URL, tenant name, key reference,
+its own link) instead of a ``prfaas`` site.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KeyRef(_Strict):
+    """A key by reference, never inline: an environment variable or a file (for rotation, a
+    tenant lists two while both are active)."""
+
+    id: str = Field(pattern=_NAME, description="key id: what a signed call names")
+    env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    file: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> KeyRef:
+        if (self.env is None) == (self.file is None):
+            raise ValueError(f"key {self.id}: give exactly one of env or file")
+        return self
+
+
+class TenantCap(_Strict):
+    max_queued_tokens: int | None = Field(None, ge=1, description="queued uncached tokens")
+    max_rate_rps: float | None = Field(None, gt=0, description="accepted submits per second")
+
+
+class PoolTenant(_Strict):
+    name: str = Field(pattern=_NAME)
+    weight: float = 1.0
+    floor: dict[str, int] = Field(
+        default_factory=dict, description="group -> nodes held for this tenant while it has work"
+    )
+    cap: TenantCap = TenantCap()
+    keys: list[KeyRef] = Field(min_length=1, max_length=2, description="one or two active keys")
+
+    @field_validator("weight")
+    @classmethod
+    def _positive(cls, weight: float) -> float:
+        if not weight > 0:
+            raise ValueError(f"weight must be > 0, got {weight}")
+        return weight
+
+    @field_validator("floor")
+    @classmethod
+    def _floors(cls, floor: dict[str, int]) -> dict[str, int]:
+        for group, n in floor.items():
+            if n < 0:
+                raise ValueError(f"floor.{group} must be >= 0 nodes, got {n}")
+        return floor
+
+
+class PoolNode(_Strict):
+    name: str = Field(pattern=_NAME)
+    port: int = Field(0, ge=0, le=65535)
+
+
+class PoolGroup(_Strict):
+    """A node group: one model, one engine kind, on one hardware (preset or profile file)."""
+
+    name: str = Field(pattern=_NAME)
+    model: str = Field(description="what tenants name; for timed nodes a model preset")
+    kind: Literal["timed", "torch", "vllm"] = "timed"
+    model_path: str | None = None
+    hardware: str = "h200"
+    nodes: list[PoolNode] = []
+    num_nodes: int | None = Field(None, ge=1, description="instead of nodes: NAME-0, NAME-1, ...")
+
+    @model_validator(mode="after")
+    def _nodes(self) -> PoolGroup:
+        if self.nodes and self.num_nodes is not None and self.num_nodes != len(self.nodes):
+            raise ValueError(
+                f"group {self.name}: num_nodes {self.num_nodes} but {len(self.nodes)} nodes"
+            )
+        if not self.nodes and self.num_nodes is None:
+            raise ValueError(f"group {self.name}: give nodes or num_nodes")
+        if self.kind in ("torch", "vllm") and not self.model_path:
+            raise ValueError(f"group {self.name}: kind {self.kind!r} needs model_path")
+        return self
+
+    @property
+    def node_names(self) -> list[str]:
+        if self.nodes:
+            return [n.name for n in self.nodes]
+        return [f"{self.name}-{i}" for i in range(self.num_nodes or 0)]
+
+
+class PoolUnits(_Strict):
+    """What fixes units and hashing pool-wide; a tenant file must agree (refused at start)."""
+
+    time_scale: float = Field(0.1, gt=0)
+    byte_divisor: int = Field(1000, ge=1)
+    block_tokens: int = Field(512, ge=16)
+
+
+class FrontDoor(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8100, ge=0, le=65535, description="the tenants' API (signed, versioned)")
+    control_port: int = Field(8101, ge=0, le=65535, description="the operator's listener")
+
+
+class PoolFileConfig(_Strict):
+    version: Literal[1] = 1
+    units: PoolUnits = PoolUnits()
+    front_door: FrontDoor = FrontDoor()
+    egress_gbps: float = Field(gt=0, description="the pool's total egress, shared by tenants")
+    egress_window_s: float = Field(1.0, gt=0, description="unsent KV a prefill may start over")
+    share_prefixes: bool = Field(False, description="one prefix namespace for every tenant")
+    heartbeat_interval_s: float = Field(0.5, gt=0)
+    lease_s: float = Field(3.0, gt=0, description="a tenant silent this long loses its queue")
+    groups: list[PoolGroup] = Field(min_length=1)
+    tenants: list[PoolTenant] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PoolFileConfig:
+        names = [t.name for t in self.tenants]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise ValueError(f"tenants.{i}.name: duplicate tenant name {name!r}")
+        groups = [g.name for g in self.groups]
+        for i, g in enumerate(self.groups):
+            if g.name in groups[:i]:
+                raise ValueError(f"groups.{i}.name: duplicate group name {g.name!r}")
+            if g.model in [o.model for o in self.groups[:i]]:
+                raise ValueError(f"groups.{i}.model: {g.model!r} has a group already (one each)")
+        nodes = [n for g in self.groups for n in g.node_names]
+        if len(set(nodes)) != len(nodes):
+            raise ValueError("groups: duplicate node names")
+        ids = [k.id for t in self.tenants for k in t.keys]
+        for i, t in enumerate(self.tenants):
+            for group in t.floor:
+                if group not in groups:
+                    raise ValueError(f"tenants.{i}.floor: unknown group {group!r}")
+            for k in t.keys:
+                if ids.count(k.id) > 1:
+                    raise ValueError(f"tenants.{i}.keys: key id {k.id!r} is used twice")
+        if self.front_door.port != 0 and self.front_door.port == self.front_door.control_port:
+            raise ValueError("front_door.control_port: the operator's listener needs its own port")
+        return self
+
+    def tenant(self, name: str) -> PoolTenant | None:
+        return next((t for t in self.tenants if t.name == name), None)
+
+    def group_for_model(self, model: str) -> PoolGroup | None:
+        return next((g for g in self.groups if g.model == model), None)
+
+
+class TenantLink(_Strict):
+    """The tenant's own link from the pool: its constraint, paced per tenant, never shared."""
+
+    gbps: float = Field(gt=0)
+    rtt_ms: float = Field(0.0, ge=0)
+
+
+class PoolRef(_Strict):
+    """A tenant file's ``pool:`` section: where its PrfaaS prefills go, instead of a site."""
+
+    url: str = Field(pattern=r"^https?://[^/\s]+/?$", description="the front door's tenant API")
+    tenant: str = Field(pattern=_NAME)
+    key: KeyRef
+    link: TenantLink
+    ttft_target_s: float = Field(4.0, gt=0, description="what the tenant's tuner aims for")
+    tuner: Literal["coordinated", "uncoordinated", "fixed"] = Field(
+        "coordinated",
+        description="coordinated: t from the pool's feedback (share, queueing); uncoordinated: "
+        "as if the tenant owned the pool (today's tuner); fixed: policy.threshold_tokens",
+    )

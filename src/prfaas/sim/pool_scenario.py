@@ -1,0 +1,112 @@
+"""What the pool simulator is given: the pool (its shape and each group's node cost model) and its
+tenants (each with its own arrivals, lengths, link, model and local prefill nodes).
+
+Built from the very files ``prfaas up`` runs (``commands/sim_pool.py``), or directly in tests.
+Pure: frozen dataclasses; no I/O.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from prfaas.perf import CostModel
+from prfaas.policy.pool_shares import PoolShape
+from prfaas.workload import ArrivalSpec
+
+TunerKind = Literal["coordinated", "uncoordinated", "fixed"]
+
+
+class LengthSampler(Protocol):
+    def sample(self, rng: random.Random) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSimGroup:
+    name: str
+    model: str
+    num_nodes: int
+    cost: CostModel
+    """The group's node profile: ``T_prefill`` and ``S_kv`` of every prefill placed here."""
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSimTenant:
+    name: str
+    model: str
+    arrival: ArrivalSpec
+    lengths: LengthSampler
+    num_local_prefill: int
+    local_cost: CostModel
+    """The tenant's own PD prefill nodes' profile."""
+    link_bytes_per_s: float
+    """The tenant's own link from the pool (modelled bytes/s)."""
+    rtt_s: float = 0.0
+    threshold_tokens: int | None = None
+    """Offload when the uncached length is over this; None: the tuner's first choice."""
+    tuner: TunerKind = "coordinated"
+    ttft_target_s: float = 4.0
+    start_s: float = 0.0
+    stop_s: float | None = None
+    """Arrivals end here (None: the scenario's ``duration_s``)."""
+    seed: int = 0
+    trace: tuple[tuple[float, int], ...] | None = None
+    """Replayed instead of ``arrival`` and ``lengths``: (arrival_s, prompt tokens), in order.
+    Every prompt token counts as uncached (the pool simulator has no prefix cache)."""
+
+    def __post_init__(self) -> None:
+        if self.num_local_prefill < 0:
+            raise ValueError(f"tenant {self.name}: num_local_prefill must be >= 0")
+        if not self.link_bytes_per_s > 0:
+            raise ValueError(f"tenant {self.name}: link must be > 0 bytes/s")
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSimScenario:
+    shape: PoolShape
+    groups: tuple[PoolSimGroup, ...]
+    tenants: tuple[PoolSimTenant, ...]
+    duration_s: float = 300.0
+    drain_s: float = 600.0
+    tune_interval_s: float = 30.0
+    tune_min_samples: int = 50
+    window_size: int = 2048
+    measure_from_s: float = 0.0
+    measure_to_s: float | None = None
+    """Shares and TTFTs are measured over [from, to] (None: ``duration_s``)."""
+    front_door_outages: tuple[tuple[float, float], ...] = ()
+    """(at_s, down_s): the front door dies at ``at_s`` (its queue is lost; started prefills go on:
+    their KV does not pass through it) and comes back ``down_s`` later with a new epoch."""
+    pool_node_failures: tuple[tuple[float, str, float], ...] = ()
+    """(at_s, group, down_s): a node of ``group`` is lost at ``at_s`` for ``down_s``; the prefill
+    it was running (the oldest running on the group, if any) fails, its KV stream with it, and its
+    tenant is told (``failed:node_lost``) and prefills it locally."""
+    heartbeat_interval_s: float = 0.5
+    """Tenants' heartbeats (only simulated when there are outages)."""
+    silence_s: float = 1.5
+    """A tenant whose pool has not answered for this long sends its pending prefills local."""
+
+    def __post_init__(self) -> None:
+        names = [t.name for t in self.tenants]
+        pool_names = [t.name for t in self.shape.tenants]
+        for t in self.tenants:
+            if t.name not in pool_names:
+                raise ValueError(f"tenant {t.name!r} is not a tenant of the pool")
+            if self.shape.group_for_model(t.model) is None:
+                raise ValueError(f"tenant {t.name}: model {t.model!r} is not served by the pool")
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate tenant names in {names}")
+        for g in self.groups:
+            shape_g = self.shape.group(g.name)
+            if shape_g.model != g.model or shape_g.num_nodes != g.num_nodes:
+                raise ValueError(f"group {g.name}: differs from the pool's shape")
+        if not self.duration_s > 0:
+            raise ValueError(f"duration_s must be > 0, got {self.duration_s}")
+
+    @property
+    def window_end_s(self) -> float:
+        return self.duration_s if self.measure_to_s is None else self.measure_to_s
+
+    def group_for(self, model: str) -> PoolSimGroup:
+        return next(g for g in self.groups if g.model == model)

@@ -1,0 +1,387 @@
+"""``PoolSimulator``: one PrfaaS pool shared by several tenants, each with its own PD prefill
+nodes, link, model, arrivals and threshold tuner; admission, queueing and fair share are
+``policy.PoolAdmission``, the object the live front door runs, and each tenant's threshold is
+``policy.choose_threshold`` over the pool's ``PoolFeedback``.
+
+What it models (``docs/pool.md``): per tenant, arrivals and prompt lengths (all uncached: no
+prefix cache here), a router that offloads when the length is over the tenant's ``t`` (and, for
+coordinated tenants, keeps a request local when the pool's expected queueing is over its TTFT
+target and the local queue is shorter), a refused submit prefilled locally, local prefill nodes
+(FIFO, the tenant's profile); at the pool, each group's nodes (the group's profile) and the egress
+fluid (``sim/pool_egress.py``). TTFT ends when the prefill is done locally, or when the last KV
+byte has reached the tenant (plus the link's RTT: the submit's and the KV's one-way delays).
+Front door outages (``PoolSimScenario.front_door_outages``) lose its queue and change its epoch;
+each tenant's ``policy.PoolSession`` sends what it had pending local; a lost pool node
+(``pool_node_failures``) fails its prefill to the tenant, which prefills it locally. Decode is
+not modelled. Events are ``(time_s, priority, seq, kind, payload)`` on one heap; the same seeds
+give the same run. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from prfaas.policy.pool_admission import Accepted, EgressState, PoolAdmission, PrefillJob
+from prfaas.policy.pool_session import Fallback, PoolSession
+from prfaas.policy.window import LengthWindow
+from prfaas.sim.kv_bytes import KvBytes
+from prfaas.sim.pool_egress import EgressFlow, PoolEgress
+from prfaas.sim.pool_scenario import PoolSimScenario, PoolSimTenant
+from prfaas.sim.pool_tuning import first_sample, tenant_threshold
+from prfaas.workload import arrival_times
+
+_DONE, _ARRIVAL, _TUNE, _BEAT = 0, 1, 2, 3  # priorities at equal times: completions first
+_TIMERS = (_TUNE, _BEAT)  # periodic: they keep nothing alive
+
+
+@dataclass(slots=True)
+class _Req:
+    tenant: str
+    request_id: str
+    arrival_s: float
+    num_tokens: int
+    offloaded: bool = False
+    ttft_s: float | None = None
+    fell_back: bool = False
+
+
+@dataclass(slots=True)
+class TenantRun:
+    """One tenant's state and counts during a run."""
+
+    spec: PoolSimTenant
+    threshold_tokens: int = 0
+    arrivals: Any = None
+    trace_lengths: deque[int] | None = None
+    rng: random.Random = field(default_factory=random.Random)
+    window: LengthWindow = field(default_factory=LengthWindow)
+    local_free: int = 0
+    local_queue: deque[_Req] = field(default_factory=deque)
+    local_work_s: float = 0.0
+    num_arrived: int = 0
+    num_offloaded: int = 0
+    num_local: int = 0
+    num_kept_local_by_feedback: int = 0
+    refused: dict[str, int] = field(default_factory=dict)
+    session: PoolSession = field(default_factory=lambda: PoolSession(1.5))
+    ttft_s: list[float] = field(default_factory=list)
+    fallback_ttft_s: list[float] = field(default_factory=list)
+    num_completed: int = 0
+    compute_s_in_window: dict[str, float] = field(default_factory=dict)
+    threshold_updates: list[tuple[float, int]] = field(default_factory=list)
+
+
+class PoolSimulator:
+    def __init__(self, sc: PoolSimScenario) -> None:
+        self.sc = sc
+        self.admission = PoolAdmission(sc.shape)
+        self.now = 0.0
+        self.num_events = 0
+        self._heap: list[tuple[float, int, int, int, Any]] = []
+        self._seq = itertools.count()
+        self._window = (sc.measure_from_s, sc.window_end_s)
+        self.egress = PoolEgress(
+            sc.shape.egress_bytes_per_s,
+            {t.name: t.weight for t in sc.shape.tenants},
+            {t.name: t.link_bytes_per_s for t in sc.tenants},
+            self._window,
+        )
+        self._free = {g.name: g.num_nodes for g in sc.groups}
+        self._egress_wake = math.inf
+        self._pending: dict[tuple[str, str], _Req] = {}
+        self._running: dict[str, dict[tuple[str, str], Any]] = {g.name: {} for g in sc.groups}
+        self.epoch = 1
+        self._door_up = True
+        self._num_live = 0
+        self._kv = {g.model: KvBytes(g.cost.model.cache).total for g in sc.groups}
+        self.tenants: dict[str, TenantRun] = {}
+        for t in sc.tenants:
+            run = TenantRun(
+                spec=t,
+                rng=random.Random(t.seed),
+                local_free=t.num_local_prefill,
+                window=LengthWindow(sc.window_size),
+            )
+            stop = sc.duration_s if t.stop_s is None else min(t.stop_s, sc.duration_s)
+            if t.trace is not None:
+                run.arrivals = (t.start_s + a for a, _ in t.trace if t.start_s + a <= stop)
+                run.trace_lengths = deque(n for _, n in t.trace)
+            else:
+                span = max(0.0, stop - t.start_s)
+                run.arrivals = (t.start_s + a for a in arrival_times(t.arrival, span, run.rng))
+            run.compute_s_in_window = {g.name: 0.0 for g in sc.groups}
+            run.threshold_tokens = self._first_threshold(run)
+            self.tenants[t.name] = run
+            self._next_arrival(run)
+            if t.tuner != "fixed":
+                self._push(sc.tune_interval_s, _TUNE, t.name)
+            run.session = PoolSession(sc.silence_s)
+            run.session.heard(self.epoch, 0.0)
+            if sc.front_door_outages:
+                self._push(sc.heartbeat_interval_s, _BEAT, t.name)
+        for at_s, down_s in sc.front_door_outages:
+            self._push(at_s, _DONE, lambda d=down_s: self._door_dies(d))
+        for at_s, group, down_s in sc.pool_node_failures:
+            self._push(at_s, _DONE, lambda g=group, d=down_s: self._node_lost(g, d))
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self) -> None:
+        horizon = self.sc.duration_s + self.sc.drain_s
+        while self._heap:
+            t, _, _, kind, payload = heapq.heappop(self._heap)
+            if t > horizon:
+                break
+            self.num_events += 1
+            if kind not in _TIMERS:
+                self._num_live -= 1
+            self.now = t
+            self.egress.advance(t)
+            if kind == _DONE:
+                payload()
+            elif kind == _ARRIVAL:
+                self._on_arrival(self.tenants[payload])
+            elif kind == _TUNE:
+                self._on_tune(self.tenants[payload])
+            elif kind == _BEAT:
+                self._on_beat(self.tenants[payload])
+            self._settle_egress()
+            if self._idle():
+                break
+        self.egress.advance(self.now)
+
+    def _idle(self) -> bool:
+        # Only tuner ticks left: nothing will happen any more.
+        return self._num_live == 0 and not self.egress.flows and not self._pending
+
+    def _push(self, t: float, kind: int, payload: Any) -> None:
+        if kind not in _TIMERS:
+            self._num_live += 1
+        heapq.heappush(self._heap, (t, kind, next(self._seq), kind, payload))
+
+    # -- arrivals and routing ------------------------------------------------------------------
+    def _next_arrival(self, run: TenantRun) -> None:
+        nxt = next(run.arrivals, None)
+        if nxt is not None:
+            self._push(nxt, _ARRIVAL, run.spec.name)
+
+    def _on_arrival(self, run: TenantRun) -> None:
+        spec = run.spec
+        n = (
+            run.trace_lengths.popleft()
+            if run.trace_lengths is not None
+            else (spec.lengths.sample(run.rng))
+        )
+        run.num_arrived += 1
+        req = _Req(spec.name, f"{spec.name}-{run.num_arrived}", self.now, n)
+        run.window.observe(n, 1, self.now)
+        self._next_arrival(run)
+        if n > run.threshold_tokens and not self._keep_local(run, n):
+            if not self._door_up:
+                run.session.unreachable(req.request_id)
+                req.fell_back = True
+                self._local(run, req)
+                return
+            self._fall_back(run, run.session.heard(self.epoch, self.now))
+            group = self.sc.group_for(spec.model)
+            job = PrefillJob(
+                spec.name,
+                req.request_id,
+                spec.model,
+                n,
+                group.cost.prefill_s(n),
+                self._kv[spec.model](n),
+            )
+            decision = self.admission.submit(job, self.now)
+            if isinstance(decision, Accepted):
+                req.offloaded = True
+                run.num_offloaded += 1
+                self._pending[(spec.name, req.request_id)] = req
+                run.session.submitted(req.request_id, self.now)
+                self._dispatch(group.name)
+                return
+            run.refused[decision.reason] = run.refused.get(decision.reason, 0) + 1
+            run.session.refused(req.request_id, decision.reason)
+        self._local(run, req)
+
+    def _keep_local(self, run: TenantRun, n: int) -> bool:
+        # A coordinated tenant's router reads the pool's expected queueing for it: over the TTFT
+        # target, and the local queue shorter, the request stays home.
+        if run.spec.tuner != "coordinated":
+            return False
+        fb = self.admission.feedback(run.spec.name, self.now)
+        if fb.expected_queueing_s <= run.spec.ttft_target_s:
+            return False
+        local_wait = run.local_work_s / max(run.spec.num_local_prefill, 1)
+        if local_wait < fb.expected_queueing_s and run.spec.num_local_prefill > 0:
+            run.num_kept_local_by_feedback += 1
+            return True
+        return False
+
+    # -- local prefill -------------------------------------------------------------------------
+    def _local(self, run: TenantRun, req: _Req) -> None:
+        run.num_local += 1
+        run.local_work_s += run.spec.local_cost.prefill_s(req.num_tokens)
+        run.local_queue.append(req)
+        self._start_local(run)
+
+    def _start_local(self, run: TenantRun) -> None:
+        while run.local_free > 0 and run.local_queue:
+            req = run.local_queue.popleft()
+            run.local_free -= 1
+            dur = run.spec.local_cost.prefill_s(req.num_tokens)
+            self._push(self.now + dur, _DONE, lambda r=run, q=req, d=dur: self._local_done(r, q, d))
+
+    def _local_done(self, run: TenantRun, req: _Req, dur: float) -> None:
+        run.local_free += 1
+        run.local_work_s = max(0.0, run.local_work_s - dur)
+        self._finish(run, req, self.now)
+        self._start_local(run)
+
+    # -- the pool ------------------------------------------------------------------------------
+    def _egress_state(self) -> EgressState:
+        total, per = self.egress.backlog()
+        return EgressState(
+            pool_backlog_bytes=total,
+            tenant_backlog_bytes=tuple(per.items()),
+            tenant_link_bytes_per_s=tuple(self.egress.links.items()),
+        )
+
+    def _dispatch(self, group: str) -> None:
+        while self._door_up and self._free[group] > 0:
+            job = self.admission.dispatch(group, self.now, self._egress_state())
+            if job is None:
+                return
+            self._free[group] -= 1
+            end = self.now + job.compute_s
+            run = self.tenants[job.tenant]
+            lo, hi = self._window
+            run.compute_s_in_window[group] += max(0.0, min(end, hi) - max(self.now, lo))
+            req = self._pending.pop((job.tenant, job.request_id))
+            run.session.started(job.request_id)
+            self.egress.add(EgressFlow(job.tenant, req, float(job.kv_bytes), self.now, end))
+            adm = self.admission  # the epoch that placed it is the one to tell
+            flow = self.egress.flows[-1]
+            self._running[group][(job.tenant, job.request_id)] = (job, end, adm, flow)
+            self._push(end, _DONE, lambda j=job, g=group, a=adm: self._pool_done(j, g, a))
+
+    def _pool_done(self, job: PrefillJob, group: str, admission: PoolAdmission) -> None:
+        if self._running[group].pop((job.tenant, job.request_id), None) is None:
+            return  # its node was lost mid-prefill (``_node_lost``)
+        admission.finish(job, self.now)
+        self._free[group] += 1
+        self.egress.changed()
+        self._dispatch_all()
+
+    def _dispatch_all(self) -> None:
+        for g in self.sc.groups:
+            self._dispatch(g.name)
+
+    def _settle_egress(self) -> None:
+        finished = self.egress.take_finished()
+        for f in finished:
+            req = f.key
+            assert isinstance(req, _Req)
+            run = self.tenants[req.tenant]
+            self._finish(run, req, self.now + run.spec.rtt_s)
+        if finished:
+            self._dispatch_all()  # the egress has room again
+        wake = self.egress.next_finish_s()
+        if wake < math.inf and wake != self._egress_wake:
+            self._egress_wake = wake
+            self._push(wake, _DONE, self._noop)
+
+    def _noop(self) -> None:
+        self._egress_wake = math.inf
+
+    def _finish(self, run: TenantRun, req: _Req, at_s: float) -> None:
+        req.ttft_s = at_s - req.arrival_s
+        run.num_completed += 1
+        if self._window[0] <= req.arrival_s <= self._window[1]:
+            run.ttft_s.append(req.ttft_s)
+        if req.fell_back:
+            run.fallback_ttft_s.append(req.ttft_s)
+
+    # -- front door failures (issue 21, item 7) --------------------------------------------------
+    def _door_dies(self, down_s: float) -> None:
+        self._door_up = False
+        for name in self.tenants:  # its queue is gone; started prefills stream on from the nodes
+            self.admission.withdraw(name, self.now)
+        self._push(self.now + down_s, _DONE, self._door_back)
+
+    def _door_back(self) -> None:
+        self.epoch += 1
+        self.admission = PoolAdmission(self.sc.shape)
+        self._door_up = True
+
+    def _node_lost(self, group: str, down_s: float) -> None:
+        running = self._running[group]
+        if running:  # the oldest running prefill fails with its node, and its KV stream
+            key = next(iter(running))
+            job, end, admission, flow = running.pop(key)
+            admission.finish(job, self.now)
+            run = self.tenants[job.tenant]
+            lo, hi = self._window
+            run.compute_s_in_window[group] -= max(0.0, min(end, hi) - max(self.now, lo))
+            self.egress.flows.remove(flow)
+            self.egress.changed()
+            req = flow.key
+            assert isinstance(req, _Req)
+            run.session.failed(req.request_id, "node_lost")
+            req.fell_back = True
+            self._local(run, req)
+        else:
+            self._free[group] -= 1  # an idle node is lost
+        self._push(self.now + down_s, _DONE, lambda: self._node_back(group))
+
+    def _node_back(self, group: str) -> None:
+        self._free[group] += 1
+        self._dispatch(group)
+
+    def _on_beat(self, run: TenantRun) -> None:
+        if self._door_up:
+            self._fall_back(run, run.session.heard(self.epoch, self.now))
+        else:
+            self._fall_back(run, run.session.tick(self.now))
+        if not self._idle():
+            self._push(self.now + self.sc.heartbeat_interval_s, _BEAT, run.spec.name)
+
+    def _fall_back(self, run: TenantRun, fallbacks: tuple[Fallback, ...]) -> None:
+        for fb in fallbacks:
+            req = self._pending.pop((run.spec.name, fb.request_id), None)
+            if req is not None:
+                req.fell_back = True
+                self._local(run, req)
+
+    # -- tuning --------------------------------------------------------------------------------
+    def _first_threshold(self, run: TenantRun) -> int:
+        if run.spec.threshold_tokens is not None:
+            return run.spec.threshold_tokens
+        lengths, rate, share = first_sample(run.spec, self.sc)
+        return self._choose(run, lengths, rate, (share, 0.0, 0.0))
+
+    def _choose(
+        self, run: TenantRun, lengths: tuple[int, ...], rate: float, fb: tuple[float, float, float]
+    ) -> int:
+        kv = self._kv[run.spec.model]
+        return tenant_threshold(run.spec, self.sc, kv, lengths, rate, fb, run.local_work_s)
+
+    def _on_tune(self, run: TenantRun) -> None:
+        spec = run.spec
+        self._push(self.now + self.sc.tune_interval_s, _TUNE, spec.name)
+        if len(run.window) < self.sc.tune_min_samples:
+            return
+        said = (1.0, 0.0, 0.0)  # uncoordinated: as if it owned the pool
+        if spec.tuner == "coordinated":
+            fb = self.admission.feedback(spec.name, self.now, self._egress_state())
+            said = (fb.attainable_share, fb.expected_queueing_s, fb.link_backlog_s)
+        lengths = tuple(run.window.prompt_lengths())
+        t = self._choose(run, lengths, run.window.rate_rps(), said)
+        if t != run.threshold_tokens:
+            run.threshold_tokens = t
+            run.threshold_updates.append((self.now, t))

@@ -1,0 +1,102 @@
+"""The pool front door's API v1 over HTTP (in process): signed per-tenant keys (401 for a wrong or
+unknown key), and isolation: a tenant's key cannot submit as the other, reach the other's
+receiver, or read the other's outcome or feedback; refusals carry a reason, the epoch and a retry
+hint; a bad field is a 400 naming it."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from prfaas.policy.pool_shares import GroupShape, PoolShape, TenantShare
+from prfaas.pool import FrontDoor
+from prfaas.pool.app import KEY_ID_HEADER, TenantKeys, create_app
+from prfaas.serve.auth import signed_headers
+
+pytestmark = pytest.mark.timeout(60)
+
+KEY_A, KEY_B = b"a" * 32, b"b" * 32
+
+
+@pytest.fixture
+def client() -> TestClient:
+    shape = PoolShape(
+        (GroupShape("g", "m", 1),),
+        1e9,
+        (TenantShare("a", max_queued_tokens=5000), TenantShare("b")),
+    )
+    door = FrontDoor(shape, epoch=3, lease_s=30.0, fingerprints={"m": {"block_tokens": "512"}})
+    keys = TenantKeys({"ka": ("a", KEY_A), "kb": ("b", KEY_B)})
+    app = create_app(door, keys, lambda model, n: (n / 1000, n * 100), clock=lambda: 10.0)
+    return TestClient(app)
+
+
+def _call(c: TestClient, method: str, path: str, key_id: str, key: bytes, body=None):
+    content = b"" if body is None else json.dumps(body).encode()
+    headers = signed_headers(key, method, "testserver", path, content, time.time())
+    headers[KEY_ID_HEADER] = key_id
+    if body is not None:
+        headers["content-type"] = "application/json"
+    return c.request(method, path, content=content, headers=headers)
+
+
+def _register(c: TestClient) -> None:
+    for kid, key, name in (("ka", KEY_A, "a-d0"), ("kb", KEY_B, "b-d0")):
+        recs = {"receivers": [{"name": name, "host": "10.0.0.1", "transfer_port": 9000}]}
+        r = _call(c, "POST", "/v1/receivers", kid, key, recs)
+        assert r.status_code == 200 and r.json()["epoch"] == 3
+
+
+def _sub(tenant: str, rid: str, receiver: str, tokens: int = 1000) -> dict:
+    return {"tenant": tenant, "request_id": rid, "model": "m",
+            "fingerprint": {"block_tokens": "512"}, "num_uncached_tokens": tokens,
+            "receiver": receiver, "session": "s"}  # fmt: skip
+
+
+def test_wrong_or_unknown_key_is_401(client: TestClient) -> None:
+    r = _call(client, "POST", "/v1/heartbeat", "ka", KEY_B)  # a's id, b's key
+    assert r.status_code == 401 and r.json()["error"]["code"] == "bad_signature"
+    r = _call(client, "POST", "/v1/heartbeat", "kz", KEY_A)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "unknown_key"
+    r = client.post("/v1/heartbeat", headers={KEY_ID_HEADER: "ka"})  # unsigned
+    assert r.status_code == 401
+
+
+def test_a_tenant_key_cannot_act_for_or_read_the_other(client: TestClient) -> None:
+    _register(client)
+    ok = _call(client, "POST", "/v1/submit", "kb", KEY_B, _sub("b", "r1", "b-d0"))
+    assert ok.status_code == 200 and ok.json()["epoch"] == 3 and "accepted" in ok.json()
+    as_b = _call(client, "POST", "/v1/submit", "ka", KEY_A, _sub("b", "r2", "b-d0"))
+    assert as_b.status_code == 403 and as_b.json()["error"]["code"] == "wrong_tenant"
+    to_b = _call(client, "POST", "/v1/submit", "ka", KEY_A, _sub("a", "r3", "b-d0"))
+    assert to_b.status_code == 403 and to_b.json()["error"]["code"] == "receiver_not_registered"
+    mine = _call(client, "GET", "/v1/outcome/r1", "kb", KEY_B)
+    assert mine.status_code == 200 and mine.json()["state"] == "queued"
+    theirs = _call(client, "GET", "/v1/outcome/r1", "ka", KEY_A)
+    assert theirs.status_code == 404
+    fb = _call(client, "GET", "/v1/feedback", "ka", KEY_A).json()
+    assert fb["tenant"] == "a" and fb["queued_tokens"] == 0  # b's queue is not a's
+
+
+def test_refusals_carry_reason_epoch_and_retry_hint(client: TestClient) -> None:
+    _register(client)
+    for i in range(5):
+        r = _call(client, "POST", "/v1/submit", "ka", KEY_A, _sub("a", f"r{i}", "a-d0"))
+        assert r.status_code == 200
+    over = _call(client, "POST", "/v1/submit", "ka", KEY_A, _sub("a", "r9", "a-d0"))
+    assert over.status_code == 429
+    body = over.json()
+    assert body["error"]["code"] == "over_queued_tokens_cap" and body["epoch"] == 3
+    assert body["retry_after_s"] > 0 and "retry-after" in over.headers
+    fp = _sub("a", "r10", "a-d0")
+    fp["fingerprint"] = {"block_tokens": "256"}
+    r = _call(client, "POST", "/v1/submit", "ka", KEY_A, fp)
+    assert r.status_code == 409 and "fingerprint.block_tokens" in r.json()["error"]["message"]
+    bad = _sub("a", "r11", "a-d0", tokens=0)
+    r = _call(client, "POST", "/v1/submit", "ka", KEY_A, bad)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "num_uncached_tokens"
+    r = _call(client, "POST", "/v1/submit", "ka", KEY_A, {**_sub("a", "r12", "a-d0"), "model": "x"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_model"

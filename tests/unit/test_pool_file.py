@@ -1,0 +1,155 @@
+"""Pool and tenant files: the shipped examples load; bad input is one line naming the field (an
+unknown tenant or model, a non-positive weight, two tenants with one name, units or block size
+that differ from the pool's, a key the pool does not list); `prfaas sim POOL TENANT...` prints a
+`tenants` object, one entry per tenant."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from prfaas.errors import UsageError
+from prfaas.pool_file import load_pool, load_tenant, pool_shape, resolve_key
+
+pytestmark = pytest.mark.timeout(120)
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "pool"
+POOL = EXAMPLES / "pool.yaml"
+
+
+def _pool_with(tmp_path: Path, change) -> Path:
+    raw = yaml.safe_load(POOL.read_text())
+    change(raw)
+    path = tmp_path / "pool.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _tenant_with(tmp_path: Path, change, name: str = "tenant-a.yaml") -> Path:
+    raw = yaml.safe_load((EXAMPLES / name).read_text())
+    change(raw)
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_examples_load() -> None:
+    pool = load_pool(POOL)
+    for name in ("tenant-a.yaml", "tenant-b.yaml", "tenant-c.yaml"):
+        cfg = load_tenant(EXAMPLES / name, pool, POOL)
+        assert cfg.pool is not None and pool.tenant(cfg.pool.tenant) is not None
+    shape = pool_shape(pool)
+    assert [t.weight for t in shape.tenants] == [2.0, 1.0, 1.0]
+    assert shape.tenants[1].floor_nodes == (("g-1t", 1),)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda r: r["tenants"][0].update(weight=0), "tenants.0.weight: weight must be > 0"),
+        (lambda r: r["tenants"][1].update(name="tenant-a"), "duplicate tenant name 'tenant-a'"),
+        (lambda r: r["groups"][1].update(model="paper-1t"), "groups.1.model"),
+        (lambda r: r["groups"][0].update(model="no-such-model"), "groups.0.model"),
+        (lambda r: r["tenants"][0].update(floor={"g-x": 1}), "tenants.0.floor: unknown group"),
+        (lambda r: r["tenants"][0]["keys"][0].update(file="k"), "exactly one of env or file"),
+        (lambda r: r["tenants"][1]["keys"].append({"id": "x", "env": "X"}), "tenants.1.keys"),
+    ],
+)
+def test_bad_pool_files_name_the_field(tmp_path: Path, change, message: str) -> None:
+    with pytest.raises(UsageError, match=message) as err:
+        load_pool(_pool_with(tmp_path, change))
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda r: r["pool"].update(tenant="tenant-z"), "pool.tenant: 'tenant-z' is not a tenant"),
+        (lambda r: r["engine"].update(model="llama-3.1-70b"), "engine.model: 'llama-3.1-70b'"),
+        (lambda r: r["engine"].update(block_tokens=256), "engine.block_tokens: 256 differs"),
+        (lambda r: r["engine"].update(time_scale=0.2), "engine.time_scale"),
+        (lambda r: r["pool"]["key"].update(id="b-2026-12"), "pool.key.id: 'b-2026-12'"),
+        (lambda r: r["pool"]["link"].update(gbps=0), "pool.link.gbps"),
+        (
+            lambda r: r["sites"].append(
+                {"name": "pf", "kind": "prfaas", "nodes": [{"name": "pf0", "role": "prefill"}]}
+            ),
+            "names the pool instead of a prfaas site",
+        ),
+    ],
+)
+def test_bad_tenant_files_name_the_field(tmp_path: Path, change, message: str) -> None:
+    pool = load_pool(POOL)
+    with pytest.raises(UsageError, match=message) as err:
+        load_tenant(_tenant_with(tmp_path, change), pool, POOL)
+    assert "\n" not in str(err.value)
+
+
+def test_key_references(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pool = load_pool(POOL)
+    ref_a = pool.tenants[0].keys[0]
+    with pytest.raises(UsageError, match="PRFAAS_POOL_KEY_A is not set"):
+        resolve_key(ref_a, tmp_path, "tenants.0.keys.0")
+    monkeypatch.setenv("PRFAAS_POOL_KEY_A", "a" * 32)
+    assert resolve_key(ref_a, tmp_path, "tenants.0.keys.0") == b"a" * 32
+    ref_file = pool.tenants[1].keys[1]
+    with pytest.raises(UsageError, match=r"tenants\.1\.keys\.1\.file: cannot read"):
+        resolve_key(ref_file, tmp_path, "tenants.1.keys.1")
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "tenant-b-old.key").write_text("short\n")
+    with pytest.raises(UsageError, match="shorter than 16 bytes"):
+        resolve_key(ref_file, tmp_path, "tenants.1.keys.1")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "prfaas.cli", "sim", *args],
+                          capture_output=True, text=True, timeout=100)  # fmt: skip
+
+
+def test_cli_pool_sim_has_a_tenants_object(tmp_path: Path) -> None:
+    short = {"duration_s": 120}
+    a = _tenant_with(tmp_path, lambda r: r["workload"].update(short), "tenant-a.yaml")
+    b = _tenant_with(tmp_path, lambda r: r["workload"].update(short), "tenant-b.yaml")
+    res = _cli(str(POOL), str(a), str(b), "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["schema"] == "prfaas.sim.pool/1"
+    assert set(out["tenants"]) == {"tenant-a", "tenant-b"}
+    for t in out["tenants"].values():
+        assert t["requests"]["completed"] == t["requests"]["arrived"] > 0
+    bad = _tenant_with(tmp_path, lambda r: r["pool"].update(tenant="nobody"), "tenant-a.yaml")
+    res = _cli(str(POOL), str(bad))
+    assert res.returncode == 2
+    assert "pool.tenant: 'nobody' is not a tenant" in res.stderr
+    assert "Traceback" not in res.stderr
+    res = _cli(str(POOL), str(a), "--rate", "3")
+    assert res.returncode == 2 and "--rate does not apply to a pool simulation" in res.stderr
+
+
+def test_a_tenant_replays_its_own_trace(tmp_path: Path) -> None:
+    from prfaas.commands.sim_pool import build_pool_scenario
+    from prfaas.sim.pool_report import pool_summary
+    from prfaas.sim.pool_sim import PoolSimulator
+
+    lines = [
+        json.dumps({"timestamp": 500 * i, "input_length": 30000 + 1000 * i, "output_length": 10,
+                    "hash_ids": []})
+        for i in range(40)
+    ]  # fmt: skip
+    (tmp_path / "trace.jsonl").write_text("\n".join(lines) + "\n")
+
+    def use_trace(raw: dict) -> None:
+        raw["workload"] = {"trace": "trace.jsonl", "duration_s": 600, "seed": 1}
+
+    a = _tenant_with(tmp_path, use_trace, "tenant-a.yaml")
+    sc = build_pool_scenario(POOL, [a])
+    assert sc.tenants[0].trace is not None and len(sc.tenants[0].trace) == 40
+    sim = PoolSimulator(sc)
+    sim.run()
+    out = pool_summary(sim)["tenants"]["tenant-a"]
+    assert out["requests"]["arrived"] == out["requests"]["completed"] == 40

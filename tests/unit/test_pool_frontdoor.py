@@ -1,0 +1,94 @@
+"""pool.FrontDoor: isolation (a tenant submits only as itself, only to receivers it registered,
+reads only its own outcomes), leases and epochs, fingerprints, revocation, placement through the
+shared admission object."""
+
+from __future__ import annotations
+
+import pytest
+
+from prfaas.policy.pool_admission import Accepted, EgressState, Refused
+from prfaas.policy.pool_shares import GroupShape, PoolShape, TenantShare
+from prfaas.pool import FrontDoor, Receiver, Submit
+
+pytestmark = pytest.mark.timeout(60)
+
+FP = {"config": "c1", "weights_digest": "w1", "dtype": "bf16", "block_tokens": "512",
+      "cache_layout": "l1"}  # fmt: skip
+FREE = EgressState()
+
+
+def _door() -> FrontDoor:
+    shape = PoolShape((GroupShape("g", "m", 1),), 1e9, (TenantShare("a"), TenantShare("b")))
+    door = FrontDoor(shape, epoch=7, lease_s=3.0, fingerprints={"m": FP})
+    door.register("a", (Receiver("a-d0", "10.0.0.1", 9000),), now=0.0)
+    door.register("b", (Receiver("b-d0", "10.0.1.1", 9000),), now=0.0)
+    return door
+
+
+def _submit(tenant: str, rid: str, receiver: str, fp: dict[str, str] | None = None) -> Submit:
+    return Submit(tenant, rid, "m", tuple(sorted((fp or FP).items())), 1000, receiver, "s1",
+                  1.0, 10**6)  # fmt: skip
+
+
+def test_accepts_with_epoch_and_places_to_the_registered_receiver() -> None:
+    door = _door()
+    ans = door.submit("a", _submit("a", "r1", "a-d0"), now=1.0)
+    assert ans.status == 200 and ans.epoch == 7 and isinstance(ans.decision, Accepted)
+    assert door.outcome("a", "r1").state == "queued"  # type: ignore[union-attr]
+    placed = door.place("g", "pool-0", 1.0, FREE)
+    assert placed is not None and placed.receiver.host == "10.0.0.1" and placed.session == "s1"
+    assert door.outcome("a", "r1").state == "running"  # type: ignore[union-attr]
+    door.finished("a", "r1", 2.0)
+    assert door.outcome("a", "r1").state == "done"  # type: ignore[union-attr]
+
+
+def test_a_tenant_cannot_act_as_or_reach_the_other() -> None:
+    door = _door()
+    as_b = door.submit("a", _submit("b", "r1", "b-d0"), now=1.0)
+    assert as_b.status == 403 and isinstance(as_b.decision, Refused)
+    assert as_b.decision.reason == "wrong_tenant"
+    to_b = door.submit("a", _submit("a", "r2", "b-d0"), now=1.0)
+    assert to_b.status == 403 and to_b.decision.reason == "receiver_not_registered"  # type: ignore[union-attr]
+    door.submit("b", _submit("b", "r9", "b-d0"), now=1.0)
+    assert door.outcome("a", "r9") is None  # b's request is invisible to a
+    assert door.place("g", "pool-0", 1.0, FREE) is not None  # nothing of a's was queued
+
+
+def test_fingerprint_mismatch_names_the_field() -> None:
+    door = _door()
+    ans = door.submit("a", _submit("a", "r1", "a-d0", {**FP, "block_tokens": "256"}), now=1.0)
+    assert ans.status == 409 and "fingerprint.block_tokens" in ans.decision.detail  # type: ignore[union-attr]
+
+
+def test_lease_expiry_drops_queued_and_aborts_running() -> None:
+    door = _door()
+    door.submit("a", _submit("a", "r1", "a-d0"), now=1.0)
+    door.submit("a", _submit("a", "r2", "a-d0"), now=1.0)
+    door.place("g", "pool-0", 1.5, FREE)
+    door.heartbeat("b", 2.5)
+    assert door.expire(3.0) == ()  # a registered at 0 with a 3 s lease
+    got = door.expire(3.1)
+    assert {(a.request_id, a.reason, a.node) for a in got} == {
+        ("r1", "lease_expired", "pool-0"),
+        ("r2", "lease_expired", None),
+    }
+    assert door.expire(3.2) == ()  # once
+    assert door.outcome("a", "r2").state == "aborted"  # type: ignore[union-attr]
+    after = door.submit("a", _submit("a", "r3", "a-d0"), now=3.2)
+    assert after.status == 403 and after.decision.reason == "no_lease"  # type: ignore[union-attr]
+    door.heartbeat("a", 3.3)
+    again = door.submit("a", _submit("a", "r2", "a-d0"), now=3.4)
+    assert again.status == 200  # a dropped id may be submitted anew
+
+
+def test_revoked_tenant_is_refused_and_its_work_aborted() -> None:
+    door = _door()
+    door.submit("b", _submit("b", "r1", "b-d0"), now=1.0)
+    placed = door.place("g", "pool-0", 1.0, FREE)
+    assert placed is not None
+    aborts = door.revoke("b", 1.5)
+    assert [(a.request_id, a.reason, a.node) for a in aborts] == [("r1", "revoked", "pool-0")]
+    ans = door.submit("b", _submit("b", "r2", "b-d0"), now=1.6)
+    assert ans.status == 403 and ans.decision.reason == "revoked"  # type: ignore[union-attr]
+    door.finished("b", "r1", 2.0)  # the node's late answer changes nothing
+    assert door.outcome("b", "r1").reason == "revoked"  # type: ignore[union-attr]
