@@ -19,7 +19,7 @@ TunerKind = Literal["coordinated", "uncoordinated", "fixed"]
 
 
 class LengthSampler(Protocol):
-    def sample(self, rng: random.Random) -> int: ...
+    def draw(self, rng: random.Random) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -175,7 +175,7 @@ class PoolSimulator:
         n = (
             run.trace_lengths.popleft()
             if run.trace_lengths is not None
-            else (spec.lengths.sample(run.rng))
+            else (spec.lengths.draw(run.rng))
         )
         run.num_arrived += 1
         req = _Req(spec.name, f"{spec.name}-{run.num_arrived}", self.now, n)

@@ -24,7 +24,7 @@ def first_sample(spec: PoolSimTenant, sc: PoolSimScenario) -> tuple[tuple[int, .
         rate = (min(SAMPLE, len(spec.trace)) - 1) / span if span > 0 else 1.0
     else:
         rng = random.Random(spec.seed + 7919)
-        lengths = tuple(spec.lengths.sample(rng) for _ in range(SAMPLE))
+        lengths = tuple(spec.lengths.draw(rng) for _ in range(SAMPLE))
         rate = spec.arrival.rate_rps
     weights = {t.name: t.weight for t in sc.shape.tenants}
     share = weights[spec.name] / sum(weights.values()) if spec.tuner == "coordinated" else 1.0
