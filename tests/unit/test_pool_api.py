@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 
 from prfaas.policy.pool_shares import GroupShape, PoolShape, TenantShare
 from prfaas.pool import FrontDoor
-from prfaas.pool.app import KEY_ID_HEADER, TenantKeys, create_app
-from prfaas.serve.auth import signed_headers
+from prfaas.pool.app import TenantKeys, create_app
+from prfaas.serve.auth import KEY_ID_HEADER, signed_headers
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -36,8 +36,7 @@ def client() -> TestClient:
 
 def _call(c: TestClient, method: str, path: str, key_id: str, key: bytes, body=None):
     content = b"" if body is None else json.dumps(body).encode()
-    headers = signed_headers(key, method, "testserver", path, content, time.time())
-    headers[KEY_ID_HEADER] = key_id
+    headers = signed_headers(key, method, "testserver", path, content, time.time(), key_id=key_id)
     if body is not None:
         headers["content-type"] = "application/json"
     return c.request(method, path, content=content, headers=headers)

@@ -21,7 +21,7 @@ def run_find_max_rate(
     args: argparse.Namespace, url: str, model: str, max_model_len: int | None,
     extra: dict[str, Any], api_key: str | None,
 ) -> int:  # fmt: skip
-    from prfaas.commands.bench import build_workload, clip_to_context
+    from prfaas.commands.bench_workload import build_workload, clip_to_context
     from prfaas.serve.loadgen import PromptSynth, run_workload
     from prfaas.serve.loadgen.maxrate import LiveRule, LiveStep, find_max_rate_live
 

@@ -4,8 +4,9 @@ Every call is signed by a tenant key (``serve.auth``'s HMAC over method, host, p
 timestamp and nonce) and names the key in ``X-Prfaas-Key-Id``; the key id names the tenant, and
 the tenant is the caller for ``FrontDoor`` (a body naming another tenant is refused 403). A missing
 or unknown key id, or a signature that does not verify, is a 401 with an OpenAI-style error body.
-Key ids map to one ``serve.auth.Verifier`` each (the current single-key API): the keyring of
-``serve/auth.py`` (key id -> key, rotation, revocation on reload) replaces ``TenantKeys``.
+The tenant keys are one ``serve.keyring.Keyring`` (key id -> key) under one ``serve.auth.Verifier``
+(one nonce memory for the door); ``TenantKeys`` adds key id -> tenant. The key id is signed, so a
+tenant cannot borrow another's id with its own key.
 
 Not yet here: TLS (the listener's), the placement driver that runs ``FrontDoor.place`` on pool
 nodes, the operator's listener with per-tenant metrics, ``prfaas up pool.yaml``.
@@ -13,10 +14,10 @@ nodes, the operator's listener with per-tenant metrics, ``prfaas up pool.yaml``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -25,27 +26,25 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from prfaas.policy.pool_admission import Accepted
 from prfaas.pool.frontdoor import FrontDoor, Receiver, Submit
-from prfaas.serve.auth import Verifier, refusal_body
+from prfaas.serve.auth import Refusal, Verifier, refusal_body
 from prfaas.serve.internal_errors import error_response, install
+from prfaas.serve.keyring import Keyring
 
-KEY_ID_HEADER = "x-prfaas-key-id"
 _M = TypeVar("_M", bound=BaseModel)
 
 
-@dataclass(frozen=True, slots=True)
-class TenantKey:
-    tenant: str
-    verifier: Verifier
-
-
 class TenantKeys:
-    """Key id -> (tenant, verifier). Stands in for the ``serve/auth.py`` keyring."""
+    """Key id -> (tenant, key): one keyring, verified by one ``Verifier``."""
 
     def __init__(self, keys: Mapping[str, tuple[str, bytes]]) -> None:
-        self._keys = {kid: TenantKey(t, Verifier(k)) for kid, (t, k) in keys.items()}
+        if not keys:
+            raise ValueError("the pool needs at least one tenant key")
+        ring = Keyring({kid: key for kid, (_, key) in keys.items()}, signing_id=min(keys))
+        self.verifier = Verifier(ring)
+        self._tenants = {kid: tenant for kid, (tenant, _) in keys.items()}
 
-    def get(self, key_id: str) -> TenantKey | None:
-        return self._keys.get(key_id)
+    def tenant(self, key_id: str) -> str:
+        return self._tenants[key_id]
 
 
 class _Body(BaseModel):
@@ -88,20 +87,20 @@ def create_app(
 
     async def caller(request: Request) -> str | JSONResponse:
         headers = {k.decode("latin-1").lower(): v for k, v in request.scope["headers"]}
-        key_id = headers.get(KEY_ID_HEADER, b"").decode("latin-1")
-        key = keys.get(key_id)
-        if key is None:
-            return error_response(401, "unknown or missing key id", param=KEY_ID_HEADER,
-                                  code="unknown_key")  # fmt: skip
         target = request.scope.get("raw_path") or request.url.path.encode()
         if request.scope.get("query_string"):
             target += b"?" + request.scope["query_string"]
-        body = await request.body()
-        refusal = key.verifier.verify(request.method.encode(), target, headers, body, wall())
-        if refusal is not None:
-            key.verifier.note(refusal)
-            return JSONResponse(content=_json(refusal_body(refusal)), status_code=401)
-        return key.tenant
+        verifier = keys.verifier
+        # The signature is checked before the body is read (an unsigned flood costs no body).
+        verified = verifier.authenticate(request.method.encode(), target, headers, wall())
+        if not isinstance(verified, Refusal):
+            body = await request.body()
+            refused = verifier.verify_body(verified, hashlib.sha256(body).hexdigest().encode())
+            if refused is None:
+                return keys.tenant(verified.key_id)
+            verified = refused
+        verifier.note(verified)
+        return JSONResponse(content=_json(refusal_body(verified)), status_code=401)
 
     @app.post("/v1/receivers")
     async def receivers(request: Request) -> Any:

@@ -16,6 +16,7 @@ import pytest
 from prfaas.config import load_deployment
 from prfaas.errors import UsageError
 from prfaas.k8s import RenderOptions, entry, render_deployment
+from prfaas.serve.auth import SignedAuth
 
 pytestmark = pytest.mark.timeout(60)
 ROOT = Path(__file__).resolve().parents[3]
@@ -107,7 +108,7 @@ async def test_node_ready_is_open_and_follows_draining() -> None:
     node = SimpleNamespace(draining=False)
     host = SimpleNamespace(
         deployment=d,
-        auth=httpx.Auth(),
+        auth=SignedAuth(b"k" * 32),
         process_name="p",
         nodes={"d0": node},
         reports=lambda: [],
