@@ -207,12 +207,18 @@ class EngineConfig(_Strict):
 
 
 class TLSConfig(_Strict):
-    """TLS around every inter-node KV connection (the PSK handshake still runs inside it)."""
+    """TLS around every inter-node KV connection (the PSK handshake still runs inside it), and,
+    with ``control_plane``, around the control plane too (``serve/control_tls.py``)."""
 
     cert: str = Field(description="PEM certificate chain every worker presents")
     key: str = Field(description="PEM private key of that certificate")
     ca: str = Field(description="PEM CA bundle senders verify receivers against")
     server_hostname: str = Field("localhost", description="name the certificate is issued to")
+    control_plane: bool = Field(
+        False,
+        description="also serve the gateway's control port and every worker API over HTTPS with "
+        "this certificate (its clients verify it against ca, as server_hostname)",
+    )
 
     @model_validator(mode="after")
     def _files_exist(self) -> TLSConfig:
@@ -432,9 +438,16 @@ class DeploymentConfig(_Strict):
         return next(n for n in site.nodes if n.name == node_name)
 
     @property
+    def control_scheme(self) -> str:
+        """``https`` when ``tls.control_plane`` is on, else ``http``: the control listener's and
+        every worker API's."""
+        return "https" if self.tls is not None and self.tls.control_plane else "http"
+
+    @property
     def control_url(self) -> str:
-        """The gateway's control listener (``gateway.control_port``)."""
-        return self.gateway.control_url
+        """The gateway's control listener (``gateway.control_port``), in ``control_scheme``."""
+        g = self.gateway
+        return f"{self.control_scheme}://{g.host}:{g.control_port}"
 
     def link_to_home(self, site_name: str) -> LinkConfig | None:
         home = self.home_site.name

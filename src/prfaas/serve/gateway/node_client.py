@@ -26,6 +26,7 @@ from typing import Literal, Protocol
 import httpx
 
 from prfaas.serve.answer_auth import AnswerNotAuthentic
+from prfaas.serve.control_tls import ControlTLS, client_options, scheme
 from prfaas.serve.node.messages import (
     DecodeCommand,
     DecodeEvent,
@@ -78,7 +79,10 @@ KEEPALIVE = 64
 
 
 class HttpNodeClient:
-    def __init__(self, auth: httpx.Auth | None = None) -> None:
+    def __init__(self, auth: httpx.Auth | None = None, tls: ControlTLS | None = None) -> None:
+        """``tls``: the control plane's (``tls.control_plane``): nodes are called over HTTPS and
+        their certificate verified; None: plain HTTP."""
+        self._scheme = scheme(tls)
         # No cap on connections: each admitted request holds a decode stream open until its KV
         # lands and needs a second connection for the prefill that sends it, so a pool smaller
         # than twice the requests in flight deadlocks (httpx's default of 100 timed out 135 of
@@ -87,10 +91,11 @@ class HttpNodeClient:
             timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S),
             auth=auth,
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=KEEPALIVE),
+            **client_options(tls),
         )
 
     def base_url(self, ep: NodeEndpoint) -> str:
-        return f"http://{ep.host}:{ep.http_port}"
+        return f"{self._scheme}://{ep.host}:{ep.http_port}"
 
     @asynccontextmanager
     async def decode(
