@@ -12,7 +12,9 @@ comes out as one ``NodeCallFailed`` whose ``kind`` says what it means for rotati
 - ``closed``: a decode stream ended before its last token.
 
 An answer that is not authenticated under the deployment's key (``serve.answer_auth``: forged or
-altered on the way) is ``rejected``, its message saying so.
+altered on the way) is ``rejected``, its message saying so. A decode stream's lines are split on
+``\n`` only (``serve.http_lines``): an event's text may carry U+0085, U+2028 or U+2029 raw, which
+httpx's ``aiter_lines`` would split inside the JSON.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import httpx
 
 from prfaas.serve.answer_auth import AnswerNotAuthentic
 from prfaas.serve.control_tls import ControlTLS, client_options, scheme
+from prfaas.serve.http_lines import aiter_lines
 from prfaas.serve.node.messages import (
     DecodeCommand,
     DecodeEvent,
@@ -107,7 +110,7 @@ class HttpNodeClient:
                 if resp.status_code != 200:
                     await resp.aread()
                     raise _answer_failure(ep.node, resp)
-                async with contextlib.aclosing(_events(ep.node, resp.aiter_lines())) as events:
+                async with contextlib.aclosing(_events(ep.node, aiter_lines(resp))) as events:
                     yield events
         except AnswerNotAuthentic as exc:
             raise NodeCallFailed(ep.node, "rejected", f"unauthenticated answer: {exc}") from None
