@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from prfaas.core.link_config import LinkConfig
 from prfaas.deployment_autoscale import AutoscaleSection
 from prfaas.deployment_sections import (
     CPUS_PATTERN,
@@ -118,26 +119,6 @@ class SiteConfig(_Strict):
         if self.kind == "pd" and "decode" not in roles:
             raise ValueError(f"PD site {self.name} needs at least one decode node")
         return self
-
-
-class LinkConfig(_Strict):
-    src: str
-    dst: str
-    gbps: float = Field(gt=0, description="modelled capacity, Gbit/s")
-    rtt_ms: float = Field(0.0, ge=0)
-    connections: int = Field(8, ge=1, description="TCP connections per transfer (simulation)")
-    window_mib: float = Field(16.0, gt=0, description="TCP window per connection (simulation)")
-    schedule: list[tuple[float, float]] = Field(
-        [], description="simulation: capacity steps [[time_s, gbps], ...], e.g. a dip"
-    )
-
-    @field_validator("schedule")
-    @classmethod
-    def _steps_non_negative(cls, steps: list[tuple[float, float]]) -> list[tuple[float, float]]:
-        for t_s, gbps in steps:
-            if t_s < 0 or gbps < 0:
-                raise ValueError(f"schedule step ({t_s}, {gbps}) must be >= 0")
-        return steps
 
 
 class EngineConfig(_Strict):
@@ -307,6 +288,7 @@ class DeploymentConfig(_Strict):
     policy: PolicyConfig = PolicyConfig()
     sites: list[SiteConfig]
     links: list[LinkConfig] = []
+    """Inter-site links: ``core.link_config.LinkConfig``, the simulator's type too."""
     psk: str = Field(default_factory=lambda: secrets.token_hex(16), min_length=16)
     accept_psks: list[Annotated[str, Field(min_length=16)]] = Field(
         [], description="keys also accepted on the control plane (a rotation; SIGHUP reloads)"
@@ -356,6 +338,14 @@ class DeploymentConfig(_Strict):
                 except KeyError as exc:
                     raise ValueError(f"site {site.name}: hardware: {exc.args[0]}") from None
         return sites
+
+    @field_validator("links")
+    @classmethod
+    def _links_have_capacity(cls, links: list[LinkConfig]) -> list[LinkConfig]:
+        for i, link in enumerate(links):  # a simulated scenario may hold a 0 Gbps link; a file not
+            if not link.gbps > 0:
+                raise ValueError(f"links.{i}.gbps: must be > 0 Gbit/s, got {link.gbps:g}")
+        return links
 
     @model_validator(mode="after")
     def _consistent(self) -> DeploymentConfig:
