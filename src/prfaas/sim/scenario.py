@@ -24,6 +24,12 @@ class ScenarioError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class SiteConfig:
+    """The simulator's view of a site: node counts and what the simulator charges them with.
+    A deployment file's site (``config.SiteConfig``: its nodes by name and port, its engine) is
+    the description; this one is built from it in one place, ``scenarios.sim_scenario`` (counts
+    from the nodes, ``cache_bytes_per_node`` from ``simulation:``, the shared cores from the
+    site's ``engine.cpus``). A link needs no such view: both use ``core.link_config``."""
+
     name: str
     kind: str
     """``pd`` (prefill + decode nodes, serves clients) or ``prfaas`` (prefill only)."""
