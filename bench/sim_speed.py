@@ -59,7 +59,7 @@ def large_case(lam: float) -> Any:
     copies = 104
     sites = [SiteConfig(f"pd{i}", "pd", "h20", 3, 5) for i in range(copies)]
     sites.append(SiteConfig("prfaas", "prfaas", "h200", 1250 - 8 * copies))
-    links = tuple(LinkConfig("prfaas", f"pd{i}", 100.0, 0.005) for i in range(copies))
+    links = tuple(LinkConfig("prfaas", f"pd{i}", 100.0, 5.0) for i in range(copies))
     sc = paper_deployment("paper-prfaas")
     rate = 0.9 * lam * copies
     return replace(sc, sites=tuple(sites), links=links, duration_s=3600.0, drain_s=600.0,

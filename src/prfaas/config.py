@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from prfaas.core.link_config import LinkConfig
 from prfaas.deployment_autoscale import AutoscaleSection
 from prfaas.deployment_sections import (
     CPUS_PATTERN,
@@ -120,26 +121,6 @@ class SiteConfig(_Strict):
         return self
 
 
-class LinkConfig(_Strict):
-    src: str
-    dst: str
-    gbps: float = Field(gt=0, description="modelled capacity, Gbit/s")
-    rtt_ms: float = Field(0.0, ge=0)
-    connections: int = Field(8, ge=1, description="TCP connections per transfer (simulation)")
-    window_mib: float = Field(16.0, gt=0, description="TCP window per connection (simulation)")
-    schedule: list[tuple[float, float]] = Field(
-        [], description="simulation: capacity steps [[time_s, gbps], ...], e.g. a dip"
-    )
-
-    @field_validator("schedule")
-    @classmethod
-    def _steps_non_negative(cls, steps: list[tuple[float, float]]) -> list[tuple[float, float]]:
-        for t_s, gbps in steps:
-            if t_s < 0 or gbps < 0:
-                raise ValueError(f"schedule step ({t_s}, {gbps}) must be >= 0")
-        return steps
-
-
 class EngineConfig(_Strict):
     kind: Literal["timed", "torch", "vllm"] = "timed"
     model: str = Field("paper-1t", description="model preset (timed) or served model name")
@@ -207,12 +188,18 @@ class EngineConfig(_Strict):
 
 
 class TLSConfig(_Strict):
-    """TLS around every inter-node KV connection (the PSK handshake still runs inside it)."""
+    """TLS around every inter-node KV connection (the PSK handshake still runs inside it), and,
+    with ``control_plane``, around the control plane too (``serve/control_tls.py``)."""
 
     cert: str = Field(description="PEM certificate chain every worker presents")
     key: str = Field(description="PEM private key of that certificate")
     ca: str = Field(description="PEM CA bundle senders verify receivers against")
     server_hostname: str = Field("localhost", description="name the certificate is issued to")
+    control_plane: bool = Field(
+        False,
+        description="also serve the gateway's control port and every worker API over HTTPS with "
+        "this certificate (its clients verify it against ca, as server_hostname)",
+    )
 
     @model_validator(mode="after")
     def _files_exist(self) -> TLSConfig:
@@ -301,6 +288,7 @@ class DeploymentConfig(_Strict):
     policy: PolicyConfig = PolicyConfig()
     sites: list[SiteConfig]
     links: list[LinkConfig] = []
+    """Inter-site links: ``core.link_config.LinkConfig``, the simulator's type too."""
     psk: str = Field(default_factory=lambda: secrets.token_hex(16), min_length=16)
     accept_psks: list[Annotated[str, Field(min_length=16)]] = Field(
         [], description="keys also accepted on the control plane (a rotation; SIGHUP reloads)"
@@ -350,6 +338,14 @@ class DeploymentConfig(_Strict):
                 except KeyError as exc:
                     raise ValueError(f"site {site.name}: hardware: {exc.args[0]}") from None
         return sites
+
+    @field_validator("links")
+    @classmethod
+    def _links_have_capacity(cls, links: list[LinkConfig]) -> list[LinkConfig]:
+        for i, link in enumerate(links):  # a simulated scenario may hold a 0 Gbps link; a file not
+            if not link.gbps > 0:
+                raise ValueError(f"links.{i}.gbps: must be > 0 Gbit/s, got {link.gbps:g}")
+        return links
 
     @model_validator(mode="after")
     def _consistent(self) -> DeploymentConfig:
@@ -432,9 +428,16 @@ class DeploymentConfig(_Strict):
         return next(n for n in site.nodes if n.name == node_name)
 
     @property
+    def control_scheme(self) -> str:
+        """``https`` when ``tls.control_plane`` is on, else ``http``: the control listener's and
+        every worker API's."""
+        return "https" if self.tls is not None and self.tls.control_plane else "http"
+
+    @property
     def control_url(self) -> str:
-        """The gateway's control listener (``gateway.control_port``)."""
-        return self.gateway.control_url
+        """The gateway's control listener (``gateway.control_port``), in ``control_scheme``."""
+        g = self.gateway
+        return f"{self.control_scheme}://{g.host}:{g.control_port}"
 
     def link_to_home(self, site_name: str) -> LinkConfig | None:
         home = self.home_site.name

@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from prfaas.perf import CostModel
     from prfaas.sim import SimScenario
 
-MIB = 1 << 20
 NO_OFFLOAD_TOKENS = 2**31 - 1
 """The threshold of a deployment with nowhere to offload to."""
 DEFAULT_TORCH_THRESHOLD_TOKENS = 128
@@ -252,7 +251,7 @@ def sim_scenario(
     """The simulator's ``SimScenario`` for ``d`` (validate it with ``.validate()``); ``trace``
     (a flag) replaces the file's workload with a trace, whose prompt lengths then plan ``t``
     (``workload_lengths``; its warning is the caller's to print)."""
-    from prfaas.sim import LengthConfig, LinkConfig, SimScenario
+    from prfaas.sim import LengthConfig, SimScenario
     from prfaas.sim import SiteConfig as SimSite
     from prfaas.workload import ArrivalSpec
 
@@ -265,13 +264,7 @@ def sim_scenario(
         )
         for s in d.sites
     )  # fmt: skip
-    links = tuple(
-        LinkConfig(
-            lk.src, lk.dst, lk.gbps, lk.rtt_ms / 1000, lk.connections, lk.window_mib * MIB,
-            tuple((float(t), float(g)) for t, g in lk.schedule),
-        )
-        for lk in d.links
-    )  # fmt: skip
+    links = tuple(d.links)  # the file's links are the simulator's type (core.link_config)
     a = w.arrival
     rate = a.rate_rps if a.rate_rps is not None else ArrivalSpec().rate_rps
     lengths = w.lengths

@@ -13,6 +13,7 @@ import httpx
 
 from prfaas.config import DeploymentConfig
 from prfaas.serve.auth import SignedAuth
+from prfaas.serve.control_tls import control_tls, sync_client_options
 from prfaas.serve.launcher import Launcher
 
 
@@ -58,9 +59,11 @@ def launched(deployment: DeploymentConfig, workdir: Path, **launcher: Any) -> It
 
 
 def signed(launcher: Launcher, timeout_s: float = 5.0) -> httpx.Client:
-    """An httpx client whose every request is signed with the deployment's key."""
+    """An httpx client whose every request is signed with the deployment's key (and, with
+    ``tls.control_plane``, verifies the listeners' certificate)."""
     psk = launcher.deployment.psk.encode()
-    return httpx.Client(auth=SignedAuth(psk), timeout=timeout_s, trust_env=False)
+    tls = sync_client_options(control_tls(launcher.deployment))
+    return httpx.Client(auth=SignedAuth(psk), timeout=timeout_s, trust_env=False, **tls)
 
 
 def control(launcher: Launcher, path: str) -> Any:

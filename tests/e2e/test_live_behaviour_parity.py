@@ -172,7 +172,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, A
     d = _deployment()
     specs = _specs()
     sim = _run_sim(d, specs)
-    flat = [lk.model_copy(update={"schedule": []}) for lk in d.links]
+    flat = [replace(lk, schedule=()) for lk in d.links]
     undipped = _run_sim(d.model_copy(update={"links": flat}), specs)
     live = _run_live(d, specs, tmp_path_factory.mktemp("behaviour"))
     yield live, sim, undipped

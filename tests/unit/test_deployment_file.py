@@ -83,8 +83,8 @@ def test_flags_override_the_file_only_when_given(capsys: pytest.CaptureFixture[s
         ["sim", path, "--duration", "30", "--rate", "1.5", "--link-gbps", "40", "--json"], capsys
     )["scenario"]
     assert base["arrival"]["rate_rps"] == 2.6 and changed["arrival"]["rate_rps"] == 1.5
-    assert changed["links"][0]["bandwidth_gbps"] == 40.0
-    assert changed["links"][0]["rtt_s"] == base["links"][0]["rtt_s"] == 0.0  # not given: kept
+    assert changed["links"][0]["gbps"] == 40.0
+    assert changed["links"][0]["rtt_ms"] == base["links"][0]["rtt_ms"] == 0.0  # not given: kept
     assert changed["output_tokens"] == base["output_tokens"] == 1024
     plan = run_json(
         ["plan", "--deployment", path, "--link-gbps", "40", "--json", "--no-capacity"], capsys

@@ -218,13 +218,13 @@ def build_scenario(args: argparse.Namespace) -> tuple[SimScenario, float | None]
     if from_file:
         link_changes: dict[str, Any] = {}
         if given("link_gbps"):
-            link_changes["bandwidth_gbps"] = args.link_gbps
+            link_changes["gbps"] = args.link_gbps
         if given("rtt_ms"):
-            link_changes["rtt_s"] = args.rtt_ms / 1000
+            link_changes["rtt_ms"] = args.rtt_ms
         if given("connections"):
             link_changes["connections"] = args.connections
         if given("window_mib"):
-            link_changes["window_bytes"] = args.window_mib * 2**20
+            link_changes["window_mib"] = args.window_mib
         if args.link_schedule is not None:
             link_changes["schedule"] = _schedule(args.link_schedule)
         if link_changes:
@@ -233,12 +233,11 @@ def build_scenario(args: argparse.Namespace) -> tuple[SimScenario, float | None]
             changes["threshold_tokens"] = args.threshold
     elif sc.links:
         link = replace(
-            sc.links[0], connections=value("connections"),
-            window_bytes=value("window_mib") * 2**20,
+            sc.links[0], connections=value("connections"), window_mib=value("window_mib"),
             schedule=_schedule(args.link_schedule or ""),
         )  # fmt: skip
         changes["links"] = tuple(replace(lk, connections=link.connections,
-                                         window_bytes=link.window_bytes, schedule=link.schedule)
+                                         window_mib=link.window_mib, schedule=link.schedule)
                                  for lk in sc.links)  # fmt: skip
     base = sc.arrival
     rate = args.rate if args.rate is not None else (

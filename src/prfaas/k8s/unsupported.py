@@ -17,6 +17,11 @@ def refuse_unrenderable(d: DeploymentConfig) -> None:
                 f"sites[{i}].hardware: profile file {site.hardware!r} (site {site.name}) has no "
                 "Kubernetes resource mapping: name a hardware preset"
             )
+    if d.tls is not None and d.tls.control_plane:
+        raise UsageError(
+            "tls.control_plane: not rendered for Kubernetes (the probes and the inference "
+            "gateway reach the node APIs in plain HTTP); use a mesh's mTLS, or control_plane: false"
+        )
     if len(d.gateway.api_keys) > 1:
         raise UsageError(
             "gateway.api_keys: on Kubernetes the client key comes from one Secret "

@@ -54,14 +54,16 @@ class ControlClient:
 
     def __init__(self, deployment: DeploymentConfig, timeout_s: float = 2.0) -> None:
         from prfaas.serve.auth import SignedAuth
+        from prfaas.serve.control_tls import control_tls, sync_client_options
         from prfaas.serve.keyring import ring_of_psks
 
-        self.url = deployment.gateway.control_url
+        self.url = deployment.control_url  # https with tls.control_plane
         self.client_url = deployment.gateway.url
         self._http = httpx.Client(
             auth=SignedAuth(ring_of_psks(deployment.psk, deployment.accept_psks)),
             timeout=timeout_s,
             trust_env=False,
+            **sync_client_options(control_tls(deployment)),
         )
 
     def close(self) -> None:

@@ -13,6 +13,7 @@ through the same policy objects, and the report sets the two side by side.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -77,8 +78,8 @@ def deployments(link_gbps: float, folder: Path = EXAMPLES) -> list[Deployment]:
     for filename in DEPLOYMENT_FILES:
         d = load_deployment(folder / filename)
         if link_gbps != 100.0:
-            d = d.model_copy(update={"links": [lk.model_copy(update={"gbps": link_gbps})
-                                               for lk in d.links]})  # fmt: skip
+            links = [dataclasses.replace(lk, gbps=link_gbps) for lk in d.links]
+            d = d.model_copy(update={"links": links})
         roles = [n.role for n in d.home_site.nodes]
         n_prfaas = sum(len(s.nodes) for s in d.sites if s.kind == "prfaas")
         out.append(

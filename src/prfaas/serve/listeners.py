@@ -21,6 +21,12 @@ idle, slow or forged connections then costs at most ``max_unverified`` x (h11's 
 verified on their first call and keep-alive; a fresh legitimate connection sends its signed head
 at once and verifies long before it becomes the oldest. The signature check itself
 (``serve.auth_middleware``) tells the connection it verified.
+
+``serve(..., tls=...)`` serves the sockets it names over TLS (the control plane's, from
+``tls.control_plane``: ``serve.control_tls``) and the others in plain HTTP, from one server: uvicorn
+gives every socket the one context of its config, so ``_Server`` creates the TLS sockets' listeners
+itself, with the same protocol factory. Their TLS handshake must end within the head timeout;
+only then does the connection enter the quota and its head timer start.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -197,11 +204,56 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server with a TLS context per socket (``tls``: by local port)."""
+
+    def __init__(
+        self, config: uvicorn.Config, tls: Mapping[int, ssl.SSLContext], handshake_s: float
+    ) -> None:
+        super().__init__(config)
+        self.tls = dict(tls)
+        self.handshake_s = handshake_s
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        socks = list(sockets or [])
+        secure = [s for s in socks if _sock_port(s) in self.tls]
+        await super().startup(sockets=[s for s in socks if s not in secure])
+        if not secure:
+            return
+        loop = asyncio.get_running_loop()
+        config = self.config
+
+        def create_protocol() -> asyncio.Protocol:  # as uvicorn's own startup builds it
+            protocol: asyncio.Protocol = config.http_protocol_class(  # type: ignore[call-arg]
+                config=config,
+                server_state=self.server_state,
+                app_state=self.lifespan.state,
+                _loop=loop,
+            )
+            return protocol
+
+        for sock in secure:
+            server = await loop.create_server(
+                create_protocol,
+                sock=sock,
+                ssl=self.tls[_sock_port(sock)],
+                ssl_handshake_timeout=self.handshake_s,
+                backlog=config.backlog,
+            )
+            self.servers.append(server)
+
+
+def _sock_port(sock: socket.socket) -> int:
+    return int(sock.getsockname()[1])
+
+
 def server_for(
     app: Any,
     head_timeout_s: float = HEAD_TIMEOUT_S,
     unverified: UnverifiedConnections | None = None,
+    tls: Mapping[int, ssl.SSLContext] | None = None,
 ) -> uvicorn.Server:
+    """``tls``: the local ports served over TLS, with their server contexts (the rest plain)."""
     config = uvicorn.Config(
         app,
         log_level="warning",
@@ -210,7 +262,7 @@ def server_for(
         timeout_graceful_shutdown=2,
         http=protocol_with_head_timeout(head_timeout_s, unverified),
     )
-    return uvicorn.Server(config)
+    return _Server(config, tls or {}, head_timeout_s)
 
 
 async def serve(
@@ -218,6 +270,8 @@ async def serve(
     sockets: Sequence[socket.socket],
     head_timeout_s: float = HEAD_TIMEOUT_S,
     unverified: UnverifiedConnections | None = None,
+    tls: Mapping[int, ssl.SSLContext] | None = None,
 ) -> None:
-    """``unverified``: the quota of connections without a verified call (see the module)."""
-    await server_for(app, head_timeout_s, unverified).serve(sockets=list(sockets))
+    """``unverified``: the quota of connections without a verified call; ``tls``: the local
+    ports served over TLS, with their contexts (see the module)."""
+    await server_for(app, head_timeout_s, unverified, tls).serve(sockets=list(sockets))

@@ -3,7 +3,9 @@
 Used by ``prfaas serve`` (one process per host in production) and by the launcher. Ports may be 0:
 the socket is bound first and its real port is what the node registers. The gateway listens twice,
 in one uvicorn server (``serve.listeners``): the client port (OpenAI API) and the control port
-(signed ``/internal/*``, what nodes register and heartbeat to).
+(signed ``/internal/*``, what nodes register and heartbeat to). With ``tls.control_plane`` the
+control port and every worker API are served over HTTPS (``serve.control_tls``); the client port
+stays plain HTTP.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 from prfaas.config import DeploymentConfig
 from prfaas.errors import UsageError
 from prfaas.serve.backend import ModelInfo
+from prfaas.serve.control_tls import control_tls
 from prfaas.serve.key_reload import install_sighup_reload
 from prfaas.serve.listeners import PortRouter, UnverifiedConnections, bind, serve
 
@@ -87,10 +90,12 @@ def run_gateway(d: DeploymentConfig, config_path: Path | None = None) -> None:
     router = PortRouter(apps.client, {control_port: apps.control})
     # Only the control port's callers sign: the client port's are not held to the quota.
     unverified = UnverifiedConnections(ports=[control_port])
+    tls = control_tls(d)
+    secure = {} if tls is None else {control_port: tls.server}
 
     async def main() -> None:
         install_sighup_reload(apps.keys, config_path)
-        await serve(router, [client_sock, control_sock], unverified=unverified)
+        await serve(router, [client_sock, control_sock], unverified=unverified, tls=secure)
 
     asyncio.run(main())
 
@@ -123,9 +128,12 @@ def run_worker(
             worker = WorkerHost(d, node_names, d.control_url, host=host)
         port = max(d.node(n).port for n in node_names)
         sock = bind(host, port)
-        await worker.start(sock.getsockname()[1])
+        port = sock.getsockname()[1]
+        await worker.start(port)
         install_sighup_reload(worker.auth.keys, config_path)
-        await serve(create_node_app(worker), [sock], unverified=UnverifiedConnections())
+        tls = control_tls(d)
+        secure = {} if tls is None else {port: tls.server}
+        await serve(create_node_app(worker), [sock], unverified=UnverifiedConnections(), tls=secure)
 
     asyncio.run(main())
 

@@ -12,10 +12,10 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
+from prfaas.core.link_config import LinkConfig as LinkConfig  # the deployment file's type too
 from prfaas.workload.arrivals import ArrivalSpec
 
 DEPLOYMENTS = ("paper-prfaas", "paper-homogeneous", "paper-naive")
-MIB = 1 << 20
 
 
 class ScenarioError(ValueError):
@@ -24,6 +24,12 @@ class ScenarioError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class SiteConfig:
+    """The simulator's view of a site: node counts and what the simulator charges them with.
+    A deployment file's site (``config.SiteConfig``: its nodes by name and port, its engine) is
+    the description; this one is built from it in one place, ``scenarios.sim_scenario`` (counts
+    from the nodes, ``cache_bytes_per_node`` from ``simulation:``, the shared cores from the
+    site's ``engine.cpus``). A link needs no such view: both use ``core.link_config``."""
+
     name: str
     kind: str
     """``pd`` (prefill + decode nodes, serves clients) or ``prfaas`` (prefill only)."""
@@ -37,21 +43,6 @@ class SiteConfig:
     its own hardware, as its timings were measured."""
     threads_per_node: int = 1
     """Cores one busy node computes on (with ``shared_cores``)."""
-
-
-@dataclass(frozen=True, slots=True)
-class LinkConfig:
-    """A bidirectional inter-site link (both directions get this bandwidth and RTT)."""
-
-    src: str
-    dst: str
-    bandwidth_gbps: float = 100.0
-    rtt_s: float = 0.005
-    connections: int = 8
-    window_bytes: float = 16 * MIB
-    """Per TCP connection (MEASURED.md: 4 MiB default cap, 64 MiB after tuning)."""
-    schedule: tuple[tuple[float, float], ...] = ()
-    """(time_s, gbps) capacity steps, e.g. ((60, 10), (120, 100)) for a 60 s dip to 10 Gbps."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,21 +133,17 @@ class SimScenario:
             for end in (link.src, link.dst):
                 if end not in known:
                     raise ScenarioError(f"link {link.src}-{link.dst}: unknown site {end!r}")
-            if link.bandwidth_gbps < 0 or any(g < 0 for _, g in link.schedule):
-                raise ScenarioError(f"link {link.src}-{link.dst}: negative bandwidth")
-            if link.rtt_s < 0 or link.connections <= 0 or link.window_bytes <= 0:
-                raise ScenarioError(f"link {link.src}-{link.dst}: bad rtt/connections/window")
         remote = [s for s in self.sites if s.kind == "prfaas" and s.num_prefill > 0]
         uses_remote = self.policy != "local_only" and remote
         for home in pd:
             reachable = [
                 r for r in remote if (lk := self.link_between(home.name, r.name)) is not None
-                and lk.bandwidth_gbps > 0
+                and lk.gbps > 0
             ]  # fmt: skip
             if uses_remote:
                 for r in remote:
                     lk = self.link_between(home.name, r.name)
-                    if lk is not None and lk.bandwidth_gbps == 0:
+                    if lk is not None and lk.gbps == 0:
                         raise ScenarioError(
                             f"link {lk.src}-{lk.dst} has 0 Gbps but prfaas site {r.name} is in use"
                         )
@@ -231,7 +218,7 @@ def paper_deployment(
         SiteConfig("pd", "pd", "h20", num_p, num_d),
         SiteConfig("prfaas", "prfaas", "h200", d.n_prfaas),
     )
-    links = (LinkConfig("prfaas", "pd", link_gbps, rtt_s),)
+    links = (LinkConfig("prfaas", "pd", link_gbps, rtt_s * 1000),)
     if name == "paper-naive":
         return SimScenario(sites, links, policy="naive", arrival=arrival, prefix_cache=False)
     t = threshold_tokens if threshold_tokens is not None else (d.threshold_tokens or 0)

@@ -159,7 +159,7 @@ class World:
             for src, dst in ((a, b), (b, a)):
                 lid = link_id_for(self.site_ids[src], self.site_ids[dst])
                 self.links[(src, dst)] = SimLink(
-                    lid, lc.bandwidth_gbps * 1e9 / 8, lc.rtt_s, lc.connections, lc.window_bytes,
+                    lid, lc.bytes_per_s, lc.rtt_s, lc.connections, lc.window_bytes,
                     due,
                 )  # fmt: skip
             for t_s, gbps in lc.schedule:

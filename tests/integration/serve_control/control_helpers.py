@@ -1,5 +1,6 @@
 """A deployment started as separate ``prfaas serve`` processes (no launcher: the multi-host path),
-on free ports, always stopped (each child in its own process group)."""
+on free ports, always stopped (each child in its own process group). With ``tls.control_plane``
+in the file, its signed client calls the control listener and the nodes over HTTPS."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from typing import Any
 import httpx
 import yaml
 
+from prfaas.config import DeploymentConfig
 from prfaas.serve.auth import SignedAuth
+from prfaas.serve.control_tls import ControlTLS, control_tls, scheme, sync_client_options
 
 PSK = "control-test-key-0123456789"
 
@@ -59,6 +62,7 @@ class Cluster:
     path: Path
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
+    tls: ControlTLS | None = None
 
     @property
     def url(self) -> str:
@@ -66,10 +70,15 @@ class Cluster:
 
     @property
     def control_url(self) -> str:
-        return f"http://127.0.0.1:{self.config['gateway']['control_port']}"
+        return f"{scheme(self.tls)}://127.0.0.1:{self.config['gateway']['control_port']}"
 
     def signed(self, psk: str = PSK) -> httpx.Client:
-        return httpx.Client(auth=SignedAuth(psk.encode()), timeout=5.0, trust_env=False)
+        return httpx.Client(
+            auth=SignedAuth(psk.encode()),
+            timeout=5.0,
+            trust_env=False,
+            **sync_client_options(self.tls),
+        )
 
     def nodes(self) -> list[dict[str, Any]]:
         with self.signed() as c:
@@ -84,7 +93,7 @@ class Cluster:
 
     def node_url(self, node: str) -> str:
         ep = self.endpoints()[node]
-        return f"http://{ep['host']}:{ep['http_port']}"
+        return f"{scheme(self.tls)}://{ep['host']}:{ep['http_port']}"
 
 
 def spawn(path: Path, args: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -131,7 +140,7 @@ def cluster(workdir: Path, config: dict[str, Any] | None = None) -> Iterator[Clu
     config = config or deployment_dict()
     path = workdir / "deployment.yaml"
     path.write_text(yaml.safe_dump(config))
-    c = Cluster(config, path)
+    c = Cluster(config, path, tls=control_tls(DeploymentConfig.model_validate(config)))
     try:
         c.logs.append(workdir / "gateway.log")
         c.procs.append(spawn(path, ["--role", "gateway"], c.logs[-1]))

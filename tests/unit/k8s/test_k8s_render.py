@@ -244,6 +244,21 @@ def test_hardware_with_no_resource_mapping_is_refused(
         refuse_unrenderable(bad)
 
 
+def test_control_plane_tls_is_refused_for_kubernetes(tmp_path: Path) -> None:
+    from prfaas.config import TLSConfig
+    from prfaas.k8s.unsupported import refuse_unrenderable
+
+    pem = tmp_path / "x.pem"
+    pem.write_text("not read here")
+    tls = TLSConfig(cert=str(pem), key=str(pem), ca=str(pem), control_plane=True)
+    d = load_deployment(ROOT / "examples" / "two-site.yaml").model_copy(update={"tls": tls})
+    with pytest.raises(Exception, match=r"tls\.control_plane: not rendered for Kubernetes"):
+        refuse_unrenderable(d)
+    refuse_unrenderable(
+        d.model_copy(update={"tls": tls.model_copy(update={"control_plane": False})})
+    )
+
+
 def test_keys_kubernetes_cannot_honour_are_stated(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

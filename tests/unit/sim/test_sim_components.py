@@ -125,7 +125,7 @@ def test_two_pd_sites_share_one_prfaas_site() -> None:
         SiteConfig("pd1", "pd", "h20", 3, 5),
         SiteConfig("prfaas", "prfaas", "h200", 4),
     )
-    links = (LinkConfig("prfaas", "pd0", 100.0, 0.005), LinkConfig("prfaas", "pd1", 50.0, 0.02))
+    links = (LinkConfig("prfaas", "pd0", 100.0, 5.0), LinkConfig("prfaas", "pd1", 50.0, 20.0))
     sc = replace(paper_deployment("paper-prfaas", rate_rps=3.0), sites=sites, links=links,
                  duration_s=200.0)  # fmt: skip
     sim = Simulator(sc)

@@ -10,6 +10,7 @@ import os
 from prfaas.config import DeploymentConfig
 from prfaas.serve.api import GatewayHTTPConfig
 from prfaas.serve.api.api_keys import resolve_api_keys
+from prfaas.serve.control_tls import control_tls
 from prfaas.serve.epp.picker import EndpointPicker
 from prfaas.serve.epp.server import EppServer
 from prfaas.serve.listeners import PortRouter, bind, serve
@@ -47,13 +48,16 @@ def run_epp(
     g = d.gateway
     client_sock = bind(g.host, g.port)
     control_sock = bind(g.host, g.control_port)
-    router = PortRouter(apps.client, {control_sock.getsockname()[1]: apps.control})
+    control_port = control_sock.getsockname()[1]
+    router = PortRouter(apps.client, {control_port: apps.control})
+    tls = control_tls(d)  # the nodes register over HTTPS with tls.control_plane
+    secure = {} if tls is None else {control_port: tls.server}
 
     async def main() -> None:
         server = EppServer(picker)
         await server.start(g.host, grpc_port, health_port)
         try:
-            await serve(router, [client_sock, control_sock])
+            await serve(router, [client_sock, control_sock], tls=secure)
         finally:
             await server.stop()
 

@@ -25,6 +25,7 @@ from prfaas.scenarios import planned_threshold
 from prfaas.serve.api import GatewayMetrics, create_gateway_app
 from prfaas.serve.auth import SignedAuth
 from prfaas.serve.backend import ModelInfo
+from prfaas.serve.control_tls import client_options, control_tls
 from prfaas.serve.epp.picker import (
     CACHED_TOKENS_HEADER,
     DECODE_NODE_HEADER,
@@ -103,8 +104,9 @@ def create_sidecar(
 async def follow_endpoints(d: DeploymentConfig, registry: NodeRegistry) -> None:
     """Refresh the registry from the picker's control listener until cancelled."""
     url = f"{d.control_url}/internal/endpoints"
+    options = client_options(control_tls(d))
     async with httpx.AsyncClient(
-        auth=SignedAuth(d.psk.encode()), timeout=5.0, trust_env=False
+        auth=SignedAuth(d.psk.encode()), timeout=5.0, trust_env=False, **options
     ) as client:
         while True:
             try:

@@ -35,6 +35,7 @@ from prfaas.serve.api.api_keys import resolve_api_keys
 from prfaas.serve.auth import Refusal, SignedAuth, Verifier
 from prfaas.serve.auth_middleware import SignatureMiddleware
 from prfaas.serve.backend import ModelInfo
+from prfaas.serve.control_tls import client_options, control_tls
 from prfaas.serve.gateway.control import ControlLoop
 from prfaas.serve.gateway.decision_log import DecisionLog
 from prfaas.serve.gateway.dispatcher import ClusterDispatcher
@@ -116,7 +117,8 @@ def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo
     security = _SecurityMetrics(metrics)
 
     async def control_loop() -> None:
-        async with httpx.AsyncClient(auth=SignedAuth(keys), trust_env=False) as client:
+        tls = client_options(control_tls(d))
+        async with httpx.AsyncClient(auth=SignedAuth(keys), trust_env=False, **tls) as client:
             while True:
                 # Expiry at least every period_s; the policy on its modelled interval.
                 await asyncio.sleep(min(period_s, control.wait_s(time.monotonic())))

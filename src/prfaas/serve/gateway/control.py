@@ -124,7 +124,8 @@ class ControlLoop:
         ep = self.registry.endpoints.get(node)
         if ep is None:
             return
-        url = f"http://{ep.host}:{ep.http_port}/nodes/{node}/role"
+        scheme = self.registry.deployment.control_scheme
+        url = f"{scheme}://{ep.host}:{ep.http_port}/nodes/{node}/role"
         try:
             r = await client.post(url, json={"role": role.value}, timeout=5.0)
         except httpx.HTTPError as exc:

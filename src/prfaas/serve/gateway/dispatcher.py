@@ -42,6 +42,7 @@ from prfaas.policy import Router, least_loaded
 from prfaas.policy.waiting_room import WaitingRoom, WaitVerdict
 from prfaas.serve.api.metrics import GatewayMetrics
 from prfaas.serve.backend import GenerationError, GenerationRequest, ModelInfo, TokenEvent
+from prfaas.serve.control_tls import control_tls
 from prfaas.serve.gateway.attempt import AttemptPlan, AttemptPlanner, NoPathError
 from prfaas.serve.gateway.hashing import block_hashes
 from prfaas.serve.gateway.node_client import (
@@ -129,7 +130,9 @@ class ClusterDispatcher:
         self._model = model
         self.block_tokens = block_tokens
         self.home = SiteId(registry.deployment.home_site.name)
-        self.nodes: NodeClient = node_client or HttpNodeClient(node_auth)
+        self.nodes: NodeClient = node_client or HttpNodeClient(
+            node_auth, control_tls(registry.deployment)
+        )
         self.planner = AttemptPlanner(registry, router, fallback, metrics)
         self.book = OutcomeBook(
             registry.kv, metrics, self.home, registry.byte_divisors, route_log_size

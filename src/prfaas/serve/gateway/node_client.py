@@ -12,7 +12,9 @@ comes out as one ``NodeCallFailed`` whose ``kind`` says what it means for rotati
 - ``closed``: a decode stream ended before its last token.
 
 An answer that is not authenticated under the deployment's key (``serve.answer_auth``: forged or
-altered on the way) is ``rejected``, its message saying so.
+altered on the way) is ``rejected``, its message saying so. A decode stream's lines are split on
+``\n`` only (``serve.http_lines``): an event's text may carry U+0085, U+2028 or U+2029 raw, which
+httpx's ``aiter_lines`` would split inside the JSON.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from typing import Literal, Protocol
 import httpx
 
 from prfaas.serve.answer_auth import AnswerNotAuthentic
+from prfaas.serve.control_tls import ControlTLS, client_options, scheme
+from prfaas.serve.http_lines import aiter_lines
 from prfaas.serve.node.messages import (
     DecodeCommand,
     DecodeEvent,
@@ -78,7 +82,10 @@ KEEPALIVE = 64
 
 
 class HttpNodeClient:
-    def __init__(self, auth: httpx.Auth | None = None) -> None:
+    def __init__(self, auth: httpx.Auth | None = None, tls: ControlTLS | None = None) -> None:
+        """``tls``: the control plane's (``tls.control_plane``): nodes are called over HTTPS and
+        their certificate verified; None: plain HTTP."""
+        self._scheme = scheme(tls)
         # No cap on connections: each admitted request holds a decode stream open until its KV
         # lands and needs a second connection for the prefill that sends it, so a pool smaller
         # than twice the requests in flight deadlocks (httpx's default of 100 timed out 135 of
@@ -87,10 +94,11 @@ class HttpNodeClient:
             timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S),
             auth=auth,
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=KEEPALIVE),
+            **client_options(tls),
         )
 
     def base_url(self, ep: NodeEndpoint) -> str:
-        return f"http://{ep.host}:{ep.http_port}"
+        return f"{self._scheme}://{ep.host}:{ep.http_port}"
 
     @asynccontextmanager
     async def decode(
@@ -102,7 +110,7 @@ class HttpNodeClient:
                 if resp.status_code != 200:
                     await resp.aread()
                     raise _answer_failure(ep.node, resp)
-                async with contextlib.aclosing(_events(ep.node, resp.aiter_lines())) as events:
+                async with contextlib.aclosing(_events(ep.node, aiter_lines(resp))) as events:
                     yield events
         except AnswerNotAuthentic as exc:
             raise NodeCallFailed(ep.node, "rejected", f"unauthenticated answer: {exc}") from None

@@ -29,10 +29,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from prfaas.cache.mirror import KVMirror, ReportAck
-from prfaas.config import DeploymentConfig, LinkConfig
+from prfaas.config import DeploymentConfig
 from prfaas.core import LinkState, MutableClusterView, NodeId, NodeLoad, NodeRole, SiteId, SiteKind
 from prfaas.core.congestion import CongestionRule
 from prfaas.core.ids import link_id_for
+from prfaas.core.link_config import LinkConfig
 from prfaas.core.link_estimate import DeliveredRate
 from prfaas.core.link_report import SenderLinkReport
 from prfaas.serve.gateway.rotation import Rotation

@@ -27,6 +27,7 @@ from prfaas.core import NodeRole
 from prfaas.serve import internal_errors
 from prfaas.serve.auth import Verifier
 from prfaas.serve.auth_middleware import SignatureMiddleware
+from prfaas.serve.control_tls import client_options, control_tls
 from prfaas.serve.node.hosting import LinkRateRefused, LinkRateUnavailable, NodeHost, ServedNode
 from prfaas.serve.node.messages import (
     DecodeCommand,
@@ -45,7 +46,9 @@ DRAIN_POLL_S = 0.05
 def create_node_app(host: NodeHost) -> FastAPI:
     running: dict[str, asyncio.Task[PrefillOutcome]] = {}
 
-    client = httpx.AsyncClient(timeout=30.0, auth=host.auth, trust_env=False)
+    # Other workers' APIs (prefix moves): over HTTPS with ``tls.control_plane``.
+    tls = client_options(control_tls(host.deployment))
+    client = httpx.AsyncClient(timeout=30.0, auth=host.auth, trust_env=False, **tls)
     verifier = Verifier(host.auth.keys)  # one keyring with the signing half: one reload
 
     @asynccontextmanager

@@ -20,6 +20,7 @@ import httpx
 
 from prfaas.config import DeploymentConfig, SiteConfig
 from prfaas.core import NodeRole
+from prfaas.serve.control_tls import ControlTLS, client_options
 from prfaas.serve.node.messages import Heartbeat, NodeEndpoint, NodeReport, Registration
 from prfaas.transfer.frames import MAX_NAME_BYTES
 
@@ -102,14 +103,17 @@ async def run_control_plane(
     heartbeat: Callable[[], Heartbeat],
     on_registered: Callable[[], None] = lambda: None,
     on_heartbeat_answer: Callable[[httpx.Response], None] = _ignore_answer,
+    tls: ControlTLS | None = None,
 ) -> None:
     """Register (retrying until the gateway answers), then heartbeat every ``interval_s``;
     re-register when the gateway forgot us (it answers 404 to a heartbeat from an unknown
     process). A refusal (401: another key) is logged at WARNING each time it starts; the
-    callbacks see only the 200 answers. Runs until cancelled."""
+    callbacks see only the 200 answers. ``tls``: the control plane's, with
+    ``tls.control_plane`` (``url`` is then https). Runs until cancelled."""
     registered = False
     refused = ""
-    async with httpx.AsyncClient(timeout=5.0, auth=auth, trust_env=False) as client:
+    options = client_options(tls)
+    async with httpx.AsyncClient(timeout=5.0, auth=auth, trust_env=False, **options) as client:
         while True:
             try:
                 if not registered:

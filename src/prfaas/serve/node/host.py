@@ -34,6 +34,7 @@ from prfaas.core.ids import link_id_for
 from prfaas.core.link_report import SenderLinkReport
 from prfaas.engine.api import Engine
 from prfaas.serve.auth import SignedAuth
+from prfaas.serve.control_tls import control_tls, tls_contexts
 from prfaas.serve.keyring import ring_of_psks
 from prfaas.serve.node.control_plane import (
     MAX_PROCESS_NAME_BYTES as MAX_PROCESS_NAME_BYTES,
@@ -383,14 +384,10 @@ class WorkerHost:
             self.heartbeat,
             on_registered=self.prefix_store.snapshot,
             on_heartbeat_answer=self._on_heartbeat_answer,
+            tls=control_tls(self.deployment),
         )
 
 
 def _ssl_contexts(d: DeploymentConfig) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
     """(receiver context, sender context) from the deployment's TLS files, or none."""
-    if d.tls is None:
-        return None, None
-    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server.load_cert_chain(d.tls.cert, d.tls.key)
-    client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=d.tls.ca)
-    return server, client
+    return (None, None) if d.tls is None else tls_contexts(d.tls)

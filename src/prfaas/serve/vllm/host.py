@@ -35,6 +35,7 @@ from prfaas.core.ids import link_id_for
 from prfaas.core.link_report import SenderLinkReport
 from prfaas.integrations.vllm.settings import ConnectorSettings
 from prfaas.serve.auth import SignedAuth
+from prfaas.serve.control_tls import control_tls
 from prfaas.serve.keyring import ring_of_psks
 from prfaas.serve.node.control_plane import (
     BackgroundTasks,
@@ -428,6 +429,7 @@ class VllmHost:
             self.heartbeat,
             on_registered=self._on_registered,
             on_heartbeat_answer=self._on_heartbeat_answer,
+            tls=control_tls(self._deployment),
         )
 
 
