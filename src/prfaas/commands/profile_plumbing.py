@@ -14,8 +14,14 @@ forward-pass times where a node computes:
 - ``gateway_per_request_s``: the gateway's CPU of the short class, less one token's;
 - ``decode_per_kv_byte_s``: the decode node's CPU, (long class - short class) over the KV bytes
   between them (it runs no forward pass for a one-token request: the prefill sampled it);
-- ``decode_per_output_token_s``: the decode node's CPU, (K class - short class - the profile's
-  K - 1 decode steps) / (K - 1): its relay and scheduling per token beyond the batched step;
+- ``decode_per_output_token_s`` and ``decode_per_step_s``: the decode node's CPU, (K class -
+  short class - the profile's K - 1 decode steps) / (K - 1), is what one token costs beyond the
+  forward pass at batch 1: one step's overhead plus one token's. The engine's step overhead
+  measured at two batch sizes in the profiling process (``commands.profile_step``) splits it
+  (``perf.plumbing.split_decode_overhead``): the step's batch-independent part is
+  ``decode_per_step_s``, the rest ``decode_per_output_token_s`` (the relay, the engine's
+  per-request work). Without that measurement the whole figure is the per-token term and the
+  per-step one is left missing;
 - ``node_per_request_s``: the mean over the two nodes of the short class's CPU less its forward
   pass (the prefill node's profiled prefill) and KV bytes (the decode node's): the simulator
   charges it on each node a request visits.
@@ -92,11 +98,14 @@ def measure(
     seed: int,
     long_prompt_tokens: int,
     say: Callable[[str], None],
+    engine_overhead_s: dict[int, float] | None = None,
 ) -> tuple[Any, tuple[tuple[str, str], ...]]:
     """``(PlumbingCosts, how)`` measured on a deployment whose nodes' hardware is ``profile``
-    (the forward-pass profile just measured)."""
+    (the forward-pass profile just measured). ``engine_overhead_s``: the engine's decode step
+    overhead beyond its forward pass per batch size (``profile_step``), to split the decode
+    node's per-token figure; None leaves ``decode_per_step_s`` missing."""
     from prfaas.config import load_deployment
-    from prfaas.perf.plumbing import PlumbingCosts
+    from prfaas.perf.plumbing import PlumbingCosts, split_decode_overhead
     from prfaas.perf.profile_costs import cost_model_from_profile_file
     from prfaas.serve.launch_errors import LaunchError
     from prfaas.serve.launcher import Launcher
@@ -179,10 +188,23 @@ def measure(
     per_byte = floor0("decode_per_kv_byte_s", (d_l - d_s) / (kv_long - kv_short))
     steps_s = cm.decode_span_s(1, SHORT_PROMPT_TOKENS + 1, OUTPUT_TOKENS - 1)
     per_tok = floor0("decode_per_output_token_s", (d_k - d_s - steps_s) / (OUTPUT_TOKENS - 1))
+    per_step, split_how = 0.0, ""
+    missing: tuple[str, ...] = ("decode_per_step_s",)
+    if engine_overhead_s is not None:
+        split = split_decode_overhead(engine_overhead_s, per_tok)
+        per_step, per_tok, missing = split.per_step_s, split.per_output_token_s, ()
+        overheads = ", ".join(f"{v * 1e3:.3g} ms at batch {b}" for b, v in
+                              engine_overhead_s.items())  # fmt: skip
+        split_how = (
+            f"; split from the batch-1 figure {split.per_step_s + per_tok:.4g} s by the engine's "
+            f"step overhead beyond the forward pass ({overheads}, {SHORT_PROMPT_TOKENS}-token "
+            f"contexts): per step {split.per_step_s:.4g} s, engine per request "
+            f"{split.engine_per_request_s:.4g} s"
+        ) + "".join(f"; {c}" for c in split.clipped)
     prefill_req = short.per_process_s["p0"] - cm.prefill_s(SHORT_PROMPT_TOKENS)
     decode_req = d_s - per_byte * kv_short
     node_req = floor0("node_per_request_s", statistics.mean((prefill_req, decode_req)))
-    costs = PlumbingCosts(node_req, per_byte, per_tok, gw_req, gw_tok, missing=())
+    costs = PlumbingCosts(node_req, per_byte, per_tok, gw_req, gw_tok, per_step, missing=missing)
     common = (
         f"process CPU (/proc, idle rate removed) of a live one-site torch deployment, "
         f"{requests} sequential requests per class"
@@ -194,10 +216,17 @@ def measure(
         "decode_per_kv_byte_s": f"{common}; decode node, {long_prompt_tokens} vs "
         f"{SHORT_PROMPT_TOKENS}-token prompts ({kv_long} vs {kv_short} KV bytes)",
         "decode_per_output_token_s": f"{common}; decode node, {OUTPUT_TOKENS} vs 1 output "
-        f"tokens, less the profile's {OUTPUT_TOKENS - 1} decode steps ({steps_s:.4g} s)",
+        f"tokens, less the profile's {OUTPUT_TOKENS - 1} decode steps ({steps_s:.4g} s)"
+        f"{split_how}",
         "gateway_per_request_s": f"{common}; gateway process",
         "gateway_per_output_token_s": f"{common}; gateway, {OUTPUT_TOKENS} vs 1 output tokens",
     }
+    if engine_overhead_s is not None:
+        how["decode_per_step_s"] = (
+            f"engine.torch's decode step less its forward pass at batch sizes "
+            f"{sorted(engine_overhead_s)} (wall, this process), the batch-independent part, "
+            f"capped by the decode node's batch-1 per-token CPU ({common})"
+        )
     for name, note in notes.items():
         how[name] += f"; {note}"
     return costs, tuple(how.items())
