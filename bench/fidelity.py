@@ -230,6 +230,33 @@ def write_deployment(workdir: Path, model: Path, threshold_tokens: int, s: Setti
     return path
 
 
+def unsplit_path(deployment: Path) -> Path:
+    return deployment.with_name(f"{deployment.stem}-unsplit{deployment.suffix}")
+
+
+def write_unsplit(deployment: Path) -> Path:
+    """The deployment file again, its profiles' ``decode_per_step_s`` folded into
+    ``decode_per_output_token_s`` (what one token cost at batch 1, charged per request of a batch,
+    as before the split): the variant that shows what the split changes."""
+    from prfaas.perf.profile_read import load_profile_file
+    from prfaas.perf.profile_write import dump_profile_file
+
+    data = yaml.safe_load(deployment.read_text())
+    for site in data["sites"]:
+        src = deployment.parent / site["hardware"]
+        pf = load_profile_file(src)
+        p = pf.plumbing
+        folded = replace(p, decode_per_output_token_s=p.decode_per_output_token_s
+                         + p.decode_per_step_s, decode_per_step_s=0.0)  # fmt: skip
+        out = src.with_name(f"{src.stem}-unsplit{src.suffix}")
+        dump_profile_file(replace(pf, plumbing=folded), out)
+        site["hardware"] = out.name
+    path = unsplit_path(deployment)
+    path.write_text("# bench/fidelity.py: the per-step term charged per token (a variant)\n"
+                    + yaml.safe_dump(data))  # fmt: skip
+    return path
+
+
 def balanced_t(specs: Sequence[Any], prfaas: Any, local: Any) -> int:
     """The threshold that splits the prompts' prefill time most evenly between the two prefill
     cores (both from the profiles, prefix reuse ignored). The planner's ``t`` balances node pools
@@ -354,6 +381,9 @@ def run_sim(
     from prfaas.config import load_deployment
     from prfaas.sim.simulator import Simulator
 
+    if UNSPLIT in plumbing_off:
+        deployment = unsplit_path(deployment)
+        plumbing_off = tuple(t for t in plumbing_off if t != UNSPLIT)
     d = load_deployment(deployment)
     sc = scenarios.sim_scenario(d)
     sc = replace(sc, duration_s=specs[-1].arrival_s + 1e-6, warmup_s=0.0, plumbing_off=plumbing_off)
@@ -594,12 +624,17 @@ def machine_load() -> dict[str, Any]:
 # -- 7. the scored check (issue 20 item 4) --------------------------------------------------------
 SHAPES = ("sessions", "lognormal")
 LOADS = (0.5, 0.9)
+UNSPLIT = "unsplit"
+"""A pseudo-term in a variant: simulate the ``-unsplit`` deployment file (``write_unsplit``)."""
 VARIANTS: dict[str, tuple[str, ...]] = {
     "all terms": (),
+    "all terms, step charged per token": (UNSPLIT,),
     "no terms": PLUMBING_TERMS_ALL,
     **{f"without {t.removesuffix('_s')}": (t,) for t in PLUMBING_TERMS_ALL},
 }
-"""Simulator variants: which measured plumbing terms are switched off (``simulation.plumbing``)."""
+"""Simulator variants: which measured plumbing terms are switched off (``simulation.plumbing``);
+"step charged per token" is the previous round's charging (the decode node's per-step term added
+to its per-token term, paid per request of a batch), from the same measurements."""
 
 
 def output_tokens(rng: random.Random, mean: int) -> int:
@@ -964,6 +999,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         probe = [sp for g in (session_specs, lognormal_specs) for sp in g(PROFILE_SEED, 200, 47)]
         t = balanced_t(probe, remote_cm, local_cm)
     deployment = write_deployment(s.workdir, model, t, s)
+    write_unsplit(deployment)
     say(f"deployment {deployment} (router prfaas, t = {t} tokens)")
     rows: list[dict[str, Any]] = []
     runs = iter(range(1, 100_000))
