@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import math
 import os
 import platform
 import random
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -88,6 +90,9 @@ class Settings:
     profile_repeats: int = 3
     plumbing_requests: int = 16
     """Requests per class of the profiles' plumbing measurement (``prfaas profile``)."""
+    profile_once: bool = False
+    """Profile the PD core only and copy its file for the PrfaaS core (``--quick``: half the
+    profiling; the two sites then share one profile, as if both cores were alike)."""
     scenarios: tuple[str, ...] = ("trace", "burst")
 
 
@@ -105,7 +110,8 @@ QUICK = {
     # over the 25 ms budget ("cannot meet the decode SLO", a failed clean-clone run).
     "profile_contexts": (512, 4096),
     "profile_repeats": 1,
-    "plumbing_requests": 3,
+    "plumbing_requests": 2,
+    "profile_once": True,
 }
 
 
@@ -146,6 +152,11 @@ def profile_cores(model: Path, outs: dict[int, Path], s: Settings) -> None:
     cores are busy together (shared caches and memory bandwidth), and it takes half the time."""
     env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     procs = {}
+    copies = {}
+    if s.profile_once:  # the first core's file serves the others too
+        first, *rest = outs
+        copies = {core: outs[core] for core in rest}
+        outs = {first: outs[first]}
     for core, out in outs.items():
         if out.is_file():
             continue
@@ -179,6 +190,10 @@ def profile_cores(model: Path, outs: dict[int, Path], s: Settings) -> None:
         (s.workdir / "profile-core-share.txt").write_text(f"{share:.4f}\n")
     if failed:
         raise SystemExit("prfaas profile failed on " + "\n".join(failed))
+    for core, out in copies.items():
+        if not out.is_file():
+            say(f"core {core}: a copy of the core {first} profile (profiled once)")
+            shutil.copyfile(outs[first], out)
 
 
 # -- 3. the deployment file ----------------------------------------------------------------------
@@ -374,18 +389,25 @@ def _quantile(xs: Sequence[float], q: float) -> float | None:
 
 
 # -- 5. the simulator ----------------------------------------------------------------------------
+@functools.lru_cache(maxsize=8)
+def _scenario(deployment: Path, mtime_ns: int) -> Any:
+    """The file's ``SimScenario``, read once per version of the file (the capacity searches
+    simulate hundreds of times from it; parsing it was most of each run's set-up)."""
+    from prfaas import scenarios
+    from prfaas.config import load_deployment
+
+    return scenarios.sim_scenario(load_deployment(deployment))
+
+
 def run_sim(
     deployment: Path, specs: Sequence[Any], plumbing_off: tuple[str, ...] = ()
 ) -> list[Outcome]:
-    from prfaas import scenarios
-    from prfaas.config import load_deployment
     from prfaas.sim.simulator import Simulator
 
     if UNSPLIT in plumbing_off:
         deployment = unsplit_path(deployment)
         plumbing_off = tuple(t for t in plumbing_off if t != UNSPLIT)
-    d = load_deployment(deployment)
-    sc = scenarios.sim_scenario(d)
+    sc = _scenario(deployment, deployment.stat().st_mtime_ns)
     sc = replace(sc, duration_s=specs[-1].arrival_s + 1e-6, warmup_s=0.0, plumbing_off=plumbing_off)
     sim = Simulator(sc, iter(specs))
     site_of_node = {str(n.node_id): str(n.site_id) for n in sim.world.nodes}
@@ -734,8 +756,11 @@ def step_capacity(run: Any, burst_rps: float, steps: Sequence[float]) -> tuple[f
     """The step-rate search (live, and the simulator the same way, so both are quantized alike):
     rates ``burst_rps x step`` upwards until one does not keep up, then one more run halfway
     (geometric) between the last that did and the first that did not; capacity = the highest
-    rate that kept up (0.8 x the lowest step when none did)."""
+    rate that kept up (0.8 x the lowest step when none did). No steps (``--quick``): the burst
+    throughput, unsearched."""
     tried: list[Any] = []
+    if not steps:  # --quick: no search, the burst's throughput stands for it
+        return burst_rps, tried
 
     def attempt(rate: float) -> bool:
         outcomes = run(rate)
@@ -969,7 +994,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fields: dict[str, Any] = dict(QUICK) if args.quick else {}
     if args.quick:
         args.requests, args.seeds, args.mean_output = 6, 1, 4
-        args.live_repeats, args.steps, args.shapes = 1, [1.0], ["lognormal"]
+        args.live_repeats, args.steps, args.shapes = 1, [], ["lognormal"]
     fields = {k: v for k, v in fields.items() if k != "max_prompt_tokens"}
     fields.setdefault("loads", LOADS)
     s = Settings(workdir=args.workdir, max_prompt_tokens=6000, **fields)
@@ -988,7 +1013,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.fresh_profiles:
         for path in profiles.values():
             path.unlink(missing_ok=True)
-    profile_cores(model, {PRFAAS_CORE: profiles["prfaas"], PD_CORE: profiles["pd"]}, s)
+    profile_cores(model, {PD_CORE: profiles["pd"], PRFAAS_CORE: profiles["prfaas"]}, s)
 
     from prfaas.perf.profile_costs import cost_model_from_profile_file
 
