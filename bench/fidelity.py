@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
+import itertools
 import json
 import math
 import os
@@ -42,7 +44,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -449,11 +451,13 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_live(deployment: Path, specs: Sequence[Any], workdir: Path) -> list[Outcome]:
+@contextlib.contextmanager
+def launched(deployment: Path, workdir: Path) -> Iterator[tuple[Any, Path]]:
+    """The deployment launched and warmed up (one prompt down each path, unmeasured: first
+    passes allocate and load lazily); yields it and its gateway's decision log."""
     from prfaas.config import load_deployment
     from prfaas.serve.launcher import Launcher
     from prfaas.serve.loadgen import BenchRequest, PromptSynth, run_workload
-    from prfaas.serve.loadgen.export import match_routes
 
     d = load_deployment(deployment)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -461,31 +465,66 @@ def run_live(deployment: Path, specs: Sequence[Any], workdir: Path) -> list[Outc
     d = d.model_copy(
         update={"gateway": d.gateway.model_copy(update={"decision_log": str(decisions)})}
     )
-    reqs = [
-        BenchRequest(sp.index, sp.arrival_s, sp.num_prompt_tokens, sp.num_output_tokens,
-                     sp.block_hashes)
-        for sp in specs
-    ]  # fmt: skip
-    synth = PromptSynth(seed=0, vocab_size=256)
-    extra = {"return_token_ids": True, "ignore_eos": True}
     with Launcher(d, workdir) as launcher:
-        # Warm-up, unmeasured: one prompt down each path (first passes allocate and load lazily).
         t = d.policy.threshold_tokens or 0
         warm = [BenchRequest(i, 0.0, n, 2) for i, n in enumerate((max(16, t // 2), t + 512))]
         asyncio.run(
             run_workload(warm, base_url=launcher.url, model=MODEL_NAME,
                          synth=PromptSynth(seed=WARMUP_SEED), concurrency=1, timeout_s=300,
-                         extra_body=extra)
+                         extra_body=LIVE_EXTRA)
         )  # fmt: skip
-        pids = {name: launcher.child(name).proc.pid for name in NODES}
-        before = {name: cpu_s(pid) for name, pid in pids.items()}
-        results, _ = asyncio.run(
-            run_workload(reqs, base_url=launcher.url, model=MODEL_NAME, synth=synth,
-                         concurrency=4096, timeout_s=600, extra_body=extra)
-        )  # fmt: skip
-        LAST_LIVE_CPU_S.clear()
-        LAST_LIVE_CPU_S.update({name: cpu_s(pid) - before[name] for name, pid in pids.items()})
-        routes = launcher.routes()
+        yield launcher, decisions
+
+
+LIVE_EXTRA = {"return_token_ids": True, "ignore_eos": True}
+
+
+class SharedLive:
+    """``--quick``: one launched deployment for every live run of the bench (a launch is most
+    of a tiny run's time). Each run's prompts come from a prompt seed of its own, so no run
+    finds another's prefixes cached; the full run launches afresh per run (``run_live``)."""
+
+    def __init__(self, deployment: Path, workdir: Path) -> None:
+        self._cm = launched(deployment, workdir)
+        self.launcher, self.decisions = self._cm.__enter__()
+        self.prompt_seeds = itertools.count(1)
+
+    def close(self) -> None:
+        self._cm.__exit__(None, None, None)
+
+
+def run_live(
+    deployment: Path, specs: Sequence[Any], workdir: Path, shared: SharedLive | None = None
+) -> list[Outcome]:
+    if shared is not None:
+        return drive_live(shared.launcher, shared.decisions, specs, next(shared.prompt_seeds))
+    with launched(deployment, workdir) as (launcher, decisions):
+        return drive_live(launcher, decisions, specs, 0)
+
+
+def drive_live(
+    launcher: Any, decisions: Path, specs: Sequence[Any], prompt_seed: int
+) -> list[Outcome]:
+    """Send ``specs`` (at their arrival times) to a launched deployment; each request's outcome,
+    its route matched by its prompt."""
+    from prfaas.serve.loadgen import BenchRequest, PromptSynth, run_workload
+    from prfaas.serve.loadgen.export import match_routes
+
+    reqs = [
+        BenchRequest(sp.index, sp.arrival_s, sp.num_prompt_tokens, sp.num_output_tokens,
+                     sp.block_hashes)
+        for sp in specs
+    ]  # fmt: skip
+    synth = PromptSynth(seed=prompt_seed, vocab_size=256)
+    pids = {name: launcher.child(name).proc.pid for name in NODES}
+    before = {name: cpu_s(pid) for name, pid in pids.items()}
+    results, _ = asyncio.run(
+        run_workload(reqs, base_url=launcher.url, model=MODEL_NAME, synth=synth,
+                     concurrency=4096, timeout_s=600, extra_body=LIVE_EXTRA)
+    )  # fmt: skip
+    LAST_LIVE_CPU_S.clear()
+    LAST_LIVE_CPU_S.update({name: cpu_s(pid) - before[name] for name, pid in pids.items()})
+    routes = launcher.routes()
     matched = match_routes(reqs, results, routes, synth)
     reasons = _route_reasons(decisions)
     by_index = {r.index: r for r in results}
@@ -835,7 +874,8 @@ def score_seed(
 
     def live(rate: float, label: str) -> list[Outcome]:
         say(f"{shape} seed {seed}: live {label} at {rate:.3f} rps")
-        return run_live(deployment, at_rate(specs, rate), s.workdir / f"run{next(runs)}")
+        return run_live(deployment, at_rate(specs, rate), s.workdir / f"run{next(runs)}",
+                        args.shared_live)  # fmt: skip
 
     burst = at_rate(specs, 1e6)
     live_burst = summarize(live(1e6, "burst"))["throughput_rps"]
@@ -1043,11 +1083,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rows": rows,
         }  # fmt: skip
 
-    for seed in seeds:  # shapes interleaved: a run cut short still has every shape
-        for shape in args.shapes:
-            rows.append(score_seed(shape, seed, deployment, s, args, runs))
-            if args.json:  # after every seed: a run cut short keeps what it measured
-                args.json.write_text(json.dumps(report(), indent=2))
+    # --quick: one launch for every live run (SharedLive); the full run launches per run.
+    args.shared_live = SharedLive(deployment, s.workdir / "live") if args.quick else None
+    try:
+        for seed in seeds:  # shapes interleaved: a run cut short still has every shape
+            for shape in args.shapes:
+                rows.append(score_seed(shape, seed, deployment, s, args, runs))
+                if args.json:  # after every seed: a run cut short keeps what it measured
+                    args.json.write_text(json.dumps(report(), indent=2))
+    finally:
+        if args.shared_live is not None:
+            args.shared_live.close()
     say(f"machine load after: {machine_load()['loadavg_1_5_15']}")
     print(f"seeds: {' '.join(map(str, seeds))}; t = {t}; {args.requests} requests per run; "
           f"live repeats {args.live_repeats}; capacity steps {args.steps}; loads {s.loads} "

@@ -8,7 +8,9 @@ at batch 1) is split by ``perf.plumbing.split_decode_overhead`` with an engine s
 For each row of the saved run: burst throughput and step-searched capacity (the bench's rule and
 steps) and TTFT P50/P90 at its load points, sim/live, for the saved charging ("as saved") and the
 new split. ``--per-step-s`` large (it is capped at the batch-1 figure less ``--per-request-s``)
-gives the other extreme: nearly all of the batch-1 figure paid once per step.
+gives the other extreme: nearly all of the batch-1 figure paid once per step. ``--terms-from
+FILE`` takes both decode terms from another profile as they stand (e.g. one whose split was
+measured live).
 
     .venv/bin/python bench/fidelity_resplit.py --json fidelity.json --per-step-s 0.00055 \\
         --per-request-s 0.00021 --out /tmp/resplit
@@ -39,7 +41,10 @@ def _bench() -> ModuleType:
     return module
 
 
-def write_split(saved: dict[str, Any], per_step_s: float, per_request_s: float, out: Path) -> Path:
+def write_split(
+    saved: dict[str, Any], per_step_s: float, per_request_s: float, out: Path,
+    terms_from: Path | None = None,
+) -> Path:  # fmt: skip
     from prfaas.perf.plumbing import split_decode_overhead
     from prfaas.perf.profile_read import load_profile_file
     from prfaas.perf.profile_write import dump_profile_file
@@ -53,6 +58,10 @@ def write_split(saved: dict[str, Any], per_step_s: float, per_request_s: float, 
         p = pf.plumbing
         batch1 = p.decode_per_output_token_s + p.decode_per_step_s
         split = split_decode_overhead(overhead, batch1)
+        if terms_from is not None:  # another profile's measured pair, as it stands
+            q = load_profile_file(terms_from).plumbing
+            split = replace(split, per_step_s=q.decode_per_step_s,
+                            per_output_token_s=q.decode_per_output_token_s)  # fmt: skip
         print(f"{site['name']}: batch-1 {batch1 * 1e3:.3f} ms -> per step "
               f"{split.per_step_s * 1e3:.3f} ms + per token {split.per_output_token_s * 1e3:.3f} "
               "ms")  # fmt: skip
@@ -71,14 +80,18 @@ def write_split(saved: dict[str, Any], per_step_s: float, per_request_s: float, 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--json", type=Path, required=True, help="a saved bench/fidelity.py --json")
-    p.add_argument("--per-step-s", type=float, required=True)
-    p.add_argument("--per-request-s", type=float, required=True)
+    p.add_argument("--per-step-s", type=float, default=0.0)
+    p.add_argument("--per-request-s", type=float, default=0.0)
+    p.add_argument(
+        "--terms-from", type=Path,
+        help="take both decode terms from this profile instead (ignores --per-*-s)",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, required=True, help="folder for the split files")
     args = p.parse_args()
     fid = _bench()
     saved = json.loads(args.json.read_text())
     args.out.mkdir(parents=True, exist_ok=True)
-    split = write_split(saved, args.per_step_s, args.per_request_s, args.out)
+    split = write_split(saved, args.per_step_s, args.per_request_s, args.out, args.terms_from)
     sides = {"as saved": Path(saved["deployment"]), "split": split}
     print("| shape | seed | charging | burst sim/live | capacity sim/live | TTFT sim/live |")
     print("|---|---|---|---|---|---|")

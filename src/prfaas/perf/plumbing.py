@@ -73,7 +73,8 @@ class DecodeSplit:
     per_output_token_s: float
     """``decode_per_output_token_s``: the live per-token figure at batch 1 less the per-step."""
     engine_per_request_s: float
-    """The engine step's own per-request share (informational: inside ``per_output_token_s``)."""
+    """The engine step's own per-request share (informational: inside ``per_output_token_s``;
+    0.0 from ``split_decode_live``, which does not see it apart)."""
     clipped: tuple[str, ...] = ()
     """What had to be clipped (a negative slope or intercept, a per-step above the batch-1
     figure): noise the caller reports."""
@@ -120,3 +121,31 @@ def split_decode_overhead(
         )
         intercept = cap
     return DecodeSplit(intercept, per_token_at_batch1_s - intercept, slope, tuple(clipped))
+
+
+def split_decode_live(
+    per_token_at_batch1_s: float, batched_s: float, num_steps: int, num_tokens: int
+) -> DecodeSplit:
+    """Split the decode node's per-token CPU at batch 1 (``r``: one step's overhead ``a`` plus
+    one token's ``c``) with a batched run of the same node: ``num_steps`` decode steps made
+    ``num_tokens`` tokens (more than one per step on average) and cost ``batched_s`` CPU beyond
+    the profile's forward passes and the requests' fixed costs, i.e. ``S a + N c``. With ``r =
+    a + c``: ``a = (N r - X) / (N - S)``, ``c = r - a``; ``a`` is clipped to ``[0, r]`` (noise;
+    said in ``clipped``)."""
+    if num_tokens <= num_steps or num_steps < 1:
+        raise ValueError(
+            f"need more tokens than steps (a batch over 1), got {num_tokens} tokens in "
+            f"{num_steps} steps"
+        )
+    r = max(0.0, per_token_at_batch1_s)
+    clipped: list[str] = []
+    if per_token_at_batch1_s < 0:
+        clipped.append(f"batch-1 figure {per_token_at_batch1_s:.3g} s taken as 0")
+    a = (num_tokens * r - batched_s) / (num_tokens - num_steps)
+    if a < 0:
+        clipped.append(f"per-step {a:.3g} s stored as 0")
+        a = 0.0
+    if a > r:
+        clipped.append(f"per-step {a:.3g} s above the batch-1 figure, capped at {r:.3g} s")
+        a = r
+    return DecodeSplit(a, r - a, 0.0, tuple(clipped))

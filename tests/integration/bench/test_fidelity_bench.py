@@ -1,7 +1,8 @@
 """bench/fidelity.py's pieces: the workload rescaling, the per-request comparison, and one tiny run
-end to end (a model made, both cores profiled, a live torch deployment driven by a trace slice
-overloaded, the same requests simulated from the same file). No figure is asserted: only that
-both sides ran every request and the report holds what it says it does."""
+end to end (``--quick``: a model made, one core profiled with every plumbing term, a live torch
+deployment launched once and driven by a burst and a load point, the same requests simulated from
+the same file in every variant). No figure is asserted: only that both sides ran every request
+and the report holds what it says it does."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import yaml
 from test_plumbing_terms import _profile
 
 from prfaas.perf import profile_costs
-from prfaas.perf.plumbing import PlumbingCosts, split_decode_overhead
+from prfaas.perf.plumbing import PlumbingCosts, split_decode_live, split_decode_overhead
 from prfaas.perf.profile_costs import cost_model_from_profile_file
 from prfaas.perf.profile_write import dump_profile_file
 from prfaas.sim import SimScenario, Simulator, SiteConfig
@@ -52,6 +52,28 @@ def test_noise_is_clipped_and_said() -> None:
     assert any("slope" in c for c in falling.clipped)
     nothing = split_decode_overhead({1: -0.001, 8: -0.001}, 0.002)
     assert nothing.per_step_s == 0.0 and nothing.per_output_token_s == pytest.approx(0.002)
+
+
+def test_the_live_batched_class_gives_the_step_and_the_token() -> None:
+    """S steps made N tokens and cost S a + N c beyond the forward passes; at batch 1 a token
+    cost a + c: both terms come back exactly, and clipped when the noise says impossible."""
+    a, c, steps, tokens = 0.004, 0.0008, 70, 496
+    split = split_decode_live(a + c, steps * a + tokens * c, steps, tokens)
+    assert split.per_step_s == pytest.approx(a) and split.per_output_token_s == pytest.approx(c)
+    assert split.clipped == ()
+    # Batched CPU as if every token paid the whole batch-1 figure: nothing is per step.
+    flat = split_decode_live(a + c, tokens * (a + c), steps, tokens)
+    assert flat.per_step_s == pytest.approx(0.0, abs=1e-12)
+    # Cheaper than one step's worth per step: capped at the whole figure, per token 0.
+    cheap = split_decode_live(a + c, 0.5 * steps * (a + c), steps, tokens)
+    assert cheap.per_step_s == pytest.approx(a + c) and cheap.per_output_token_s == 0.0
+    assert any("capped" in x for x in cheap.clipped)
+    dearer = split_decode_live(a + c, 2 * tokens * (a + c), steps, tokens)
+    assert dearer.per_step_s == 0.0 and dearer.per_output_token_s == pytest.approx(a + c)
+    negative = split_decode_live(-0.001, 0.01, steps, tokens)
+    assert (negative.per_step_s, negative.per_output_token_s) == (0.0, 0.0)
+    with pytest.raises(ValueError, match="more tokens than steps"):
+        split_decode_live(0.005, 0.1, 100, 100)
 
 
 def test_bad_inputs_are_refused() -> None:
