@@ -28,19 +28,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import functools
+import itertools
 import json
 import math
 import os
 import platform
 import random
 import re
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -88,6 +92,12 @@ class Settings:
     profile_repeats: int = 3
     plumbing_requests: int = 16
     """Requests per class of the profiles' plumbing measurement (``prfaas profile``)."""
+    profile_cpus: str | None = None
+    """``taskset -c`` list for the profiles instead of each one's core (``--quick``: both cores,
+    so its plumbing deployment's three processes start in parallel: 39 s instead of 50 here)."""
+    profile_once: bool = False
+    """Profile the PD core only and copy its file for the PrfaaS core (``--quick``: half the
+    profiling; the two sites then share one profile, as if both cores were alike)."""
     scenarios: tuple[str, ...] = ("trace", "burst")
 
 
@@ -105,7 +115,9 @@ QUICK = {
     # over the 25 ms budget ("cannot meet the decode SLO", a failed clean-clone run).
     "profile_contexts": (512, 4096),
     "profile_repeats": 1,
-    "plumbing_requests": 3,
+    "plumbing_requests": 2,
+    "profile_once": True,
+    "profile_cpus": "0,1",
 }
 
 
@@ -129,7 +141,8 @@ def profile_command(model: Path, out: Path, core: int, s: Settings) -> list[str]
     """``prfaas profile --engine torch`` under ``taskset -c CORE`` (torch then sees one core and
     takes one thread, as a node process does)."""
     return [
-        "taskset", "-c", str(core), sys.executable, "-m", "prfaas.cli", "profile",
+        "taskset", "-c", s.profile_cpus or str(core), sys.executable, "-m", "prfaas.cli",
+        "profile",
         "--engine", "torch", "--model-path", str(model), "-o", str(out),
         "--hardware", f"cpu-core{core}", "--seed", str(PROFILE_SEED),
         "--pass-tokens", str(BLOCK_TOKENS),
@@ -146,6 +159,11 @@ def profile_cores(model: Path, outs: dict[int, Path], s: Settings) -> None:
     cores are busy together (shared caches and memory bandwidth), and it takes half the time."""
     env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     procs = {}
+    copies = {}
+    if s.profile_once:  # the first core's file serves the others too
+        first, *rest = outs
+        copies = {core: outs[core] for core in rest}
+        outs = {first: outs[first]}
     for core, out in outs.items():
         if out.is_file():
             continue
@@ -179,6 +197,10 @@ def profile_cores(model: Path, outs: dict[int, Path], s: Settings) -> None:
         (s.workdir / "profile-core-share.txt").write_text(f"{share:.4f}\n")
     if failed:
         raise SystemExit("prfaas profile failed on " + "\n".join(failed))
+    for core, out in copies.items():
+        if not out.is_file():
+            say(f"core {core}: a copy of the core {first} profile (profiled once)")
+            shutil.copyfile(outs[first], out)
 
 
 # -- 3. the deployment file ----------------------------------------------------------------------
@@ -227,6 +249,33 @@ def write_deployment(workdir: Path, model: Path, threshold_tokens: int, s: Setti
     path = workdir / "fidelity-deployment.yaml"
     header = "# Written by bench/fidelity.py: the deployment it runs live and simulates.\n"
     path.write_text(header + yaml.safe_dump(deployment_dict(model, threshold_tokens, s)))
+    return path
+
+
+def unsplit_path(deployment: Path) -> Path:
+    return deployment.with_name(f"{deployment.stem}-unsplit{deployment.suffix}")
+
+
+def write_unsplit(deployment: Path) -> Path:
+    """The deployment file again, its profiles' ``decode_per_step_s`` folded into
+    ``decode_per_output_token_s`` (what one token cost at batch 1, charged per request of a batch,
+    as before the split): the variant that shows what the split changes."""
+    from prfaas.perf.profile_read import load_profile_file
+    from prfaas.perf.profile_write import dump_profile_file
+
+    data = yaml.safe_load(deployment.read_text())
+    for site in data["sites"]:
+        src = deployment.parent / site["hardware"]
+        pf = load_profile_file(src)
+        p = pf.plumbing
+        folded = replace(p, decode_per_output_token_s=p.decode_per_output_token_s
+                         + p.decode_per_step_s, decode_per_step_s=0.0)  # fmt: skip
+        out = src.with_name(f"{src.stem}-unsplit{src.suffix}")
+        dump_profile_file(replace(pf, plumbing=folded), out)
+        site["hardware"] = out.name
+    path = unsplit_path(deployment)
+    path.write_text("# bench/fidelity.py: the per-step term charged per token (a variant)\n"
+                    + yaml.safe_dump(data))  # fmt: skip
     return path
 
 
@@ -347,15 +396,25 @@ def _quantile(xs: Sequence[float], q: float) -> float | None:
 
 
 # -- 5. the simulator ----------------------------------------------------------------------------
+@functools.lru_cache(maxsize=8)
+def _scenario(deployment: Path, mtime_ns: int) -> Any:
+    """The file's ``SimScenario``, read once per version of the file (the capacity searches
+    simulate hundreds of times from it; parsing it was most of each run's set-up)."""
+    from prfaas import scenarios
+    from prfaas.config import load_deployment
+
+    return scenarios.sim_scenario(load_deployment(deployment))
+
+
 def run_sim(
     deployment: Path, specs: Sequence[Any], plumbing_off: tuple[str, ...] = ()
 ) -> list[Outcome]:
-    from prfaas import scenarios
-    from prfaas.config import load_deployment
     from prfaas.sim.simulator import Simulator
 
-    d = load_deployment(deployment)
-    sc = scenarios.sim_scenario(d)
+    if UNSPLIT in plumbing_off:
+        deployment = unsplit_path(deployment)
+        plumbing_off = tuple(t for t in plumbing_off if t != UNSPLIT)
+    sc = _scenario(deployment, deployment.stat().st_mtime_ns)
     sc = replace(sc, duration_s=specs[-1].arrival_s + 1e-6, warmup_s=0.0, plumbing_off=plumbing_off)
     sim = Simulator(sc, iter(specs))
     site_of_node = {str(n.node_id): str(n.site_id) for n in sim.world.nodes}
@@ -397,11 +456,13 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_live(deployment: Path, specs: Sequence[Any], workdir: Path) -> list[Outcome]:
+@contextlib.contextmanager
+def launched(deployment: Path, workdir: Path) -> Iterator[tuple[Any, Path]]:
+    """The deployment launched and warmed up (one prompt down each path, unmeasured: first
+    passes allocate and load lazily); yields it and its gateway's decision log."""
     from prfaas.config import load_deployment
     from prfaas.serve.launcher import Launcher
     from prfaas.serve.loadgen import BenchRequest, PromptSynth, run_workload
-    from prfaas.serve.loadgen.export import match_routes
 
     d = load_deployment(deployment)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -409,31 +470,66 @@ def run_live(deployment: Path, specs: Sequence[Any], workdir: Path) -> list[Outc
     d = d.model_copy(
         update={"gateway": d.gateway.model_copy(update={"decision_log": str(decisions)})}
     )
-    reqs = [
-        BenchRequest(sp.index, sp.arrival_s, sp.num_prompt_tokens, sp.num_output_tokens,
-                     sp.block_hashes)
-        for sp in specs
-    ]  # fmt: skip
-    synth = PromptSynth(seed=0, vocab_size=256)
-    extra = {"return_token_ids": True, "ignore_eos": True}
     with Launcher(d, workdir) as launcher:
-        # Warm-up, unmeasured: one prompt down each path (first passes allocate and load lazily).
         t = d.policy.threshold_tokens or 0
         warm = [BenchRequest(i, 0.0, n, 2) for i, n in enumerate((max(16, t // 2), t + 512))]
         asyncio.run(
             run_workload(warm, base_url=launcher.url, model=MODEL_NAME,
                          synth=PromptSynth(seed=WARMUP_SEED), concurrency=1, timeout_s=300,
-                         extra_body=extra)
+                         extra_body=LIVE_EXTRA)
         )  # fmt: skip
-        pids = {name: launcher.child(name).proc.pid for name in NODES}
-        before = {name: cpu_s(pid) for name, pid in pids.items()}
-        results, _ = asyncio.run(
-            run_workload(reqs, base_url=launcher.url, model=MODEL_NAME, synth=synth,
-                         concurrency=4096, timeout_s=600, extra_body=extra)
-        )  # fmt: skip
-        LAST_LIVE_CPU_S.clear()
-        LAST_LIVE_CPU_S.update({name: cpu_s(pid) - before[name] for name, pid in pids.items()})
-        routes = launcher.routes()
+        yield launcher, decisions
+
+
+LIVE_EXTRA = {"return_token_ids": True, "ignore_eos": True}
+
+
+class SharedLive:
+    """``--quick``: one launched deployment for every live run of the bench (a launch is most
+    of a tiny run's time). Each run's prompts come from a prompt seed of its own, so no run
+    finds another's prefixes cached; the full run launches afresh per run (``run_live``)."""
+
+    def __init__(self, deployment: Path, workdir: Path) -> None:
+        self._cm = launched(deployment, workdir)
+        self.launcher, self.decisions = self._cm.__enter__()
+        self.prompt_seeds = itertools.count(1)
+
+    def close(self) -> None:
+        self._cm.__exit__(None, None, None)
+
+
+def run_live(
+    deployment: Path, specs: Sequence[Any], workdir: Path, shared: SharedLive | None = None
+) -> list[Outcome]:
+    if shared is not None:
+        return drive_live(shared.launcher, shared.decisions, specs, next(shared.prompt_seeds))
+    with launched(deployment, workdir) as (launcher, decisions):
+        return drive_live(launcher, decisions, specs, 0)
+
+
+def drive_live(
+    launcher: Any, decisions: Path, specs: Sequence[Any], prompt_seed: int
+) -> list[Outcome]:
+    """Send ``specs`` (at their arrival times) to a launched deployment; each request's outcome,
+    its route matched by its prompt."""
+    from prfaas.serve.loadgen import BenchRequest, PromptSynth, run_workload
+    from prfaas.serve.loadgen.export import match_routes
+
+    reqs = [
+        BenchRequest(sp.index, sp.arrival_s, sp.num_prompt_tokens, sp.num_output_tokens,
+                     sp.block_hashes)
+        for sp in specs
+    ]  # fmt: skip
+    synth = PromptSynth(seed=prompt_seed, vocab_size=256)
+    pids = {name: launcher.child(name).proc.pid for name in NODES}
+    before = {name: cpu_s(pid) for name, pid in pids.items()}
+    results, _ = asyncio.run(
+        run_workload(reqs, base_url=launcher.url, model=MODEL_NAME, synth=synth,
+                     concurrency=4096, timeout_s=600, extra_body=LIVE_EXTRA)
+    )  # fmt: skip
+    LAST_LIVE_CPU_S.clear()
+    LAST_LIVE_CPU_S.update({name: cpu_s(pid) - before[name] for name, pid in pids.items()})
+    routes = launcher.routes()
     matched = match_routes(reqs, results, routes, synth)
     reasons = _route_reasons(decisions)
     by_index = {r.index: r for r in results}
@@ -594,12 +690,17 @@ def machine_load() -> dict[str, Any]:
 # -- 7. the scored check (issue 20 item 4) --------------------------------------------------------
 SHAPES = ("sessions", "lognormal")
 LOADS = (0.5, 0.9)
+UNSPLIT = "unsplit"
+"""A pseudo-term in a variant: simulate the ``-unsplit`` deployment file (``write_unsplit``)."""
 VARIANTS: dict[str, tuple[str, ...]] = {
     "all terms": (),
+    "all terms, step charged per token": (UNSPLIT,),
     "no terms": PLUMBING_TERMS_ALL,
     **{f"without {t.removesuffix('_s')}": (t,) for t in PLUMBING_TERMS_ALL},
 }
-"""Simulator variants: which measured plumbing terms are switched off (``simulation.plumbing``)."""
+"""Simulator variants: which measured plumbing terms are switched off (``simulation.plumbing``);
+"step charged per token" is the previous round's charging (the decode node's per-step term added
+to its per-token term, paid per request of a batch), from the same measurements."""
 
 
 def output_tokens(rng: random.Random, mean: int) -> int:
@@ -699,8 +800,11 @@ def step_capacity(run: Any, burst_rps: float, steps: Sequence[float]) -> tuple[f
     """The step-rate search (live, and the simulator the same way, so both are quantized alike):
     rates ``burst_rps x step`` upwards until one does not keep up, then one more run halfway
     (geometric) between the last that did and the first that did not; capacity = the highest
-    rate that kept up (0.8 x the lowest step when none did)."""
+    rate that kept up (0.8 x the lowest step when none did). No steps (``--quick``): the burst
+    throughput, unsearched."""
     tried: list[Any] = []
+    if not steps:  # --quick: no search, the burst's throughput stands for it
+        return burst_rps, tried
 
     def attempt(rate: float) -> bool:
         outcomes = run(rate)
@@ -775,7 +879,8 @@ def score_seed(
 
     def live(rate: float, label: str) -> list[Outcome]:
         say(f"{shape} seed {seed}: live {label} at {rate:.3f} rps")
-        return run_live(deployment, at_rate(specs, rate), s.workdir / f"run{next(runs)}")
+        return run_live(deployment, at_rate(specs, rate), s.workdir / f"run{next(runs)}",
+                        args.shared_live)  # fmt: skip
 
     burst = at_rate(specs, 1e6)
     live_burst = summarize(live(1e6, "burst"))["throughput_rps"]
@@ -934,7 +1039,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fields: dict[str, Any] = dict(QUICK) if args.quick else {}
     if args.quick:
         args.requests, args.seeds, args.mean_output = 6, 1, 4
-        args.live_repeats, args.steps, args.shapes = 1, [1.0], ["lognormal"]
+        args.live_repeats, args.steps, args.shapes = 1, [], ["lognormal"]
     fields = {k: v for k, v in fields.items() if k != "max_prompt_tokens"}
     fields.setdefault("loads", LOADS)
     s = Settings(workdir=args.workdir, max_prompt_tokens=6000, **fields)
@@ -953,7 +1058,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.fresh_profiles:
         for path in profiles.values():
             path.unlink(missing_ok=True)
-    profile_cores(model, {PRFAAS_CORE: profiles["prfaas"], PD_CORE: profiles["pd"]}, s)
+    profile_cores(model, {PD_CORE: profiles["pd"], PRFAAS_CORE: profiles["prfaas"]}, s)
 
     from prfaas.perf.profile_costs import cost_model_from_profile_file
 
@@ -964,6 +1069,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         probe = [sp for g in (session_specs, lognormal_specs) for sp in g(PROFILE_SEED, 200, 47)]
         t = balanced_t(probe, remote_cm, local_cm)
     deployment = write_deployment(s.workdir, model, t, s)
+    write_unsplit(deployment)
     say(f"deployment {deployment} (router prfaas, t = {t} tokens)")
     rows: list[dict[str, Any]] = []
     runs = iter(range(1, 100_000))
@@ -982,11 +1088,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rows": rows,
         }  # fmt: skip
 
-    for seed in seeds:  # shapes interleaved: a run cut short still has every shape
-        for shape in args.shapes:
-            rows.append(score_seed(shape, seed, deployment, s, args, runs))
-            if args.json:  # after every seed: a run cut short keeps what it measured
-                args.json.write_text(json.dumps(report(), indent=2))
+    # --quick: one launch for every live run (SharedLive); the full run launches per run.
+    args.shared_live = SharedLive(deployment, s.workdir / "live") if args.quick else None
+    try:
+        for seed in seeds:  # shapes interleaved: a run cut short still has every shape
+            for shape in args.shapes:
+                rows.append(score_seed(shape, seed, deployment, s, args, runs))
+                if args.json:  # after every seed: a run cut short keeps what it measured
+                    args.json.write_text(json.dumps(report(), indent=2))
+    finally:
+        if args.shared_live is not None:
+            args.shared_live.close()
     say(f"machine load after: {machine_load()['loadavg_1_5_15']}")
     print(f"seeds: {' '.join(map(str, seeds))}; t = {t}; {args.requests} requests per run; "
           f"live repeats {args.live_repeats}; capacity steps {args.steps}; loads {s.loads} "

@@ -122,7 +122,8 @@ def plumbing_bounds(d: DeploymentConfig, sc: SimScenario) -> tuple[PlumbingBound
     - the gateway, one process on at most one core: ``rate x (per request + per output token x
       L_out) <= 1``;
     - the decode nodes: ``rate x (per request + per KV byte x E[S_kv] + per output token x L_out)
-      <= N_d`` (each node's own CPU, on top of its batched steps);
+      <= N_d`` (each node's own CPU, on top of its batched steps; ``decode_per_step_s`` is left
+      out, its share per request depends on the batch: the simulator charges it per step);
     - every prefill node pays its per-request cost: ``rate x per request <= N_prefill``.
     Empty when nothing is measured (all 0.0)."""
     from prfaas.analytic.lengths import mean

@@ -70,6 +70,7 @@ class PlumbingSwitches(_Strict):
     decode_per_output_token: bool = True
     gateway_per_request: bool = True
     gateway_per_output_token: bool = True
+    decode_per_step: bool = True
 
     def off(self) -> tuple[str, ...]:
         """The ``PlumbingCosts`` field names switched off."""

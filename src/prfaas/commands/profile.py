@@ -425,13 +425,25 @@ def _with_plumbing(pf: Any, args: argparse.Namespace) -> Any:
     import sys
     import tempfile
 
-    from prfaas.commands.profile_plumbing import measure
+    from prfaas.commands.profile_plumbing import SHORT_PROMPT_TOKENS, measure
+    from prfaas.commands.profile_step import DEFAULT_BATCH_SIZES as STEP_BATCHES
+    from prfaas.commands.profile_step import engine_step_overheads
     from prfaas.perf.plumbing import PlumbingCosts
     from prfaas.perf.profile_write import dump_profile_file
 
     if args.plumbing_requests < 2:
         raise UsageError(f"--plumbing-requests must be >= 2, got {args.plumbing_requests}")
     limit = pf.model.max_context_tokens or 4096
+
+    def say(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    say(f"plumbing: engine decode steps beyond the forward pass at batch sizes {STEP_BATCHES}")
+    overheads = engine_step_overheads(
+        args.model_path, device=args.device, batch_sizes=STEP_BATCHES,
+        context_tokens=SHORT_PROMPT_TOKENS, seed=args.seed + 2,
+    )  # fmt: skip
+    engine_overhead_s = {b: engine_s - forward_s for b, (engine_s, forward_s) in overheads.items()}
     with tempfile.TemporaryDirectory(prefix="prfaas-plumbing-") as tmp:
         scratch = Path(tmp) / "forward.yaml"
         # Zeros, none missing: the forward passes only, without the missing-terms warning.
@@ -439,7 +451,7 @@ def _with_plumbing(pf: Any, args: argparse.Namespace) -> Any:
         costs, how = measure(
             pf.model.name, args.model_path, scratch, Path(tmp), requests=args.plumbing_requests,
             threads=args.threads, seed=args.seed + 1, long_prompt_tokens=min(4096, limit // 2),
-            say=lambda m: print(m, file=sys.stderr, flush=True),
+            say=say, engine_overhead_s=engine_overhead_s,
         )  # fmt: skip
     return dataclasses.replace(pf, plumbing=costs, plumbing_how=how)
 

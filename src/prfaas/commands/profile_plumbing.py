@@ -5,8 +5,9 @@ A one-site deployment (the gateway, one torch prefill node, one torch decode nod
 process, ``router: local_only``) is launched on this host with ``serve.Launcher``; requests go
 through its HTTP API one at a time (nothing queued), in three classes: short prompts with one
 output token, short prompts with ``K`` output tokens, long prompts with one output token (fresh
-random prompts, so no prefix hits). Each process's CPU time (user + system, all threads, from
-``/proc``), less its idle rate measured beforehand, divided by the requests, gives per process
+random prompts, so no prefix hits); then short prompts with ``K`` tokens, ``BATCH`` at once.
+Each process's CPU time (user + system, all threads, from ``/proc``), less its idle rate
+measured beforehand, divided by the requests, gives per process
 and class the CPU one request costs; the terms are differences of classes, less the profile's own
 forward-pass times where a node computes:
 
@@ -14,8 +15,14 @@ forward-pass times where a node computes:
 - ``gateway_per_request_s``: the gateway's CPU of the short class, less one token's;
 - ``decode_per_kv_byte_s``: the decode node's CPU, (long class - short class) over the KV bytes
   between them (it runs no forward pass for a one-token request: the prefill sampled it);
-- ``decode_per_output_token_s``: the decode node's CPU, (K class - short class - the profile's
-  K - 1 decode steps) / (K - 1): its relay and scheduling per token beyond the batched step;
+- ``decode_per_output_token_s`` and ``decode_per_step_s``: the decode node's CPU, (K class -
+  short class - the profile's K - 1 decode steps) / (K - 1), is what one token costs beyond the
+  forward pass at batch 1: one step's overhead plus one token's. A fourth, batched class (short
+  prompts, K tokens, ``BATCH`` at once) with the decode node's own step count splits it
+  (``perf.plumbing.split_decode_live``): ``decode_per_step_s`` once per step, the rest
+  ``decode_per_output_token_s``. The engine's step overhead measured in the profiling process
+  (``commands.profile_step``) is recorded beside it, and splits it only if the batched class
+  could not (``split_decode_overhead``); with neither, the per-step term is left missing;
 - ``node_per_request_s``: the mean over the two nodes of the short class's CPU less its forward
   pass (the prefill node's profiled prefill) and KV bytes (the decode node's): the simulator
   charges it on each node a request visits.
@@ -43,6 +50,8 @@ from prfaas.errors import UsageError
 SHORT_PROMPT_TOKENS = 64
 LONG_PROMPT_TOKENS = 4096
 OUTPUT_TOKENS = 32
+BATCH = 8
+"""Requests decoding at once in the batched class (the split of the decode node's terms)."""
 PROCESSES = ("gateway", "p0", "d0")
 IDLE_S = 2.0
 
@@ -92,11 +101,14 @@ def measure(
     seed: int,
     long_prompt_tokens: int,
     say: Callable[[str], None],
+    engine_overhead_s: dict[int, float] | None = None,
 ) -> tuple[Any, tuple[tuple[str, str], ...]]:
     """``(PlumbingCosts, how)`` measured on a deployment whose nodes' hardware is ``profile``
-    (the forward-pass profile just measured)."""
+    (the forward-pass profile just measured). ``engine_overhead_s``: the engine's decode step
+    overhead beyond its forward pass per batch size (``profile_step``), to split the decode
+    node's per-token figure; None leaves ``decode_per_step_s`` missing."""
     from prfaas.config import load_deployment
-    from prfaas.perf.plumbing import PlumbingCosts
+    from prfaas.perf.plumbing import PlumbingCosts, split_decode_live, split_decode_overhead
     from prfaas.perf.profile_costs import cost_model_from_profile_file
     from prfaas.serve.launch_errors import LaunchError
     from prfaas.serve.launcher import Launcher
@@ -111,11 +123,11 @@ def measure(
     extra = {"ignore_eos": True}
     index = iter(range(1, 1 << 30))
 
-    def send(prompt: int, output: int, count: int, url: str) -> None:
+    def send(prompt: int, output: int, count: int, url: str, concurrency: int = 1) -> None:
         reqs = [BenchRequest(next(index), 0.0, prompt, output) for _ in range(count)]
         results, _ = asyncio.run(
-            run_workload(reqs, base_url=url, model=model_name, synth=synth, concurrency=1,
-                         timeout_s=300, extra_body=extra)
+            run_workload(reqs, base_url=url, model=model_name, synth=synth,
+                         concurrency=concurrency, timeout_s=300, extra_body=extra)
         )  # fmt: skip
         bad = [r for r in results if not r.ok]
         if bad:
@@ -156,11 +168,26 @@ def measure(
             }
             return ClassCpu(prompt, output, per)
 
-        short, tokens, long = (
-            cls(SHORT_PROMPT_TOKENS, 1),
-            cls(SHORT_PROMPT_TOKENS, OUTPUT_TOKENS),
-            cls(long_prompt_tokens, 1),
-        )
+        def decode_steps() -> int:
+            """The decode node's step count, once its reports have caught up."""
+            time.sleep(2 * d.heartbeat_interval_s + 0.3)
+            rows = [r for r in launcher.nodes() if r.get("node") == "d0"]
+            return int(rows[0].get("decode_steps", 0)) if rows else 0
+
+        steps_at = decode_steps()
+        short = cls(SHORT_PROMPT_TOKENS, 1)
+        tokens = cls(SHORT_PROMPT_TOKENS, OUTPUT_TOKENS)
+        steps_batch1 = decode_steps() - steps_at
+        long = cls(long_prompt_tokens, 1)
+        # The batched class: BATCH requests decoding at once (a new one starts as one ends).
+        num_batched = max(requests, 2 * BATCH)
+        say(f"plumbing: {num_batched} requests, {BATCH} at once, {OUTPUT_TOKENS} output tokens")
+        steps_at = decode_steps()
+        w0, c0_d = time.perf_counter(), process_cpu_s(pids["d0"])
+        send(SHORT_PROMPT_TOKENS, OUTPUT_TOKENS, num_batched, url, concurrency=BATCH)
+        wall = time.perf_counter() - w0
+        batched_cpu_s = max(0.0, process_cpu_s(pids["d0"]) - c0_d - idle["d0"] * wall)
+        batched_steps = decode_steps() - steps_at
     finally:
         launcher.stop()
     notes: dict[str, str] = {}
@@ -178,11 +205,54 @@ def measure(
     d_s, d_k, d_l = (c.per_process_s["d0"] for c in (short, tokens, long))
     per_byte = floor0("decode_per_kv_byte_s", (d_l - d_s) / (kv_long - kv_short))
     steps_s = cm.decode_span_s(1, SHORT_PROMPT_TOKENS + 1, OUTPUT_TOKENS - 1)
-    per_tok = floor0("decode_per_output_token_s", (d_k - d_s - steps_s) / (OUTPUT_TOKENS - 1))
+    batch1 = (d_k - d_s - steps_s) / (OUTPUT_TOKENS - 1)
+    per_tok = floor0("decode_per_output_token_s", batch1)
+    per_step, split_how = 0.0, ""
+    missing: tuple[str, ...] = ("decode_per_step_s",)
+    # The batched class: its tokens, and its CPU beyond the requests' fixed costs (the short
+    # class's, per request) and the profile's forward passes of its steps (linear in the batch:
+    # S x step(1) + (N - S) x one request's share + the context term).
+    num_tokens = num_batched * (OUTPUT_TOKENS - 1)
+    f1 = cm.decode_step_s(1, 0)
+    per_request_fwd = cm.decode_step_s(2, 0) - f1
+    per_ctx = (cm.decode_step_s(1, 1000) - f1) / 1000
+    ctx_total = num_batched * ((OUTPUT_TOKENS - 1) * SHORT_PROMPT_TOKENS
+                               + (OUTPUT_TOKENS - 1) * OUTPUT_TOKENS // 2)  # fmt: skip
+    forward_s = (batched_steps * (f1 - per_request_fwd) + num_tokens * per_request_fwd
+                 + per_ctx * ctx_total)  # fmt: skip
+    batched_s = batched_cpu_s - num_batched * d_s - forward_s
+    live_how = (
+        f"; batched class: {num_batched} requests {BATCH} at once, {num_tokens} tokens in "
+        f"{batched_steps} steps (batch-1 class: {steps_batch1} steps for "
+        f"{requests * (OUTPUT_TOKENS - 1)} tokens), decode node {batched_cpu_s:.4g} CPU s, "
+        f"{batched_s:.4g} s beyond the fixed costs and forward passes"
+    )
+    if num_tokens > batched_steps > 0:
+        split = split_decode_live(batch1, batched_s, batched_steps, num_tokens)
+        per_step, per_tok, missing = split.per_step_s, split.per_output_token_s, ()
+        split_how = (
+            f"; split from the batch-1 figure {batch1:.4g} s by the decode node's CPU at two "
+            f"batch sizes{live_how}: per step {per_step:.4g} s"
+        ) + "".join(f"; {c}" for c in split.clipped)
+        if engine_overhead_s is not None:
+            engine = split_decode_overhead(engine_overhead_s, max(0.0, batch1))
+            split_how += (f"; for comparison, engine.torch's own step overhead beyond the "
+                          f"forward pass gives per step {engine.per_step_s:.4g} s")  # fmt: skip
+    elif engine_overhead_s is not None:
+        split = split_decode_overhead(engine_overhead_s, per_tok)
+        per_step, per_tok, missing = split.per_step_s, split.per_output_token_s, ()
+        overheads = ", ".join(f"{v * 1e3:.3g} ms at batch {b}" for b, v in
+                              engine_overhead_s.items())  # fmt: skip
+        split_how = (
+            f"; split from the batch-1 figure {split.per_step_s + per_tok:.4g} s by the engine's "
+            f"step overhead beyond the forward pass ({overheads}, {SHORT_PROMPT_TOKENS}-token "
+            f"contexts): per step {split.per_step_s:.4g} s, engine per request "
+            f"{split.engine_per_request_s:.4g} s"
+        ) + "".join(f"; {c}" for c in split.clipped)
     prefill_req = short.per_process_s["p0"] - cm.prefill_s(SHORT_PROMPT_TOKENS)
     decode_req = d_s - per_byte * kv_short
     node_req = floor0("node_per_request_s", statistics.mean((prefill_req, decode_req)))
-    costs = PlumbingCosts(node_req, per_byte, per_tok, gw_req, gw_tok, missing=())
+    costs = PlumbingCosts(node_req, per_byte, per_tok, gw_req, gw_tok, per_step, missing=missing)
     common = (
         f"process CPU (/proc, idle rate removed) of a live one-site torch deployment, "
         f"{requests} sequential requests per class"
@@ -194,10 +264,21 @@ def measure(
         "decode_per_kv_byte_s": f"{common}; decode node, {long_prompt_tokens} vs "
         f"{SHORT_PROMPT_TOKENS}-token prompts ({kv_long} vs {kv_short} KV bytes)",
         "decode_per_output_token_s": f"{common}; decode node, {OUTPUT_TOKENS} vs 1 output "
-        f"tokens, less the profile's {OUTPUT_TOKENS - 1} decode steps ({steps_s:.4g} s)",
+        f"tokens, less the profile's {OUTPUT_TOKENS - 1} decode steps ({steps_s:.4g} s)"
+        f"{split_how}",
         "gateway_per_request_s": f"{common}; gateway process",
         "gateway_per_output_token_s": f"{common}; gateway, {OUTPUT_TOKENS} vs 1 output tokens",
     }
+    if engine_overhead_s is not None:
+        how["decode_per_step_s"] = (
+            f"engine.torch's decode step less its forward pass at batch sizes "
+            f"{sorted(engine_overhead_s)} (wall, this process), the batch-independent part, "
+            f"capped by the decode node's batch-1 per-token CPU ({common})"
+        )
+    if not missing and num_tokens > batched_steps > 0:
+        how["decode_per_step_s"] = (
+            f"{common}; decode node at batch 1 and {BATCH}, steps counted by the node{live_how}"
+        )
     for name, note in notes.items():
         how[name] += f"; {note}"
     return costs, tuple(how.items())

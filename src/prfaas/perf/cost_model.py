@@ -35,8 +35,9 @@ class CostModel:
     """The live system's costs around the forward passes (``perf.plumbing``); all 0.0 unless
     a profile measured them."""
     relay_in_decode_step: bool = False
-    """Decode step times include ``plumbing.decode_per_output_token_s`` per request of the
-    batch (the simulator's view: the decode node relays each token on the core it steps on).
+    """Decode step times include ``plumbing.decode_per_step_s`` once and
+    ``plumbing.decode_per_output_token_s`` per request of the batch (the simulator's view: the
+    decode node runs its step loop and relays each token on the core it steps on).
     False (the default, the timed engine's): the engine's forward pass alone, since a live node
     pays its plumbing itself. ``decode_batch_limit`` never includes it (the engine's batch)."""
     _decode_cache: dict[int, tuple[float, float]] = field(
@@ -116,7 +117,8 @@ class CostModel:
         if parts is None:
             parts = self._engine_parts(batch_size)
             if self.relay_in_decode_step:
-                relay_s = self.plumbing.decode_per_output_token_s * batch_size
+                p = self.plumbing
+                relay_s = p.decode_per_step_s + p.decode_per_output_token_s * batch_size
                 parts = (parts[0] + relay_s, parts[1])
             self._decode_cache[batch_size] = parts
         return parts
@@ -159,7 +161,10 @@ class CostModel:
         if decode is not None and not isinstance(decode, DecodeFit):
             return decode.max_batch if decode.step_s <= step_budget_s + 1e-12 else 0
         # The engine's own step (memoised when no relay is added to it).
-        relayed = self.relay_in_decode_step and self.plumbing.decode_per_output_token_s > 0
+        p = self.plumbing
+        relayed = self.relay_in_decode_step and (
+            p.decode_per_output_token_s > 0 or p.decode_per_step_s > 0
+        )
         parts = self._engine_parts if relayed else self._decode_parts
         batch = 0
         while batch < 4096:

@@ -6,6 +6,8 @@ installing KV bytes on the decode node, relaying each output token, and the gate
 Each term is measured (``prfaas profile``), stored in the profile file and charged by the
 simulator to the process and core that pays it; the planner's capacity reads the same terms. A
 term the profile did not measure is 0.0 and named in ``missing`` (the loader warns once).
+``split_decode_overhead`` is the arithmetic that splits the decode node's batch-1 per-token CPU
+into a per-step and a per-token term (``commands.profile_step`` measures its inputs).
 
 Pure: no I/O, no clock; imports nothing from prfaas.
 """
@@ -20,6 +22,7 @@ PLUMBING_TERMS = (
     "decode_per_output_token_s",
     "gateway_per_request_s",
     "gateway_per_output_token_s",
+    "decode_per_step_s",
 )
 
 
@@ -31,11 +34,18 @@ class PlumbingCosts:
     decode_per_kv_byte_s: float = 0.0
     """Decode node CPU seconds per KV byte received, verified and installed."""
     decode_per_output_token_s: float = 0.0
-    """Decode node CPU seconds per output token beyond the batched step (the token relay)."""
+    """Decode node CPU seconds per output token beyond the batched step's forward pass: its
+    relay, and the engine's per-request work in a step (cache gather/split, sampling). Charged
+    per request of each step's batch. Profiles written before ``decode_per_step_s`` existed
+    measured it at batch 1, so it also holds the per-step overhead there."""
     gateway_per_request_s: float = 0.0
     """Gateway CPU seconds per request (HTTP in and out, tokenizing, routing)."""
     gateway_per_output_token_s: float = 0.0
     """Gateway CPU seconds per output token relayed to the client."""
+    decode_per_step_s: float = 0.0
+    """Decode node CPU seconds per decode step beyond its forward pass, whatever the batch (the
+    engine's step loop: hand-off to the engine thread, the batch's bookkeeping). Measured with
+    the engine stepping batches of two sizes (``commands.profile_plumbing``)."""
     missing: tuple[str, ...] = PLUMBING_TERMS
     """The terms the profile did not measure (each 0.0 here)."""
 
@@ -51,3 +61,91 @@ class PlumbingCosts:
 
 NO_PLUMBING = PlumbingCosts()
 """Nothing measured: every term 0.0 (the model of today's simulator)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeSplit:
+    """The decode node's CPU beyond the forward pass, split into what a step costs once and
+    what it costs per request of its batch (``split_decode_overhead``)."""
+
+    per_step_s: float
+    """``decode_per_step_s``."""
+    per_output_token_s: float
+    """``decode_per_output_token_s``: the live per-token figure at batch 1 less the per-step."""
+    engine_per_request_s: float
+    """The engine step's own per-request share (informational: inside ``per_output_token_s``;
+    0.0 from ``split_decode_live``, which does not see it apart)."""
+    clipped: tuple[str, ...] = ()
+    """What had to be clipped (a negative slope or intercept, a per-step above the batch-1
+    figure): noise the caller reports."""
+
+
+def split_decode_overhead(
+    engine_overhead_s: dict[int, float], per_token_at_batch1_s: float
+) -> DecodeSplit:
+    """Split a decode node's per-token CPU measured at batch 1 (``per_token_at_batch1_s``: one
+    step's overhead plus one token's relay) with the engine's step overhead beyond its forward
+    pass measured at two or more batch sizes (``engine_overhead_s[b]`` = engine step - forward
+    pass, seconds, at batch ``b``).
+
+    The engine's overhead is fitted as ``per_step + per_request x b`` (least squares over the
+    sizes); ``per_step`` is the step's batch-independent cost and ``per_token_at_batch1_s -
+    per_step`` the per-token remainder (the relay, the engine's per-request work), which is kept
+    at least ``per_request`` (``per_step`` is capped: the two are measured apart). At batch 1
+    the two add up to the measured figure exactly; at batch ``b`` a step costs ``per_step + b x
+    per_token`` instead of ``b x per_token_at_batch1_s``."""
+    if len(engine_overhead_s) < 2:
+        raise ValueError(f"need two or more batch sizes, got {sorted(engine_overhead_s)}")
+    if any(b < 1 for b in engine_overhead_s):
+        raise ValueError(f"batch sizes must be >= 1, got {sorted(engine_overhead_s)}")
+    if not per_token_at_batch1_s >= 0.0:
+        raise ValueError(f"per_token_at_batch1_s must be >= 0, got {per_token_at_batch1_s!r}")
+    xs, ys = list(engine_overhead_s), list(engine_overhead_s.values())
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    clipped: list[str] = []
+    if slope < 0:
+        clipped.append(f"per-request slope {slope:.3g} s stored as 0")
+        slope = 0.0
+    intercept = my - slope * mx
+    if intercept < 0:
+        clipped.append(f"per-step {intercept:.3g} s stored as 0")
+        intercept = 0.0
+    # A token costs at least the engine's own per-request share: the per-step takes the rest.
+    cap = max(0.0, per_token_at_batch1_s - slope)
+    if intercept > cap:
+        clipped.append(
+            f"per-step {intercept:.3g} s above the batch-1 figure less the engine's per-request "
+            f"{slope:.3g} s, capped at {cap:.3g} s"
+        )
+        intercept = cap
+    return DecodeSplit(intercept, per_token_at_batch1_s - intercept, slope, tuple(clipped))
+
+
+def split_decode_live(
+    per_token_at_batch1_s: float, batched_s: float, num_steps: int, num_tokens: int
+) -> DecodeSplit:
+    """Split the decode node's per-token CPU at batch 1 (``r``: one step's overhead ``a`` plus
+    one token's ``c``) with a batched run of the same node: ``num_steps`` decode steps made
+    ``num_tokens`` tokens (more than one per step on average) and cost ``batched_s`` CPU beyond
+    the profile's forward passes and the requests' fixed costs, i.e. ``S a + N c``. With ``r =
+    a + c``: ``a = (N r - X) / (N - S)``, ``c = r - a``; ``a`` is clipped to ``[0, r]`` (noise;
+    said in ``clipped``)."""
+    if num_tokens <= num_steps or num_steps < 1:
+        raise ValueError(
+            f"need more tokens than steps (a batch over 1), got {num_tokens} tokens in "
+            f"{num_steps} steps"
+        )
+    r = max(0.0, per_token_at_batch1_s)
+    clipped: list[str] = []
+    if per_token_at_batch1_s < 0:
+        clipped.append(f"batch-1 figure {per_token_at_batch1_s:.3g} s taken as 0")
+    a = (num_tokens * r - batched_s) / (num_tokens - num_steps)
+    if a < 0:
+        clipped.append(f"per-step {a:.3g} s stored as 0")
+        a = 0.0
+    if a > r:
+        clipped.append(f"per-step {a:.3g} s above the batch-1 figure, capped at {r:.3g} s")
+        a = r
+    return DecodeSplit(a, r - a, 0.0, tuple(clipped))

@@ -12,6 +12,7 @@ imports neither asyncio nor torch): no clock, no network.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -253,6 +254,14 @@ def load_profile_file(path: Path) -> ProfileFile:
 
 
 def load_profile_text(text: str, origin: str) -> ProfileFile:
+    """The profile of YAML ``text`` (``origin`` names it in errors). Memoised on the text: a
+    capacity search or a bench builds hundreds of simulators from the same files, and parsing
+    the YAML was most of their set-up (a ``ProfileFile`` is frozen, so sharing one is safe)."""
+    return _load_profile_text(text, origin)
+
+
+@functools.lru_cache(maxsize=64)
+def _load_profile_text(text: str, origin: str) -> ProfileFile:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -13,6 +13,7 @@ in existing events, never an event per byte or token):
   bytes; a local prefill's whole prompt KV), before the request joins its batch: the batch
   pauses for it, on the decode node's core (slowed like its steps when the site's cores are
   shared);
+- ``decode_per_step_s``: each decode step, once (whatever its batch);
 - ``decode_per_output_token_s``: each decode step, per request of the batch.
 
 Pure: no I/O, no clock.

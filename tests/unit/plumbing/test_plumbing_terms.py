@@ -34,7 +34,7 @@ from prfaas.workload import SimRequestSpec
 
 pytestmark = pytest.mark.timeout(60)
 
-PLUMBING = PlumbingCosts(0.004, 2e-9, 0.0003, 0.002, 0.0001, missing=())
+PLUMBING = PlumbingCosts(0.004, 2e-9, 0.0003, 0.002, 0.0001, 0.0007, missing=())
 
 
 def _profile(plumbing: PlumbingCosts = PLUMBING) -> ProfileFile:
@@ -77,7 +77,13 @@ def test_the_terms_round_trip_and_reach_the_cost_model(tmp_path: Path) -> None:
     assert not cm.relay_in_decode_step
     assert cm.decode_step_s(2, 200) == pytest.approx(0.002 + 0.001 + 2e-6)
     relayed = replace(cm, relay_in_decode_step=True)
-    assert relayed.decode_step_s(2, 200) == pytest.approx(cm.decode_step_s(2, 200) + 2 * 0.0003)
+    # Once per step, and per request of the batch.
+    assert relayed.decode_step_s(2, 200) == pytest.approx(
+        cm.decode_step_s(2, 200) + 0.0007 + 2 * 0.0003
+    )
+    assert relayed.decode_step_s(8, 200) == pytest.approx(
+        cm.decode_step_s(8, 200) + 0.0007 + 8 * 0.0003
+    )
     assert relayed.max_decode_batch == cm.max_decode_batch
     assert relayed.prefill_s(300) == cm.prefill_s(300)
 
@@ -147,11 +153,14 @@ def test_each_term_is_charged_where_it_is_paid_and_switched_off(tmp_path: Path) 
     # Gateway, prefill node, decode node (fixed + per KV byte) before the first token.
     extra = p.gateway_per_request_s + 2 * p.node_per_request_s + p.decode_per_kv_byte_s * kv
     assert ttft - base_ttft == pytest.approx(extra, rel=1e-6)
-    assert decode - base_decode == pytest.approx(OUTPUT * p.decode_per_output_token_s, rel=1e-6)
+    per_step_and_token = p.decode_per_output_token_s + p.decode_per_step_s  # at batch 1
+    assert decode - base_decode == pytest.approx(OUTPUT * per_step_and_token, rel=1e-6)
     for term in PLUMBING_TERMS:  # each switch removes its own term only
         ttft_off, decode_off = _isolated(tmp_path, (term,))
-        if term == "decode_per_output_token_s":
-            assert ttft_off == pytest.approx(ttft) and decode_off == pytest.approx(base_decode)
+        if term in ("decode_per_output_token_s", "decode_per_step_s"):
+            other = per_step_and_token - getattr(p, term)
+            assert ttft_off == pytest.approx(ttft)
+            assert decode_off - base_decode == pytest.approx(OUTPUT * other, rel=1e-6)
         elif term == "gateway_per_output_token_s":  # a lone request never waits on it
             assert (ttft_off, decode_off) == pytest.approx((ttft, decode))
         else:

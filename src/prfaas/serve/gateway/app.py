@@ -264,6 +264,7 @@ def _node_row(registry: NodeRegistry, n: Any) -> dict[str, object]:
         "in_flight": registry.in_flight(n.node_id), "queue_depth": n.queue_depth,
         "batch_size": n.batch_size,
         "handshake_failures": registry.handshake_failures.get(n.node_id, 0),
+        "decode_steps": registry.decode_steps.get(n.node_id, 0),
     }  # fmt: skip
 
 

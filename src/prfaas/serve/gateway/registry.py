@@ -94,6 +94,8 @@ class NodeRegistry:
         self._pending: dict[str, dict[str, int]] = {}
         self._rotation: dict[str, Rotation] = {}
         self.handshake_failures: dict[str, int] = {}
+        self.decode_steps: dict[str, int] = {}
+        """Each node's decode steps so far, as its last report said (``/internal/nodes``)."""
         """Per node: KV handshakes its process's receiver refused (from its reports)."""
         self.processes: dict[str, _Process] = {}
         self._site_kind = {s.name: s.kind for s in deployment.sites}
@@ -271,6 +273,7 @@ class NodeRegistry:
         rot = self._rotation.setdefault(r.node, Rotation(role))
         rot.on_report(role, r.draining, r.fault, now_wall_s)
         self.handshake_failures[r.node] = r.handshake_failures
+        self.decode_steps[r.node] = r.decode_steps
         self.view.update_node(
             self._with_pending(NodeLoad(
                 node_id=NodeId(r.node),

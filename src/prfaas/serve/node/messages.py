@@ -150,6 +150,8 @@ class NodeReport(_Msg):
     out of rotation until a report without a fault."""
     handshake_failures: int = 0
     """KV-transfer handshakes this process's receiver refused since it started (wrong key...)."""
+    decode_steps: int = 0
+    """Decode steps this node has run that produced tokens, since it started."""
 
 
 class NodeEndpoint(_Msg):

@@ -113,6 +113,9 @@ class Node:
         """Cross-site KV bytes handed to the sender so far, credited piece by piece as each is
         accepted (the gateway's link goodput is this less the links' unacknowledged bytes)."""
         self._num_prefilling = 0
+        self.num_decode_steps = 0
+        """Decode steps that produced tokens so far (``prfaas profile``'s plumbing measurement
+        divides the decode node's CPU between steps and tokens with it)."""
         self._unsent_kv_bytes = 0
         """KV bytes of this node's open cross-site sessions not yet accepted by the sender: a
         session counts its whole manifest when it opens, as the simulator's link counts a whole
@@ -137,6 +140,7 @@ class Node:
             egress_bytes=self.egress_bytes,
             egress_backlog_bytes=self._unsent_kv_bytes,
             fault=self.fault,
+            decode_steps=self.num_decode_steps,
         )
 
     @property
@@ -342,6 +346,8 @@ class Node:
                 self._fail_waiting(f"decode step: {_reason(exc)}")
                 await asyncio.sleep(STEP_FAILURE_BACKOFF_S)
                 continue
+            if events:
+                self.num_decode_steps += 1
             for event in events:
                 self._publish(event)
 

@@ -1,0 +1,92 @@
+"""``prfaas profile --engine torch``'s decode step overhead: what ``engine.torch``'s decode step
+costs beyond its forward pass, at two batch sizes, so that the decode node's per-token plumbing
+measured at batch 1 (``commands.profile_plumbing``) can be split into a per-step and a
+per-token term (``perf.plumbing.split_decode_overhead``).
+
+In this process, on the profiled model: for each batch size ``b``, ``b`` requests of
+``context_tokens`` random prompt tokens are prefilled and started on a real ``TorchEngine``
+(greedy, EOS ignored), then ``steps`` decode steps are timed two ways, alternately: the engine's
+own ``step()`` (the hand-off to its engine thread, gathering the batch's caches, the forward,
+splitting them back, sampling, the bookkeeping) and the bare forward pass of a ``b``-row batch
+at the same context, which is what the profile's decode points time. The medians' difference is
+the engine's overhead at ``b``. Wall seconds, as the profile's forward passes are timed.
+
+Not pure (torch, the clock): a command's helper.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+DEFAULT_BATCH_SIZES = (1, 8)
+DEFAULT_STEPS = 24
+WARMUP_STEPS = 2
+
+
+def engine_step_overheads(
+    model_path: Path,
+    *,
+    device: str,
+    batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+    context_tokens: int,
+    steps: int = DEFAULT_STEPS,
+    seed: int,
+) -> dict[int, tuple[float, float]]:
+    """Per batch size: (median engine step s, median forward-pass s) at ``context_tokens``."""
+    import torch
+
+    from prfaas.engine.api import PrefillRequest, SamplingParams
+    from prfaas.engine.torch.engine import TorchEngine
+    from prfaas.engine.torch.hf_cache import forward, new_cache
+    from prfaas.engine.torch.loader import load_model
+
+    if steps < 3:
+        raise ValueError(f"steps must be >= 3, got {steps}")
+    loaded = load_model(model_path, device=device)
+    model, rng = loaded.model, random.Random(seed)
+    cuda = device.startswith("cuda")
+
+    def prompt() -> tuple[int, ...]:
+        return tuple(rng.randrange(loaded.vocab_size) for _ in range(context_tokens))
+
+    def timed(fn: Any, *args: Any) -> float:
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn(*args)
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    out: dict[int, tuple[float, float]] = {}
+    engine = TorchEngine(loaded, max_batch=max(batch_sizes))
+    try:
+        sampling = SamplingParams(max_new_tokens=steps + WARMUP_STEPS + 2, ignore_eos=True)
+        for b in batch_sizes:
+            rids = [f"step-{b}-{i}" for i in range(b)]
+            for rid in rids:
+                result = engine.prefill(PrefillRequest(rid, prompt()), keep=True)
+                engine.start(result, sampling)
+            with torch.inference_mode():
+                cache = new_cache(model)
+                rows = torch.tensor([list(prompt()) for _ in range(b)])
+                forward(model, rows, cache, torch.arange(context_tokens).expand(b, -1))
+                for _ in range(WARMUP_STEPS):
+                    engine.step()
+                engine_s, forward_s = [], []
+                for k in range(steps):
+                    engine_s.append(timed(engine.step))
+                    ids = torch.tensor([[rng.randrange(loaded.vocab_size)] for _ in range(b)])
+                    at = torch.full((b, 1), context_tokens + k, dtype=torch.long)
+                    forward_s.append(timed(forward, model, ids, cache, at))
+            for rid in rids:
+                engine.release(rid)
+            out[b] = (statistics.median(engine_s), statistics.median(forward_s))
+    finally:
+        engine.close()
+    return out

@@ -1,0 +1,134 @@
+"""The decode node's per-token CPU measured at batch 1 split into a per-step and a per-token term
+(``perf.plumbing.split_decode_overhead``), and the simulator charging the per-step term once per
+decode step, not per request of its batch."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import yaml
+from test_plumbing_terms import _profile
+
+from prfaas.perf import profile_costs
+from prfaas.perf.plumbing import PlumbingCosts, split_decode_live, split_decode_overhead
+from prfaas.perf.profile_costs import cost_model_from_profile_file
+from prfaas.perf.profile_write import dump_profile_file
+from prfaas.sim import SimScenario, Simulator, SiteConfig
+from prfaas.workload import SimRequestSpec
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_two_batch_sizes_give_the_step_and_the_token() -> None:
+    step, per_request, batch1 = 0.003, 0.0004, 0.005
+    split = split_decode_overhead({1: step + per_request, 8: step + 8 * per_request}, batch1)
+    assert split.per_step_s == pytest.approx(step)
+    assert split.engine_per_request_s == pytest.approx(per_request)
+    assert split.per_output_token_s == pytest.approx(batch1 - step)
+    assert split.clipped == ()
+    # At batch 1 the two terms add up to what was measured there; at 8 the step is paid once.
+    assert split.per_step_s + split.per_output_token_s == pytest.approx(batch1)
+    assert split.per_step_s + 8 * split.per_output_token_s < 8 * batch1
+
+
+def test_more_than_two_sizes_are_a_least_squares_line() -> None:
+    split = split_decode_overhead({1: 0.0031, 4: 0.0045, 8: 0.0064}, 0.01)
+    assert split.engine_per_request_s == pytest.approx(0.000471, rel=0.01)
+    assert split.per_step_s == pytest.approx(0.0026, rel=0.02)
+
+
+def test_noise_is_clipped_and_said() -> None:
+    # The engine's per-step overhead above what the live node paid per token at batch 1: the
+    # per-step is capped so that a token still costs the engine's own per-request share.
+    split = split_decode_overhead({1: 0.0059, 8: 0.0123}, 0.0049)
+    assert split.engine_per_request_s == pytest.approx(0.0064 / 7)
+    assert split.per_output_token_s == pytest.approx(split.engine_per_request_s)
+    assert split.per_step_s == pytest.approx(0.0049 - 0.0064 / 7)
+    assert any("capped" in c for c in split.clipped)
+    falling = split_decode_overhead({1: 0.004, 8: 0.003}, 0.01)  # overhead falling with batch
+    assert falling.engine_per_request_s == 0.0 and falling.per_step_s == pytest.approx(0.0035)
+    assert any("slope" in c for c in falling.clipped)
+    nothing = split_decode_overhead({1: -0.001, 8: -0.001}, 0.002)
+    assert nothing.per_step_s == 0.0 and nothing.per_output_token_s == pytest.approx(0.002)
+
+
+def test_the_live_batched_class_gives_the_step_and_the_token() -> None:
+    """S steps made N tokens and cost S a + N c beyond the forward passes; at batch 1 a token
+    cost a + c: both terms come back exactly, and clipped when the noise says impossible."""
+    a, c, steps, tokens = 0.004, 0.0008, 70, 496
+    split = split_decode_live(a + c, steps * a + tokens * c, steps, tokens)
+    assert split.per_step_s == pytest.approx(a) and split.per_output_token_s == pytest.approx(c)
+    assert split.clipped == ()
+    # Batched CPU as if every token paid the whole batch-1 figure: nothing is per step.
+    flat = split_decode_live(a + c, tokens * (a + c), steps, tokens)
+    assert flat.per_step_s == pytest.approx(0.0, abs=1e-12)
+    # Cheaper than one step's worth per step: capped at the whole figure, per token 0.
+    cheap = split_decode_live(a + c, 0.5 * steps * (a + c), steps, tokens)
+    assert cheap.per_step_s == pytest.approx(a + c) and cheap.per_output_token_s == 0.0
+    assert any("capped" in x for x in cheap.clipped)
+    dearer = split_decode_live(a + c, 2 * tokens * (a + c), steps, tokens)
+    assert dearer.per_step_s == 0.0 and dearer.per_output_token_s == pytest.approx(a + c)
+    negative = split_decode_live(-0.001, 0.01, steps, tokens)
+    assert (negative.per_step_s, negative.per_output_token_s) == (0.0, 0.0)
+    with pytest.raises(ValueError, match="more tokens than steps"):
+        split_decode_live(0.005, 0.1, 100, 100)
+
+
+def test_bad_inputs_are_refused() -> None:
+    with pytest.raises(ValueError, match="two or more batch sizes"):
+        split_decode_overhead({1: 0.001}, 0.002)
+    with pytest.raises(ValueError, match="batch sizes must be >= 1"):
+        split_decode_overhead({0: 0.001, 4: 0.002}, 0.002)
+    with pytest.raises(ValueError, match="per_token_at_batch1_s"):
+        split_decode_overhead({1: 0.001, 4: 0.002}, float("nan"))
+
+
+def test_a_profile_without_the_per_step_term_warns_naming_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A profile of the previous round (five terms) loads; the warning names the new one."""
+    path = tmp_path / "five.yaml"
+    dump_profile_file(_profile(), path)
+    data = yaml.safe_load(path.read_text())
+    del data["plumbing"]["decode_per_step_s"]
+    path.write_text(yaml.safe_dump(data))
+    profile_costs._WARNED.clear()
+    with caplog.at_level(logging.WARNING, logger="prfaas.perf"):
+        cm = cost_model_from_profile_file(path)
+    assert cm.plumbing.missing == ("decode_per_step_s",) and cm.plumbing.decode_per_step_s == 0.0
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1 and "decode_per_step_s" in messages[0]
+    assert "decode_per_output_token_s" not in messages[0]
+
+
+def _finish_times(tmp_path: Path, plumbing: PlumbingCosts, num_requests: int) -> list[float]:
+    """Finish times of ``num_requests`` short prompts sent at once to one PD site (they decode
+    together in one batch)."""
+    path = tmp_path / f"p{num_requests}-{plumbing.decode_per_step_s}.yaml"
+    dump_profile_file(_profile(plumbing), path)
+    sc = SimScenario(
+        sites=(SiteConfig("pd", "pd", str(path), 1, 1),), model="tiny", policy="local_only",
+        prefix_cache=False, duration_s=1e6, prefill_token_budget=1_000_000,
+    )  # fmt: skip
+    sim = Simulator(sc, iter([SimRequestSpec(i, 0.0, 64, 40) for i in range(num_requests)]))
+    done: list[float] = []
+    sim.on_finish = lambda r: done.append(r.finish_s)
+    sim.run()
+    return sorted(done)
+
+
+def test_the_step_term_is_charged_once_per_step_not_per_request(tmp_path: Path) -> None:
+    """Same batch-1 figure, charged as one per-token term (the previous round) or split: alone a
+    request decodes in the same time; eight decoding together finish sooner with the split, by
+    about 7 x the per-step term per step (the batch's step pays it once, not eight times)."""
+    batch1, step = 0.005, 0.004
+    whole = PlumbingCosts(decode_per_output_token_s=batch1, missing=())
+    split = PlumbingCosts(decode_per_output_token_s=batch1 - step, decode_per_step_s=step,
+                          missing=())  # fmt: skip
+    assert _finish_times(tmp_path, whole, 1) == pytest.approx(_finish_times(tmp_path, split, 1))
+    eight_whole, eight_split = _finish_times(tmp_path, whole, 8), _finish_times(tmp_path, split, 8)
+    saved = eight_whole[-1] - eight_split[-1]
+    # 40 output tokens: at most 40 steps of the full batch, each cheaper by 7 x step.
+    assert 0.8 * 40 * 7 * step < saved <= 40 * 7 * step + 1e-9
