@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -86,7 +86,10 @@ class WorkerHost:
         control_url: str,
         host: str = "127.0.0.1",
         process_name: str = "",
+        link_keys: Mapping[str, bytes] | None = None,
     ) -> None:
+        """``link_keys``: more keys (id -> key) its KV links may authenticate with, named by a
+        ``PrefillCommand.key_id`` (a PrfaaS pool's node holds every tenant's key)."""
         self.site = site_of_nodes(deployment, node_names, "worker process")
         self.deployment = deployment
         self.host = host
@@ -134,7 +137,7 @@ class WorkerHost:
         tls = deployment.tls
         self.links = LinkPool(
             self.process_name,
-            {DEPLOYMENT_KEY_ID: self._psk},
+            {**(link_keys or {}), DEPLOYMENT_KEY_ID: self._psk},
             client_ssl=self._client_ssl,
             server_hostname=tls.server_hostname if tls is not None else None,
         )
@@ -239,30 +242,36 @@ class WorkerHost:
             for r in self.links.reports()
         ]
 
-    def _destination(self, host: str, port: int, cross_site: bool) -> Destination:
+    def _destination(self, host: str, port: int, cross_site: bool, key_id: str) -> Destination:
         route = self.route if cross_site else None
         if cross_site and route is None:  # no link in the file: a separate, unpaced connection
             route = f"{self.site.name}->?"
-        return Destination(host, port, route, DEPLOYMENT_KEY_ID)
+        return Destination(host, port, route, key_id or DEPLOYMENT_KEY_ID)
 
-    async def link_to(self, host: str, port: int, cross_site: bool) -> TransferLink:
+    async def link_to(
+        self, host: str, port: int, cross_site: bool, key_id: str = ""
+    ) -> TransferLink:
         """The pooled link to a peer's receiver (``LinkPool.link_to``)."""
-        return await self.links.link_to(self._destination(host, port, cross_site))
+        return await self.links.link_to(self._destination(host, port, cross_site, key_id))
 
-    async def drop_link(self, host: str, port: int, cross_site: bool) -> None:
+    async def drop_link(self, host: str, port: int, cross_site: bool, key_id: str = "") -> None:
         """Forget a link that failed; the next prefill to that peer reconnects."""
-        await self.links.drop(self._destination(host, port, cross_site))
+        await self.links.drop(self._destination(host, port, cross_site, key_id))
 
     async def prefill(self, name: str, cmd: PrefillCommand) -> PrefillOutcome:
         """Node ``name`` prefills ``cmd`` into a session on the pooled link to the decode node's
         receiver (connected first if needed; a link that failed to connect is dropped)."""
         try:
-            link = await self.link_to(cmd.decode_host, cmd.decode_transfer_port, cmd.cross_site)
+            link = await self.link_to(
+                cmd.decode_host, cmd.decode_transfer_port, cmd.cross_site, cmd.key_id
+            )
         except (TransferError, OSError) as exc:
             return PrefillOutcome(request_id=cmd.request_id, ok=False, error=f"connect: {exc}")
         outcome = await self.nodes[name].prefill(cmd, link)
         if not outcome.ok and "Connect" in outcome.error:
-            await self.drop_link(cmd.decode_host, cmd.decode_transfer_port, cmd.cross_site)
+            await self.drop_link(
+                cmd.decode_host, cmd.decode_transfer_port, cmd.cross_site, cmd.key_id
+            )
         return outcome
 
     # -- prefix moves -----------------------------------------------------------------------------

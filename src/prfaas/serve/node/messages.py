@@ -77,6 +77,9 @@ class PrefillCommand(_Msg):
     rewound). A prefill node of such a model then sends the cache of all but the last token and
     no first token; a dense model's whole cache is sent as always."""
     sampling: SamplingMsg
+    key_id: str = ""
+    """The key the KV link to the decode node authenticates with: "" the deployment's ``psk``; a
+    PrfaaS pool's node names the tenant's key id (``docs/pool.md``)."""
 
 
 class PrefillOutcome(_Msg):
