@@ -3,6 +3,7 @@ is stopped (its whole process group) however the test ends."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -42,6 +43,12 @@ class LivePool:
         self.url = f"http://{door['host']}:{door['port']}"
         self.control_url = f"http://{door['host']}:{door['control_port']}"
         self.internal_key = (workdir / "pool-internal.key").read_text().strip()
+
+    def kill_front_door(self, sig: int) -> None:
+        """Signal the front door's process (its launcher restarts it, with a new epoch)."""
+        doc = json.loads((self.workdir / "processes.json").read_text())
+        pid = next(p["pid"] for p in doc["processes"] if p["name"] == "frontdoor")
+        os.kill(int(pid), sig)
 
     def log_tail(self) -> str:
         return "\n".join(

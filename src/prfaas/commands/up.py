@@ -64,9 +64,10 @@ def run(args: argparse.Namespace) -> int:
         return run_pool(args)
     d = load_deployment(args.deployment)
     _warn_placeholder_key(args.deployment, d.psk, d.accept_psks)
-    if d.pool is not None:  # as when the pool is unreachable: local serving goes on
-        _say(f"pool: {d.pool.url} (tenant {d.pool.tenant}) is not reachable live yet "
-             "(docs/pool.md); serving every prefill locally")  # fmt: skip
+    if d.pool is not None:  # a tenant of a PrfaaS pool (docs/pool.md)
+        from prfaas.commands.up_pool import check_tenant_pool
+
+        _say(check_tenant_pool(d))
     check_api_key_env()
     d.require_one_pd_site()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="prfaas-up-"))

@@ -11,6 +11,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from prfaas.config import DeploymentConfig
+
 
 def _say(message: str) -> None:
     print(f"prfaas: {message}", flush=True)
@@ -60,3 +62,21 @@ def run_pool(args: argparse.Namespace) -> int:
         launcher.stop()
         _say("stopped")
     return 0
+
+
+def check_tenant_pool(d: DeploymentConfig) -> str:
+    """A tenant file's pool at start: its key must resolve (a ``UsageError`` naming the field);
+    an unreachable pool is said, and local serving goes on (the gateway keeps trying)."""
+    import httpx
+
+    from prfaas.pool_file import resolve_key
+
+    assert d.pool is not None
+    resolve_key(d.pool.key, Path.cwd(), "pool.key")
+    url = d.pool.url.rstrip("/")
+    try:
+        httpx.get(f"{url}/health", timeout=2.0, trust_env=False).raise_for_status()
+    except httpx.HTTPError as exc:
+        return (f"pool: {url} is not reachable ({type(exc).__name__}): every prefill is local "
+                "until it answers")  # fmt: skip
+    return f"pool: {url} answers; tenant {d.pool.tenant} offloads there"

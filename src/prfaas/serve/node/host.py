@@ -24,6 +24,7 @@ import contextlib
 import logging
 import ssl
 from collections.abc import Coroutine, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -33,6 +34,7 @@ from prfaas.core import NodeRole, SiteId
 from prfaas.core.ids import link_id_for
 from prfaas.core.link_report import SenderLinkReport
 from prfaas.engine.api import Engine
+from prfaas.pool_file import resolve_key
 from prfaas.serve.auth import SignedAuth
 from prfaas.serve.keyring import ring_of_psks
 from prfaas.serve.node.control_plane import (
@@ -147,6 +149,9 @@ class WorkerHost:
             )
         self.receiver: Receiver | None = None
         self.transfer_port = 0
+        self.pool_receiver: Receiver | None = None
+        """A PrfaaS pool's tenant: the receiver of KV from the pool (its decode nodes only)."""
+        self.pool_transfer_port = 0
         self.http_port = 0
         self._tasks = BackgroundTasks()
 
@@ -162,9 +167,8 @@ class WorkerHost:
                 return node.allocate(manifest)
         raise Refused(f"no node of {self.process_name} expects {manifest.request_id}")
 
-    async def _consume_sessions(self) -> None:
-        assert self.receiver is not None
-        async for session in self.receiver:
+    async def _consume_sessions(self, receiver: Receiver) -> None:
+        async for session in receiver:
             self.spawn(self._complete(session))
 
     async def _complete(self, session: InboundSession) -> None:
@@ -326,7 +330,19 @@ class WorkerHost:
         await self.receiver.__aenter__()
         wanted = max((self.deployment.node(n).transfer_port for n in self.nodes), default=0)
         _, self.transfer_port = await self.receiver.listen(self.host, wanted)
-        self.spawn(self._consume_sessions())
+        self.spawn(self._consume_sessions(self.receiver))
+        pool = self.deployment.pool
+        if pool is not None and any(n.role is NodeRole.DECODE for n in self.nodes.values()):
+            # A tenant of a PrfaaS pool: the pool's nodes send KV under the tenant's pool key,
+            # never the deployment's psk, so they get a receiver of their own (docs/pool.md).
+            key = resolve_key(pool.key, Path.cwd(), "pool.key")
+            pool_config = TransferConfig(
+                psk=key, name=f"{self.process_name}-pool", ssl_context=self._server_ssl
+            )
+            self.pool_receiver = Receiver(pool_config, self._allocate)
+            await self.pool_receiver.__aenter__()
+            _, self.pool_transfer_port = await self.pool_receiver.listen(self.host, 0)
+            self.spawn(self._consume_sessions(self.pool_receiver))
         self.spawn(self.links.run())
         for node in self.nodes.values():
             self.spawn(node.decode_loop())
@@ -340,9 +356,10 @@ class WorkerHost:
         await self.links.stop_connects()
         await self._tasks.join()
         await self.links.aclose()
-        if self.receiver is not None:
-            with contextlib.suppress(Exception):
-                await self.receiver.aclose()
+        for receiver in (self.receiver, self.pool_receiver):
+            if receiver is not None:
+                with contextlib.suppress(Exception):
+                    await receiver.aclose()
         for node in self.nodes.values():  # joins each engine's thread; pending work fails
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(node.close)
@@ -351,13 +368,21 @@ class WorkerHost:
         return {}
 
     def registration(self) -> Registration:
-        return registration(
+        reg = registration(
             self.process_name,
             self.nodes.values(),
             self.host,
             self.http_port,
             self.transfer_port,
         )
+        if self.pool_transfer_port:
+            reg.nodes = [
+                ep.model_copy(update={"pool_transfer_port": self.pool_transfer_port})
+                if ep.role == "decode"
+                else ep
+                for ep in reg.nodes
+            ]
+        return reg
 
     def heartbeat(self) -> Heartbeat:
         """Every node's load report and the prefix store's next unacknowledged changes."""

@@ -162,6 +162,9 @@ class NodeEndpoint(_Msg):
     host: str
     http_port: int
     transfer_port: int = 0
+    pool_transfer_port: int = 0
+    """A tenant of a PrfaaS pool: the decode node's receiver for KV from the pool's nodes,
+    authenticated with the tenant's pool key (0: none)."""
 
 
 class Registration(_Msg):
