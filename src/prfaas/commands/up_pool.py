@@ -18,6 +18,10 @@ def _say(message: str) -> None:
     print(f"prfaas: {message}", flush=True)
 
 
+def _warn(message: str) -> None:
+    print(f"prfaas: warning: {message}", file=sys.stderr, flush=True)
+
+
 def run_pool(args: argparse.Namespace) -> int:
     from prfaas.pool.launcher import PoolLauncher
     from prfaas.pool.resolved import KEY_NAME, POOL_NAME, tenant_keys
@@ -26,7 +30,8 @@ def run_pool(args: argparse.Namespace) -> int:
     from prfaas.serve.supervisor import RestartPolicy
 
     pool = load_pool(args.deployment)
-    tenant_keys(pool, args.deployment.resolve().parent)  # an unset key is named before any start
+    # Each key that does not resolve is named before any start (and left out of the pool).
+    tenant_keys(pool, args.deployment.resolve().parent, on_missing=_warn)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="prfaas-pool-"))
     policy = None if args.no_restart else RestartPolicy(max_deaths=args.max_deaths)
     launcher = PoolLauncher(pool, args.deployment, workdir, restart=policy)

@@ -28,6 +28,7 @@ from prfaas.policy.pool_admission import Accepted
 from prfaas.pool.frontdoor import FrontDoor, Receiver, Submit
 from prfaas.pool.payload import Payload
 from prfaas.serve.auth import Refusal, Verifier, refusal_body
+from prfaas.serve.auth_middleware import CONNECTION_EXTENSION
 from prfaas.serve.internal_errors import error_response, install
 from prfaas.serve.keyring import Keyring
 from prfaas.serve.node.messages import SamplingMsg, unpack_tokens
@@ -112,6 +113,10 @@ def create_app(
             body = await request.body()
             refused = verifier.verify_body(verified, hashlib.sha256(body).hexdigest().encode())
             if refused is None:
+                # The listener takes a verified connection out of its unverified quota.
+                handle = request.scope.get("extensions", {}).get(CONNECTION_EXTENSION)
+                if handle is not None:
+                    handle.verified()
                 return keys.tenant(verified.key_id), verified.key_id
             verified = refused
         verifier.note(verified)

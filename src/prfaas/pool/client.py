@@ -73,7 +73,7 @@ class PoolClient:
             auth=_TenantAuth(key_id, key),
             timeout=timeout_s,
             trust_env=False,
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=32),
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
         )
 
     async def _call(self, method: str, path: str, body: Any = None) -> httpx.Response:

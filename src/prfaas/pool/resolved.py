@@ -9,11 +9,13 @@ with (made per run, never a tenant's); ``nodes-GROUP.yaml`` each group's node de
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 
 from prfaas.config import load_yaml_mapping
+from prfaas.errors import UsageError
 from prfaas.pool_file import resolve_key
 from prfaas.pool_sections import PoolFileConfig
 
@@ -44,11 +46,21 @@ def internal_psk(workdir: Path) -> str:
     return (workdir / KEY_NAME).read_text().strip()
 
 
-def tenant_keys(pool: PoolFileConfig, base_dir: Path) -> dict[str, tuple[str, bytes]]:
+def tenant_keys(
+    pool: PoolFileConfig, base_dir: Path, on_missing: Callable[[str], None] | None = None
+) -> dict[str, tuple[str, bytes]]:
     """Key id -> (tenant, key) of every active tenant key (``pool_file.resolve_key``: an unset
-    variable or unreadable file is a ``UsageError`` naming it)."""
-    return {
-        ref.id: (t.name, resolve_key(ref, base_dir, f"tenants.{i}.keys.{j}"))
-        for i, t in enumerate(pool.tenants)
-        for j, ref in enumerate(t.keys)
-    }
+    variable or unreadable file is a ``UsageError`` naming it; with ``on_missing`` that key is
+    left out and its one-line reason handed there instead)."""
+    out: dict[str, tuple[str, bytes]] = {}
+    for i, t in enumerate(pool.tenants):
+        for j, ref in enumerate(t.keys):
+            try:
+                out[ref.id] = (t.name, resolve_key(ref, base_dir, f"tenants.{i}.keys.{j}"))
+            except UsageError as exc:
+                if on_missing is None:
+                    raise
+                on_missing(f"{exc}: key {ref.id} of {t.name} is not accepted")
+    if not out:
+        raise UsageError("tenants: no tenant key resolves: the pool would refuse every call")
+    return out

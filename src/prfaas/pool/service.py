@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sys
 import time
 from pathlib import Path
@@ -38,6 +39,8 @@ from prfaas.serve.keyring import ring_of_psks
 from prfaas.serve.listeners import PortRouter, UnverifiedConnections, bind, serve
 from prfaas.serve.node.messages import Heartbeat, Registration
 
+log = logging.getLogger("prfaas.pool")
+
 
 def fingerprints(pool: PoolFileConfig) -> dict[str, dict[str, str]]:
     """What a submit's fingerprint must say per model (a timed group: the model preset and the
@@ -50,7 +53,7 @@ def build(workdir: Path) -> tuple[FastAPI, FastAPI, PlacementDriver, PoolFileCon
     """(tenant app, operator/node app, driver, the resolved pool file)."""
     pool = load_resolved(workdir)
     scale = pool.units.time_scale
-    keys = TenantKeys(tenant_keys(pool, workdir))
+    keys = TenantKeys(tenant_keys(pool, workdir, on_missing=log.warning))
     epoch = int(time.time() * 1000) % 2**31  # a restarted door answers with another epoch
 
     def clock() -> float:

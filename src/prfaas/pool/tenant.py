@@ -59,7 +59,9 @@ POOL_PROCESS = "pool-front-door"
 POOL_SITE_HARDWARE = "h200"
 """The tenant file does not say the pool's hardware: its router's remote cost model assumes an
 H200 node (the example pool's groups)."""
-OUTCOME_POLL_S = 0.05
+OUTCOME_POLL_S = 0.2
+"""How often a submitted prefill's outcome is asked for: its KV goes straight to the decode node,
+so this paces only the booking of its answer (and the load on the front door)."""
 log = logging.getLogger("prfaas.gateway")
 
 
@@ -93,7 +95,9 @@ class TenantPoolLink:
         self.client = PoolClient(self.ref.url, self.ref.key.id, key)
         self.session = PoolSession(silence_s=max(1.5, 3 * d.heartbeat_interval_s))
         self.fallbacks = Counter(
-            "pool_fallbacks", "Offloads to the PrfaaS pool that were prefilled locally, by reason",
+            "pool_fallbacks",
+            "Offloads to the PrfaaS pool given up on, by reason: prefilled locally (the "
+            "dispatcher's retry) unless their KV had already reached the decode node",
             ["reason"], namespace="prfaas", registry=metrics,
         )  # fmt: skip
         self.offloads = Counter(
@@ -197,6 +201,8 @@ class TenantPoolLink:
         except PoolUnreachable as exc:
             raise self._fail("pool_unreachable", "unreachable", str(exc)) from None
         if isinstance(answer, Refusal):
+            if answer.epoch is not None and answer.epoch != self._epoch_registered:
+                self._epoch_registered = None  # a restarted door: register at the next beat
             raise self._fail(f"refused:{answer.reason}", "rejected", answer.message)
         epoch = answer.epoch
         self.session.heard(epoch, time.monotonic())

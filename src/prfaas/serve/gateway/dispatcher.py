@@ -521,7 +521,8 @@ class _Relay:
         client has its answer either way, so a late failure is not raised)."""
         if self.prefill_seen:
             return
-        with contextlib.suppress(asyncio.TimeoutError):
+        # A failed answer is booked below as one (raised here it would fail a finished request).
+        with contextlib.suppress(asyncio.TimeoutError, NodeCallFailed):
             await asyncio.wait_for(asyncio.shield(self.prefill), ABORT_TIMEOUT_S)
         if self.prefill.done():
             with contextlib.suppress(AttemptFailed):
