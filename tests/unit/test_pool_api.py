@@ -15,6 +15,7 @@ from prfaas.policy.pool_shares import GroupShape, PoolShape, TenantShare
 from prfaas.pool import FrontDoor
 from prfaas.pool.app import TenantKeys, create_app
 from prfaas.serve.auth import KEY_ID_HEADER, signed_headers
+from prfaas.serve.node.messages import pack_tokens
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -52,7 +53,8 @@ def _register(c: TestClient) -> None:
 def _sub(tenant: str, rid: str, receiver: str, tokens: int = 1000) -> dict:
     return {"tenant": tenant, "request_id": rid, "model": "m",
             "fingerprint": {"block_tokens": "512"}, "num_uncached_tokens": tokens,
-            "receiver": receiver, "session": "s"}  # fmt: skip
+            "receiver": receiver, "session": "s",
+            "tokens": pack_tokens([7] * max(tokens, 1))}  # fmt: skip
 
 
 def test_wrong_or_unknown_key_is_401(client: TestClient) -> None:

@@ -40,6 +40,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be > 0, got {args.timeout:g}")
+    from prfaas.pool_file import is_pool_file
+
+    if is_pool_file(args.deployment):  # a running pool's resolved file (docs/pool.md)
+        from prfaas.commands.status_pool import run_pool_status
+
+        return run_pool_status(args, _processes, _processes_table, table)
     d = load_with_ports(args.deployment)
     with ControlClient(d, timeout_s=args.timeout) as client:
         try:

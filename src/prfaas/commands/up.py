@@ -58,16 +58,16 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-deaths must be >= 1, got {args.max_deaths}")
     from prfaas.pool_file import is_pool_file
 
-    if is_pool_file(args.deployment):  # issue 21: the pool's processes are not live yet
-        raise UsageError(
-            f"{args.deployment}: a pool file; its front door and nodes do not run live yet "
-            "(docs/pool.md): simulate it with `prfaas sim POOL.yaml TENANT.yaml...`"
-        )
+    if is_pool_file(args.deployment):  # a PrfaaS pool: its front door and nodes (docs/pool.md)
+        from prfaas.commands.up_pool import run_pool
+
+        return run_pool(args)
     d = load_deployment(args.deployment)
     _warn_placeholder_key(args.deployment, d.psk, d.accept_psks)
-    if d.pool is not None:  # as when the pool is unreachable: local serving goes on
-        _say(f"pool: {d.pool.url} (tenant {d.pool.tenant}) is not reachable live yet "
-             "(docs/pool.md); serving every prefill locally")  # fmt: skip
+    if d.pool is not None:  # a tenant of a PrfaaS pool (docs/pool.md)
+        from prfaas.commands.up_pool import check_tenant_pool
+
+        _say(check_tenant_pool(d))
     check_api_key_env()
     d.require_one_pd_site()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="prfaas-up-"))

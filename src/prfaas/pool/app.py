@@ -26,9 +26,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from prfaas.policy.pool_admission import Accepted
 from prfaas.pool.frontdoor import FrontDoor, Receiver, Submit
+from prfaas.pool.payload import Payload
 from prfaas.serve.auth import Refusal, Verifier, refusal_body
+from prfaas.serve.auth_middleware import CONNECTION_EXTENSION
 from prfaas.serve.internal_errors import error_response, install
 from prfaas.serve.keyring import Keyring
+from prfaas.serve.node.messages import SamplingMsg, unpack_tokens
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -69,6 +72,11 @@ class SubmitBody(_Body):
     num_uncached_tokens: int = Field(ge=1)
     receiver: str
     session: str = Field(min_length=1, max_length=256)
+    tokens: str = Field(min_length=1, description="the prompt, pack_tokens-encoded")
+    sampling: SamplingMsg = SamplingMsg(max_new_tokens=1)
+    """The decode side's sampling: the pool node computes the first token with it."""
+    receiver_cached_tokens: int = Field(0, ge=0, description="prefix the decode node holds")
+    decode_recomputes_last_token: bool = False
 
 
 Costs = Callable[[str, int], tuple[float, int] | None]
@@ -81,11 +89,19 @@ def create_app(
     costs: Costs,
     clock: Callable[[], float] = time.monotonic,
     wall: Callable[[], float] = time.time,
+    on_accepted: Callable[[Payload], None] | None = None,
 ) -> FastAPI:
+    """``on_accepted``: told each accepted submit's ``Payload`` (the placement driver keeps it
+    until the prefill is placed); ``clock`` is the admission's (modelled seconds live)."""
     app = FastAPI(title="prfaas pool front door", version="1")
     install(app)
 
     async def caller(request: Request) -> str | JSONResponse:
+        verified = await signed(request)
+        return verified if isinstance(verified, JSONResponse) else verified[0]
+
+    async def signed(request: Request) -> tuple[str, str] | JSONResponse:
+        """(tenant, key id) of a verified call, or the 401."""
         headers = {k.decode("latin-1").lower(): v for k, v in request.scope["headers"]}
         target = request.scope.get("raw_path") or request.url.path.encode()
         if request.scope.get("query_string"):
@@ -97,7 +113,11 @@ def create_app(
             body = await request.body()
             refused = verifier.verify_body(verified, hashlib.sha256(body).hexdigest().encode())
             if refused is None:
-                return keys.tenant(verified.key_id)
+                # The listener takes a verified connection out of its unverified quota.
+                handle = request.scope.get("extensions", {}).get(CONNECTION_EXTENSION)
+                if handle is not None:
+                    handle.verified()
+                return keys.tenant(verified.key_id), verified.key_id
             verified = refused
         verifier.note(verified)
         return JSONResponse(content=_json(refusal_body(verified)), status_code=401)
@@ -123,12 +143,23 @@ def create_app(
 
     @app.post("/v1/submit")
     async def submit(request: Request) -> Any:
-        tenant = await caller(request)
-        if isinstance(tenant, JSONResponse):
-            return tenant
+        who = await signed(request)
+        if isinstance(who, JSONResponse):
+            return who
+        tenant, key_id = who
         body = _parse(SubmitBody, await request.body())
         if isinstance(body, JSONResponse):
             return body
+        try:
+            num_tokens = len(unpack_tokens(body.tokens))
+        except ValueError:
+            num_tokens = -1
+        if num_tokens < body.num_uncached_tokens:
+            return error_response(
+                400, f"tokens: {max(num_tokens, 0)} packed tokens, fewer than "
+                f"num_uncached_tokens {body.num_uncached_tokens} (or not pack_tokens base64)",
+                param="tokens", code="invalid_field",
+            )  # fmt: skip
         cost = costs(body.model, body.num_uncached_tokens)
         compute_s, kv_bytes = cost if cost is not None else (0.0, 0)
         req = Submit(body.tenant, body.request_id, body.model,
@@ -137,6 +168,10 @@ def create_app(
         ans = door.submit(tenant, req, clock())
         d = ans.decision
         if isinstance(d, Accepted):
+            if on_accepted is not None:
+                on_accepted(Payload(tenant, body.request_id, key_id, body.tokens, body.sampling,
+                                    body.receiver_cached_tokens,
+                                    body.decode_recomputes_last_token))  # fmt: skip
             return {"epoch": ans.epoch, "accepted": {"group": d.group,
                     "expected_start_in_s": max(0.0, d.expected_start_s - clock())}}  # fmt: skip
         resp = error_response(ans.status, d.detail, code=d.reason)

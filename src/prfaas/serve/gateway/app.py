@@ -39,6 +39,7 @@ from prfaas.serve.control_tls import client_options, control_tls
 from prfaas.serve.gateway.control import ControlLoop
 from prfaas.serve.gateway.decision_log import DecisionLog
 from prfaas.serve.gateway.dispatcher import ClusterDispatcher
+from prfaas.serve.gateway.node_client import HttpNodeClient
 from prfaas.serve.gateway.registry import NodeRegistry
 from prfaas.serve.keyring import KeyringHolder, ring_of_psks
 from prfaas.serve.node.messages import Heartbeat, PrefixAckMsg, Registration
@@ -62,6 +63,10 @@ class GatewayApps:
 
 
 def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo) -> GatewayApps:
+    if d.pool is not None:  # a tenant of a PrfaaS pool: the pool is its PrfaaS site (docs/pool.md)
+        from prfaas.pool.tenant import with_pool_site
+
+        d = with_pool_site(d)
     # The simulator's node order (sites as in the file; each site's prefill nodes, then its
     # decode nodes, as listed): ties between equally loaded nodes go the same way in both.
     order = [
@@ -82,9 +87,17 @@ def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo
     fallback = make_router("local_only", home, prfaas_sites)
     metrics = GatewayMetrics()
     keys = KeyringHolder(ring_of_psks(d.psk, d.accept_psks))
+    pool_link: Any = None
+    node_client: Any = None
+    if d.pool is not None:  # the pool node's prefills go to the pool's front door
+        from prfaas.pool.tenant import PoolNodeClient, TenantPoolLink
+
+        pool_link = TenantPoolLink(d, registry, metrics.registry)
+        node_client = PoolNodeClient(HttpNodeClient(SignedAuth(keys)), pool_link)
     dispatcher = ClusterDispatcher(
         registry, router, fallback, metrics, model, d.engine.block_tokens,
         route_log_size=d.gateway.route_log_size, node_auth=SignedAuth(keys),
+        node_client=node_client,
         waiting_room=WaitingRoom(max_wait_s=d.gateway.path_wait_s),
     )  # fmt: skip
     g = d.gateway
@@ -131,12 +144,17 @@ def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo
     @app.on_event("startup")
     async def start() -> None:
         app.state.control = asyncio.create_task(control_loop())
+        app.state.pool_lease = None
+        if pool_link is not None:  # the tenant's lease at the pool
+            app.state.pool_lease = asyncio.create_task(pool_link.run())
 
     @app.on_event("shutdown")
     async def stop() -> None:
-        app.state.control.cancel()
-        with contextlib.suppress(BaseException):
-            await app.state.control
+        for task in (app.state.control, app.state.pool_lease):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
         await dispatcher.aclose()
         if decisions is not None:
             decisions.close()

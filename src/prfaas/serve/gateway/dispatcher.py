@@ -473,7 +473,15 @@ class _Relay:
                     waiting.add(self.prefill)
                 await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 if not self.prefill_seen and self.prefill.done():
-                    self.book_prefill()  # raises when the prefill failed
+                    try:
+                        self.book_prefill()  # raises when the prefill failed
+                    except AttemptFailed as exc:
+                        if self.life.state is not RequestState.DECODING:
+                            raise
+                        # A token came: the KV is whole at the decode node. An answer lost after
+                        # it (a pool's front door gone, docs/pool.md) fails nothing still owed.
+                        log.info("request %s: prefill answer lost after the first token: %s",
+                                 self.req.request_id, exc)  # fmt: skip
                 if not next_event.done():
                     continue
                 try:
@@ -516,7 +524,8 @@ class _Relay:
         client has its answer either way, so a late failure is not raised)."""
         if self.prefill_seen:
             return
-        with contextlib.suppress(asyncio.TimeoutError):
+        # A failed answer is booked below as one (raised here it would fail a finished request).
+        with contextlib.suppress(asyncio.TimeoutError, NodeCallFailed):
             await asyncio.wait_for(asyncio.shield(self.prefill), ABORT_TIMEOUT_S)
         if self.prefill.done():
             with contextlib.suppress(AttemptFailed):

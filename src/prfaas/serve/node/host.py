@@ -23,7 +23,8 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -33,6 +34,7 @@ from prfaas.core import NodeRole, SiteId
 from prfaas.core.ids import link_id_for
 from prfaas.core.link_report import SenderLinkReport
 from prfaas.engine.api import Engine
+from prfaas.pool_file import resolve_key
 from prfaas.serve.auth import SignedAuth
 from prfaas.serve.control_tls import control_tls, tls_contexts
 from prfaas.serve.keyring import ring_of_psks
@@ -87,7 +89,10 @@ class WorkerHost:
         control_url: str,
         host: str = "127.0.0.1",
         process_name: str = "",
+        link_keys: Mapping[str, bytes] | None = None,
     ) -> None:
+        """``link_keys``: more keys (id -> key) its KV links may authenticate with, named by a
+        ``PrefillCommand.key_id`` (a PrfaaS pool's node holds every tenant's key)."""
         self.site = site_of_nodes(deployment, node_names, "worker process")
         self.deployment = deployment
         self.host = host
@@ -135,7 +140,7 @@ class WorkerHost:
         tls = deployment.tls
         self.links = LinkPool(
             self.process_name,
-            {DEPLOYMENT_KEY_ID: self._psk},
+            {**(link_keys or {}), DEPLOYMENT_KEY_ID: self._psk},
             client_ssl=self._client_ssl,
             server_hostname=tls.server_hostname if tls is not None else None,
         )
@@ -145,6 +150,9 @@ class WorkerHost:
             )
         self.receiver: Receiver | None = None
         self.transfer_port = 0
+        self.pool_receiver: Receiver | None = None
+        """A PrfaaS pool's tenant: the receiver of KV from the pool (its decode nodes only)."""
+        self.pool_transfer_port = 0
         self.http_port = 0
         self._tasks = BackgroundTasks()
 
@@ -160,9 +168,8 @@ class WorkerHost:
                 return node.allocate(manifest)
         raise Refused(f"no node of {self.process_name} expects {manifest.request_id}")
 
-    async def _consume_sessions(self) -> None:
-        assert self.receiver is not None
-        async for session in self.receiver:
+    async def _consume_sessions(self, receiver: Receiver) -> None:
+        async for session in receiver:
             self.spawn(self._complete(session))
 
     async def _complete(self, session: InboundSession) -> None:
@@ -240,30 +247,36 @@ class WorkerHost:
             for r in self.links.reports()
         ]
 
-    def _destination(self, host: str, port: int, cross_site: bool) -> Destination:
+    def _destination(self, host: str, port: int, cross_site: bool, key_id: str) -> Destination:
         route = self.route if cross_site else None
         if cross_site and route is None:  # no link in the file: a separate, unpaced connection
             route = f"{self.site.name}->?"
-        return Destination(host, port, route, DEPLOYMENT_KEY_ID)
+        return Destination(host, port, route, key_id or DEPLOYMENT_KEY_ID)
 
-    async def link_to(self, host: str, port: int, cross_site: bool) -> TransferLink:
+    async def link_to(
+        self, host: str, port: int, cross_site: bool, key_id: str = ""
+    ) -> TransferLink:
         """The pooled link to a peer's receiver (``LinkPool.link_to``)."""
-        return await self.links.link_to(self._destination(host, port, cross_site))
+        return await self.links.link_to(self._destination(host, port, cross_site, key_id))
 
-    async def drop_link(self, host: str, port: int, cross_site: bool) -> None:
+    async def drop_link(self, host: str, port: int, cross_site: bool, key_id: str = "") -> None:
         """Forget a link that failed; the next prefill to that peer reconnects."""
-        await self.links.drop(self._destination(host, port, cross_site))
+        await self.links.drop(self._destination(host, port, cross_site, key_id))
 
     async def prefill(self, name: str, cmd: PrefillCommand) -> PrefillOutcome:
         """Node ``name`` prefills ``cmd`` into a session on the pooled link to the decode node's
         receiver (connected first if needed; a link that failed to connect is dropped)."""
         try:
-            link = await self.link_to(cmd.decode_host, cmd.decode_transfer_port, cmd.cross_site)
+            link = await self.link_to(
+                cmd.decode_host, cmd.decode_transfer_port, cmd.cross_site, cmd.key_id
+            )
         except (TransferError, OSError) as exc:
             return PrefillOutcome(request_id=cmd.request_id, ok=False, error=f"connect: {exc}")
         outcome = await self.nodes[name].prefill(cmd, link)
         if not outcome.ok and "Connect" in outcome.error:
-            await self.drop_link(cmd.decode_host, cmd.decode_transfer_port, cmd.cross_site)
+            await self.drop_link(
+                cmd.decode_host, cmd.decode_transfer_port, cmd.cross_site, cmd.key_id
+            )
         return outcome
 
     # -- prefix moves -----------------------------------------------------------------------------
@@ -318,7 +331,19 @@ class WorkerHost:
         await self.receiver.__aenter__()
         wanted = max((self.deployment.node(n).transfer_port for n in self.nodes), default=0)
         _, self.transfer_port = await self.receiver.listen(self.host, wanted)
-        self.spawn(self._consume_sessions())
+        self.spawn(self._consume_sessions(self.receiver))
+        pool = self.deployment.pool
+        if pool is not None and any(n.role is NodeRole.DECODE for n in self.nodes.values()):
+            # A tenant of a PrfaaS pool: the pool's nodes send KV under the tenant's pool key,
+            # never the deployment's psk, so they get a receiver of their own (docs/pool.md).
+            key = resolve_key(pool.key, Path.cwd(), "pool.key")
+            pool_config = TransferConfig(
+                psk=key, name=f"{self.process_name}-pool", ssl_context=self._server_ssl
+            )
+            self.pool_receiver = Receiver(pool_config, self._allocate)
+            await self.pool_receiver.__aenter__()
+            _, self.pool_transfer_port = await self.pool_receiver.listen(self.host, 0)
+            self.spawn(self._consume_sessions(self.pool_receiver))
         self.spawn(self.links.run())
         for node in self.nodes.values():
             self.spawn(node.decode_loop())
@@ -332,9 +357,10 @@ class WorkerHost:
         await self.links.stop_connects()
         await self._tasks.join()
         await self.links.aclose()
-        if self.receiver is not None:
-            with contextlib.suppress(Exception):
-                await self.receiver.aclose()
+        for receiver in (self.receiver, self.pool_receiver):
+            if receiver is not None:
+                with contextlib.suppress(Exception):
+                    await receiver.aclose()
         for node in self.nodes.values():  # joins each engine's thread; pending work fails
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(node.close)
@@ -343,13 +369,21 @@ class WorkerHost:
         return {}
 
     def registration(self) -> Registration:
-        return registration(
+        reg = registration(
             self.process_name,
             self.nodes.values(),
             self.host,
             self.http_port,
             self.transfer_port,
         )
+        if self.pool_transfer_port:
+            reg.nodes = [
+                ep.model_copy(update={"pool_transfer_port": self.pool_transfer_port})
+                if ep.role == "decode"
+                else ep
+                for ep in reg.nodes
+            ]
+        return reg
 
     def heartbeat(self) -> Heartbeat:
         """Every node's load report and the prefix store's next unacknowledged changes."""

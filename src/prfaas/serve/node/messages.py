@@ -77,6 +77,9 @@ class PrefillCommand(_Msg):
     rewound). A prefill node of such a model then sends the cache of all but the last token and
     no first token; a dense model's whole cache is sent as always."""
     sampling: SamplingMsg
+    key_id: str = ""
+    """The key the KV link to the decode node authenticates with: "" the deployment's ``psk``; a
+    PrfaaS pool's node names the tenant's key id (``docs/pool.md``)."""
 
 
 class PrefillOutcome(_Msg):
@@ -161,6 +164,9 @@ class NodeEndpoint(_Msg):
     host: str
     http_port: int
     transfer_port: int = 0
+    pool_transfer_port: int = 0
+    """A tenant of a PrfaaS pool: the decode node's receiver for KV from the pool's nodes,
+    authenticated with the tenant's pool key (0: none)."""
 
 
 class Registration(_Msg):

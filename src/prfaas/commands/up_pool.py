@@ -1,0 +1,87 @@
+"""``prfaas up pool.yaml``: start a PrfaaS pool (its front door and node processes) and keep it
+running until Ctrl-C or SIGTERM, leaving nothing (``docs/pool.md``)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from prfaas.config import DeploymentConfig
+
+
+def _say(message: str) -> None:
+    print(f"prfaas: {message}", flush=True)
+
+
+def _warn(message: str) -> None:
+    print(f"prfaas: warning: {message}", file=sys.stderr, flush=True)
+
+
+def run_pool(args: argparse.Namespace) -> int:
+    from prfaas.pool.launcher import PoolLauncher
+    from prfaas.pool.resolved import KEY_NAME, POOL_NAME, tenant_keys
+    from prfaas.pool_file import load_pool
+    from prfaas.serve.launch_errors import LaunchCancelled, LaunchError
+    from prfaas.serve.supervisor import RestartPolicy
+
+    pool = load_pool(args.deployment)
+    # Each key that does not resolve is named before any start (and left out of the pool).
+    tenant_keys(pool, args.deployment.resolve().parent, on_missing=_warn)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="prfaas-pool-"))
+    policy = None if args.no_restart else RestartPolicy(max_deaths=args.max_deaths)
+    launcher = PoolLauncher(pool, args.deployment, workdir, restart=policy)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("prfaas: %(message)s"))
+    logging.getLogger("prfaas.launcher").addHandler(handler)
+    logging.getLogger("prfaas.launcher").setLevel(logging.WARNING)
+    stop = threading.Event()
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        launcher.cancel()  # a flag: start() notices it at its next poll
+        stop.set()
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, on_signal)
+    try:
+        _say(f"starting pool {args.deployment} (logs in {workdir})")
+        try:
+            launcher.start(args.ready_timeout)
+        except LaunchCancelled:
+            return 0
+        except LaunchError as exc:
+            print(f"prfaas up: error: pool did not come up: {exc}", file=sys.stderr)
+            return 1
+        nodes = sum(len(g.node_names) for g in launcher.pool.groups)
+        _say(f"ready: {nodes} pool nodes in {len(launcher.pool.groups)} groups")
+        _say(f"tenant API (signed, v1) {launcher.url}/v1")
+        _say(f"pool listener {launcher.control_url} (signed with {workdir / KEY_NAME})")
+        _say(f"resolved pool file {workdir / POOL_NAME} (for `prfaas status`)")
+        while not stop.wait(0.5):
+            pass
+    finally:
+        launcher.stop()
+        _say("stopped")
+    return 0
+
+
+def check_tenant_pool(d: DeploymentConfig) -> str:
+    """A tenant file's pool at start: its key must resolve (a ``UsageError`` naming the field);
+    an unreachable pool is said, and local serving goes on (the gateway keeps trying)."""
+    import httpx
+
+    from prfaas.pool_file import resolve_key
+
+    assert d.pool is not None
+    resolve_key(d.pool.key, Path.cwd(), "pool.key")
+    url = d.pool.url.rstrip("/")
+    try:
+        httpx.get(f"{url}/health", timeout=2.0, trust_env=False).raise_for_status()
+    except httpx.HTTPError as exc:
+        return (f"pool: {url} is not reachable ({type(exc).__name__}): every prefill is local "
+                "until it answers")  # fmt: skip
+    return f"pool: {url} answers; tenant {d.pool.tenant} offloads there"

@@ -1,0 +1,219 @@
+"""``PlacementDriver``: the pool's live placement loop (``docs/pool.md``).
+
+It carries out ``FrontDoor.place`` on the pool's node processes: it keeps the nodes that
+registered with the front door's node listener (and heartbeat, ``serve.node.control_plane``),
+and whenever a live node of a group is free it asks the door what that node should run; the
+prefill goes to the node through the node API every PrfaaS node speaks (``POST
+/nodes/{node}/prefill``, ``serve.gateway.node_client.HttpNodeClient``, signed with the pool's
+internal key), whose KV streams layer by layer from the node straight to the tenant's registered
+receiver, on a link authenticated with the tenant's key (``PrefillCommand.key_id``). The node's
+answer (the KV verified at the receiver, or why not) is the outcome the tenant reads: ``done``,
+or ``failed`` with the reason (``node_lost`` when the node could not be reached).
+
+Leases: every tick the door's ``expire`` drops a silent tenant's queued prefills and aborts its
+running ones at their nodes. Egress: the unsent KV is counted per tenant as the whole KV of each
+running prefill (what the admission's egress window reads); a tenant's own link rate is not known
+to the pool live (it is in the tenant's file), so it is not a constraint here.
+
+Counters per tenant (``counters``): accepted, placed, done, failed, aborted: the operator's
+listener serves them. Time: the door's ``now`` is modelled seconds (``clock``); node liveness is
+wall seconds (``wall``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from prfaas.policy.pool_admission import EgressState
+from prfaas.pool.frontdoor import FrontDoor, Placement
+from prfaas.pool.payload import Payload
+from prfaas.serve.gateway.node_client import NodeCallFailed, NodeClient
+from prfaas.serve.node.messages import (
+    Heartbeat,
+    NodeEndpoint,
+    PrefillCommand,
+    PrefillOutcome,
+    Registration,
+)
+
+TICK_S = 0.01
+"""How often free nodes are offered work and leases checked (wall seconds)."""
+log = logging.getLogger("prfaas.pool")
+
+
+@dataclass(slots=True)
+class _PoolNode:
+    endpoint: NodeEndpoint
+    process: str
+    group: str
+    last_seen_s: float
+    fault: str = ""
+
+
+class PlacementDriver:
+    def __init__(
+        self,
+        door: FrontDoor,
+        node_groups: Mapping[str, str],
+        client: NodeClient,
+        clock: Callable[[], float],
+        wall: Callable[[], float] = time.monotonic,
+        node_timeout_s: float = 3.0,
+    ) -> None:
+        """``node_groups``: node name -> its group (the pool file's); ``clock``: the door's
+        (modelled seconds); ``wall``: node liveness (wall seconds)."""
+        self.door = door
+        self.node_groups = dict(node_groups)
+        self.client = client
+        self.clock = clock
+        self.wall = wall
+        self.node_timeout_s = node_timeout_s
+        self.nodes: dict[str, _PoolNode] = {}
+        self.payloads: dict[tuple[str, str], Payload] = {}
+        self.busy: dict[str, tuple[str, str]] = {}
+        """node -> (tenant, request id) it runs."""
+        self._unsent: dict[tuple[str, str], tuple[str, float]] = {}
+        """(tenant, request id) -> (tenant, KV bytes) of running prefills (the egress backlog)."""
+        self._sessions: dict[tuple[str, str], str] = {}
+        """(tenant, request id) -> the session its node runs it under (what an abort names)."""
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.counters: dict[str, Counter[str]] = {t.name: Counter() for t in door.shape.tenants}
+
+    # -- the node listener ---------------------------------------------------------------------
+    def register(self, reg: Registration) -> None:
+        now = self.wall()
+        for ep in reg.nodes:
+            group = self.node_groups.get(ep.node)
+            if group is None:
+                raise ValueError(f"node {ep.node!r} is not in the pool file")
+            self.nodes[ep.node] = _PoolNode(ep, reg.process, group, now)
+
+    def heartbeat(self, beat: Heartbeat) -> bool:
+        mine = [n for n in self.nodes.values() if n.process == beat.process]
+        if not mine:
+            return False
+        now = self.wall()
+        faults = {r.node: r.fault for r in beat.reports}
+        for n in mine:
+            n.last_seen_s = now
+            n.fault = faults.get(n.endpoint.node, "")
+        return True
+
+    def live(self, node: str) -> bool:
+        n = self.nodes.get(node)
+        return n is not None and not n.fault and self.wall() - n.last_seen_s <= self.node_timeout_s
+
+    def live_nodes(self) -> list[str]:
+        return sorted(n for n in self.nodes if self.live(n))
+
+    # -- the tenants' side ---------------------------------------------------------------------
+    def accept(self, payload: Payload) -> None:
+        """An accepted submit's payload, kept until it is placed (a repeated submit of a prefill
+        already placed changes nothing)."""
+        key = (payload.tenant, payload.request_id)
+        out = self.door.outcome(*key)
+        if out is None or out.state != "queued" or key in self.payloads:
+            return
+        self.payloads[key] = payload
+        self.counters[payload.tenant]["accepted"] += 1
+
+    # -- the loop ------------------------------------------------------------------------------
+    async def run(self) -> None:
+        while True:
+            self.tick()
+            await asyncio.sleep(TICK_S)
+
+    def tick(self) -> None:
+        now = self.clock()
+        for abort in self.door.expire(now):
+            self.payloads.pop((abort.tenant, abort.request_id), None)
+            self.counters[abort.tenant]["aborted"] += 1
+            if abort.node is not None:
+                self._spawn(self._abort(abort.node, abort.tenant, abort.request_id))
+        for name in sorted(self.nodes):
+            if name in self.busy or not self.live(name):
+                continue
+            placement = self.door.place(self.nodes[name].group, name, now, self._egress())
+            if placement is not None:
+                self._start(placement)
+
+    def _egress(self) -> EgressState:
+        per: dict[str, float] = {}
+        for tenant, num_bytes in self._unsent.values():
+            per[tenant] = per.get(tenant, 0.0) + num_bytes
+        return EgressState(sum(per.values()), tuple(sorted(per.items())))
+
+    def _start(self, p: Placement) -> None:
+        key = (p.job.tenant, p.job.request_id)
+        payload = self.payloads.pop(key, None)
+        if payload is None:  # accepted without a payload: cannot be run
+            self.door.finished(*key, self.clock(), error="no_payload")
+            self.counters[p.job.tenant]["failed"] += 1
+            return
+        self.busy[p.node] = key
+        self._unsent[key] = (p.job.tenant, float(p.job.kv_bytes))
+        self._sessions[key] = p.session
+        self.counters[p.job.tenant]["placed"] += 1
+        cmd = PrefillCommand(
+            request_id=p.session,  # the receiver's session: what its decode node expects
+            tokens=payload.tokens,
+            store_prefix=False,
+            decode_node=p.receiver.name,
+            decode_host=p.receiver.host,
+            decode_transfer_port=p.receiver.transfer_port,
+            cross_site=True,
+            receiver_cached_tokens=payload.receiver_cached_tokens,
+            decode_recomputes_last_token=payload.decode_recomputes_last_token,
+            sampling=payload.sampling,
+            key_id=payload.key_id,
+        )
+        self._spawn(self._prefill(p.node, key, cmd))
+
+    async def _prefill(self, node: str, key: tuple[str, str], cmd: PrefillCommand) -> None:
+        error = ""
+        try:
+            outcome: PrefillOutcome = await self.client.prefill(self.nodes[node].endpoint, cmd)
+            if not outcome.ok:
+                error = f"prefill: {outcome.error}"[:200]
+        except NodeCallFailed as exc:
+            error = "node_lost" if exc.kind == "unreachable" else f"node_{exc.kind}"
+            log.warning("pool node %s: prefill %s failed: %s", node, key, exc)
+        finally:
+            self.busy.pop(node, None)
+            self._unsent.pop(key, None)
+            self._sessions.pop(key, None)
+        self.door.finished(*key, self.clock(), error=error)
+        out = self.door.outcome(*key)
+        if out is not None and out.state in ("done", "failed"):
+            self.counters[key[0]][out.state] += 1
+
+    async def _abort(self, node: str, tenant: str, request_id: str) -> None:
+        n = self.nodes.get(node)
+        if n is None:
+            return
+        key = (tenant, request_id)
+        self.busy.pop(node, None)
+        self._unsent.pop(key, None)
+        session = self._sessions.pop(key, None)
+        if session is not None:
+            await self.client.abort(n.endpoint, session)
+
+    def _spawn(self, coro: object) -> None:
+        assert asyncio.iscoroutine(coro)
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def aclose(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
+        await self.client.aclose()

@@ -1,0 +1,223 @@
+"""``PoolLauncher``: a pool on one machine (``prfaas up pool.yaml``), as supervised processes.
+
+The same supervision as a deployment's (``serve.supervisor``, ``serve.process_group``,
+``serve.childlog``, ``serve.processes_file``: restarts with backoff, rotated per-process logs,
+``processes.json`` for ``prfaas status``, every child in its own process group, SIGTERM then
+SIGKILL on stop): the front door first (``pool.service``), then one process per node group
+(``pool.node_main``; timed groups only for now: torch and vLLM groups are refused at start). The
+workdir's files (``pool.resolved``) carry real ports and a fresh internal key; start-up returns
+once the front door answers and every node of the file has registered with it and is live.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from prfaas.errors import UsageError
+from prfaas.pool.nodes_file import group_deployment
+from prfaas.pool.resolved import KEY_NAME, POOL_NAME, nodes_name, write_private, write_yaml
+from prfaas.pool_sections import PoolFileConfig
+from prfaas.serve.childlog import LogPump, RotatingLog
+from prfaas.serve.launch_errors import LaunchCancelled, LaunchError
+from prfaas.serve.launcher import STOP_GRACE_S, free_port
+from prfaas.serve.process_group import ChildGroup, terminate
+from prfaas.serve.processes_file import write_processes_file
+from prfaas.serve.supervisor import Event, MemberStatus, RestartPolicy, Supervisor, describe_exit
+
+FRONT_DOOR = "frontdoor"
+POLL_S = 0.1
+log = logging.getLogger("prfaas.launcher")
+
+
+class PoolLauncher:
+    def __init__(
+        self,
+        pool: PoolFileConfig,
+        pool_path: Path,
+        workdir: Path,
+        restart: RestartPolicy | None = None,
+    ) -> None:
+        for i, g in enumerate(pool.groups):
+            if g.kind != "timed":
+                raise UsageError(
+                    f"{pool_path}: groups.{i}.kind: {g.kind!r} pool nodes do not run live yet "
+                    "(timed groups do; docs/pool.md)"
+                )
+        self.pool = _resolved(pool, pool_path.resolve().parent)
+        self.workdir = workdir
+        self.supervisor = Supervisor(self._spawn, restart)
+        self.events: list[tuple[float, Event]] = []
+        self._args: dict[str, list[str]] = {}
+        self._logs: dict[str, RotatingLog] = {}
+        self._procs: dict[str, ChildGroup] = {}
+        self._pumps: list[LogPump] = []
+        self._lock = threading.RLock()
+        self._stopping = threading.Event()
+        self._cancel = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        door = self.pool.front_door
+        return f"http://{door.host}:{door.port}"
+
+    @property
+    def control_url(self) -> str:
+        door = self.pool.front_door
+        return f"http://{door.host}:{door.control_port}"
+
+    def start(self, ready_timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + ready_timeout_s
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._write_files()
+        try:
+            self._add(FRONT_DOOR, ["-m", "prfaas.pool.service", str(self.workdir)])
+            self._wait(deadline, lambda h: True, "the front door to answer")
+            for g in self.pool.groups:
+                self._add(g.name, ["-m", "prfaas.pool.node_main", str(self.workdir), g.name])
+            wanted = sum(len(g.node_names) for g in self.pool.groups)
+            self._wait(deadline, lambda h: int(h["nodes_live"]) >= wanted,
+                       f"{wanted} pool nodes to register")  # fmt: skip
+        except BaseException:
+            self.stop()
+            raise
+        self._watcher = threading.Thread(target=self._watch, name="pool-supervisor", daemon=True)
+        self._watcher.start()
+
+    def cancel(self) -> None:
+        """Stop a ``start()`` in progress at its next poll (safe from a signal handler)."""
+        self._cancel.set()
+
+    def _write_files(self) -> None:
+        write_yaml(self.workdir / POOL_NAME, self.pool.model_dump(mode="json"))
+        key = os.urandom(24).hex()
+        write_private(self.workdir / KEY_NAME, key + "\n")
+        for g in self.pool.groups:
+            d = group_deployment(self.pool, g, key)
+            write_yaml(self.workdir / nodes_name(g.name), d.model_dump(mode="json"))
+
+    def _wait(self, deadline: float, done: object, what: str) -> None:
+        assert callable(done)
+        while time.monotonic() < deadline:
+            self._check_alive()
+            try:
+                r = httpx.get(f"{self.url}/health", timeout=1.0)
+                if r.status_code == 200 and done(r.json()):
+                    return
+            except (httpx.HTTPError, ValueError, KeyError):
+                pass
+            if self._cancel.wait(POLL_S):
+                raise LaunchCancelled("start-up cancelled")
+        raise LaunchError(f"timed out waiting for {what} ({self.url}/health)")
+
+    def _add(self, name: str, args: list[str]) -> None:
+        with self._lock:
+            self._args[name] = args
+            self._report(self.supervisor.add(name, time.monotonic()))
+
+    def _spawn(self, name: str) -> ChildGroup:
+        log_ = self._logs.get(name)
+        if log_ is None:
+            log_ = self._logs[name] = RotatingLog(self.workdir / f"{name}.log")
+        log_.write(f"--- prfaas pool launcher: starting {name}\n".encode())
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        read_fd, write_fd = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, *self._args[name]],
+                stdout=write_fd,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env=env,
+            )
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
+        handle = self._procs[name] = ChildGroup(proc)
+        self._pumps = [p for p in self._pumps if not p.join(0)]
+        self._pumps.append(LogPump(read_fd, log_, name))
+        return handle
+
+    def _check_alive(self) -> None:
+        with self._lock:
+            for name in self.supervisor.names():
+                code = self._procs[name].poll()
+                if code is not None:
+                    raise LaunchError(
+                        f"process {name} {describe_exit(code)} during start-up "
+                        f"(log {self._logs[name].path}):\n" + self._logs[name].tail()
+                    )
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(POLL_S):
+            with self._lock:
+                if self._stopping.is_set():
+                    return
+                try:
+                    self._report(self.supervisor.tick(time.monotonic()))
+                except Exception:
+                    log.exception("supervisor tick")
+
+    def _report(self, events: list[Event]) -> None:
+        for event in events:
+            log.warning("%s: %s", event.member, event.detail)
+            self.events.append((time.time(), event))
+        if events:
+            write_processes_file(self.workdir, self.supervisor.status(), self._logs,
+                                 self.events[-200:], False)  # fmt: skip
+
+    def status(self) -> tuple[MemberStatus, ...]:
+        with self._lock:
+            return self.supervisor.status()
+
+    def kill(self, name: str, sig: int) -> None:
+        """Signal one member's process group (fault injection); with a restart policy the
+        watcher starts it again."""
+        with self._lock:
+            self._procs[name].signal_group(sig)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join()
+        with self._lock:
+            procs = list(self._procs.values())
+        terminate(list(reversed(procs)), STOP_GRACE_S)  # the nodes first, the front door last
+        for pump in self._pumps:
+            pump.join(2.0)
+        if self.workdir.exists():
+            write_processes_file(self.workdir, self.supervisor.status(), self._logs,
+                                 self.events[-200:], True)  # fmt: skip
+        for name in list(self.supervisor.names()):
+            self.supervisor.remove(name, time.monotonic())
+        for log_ in self._logs.values():
+            log_.close()
+
+
+def _resolved(pool: PoolFileConfig, base_dir: Path) -> PoolFileConfig:
+    """Real ports for the ones the file leaves at 0; key files as absolute paths."""
+    door = pool.front_door
+    ports = {
+        "port": door.port or free_port(door.host),
+        "control_port": door.control_port or free_port(door.host),
+    }
+    tenants = [
+        t.model_copy(update={"keys": [
+            k if k.file is None or Path(k.file).is_absolute()
+            else k.model_copy(update={"file": str(base_dir / k.file)})
+            for k in t.keys
+        ]})
+        for t in pool.tenants
+    ]  # fmt: skip
+    return pool.model_copy(update={"front_door": door.model_copy(update=ports), "tenants": tenants})

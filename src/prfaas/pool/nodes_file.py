@@ -1,0 +1,58 @@
+"""The deployment file a pool group's node processes run from (``prfaas up pool.yaml``).
+
+A pool node is a PrfaaS node like any other (``serve.node.host.WorkerHost``, the node API of
+``serve.node.app``): this turns one node group of the pool file into the deployment file its
+process reads. The group is the file's PrfaaS site (its nodes prefill only); the other end of its
+link is a PD site without nodes that stands for the tenants (the link's rate is the pool's
+``egress_gbps``: each group's process paces its KV under it; its one decode node is named
+only, since a PD site must have one, and no process runs it). The "gateway" is the front door's
+node listener (``front_door.control_port``): the nodes register and heartbeat there, signed with
+the pool's internal key, which only the front door and its nodes hold.
+"""
+
+from __future__ import annotations
+
+from prfaas.config import (
+    DeploymentConfig,
+    EngineConfig,
+    GatewayConfig,
+    LinkConfig,
+    NodeConfig,
+    SiteConfig,
+)
+from prfaas.pool_sections import PoolFileConfig, PoolGroup
+
+
+def tenants_site(group: PoolGroup) -> str:
+    return f"{group.name}-tenants"
+
+
+def group_deployment(pool: PoolFileConfig, group: PoolGroup, internal_psk: str) -> DeploymentConfig:
+    units = pool.units
+    ports = {n.name: n.port for n in group.nodes}
+    nodes = [NodeConfig(name=n, role="prefill", port=ports.get(n, 0)) for n in group.node_names]
+    door = pool.front_door
+    return DeploymentConfig(
+        engine=EngineConfig(
+            kind=group.kind,
+            model=group.model,
+            model_path=group.model_path,
+            time_scale=units.time_scale,
+            byte_divisor=units.byte_divisor,
+            block_tokens=units.block_tokens,
+        ),
+        gateway=GatewayConfig(host=door.host, port=door.port, control_port=door.control_port),
+        sites=[
+            # A PD site needs a decode node: one named, never started (no process hosts it).
+            SiteConfig(
+                name=tenants_site(group),
+                kind="pd",
+                hardware=group.hardware,
+                nodes=[NodeConfig(name=f"{tenants_site(group)}-d0", role="decode")],
+            ),
+            SiteConfig(name=group.name, kind="prfaas", hardware=group.hardware, nodes=nodes),
+        ],
+        links=[LinkConfig(src=group.name, dst=tenants_site(group), gbps=pool.egress_gbps)],
+        psk=internal_psk,
+        heartbeat_interval_s=pool.heartbeat_interval_s,
+    )

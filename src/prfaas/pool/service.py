@@ -1,0 +1,155 @@
+"""The front door process of a running pool (``prfaas up pool.yaml`` starts it; ``docs/pool.md``).
+
+One uvicorn server, two listeners (``serve.listeners``): ``front_door.port`` serves the tenants'
+signed API v1 (``pool.app``) and an open ``/health``; ``front_door.control_port`` is the pool's
+own listener, signed with the pool's internal key (``serve.auth_middleware``): the nodes register
+and heartbeat there (``/internal/register``, ``/internal/heartbeat``, as they do at a gateway),
+and the operator reads ``/internal/tenants`` (per-tenant counters: not reachable with a tenant's
+key) and ``/internal/nodes``. The ``PlacementDriver`` runs in the same event loop.
+
+The admission's clock is modelled seconds (wall over ``units.time_scale``, like the nodes' cost
+models); the lease is the file's ``lease_s`` of wall time. SIGINT/SIGTERM stop the server (uvicorn)
+and the driver. ``python -m prfaas.pool.service WORKDIR``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, HTTPException
+
+from prfaas.perf import cost_model_for_hardware
+from prfaas.pool.app import TenantKeys, create_app
+from prfaas.pool.driver import PlacementDriver
+from prfaas.pool.frontdoor import FrontDoor
+from prfaas.pool.resolved import internal_psk, load_resolved, tenant_keys
+from prfaas.pool_file import pool_shape
+from prfaas.pool_sections import PoolFileConfig
+from prfaas.serve import internal_errors
+from prfaas.serve.auth import SignedAuth, Verifier
+from prfaas.serve.auth_middleware import SignatureMiddleware
+from prfaas.serve.gateway.node_client import HttpNodeClient
+from prfaas.serve.keyring import ring_of_psks
+from prfaas.serve.listeners import PortRouter, UnverifiedConnections, bind, serve
+from prfaas.serve.node.messages import Heartbeat, Registration
+
+log = logging.getLogger("prfaas.pool")
+
+
+def fingerprints(pool: PoolFileConfig) -> dict[str, dict[str, str]]:
+    """What a submit's fingerprint must say per model (a timed group: the model preset and the
+    pool's block size; dtype and weights are a torch/vLLM group's, not live yet)."""
+    block = str(pool.units.block_tokens)
+    return {g.model: {"config": g.model, "block_tokens": block} for g in pool.groups}
+
+
+def build(workdir: Path) -> tuple[FastAPI, FastAPI, PlacementDriver, PoolFileConfig]:
+    """(tenant app, operator/node app, driver, the resolved pool file)."""
+    pool = load_resolved(workdir)
+    scale = pool.units.time_scale
+    keys = TenantKeys(tenant_keys(pool, workdir, on_missing=log.warning))
+    epoch = int(time.time() * 1000) % 2**31  # a restarted door answers with another epoch
+
+    def clock() -> float:
+        return time.monotonic() / scale
+
+    door = FrontDoor(pool_shape(pool), epoch, pool.lease_s / scale, fingerprints(pool))
+    costs_of = {g.model: cost_model_for_hardware(g.model, g.hardware) for g in pool.groups}
+
+    def costs(model: str, num_tokens: int) -> tuple[float, int] | None:
+        cost = costs_of.get(model)
+        return None if cost is None else (cost.prefill_s(num_tokens), cost.kv_bytes(num_tokens))
+
+    ring = ring_of_psks(internal_psk(workdir))
+    node_groups = {n: g.name for g in pool.groups for n in g.node_names}
+    driver = PlacementDriver(
+        door, node_groups, HttpNodeClient(SignedAuth(ring)), clock,
+        node_timeout_s=max(3.0, 6 * pool.heartbeat_interval_s),
+    )  # fmt: skip
+    tenants = create_app(door, keys, costs, clock=clock, on_accepted=driver.accept)
+
+    @tenants.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "epoch": door.epoch, "nodes_live": len(driver.live_nodes())}
+
+    return tenants, _operator_app(driver, ring), driver, pool
+
+
+def _operator_app(driver: PlacementDriver, ring: Any) -> FastAPI:
+    app = FastAPI(title="prfaas pool (nodes, operator)", docs_url=None, redoc_url=None,
+                  openapi_url=None)  # fmt: skip
+    internal_errors.install(app)
+    app.add_middleware(SignatureMiddleware, verifier=Verifier(ring), exempt=("/health",))
+
+    @app.post("/internal/register")
+    async def register(reg: Registration) -> dict[str, str]:
+        try:
+            driver.register(reg)
+        except ValueError as exc:
+            raise HTTPException(400, str(exc)) from None
+        return {"status": "registered"}
+
+    @app.post("/internal/heartbeat")
+    async def heartbeat(beat: Heartbeat) -> dict[str, str]:
+        if not driver.heartbeat(beat):
+            raise HTTPException(404, f"unknown process {beat.process}: register first")
+        return {"status": "ok"}
+
+    @app.get("/internal/nodes")
+    async def nodes() -> list[dict[str, Any]]:
+        return [
+            {"node": name, "group": n.group, "live": driver.live(name), "fault": n.fault,
+             "running": "/".join(driver.busy[name]) if name in driver.busy else ""}
+            for name, n in sorted(driver.nodes.items())
+        ]  # fmt: skip
+
+    @app.get("/internal/tenants")
+    async def tenants() -> dict[str, Any]:
+        now = driver.clock()
+        out: dict[str, Any] = {}
+        for name, counts in driver.counters.items():
+            fb = driver.door.feedback(name, now)
+            out[name] = {
+                **{k: counts[k] for k in ("accepted", "placed", "done", "failed", "aborted")},
+                "queued_tokens": fb.queued_tokens,
+                "running": fb.running,
+                "attainable_share": fb.attainable_share,
+            }
+        return {"epoch": driver.door.epoch, "tenants": out}
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "nodes_live": len(driver.live_nodes())}
+
+    return app
+
+
+def run(workdir: Path) -> None:
+    tenants, operator, driver, pool = build(workdir)
+    door = pool.front_door
+    tenant_sock = bind(door.host, door.port)
+    control_sock = bind(door.host, door.control_port)
+    router = PortRouter(tenants, {control_sock.getsockname()[1]: operator})
+
+    async def main() -> None:
+        loop = asyncio.create_task(driver.run())
+        try:
+            # Signed callers only on both ports; the quota holds unverified connections down.
+            await serve(router, [tenant_sock, control_sock], unverified=UnverifiedConnections())
+        finally:
+            loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loop
+            await driver.aclose()
+
+    asyncio.run(main())
+
+
+if __name__ == "__main__":
+    run(Path(sys.argv[1]))

@@ -1,0 +1,279 @@
+"""A tenant gateway's side of a PrfaaS pool (``docs/pool.md``): a tenant file's ``pool:`` section,
+live.
+
+The tenant's gateway routes with the same policy objects as a two-site deployment: the pool is,
+to its router and registry, one PrfaaS site named ``pool`` with one prefill node ``pool``
+(``with_pool_site``; its link is the tenant's own, from ``pool.link``). That node is kept in the
+registry by ``TenantPoolLink``, not by a node process: each answered heartbeat to the front door
+is a heartbeat of the ``pool`` node (its queue from the pool's feedback), so a silent pool leaves
+rotation after the gateway's ``heartbeat_timeout_s`` and the router prefills locally. The link
+also registers the tenant's decode nodes' pool receivers (``NodeEndpoint.pool_transfer_port``:
+each decode process's receiver keyed by the tenant's pool key) with the pool.
+
+``PoolNodeClient`` is the dispatcher's ``NodeClient``: a prefill for the ``pool`` node is a signed
+submit (tokens, sampling, the decode node as registered receiver, the prefill's request id as the
+session its KV goes to), then the outcome is awaited; the KV goes from the pool node straight to
+the decode node. A refusal, an unreachable or silent pool, a changed epoch, or a failed or aborted
+prefill (a lost pool node, a lost lease) fails the attempt, and the dispatcher's retry prefills
+locally; each such fallback is counted by reason (``prfaas_pool_fallbacks_total{reason}``), each
+offload that completed in ``prfaas_pool_offloads_total{outcome}``. Every other call goes to the
+tenant's own nodes through the wrapped client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from prometheus_client import CollectorRegistry, Counter
+
+from prfaas.config import DeploymentConfig, LinkConfig, NodeConfig, SiteConfig
+from prfaas.policy.pool_session import PoolSession
+from prfaas.pool.client import PoolClient, PoolUnreachable, Refusal
+from prfaas.pool_file import resolve_key
+from prfaas.serve.gateway.node_client import NodeCallFailed, NodeClient
+from prfaas.serve.gateway.registry import NodeRegistry
+from prfaas.serve.node.messages import (
+    DecodeCommand,
+    DecodeEvent,
+    Heartbeat,
+    NodeEndpoint,
+    NodeReport,
+    PrefillCommand,
+    PrefillOutcome,
+    PrefixPullCommand,
+    Registration,
+    unpack_tokens,
+)
+
+POOL_SITE = "pool"
+POOL_NODE = "pool"
+POOL_PROCESS = "pool-front-door"
+POOL_SITE_HARDWARE = "h200"
+"""The tenant file does not say the pool's hardware: its router's remote cost model assumes an
+H200 node (the example pool's groups)."""
+OUTCOME_POLL_S = 0.2
+"""How often a submitted prefill's outcome is asked for: its KV goes straight to the decode node,
+so this paces only the booking of its answer (and the load on the front door)."""
+log = logging.getLogger("prfaas.gateway")
+
+
+def with_pool_site(d: DeploymentConfig) -> DeploymentConfig:
+    """The tenant's deployment as its gateway sees it: the pool as a PrfaaS site of one node,
+    linked to the home site by the tenant's own link (not validated again: a tenant file has no
+    PrfaaS site of its own, which this adds)."""
+    assert d.pool is not None
+    site = SiteConfig(
+        name=POOL_SITE,
+        kind="prfaas",
+        hardware=POOL_SITE_HARDWARE,
+        nodes=[NodeConfig(name=POOL_NODE, role="prefill")],
+    )
+    link = LinkConfig(
+        src=POOL_SITE, dst=d.home_site.name, gbps=d.pool.link.gbps, rtt_ms=d.pool.link.rtt_ms
+    )
+    return d.model_copy(update={"sites": [*d.sites, site], "links": [*d.links, link]})
+
+
+class TenantPoolLink:
+    """The tenant's lease at the pool: receivers, heartbeats, and the ``pool`` node's presence in
+    the gateway's registry."""
+
+    def __init__(self, d: DeploymentConfig, registry: NodeRegistry, metrics: CollectorRegistry):
+        assert d.pool is not None
+        self.ref = d.pool
+        self.deployment = d
+        self.registry = registry
+        key = resolve_key(self.ref.key, Path.cwd(), "pool.key")
+        self.client = PoolClient(self.ref.url, self.ref.key.id, key)
+        self.session = PoolSession(silence_s=max(1.5, 3 * d.heartbeat_interval_s))
+        self.fallbacks = Counter(
+            "pool_fallbacks",
+            "Offloads to the PrfaaS pool given up on, by reason: prefilled locally (the "
+            "dispatcher's retry) unless their KV had already reached the decode node",
+            ["reason"], namespace="prfaas", registry=metrics,
+        )  # fmt: skip
+        self.offloads = Counter(
+            "pool_offloads", "Prefills submitted to the PrfaaS pool, by outcome (accepted, done)",
+            ["outcome"], namespace="prfaas", registry=metrics,
+        )  # fmt: skip
+        self._registered: tuple[tuple[str, str, int], ...] | None = None
+        self._epoch_registered: int | None = None
+        """The epoch of the door our receivers are registered with (None: register next)."""
+        url = urlsplit(self.ref.url)
+        self._endpoint = NodeEndpoint(
+            node=POOL_NODE, site=POOL_SITE, role="prefill",
+            host=url.hostname or "", http_port=url.port or 80,
+        )  # fmt: skip
+        self.feedback: dict[str, Any] = {}
+
+    def fallback(self, reason: str) -> None:
+        self.fallbacks.labels(reason=reason).inc()
+
+    def _receivers(self) -> tuple[tuple[str, str, int], ...]:
+        return tuple(
+            sorted(
+                (ep.node, ep.host, ep.pool_transfer_port)
+                for ep in self.registry.endpoints.values()
+                if ep.role == "decode" and ep.pool_transfer_port > 0
+            )
+        )
+
+    async def run(self) -> None:
+        """Forever: keep the lease (register receivers when they or the epoch change, else
+        heartbeat) and the ``pool`` node's row fresh. Never raises (a pool that does not answer
+        is the registry's silent node)."""
+        period_s = self.deployment.heartbeat_interval_s
+        while True:
+            try:
+                await self._beat()
+            except PoolUnreachable as exc:
+                log.debug("pool %s: %s", self.ref.url, exc)
+            except Exception:  # a bad beat must not end the lease loop
+                log.exception("pool lease")
+            await asyncio.sleep(period_s)
+
+    async def _beat(self) -> None:
+        receivers = self._receivers()
+        if receivers != self._registered or self._epoch_registered is None:
+            body = [{"name": n, "host": h, "transfer_port": p} for n, h, p in receivers]
+            answer = await self.client.register(body)
+            if isinstance(answer, Refusal):
+                log.warning("pool %s refused our receivers: %s", self.ref.url, answer.message)
+                return
+            self._registered = receivers
+            self._epoch_registered = int(answer["epoch"])
+        else:
+            answer = await self.client.heartbeat()
+            if isinstance(answer, Refusal):
+                log.warning("pool %s refused our heartbeat: %s", self.ref.url, answer.message)
+                return
+            if int(answer["epoch"]) != self._epoch_registered:
+                # A restarted front door: it knows neither our receivers nor our lease.
+                self._epoch_registered = None
+        now = time.monotonic()
+        self.session.heard(int(answer["epoch"]), now)
+        if self._epoch_registered is None:
+            return
+        fb = await self.client.feedback()
+        if not isinstance(fb, Refusal):
+            self.feedback = fb
+        self._node_alive(now)
+
+    def _node_alive(self, now_s: float) -> None:
+        report = NodeReport(
+            node=POOL_NODE, site=POOL_SITE, role="prefill",
+            queue_depth=int(self.feedback.get("running", 0)),
+            queued_tokens=int(self.feedback.get("queued_tokens", 0)),
+        )  # fmt: skip
+        beat = Heartbeat(process=POOL_PROCESS, reports=[report])
+        if not self.registry.heartbeat(beat, now_s):
+            reg = Registration(process=POOL_PROCESS, nodes=[self._endpoint], reports=[report])
+            self.registry.register(reg, now_s)
+
+    async def prefill(self, cmd: PrefillCommand) -> PrefillOutcome:
+        """Submit ``cmd`` to the pool and wait for its outcome; ``NodeCallFailed`` (the dispatcher
+        then prefills locally) with the fallback counted when it is not done."""
+        rid = cmd.request_id
+        now = time.monotonic()
+        if not self.session.usable(now):
+            raise self._fail("pool_silent", "unreachable", "the pool has been silent")
+        num_tokens = len(unpack_tokens(cmd.tokens))
+        d = self.deployment
+        body = {
+            "tenant": self.ref.tenant, "request_id": rid, "model": d.engine.model,
+            "fingerprint": {"config": d.engine.model, "block_tokens": str(d.engine.block_tokens)},
+            "num_uncached_tokens": max(1, num_tokens - cmd.receiver_cached_tokens),
+            "receiver": cmd.decode_node, "session": rid, "tokens": cmd.tokens,
+            "sampling": cmd.sampling.model_dump(),
+            "receiver_cached_tokens": cmd.receiver_cached_tokens,
+            "decode_recomputes_last_token": cmd.decode_recomputes_last_token,
+        }  # fmt: skip
+        try:
+            answer = await self.client.submit(body)
+        except PoolUnreachable as exc:
+            raise self._fail("pool_unreachable", "unreachable", str(exc)) from None
+        if isinstance(answer, Refusal):
+            if answer.epoch is not None and answer.epoch != self._epoch_registered:
+                self._epoch_registered = None  # a restarted door: register at the next beat
+            raise self._fail(f"refused:{answer.reason}", "rejected", answer.message)
+        epoch = answer.epoch
+        self.session.heard(epoch, time.monotonic())
+        self.offloads.labels(outcome="accepted").inc()
+        while True:
+            await asyncio.sleep(OUTCOME_POLL_S)
+            try:
+                out = await self.client.outcome(rid)
+            except PoolUnreachable:
+                if time.monotonic() - self.session.last_heard_s > self.session.silence_s:
+                    raise self._fail("pool_silent", "unreachable", "the pool went silent") from None
+                continue
+            if isinstance(out, Refusal):
+                # A front door that does not know the request restarted since (a new epoch).
+                if out.reason == "unknown_request" or (
+                    out.epoch is not None and out.epoch != epoch
+                ):
+                    raise self._fail("epoch_changed", "rejected", "the front door restarted")
+                raise self._fail(f"failed:{out.reason}", "rejected", out.message)
+            self.session.heard(int(out["epoch"]), time.monotonic())
+            if int(out["epoch"]) != epoch:
+                raise self._fail("epoch_changed", "rejected", "the front door restarted")
+            state = out["state"]
+            if state == "done":
+                self.offloads.labels(outcome="done").inc()
+                return PrefillOutcome(request_id=rid, ok=True)
+            if state in ("failed", "aborted"):
+                reason = str(out.get("reason") or state).split(":")[0]
+                raise self._fail(f"failed:{reason}", "rejected", f"pool: {state} {out['reason']}")
+
+    def _fail(self, reason: str, kind: str, message: str) -> NodeCallFailed:
+        self.fallback(reason)
+        assert kind in ("unreachable", "rejected")
+        return NodeCallFailed(POOL_NODE, "unreachable" if kind == "unreachable" else "rejected",
+                              f"pool: {reason}: {message}")  # fmt: skip
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+class PoolNodeClient:
+    """The dispatcher's ``NodeClient``: the ``pool`` node's prefills go to the pool, every other
+    call to the tenant's nodes through ``inner``."""
+
+    def __init__(self, inner: NodeClient, link: TenantPoolLink) -> None:
+        self.inner = inner
+        self.link = link
+
+    def decode(
+        self, ep: NodeEndpoint, cmd: DecodeCommand
+    ) -> AbstractAsyncContextManager[AsyncIterator[DecodeEvent]]:
+        return self.inner.decode(ep, cmd)
+
+    async def prefill(self, ep: NodeEndpoint, cmd: PrefillCommand) -> PrefillOutcome:
+        if ep.node == POOL_NODE:
+            return await self.link.prefill(cmd)
+        return await self.inner.prefill(ep, cmd)
+
+    async def abort(self, ep: NodeEndpoint, request_id: str) -> None:
+        if ep.node != POOL_NODE:  # the pool's prefill ends on its own (API v1 has no abort)
+            await self.inner.abort(ep, request_id)
+
+    async def pull_prefix(self, dst: NodeEndpoint, cmd: PrefixPullCommand) -> bool:
+        if dst.node == POOL_NODE:
+            return False  # no prefix moves into the pool (its prefixes are not modelled live)
+        return await self.inner.pull_prefix(dst, cmd)
+
+    def base_url(self, ep: NodeEndpoint) -> str:
+        return self.inner.base_url(ep)
+
+    async def aclose(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.link.aclose()
+        await self.inner.aclose()

@@ -1,0 +1,92 @@
+"""Start and stop a live pool (``prfaas up pool.yaml``) for the pool's e2e tests; every process
+is stopped (its whole process group) however the test ends."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+import yaml
+
+KEYS = {
+    "PRFAAS_POOL_KEY_A": "tenant-a-pool-key-0123456789abcdef",
+    "PRFAAS_POOL_KEY_B": "tenant-b-pool-key-0123456789abcdef",
+}
+POOL_FILE = """
+version: 1
+units: {time_scale: 0.1, byte_divisor: 1000, block_tokens: 512}
+front_door: {host: 127.0.0.1, port: 0, control_port: 0}
+egress_gbps: 100
+heartbeat_interval_s: 0.5
+lease_s: 3.0
+groups:
+  - {name: g-1t, model: paper-1t, kind: timed, hardware: h200, num_nodes: 2}
+tenants:
+  - {name: tenant-a, weight: 2, keys: [{id: a-1, env: PRFAAS_POOL_KEY_A}]}
+  - {name: tenant-b, weight: 1, keys: [{id: b-1, env: PRFAAS_POOL_KEY_B}]}
+"""
+
+
+class LivePool:
+    def __init__(self, proc: subprocess.Popen[bytes], workdir: Path) -> None:
+        self.proc = proc
+        self.workdir = workdir
+        resolved = yaml.safe_load((workdir / "pool.resolved.yaml").read_text())
+        door = resolved["front_door"]
+        self.url = f"http://{door['host']}:{door['port']}"
+        self.control_url = f"http://{door['host']}:{door['control_port']}"
+        self.internal_key = (workdir / "pool-internal.key").read_text().strip()
+
+    def kill_front_door(self, sig: int) -> None:
+        """Signal the front door's process (its launcher restarts it, with a new epoch)."""
+        doc = json.loads((self.workdir / "processes.json").read_text())
+        pid = next(p["pid"] for p in doc["processes"] if p["name"] == "frontdoor")
+        os.kill(int(pid), sig)
+
+    def log_tail(self) -> str:
+        return "\n".join(
+            f"== {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
+            for p in sorted(self.workdir.glob("*.log"))
+        )
+
+
+@contextmanager
+def live_pool(tmp: Path, ready_timeout_s: float = 60.0) -> Iterator[LivePool]:
+    pool_file = tmp / "pool.yaml"
+    pool_file.write_text(POOL_FILE)
+    workdir = tmp / "pool-wd"
+    env = {**os.environ, **KEYS}
+    cmd = [sys.executable, "-m", "prfaas.cli", "up", str(pool_file), "--workdir", str(workdir),
+           "--ready-timeout", str(ready_timeout_s)]  # fmt: skip
+    out = tmp / "pool-up.out"
+    with out.open("wb") as sink:
+        proc = subprocess.Popen(
+            cmd, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + ready_timeout_s + 10
+        while b"ready:" not in out.read_bytes():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError("pool did not come up:\n" + out.read_text(errors="replace"))
+            time.sleep(0.2)
+        yield LivePool(proc, workdir)
+    finally:
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen[bytes], grace_s: float = 15.0) -> None:
+    """SIGTERM (``up`` stops its children), then SIGKILL the whole group if anything is left."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        with suppress(subprocess.TimeoutExpired):
+            proc.wait(grace_s)
+    with suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(5)

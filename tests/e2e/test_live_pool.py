@@ -1,0 +1,116 @@
+"""A live pool (``prfaas up pool.yaml``, emulated ``timed`` nodes) used by a tenant over the signed
+API v1: its prefills are placed on pool nodes, whose KV streams to the tenant's own receiver
+(authenticated with the tenant's key) and is verified there; the pool's per-tenant counters agree;
+one tenant's key cannot submit as the other or to the other's receiver."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from pool_helpers import KEYS, LivePool, live_pool
+
+from prfaas.pool.client import Accepted, PoolClient, Refusal
+from prfaas.serve.auth import SignedAuth, signed_headers
+from prfaas.serve.keyring import ring_of_psks
+from prfaas.serve.node.messages import pack_tokens
+from prfaas.transfer import Manifest, Receiver, TransferConfig
+
+pytestmark = pytest.mark.timeout(120)
+KEY_A = KEYS["PRFAAS_POOL_KEY_A"].encode()
+KEY_B = KEYS["PRFAAS_POOL_KEY_B"].encode()
+NUM_REQUESTS = 12
+
+
+def _submit(rid: str, tenant: str, receiver: str, num_tokens: int) -> dict[str, object]:
+    return {
+        "tenant": tenant, "request_id": rid, "model": "paper-1t",
+        "fingerprint": {"config": "paper-1t", "block_tokens": "512"},
+        "num_uncached_tokens": num_tokens, "receiver": receiver, "session": f"s-{rid}",
+        "tokens": pack_tokens([5] * num_tokens), "sampling": {"max_new_tokens": 4},
+    }  # fmt: skip
+
+
+async def _tenant_run(pool: LivePool) -> None:
+    got: list[str] = []
+
+    def allocate(manifest: Manifest) -> list[bytearray]:
+        return [bytearray(layer.num_bytes) for layer in manifest.layers]
+
+    async with Receiver(TransferConfig(psk=KEY_A, name="a-d0"), allocate) as rx:
+        _, port = await rx.listen("127.0.0.1", 0)
+
+        async def consume() -> None:
+            async for session in rx:
+                await session.complete(timeout_s=30.0)
+                got.append(session.manifest.request_id)
+
+        consumer = asyncio.create_task(consume())
+        a = PoolClient(pool.url, "a-1", KEY_A)
+        b = PoolClient(pool.url, "b-1", KEY_B)
+        try:
+            reg = await a.register([{"name": "a-d0", "host": "127.0.0.1", "transfer_port": port}])
+            assert not isinstance(reg, Refusal), reg
+            assert not isinstance(await b.register([]), Refusal)
+            # Isolation: b's key cannot submit as a, nor to a's receiver as itself.
+            as_a = await b.submit(_submit("x1", "tenant-a", "a-d0", 1000))
+            assert isinstance(as_a, Refusal) and as_a.reason == "wrong_tenant", as_a
+            to_a = await b.submit(_submit("x2", "tenant-b", "a-d0", 1000))
+            assert isinstance(to_a, Refusal) and to_a.reason == "receiver_not_registered"
+            answers = await asyncio.gather(
+                *(a.submit(_submit(f"r{i}", "tenant-a", "a-d0", 2048 + 512 * i))
+                  for i in range(NUM_REQUESTS))
+            )  # fmt: skip
+            assert all(isinstance(x, Accepted) for x in answers), answers
+            states: dict[str, str] = {}
+            for _ in range(600):
+                await a.heartbeat()
+                for i in range(NUM_REQUESTS):
+                    out = await a.outcome(f"r{i}")
+                    assert not isinstance(out, Refusal), out
+                    states[f"r{i}"] = out["state"]
+                if all(s in ("done", "failed", "aborted") for s in states.values()):
+                    break
+                await asyncio.sleep(0.1)
+            assert set(states.values()) == {"done"}, states
+            assert sorted(got) == sorted(f"s-r{i}" for i in range(NUM_REQUESTS))
+            # The pool's own counters (its listener, signed with the pool's key, not a tenant's).
+            auth = SignedAuth(ring_of_psks(pool.internal_key))
+            async with httpx.AsyncClient(auth=auth, trust_env=False) as op:
+                counters = (await op.get(f"{pool.control_url}/internal/tenants")).json()
+            host = pool.control_url.removeprefix("http://")
+            signed = signed_headers(KEY_A, "GET", host, "/internal/tenants", b"", time.time(),
+                                    key_id="a-1")  # fmt: skip
+            as_tenant = httpx.get(f"{pool.control_url}/internal/tenants", headers=signed)
+            assert as_tenant.status_code == 401  # a tenant's key does not open the pool's listener
+            row = counters["tenants"]["tenant-a"]
+            assert row["accepted"] == row["placed"] == row["done"] == NUM_REQUESTS, counters
+            assert counters["tenants"]["tenant-b"]["accepted"] == 0
+        finally:
+            consumer.cancel()
+            await a.aclose()
+            await b.aclose()
+
+
+def test_pool_places_a_tenants_prefills_on_its_nodes(tmp_path: Path) -> None:
+    with live_pool(tmp_path) as pool:
+        try:
+            asyncio.run(_tenant_run(pool))
+            status = subprocess.run(
+                [sys.executable, "-m", "prfaas.cli", "status", "--json",
+                 str(pool.workdir / "pool.resolved.yaml")],
+                capture_output=True, text=True, timeout=60, check=True,
+            )  # fmt: skip
+            report = json.loads(status.stdout)
+            assert report["tenants"]["tenant-a"]["done"] == NUM_REQUESTS
+            assert len(report["nodes"]) == 2 and all(n["live"] for n in report["nodes"])
+            assert {p["name"] for p in report["processes"]["processes"]} == {"frontdoor", "g-1t"}
+        except BaseException:
+            print(pool.log_tail())
+            raise

@@ -1,0 +1,170 @@
+"""A live pool and two tenant gateways (each `prfaas up` of its own tenant file, emulated ``timed``
+nodes): requests over the tenant's threshold are submitted to the pool over the signed API and
+their KV goes from a pool node straight to the tenant's decode node; every request completes, each
+tenant offloads, and its count of completed offloads equals the pool's counter for it; one
+tenant's key cannot submit as the other. Then the front door is SIGKILLed under load: every
+request still completes (prefilled locally), and the fallbacks are counted by reason."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from live_helpers import control
+from pool_helpers import KEYS, LivePool, live_pool
+
+from prfaas.config import load_deployment
+from prfaas.pool.client import PoolClient, Refusal
+from prfaas.serve.auth import SignedAuth
+from prfaas.serve.keyring import ring_of_psks
+from prfaas.serve.launcher import Launcher
+
+pytestmark = pytest.mark.timeout(240)
+THRESHOLD = 4096
+NUM_REQUESTS = 24
+
+TENANT_FILE = """
+engine: {{kind: timed, model: paper-1t, time_scale: 0.1, byte_divisor: 1000}}
+gateway: {{port: 0, control_port: 0}}
+policy: {{router: threshold, threshold_tokens: {threshold}}}
+sites:
+  - name: pd-{x}
+    kind: pd
+    hardware: h20
+    nodes:
+      - {{name: {x}-p0, role: prefill}}
+      - {{name: {x}-d0, role: decode}}
+      - {{name: {x}-d1, role: decode}}
+pool:
+  url: {url}
+  tenant: tenant-{x}
+  key: {{id: {x}-1, env: PRFAAS_POOL_KEY_{X}}}
+  link: {{gbps: 100, rtt_ms: 0}}
+  tuner: fixed
+"""
+
+
+@contextmanager
+def tenant(tmp: Path, x: str, pool: LivePool) -> Iterator[Launcher]:
+    path = tmp / f"tenant-{x}.yaml"
+    path.write_text(TENANT_FILE.format(x=x, X=x.upper(), url=pool.url, threshold=THRESHOLD))
+    live = Launcher(load_deployment(path), tmp / f"tenant-{x}-wd")
+    try:
+        live.start(ready_timeout_s=90)
+        yield live
+    finally:
+        live.stop()
+
+
+def _pool_in_rotation(live: Launcher) -> bool:
+    return any(n["node"] == "pool" and n.get("in_rotation") for n in live.nodes())
+
+
+def _wait(what: str, cond: Any, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+async def _load(url: str, n: int) -> list[str]:
+    """``n`` chat completions, half over the threshold; every one must succeed."""
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
+    sem = asyncio.Semaphore(8)
+
+    async def one(i: int) -> str:
+        length = 6000 + 97 * i if i % 2 == 0 else 1500 + 31 * i
+        async with sem:
+            r = await client.chat.completions.create(
+                model="paper-1t",
+                messages=[{"role": "user", "content": "x" * length}],
+                max_tokens=4,
+            )
+        return r.choices[0].finish_reason or ""
+
+    try:
+        return list(await asyncio.gather(*(one(i) for i in range(n))))
+    finally:
+        await client.close()
+
+
+def _metric(url: str, name: str) -> dict[str, float]:
+    """A labelled counter from the gateway's ``/metrics``: label value -> value."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    pattern = rf'^{name}\{{\w+="([^"]+)"\}} (\S+)$'
+    return {label: float(v) for label, v in re.findall(pattern, text, re.M)}
+
+
+def _pool_counters(pool: LivePool) -> dict[str, Any]:
+    auth = SignedAuth(ring_of_psks(pool.internal_key))
+    with httpx.Client(auth=auth, trust_env=False, timeout=10) as c:
+        out: dict[str, Any] = c.get(f"{pool.control_url}/internal/tenants").json()["tenants"]
+        return out
+
+
+async def _cross_submit(pool: LivePool) -> Refusal | object:
+    b = PoolClient(pool.url, "b-1", KEYS["PRFAAS_POOL_KEY_B"].encode())
+    try:
+        return await b.submit({
+            "tenant": "tenant-a", "request_id": "steal", "model": "paper-1t",
+            "num_uncached_tokens": 1, "receiver": "a-d0", "session": "s", "tokens": "BQAAAA==",
+        })  # fmt: skip
+    finally:
+        await b.aclose()
+
+
+def test_two_tenants_offload_to_a_live_pool(tmp_path: Path, monkeypatch: Any) -> None:
+    for k, v in KEYS.items():
+        monkeypatch.setenv(k, v)
+    with live_pool(tmp_path) as pool, ExitStack() as stack:
+        try:
+            a = stack.enter_context(tenant(tmp_path, "a", pool))
+            b = stack.enter_context(tenant(tmp_path, "b", pool))
+            _wait("the pool in both tenants' rotation",
+                  lambda: _pool_in_rotation(a) and _pool_in_rotation(b))  # fmt: skip
+
+            async def both() -> list[list[str]]:
+                return list(await asyncio.gather(_load(a.url, NUM_REQUESTS),
+                                                 _load(b.url, NUM_REQUESTS)))  # fmt: skip
+
+            for finishes in asyncio.run(both()):
+                assert len(finishes) == NUM_REQUESTS
+            counters = _pool_counters(pool)
+            for x, live in (("a", a), ("b", b)):
+                offloads = _metric(live.url, "prfaas_pool_offloads_total")
+                done = offloads.get("done", 0.0)
+                assert done > 0, (x, offloads)
+                assert counters[f"tenant-{x}"]["done"] == done, (x, counters, offloads)
+                routes = control(a if x == "a" else b, "/internal/routes")
+                pooled = [r for r in routes if r.get("prefill_node") == "pool"]
+                assert len(pooled) == done, (x, len(pooled), done)
+            stolen = asyncio.run(_cross_submit(pool))
+            assert isinstance(stolen, Refusal) and stolen.reason == "wrong_tenant", stolen
+
+            # SIGKILL of the front door under load: every request completes (local fallback).
+            async def killed() -> list[list[str]]:
+                load = asyncio.gather(_load(a.url, NUM_REQUESTS), _load(b.url, NUM_REQUESTS))
+                await asyncio.sleep(0.5)
+                pool.kill_front_door(signal.SIGKILL)
+                return list(await load)
+
+            for finishes in asyncio.run(killed()):
+                assert len(finishes) == NUM_REQUESTS  # every request completed (else: raised)
+            # A tenant with nothing at the pool when it died has nothing to fall back: the
+            # fallbacks are counted, by reason, over both.
+            fallbacks = [_metric(live.url, "prfaas_pool_fallbacks_total") for live in (a, b)]
+            print("fallbacks by reason (a, b):", fallbacks)
+            assert sum(sum(f.values()) for f in fallbacks) > 0, fallbacks
+        except BaseException:
+            print(pool.log_tail())
+            raise

@@ -1,0 +1,134 @@
+"""The pool's placement driver (``pool/driver.py``) against in-memory nodes: a free live node gets
+the door's placement as a prefill command (the session as its request id, the tenant's key id,
+the registered receiver); the answer makes the outcome; an unreachable node is ``node_lost``; a
+lease that runs out aborts the running prefill at its node; a silent node gets no work."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from prfaas.policy.pool_shares import GroupShape, PoolShape, TenantShare
+from prfaas.pool.driver import PlacementDriver
+from prfaas.pool.frontdoor import FrontDoor, Receiver, Submit
+from prfaas.pool.payload import Payload
+from prfaas.serve.gateway.node_client import NodeCallFailed
+from prfaas.serve.node.messages import (
+    Heartbeat,
+    NodeEndpoint,
+    PrefillCommand,
+    PrefillOutcome,
+    Registration,
+    SamplingMsg,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Nodes:
+    def __init__(self, fail: NodeCallFailed | None = None) -> None:
+        self.fail = fail
+        self.commands: list[tuple[str, PrefillCommand]] = []
+        self.aborted: list[tuple[str, str]] = []
+        self.release = asyncio.Event()
+
+    async def prefill(self, ep: NodeEndpoint, cmd: PrefillCommand) -> PrefillOutcome:
+        self.commands.append((ep.node, cmd))
+        await self.release.wait()
+        if self.fail is not None:
+            raise self.fail
+        return PrefillOutcome(request_id=cmd.request_id, ok=True)
+
+    async def abort(self, ep: NodeEndpoint, request_id: str) -> None:
+        self.aborted.append((ep.node, request_id))
+
+    async def aclose(self) -> None:
+        pass
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _driver(nodes: Nodes, clock: Clock) -> PlacementDriver:
+    shape = PoolShape((GroupShape("g", "m", 1),), 1e12, (TenantShare("a"), TenantShare("b")))
+    door = FrontDoor(shape, epoch=5, lease_s=3.0, fingerprints={})
+    d = PlacementDriver(door, {"n0": "g"}, nodes, clock, wall=clock)  # type: ignore[arg-type]
+    ep = NodeEndpoint(node="n0", site="g", role="prefill", host="127.0.0.1", http_port=1)
+    d.register(Registration(process="p", nodes=[ep]))
+    door.register("a", (Receiver("a-d0", "10.0.0.1", 9000),), clock())
+    return d
+
+
+def _submit(d: PlacementDriver, clock: Clock, rid: str) -> None:
+    req = Submit("a", rid, "m", (), 1000, "a-d0", f"s-{rid}", 0.5, 10_000)
+    assert d.door.submit("a", req, clock()).status == 200
+    d.accept(Payload("a", rid, "a-1", "BQAAAA==", SamplingMsg(max_new_tokens=2)))
+
+
+async def _settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_a_placement_is_a_prefill_on_the_free_node() -> None:
+    nodes, clock = Nodes(), Clock()
+    d = _driver(nodes, clock)
+    _submit(d, clock, "r1")
+    _submit(d, clock, "r2")
+    d.tick()
+    await _settle()
+    assert len(nodes.commands) == 1  # one node, one prefill at a time
+    node, cmd = nodes.commands[0]
+    assert (node, cmd.request_id, cmd.key_id) == ("n0", "s-r1", "a-1")
+    assert (cmd.decode_host, cmd.decode_transfer_port, cmd.cross_site) == ("10.0.0.1", 9000, True)
+    nodes.release.set()
+    await _settle()
+    assert d.door.outcome("a", "r1").state == "done"  # type: ignore[union-attr]
+    d.tick()
+    await _settle()
+    assert d.door.outcome("a", "r2").state == "done"  # type: ignore[union-attr]
+    counts = d.counters["a"]
+    assert (counts["accepted"], counts["placed"], counts["done"]) == (2, 2, 2)
+
+
+async def test_an_unreachable_node_is_node_lost() -> None:
+    nodes, clock = Nodes(NodeCallFailed("n0", "unreachable", "gone")), Clock()
+    d = _driver(nodes, clock)
+    _submit(d, clock, "r1")
+    d.tick()
+    nodes.release.set()
+    await _settle()
+    out: Any = d.door.outcome("a", "r1")
+    assert (out.state, out.reason) == ("failed", "node_lost")
+    assert d.counters["a"]["failed"] == 1
+
+
+async def test_a_lost_lease_aborts_at_the_node_and_a_silent_node_gets_nothing() -> None:
+    nodes, clock = Nodes(), Clock()
+    d = _driver(nodes, clock)
+    _submit(d, clock, "r1")
+    d.tick()
+    await _settle()
+    clock.now += 10.0  # past the lease (3 s) and the node's silence limit (3 s)
+    d.tick()
+    await _settle()
+    assert nodes.aborted == [("n0", "s-r1")]
+    out: Any = d.door.outcome("a", "r1")
+    assert (out.state, out.reason) == ("aborted", "lease_expired")
+    assert not d.live("n0")
+    d.door.register("a", (Receiver("a-d0", "10.0.0.1", 9000),), clock())
+    _submit(d, clock, "r2")
+    d.tick()
+    await _settle()
+    assert len(nodes.commands) == 1  # the silent node is offered nothing
+    assert d.heartbeat(Heartbeat(process="p", reports=[]))
+    d.tick()
+    await _settle()
+    assert [c.request_id for _, c in nodes.commands] == ["s-r1", "s-r2"]
