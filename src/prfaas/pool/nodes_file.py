@@ -16,10 +16,10 @@ from prfaas.config import (
     DeploymentConfig,
     EngineConfig,
     GatewayConfig,
-    LinkConfig,
     NodeConfig,
     SiteConfig,
 )
+from prfaas.core.link_config import LinkConfig
 from prfaas.pool_sections import PoolFileConfig, PoolGroup
 
 

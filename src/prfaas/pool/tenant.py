@@ -34,7 +34,8 @@ from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, Counter
 
-from prfaas.config import DeploymentConfig, LinkConfig, NodeConfig, SiteConfig
+from prfaas.config import DeploymentConfig, NodeConfig, SiteConfig
+from prfaas.core.link_config import LinkConfig
 from prfaas.policy.pool_session import PoolSession
 from prfaas.pool.client import PoolClient, PoolUnreachable, Refusal
 from prfaas.pool_file import resolve_key
