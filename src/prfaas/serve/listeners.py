@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import socket
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import h11
@@ -197,6 +198,19 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+class _NoticeServer(uvicorn.Server):
+    """uvicorn's server whose first SIGTERM may be taken as a spot notice (``on_sigterm``
+    returns True): the process then ends when the notice says, not at once."""
+
+    on_sigterm: Callable[[], bool] | None = None
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        on_sigterm, self.on_sigterm = self.on_sigterm, None  # a second SIGTERM stops now
+        if sig == signal.SIGTERM and on_sigterm is not None and on_sigterm():
+            return
+        super().handle_exit(sig, frame)
+
+
 def server_for(
     app: Any,
     head_timeout_s: float = HEAD_TIMEOUT_S,
@@ -210,7 +224,7 @@ def server_for(
         timeout_graceful_shutdown=2,
         http=protocol_with_head_timeout(head_timeout_s, unverified),
     )
-    return uvicorn.Server(config)
+    return _NoticeServer(config)
 
 
 async def serve(
@@ -218,6 +232,13 @@ async def serve(
     sockets: Sequence[socket.socket],
     head_timeout_s: float = HEAD_TIMEOUT_S,
     unverified: UnverifiedConnections | None = None,
+    on_sigterm: Callable[[uvicorn.Server], bool] | None = None,
 ) -> None:
-    """``unverified``: the quota of connections without a verified call (see the module)."""
-    await server_for(app, head_timeout_s, unverified).serve(sockets=list(sockets))
+    """``unverified``: the quota of connections without a verified call (see the module);
+    ``on_sigterm(server)``: called on the first SIGTERM (in the signal handler: schedule, do not
+    work); True when it took the signal (it sets ``server.should_exit`` itself later)."""
+    server = server_for(app, head_timeout_s, unverified)
+    if on_sigterm is not None:
+        assert isinstance(server, _NoticeServer)
+        server.on_sigterm = lambda: on_sigterm(server)
+    await server.serve(sockets=list(sockets))
