@@ -136,6 +136,15 @@ class AutoscaleSection(_Strict):
             raise ValueError(f"season_s ({self.season_s}) must be > startup_s ({startup})")
         return self
 
+    def spot_notice_s(self, site: str, node: str) -> float | None:
+        """The ``notice_s`` of the spot group a node was added to (the local provider names it
+        ``SITE-GROUP-N``); None for any other node."""
+        for g in self.groups:
+            prefix = f"{site}-{g.name}-"
+            if g.spot and node.startswith(prefix) and node[len(prefix) :].isdigit():
+                return g.notice_s
+        return None
+
     def policy(self) -> AutoscaleConfig:
         from prfaas.policy.autoscaler import AutoscaleConfig
 

@@ -5,6 +5,8 @@ and its process is gone; every request completed. Counts and events, never durat
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
 from pathlib import Path
 
@@ -12,12 +14,14 @@ import httpx
 import pytest
 from live_helpers import launched, routes, timed_deployment
 
+from prfaas.config import load_deployment
+from prfaas.serve.control_client import ControlClient
 from prfaas.serve.elastic.local import LocalGroup, LocalProvider
 from prfaas.serve.elastic.provider import NodePhase
 from prfaas.serve.launcher import RestartPolicy
 
 pytestmark = pytest.mark.timeout(180)
-STARTUP_S = 3.0
+STARTUP_S = 6.0
 
 
 def long_prompt(i: int) -> str:
@@ -30,15 +34,20 @@ def test_a_node_added_at_run_time_is_held_then_serves_then_drains_away(tmp_path:
         name = provider.add("od")
         assert name == "prfaas-od-0"
         held_seen = False
+        registered_early = False  # before its start-up had passed: then it must be held
         deadline = time.monotonic() + 60
         while provider.nodes()[0].phase is NodePhase.STARTING:
             assert time.monotonic() < deadline, "the added node never entered rotation"
             provider.poll()
             rows = {r["node"]: r for r in live.nodes()}
-            if name in rows and provider.nodes()[0].phase is NodePhase.STARTING:
+            node = provider.nodes()[0]
+            if name in rows and node.phase is NodePhase.STARTING:
                 held_seen = held_seen or not rows[name]["in_rotation"]
+                registered_early |= time.monotonic() - node.started_s < STARTUP_S - 1
             time.sleep(0.1)
-        assert held_seen  # registered before its start-up had passed, and held out
+        # Registered before its start-up had passed (a second to spare for the poll): held out.
+        # (On a host so busy that the node took longer to start, there was nothing to hold.)
+        assert held_seen or not registered_early
         rows = {r["node"]: r for r in live.nodes()}
         assert rows[name]["in_rotation"]
         assert name in {s.name for s in live.status()}
@@ -60,38 +69,71 @@ def test_a_node_added_at_run_time_is_held_then_serves_then_drains_away(tmp_path:
         assert name not in {s.name for s in live.status()}
 
 
-def test_a_burst_grows_the_pool_and_the_quiet_after_shrinks_it(tmp_path: Path) -> None:
-    """The loop ``prfaas up`` runs for ``autoscale:``: a burst of long prompts adds nodes, the
-    quiet after it drains them; every request completed."""
+def test_prfaas_up_with_autoscale_grows_on_a_burst_and_shrinks_after(tmp_path: Path) -> None:
+    """``prfaas up FILE`` with ``autoscale:`` runs the loop: a burst of long prompts adds nodes
+    (generated names, shown by ``prfaas status``), the quiet after drains them; every request
+    completed; each decision is in the gateway's ``/metrics`` (the desired size KEDA reads, the
+    decisions by reason) and the last one per group in ``prfaas status``."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from prfaas.serve.elastic.loop import ElasticLoop
+    import yaml
+    from test_live_supervise import Up, prfaas, until
 
-    d = timed_deployment()
-    auto = {"min_nodes": 1, "max_nodes": 3, "tick_s": 0.5, "up_cooldown_s": 1,
-            "down_cooldown_s": 2, "down_stabilisation_s": 1, "prior_tokens_per_s": 20_000,
-            "ttft_target_s": 2, "groups": [{"name": "od", "startup_s": 1.0}]}  # fmt: skip
-    d = d.model_validate({**d.model_dump(mode="json"), "autoscale": auto})
-    with launched(d, tmp_path, restart=RestartPolicy()) as live:
-        loop = ElasticLoop(live)
-        loop.start()
+    raw = timed_deployment().model_dump(mode="json", exclude_none=True)
+    raw["autoscale"] = {"min_nodes": 1, "max_nodes": 3, "tick_s": 0.5, "up_cooldown_s": 1,
+                        "down_cooldown_s": 2, "down_stabilisation_s": 1,
+                        "prior_tokens_per_s": 20_000, "ttft_target_s": 2,
+                        "groups": [{"name": "od", "startup_s": 1.0}]}  # fmt: skip
+    path = tmp_path / "elastic.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    up = Up(path, tmp_path / "work")
+    try:
+        up.wait_for("autoscaling the PrfaaS pool", timeout_s=90)
+        resolved = str(up.workdir / "deployment.resolved.yaml")
+        client = ControlClient(load_deployment(Path(resolved)))
+        url = client.client_url
+        body = {"model": "paper-1t", "max_tokens": 4}
+
+        def send(i: int) -> int:
+            r = httpx.post(f"{url}/v1/completions", json={**body, "prompt": long_prompt(i)},
+                           timeout=60)  # fmt: skip
+            return r.status_code
+
+        def members(kind: str) -> set[str]:
+            """The added nodes the supervisor ``started`` / ``removed`` (its events)."""
+            up.processes()  # remember their process groups, for the cleanup
+            doc = json.loads((up.workdir / "processes.json").read_text())
+            return {e["member"] for e in doc["events"]
+                    if e["kind"] == kind and e["member"].startswith("prfaas-od-")}  # fmt: skip
+
+        with ThreadPoolExecutor(8) as pool:
+            codes = list(pool.map(send, range(32)))
+        assert codes == [200] * 32
+        until("a node added at run time", lambda: members("started"), timeout_s=30)
+
+        def shrunk() -> bool:
+            gone = members("started") <= members("removed")
+            (group,) = client.autoscale()
+            change = group["last_change"]
+            return gone and change is not None and change["action"] == "drain"
+
         try:
-            body = {"model": "paper-1t", "max_tokens": 4}
-
-            def send(i: int) -> int:
-                r = httpx.post(f"{live.url}/v1/completions",
-                               json={**body, "prompt": long_prompt(i)}, timeout=60)  # fmt: skip
-                return r.status_code
-
-            with ThreadPoolExecutor(8) as pool:
-                codes = list(pool.map(send, range(40)))
-            assert codes == [200] * 40
-            deadline = time.monotonic() + 60
-            while loop.controller.counts.added == 0 or loop.provider.nodes():
-                assert time.monotonic() < deadline, (loop.controller.counts, loop.provider.nodes())
-                time.sleep(0.2)
-        finally:
-            loop.stop()
-        c = loop.controller.counts
-        assert c.added >= 1 and c.drained >= 1
-        assert not any(s.name.startswith("prfaas-od-") for s in live.status())
+            until("the added nodes drained away", shrunk, timeout_s=60)
+        except AssertionError:
+            print(json.dumps(client.autoscale(), indent=1), up.processes().keys())
+            raise
+        r = prfaas("status", resolved, "--json")  # the command shows it too
+        assert r.returncode == 0, r.stderr
+        (group,) = json.loads(r.stdout)["autoscale"]
+        assert group["desired_nodes"] >= 1 and group["reason"] and group["at_unix_s"] > 0
+        assert group["last_change"]["action"] == "drain"
+        assert "autoscale:" in prfaas("status", resolved).stdout
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+        assert 'prfaas_autoscale_desired_nodes{group="pool"}' in metrics
+        assert 'action="add",group="pool",reason="load_up"' in metrics
+        assert 'action="drain",group="pool",reason="load_down"' in metrics
+        client.close()
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            up.processes()  # every process group it started, for the cleanup
+        up.stop()

@@ -1,7 +1,8 @@
 """``prfaas status FILE [--json]``: a running deployment at a glance, from the gateway's signed
 control listener: every node (site, role, in rotation or why not, draining, KV in use, in flight,
 refused KV handshakes), whether the gateway is ready, the control state (threshold, link states),
-the last routes and, when FILE sits in a ``prfaas up`` workdir, the supervised processes."""
+the elastic pool's last autoscaler decision per group (action, reason, when), the last routes
+and, when FILE sits in a ``prfaas up`` workdir, the supervised processes."""
 
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
             nodes = client.nodes()
             routes = client.routes()
             control = client.control()
+            autoscale = client.autoscale()
             not_ready = client.ready()
         except (GatewayUnreachable, ControlRefused) as exc:
             return control_failure("status", args.deployment, exc)
@@ -64,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         },
         "nodes": nodes,
         "control": control,
+        "autoscale": autoscale,
         "num_routes": len(routes),
         "num_kv_recomputed": sum(1 for r in routes if r.get("kv_recomputed")),
         "routes": routes[-NUM_ROUTES:],
@@ -108,6 +111,8 @@ def render(report: dict[str, Any]) -> str:
     out = [f"gateway {g['url']}  {ready}  (control {g['control_url']})", ""]
     out.append(_nodes(report["nodes"]))
     out += ["", _control(report["control"])]
+    if report.get("autoscale"):
+        out += ["", _autoscale(report["autoscale"])]
     recomputed = report.get("num_kv_recomputed", 0)
     unused = f"; {recomputed} decoded by recomputing, their KV unused" if recomputed else ""
     out += ["", f"routes (last {len(report['routes'])} of {report['num_routes']}{unused}):"]
@@ -175,6 +180,33 @@ def _control(c: dict[str, Any]) -> str:
         return head
     headers = ["LINK", "CAPACITY", "UTIL", "BACKLOG", "RTT", "RETRANSMITS", "CONGESTED"]
     return head + "\n" + table(headers, rows)
+
+
+def _autoscale(groups: list[dict[str, Any]]) -> str:
+    """The last decision per group, and its last add or drain."""
+    import time
+
+    def when(at_unix_s: float) -> str:
+        return f"{max(0.0, time.time() - at_unix_s):.0f} s ago"
+
+    rows = []
+    for g in groups:
+        change = g.get("last_change")
+        last_change = (
+            f"{change['action']} {change['num_nodes']} {when(change['at_unix_s'])}: "
+            f"{change['reason']}"
+            if change
+            else "-"
+        )
+        rows.append([
+            str(g["group"]),
+            f"{g['num_serving']}+{g['num_starting']} starting",
+            str(g["desired_nodes"]),
+            f"{g['action']} ({g['code']}) {when(g['at_unix_s'])}: {g['reason']}",
+            last_change,
+        ])  # fmt: skip
+    headers = ["GROUP", "NODES", "DESIRED", "LAST DECISION", "LAST ADD/DRAIN"]
+    return "autoscale:\n" + table(headers, rows)
 
 
 def _routes(routes: list[dict[str, Any]]) -> str:

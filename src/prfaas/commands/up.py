@@ -119,6 +119,9 @@ def run(args: argparse.Namespace) -> int:
         if d.autoscale is not None:  # the elastic pool's loop (docs/elastic.md)
             from prfaas.serve.elastic.loop import ElasticLoop
 
+            elastic_log = logging.getLogger("prfaas.elastic")  # adds, drains, start-ups
+            elastic_log.addHandler(handler)
+            elastic_log.setLevel(logging.INFO)
             elastic = ElasticLoop(launcher)
             elastic.start()
             _say(f"autoscaling the PrfaaS pool every {d.autoscale.tick_s:g} s")

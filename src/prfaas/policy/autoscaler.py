@@ -157,6 +157,12 @@ class ScaleDecision:
     """The size the group should have (serving + starting), within the bounds."""
     reason: str
     at_s: float
+    code: str = "steady"
+    """The reason as a bounded label (for metrics): one of ``REASON_CODES``."""
+
+
+REASON_CODES = ("in_flight", "below_min", "above_max", "link_bound", "up_cooldown", "load_up",
+                "down_cooldown", "load_down", "steady")  # fmt: skip
 
 
 class Autoscaler:
@@ -229,8 +235,8 @@ class Autoscaler:
         self.remember(obs.offered_tokens_per_s, now_s)
         desired, need = self.desired_nodes(obs, now_s)
 
-        def out(action: ScaleAction, num: int, reason: str) -> ScaleDecision:
-            return ScaleDecision(obs.group, action, num, desired, reason, now_s)
+        def out(action: ScaleAction, num: int, reason: str, code: str) -> ScaleDecision:
+            return ScaleDecision(obs.group, action, num, desired, reason, now_s, code)
 
         if self._in_flight is not None:
             action, target, since_s, lost = self._in_flight
@@ -239,34 +245,45 @@ class Autoscaler:
             if shown:
                 self._in_flight = None
             elif now_s - since_s < c.in_flight_timeout_s:
-                return out(ScaleAction.HOLD, 0, f"the last {action.value} is in flight")
+                return out(
+                    ScaleAction.HOLD, 0, f"the last {action.value} is in flight", "in_flight"
+                )
             else:
                 self._in_flight = None  # the provider did not carry it out: decide afresh
         have = obs.num_nodes
         load = f"need {need:.2f} nodes"
         if have < c.min_nodes:
             return self._act(obs, ScaleAction.ADD, desired - have, desired, now_s,
-                             f"{load}; below min_nodes {c.min_nodes}")  # fmt: skip
+                             f"{load}; below min_nodes {c.min_nodes}", "below_min")  # fmt: skip
         if have > c.max_nodes:
             return self._act(obs, ScaleAction.DRAIN, have - c.max_nodes, desired, now_s,
-                             f"{load}; above max_nodes {c.max_nodes}")  # fmt: skip
+                             f"{load}; above max_nodes {c.max_nodes}", "above_max")  # fmt: skip
         if desired > have:
             bound = self.link_bound(obs)
             if bound is not None:
-                return out(ScaleAction.HOLD, 0, f"{load}, {have} on hand; link-bound: {bound}")
+                return out(
+                    ScaleAction.HOLD,
+                    0,
+                    f"{load}, {have} on hand; link-bound: {bound}",
+                    "link_bound",
+                )
             if now_s - self._last_add_s < c.up_cooldown_s:
-                return out(ScaleAction.HOLD, 0, f"{load}, {have} on hand; up cooldown")
+                return out(
+                    ScaleAction.HOLD, 0, f"{load}, {have} on hand; up cooldown", "up_cooldown"
+                )
             starting = f" ({obs.num_starting} starting)" if obs.num_starting else ""
             why = f"{load} at {c.up_utilisation:.0%}; {have} on hand{starting}"
-            return self._act(obs, ScaleAction.ADD, desired - have, desired, now_s, why)
+            return self._act(obs, ScaleAction.ADD, desired - have, desired, now_s, why, "load_up")
         keep = self._stable_keep(self._keep_on_drain(obs, need, have), now_s)
         if keep < have:
             if now_s - self._last_action_s < c.down_cooldown_s:
-                return out(ScaleAction.HOLD, 0, f"{load}, {have} on hand; down cooldown")
+                return out(
+                    ScaleAction.HOLD, 0, f"{load}, {have} on hand; down cooldown", "down_cooldown"
+                )
             return self._act(obs, ScaleAction.DRAIN, have - keep, desired, now_s,
                              f"{load}: {keep} nodes stay under "
-                             f"{c.down_utilisation:.0%}")  # fmt: skip
-        return out(ScaleAction.HOLD, 0, f"{load}, {have} on hand")
+                             f"{c.down_utilisation:.0%}", "load_down")  # fmt: skip
+        return out(ScaleAction.HOLD, 0, f"{load}, {have} on hand", "steady")
 
     def _stable_keep(self, keep: int, now_s: float) -> int:
         keeps = self._keeps
@@ -294,7 +311,7 @@ class Autoscaler:
 
     def _act(
         self, obs: GroupObservation, action: ScaleAction, num: int, desired: int, now_s: float,
-        reason: str,
+        reason: str, code: str,
     ) -> ScaleDecision:  # fmt: skip
         if action is ScaleAction.ADD:
             self._last_add_s = now_s
@@ -303,7 +320,7 @@ class Autoscaler:
             target = obs.num_nodes - num
         self._last_action_s = now_s
         self._in_flight = (action, target, now_s, obs.num_lost)
-        return ScaleDecision(obs.group, action, num, desired, reason, now_s)
+        return ScaleDecision(obs.group, action, num, desired, reason, now_s, code)
 
 
 def wait_for_starting(

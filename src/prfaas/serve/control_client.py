@@ -75,10 +75,10 @@ class ControlClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, method: str, path: str) -> Any:
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         url = f"{self.url}{path}"
         try:
-            r = self._http.request(method, url)
+            r = self._http.request(method, url, json=body)
         except httpx.TransportError as exc:
             raise GatewayUnreachable(self.url, str(exc) or type(exc).__name__) from None
         except AnswerNotAuthentic as exc:  # not the gateway we know, or someone in between
@@ -111,6 +111,15 @@ class ControlClient:
     def resume(self, node: str) -> dict[str, Any]:
         result: dict[str, Any] = self._call("POST", f"/internal/nodes/{node}/resume")
         return result
+
+    def autoscale(self) -> list[dict[str, Any]]:
+        """The elastic pool's last decision per group (empty without ``autoscale:``)."""
+        result: list[dict[str, Any]] = self._call("GET", "/internal/autoscale")
+        return result
+
+    def report_autoscale(self, report: dict[str, Any]) -> None:
+        """Post one autoscaler decision (``gateway.autoscale_board.AutoscaleReport``'s fields)."""
+        self._call("POST", "/internal/autoscale", report)
 
     def ready(self) -> str | None:
         """None when the gateway's client port says ``/ready``; else the reason it gave."""

@@ -33,9 +33,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import socket
 import ssl
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import h11
@@ -205,7 +206,11 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server with a TLS context per socket (``tls``: by local port)."""
+    """uvicorn's server with a TLS context per socket (``tls``: by local port), whose first
+    SIGTERM may be taken as a spot notice (``on_sigterm`` returns True): the process then ends
+    when the notice says, not at once."""
+
+    on_sigterm: Callable[[], bool] | None = None
 
     def __init__(
         self, config: uvicorn.Config, tls: Mapping[int, ssl.SSLContext], handshake_s: float
@@ -213,6 +218,12 @@ class _Server(uvicorn.Server):
         super().__init__(config)
         self.tls = dict(tls)
         self.handshake_s = handshake_s
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        on_sigterm, self.on_sigterm = self.on_sigterm, None  # a second SIGTERM stops now
+        if sig == signal.SIGTERM and on_sigterm is not None and on_sigterm():
+            return
+        super().handle_exit(sig, frame)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         socks = list(sockets or [])
@@ -252,7 +263,7 @@ def server_for(
     head_timeout_s: float = HEAD_TIMEOUT_S,
     unverified: UnverifiedConnections | None = None,
     tls: Mapping[int, ssl.SSLContext] | None = None,
-) -> uvicorn.Server:
+) -> _Server:
     """``tls``: the local ports served over TLS, with their server contexts (the rest plain)."""
     config = uvicorn.Config(
         app,
@@ -271,7 +282,13 @@ async def serve(
     head_timeout_s: float = HEAD_TIMEOUT_S,
     unverified: UnverifiedConnections | None = None,
     tls: Mapping[int, ssl.SSLContext] | None = None,
+    on_sigterm: Callable[[uvicorn.Server], bool] | None = None,
 ) -> None:
     """``unverified``: the quota of connections without a verified call; ``tls``: the local
-    ports served over TLS, with their contexts (see the module)."""
-    await server_for(app, head_timeout_s, unverified, tls).serve(sockets=list(sockets))
+    ports served over TLS, with their contexts (see the module); ``on_sigterm(server)``: called
+    on the first SIGTERM (in the signal handler: schedule, do not work); True when it took the
+    signal (it sets ``server.should_exit`` itself later)."""
+    server = server_for(app, head_timeout_s, unverified, tls)
+    if on_sigterm is not None:
+        server.on_sigterm = lambda: on_sigterm(server)
+    await server.serve(sockets=list(sockets))

@@ -133,9 +133,52 @@ def run_worker(
         install_sighup_reload(worker.auth.keys, config_path)
         tls = control_tls(d)
         secure = {} if tls is None else {port: tls.server}
-        await serve(create_node_app(worker), [sock], unverified=UnverifiedConnections(), tls=secure)
+        app = create_node_app(worker)
+        notice_s = _spot_notice_s(d, site, node_names)
+        on_sigterm = None if notice_s is None else _notice_on_sigterm(app, notice_s)
+        await serve(
+            app, [sock], unverified=UnverifiedConnections(), tls=secure, on_sigterm=on_sigterm
+        )
 
     asyncio.run(main())
+
+
+def _spot_notice_s(d: DeploymentConfig, site: str, node_names: list[str]) -> float | None:
+    """The notice of the spot group these nodes were added to (``autoscale:``), if any."""
+    if d.autoscale is None or d.engine_for(site).kind == "vllm":
+        return None
+    found = [d.autoscale.spot_notice_s(site, n) for n in node_names]
+    return min((x for x in found if x is not None), default=None)
+
+
+def _notice_on_sigterm(app: Any, notice_s: float) -> Any:
+    """SIGTERM as a spot notice of ``notice_s``: stop taking prefills, keep those that end in
+    time, hand the rest back, and end once the kept ones are done or at the deadline."""
+    import asyncio
+    import logging
+    import time
+
+    loop = asyncio.get_running_loop()
+    log = logging.getLogger("prfaas.node")
+
+    def on_sigterm(server: Any) -> bool:
+        deadline_s = time.monotonic() + notice_s
+
+        async def notice_then_end() -> None:
+            try:
+                app.state.begin_notice(notice_s)
+                desk = app.state.notice_desk
+                while desk.num_held and time.monotonic() < deadline_s:
+                    await asyncio.sleep(0.05)
+            except Exception:  # whatever happens, the process ends by its deadline
+                log.exception("spot notice")
+            server.should_exit = True
+
+        loop.call_soon_threadsafe(lambda: loop.create_task(notice_then_end()))
+        log.warning("SIGTERM: a spot notice, ending within %g s", notice_s)
+        return True
+
+    return on_sigterm
 
 
 def pin_process(cores: frozenset[int], field: str) -> None:

@@ -36,6 +36,14 @@ DEPLOYMENT = DeploymentConfig.model_validate(
 
 @dataclass
 class Control:
+    reports: list[dict[str, Any]] = field(default_factory=list)
+
+    def report_autoscale(self, report: dict[str, Any]) -> None:
+        from prfaas.serve.gateway.autoscale_board import AutoscaleReport
+
+        AutoscaleReport.model_validate(report)  # what the gateway would accept
+        self.reports.append(report)
+
     def drain(self, node: str) -> dict[str, Any]:
         return {}
 
@@ -93,3 +101,8 @@ def test_a_burst_adds_nodes_and_the_quiet_after_it_removes_them(
     assert sorted(launcher.removed) == sorted(launcher.added)
     assert not loop.provider.nodes()
     assert loop.controller.counts.added == len(launcher.added) >= 2
+    # every look's decision went to the gateway (its /metrics and `prfaas status`)
+    reports = launcher.control.reports
+    assert len(reports) == 40 and {r["group"] for r in reports} == {"pool"}
+    codes = {(r["action"], r["code"]) for r in reports}
+    assert ("add", "load_up") in codes and ("drain", "load_down") in codes

@@ -66,7 +66,8 @@ class Script:
     "recompute" (all tokens, the last event says the KV was not used: ``kv_recomputed``)."""
     prefill: str | None = None
     """"unreachable" | "refuse" | "reject" | "fail" (ok=False outcome) | "hang" | "late" (the KV
-    is delivered, the answer waits for ``FakeNodes.answer_late``)."""
+    is delivered, the answer waits for ``FakeNodes.answer_late``) | "hand_back" (a spot notice:
+    the outcome says ``handed_back``)."""
     num_tokens: int = 3
     cached_tokens: int = 0
     pinned_tokens: int | None = None
@@ -156,6 +157,9 @@ class FakeNodes:
                 await asyncio.Event().wait()
             if s.prefill == "fail":
                 return PrefillOutcome(request_id=cmd.request_id, ok=False, error="engine: NaN")
+            if s.prefill == "hand_back":
+                return PrefillOutcome(request_id=cmd.request_id, ok=False, handed_back=True,
+                                      error="handed back: a notice")  # fmt: skip
             self._event(cmd.request_id).set()
             if s.prefill == "late":
                 await self.answer_late.wait()

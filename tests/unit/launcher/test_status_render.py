@@ -30,6 +30,13 @@ REPORT = {
                 "links": [{"link": "prfaas->pd", "capacity_bytes_per_s": 12.5e9,
                            "utilisation": 0.25, "backlog_bytes": 0, "rtt_s": 0.01,
                            "retransmit_rate": 0.0, "congested": False}]},
+    "autoscale": [{"group": "prfaas", "action": "hold", "num_nodes": 0, "desired_nodes": 2,
+                   "reason": "need 1.20 nodes, 2 on hand", "code": "steady",
+                   "at_unix_s": 0.0, "num_serving": 2, "num_starting": 0, "num_draining": 0,
+                   "last_change": {"group": "prfaas", "action": "add", "num_nodes": 1,
+                                   "desired_nodes": 2, "reason": "need 1.50 nodes at 80%",
+                                   "code": "load_up", "at_unix_s": 0.0, "num_serving": 1,
+                                   "num_starting": 0, "num_draining": 0}}],
     "num_routes": 12,
     "routes": [{"request_id": "cmpl-1", "num_prompt_tokens": 60000, "num_cached_tokens": 512,
                 "prefill_site": "prfaas", "prefill_node": "pf0", "decode_node": "d1",
@@ -49,6 +56,8 @@ def test_render_shows_every_part() -> None:
     assert d0.split()[-2:] == ["3", "2"]  # in flight, refused handshakes
     assert "threshold 8192 tokens" in text and "prfaas->pd" in text and "25%" in text
     assert "routes (last 1 of 12)" in text and "prfaas/pf0" in text
+    group = next(line for line in text.splitlines() if line.startswith("prfaas "))
+    assert "hold (steady)" in group and "need 1.20 nodes" in group and "add 1" in group
     pd = next(line for line in text.splitlines() if line.startswith("pd "))
     assert pd.split()[:4] == ["pd", "failed", "-", "4"] and "exit status 1" in pd
 

@@ -1,7 +1,9 @@
 """``ElasticLoop``: the elastic pool's live loop under ``prfaas up`` (a file with ``autoscale:``).
 Every ``tick_s``: the provider moves its nodes along (``LocalProvider.poll``), the observer reads
 the gateway (``LiveObserver``), the controller asks the autoscaler and acts
-(``ElasticController.tick``). One thread; a failed look is logged and the next one tries again.
+(``ElasticController.tick``), and the decision goes to the gateway (``POST /internal/autoscale``:
+``/metrics``' ``prfaas_autoscale_desired_nodes{group}`` and decisions counter, ``prfaas status``).
+One thread; a failed look is logged and the next one tries again.
 """
 
 from __future__ import annotations
@@ -46,7 +48,13 @@ class ElasticLoop:
         obs = self.observer.observe(
             self.launcher.nodes(), self.launcher.routes(), self.provider.nodes(), now
         )
-        self.controller.tick(obs, now)
+        d = self.controller.tick(obs, now)
+        self.launcher.control.report_autoscale(
+            {"group": d.group, "action": d.action.value, "num_nodes": d.num_nodes,
+             "desired_nodes": d.desired_nodes, "reason": d.reason, "code": d.code,
+             "at_unix_s": time.time(), "num_serving": obs.num_serving,
+             "num_starting": obs.num_starting, "num_draining": obs.num_draining}
+        )  # fmt: skip
 
     def _run(self) -> None:
         while not self._stop.wait(self.tick_s):

@@ -2,7 +2,8 @@
 *client* app), and the control plane on its own listener (the *control* app,
 ``gateway.control_port``): ``/internal/register`` and ``/internal/heartbeat`` (nodes),
 ``/internal/nodes``, ``/internal/endpoints``, ``/internal/routes``, ``/internal/control`` and
-``/internal/nodes/{node}/drain|resume`` (``prfaas status`` / ``prfaas drain``, the demo). Every
+``/internal/nodes/{node}/drain|resume`` (``prfaas status`` / ``prfaas drain``, the demo),
+``/internal/autoscale`` (the elastic pool's decisions: ``gateway.autoscale_board``). Every
 control call must be signed with the deployment's key (``serve.auth``); the client port serves none
 of them. The gateway's own calls to the nodes (dispatcher, control loop) are signed the same way.
 
@@ -36,6 +37,7 @@ from prfaas.serve.auth import Refusal, SignedAuth, Verifier
 from prfaas.serve.auth_middleware import SignatureMiddleware
 from prfaas.serve.backend import ModelInfo
 from prfaas.serve.control_tls import client_options, control_tls
+from prfaas.serve.gateway.autoscale_board import AutoscaleBoard, AutoscaleReport
 from prfaas.serve.gateway.control import ControlLoop
 from prfaas.serve.gateway.decision_log import DecisionLog
 from prfaas.serve.gateway.dispatcher import ClusterDispatcher
@@ -160,6 +162,7 @@ def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo
             decisions.close()
 
     internal = _control_app(registry, dispatcher, control, security)
+    _autoscale_routes(internal, AutoscaleBoard(metrics))
     verifier = Verifier(keys)
     internal.add_middleware(SignatureMiddleware, verifier=verifier, on_refused=security.refused)
     return GatewayApps(client=app, control=internal, verifier=verifier, keys=keys)
@@ -268,6 +271,22 @@ def _control_app(
         }  # fmt: skip
 
     return app
+
+
+def _autoscale_routes(app: FastAPI, board: AutoscaleBoard) -> None:
+    """The elastic pool's loop posts its decisions; status reads the last ones."""
+
+    @app.post("/internal/autoscale")
+    async def report(r: AutoscaleReport) -> dict[str, str]:
+        try:
+            board.record(r)
+        except ValueError as exc:
+            raise HTTPException(400, str(exc)) from None
+        return {"status": "ok"}
+
+    @app.get("/internal/autoscale")
+    async def autoscale() -> list[dict[str, object]]:
+        return board.rows()
 
 
 def _node_row(registry: NodeRegistry, n: Any) -> dict[str, object]:

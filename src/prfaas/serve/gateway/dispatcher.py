@@ -14,7 +14,10 @@ sending from the mirror's figure would hand the decode node KV rows it lacks or 
 Failures and rotation: a node that cannot be reached is quarantined by the registry until a
 heartbeat after its quarantine; a node that answers 409 is skipped until its next report; a request
 that failed at a node for its own reasons (an engine error, a refused transfer) is retried once with
-local prefill elsewhere, and the node stays in rotation. A client that goes away aborts the request
+local prefill elsewhere, and the node stays in rotation. A prefill a node *handed back* (a spot
+notice: it would not end by the node's deadline) is no failure: it is routed again as new, on
+another node (the noticed one is skipped), counted as
+``retries_total{reason="prefill_handed_back"}``. A client that goes away aborts the request
 at both nodes (the decode stream closes, the prefill is cancelled) so its KV is freed.
 
 Request state: each request's ``core.RequestLifecycle`` moves through ``core.RequestState``'s one
@@ -261,7 +264,7 @@ class ClusterDispatcher:
                 # decode node's KV port looks like a prefill failure but says the decode node is
                 # gone (seen in the soak: the retry went back to a killed decode node).
                 failed_at.update((exc.node, plan.decision.prefill_node, plan.decode_node))
-                if exc.kind != "refused":
+                if exc.kind not in ("refused", "handed_back"):
                     failures += 1
                     use_fallback = True  # a lost (remote) prefill falls back to local prefill
                 # Tokens already streamed (DECODING): the table allows no new attempt.
@@ -330,7 +333,7 @@ class ClusterDispatcher:
         now_wall_s = time.monotonic()  # the registry's clock (heartbeats are stamped with it)
         if exc.kind == "unreachable":
             self.registry.mark_unreachable(exc.node, str(exc), now_wall_s)
-        elif exc.kind == "refused":
+        elif exc.kind in ("refused", "handed_back"):
             self.registry.mark_refused(exc.node, now_wall_s)
         # "rejected" / "closed": this request failed there; the node keeps serving.
 
@@ -489,6 +492,9 @@ class _Relay:
                 except NodeCallFailed as exc:
                     raise AttemptFailed.of("decode", exc) from None
                 if event.kind == "error":
+                    # The KV stream broke: when its prefill node says why (handed back on a
+                    # notice, or gone), that is the failure to act on, not the decode node's.
+                    await self._prefill_explains()
                     raise AttemptFailed("decode", "rejected", self.plan.decode_node, event.error)
                 self._decoding()
                 if event.finish_reason is not None:
@@ -531,6 +537,23 @@ class _Relay:
             with contextlib.suppress(AttemptFailed):
                 self.book_prefill()
 
+    async def _prefill_explains(self) -> None:
+        """A decode error while the prefill has not answered: give its answer a moment and
+        raise its failure if it failed (a prefill handed back closes its KV stream as it
+        answers, and the two race)."""
+        if self.prefill_seen:
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.prefill), ABORT_TIMEOUT_S)
+        if not self.prefill.done():
+            return
+        try:
+            outcome = self.prefill.result()
+        except NodeCallFailed as exc:
+            raise AttemptFailed.of("prefill", exc) from None
+        if not outcome.ok:  # (a good one is not booked: this attempt fails all the same)
+            self.book_prefill()  # raises its failure
+
     def _cached_or_planned(self) -> int:
         if self.num_cached_tokens is not None:
             return self.num_cached_tokens
@@ -545,7 +568,8 @@ class _Relay:
             raise AttemptFailed.of("prefill", exc) from None
         self.d.registry.untrack(node, self.req.request_id)  # its prefill work is done
         if not outcome.ok:
-            raise AttemptFailed("prefill", "rejected", node, f"node {node}: {outcome.error}")
+            kind = "handed_back" if outcome.handed_back else "rejected"
+            raise AttemptFailed("prefill", kind, node, f"node {node}: {outcome.error}")
         self.num_cached_tokens = outcome.num_cached_tokens
         self.d.registry.record_success(node)
         if self.life.state is RequestState.PREFILLING:  # no token yet: the last KV is crossing

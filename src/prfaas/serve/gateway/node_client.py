@@ -10,6 +10,8 @@ comes out as one ``NodeCallFailed`` whose ``kind`` says what it means for rotati
 - ``rejected``: any other non-200 answer, or an answer that does not parse: this request failed
   there; the node stays in rotation.
 - ``closed``: a decode stream ended before its last token.
+- ``handed_back``: a prefill node under a spot notice gave the request back (its outcome says
+  so): serve it on another node, not locally; the node is leaving.
 
 An answer that is not authenticated under the deployment's key (``serve.answer_auth``: forged or
 altered on the way) is ``rejected``, its message saying so. A decode stream's lines are split on
@@ -39,7 +41,7 @@ from prfaas.serve.node.messages import (
     PrefixPullCommand,
 )
 
-FailureKind = Literal["unreachable", "refused", "rejected", "closed"]
+FailureKind = Literal["unreachable", "refused", "rejected", "closed", "handed_back"]
 ABORT_TIMEOUT_S = 2.0
 CONNECT_TIMEOUT_S = 5.0
 

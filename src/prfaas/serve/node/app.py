@@ -8,6 +8,10 @@ otherwise); ``/health`` tells liveness and loads, never ports.
 ``POST /nodes/{node}/role``      RoleCommand: drain, then switch role (the rebalancer's decision)
 ``POST /prefix/pull``, ``/prefix/push`` cross-site prefix moves (pull asks the source to push)
 ``POST /link/rate``              re-pace this site's inter-site link (emulation; 409 under netns)
+``POST /notice``                 NoticeCommand: a spot notice (``serve/node/notice.py``): every node
+                                 stops taking prefills, keeps those expected to end (prefill and
+                                 KV stream) by ``deadline_s`` from now, hands the rest back
+                                 (answered ``handed_back``: the gateway serves them elsewhere)
 ``GET  /health``                 this process's node reports (open: no ports in it)
 ``GET  /ready``                  200 once started while some node of this process is not draining
                                  for a role change; 503 otherwise (open: a readiness probe)
@@ -16,6 +20,8 @@ otherwise); ``/health`` tells liveness and loads, never ports.
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -32,6 +38,7 @@ from prfaas.serve.node.hosting import LinkRateRefused, LinkRateUnavailable, Node
 from prfaas.serve.node.messages import (
     DecodeCommand,
     LinkRateCommand,
+    NoticeCommand,
     PrefillCommand,
     PrefillOutcome,
     PrefixPullCommand,
@@ -41,10 +48,14 @@ from prfaas.serve.node.messages import (
 from prfaas.transfer import TransferError
 
 DRAIN_POLL_S = 0.05
+log = logging.getLogger("prfaas.node")
 
 
 def create_node_app(host: NodeHost) -> FastAPI:
     running: dict[str, asyncio.Task[PrefillOutcome]] = {}
+    handed_back: dict[str, str] = {}
+    """Prefills a notice handed back, with why (their cancelled tasks answer so)."""
+    desk = getattr(host, "notice", None)  # a worker host's; a vLLM sidecar takes no notice
 
     # Other workers' APIs (prefix moves): over HTTPS with ``tls.control_plane``.
     tls = client_options(control_tls(host.deployment))
@@ -84,11 +95,38 @@ def create_node_app(host: NodeHost) -> FastAPI:
             outcome = await task
         except asyncio.CancelledError:
             if task.cancelled():
+                why = handed_back.pop(cmd.request_id, None)
+                if why is not None:
+                    return PrefillOutcome(request_id=cmd.request_id, ok=False, error=why,
+                                          handed_back=True)  # fmt: skip
                 return PrefillOutcome(request_id=cmd.request_id, ok=False, error="aborted")
             raise
         finally:
             running.pop(cmd.request_id, None)
         return outcome
+
+    def begin_notice(deadline_in_s: float) -> dict[str, object]:
+        """Stop taking prefills; keep what ends by the deadline, hand the rest back."""
+        if desk is None:
+            raise HTTPException(409, f"{host.process_name} cannot take a notice")
+        for node in host.nodes.values():
+            node.draining = True
+        now = time.monotonic()
+        plan = desk.notice(now, now + deadline_in_s)
+        for rid in plan.hand_back:
+            task = running.get(rid)
+            if task is not None:
+                handed_back[rid] = (
+                    f"handed back: {host.process_name} got a notice ({deadline_in_s:g} s) and "
+                    "would not end it in time"
+                )
+                task.cancel()
+        return {"deadline_in_s": deadline_in_s, "finish": list(plan.finish),
+                "hand_back": list(plan.hand_back)}  # fmt: skip
+
+    @app.post("/notice")
+    async def notice(cmd: NoticeCommand) -> dict[str, object]:
+        return begin_notice(cmd.deadline_s)
 
     @app.post("/nodes/{name}/abort/{request_id}")
     async def abort(name: str, request_id: str) -> dict[str, bool]:
@@ -180,4 +218,6 @@ def create_node_app(host: NodeHost) -> FastAPI:
         return JSONResponse({"ready": bool(taking), "nodes": taking}, status_code=status)
 
     app.state.host = host
+    app.state.begin_notice = begin_notice
+    app.state.notice_desk = desk
     return app

@@ -34,6 +34,7 @@ from prfaas.core import NodeRole, SiteId
 from prfaas.core.ids import link_id_for
 from prfaas.core.link_report import SenderLinkReport
 from prfaas.engine.api import Engine
+from prfaas.perf import CostModel
 from prfaas.pool_file import resolve_key
 from prfaas.serve.auth import SignedAuth
 from prfaas.serve.control_tls import control_tls, tls_contexts
@@ -61,6 +62,7 @@ from prfaas.serve.node.messages import (
     PrefixReportMsg,
     Registration,
 )
+from prfaas.serve.node.notice import NoticeDesk
 from prfaas.serve.node.prefix_move import PendingMoves, is_move, new_move_id
 from prfaas.serve.node.prefix_store import PrefixStore
 from prfaas.serve.node.worker import Node
@@ -148,6 +150,12 @@ class WorkerHost:
             self.links.set_route(
                 self.route, self.link_rate_bytes_per_s(), self._configured_wall_rate()
             )
+        self._cost: tuple[CostModel | None] | None = None
+        """The site's cost model, once looked up (None inside: a real engine on a preset)."""
+        self.notice = NoticeDesk(self._prefill_estimate_s)
+        """A spot notice's bookkeeping (``serve/node/notice.py``): told of every prefill."""
+        for node in self.nodes.values():
+            node.notice = self.notice
         self.receiver: Receiver | None = None
         self.transfer_port = 0
         self.pool_receiver: Receiver | None = None
@@ -189,6 +197,21 @@ class WorkerHost:
             return
         if node is not None:
             node.on_delivered(rid, delivery.first_token)
+
+    def _prefill_estimate_s(self, num_tokens: int, kv_bytes: int) -> float:
+        """Wall seconds of one prefill here and its KV stream, before any was measured: the
+        site's cost model (scaled to wall time) or the paced stream, whichever is longer (the KV
+        streams layer by layer while the next layer computes)."""
+        from prfaas.scenarios import site_cost_model
+
+        if self._cost is None:
+            self._cost = (site_cost_model(self.deployment, self.site),)
+        (cost,) = self._cost
+        eng = self.deployment.engine_for(self.site.name)
+        compute_s = 0.0 if cost is None else cost.prefill_s(num_tokens, 0)
+        rate = self.link_rate_bytes_per_s()
+        stream_s = kv_bytes / rate if rate else 0.0
+        return max(compute_s * eng.wall_s_per_modelled_s, stream_s)
 
     def link_rate_bytes_per_s(self) -> float | None:
         """Wall-clock pacing rate of this site's KV sender: the modelled link scaled down (none

@@ -96,6 +96,15 @@ class PrefillOutcome(_Msg):
     store_epoch: int = 0
     store_seq: int = 0
     """The store's journal position right after that insert (``cache.StoreJournal``)."""
+    handed_back: bool = False
+    """Not done here: the node got a spot notice and would not end it by the deadline; the
+    gateway serves it on another node (not a failure of the request)."""
+
+
+class NoticeCommand(_Msg):
+    """A spot notice: the node ends ``deadline_s`` seconds from now (``POST /notice``)."""
+
+    deadline_s: float = Field(ge=0)
 
 
 class DecodeCommand(_Msg):

@@ -45,6 +45,7 @@ from prfaas.serve.node.messages import (
     SamplingMsg,
     unpack_tokens,
 )
+from prfaas.serve.node.notice import NoticeDesk
 from prfaas.serve.node.prefix_store import PrefixStore
 from prfaas.spec import LayerSegment
 from prfaas.transfer import Link as TransferLink
@@ -106,6 +107,8 @@ class Node:
         self.prefix_store = prefix_store
         self.fixed_role = fixed_role
         self.draining = False
+        self.notice: NoticeDesk | None = None
+        """The process's spot-notice desk (a worker host's prefill nodes): told of each prefill."""
         self._expected: dict[str, _Expected] = {}
         self._wake = asyncio.Event()
         self._prefill_queue: dict[str, int] = {}
@@ -168,8 +171,11 @@ class Node:
         this request's alone and comes back as ``ok=False`` with the reason."""
         rid = cmd.request_id
         self._num_prefilling += 1
+        ok = False
         try:
-            return await self._prefill(cmd, link)
+            outcome = await self._prefill(cmd, link)
+            ok = outcome.ok
+            return outcome
         except Exception as exc:
             if not isinstance(exc, (TransferError, EngineError, OSError, ValueError)):
                 log.warning("node %s: prefill of %s failed", self.name, rid, exc_info=True)
@@ -177,6 +183,8 @@ class Node:
         finally:
             self._prefill_queue.pop(rid, None)
             self._num_prefilling -= 1
+            if self.notice is not None:
+                self.notice.ended(rid, ok, time.monotonic())
 
     async def _prefill(self, cmd: PrefillCommand, link: TransferLink) -> PrefillOutcome:
         rid = cmd.request_id
@@ -221,6 +229,8 @@ class Node:
         sent = 0
         unsent = 0  # this session's share of ``_unsent_kv_bytes``
         self._prefill_queue[rid] = n - k
+        if self.notice is not None:
+            self.notice.arrived(rid, n - k, manifest.num_bytes, time.monotonic())
         async with contextlib.AsyncExitStack() as stack:
             stack.callback(self._settle_unsent, lambda: unsent)
             # The session opens with the first layer, not while the prefill waits for the engine:
@@ -230,6 +240,8 @@ class Node:
             async for out in self.engine.prefill_stream(req):
                 if isinstance(out, LayerOutput):
                     self._prefill_queue.pop(rid, None)  # computing now, no longer queued
+                    if session is None and self.notice is not None:
+                        self.notice.started(rid, time.monotonic())
                     if session is None:
                         session = await stack.enter_async_context(link.session(manifest))
                         if cmd.cross_site:
