@@ -61,8 +61,12 @@ def test_link_shaped_to_a_twentieth_raises_threshold_and_degrades_gracefully(
     # link-limited span is one the pacer held back for >= 90% of it; the max over the window).
     assert link_after["capacity_basis"] == "measured", figures
     assert 0.85 * shaped <= link_after["capacity_bytes_per_s"] <= shaped * 1.001, figures
-    assert "link capacity changed" in [u["reason"] for u in new_updates], figures
-    assert after["threshold_tokens"] > before["threshold_tokens"], figures
+    # The tuner answers the lower capacity by raising t. Only that update is compared: a later
+    # periodic re-tune may bring t back down (the least raise that fits is taken at the window's
+    # observed arrival rate, which a slow machine lowers: seen in CI, 45722 then 43628 again).
+    changed = [u for u in new_updates if u["reason"] == "link capacity changed"]
+    assert changed, figures
+    assert changed[0]["threshold_tokens"] > before["threshold_tokens"], figures
     assert offloaded_after < offloaded_before, figures
 
 
