@@ -153,7 +153,8 @@ def _spot_notice_s(d: DeploymentConfig, site: str, node_names: list[str]) -> flo
 
 def _notice_on_sigterm(app: Any, notice_s: float) -> Any:
     """SIGTERM as a spot notice of ``notice_s``: stop taking prefills, keep those that end in
-    time, hand the rest back, and end once the kept ones are done or at the deadline."""
+    time, hand the rest back, and end once the kept ones are done or at the deadline (handing
+    back any kept one still running then)."""
     import asyncio
     import logging
     import time
@@ -170,6 +171,8 @@ def _notice_on_sigterm(app: Any, notice_s: float) -> Any:
                 desk = app.state.notice_desk
                 while desk.num_held and time.monotonic() < deadline_s:
                     await asyncio.sleep(0.05)
+                app.state.end_notice()  # a kept one still running: handed back, not cut
+                await asyncio.sleep(0.05)  # its answer leaves before the listener closes
             except Exception:  # whatever happens, the process ends by its deadline
                 log.exception("spot notice")
             server.should_exit = True

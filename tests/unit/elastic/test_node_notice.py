@@ -25,6 +25,19 @@ def test_a_notice_keeps_what_ends_in_time_and_hands_back_the_rest() -> None:
     assert desk.num_finished == 1 and desk.num_held == 0
 
 
+def test_the_deadline_hands_back_what_is_still_held() -> None:
+    desk = NoticeDesk(lambda tokens, _kv: tokens / 1000)
+    for rid in ("a", "b", "c"):
+        desk.arrived(rid, 1000, 10, now_s=0.0)
+    desk.started("a", now_s=0.0)
+    plan = desk.notice(now_s=0.5, deadline_s=3.0)  # keeps a and b, hands c back
+    assert plan.finish == ("a", "b") and desk.num_handed_back == 1
+    desk.ended("a", True, now_s=1.0)
+    assert desk.deadline_came() == ("b",)  # b ran late: handed back, not cut
+    assert desk.num_held == 0 and desk.num_handed_back == 2 and desk.num_finished == 1
+    assert desk.deadline_came() == ()
+
+
 def test_measured_prefills_correct_the_estimate() -> None:
     desk = NoticeDesk(lambda tokens, _kv: tokens / 1000)
     desk.arrived("a", 1000, 0, 0.0)

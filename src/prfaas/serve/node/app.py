@@ -11,7 +11,8 @@ otherwise); ``/health`` tells liveness and loads, never ports.
 ``POST /notice``                 NoticeCommand: a spot notice (``serve/node/notice.py``): every node
                                  stops taking prefills, keeps those expected to end (prefill and
                                  KV stream) by ``deadline_s`` from now, hands the rest back
-                                 (answered ``handed_back``: the gateway serves them elsewhere)
+                                 (answered ``handed_back``: the gateway serves them elsewhere);
+                                 a SIGTERM notice hands back any still running at its deadline
 ``GET  /health``                 this process's node reports (open: no ports in it)
 ``GET  /ready``                  200 once started while some node of this process is not draining
                                  for a role change; 503 otherwise (open: a readiness probe)
@@ -113,16 +114,24 @@ def create_node_app(host: NodeHost) -> FastAPI:
             node.draining = True
         now = time.monotonic()
         plan = desk.notice(now, now + deadline_in_s)
-        for rid in plan.hand_back:
-            task = running.get(rid)
-            if task is not None:
-                handed_back[rid] = (
-                    f"handed back: {host.process_name} got a notice ({deadline_in_s:g} s) and "
-                    "would not end it in time"
-                )
-                task.cancel()
+        hand_back(
+            plan.hand_back, f"got a notice ({deadline_in_s:g} s) and would not end it in time"
+        )
         return {"deadline_in_s": deadline_in_s, "finish": list(plan.finish),
                 "hand_back": list(plan.hand_back)}  # fmt: skip
+
+    def hand_back(request_ids: tuple[str, ...], why: str) -> None:
+        """Cancel these prefills; each answers ``handed_back`` with why."""
+        for rid in request_ids:
+            task = running.get(rid)
+            if task is not None:
+                handed_back[rid] = f"handed back: {host.process_name} {why}"
+                task.cancel()
+
+    def end_notice() -> None:
+        """The notice's deadline: hand back what is still running (a kept one that ran late)."""
+        if desk is not None:
+            hand_back(desk.deadline_came(), "reached its notice's deadline before ending it")
 
     @app.post("/notice")
     async def notice(cmd: NoticeCommand) -> dict[str, object]:
@@ -219,5 +228,6 @@ def create_node_app(host: NodeHost) -> FastAPI:
 
     app.state.host = host
     app.state.begin_notice = begin_notice
+    app.state.end_notice = end_notice
     app.state.notice_desk = desk
     return app

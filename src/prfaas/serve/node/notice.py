@@ -24,8 +24,8 @@ MEASURED_WEIGHT = 0.3
 MARGIN_FRACTION = 0.1
 MIN_MARGIN_S = 0.2
 """A prefill is kept only if expected to end this much before the deadline (a tenth of the
-notice, at least 0.2 s): one kept that does not end is cut at the deadline and falls back to a
-local prefill late, worse than handing it back at once."""
+notice, at least 0.2 s): one kept that does not end is handed back at the deadline, later than
+had it been handed back at once."""
 
 
 @dataclass
@@ -89,6 +89,18 @@ class NoticeDesk:
     @property
     def num_held(self) -> int:
         return len(self._held)
+
+    def deadline_came(self) -> tuple[str, ...]:
+        """At the deadline: every prefill still held (kept ones that ran late) is handed back
+        (counted; the caller cancels them) rather than cut when the process ends, so the gateway
+        serves them on another pool node instead of falling back to a local prefill."""
+        late = tuple(self._held)
+        self._held.clear()
+        self.num_handed_back += len(late)
+        if late:
+            log.warning("notice: the deadline came with %d prefill(s) unfinished: handed back",
+                        len(late))  # fmt: skip
+        return late
 
     def notice(self, now_s: float, deadline_s: float) -> NoticePlan:
         """Which prefills to keep and which to hand back (counted; the caller cancels those)."""
