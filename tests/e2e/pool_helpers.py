@@ -46,8 +46,13 @@ class LivePool:
 
     def kill_front_door(self, sig: int) -> None:
         """Signal the front door's process (its launcher restarts it, with a new epoch)."""
+        self.kill("frontdoor", sig)
+
+    def kill(self, name: str, sig: int) -> None:
+        """Signal one of the pool's processes (``frontdoor`` or a node group's, by the group's
+        name); its launcher restarts it."""
         doc = json.loads((self.workdir / "processes.json").read_text())
-        pid = next(p["pid"] for p in doc["processes"] if p["name"] == "frontdoor")
+        pid = next(p["pid"] for p in doc["processes"] if p["name"] == name)
         os.kill(int(pid), sig)
 
     def log_tail(self) -> str:

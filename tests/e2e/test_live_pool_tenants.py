@@ -3,13 +3,16 @@ nodes): requests over the tenant's threshold are submitted to the pool over the 
 their KV goes from a pool node straight to the tenant's decode node; every request completes, each
 tenant offloads, and its count of completed offloads equals the pool's counter for it; one
 tenant's key cannot submit as the other. Then the front door is SIGKILLed under load: every
-request still completes (prefilled locally), and the fallbacks are counted by reason."""
+request still completes (prefilled locally), and the fallbacks are counted by reason; then, the
+door back, the pool's node group process is SIGKILLed under load: every request completes, the
+ones its nodes held reported lost by the door (``failed:node_lost``) and prefilled locally."""
 
 from __future__ import annotations
 
 import asyncio
 import re
 import signal
+import statistics
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -77,19 +80,25 @@ def _wait(what: str, cond: Any, timeout_s: float = 30.0) -> None:
         time.sleep(0.2)
 
 
-async def _load(url: str, n: int) -> list[str]:
-    """``n`` chat completions, half over the threshold; every one must succeed."""
+async def _load(url: str, n: int, took_s: list[float] | None = None, salt: str = "") -> list[str]:
+    """``n`` chat completions, half over the threshold; every one must succeed. Each one's
+    seconds (4 tokens: about its TTFT) go to ``took_s``, for the printed figures. A new ``salt``
+    shares no prefix with earlier loads (a prefix they left cached at home keeps a request
+    local)."""
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
     sem = asyncio.Semaphore(8)
 
     async def one(i: int) -> str:
         length = 6000 + 97 * i if i % 2 == 0 else 1500 + 31 * i
         async with sem:
+            start = time.monotonic()
             r = await client.chat.completions.create(
                 model="paper-1t",
-                messages=[{"role": "user", "content": "x" * length}],
+                messages=[{"role": "user", "content": salt + "x" * length}],
                 max_tokens=4,
             )
+            if took_s is not None:
+                took_s.append(time.monotonic() - start)
         return r.choices[0].finish_reason or ""
 
     try:
@@ -103,6 +112,17 @@ def _metric(url: str, name: str) -> dict[str, float]:
     text = httpx.get(f"{url}/metrics", timeout=10).text
     pattern = rf'^{name}\{{\w+="([^"]+)"\}} (\S+)$'
     return {label: float(v) for label, v in re.findall(pattern, text, re.M)}
+
+
+async def _until_pool_holds(pool: LivePool, timeout_s: float = 30.0) -> None:
+    """Until the pool's nodes hold some prefill (placed, not only queued at the door)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        counters = await asyncio.to_thread(_pool_counters, pool)
+        if any(int(c["running"]) > 0 for c in counters.values()):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the pool's nodes held nothing within {timeout_s} s: {counters}")
 
 
 def _pool_counters(pool: LivePool) -> dict[str, Any]:
@@ -133,9 +153,11 @@ def test_two_tenants_offload_to_a_live_pool(tmp_path: Path, monkeypatch: Any) ->
             _wait("the pool in both tenants' rotation",
                   lambda: _pool_in_rotation(a) and _pool_in_rotation(b))  # fmt: skip
 
+            calm: list[float] = []
+
             async def both() -> list[list[str]]:
-                return list(await asyncio.gather(_load(a.url, NUM_REQUESTS),
-                                                 _load(b.url, NUM_REQUESTS)))  # fmt: skip
+                return list(await asyncio.gather(_load(a.url, NUM_REQUESTS, calm),
+                                                 _load(b.url, NUM_REQUESTS, calm)))  # fmt: skip
 
             for finishes in asyncio.run(both()):
                 assert len(finishes) == NUM_REQUESTS
@@ -165,6 +187,31 @@ def test_two_tenants_offload_to_a_live_pool(tmp_path: Path, monkeypatch: Any) ->
             fallbacks = [_metric(live.url, "prfaas_pool_fallbacks_total") for live in (a, b)]
             print("fallbacks by reason (a, b):", fallbacks)
             assert sum(sum(f.values()) for f in fallbacks) > 0, fallbacks
+
+            # SIGKILL of the pool's node group process (both its nodes) under load, once the
+            # restarted front door is back in both tenants' rotation: every request completes,
+            # those it held reported lost by the door and prefilled locally.
+            _wait("the restarted front door in both tenants' rotation",
+                  lambda: _pool_in_rotation(a) and _pool_in_rotation(b), 60)  # fmt: skip
+
+            hit: list[float] = []
+
+            async def node_killed() -> list[list[str]]:
+                load = asyncio.gather(_load(a.url, NUM_REQUESTS, hit, "node kill "),
+                                      _load(b.url, NUM_REQUESTS, hit, "node kill "))  # fmt: skip
+                await _until_pool_holds(pool)
+                pool.kill("g-1t", signal.SIGKILL)
+                return list(await load)
+
+            for finishes in asyncio.run(node_killed()):
+                assert len(finishes) == NUM_REQUESTS
+            after = [_metric(live.url, "prfaas_pool_fallbacks_total") for live in (a, b)]
+            lost = sum(f.get("failed:node_lost", 0.0) for f in after)
+            print("fallbacks by reason after the node group's kill (a, b):", after)
+            print(f"request seconds, median/max: no fault {statistics.median(calm):.3f}/"
+                  f"{max(calm):.3f}; node group killed {statistics.median(hit):.3f}/"
+                  f"{max(hit):.3f}")  # fmt: skip
+            assert lost > 0, after  # reported by the door, not left to the receiver's timeout
         except BaseException:
             print(pool.log_tail())
             raise
