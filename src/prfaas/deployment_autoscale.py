@@ -113,6 +113,9 @@ class AutoscaleSection(_Strict):
     down_stabilisation_s: float = Field(180.0, ge=0)
     season_s: float | None = Field(None, gt=0, description="the load's period, for a forecast")
     tick_s: float = Field(5.0, gt=0, description="how often the autoscaler looks")
+    rate_window_s: float = Field(
+        60.0, gt=0, description="offered tokens/s is measured over this window (sim and live)"
+    )
     prior_tokens_per_s: float = Field(10_000.0, gt=0, description="per node, until measured")
     groups: list[GroupSection] = Field(default_factory=lambda: [GroupSection(name="on-demand")])
     load: LoadSection = LoadSection()

@@ -80,7 +80,8 @@ def test_prfaas_up_with_autoscale_grows_on_a_burst_and_shrinks_after(tmp_path: P
     from test_live_supervise import Up, prfaas, until
 
     raw = timed_deployment().model_dump(mode="json", exclude_none=True)
-    raw["autoscale"] = {"min_nodes": 1, "max_nodes": 3, "tick_s": 0.5, "up_cooldown_s": 1,
+    raw["autoscale"] = {"min_nodes": 1, "max_nodes": 3, "tick_s": 0.5, "rate_window_s": 2,
+                        "up_cooldown_s": 1,
                         "down_cooldown_s": 2, "down_stabilisation_s": 1,
                         "prior_tokens_per_s": 20_000, "ttft_target_s": 2,
                         "groups": [{"name": "od", "startup_s": 1.0}]}  # fmt: skip

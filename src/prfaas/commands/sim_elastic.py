@@ -69,6 +69,7 @@ def run_elastic(args: argparse.Namespace, d: DeploymentConfig) -> int:
         link_gbps=link.gbps if link is not None else 100.0,
         rtt_s=(link.rtt_ms / 1000) if link is not None else 0.0,
         tick_s=auto.tick_s,
+        rate_window_s=auto.rate_window_s,
         seed=d.workload.seed if args.seed is None else args.seed,
         measure_from_s=d.workload.warmup_s if args.warmup is None else args.warmup,
     )

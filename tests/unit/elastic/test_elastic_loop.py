@@ -27,7 +27,8 @@ DEPLOYMENT = DeploymentConfig.model_validate(
         ],
         "links": [{"src": "prfaas", "dst": "pd", "gbps": 100}],
         "psk": "unit-test-key-0123456789",
-        "autoscale": {"min_nodes": 1, "max_nodes": 3, "tick_s": 1, "up_cooldown_s": 0,
+        "autoscale": {"min_nodes": 1, "max_nodes": 3, "tick_s": 1, "rate_window_s": 5,
+                      "up_cooldown_s": 0,
                       "down_cooldown_s": 0, "down_stabilisation_s": 0,
                       "prior_tokens_per_s": 10_000, "groups": [{"name": "od", "startup_s": 5}]},
     }

@@ -1,6 +1,6 @@
 """``LiveObserver``: a live site's observation from the gateway's node rows and route records and
 the provider's nodes: serving and starting counts, offered uncached tokens/s of long prompts
-routed since the last look (wherever they went), queued tokens from queue depths."""
+(wherever they went) over the rate window, queued tokens from queue depths."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ def route(rid: str, prompt: int, cached: int = 0) -> dict[str, object]:
     return {"request_id": rid, "num_prompt_tokens": prompt, "num_cached_tokens": cached}
 
 
-def test_counts_offered_tokens_per_second_since_the_last_look() -> None:
-    obs = LiveObserver("prfaas", 8192, {"od": 30.0})
+def test_counts_offered_tokens_per_second_over_the_window() -> None:
+    obs = LiveObserver("prfaas", 8192, {"od": 30.0}, rate_window_s=20.0, tick_s=10.0)
     provided = [
         ProvidedNode("prfaas-od-0", "od", False, NodePhase.SERVING),
         ProvidedNode("prfaas-od-1", "od", False, NodePhase.STARTING, started_s=95.0),
@@ -33,11 +33,14 @@ def test_counts_offered_tokens_per_second_since_the_last_look() -> None:
     first = obs.observe(rows, [route("a", 20_000)], provided, 100.0)
     assert first.num_serving == 2  # pf0 and od-0; od-1 is held while it starts
     assert first.starting_remaining_s == (25.0,) and first.num_draining == 1
-    assert first.offered_tokens_per_s == 0.0  # no span yet
+    # a's 20,000 over the tick since the loop started (the first look is one tick in)
+    assert first.offered_tokens_per_s == pytest.approx(2_000.0)
     routes = [route("a", 20_000), route("b", 30_000, cached=10_000), route("c", 100)]
     second = obs.observe(rows, routes, provided, 110.0)
-    # b's 20,000 uncached tokens over 10 s (a was seen, c is short).
+    # + b's 20,000 uncached tokens (a was seen, c is short): 40,000 over the 20 s window.
     assert second.offered_tokens_per_s == pytest.approx(2_000.0)
     assert second.queued_uncached_tokens == 2 * 20_000
-    third = obs.observe(rows, routes, provided, 120.0)
-    assert third.offered_tokens_per_s == 0.0
+    third = obs.observe(rows, routes, provided, 125.0)
+    assert third.offered_tokens_per_s == pytest.approx(1_000.0)  # a fell out of the window
+    fourth = obs.observe(rows, routes, provided, 150.1)
+    assert fourth.offered_tokens_per_s == 0.0

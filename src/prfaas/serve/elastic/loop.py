@@ -34,8 +34,9 @@ class ElasticLoop:
         groups = [LocalGroup(g.name, g.startup_s, g.spot) for g in auto.groups]
         self.provider = LocalProvider(launcher, site, groups, time.monotonic)
         self.observer = LiveObserver(
-            site, d.policy.threshold_tokens or 8192, {g.name: g.startup_s for g in auto.groups}
-        )
+            site, d.policy.threshold_tokens or 8192, {g.name: g.startup_s for g in auto.groups},
+            auto.rate_window_s, auto.tick_s,
+        )  # fmt: skip
         kinds = [GroupKind(g.name, g.spot) for g in auto.groups]
         self.controller = ElasticController(Autoscaler(auto.policy()), self.provider, kinds)
         self._stop = threading.Event()

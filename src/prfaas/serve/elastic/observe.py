@@ -7,8 +7,9 @@ provider's nodes.
 - queued uncached tokens: the site's nodes' queue depth times the mean uncached length offered
   (the rows carry depths, not tokens);
 - offered uncached tokens/s: the uncached tokens of the long prompts (over the threshold) routed
-  since the last look, wherever they went: a long prompt prefilled locally is demand the pool
-  did not take; measured over the time since the last look;
+  since the last look, wherever they went (a long prompt prefilled locally is demand the pool
+  did not take), over ``autoscale.rate_window_s`` (``policy.OfferedRate``: the elastic
+  simulator's measure, so the same arrivals read the same rate);
 - per-node speed: the configured prior (the live nodes do not report tokens/s yet).
 No clock: ``now_s`` is passed in.
 """
@@ -19,19 +20,24 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from prfaas.policy.autoscaler import GroupObservation
+from prfaas.policy.offered_rate import OfferedRate
 from prfaas.serve.elastic.provider import NodePhase, ProvidedNode
 
 
 class LiveObserver:
     def __init__(
-        self, site: str, threshold_tokens: int, startup_s: Mapping[str, float], group: str = "pool"
-    ) -> None:
+        self, site: str, threshold_tokens: int, startup_s: Mapping[str, float],
+        rate_window_s: float, tick_s: float, group: str = "pool",
+    ) -> None:  # fmt: skip
         self.site = site
         self.threshold_tokens = threshold_tokens
         self.startup_s = dict(startup_s)
         self.group = group
+        self.rate_window_s = rate_window_s
+        self.tick_s = tick_s
         self._seen: set[str] = set()
-        self._last_s: float | None = None
+        self._offered: OfferedRate | None = None
+        """Made at the first look, its origin one tick before (the loop's start)."""
         self._mean_tokens = float(threshold_tokens)
         self.num_lost = 0
 
@@ -56,6 +62,8 @@ class LiveObserver:
             if p.phase is NodePhase.STARTING
         )
         draining = sum(1 for p in provided if p.phase is NodePhase.DRAINING)
+        if self._offered is None:
+            self._offered = OfferedRate(self.rate_window_s, self.tick_s, now_s - self.tick_s)
         offered_tokens, num_long = 0, 0
         listed: set[str] = set()
         for rec in routes:
@@ -70,8 +78,7 @@ class LiveObserver:
         self._seen = listed  # the gateway's route log is a ring: remember what it still lists
         if num_long:
             self._mean_tokens = offered_tokens / num_long
-        span = now_s - self._last_s if self._last_s is not None else 0.0
-        self._last_s = now_s
+        self._offered.add(now_s, offered_tokens)  # seen at this look (routed since the last)
         queued = sum(int(r.get("queue_depth", 0)) for r in site_rows) * self._mean_tokens
         return GroupObservation(
             group=self.group,
@@ -79,6 +86,6 @@ class LiveObserver:
             starting_remaining_s=starting,
             num_draining=draining,
             queued_uncached_tokens=int(queued),
-            offered_tokens_per_s=offered_tokens / span if span > 0 else 0.0,
+            offered_tokens_per_s=self._offered.per_s(now_s),
             num_lost=self.num_lost,
         )

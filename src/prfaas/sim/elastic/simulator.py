@@ -39,6 +39,7 @@ from prfaas.policy.autoscaler import (
     ScaleAction,
     wait_for_starting,
 )
+from prfaas.policy.offered_rate import OfferedRate
 from prfaas.policy.pool_actions import GroupKind, PoolNodeView, group_for_add, node_to_drain
 from prfaas.policy.waiting_room import WaitingRoom, WaitVerdict
 from prfaas.sim.elastic.bound import steady_state_bound
@@ -98,10 +99,9 @@ class ElasticSim:
         self.num_requeued_on_notice = 0
         self.num_fallbacks = 0
         self.num_lost = 0
-        self._offered: deque[tuple[float, int]] = deque()
+        self._offered = OfferedRate(sc.rate_window_s, sc.tick_s)
         self.offered_log: list[tuple[float, int]] = []
         """Every long prompt offered to the pool (arrival s, tokens), for the steady-state bound."""
-        self._offered_tokens = 0
         self._prefilled_tokens = 0
         self._busy_s = 0.0
         self._arrivals = iter(arrivals)
@@ -146,9 +146,8 @@ class ElasticSim:
         if a.num_prompt_tokens <= sc.threshold_tokens:
             self._local(a.arrival_s, a.num_prompt_tokens)
             return
-        self._offered.append((self.now, a.num_prompt_tokens))
+        self._offered.add(self.now, a.num_prompt_tokens)
         self.offered_log.append((self.now, a.num_prompt_tokens))
-        self._offered_tokens += a.num_prompt_tokens
         job = Job(a.index, a.arrival_s, a.num_prompt_tokens)
         local_s = self._local_expected_s(a.num_prompt_tokens)
         serving = [n for n in self.live if n.state is NodeState.SERVING]
@@ -326,11 +325,6 @@ class ElasticSim:
         return self._prefilled_tokens / self._busy_s if self._busy_s > 0 else None
 
     def _observe(self) -> GroupObservation:
-        window = self.sc.rate_window_s
-        while self._offered and self._offered[0][0] < self.now - window:
-            self._offered_tokens -= self._offered.popleft()[1]
-        # A full window once there is one (early on, what has run so far, at least one tick).
-        span = min(window, max(self.now, self.sc.tick_s))
         starting = tuple(
             max(0.0, n.launched_s + self.groups[n.group].startup_s - self.now)
             for n in self.live
@@ -347,7 +341,7 @@ class ElasticSim:
             starting_remaining_s=starting,
             num_draining=sum(1 for n in self.live if n.state is NodeState.DRAINING),
             queued_uncached_tokens=self.queued_tokens,
-            offered_tokens_per_s=self._offered_tokens / span,
+            offered_tokens_per_s=self._offered.per_s(self.now),
             prefill_tokens_per_s_per_node=self._speed(),
             link=link,
             kv_bytes_per_token=self._kv_per_token,
