@@ -18,6 +18,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -125,6 +126,11 @@ def main() -> int:
         default=90.0,
         help="how long to wait after the burst for the pool to shrink (default 90)",
     )
+    ap.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the working folder (model, file, logs); removed by default",
+    )
     args = ap.parse_args()
     from prfaas.engine.torch.tiny import make_tiny
 
@@ -201,6 +207,10 @@ def main() -> int:
         for g in groups:
             with contextlib.suppress(OSError):
                 os.killpg(g, signal.SIGKILL)
+        if args.keep:
+            print(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
