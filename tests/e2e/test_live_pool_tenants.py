@@ -2,19 +2,23 @@
 nodes): requests over the tenant's threshold are submitted to the pool over the signed API and
 their KV goes from a pool node straight to the tenant's decode node; every request completes, each
 tenant offloads, and its count of completed offloads equals the pool's counter for it; one
-tenant's key cannot submit as the other. Then the front door is SIGKILLed under load: every
-request still completes (prefilled locally), and the fallbacks are counted by reason; then, the
+tenant's key cannot submit as the other; clients that hang up while their prefills wait at the
+pool have them aborted there (counted at the pool and the tenant, no fallback). Then the front
+door is SIGKILLed under load: every request still completes (prefilled locally), and the
+fallbacks are counted by reason; then, the
 door back, the pool's node group process is SIGKILLed under load: every request completes, the
 ones its nodes held reported lost by the door (``failed:node_lost``) and prefilled locally."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import signal
 import statistics
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -114,6 +118,19 @@ def _metric(url: str, name: str) -> dict[str, float]:
     return {label: float(v) for label, v in re.findall(pattern, text, re.M)}
 
 
+def _hang_up(url: str, n: int) -> None:
+    """``n`` long prompts at once, each client gone 0.3 s after sending (its prefill still
+    queued or running at the pool: 2 nodes, ~0.6 s per prompt here)."""
+
+    def one(i: int) -> None:
+        body = {"model": "paper-1t", "prompt": f"hang up {i} " + "x" * 60_000, "max_tokens": 4}
+        with contextlib.suppress(httpx.ReadTimeout):
+            httpx.post(f"{url}/v1/completions", json=body, timeout=httpx.Timeout(10.0, read=0.3))
+
+    with ThreadPoolExecutor(n) as workers:
+        list(workers.map(one, range(n)))
+
+
 async def _until_pool_holds(pool: LivePool, timeout_s: float = 30.0) -> None:
     """Until the pool's nodes hold some prefill (placed, not only queued at the door)."""
     deadline = time.monotonic() + timeout_s
@@ -172,6 +189,17 @@ def test_two_tenants_offload_to_a_live_pool(tmp_path: Path, monkeypatch: Any) ->
                 assert len(pooled) == done, (x, len(pooled), done)
             stolen = asyncio.run(_cross_submit(pool))
             assert isinstance(stolen, Refusal) and stolen.reason == "wrong_tenant", stolen
+
+            # Clients that hang up while their prefills wait at the pool: the tenant aborts
+            # them there (the pool's count and the tenant's), none is a fallback.
+            _hang_up(a.url, 8)
+            _wait("the pool aborting a's hung-up prefills",
+                  lambda: _pool_counters(pool)["tenant-a"]["aborted"] > 0)  # fmt: skip
+            offloads = _metric(a.url, "prfaas_pool_offloads_total")
+            print("hung up: the pool aborted", _pool_counters(pool)["tenant-a"]["aborted"],
+                  "of a's prefills; a's offloads", offloads)  # fmt: skip
+            assert offloads.get("aborted", 0.0) > 0, offloads
+            assert _metric(a.url, "prfaas_pool_fallbacks_total") == {}
 
             # SIGKILL of the front door under load: every request completes (local fallback).
             async def killed() -> list[list[str]]:

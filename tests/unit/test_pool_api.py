@@ -101,3 +101,19 @@ def test_refusals_carry_reason_epoch_and_retry_hint(client: TestClient) -> None:
     assert r.status_code == 400 and r.json()["error"]["param"] == "num_uncached_tokens"
     r = _call(client, "POST", "/v1/submit", "ka", KEY_A, {**_sub("a", "r12", "a-d0"), "model": "x"})
     assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_model"
+
+
+def test_a_tenant_aborts_its_own_request_only(client: TestClient) -> None:
+    _register(client)
+    assert (
+        _call(client, "POST", "/v1/submit", "ka", KEY_A, _sub("a", "r1", "a-d0")).status_code == 200
+    )
+    theirs = _call(client, "POST", "/v1/abort/r1", "kb", KEY_B)
+    assert theirs.status_code == 404 and theirs.json()["error"]["code"] == "unknown_request"
+    mine = _call(client, "POST", "/v1/abort/r1", "ka", KEY_A)
+    assert mine.status_code == 200 and mine.json() == {"epoch": 3, "request_id": "r1",
+                                                       "state": "aborted"}  # fmt: skip
+    out = _call(client, "GET", "/v1/outcome/r1", "ka", KEY_A).json()
+    assert out["state"] == "aborted" and out["reason"] == "client_gone"
+    assert _call(client, "POST", "/v1/abort/r1", "ka", KEY_A).status_code == 404  # once
+    assert _call(client, "POST", "/v1/abort/r1", "kz", KEY_A).status_code == 401

@@ -92,3 +92,24 @@ def test_revoked_tenant_is_refused_and_its_work_aborted() -> None:
     assert ans.status == 403 and ans.decision.reason == "revoked"  # type: ignore[union-attr]
     door.finished("b", "r1", 2.0)  # the node's late answer changes nothing
     assert door.outcome("b", "r1").reason == "revoked"  # type: ignore[union-attr]
+
+
+def test_a_tenant_aborts_its_own_queued_or_running_prefill_only() -> None:
+    door = _door()
+    for rid in ("r1", "r2"):
+        door.submit("a", _submit("a", rid, "a-d0"), now=1.0)
+    assert door.abort("b", "r1", 1.0) is None  # another tenant's reads as unknown
+    placed = door.place("g", "pool-0", 1.0, FREE)
+    assert placed is not None and placed.job.request_id == "r1"
+    running = door.abort("a", "r1", 1.5)  # running: to be stopped at its node
+    assert running is not None and running.node == "pool-0" and running.reason == "client_gone"
+    queued = door.abort("a", "r2", 1.5)  # queued: dropped, no node to tell
+    assert queued is not None and queued.node is None
+    for rid in ("r1", "r2"):
+        out = door.outcome("a", rid)
+        assert out is not None and (out.state, out.reason) == ("aborted", "client_gone")
+    assert door.abort("a", "r2", 1.6) is None  # once
+    door.finished("a", "r1", 2.0)  # the node's late answer changes nothing
+    assert door.outcome("a", "r1").state == "aborted"  # type: ignore[union-attr]
+    assert door.place("g", "pool-0", 2.0, FREE) is None  # r2 left the queue
+    assert door.feedback("a", 2.0).queued_tokens == 0 and door.feedback("a", 2.0).running == 0

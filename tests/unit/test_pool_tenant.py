@@ -40,6 +40,7 @@ class FakeDoor:
         self._submit = submit
         self._outcomes = outcomes
         self.bodies: list[dict[str, Any]] = []
+        self.aborted: list[str] = []
 
     async def submit(self, body: dict[str, Any]) -> Any:
         self.bodies.append(body)
@@ -52,6 +53,10 @@ class FakeDoor:
         if isinstance(out, Exception):
             raise out
         return out
+
+    async def abort(self, request_id: str) -> Any:
+        self.aborted.append(request_id)
+        return {"epoch": 7, "request_id": request_id, "state": "aborted"}
 
     async def aclose(self) -> None:
         pass
@@ -144,3 +149,24 @@ async def test_a_silent_pool_is_not_asked(link: TenantPoolLink) -> None:
     with pytest.raises(NodeCallFailed):
         await link.prefill(_cmd())
     assert door.bodies == [] and _counts(link, "fallbacks") == {"pool_silent": 1.0}
+
+
+async def test_a_client_gone_aborts_its_prefill_at_the_pool(link: TenantPoolLink) -> None:
+    import asyncio
+
+    from prfaas.pool.tenant import PoolNodeClient
+    from prfaas.serve.node.messages import NodeEndpoint
+
+    door = FakeDoor(Accepted(7, "g", 0.0), [{"epoch": 7, "state": "queued"}] * 100)
+    link.client = door  # type: ignore[assignment]
+    nodes = PoolNodeClient(inner=None, link=link)  # type: ignore[arg-type]
+    ep = NodeEndpoint(node=POOL_NODE, site=POOL_SITE, role="prefill", host="h", http_port=1)
+    task = asyncio.create_task(nodes.prefill(ep, _cmd()))
+    await asyncio.sleep(0.3)  # accepted, waiting for its outcome
+    task.cancel()  # the dispatcher, when the request's client goes away...
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await nodes.abort(ep, "r1")  # ...then aborts it where it runs
+    assert door.aborted == ["r1"]
+    assert _counts(link, "offloads") == {"accepted": 1.0, "aborted": 1.0}
+    assert _counts(link, "fallbacks") == {}  # not a fallback: nobody waits for it

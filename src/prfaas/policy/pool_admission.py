@@ -275,6 +275,23 @@ class PoolAdmission:
         tn = self._tenants[job.tenant]
         tn.running[group.name] = max(0, tn.running[group.name] - 1)
 
+    def cancel(self, tenant: str, request_id: str, now: float) -> PrefillJob | None:
+        """Drop one queued prefill (its tenant gave up on it); None when it is not queued."""
+        tn = self._tenants.get(tenant)
+        if tn is None:
+            return None
+        for group, q in tn.queues.items():
+            job = next((j for j in q if j.request_id == request_id), None)
+            if job is None:
+                continue
+            q.remove(job)
+            tn.queued_tokens -= job.num_uncached_tokens
+            tn.queued_compute_s[group] = max(0.0, tn.queued_compute_s[group] - job.compute_s)
+            tn.queued_bytes = max(0.0, tn.queued_bytes - job.kv_bytes)
+            self._decisions.pop((tenant, request_id), None)  # a later submit of it is new
+            return job
+        return None
+
     def withdraw(self, tenant: str, now: float) -> tuple[PrefillJob, ...]:
         """Drop a tenant's queued prefills (lease expired, key revoked); returns them."""
         tn = self._tenants[tenant]

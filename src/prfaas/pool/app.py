@@ -90,9 +90,12 @@ def create_app(
     clock: Callable[[], float] = time.monotonic,
     wall: Callable[[], float] = time.time,
     on_accepted: Callable[[Payload], None] | None = None,
+    on_abort: Callable[[str, str], bool] | None = None,
 ) -> FastAPI:
     """``on_accepted``: told each accepted submit's ``Payload`` (the placement driver keeps it
-    until the prefill is placed); ``clock`` is the admission's (modelled seconds live)."""
+    until the prefill is placed); ``on_abort(tenant, request_id)``: carries out a tenant's abort
+    (the driver: drop it, or stop it at its node), False when there is no such prefill (without
+    one, the door alone drops it); ``clock`` is the admission's (modelled seconds live)."""
     app = FastAPI(title="prfaas pool front door", version="1")
     install(app)
 
@@ -190,6 +193,22 @@ def create_app(
             return error_response(404, f"no request {request_id!r}", code="unknown_request")
         return {"epoch": out.epoch, "request_id": out.request_id, "state": out.state,
                 "reason": out.reason}  # fmt: skip
+
+    @app.post("/v1/abort/{request_id}")
+    async def abort(request: Request, request_id: str) -> Any:
+        """The tenant's client went away: its queued or running prefill is given up on."""
+        tenant = await caller(request)
+        if isinstance(tenant, JSONResponse):
+            return tenant
+        if on_abort is not None:
+            done = on_abort(tenant, request_id)
+        else:
+            done = door.abort(tenant, request_id, clock()) is not None
+        if not done:  # another tenant's id reads the same as an unknown or ended one
+            return error_response(
+                404, f"no queued or running request {request_id!r}", code="unknown_request"
+            )
+        return {"epoch": door.epoch, "request_id": request_id, "state": "aborted"}
 
     @app.get("/v1/feedback")
     async def feedback(request: Request) -> Any:

@@ -105,6 +105,9 @@ class PoolClient:
     async def outcome(self, request_id: str) -> dict[str, Any] | Refusal:
         return _answer(await self._call("GET", f"/v1/outcome/{request_id}"))
 
+    async def abort(self, request_id: str) -> dict[str, Any] | Refusal:
+        return _answer(await self._call("POST", f"/v1/abort/{request_id}"))
+
     async def feedback(self) -> dict[str, Any] | Refusal:
         return _answer(await self._call("GET", "/v1/feedback"))
 

@@ -11,7 +11,8 @@ answer (the KV verified at the receiver, or why not) is the outcome the tenant r
 or ``failed`` with the reason (``node_lost`` when the node could not be reached).
 
 Leases: every tick the door's ``expire`` drops a silent tenant's queued prefills and aborts its
-running ones at their nodes. Egress: the unsent KV is counted per tenant as the whole KV of each
+running ones at their nodes; a tenant's ``POST /v1/abort`` (its client went away) does the same
+for one prefill. Egress: the unsent KV is counted per tenant as the whole KV of each
 running prefill (what the admission's egress window reads); a tenant's own link rate is not known
 to the pool live (it is in the tenant's file), so it is not a constraint here.
 
@@ -31,7 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from prfaas.policy.pool_admission import EgressState
-from prfaas.pool.frontdoor import FrontDoor, Placement
+from prfaas.pool.frontdoor import Abort, FrontDoor, Placement
 from prfaas.pool.payload import Payload
 from prfaas.serve.gateway.node_client import NodeCallFailed, NodeClient
 from prfaas.serve.node.messages import (
@@ -132,16 +133,28 @@ class PlacementDriver:
     def tick(self) -> None:
         now = self.clock()
         for abort in self.door.expire(now):
-            self.payloads.pop((abort.tenant, abort.request_id), None)
-            self.counters[abort.tenant]["aborted"] += 1
-            if abort.node is not None:
-                self._spawn(self._abort(abort.node, abort.tenant, abort.request_id))
+            self._aborted(abort)
         for name in sorted(self.nodes):
             if name in self.busy or not self.live(name):
                 continue
             placement = self.door.place(self.nodes[name].group, name, now, self._egress())
             if placement is not None:
                 self._start(placement)
+
+    def abort(self, tenant: str, request_id: str) -> bool:
+        """The tenant gave up on ``request_id``: dropped from the queue, or stopped at its node;
+        False when the door holds no such prefill of this tenant (unknown, ended)."""
+        abort = self.door.abort(tenant, request_id, self.clock())
+        if abort is None:
+            return False
+        self._aborted(abort)
+        return True
+
+    def _aborted(self, abort: Abort) -> None:
+        self.payloads.pop((abort.tenant, abort.request_id), None)
+        self.counters[abort.tenant]["aborted"] += 1
+        if abort.node is not None:
+            self._spawn(self._abort(abort.node, abort.tenant, abort.request_id))
 
     def _egress(self) -> EgressState:
         per: dict[str, float] = {}

@@ -89,7 +89,7 @@ class Abort:
     tenant: str
     request_id: str
     reason: str
-    """``lease_expired`` | ``revoked``."""
+    """``lease_expired`` | ``revoked`` | ``client_gone`` (the tenant aborted it)."""
     node: str | None
     """The node to stop, or None (it was only queued)."""
 
@@ -189,6 +189,22 @@ class FrontDoor:
         self.admission.finish(ran[0], now)
         state = "failed" if error else "done"
         self._outcomes[key] = Outcome(self.epoch, request_id, state, error)
+
+    def abort(self, tenant: str, request_id: str, now: float) -> Abort | None:
+        """The tenant gave up on one prefill (its client went away): dropped if queued, to be
+        stopped at its node if running (``client_gone``); None when it is neither (unknown,
+        another tenant's, or ended)."""
+        key = (tenant, request_id)
+        node: str | None = None
+        ran = self._running.pop(key, None)
+        if ran is not None:
+            job, node = ran
+            self.admission.finish(job, now)
+        elif self.admission.cancel(tenant, request_id, now) is None:
+            return None
+        self._targets.pop(key, None)
+        self._outcomes[key] = Outcome(self.epoch, request_id, "aborted", "client_gone")
+        return Abort(tenant, request_id, "client_gone", node)
 
     def expire(self, now: float) -> tuple[Abort, ...]:
         """Tenants whose lease ran out lose their queued prefills; running ones are aborted."""

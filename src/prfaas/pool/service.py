@@ -72,7 +72,9 @@ def build(workdir: Path) -> tuple[FastAPI, FastAPI, PlacementDriver, PoolFileCon
         door, node_groups, HttpNodeClient(SignedAuth(ring)), clock,
         node_timeout_s=max(3.0, 6 * pool.heartbeat_interval_s),
     )  # fmt: skip
-    tenants = create_app(door, keys, costs, clock=clock, on_accepted=driver.accept)
+    tenants = create_app(
+        door, keys, costs, clock=clock, on_accepted=driver.accept, on_abort=driver.abort
+    )
 
     @tenants.get("/health")
     async def health() -> dict[str, Any]:

@@ -13,7 +13,8 @@ each decode process's receiver keyed by the tenant's pool key) with the pool.
 ``PoolNodeClient`` is the dispatcher's ``NodeClient``: a prefill for the ``pool`` node is a signed
 submit (tokens, sampling, the decode node as registered receiver, the prefill's request id as the
 session its KV goes to), then the outcome is awaited; the KV goes from the pool node straight to
-the decode node. A refusal, an unreachable or silent pool, a changed epoch, or a failed or aborted
+the decode node; a request whose client goes away is aborted at the pool (``POST /v1/abort``).
+A refusal, an unreachable or silent pool, a changed epoch, or a failed or aborted
 prefill (a lost pool node, a lost lease) fails the attempt, and the dispatcher's retry prefills
 locally; each such fallback is counted by reason (``prfaas_pool_fallbacks_total{reason}``), each
 offload that completed in ``prfaas_pool_offloads_total{outcome}``. Every other call goes to the
@@ -102,7 +103,9 @@ class TenantPoolLink:
             ["reason"], namespace="prfaas", registry=metrics,
         )  # fmt: skip
         self.offloads = Counter(
-            "pool_offloads", "Prefills submitted to the PrfaaS pool, by outcome (accepted, done)",
+            "pool_offloads",
+            "Prefills submitted to the PrfaaS pool, by outcome (accepted, done, aborted: the "
+            "client went away and the pool gave it up)",
             ["outcome"], namespace="prfaas", registry=metrics,
         )  # fmt: skip
         self._registered: tuple[tuple[str, str, int], ...] | None = None
@@ -234,6 +237,14 @@ class TenantPoolLink:
                 reason = str(out.get("reason") or state).split(":")[0]
                 raise self._fail(f"failed:{reason}", "rejected", f"pool: {state} {out['reason']}")
 
+    async def abort(self, request_id: str) -> None:
+        """The request's client went away: the pool drops its prefill from the queue or stops
+        it at its node (a shared node is not spent on it); counted ``outcome="aborted"``."""
+        with contextlib.suppress(PoolUnreachable):  # a pool away: nothing of ours runs there
+            answer = await self.client.abort(request_id)
+            if not isinstance(answer, Refusal):
+                self.offloads.labels(outcome="aborted").inc()
+
     def _fail(self, reason: str, kind: str, message: str) -> NodeCallFailed:
         self.fallback(reason)
         assert kind in ("unreachable", "rejected")
@@ -263,7 +274,9 @@ class PoolNodeClient:
         return await self.inner.prefill(ep, cmd)
 
     async def abort(self, ep: NodeEndpoint, request_id: str) -> None:
-        if ep.node != POOL_NODE:  # the pool's prefill ends on its own (API v1 has no abort)
+        if ep.node == POOL_NODE:
+            await self.link.abort(request_id)
+        else:
             await self.inner.abort(ep, request_id)
 
     async def pull_prefix(self, dst: NodeEndpoint, cmd: PrefixPullCommand) -> bool:
