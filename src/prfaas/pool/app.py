@@ -8,8 +8,9 @@ The tenant keys are one ``serve.keyring.Keyring`` (key id -> key) under one ``se
 (one nonce memory for the door); ``TenantKeys`` adds key id -> tenant. The key id is signed, so a
 tenant cannot borrow another's id with its own key.
 
-Not yet here: TLS (the listener's), the placement driver that runs ``FrontDoor.place`` on pool
-nodes, the operator's listener with per-tenant metrics, ``prfaas up pool.yaml``.
+Routes: ``/v1/receivers``, ``/v1/heartbeat``, ``/v1/submit``, ``/v1/outcome/{id}``,
+``/v1/abort/{id}`` (the tenant's client went away), ``/v1/feedback``. Not yet here: TLS on the
+listener.
 """
 
 from __future__ import annotations
