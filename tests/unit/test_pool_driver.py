@@ -33,10 +33,16 @@ class Nodes:
         self.commands: list[tuple[str, PrefillCommand]] = []
         self.aborted: list[tuple[str, str]] = []
         self.release = asyncio.Event()
+        self.gates: dict[str, asyncio.Event] = {}
+        """Per session: set to end that one prefill alone."""
 
     async def prefill(self, ep: NodeEndpoint, cmd: PrefillCommand) -> PrefillOutcome:
         self.commands.append((ep.node, cmd))
-        await self.release.wait()
+        gate = self.gates.setdefault(cmd.request_id, asyncio.Event())
+        waits = [asyncio.ensure_future(e.wait()) for e in (self.release, gate)]
+        _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for w in pending:
+            w.cancel()
         if self.fail is not None:
             raise self.fail
         return PrefillOutcome(request_id=cmd.request_id, ok=True)
@@ -132,3 +138,27 @@ async def test_a_lost_lease_aborts_at_the_node_and_a_silent_node_gets_nothing() 
     d.tick()
     await _settle()
     assert [c.request_id for _, c in nodes.commands] == ["s-r1", "s-r2"]
+
+
+async def test_a_tenants_abort_frees_the_node_and_its_late_answer_frees_nothing() -> None:
+    nodes, clock = Nodes(), Clock()
+    d = _driver(nodes, clock)
+    for rid in ("r1", "r2", "r3"):
+        _submit(d, clock, rid)
+    d.tick()
+    await _settle()
+    assert not d.abort("b", "r1")  # another tenant's
+    assert d.abort("a", "r1")  # running on n0: stopped there
+    await _settle()
+    assert nodes.aborted == [("n0", "s-r1")]
+    d.tick()  # n0 is free: r2 goes there
+    await _settle()
+    nodes.gates["s-r1"].set()  # r1's answer comes back late, after r2 was placed
+    await _settle()
+    d.tick()
+    await _settle()
+    # n0 still runs r2: r3 waits (r1's answer did not free the node r2 holds)
+    assert [c.request_id for _, c in nodes.commands] == ["s-r1", "s-r2"]
+    out: Any = d.door.outcome("a", "r1")
+    assert (out.state, out.reason) == ("aborted", "client_gone")
+    assert d.counters["a"]["aborted"] == 1 and d.counters["a"]["done"] == 0

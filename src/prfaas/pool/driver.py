@@ -198,7 +198,8 @@ class PlacementDriver:
             error = "node_lost" if exc.kind == "unreachable" else f"node_{exc.kind}"
             log.warning("pool node %s: prefill %s failed: %s", node, key, exc)
         finally:
-            self.busy.pop(node, None)
+            if self.busy.get(node) == key:  # an abort freed the node and it took another since
+                del self.busy[node]
             self._unsent.pop(key, None)
             self._sessions.pop(key, None)
         self.door.finished(*key, self.clock(), error=error)
