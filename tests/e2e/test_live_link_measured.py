@@ -109,7 +109,13 @@ def test_tbf_lowered_underneath_is_measured_and_the_tuner_follows(tmp_path: Any)
     # The estimate measured the lowered link: far under the configured rate, near the tbf rate.
     # It may read above it by at most tbf's burst (64 KiB) over one 0.1 s reporting interval
     # (+100% at this rate; seen: +15%), never the configured or the nominal rate.
-    assert nominal["capacity_basis"] == "configured", figures  # KV never outran the nominal link
+    # Nominal: the KV does not outrun the link, so the configured capacity stands; on a host so
+    # loaded that the sender itself falls behind (seen with two suites at once: 0.29 of the
+    # configured rate), a measured one, still well above what the degraded link reads.
+    assert (
+        nominal["capacity_basis"] == "configured"
+        or nominal["capacity_bytes_per_s"] > 2 * degraded["capacity_bytes_per_s"]
+    ), figures
     assert degraded["capacity_basis"] == "measured", figures
     assert degraded["capacity_bytes_per_s"] < 2.2 * low < 0.25 * configured, figures
     assert t_degraded > t_nominal, figures
