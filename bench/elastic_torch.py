@@ -32,30 +32,19 @@ import httpx
 import openai
 import yaml
 
+from node_startup import deployment as two_sites  # bench/ is on the path: run as a script
+
 
 def deployment(model_dir: Path, startup_s: float, prior_tokens_per_s: float) -> dict[str, Any]:
-    # fmt: off
-    return {
-        "engine": {"kind": "torch", "model": "tiny-qwen3-next", "model_path": str(model_dir),
-                   "block_tokens": 64},
-        "gateway": {"port": 0, "control_port": 0, "heartbeat_timeout_s": 3.0},
-        "policy": {"router": "threshold", "threshold_tokens": 512},
-        "heartbeat_interval_s": 0.2,
-        "sites": [
-            {"name": "prfaas", "kind": "prfaas", "hardware": "h200",
-             "nodes": [{"name": "pf0", "role": "prefill"}]},
-            {"name": "pd", "kind": "pd", "hardware": "h20",
-             "nodes": [{"name": "p0", "role": "prefill"}, {"name": "d0", "role": "decode"}]},
-        ],
-        "links": [{"src": "prfaas", "dst": "pd", "gbps": 100}],
-        "psk": "bench-elastic-key-0123456789abcdef",
-        "autoscale": {"min_nodes": 1, "max_nodes": 3, "tick_s": 1.0, "rate_window_s": 5,
-                      "up_cooldown_s": 2,
-                      "down_cooldown_s": 4, "down_stabilisation_s": 2,
-                      "prior_tokens_per_s": prior_tokens_per_s, "ttft_target_s": 2,
-                      "groups": [{"name": "od", "startup_s": startup_s}]},
-    }
-    # fmt: on
+    """``bench/node_startup.py``'s two-site torch file, with ``autoscale:`` on its PrfaaS site."""
+    raw = two_sites("torch", model_dir).model_dump(mode="json", exclude_none=True)
+    raw["gateway"]["heartbeat_timeout_s"] = 3.0  # torch nodes on two shared cores report late
+    raw["policy"]["threshold_tokens"] = 512  # the tiny model's prompts: ~1,400 tokens
+    raw["autoscale"] = {"min_nodes": 1, "max_nodes": 3, "tick_s": 1.0, "rate_window_s": 5,
+                        "up_cooldown_s": 2, "down_cooldown_s": 4, "down_stabilisation_s": 2,
+                        "prior_tokens_per_s": prior_tokens_per_s, "ttft_target_s": 2,
+                        "groups": [{"name": "od", "startup_s": startup_s}]}  # fmt: skip
+    return raw
 
 
 def events(workdir: Path) -> list[dict[str, Any]]:
