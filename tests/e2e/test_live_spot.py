@@ -86,8 +86,12 @@ def holding(live: Launcher, node: str) -> int:
     return next((int(r["in_flight"]) for r in live.nodes() if r["node"] == node), 0)
 
 
-def queued(live: Launcher, node: str) -> int:
-    return next((int(r["queue_depth"]) for r in live.nodes() if r["node"] == node), 0)
+def held_at_node(live: Launcher, node: str) -> int:
+    """Prefills the node itself holds, as its last report said (waiting, plus those it runs); not
+    the gateway's queue depth, which counts a request from its dispatch, before the command
+    reaches the node (a notice then finds it not there yet: refused, never handed back)."""
+    rows = [r for r in live.nodes() if r["node"] == node]
+    return sum(int(r["reported_queue_depth"]) + int(r["batch_size"]) for r in rows)
 
 
 def retries(live: Launcher, reason: str = "") -> float:
@@ -130,9 +134,7 @@ def test_a_spot_notice_finishes_some_and_hands_the_rest_to_another_pool_node(
     before = {r: retries(live, r) for r in ("prefill_handed_back", "prefill_refused")}
     with ThreadPoolExecutor(NUM_PROMPTS) as pool:
         sent = burst(live, pool, "spot")
-        # The node's own report (its prefill queue), not the gateway's count: the gateway counts
-        # a request from its dispatch, before the prefill command reaches the node.
-        until(lambda: queued(live, SPOT) >= NUM_PROMPTS // 2, "the spot node holds the burst")
+        until(lambda: held_at_node(live, SPOT) >= NUM_PROMPTS // 2, "the spot node holds the burst")
         live.control.resume("pf0")  # another pool node to hand them to
         (member,) = [m for m in live.status() if m.name == SPOT]
         assert member.pid is not None

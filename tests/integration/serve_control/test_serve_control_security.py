@@ -164,7 +164,7 @@ def test_operator_drain_and_resume_are_signed_calls(live: Cluster) -> None:
     assert unknown.status_code == 404
     assert "nope" in unknown.json()["error"]["message"]
     for key in ("node", "site", "role", "in_rotation", "why_not", "draining", "kv_used_bytes",
-                "in_flight", "handshake_failures"):  # fmt: skip
+                "in_flight", "reported_queue_depth", "handshake_failures"):  # fmt: skip
         assert key in row
 
 

@@ -302,6 +302,7 @@ def _node_row(registry: NodeRegistry, n: Any) -> dict[str, object]:
         "batch_size": n.batch_size,
         "handshake_failures": registry.handshake_failures.get(n.node_id, 0),
         "decode_steps": registry.decode_steps.get(n.node_id, 0),
+        "reported_queue_depth": registry.reported_queue_depth.get(n.node_id, 0),
     }  # fmt: skip
 
 

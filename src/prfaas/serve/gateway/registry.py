@@ -94,9 +94,12 @@ class NodeRegistry:
         self._pending: dict[str, dict[str, int]] = {}
         self._rotation: dict[str, Rotation] = {}
         self.handshake_failures: dict[str, int] = {}
+        """Per node: KV handshakes its process's receiver refused (from its reports)."""
         self.decode_steps: dict[str, int] = {}
         """Each node's decode steps so far, as its last report said (``/internal/nodes``)."""
-        """Per node: KV handshakes its process's receiver refused (from its reports)."""
+        self.reported_queue_depth: dict[str, int] = {}
+        """Each node's queue as its last report said: for a prefill node, the commands that
+        reached it and wait (the view's queue depth counts them from their dispatch)."""
         self.processes: dict[str, _Process] = {}
         self._site_kind = {s.name: s.kind for s in deployment.sites}
         # A pending entry (a prefill's store, before the reports cover it) outlives no process.
@@ -274,6 +277,7 @@ class NodeRegistry:
         rot.on_report(role, r.draining, r.fault, now_wall_s)
         self.handshake_failures[r.node] = r.handshake_failures
         self.decode_steps[r.node] = r.decode_steps
+        self.reported_queue_depth[r.node] = r.queue_depth
         self.view.update_node(
             self._with_pending(NodeLoad(
                 node_id=NodeId(r.node),
