@@ -91,9 +91,13 @@ def _deployment(model: Path, decision_log: Path) -> DeploymentConfig:
     )  # fmt: skip
 
 
-def _kill_leftovers() -> None:
+def _owner(process: str, launcher: Launcher) -> str:
+    return owner_tag(process, PSK, launcher.deployment.control_url)
+
+
+def _kill_leftovers(launcher: Launcher) -> None:
     for process in PROCESSES:
-        for pid in find_orphans(owner_tag(process, PSK)):
+        for pid in find_orphans(_owner(process, launcher)):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(os.getpgid(pid), signal.SIGKILL)
 
@@ -119,8 +123,8 @@ def live(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Laun
         yield launcher
     finally:
         launcher.stop()
-        _kill_leftovers()  # whatever a failure left (a SIGSTOPped server, say)
-    assert not any(find_orphans(owner_tag(p, PSK)) for p in PROCESSES), "a vLLM server survived"
+        _kill_leftovers(launcher)  # whatever a failure left (a SIGSTOPped server, say)
+    assert not any(find_orphans(_owner(p, launcher)) for p in PROCESSES), "a vLLM server survived"
 
 
 @pytest.fixture(scope="module")

@@ -98,9 +98,13 @@ def _deployment(model: Path, which: str) -> DeploymentConfig:
     )  # fmt: skip
 
 
-def _kill_leftovers() -> None:
-    for which, process in VLLM_PROCESS.items():
-        for pid in find_orphans(owner_tag(process, PSK[which])):
+def _owner(which: str, launchers: dict[str, Launcher]) -> str:
+    return owner_tag(VLLM_PROCESS[which], PSK[which], launchers[which].deployment.control_url)
+
+
+def _kill_leftovers(launchers: dict[str, Launcher]) -> None:
+    for which in VLLM_PROCESS:
+        for pid in find_orphans(_owner(which, launchers)):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(os.getpgid(pid), signal.SIGKILL)
 
@@ -148,8 +152,8 @@ def live(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict
             t.join(60)  # a start still under way must end before its stop
         for launcher in launchers.values():
             launcher.stop()
-        _kill_leftovers()  # whatever a failure left
-    assert not any(find_orphans(owner_tag(p, PSK[w])) for w, p in VLLM_PROCESS.items()), (
+        _kill_leftovers(launchers)  # whatever a failure left
+    assert not any(find_orphans(_owner(w, launchers)) for w in VLLM_PROCESS), (
         "a vLLM server survived"
     )
 

@@ -593,19 +593,23 @@ async def test_an_orphan_of_an_earlier_sidecar_is_killed_before_its_server_start
 
     d = deployment(9)
     host = VllmHost(d, ["pf0"], d.control_url)
-    env = {**os.environ, OWNER_ENV: owner_tag(host.process_name, PSK)}
-    stranger = {**os.environ, OWNER_ENV: owner_tag("another-process", PSK)}
+    env = {**os.environ, OWNER_ENV: owner_tag(host.process_name, PSK, d.control_url)}
+    stranger = {**os.environ, OWNER_ENV: owner_tag("another-process", PSK, d.control_url)}
+    # the same process and key of another deployment (another gateway) on this host
+    elsewhere = {**os.environ, OWNER_ENV: owner_tag(host.process_name, PSK, "http://10.9.9.9:1")}
     sleep = [sys.executable, "-c", "import time; time.sleep(120)"]
     orphan = subprocess.Popen(sleep, env=env, start_new_session=True)
     other = subprocess.Popen(sleep, env=stranger, start_new_session=True)
+    another = subprocess.Popen(sleep, env=elsewhere, start_new_session=True)
     try:
         await host.start(1)
         await until(lambda: orphan.poll() is not None, "the orphan killed")
         assert orphan.returncode == -signal.SIGKILL
-        assert other.poll() is None  # another sidecar's server is left alone
+        # another sidecar's server, and another deployment's, are left alone
+        assert other.poll() is None and another.poll() is None
     finally:
         await host.stop()
-        for proc in (orphan, other):
+        for proc in (orphan, other, another):
             if proc.poll() is None:
                 proc.kill()
             proc.wait()

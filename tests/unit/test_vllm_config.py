@@ -182,10 +182,14 @@ def test_max_model_len_from_the_file_wins_and_gpu_utilisation_is_passed(tmp_path
     assert kv["kv_connector_extra_config"]["pace_gbps"] is None
 
 
-def test_the_owner_tag_names_the_process_not_the_key() -> None:
-    tag = owner_tag("pd-p0+pd-d0", PSK)
+def test_the_owner_tag_names_the_process_and_deployment_not_the_key() -> None:
+    url = "http://127.0.0.1:9000"
+    tag = owner_tag("pd-p0+pd-d0", PSK, url)
     assert tag.startswith("pd-p0+pd-d0:") and PSK not in tag
-    assert tag != owner_tag("pd-p0+pd-d0", PSK + "x") and tag == owner_tag("pd-p0+pd-d0", PSK)
+    assert tag == owner_tag("pd-p0+pd-d0", PSK, url)  # a restarted sidecar finds its orphans
+    assert tag != owner_tag("pd-p0+pd-d0", PSK + "x", url)
+    # Another deployment on this host, same node names and key: not its orphans.
+    assert tag != owner_tag("pd-p0+pd-d0", PSK, "http://127.0.0.1:9001")
 
 
 def test_the_default_python_is_the_project_vllm_venv_or_python3() -> None:

@@ -346,7 +346,7 @@ class VllmHost:
             host="127.0.0.1",
             port=free_port("127.0.0.1"),
             psk=self._deployment.psk,
-            owner=owner_tag(self._process_name, self._deployment.psk),
+            owner=owner_tag(self._process_name, self._deployment.psk, self._deployment.control_url),
             kv_events=None if self._agent_dir is None else _kv_events_endpoints(self._agent_dir),
         )
 

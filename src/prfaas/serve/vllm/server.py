@@ -6,7 +6,8 @@ when it dies or stops answering, and stops the whole group (SIGTERM, then SIGKIL
 The deployment's key reaches vLLM only through the environment (``PRFAAS_KV_PSK``), never the
 command line. Every server carries an owner tag in its environment: a sidecar that was killed
 without stopping its server (SIGKILL) leaves it behind, and the next sidecar of the same process
-and deployment kills such an orphan before it starts its own. Must not import vllm or torch.
+and deployment (key and gateway address) kills such an orphan before it starts its own. Must not
+import vllm or torch.
 """
 
 from __future__ import annotations
@@ -163,9 +164,11 @@ def model_has_linear_layers(engine: EngineConfig) -> bool:
     return isinstance(types, list) and "linear_attention" in types
 
 
-def owner_tag(process_name: str, psk: str) -> str:
-    """Names the sidecar a server belongs to without showing the key."""
-    digest = hashlib.sha256(f"{process_name}\0{psk}".encode()).hexdigest()[:16]
+def owner_tag(process_name: str, psk: str, control_url: str) -> str:
+    """Names the sidecar a server belongs to without showing the key: its process, of the
+    deployment whose gateway listens at ``control_url`` (two deployments on one host with the same
+    node names and key do not take each other's servers for orphans)."""
+    digest = hashlib.sha256(f"{process_name}\0{psk}\0{control_url}".encode()).hexdigest()[:16]
     return f"{process_name}:{digest}"
 
 
