@@ -294,15 +294,16 @@ def _node_row(registry: NodeRegistry, n: Any) -> dict[str, object]:
         in_rotation, why_not = registry.rotation(n.node_id)
     except KeyError:  # in the view before its first report
         in_rotation, why_not = False, "not registered"
+    report = registry.last_report.get(n.node_id)
     return {
         "node": n.node_id, "site": n.site_id, "role": n.role.value,
         "in_rotation": in_rotation, "why_not": why_not, "draining": n.draining,
         "healthy": n.healthy, "kv_used_bytes": n.kv_used_bytes,
         "in_flight": registry.in_flight(n.node_id), "queue_depth": n.queue_depth,
         "batch_size": n.batch_size,
-        "handshake_failures": registry.handshake_failures.get(n.node_id, 0),
-        "decode_steps": registry.decode_steps.get(n.node_id, 0),
-        "reported_queue_depth": registry.reported_queue_depth.get(n.node_id, 0),
+        "handshake_failures": report.handshake_failures if report else 0,
+        "decode_steps": report.decode_steps if report else 0,
+        "reported_queue_depth": report.queue_depth if report else 0,
     }  # fmt: skip
 
 

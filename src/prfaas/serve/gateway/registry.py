@@ -93,13 +93,10 @@ class NodeRegistry:
         # a burst routed on stale loads would pile onto one node).
         self._pending: dict[str, dict[str, int]] = {}
         self._rotation: dict[str, Rotation] = {}
-        self.handshake_failures: dict[str, int] = {}
-        """Per node: KV handshakes its process's receiver refused (from its reports)."""
-        self.decode_steps: dict[str, int] = {}
-        """Each node's decode steps so far, as its last report said (``/internal/nodes``)."""
-        self.reported_queue_depth: dict[str, int] = {}
-        """Each node's queue as its last report said: for a prefill node, the commands that
-        reached it and wait (the view's queue depth counts them from their dispatch)."""
+        self.last_report: dict[str, NodeReport] = {}
+        """Each node's last report as it came (``/internal/nodes``: its KV handshakes refused,
+        decode steps, and its own queue, which for a prefill node counts the commands that
+        reached it; the view's queue depth counts them from their dispatch)."""
         self.processes: dict[str, _Process] = {}
         self._site_kind = {s.name: s.kind for s in deployment.sites}
         # A pending entry (a prefill's store, before the reports cover it) outlives no process.
@@ -275,9 +272,7 @@ class NodeRegistry:
         role = NodeRole(r.role)
         rot = self._rotation.setdefault(r.node, Rotation(role))
         rot.on_report(role, r.draining, r.fault, now_wall_s)
-        self.handshake_failures[r.node] = r.handshake_failures
-        self.decode_steps[r.node] = r.decode_steps
-        self.reported_queue_depth[r.node] = r.queue_depth
+        self.last_report[r.node] = r
         self.view.update_node(
             self._with_pending(NodeLoad(
                 node_id=NodeId(r.node),
