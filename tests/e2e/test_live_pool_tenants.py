@@ -86,9 +86,10 @@ def _wait(what: str, cond: Any, timeout_s: float = 30.0) -> None:
 
 async def _load(url: str, n: int, took_s: list[float] | None = None, salt: str = "") -> list[str]:
     """``n`` chat completions, half over the threshold; every one must succeed. Each one's
-    seconds (4 tokens: about its TTFT) go to ``took_s``, for the printed figures. A new ``salt``
-    shares no prefix with earlier loads (a prefix they left cached at home keeps a request
-    local)."""
+    seconds (4 tokens: about its TTFT) go to ``took_s``, for the printed figures. Each prompt
+    starts with its own number, so no two share a prefix (one prefilled at home would leave the
+    rest of its length cached there, under the threshold: local), and a new ``salt`` shares none
+    with earlier loads."""
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
     sem = asyncio.Semaphore(8)
 
@@ -98,7 +99,7 @@ async def _load(url: str, n: int, took_s: list[float] | None = None, salt: str =
             start = time.monotonic()
             r = await client.chat.completions.create(
                 model="paper-1t",
-                messages=[{"role": "user", "content": salt + "x" * length}],
+                messages=[{"role": "user", "content": f"{salt}{i} " + "x" * length}],
                 max_tokens=4,
             )
             if took_s is not None:
@@ -182,7 +183,8 @@ def test_two_tenants_offload_to_a_live_pool(tmp_path: Path, monkeypatch: Any) ->
             for x, live in (("a", a), ("b", b)):
                 offloads = _metric(live.url, "prfaas_pool_offloads_total")
                 done = offloads.get("done", 0.0)
-                assert done > 0, (x, offloads)
+                why = _metric(live.url, "prfaas_pool_fallbacks_total")
+                assert done > 0, (x, offloads, why)
                 assert counters[f"tenant-{x}"]["done"] == done, (x, counters, offloads)
                 routes = control(a if x == "a" else b, "/internal/routes")
                 pooled = [r for r in routes if r.get("prefill_node") == "pool"]
@@ -203,7 +205,8 @@ def test_two_tenants_offload_to_a_live_pool(tmp_path: Path, monkeypatch: Any) ->
 
             # SIGKILL of the front door under load: every request completes (local fallback).
             async def killed() -> list[list[str]]:
-                load = asyncio.gather(_load(a.url, NUM_REQUESTS), _load(b.url, NUM_REQUESTS))
+                load = asyncio.gather(_load(a.url, NUM_REQUESTS, salt="door kill "),
+                                      _load(b.url, NUM_REQUESTS, salt="door kill "))  # fmt: skip
                 await asyncio.sleep(0.5)
                 pool.kill_front_door(signal.SIGKILL)
                 return list(await load)

@@ -21,7 +21,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import nnls  # type: ignore[import-untyped]
 
 from prfaas.perf.curves import PiecewiseLinearCurve, PolynomialCurve
 from prfaas.perf.plumbing import NO_PLUMBING, PlumbingCosts
@@ -163,6 +162,10 @@ def fit_decode(points: Sequence[DecodePoint]) -> DecodeFit:
     Non-negative so the step never shrinks with a larger batch or context (the closed-form span
     of the cost model assumes that); relative residuals, so short steps weigh as much as long.
     """
+    # Imported here, not at the top: every prfaas process reads its deployment file through this
+    # module, and scipy.optimize costs ~0.6 s of start-up that only a fit needs.
+    from scipy.optimize import nnls  # type: ignore[import-untyped]
+
     rows = np.array([[1.0, p.batch, p.batch * p.context_tokens] for p in points])
     y = np.array([p.median_s for p in points])
     scale = 1.0 / y

@@ -95,7 +95,10 @@ class TenantPoolLink:
         self.registry = registry
         key = resolve_key(self.ref.key, Path.cwd(), "pool.key")
         self.client = PoolClient(self.ref.url, self.ref.key.id, key)
-        self.session = PoolSession(silence_s=max(1.5, 3 * d.heartbeat_interval_s))
+        # The same window a silent node leaves rotation in: with a shorter one the router
+        # still picked the ``pool`` node (in rotation) and every offload failed at once as
+        # ``pool_silent``, its prefix then cached at home keeping the rest local.
+        self.session = PoolSession(silence_s=d.gateway.heartbeat_timeout_s)
         self.fallbacks = Counter(
             "pool_fallbacks",
             "Offloads to the PrfaaS pool given up on, by reason: prefilled locally (the "

@@ -84,8 +84,9 @@ class PoolSimScenario:
     tenant is told (``failed:node_lost``) and prefills it locally."""
     heartbeat_interval_s: float = 0.5
     """Tenants' heartbeats (only simulated when there are outages)."""
-    silence_s: float = 1.5
-    """A tenant whose pool has not answered for this long sends its pending prefills local."""
+    silence_s: float = 3.0
+    """A tenant whose pool has not answered for this long sends its pending prefills local (a
+    live tenant's gateway uses its ``heartbeat_timeout_s``, 3 s by default)."""
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tenants]

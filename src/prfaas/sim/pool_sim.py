@@ -69,7 +69,7 @@ class TenantRun:
     num_local: int = 0
     num_kept_local_by_feedback: int = 0
     refused: dict[str, int] = field(default_factory=dict)
-    session: PoolSession = field(default_factory=lambda: PoolSession(1.5))
+    session: PoolSession = field(default_factory=lambda: PoolSession(3.0))
     ttft_s: list[float] = field(default_factory=list)
     fallback_ttft_s: list[float] = field(default_factory=list)
     num_completed: int = 0
