@@ -44,3 +44,24 @@ def test_counts_offered_tokens_per_second_over_the_window() -> None:
     assert third.offered_tokens_per_s == pytest.approx(1_000.0)  # a fell out of the window
     fourth = obs.observe(rows, routes, provided, 150.1)
     assert fourth.offered_tokens_per_s == 0.0
+
+
+def speed_row(node: str, tokens: int, busy_s: float) -> dict[str, object]:
+    return {**row(node), "prefilled_tokens": tokens, "prefill_busy_s": busy_s}
+
+
+def test_speed_is_tokens_over_busy_seconds_of_every_node_ever_seen() -> None:
+    obs = LiveObserver("prfaas", 8192, {}, rate_window_s=20.0, tick_s=10.0)
+    assert obs.observe([row("pf0")], [], [], 10.0).prefill_tokens_per_s_per_node is None
+    first = obs.observe(
+        [speed_row("pf0", 30_000, 2.0), speed_row("pf1", 10_000, 2.0)], [], [], 20.0
+    )
+    assert first.prefill_tokens_per_s_per_node == pytest.approx(40_000 / 4.0)
+    # pf1 scaled away: what it counted stays; pf0 restarted, counting from zero again.
+    rows = [speed_row("pf0", 5_000, 1.0)]
+    assert obs.observe(rows, [], [], 30.0).prefill_tokens_per_s_per_node == pytest.approx(
+        45_000 / 5.0
+    )
+    other_site = {**speed_row("p0", 10**9, 1.0), "site": "pd"}  # home prefill: not the group's
+    last = obs.observe([*rows, other_site], [], [], 40.0)
+    assert last.prefill_tokens_per_s_per_node == pytest.approx(45_000 / 5.0)

@@ -100,3 +100,16 @@ async def test_a_local_transfer_is_no_egress() -> None:
     assert (await node.prefill(_cmd("c", cross_site=False), link)).ok
     assert all(e == 0 and b == 0 for e, b, _ in link.last.seen)
     assert node.report().egress_bytes == 0
+
+
+@pytest.mark.timeout(30)
+async def test_prefilled_tokens_and_busy_seconds_count_what_was_computed() -> None:
+    """The speed counters beside them (``prefill_meter``): a prefill that completed adds its
+    uncached tokens and its seconds; one whose transfer failed adds its seconds only."""
+    node = _node()
+    assert (await node.prefill(_cmd("d"), _Link(node))).ok
+    done = node.report()
+    assert done.prefilled_tokens == 3000 and done.prefill_busy_s > 0
+    assert not (await node.prefill(_cmd("e"), _Link(node, fail_after=1))).ok
+    failed = node.report()
+    assert failed.prefilled_tokens == 3000 and failed.prefill_busy_s > done.prefill_busy_s

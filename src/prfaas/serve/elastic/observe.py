@@ -10,7 +10,11 @@ provider's nodes.
   since the last look, wherever they went (a long prompt prefilled locally is demand the pool
   did not take), over ``autoscale.rate_window_s`` (``policy.OfferedRate``: the elastic
   simulator's measure, so the same arrivals read the same rate);
-- per-node speed: the configured prior (the live nodes do not report tokens/s yet).
+- per-node speed: uncached tokens prefilled over seconds spent computing them, summed over every
+  node of the site ever seen (each row's cumulative ``prefilled_tokens`` and ``prefill_busy_s``;
+  a node that left, or restarted and counts from zero, keeps what it had counted), as the elastic
+  simulator measures its pool; None (the configured prior) until some node has reported a
+  prefill (a vLLM sidecar reports none).
 No clock: ``now_s`` is passed in.
 """
 
@@ -40,6 +44,10 @@ class LiveObserver:
         """Made at the first look, its origin one tick before (the loop's start)."""
         self._mean_tokens = float(threshold_tokens)
         self.num_lost = 0
+        self._speed_now: dict[str, tuple[int, float]] = {}
+        """Each node's latest (prefilled tokens, busy seconds)."""
+        self._speed_past = (0, 0.0)
+        """What nodes counted before they restarted (their counters went back)."""
 
     def observe(
         self,
@@ -80,6 +88,7 @@ class LiveObserver:
             self._mean_tokens = offered_tokens / num_long
         self._offered.add(now_s, offered_tokens)  # seen at this look (routed since the last)
         queued = sum(int(r.get("queue_depth", 0)) for r in site_rows) * self._mean_tokens
+        self._count_speed(site_rows)
         return GroupObservation(
             group=self.group,
             num_serving=serving,
@@ -87,5 +96,22 @@ class LiveObserver:
             num_draining=draining,
             queued_uncached_tokens=int(queued),
             offered_tokens_per_s=self._offered.per_s(now_s),
+            prefill_tokens_per_s_per_node=self.speed_tokens_per_s(),
             num_lost=self.num_lost,
         )
+
+    def _count_speed(self, site_rows: Iterable[Mapping[str, Any]]) -> None:
+        for r in site_rows:
+            now = (int(r.get("prefilled_tokens", 0)), float(r.get("prefill_busy_s", 0.0)))
+            before = self._speed_now.get(r["node"])
+            if before is not None and (now[0] < before[0] or now[1] < before[1]):
+                tokens, busy_s = self._speed_past
+                self._speed_past = (tokens + before[0], busy_s + before[1])
+            self._speed_now[r["node"]] = now
+
+    def speed_tokens_per_s(self) -> float | None:
+        """Measured prefill tokens per second per node (None: nothing measured yet)."""
+        tokens, busy_s = self._speed_past
+        for t, b in self._speed_now.values():
+            tokens, busy_s = tokens + t, busy_s + b
+        return tokens / busy_s if busy_s > 0 and tokens > 0 else None

@@ -304,6 +304,8 @@ def _node_row(registry: NodeRegistry, n: Any) -> dict[str, object]:
         "handshake_failures": report.handshake_failures if report else 0,
         "decode_steps": report.decode_steps if report else 0,
         "reported_queue_depth": report.queue_depth if report else 0,
+        "prefilled_tokens": report.prefilled_tokens if report else 0,
+        "prefill_busy_s": report.prefill_busy_s if report else 0.0,
     }  # fmt: skip
 
 

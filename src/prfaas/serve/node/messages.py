@@ -164,6 +164,12 @@ class NodeReport(_Msg):
     """KV-transfer handshakes this process's receiver refused since it started (wrong key...)."""
     decode_steps: int = 0
     """Decode steps this node has run that produced tokens, since it started."""
+    prefilled_tokens: int = Field(0, ge=0)
+    """Uncached prompt tokens this node has prefilled, since it started (prefill nodes)."""
+    prefill_busy_s: float = Field(0.0, ge=0)
+    """Wall seconds this node spent computing prefills, since it started (overlapping prefills
+    count once): with ``prefilled_tokens``, its measured prefill speed (0: none measured; a vLLM
+    sidecar does not report it)."""
 
 
 class NodeEndpoint(_Msg):

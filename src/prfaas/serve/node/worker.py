@@ -46,6 +46,7 @@ from prfaas.serve.node.messages import (
     unpack_tokens,
 )
 from prfaas.serve.node.notice import NoticeDesk
+from prfaas.serve.node.prefill_meter import PrefillMeter
 from prfaas.serve.node.prefix_store import PrefixStore
 from prfaas.spec import LayerSegment
 from prfaas.transfer import Link as TransferLink
@@ -116,6 +117,8 @@ class Node:
         """Cross-site KV bytes handed to the sender so far, credited piece by piece as each is
         accepted (the gateway's link goodput is this less the links' unacknowledged bytes)."""
         self._num_prefilling = 0
+        self.meter = PrefillMeter()
+        """Uncached tokens prefilled and seconds spent computing them (the node's speed)."""
         self.num_decode_steps = 0
         """Decode steps that produced tokens so far (``prfaas profile``'s plumbing measurement
         divides the decode node's CPU between steps and tokens with it)."""
@@ -144,6 +147,8 @@ class Node:
             egress_backlog_bytes=self._unsent_kv_bytes,
             fault=self.fault,
             decode_steps=self.num_decode_steps,
+            prefilled_tokens=self.meter.prefilled_tokens,
+            prefill_busy_s=self.meter.busy_s(time.monotonic()),
         )
 
     @property
@@ -237,27 +242,37 @@ class Node:
             # the receiver aborts a session without progress for its stall timeout (30 s), and a
             # queued prefill is not a stalled sender (the fidelity bench lost requests that way).
             session: OutboundSession | None = None
-            async for out in self.engine.prefill_stream(req):
-                if isinstance(out, LayerOutput):
-                    self._prefill_queue.pop(rid, None)  # computing now, no longer queued
-                    if session is None and self.notice is not None:
-                        self.notice.started(rid, time.monotonic())
-                    if session is None:
-                        session = await stack.enter_async_context(link.session(manifest))
-                        if cmd.cross_site:
-                            unsent = manifest.num_bytes
-                            self._unsent_kv_bytes += unsent
-                    target = full.segments[out.position]
-                    for offset, view in _pieces_for_receiver(out, cached, target, receiver_tokens):
-                        await session.send(out.position, offset, view)
-                        sent += view.nbytes
-                        if cmd.cross_site:  # accepted by the sender: now the link's to count
-                            self.egress_bytes += view.nbytes
-                            taken = min(unsent, view.nbytes)
-                            unsent -= taken
-                            self._unsent_kv_bytes -= taken
-                else:
-                    result = out
+            computing = False
+            try:
+                async for out in self.engine.prefill_stream(req):
+                    if isinstance(out, LayerOutput):
+                        self._prefill_queue.pop(rid, None)  # computing now, no longer queued
+                        if not computing:
+                            computing = True
+                            self.meter.started(time.monotonic())
+                        if session is None and self.notice is not None:
+                            self.notice.started(rid, time.monotonic())
+                        if session is None:
+                            session = await stack.enter_async_context(link.session(manifest))
+                            if cmd.cross_site:
+                                unsent = manifest.num_bytes
+                                self._unsent_kv_bytes += unsent
+                        target = full.segments[out.position]
+                        for offset, view in _pieces_for_receiver(
+                            out, cached, target, receiver_tokens
+                        ):
+                            await session.send(out.position, offset, view)
+                            sent += view.nbytes
+                            if cmd.cross_site:  # accepted by the sender: now the link's to count
+                                self.egress_bytes += view.nbytes
+                                taken = min(unsent, view.nbytes)
+                                unsent -= taken
+                                self._unsent_kv_bytes -= taken
+                    else:
+                        result = out
+            finally:
+                if computing:
+                    self.meter.ended(time.monotonic(), n - k if result is not None else 0)
             if result is None:
                 raise EngineError(f"request {rid}: the prefill ended without a result")
             if session is None:  # nothing to hand out (cannot happen with a layer per position)
