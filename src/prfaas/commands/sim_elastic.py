@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,7 @@ from prfaas.errors import UsageError
 
 if TYPE_CHECKING:
     from prfaas.config import DeploymentConfig
-    from prfaas.sim.elastic import ElasticReport
+    from prfaas.sim.elastic import ElasticReport, ElasticScenario
 
 SCHEMA = "prfaas.sim.elastic/1"
 
@@ -43,23 +44,33 @@ def _records(d: DeploymentConfig, base: Path, duration_s: float) -> list[tuple[f
     return [(r.arrival_s, r.num_prompt_tokens) for r in reqs]
 
 
-def run_elastic(args: argparse.Namespace, d: DeploymentConfig) -> int:
-    from prfaas.sim.elastic import ElasticScenario, ElasticSim, warp
+def elastic_scenario(
+    d: DeploymentConfig, where: str, seed: int | None = None, warmup_s: float | None = None
+) -> ElasticScenario:
+    """The elastic simulator's scenario of ``d`` (``where``: the file, for errors): its
+    ``autoscale:`` groups and policy on the scaled PrfaaS site's hardware, the home site's
+    prefill nodes and link, the file's seed and warm-up unless given. The site's own prefill
+    nodes (``prfaas up`` starts them and the autoscaler counts them as serving; its provider
+    never drains them) are initial nodes of the first on-demand group, as live."""
+    from prfaas.sim.elastic import ElasticScenario
 
     auto = d.autoscale
     assert auto is not None
     pools = [s for s in d.sites if s.kind == "prfaas"]
     pool = next((s for s in pools if s.name == auto.site), None) if auto.site else None
     if auto.site is not None and pool is None:
-        raise UsageError(f"{args.file}: autoscale.site: no PrfaaS site named {auto.site!r}")
+        raise UsageError(f"{where}: autoscale.site: no PrfaaS site named {auto.site!r}")
     pool = pool or (pools[0] if pools else None)
     if pool is None:
-        raise UsageError(f"{args.file}: autoscale: the file has no PrfaaS site to scale")
+        raise UsageError(f"{where}: autoscale: the file has no PrfaaS site to scale")
+    groups = [g.build(pool.hardware) for g in auto.groups]
+    own = sum(1 for n in pool.nodes if n.role == "prefill")
+    at = next((i for i, g in enumerate(groups) if not g.spot), 0)
+    groups[at] = replace(groups[at], initial_nodes=groups[at].initial_nodes + own)
     home = d.home_site
     link = next((lk for lk in d.links if {lk.src, lk.dst} == {pool.name, home.name}), None)
-    duration_s = args.duration if args.duration is not None else d.workload.duration_s
     sc = ElasticScenario(
-        groups=tuple(g.build(pool.hardware) for g in auto.groups),
+        groups=tuple(groups),
         autoscale=auto.policy(),
         model=d.engine.model,
         local_hardware=home.hardware,
@@ -70,10 +81,20 @@ def run_elastic(args: argparse.Namespace, d: DeploymentConfig) -> int:
         rtt_s=(link.rtt_ms / 1000) if link is not None else 0.0,
         tick_s=auto.tick_s,
         rate_window_s=auto.rate_window_s,
-        seed=d.workload.seed if args.seed is None else args.seed,
-        measure_from_s=d.workload.warmup_s if args.warmup is None else args.warmup,
+        seed=d.workload.seed if seed is None else seed,
+        measure_from_s=d.workload.warmup_s if warmup_s is None else warmup_s,
     )
     sc.validate()
+    return sc
+
+
+def run_elastic(args: argparse.Namespace, d: DeploymentConfig) -> int:
+    from prfaas.sim.elastic import ElasticSim, warp
+
+    auto = d.autoscale
+    assert auto is not None
+    duration_s = args.duration if args.duration is not None else d.workload.duration_s
+    sc = elastic_scenario(d, str(args.file), args.seed, args.warmup)
     records = _records(d, Path(args.file).parent, duration_s)
     scale = d.workload.rate_scale if args.rate_scale is None else args.rate_scale
     arrivals = warp(records, auto.load.build(), duration_s, scale)

@@ -419,10 +419,20 @@ class Launcher:
         self._add(name, ["--role", "node", "--node", name])
 
     def remove(self, name: str) -> None:
-        """Take ``name`` out of the desired set, then stop its process group: it stays down."""
+        """Take ``name`` out of the desired set, then stop its process group: it stays down. A
+        node of that name leaves the resolved file too (every later reader of it, ``prfaas
+        status`` or ``prfaas sim``, would count it as the deployment's)."""
         with self._lock:
             proc, events = self.supervisor.remove(name, time.monotonic())
             self._report(events)
+            d = self.deployment
+            sites = [
+                s.model_copy(update={"nodes": [n for n in s.nodes if n.name != name]})
+                for s in d.sites
+            ]
+            if sites != list(d.sites):
+                self.deployment = d.model_copy(update={"sites": sites})
+                self._write_resolved()
         if proc is not None:
             assert isinstance(proc, ChildGroup)
             terminate([proc], self.stop_grace_s)

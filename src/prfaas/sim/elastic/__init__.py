@@ -12,6 +12,7 @@ from prfaas.sim.elastic.config import (
 from prfaas.sim.elastic.load import Arrival, RateProfile, warp
 from prfaas.sim.elastic.report import ElasticReport, ScaleEvent
 from prfaas.sim.elastic.simulator import ElasticSim
+from prfaas.sim.elastic.wall_clock import in_modelled_seconds
 
 __all__ = [
     "Arrival",
@@ -22,6 +23,7 @@ __all__ = [
     "PreemptionConfig",
     "RateProfile",
     "ScaleEvent",
+    "in_modelled_seconds",
     "parse_availability",
     "warp",
 ]
