@@ -60,6 +60,18 @@ class WorkloadConfig(_Strict):
     warmup_s: float = Field(0.0, ge=0, description="arrivals before this are not counted")
     seed: int = 0
 
+    @field_validator("trace")
+    @classmethod
+    def _relative_to_the_file(cls, trace: str | None, info: ValidationInfo) -> str | None:
+        """A relative trace is the deployment file's neighbour (as a profile file is), so every
+        command reads the same trace from any folder; one that is not there stays as written
+        (relative to the folder the command runs in, as before)."""
+        base = (info.context or {}).get("base_dir")
+        if trace is None or base is None or Path(trace).is_absolute():
+            return trace
+        beside = Path(base) / trace
+        return str(beside.resolve()) if beside.is_file() else trace
+
 
 class PlumbingSwitches(_Strict):
     """``simulation.plumbing``: which measured plumbing terms of the profiles the simulator

@@ -231,3 +231,21 @@ def test_torch_engine_settings_come_from_the_file(tmp_path: Path) -> None:
     raw["engine"]["device"] = "gpu0"
     with pytest.raises(ValueError, match="device"):
         DeploymentConfig.model_validate(raw)
+
+
+def test_a_relative_trace_is_read_beside_the_file_from_any_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a profile file is: ``prfaas plan`` and ``prfaas sim`` of one file read one trace,
+    whatever folder they run in; a path that is not beside the file stays as written."""
+    folder = tmp_path / "deploy"
+    folder.mkdir()
+    (folder / "t.jsonl").write_text('{"timestamp": 0, "input_length": 100, "output_length": 4}\n')
+    doc = yaml.safe_load((EXAMPLES / "two-site.yaml").read_text())
+    doc["workload"] = {"trace": "t.jsonl"}
+    (folder / "d.yaml").write_text(yaml.safe_dump(doc))
+    monkeypatch.chdir(tmp_path)
+    assert load_deployment(folder / "d.yaml").workload.trace == str(folder / "t.jsonl")
+    doc["workload"] = {"trace": "elsewhere.jsonl"}
+    (folder / "d.yaml").write_text(yaml.safe_dump(doc))
+    assert load_deployment(folder / "d.yaml").workload.trace == "elsewhere.jsonl"

@@ -431,6 +431,24 @@ def _file_capacity(args: argparse.Namespace, planner: Any) -> dict[str, Any] | N
     return cap.as_dict()
 
 
+def _file_pool_bound(args: argparse.Namespace) -> dict[str, Any] | None:
+    """With ``--deployment`` whose file has ``autoscale:``: the pool's nodes per interval at
+    steady state for the rate over time (``commands.sim_elastic.file_bound``), a bound that
+    ignores start-up; None otherwise."""
+    if args.deployment is None:
+        return None
+    from prfaas.commands.sim_elastic import file_bound
+    from prfaas.config import load_deployment
+
+    d = load_deployment(args.deployment)
+    if d.autoscale is None:
+        return None
+    try:
+        return file_bound(d, args.deployment)
+    except (ValueError, OSError) as exc:
+        raise UsageError(f"{args.deployment}: autoscale: {exc}") from None
+
+
 def _print_capacity(c: dict[str, Any]) -> None:
     eqs = c["lambda_max_exact_eqs_1_8"]
     print(
@@ -487,17 +505,25 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     prices = _file_prices(args)
     capacity = _file_capacity(args, planner)
+    pool = _file_pool_bound(args)
     if args.json:
         out = result_to_json(result)
         out["money"] = plan_money(planner, result, prices)
         if capacity is not None:
             out["capacity"] = capacity
+        if pool is not None:
+            out["elastic_pool_bound"] = pool
         print(json.dumps(out, indent=2))
     else:
         _print_table(result)
         _print_money(plan_money(planner, result, prices))
         if capacity is not None:
             _print_capacity(capacity)
+        if pool is not None:
+            from prfaas.commands.sim_elastic import print_bound
+
+            print("Elastic pool (the file's autoscale: section; its workload, its load shape):")
+            print_bound(pool["intervals"])
     if args.plot is not None:
         _plot(planner, result, args.plot)
         if not args.json:

@@ -88,6 +88,39 @@ def elastic_scenario(
     return sc
 
 
+def file_bound(d: DeploymentConfig, where: Path) -> dict[str, Any]:
+    """``prfaas plan``'s pool bound for a file with ``autoscale:``: its workload under the load
+    shape (the arrivals ``prfaas sim`` replays), the prompts over the threshold offered to the
+    pool, each interval's nodes at steady state (``sim.elastic.bound.pool_bound``), no
+    simulation. The same figures as ``prfaas sim``'s ``steady_state_bound``."""
+    from prfaas.perf import cost_model_for_hardware
+    from prfaas.sim.elastic import warp
+    from prfaas.sim.elastic.bound import BOUND_NOTE, pool_bound
+
+    auto = d.autoscale
+    assert auto is not None
+    sc = elastic_scenario(d, str(where))
+    duration_s = d.workload.duration_s
+    records = _records(d, where.parent, duration_s)
+    arrivals = warp(records, auto.load.build(), duration_s, d.workload.rate_scale)
+    cm = cost_model_for_hardware(sc.model, sc.groups[0].hardware)
+    bound = pool_bound(
+        ((a.arrival_s, a.num_prompt_tokens) for a in arrivals), sc.threshold_tokens,
+        lambda n: cm.prefill_s(n, 0), sc.bound_interval_s, auto.up_utilisation, duration_s,
+    )  # fmt: skip
+    return {"note": BOUND_NOTE, "interval_s": sc.bound_interval_s,
+            "intervals": [[round(t, 1), n] for t, n in bound]}  # fmt: skip
+
+
+def print_bound(intervals: list[list[float]]) -> None:
+    if not intervals:
+        return
+    shown = " ".join(str(int(n)) for _, n in intervals[:48])
+    more = " ..." if len(intervals) > 48 else ""
+    step = intervals[1][0] if len(intervals) > 1 else 0
+    print(f"steady-state bound, nodes per {step:g} s (ignores start-up): {shown}{more}")
+
+
 def run_elastic(args: argparse.Namespace, d: DeploymentConfig) -> int:
     from prfaas.sim.elastic import ElasticSim, warp
 
@@ -123,12 +156,7 @@ def _print_human(out: dict[str, Any], r: ElasticReport) -> None:
     print(f"scale events: {out['scale_ups']} up, {out['scale_downs']} down; preemptions "
           f"{out['preemptions']} (finished {out['finished_on_notice']}, re-queued "
           f"{out['requeued_on_notice']}); on-demand fallbacks {out['fallbacks']}")  # fmt: skip
-    bound = out["steady_state_bound"]["intervals"]
-    if bound:
-        shown = " ".join(str(n) for _, n in bound[:48])
-        more = " ..." if len(bound) > 48 else ""
-        print(f"steady-state bound, nodes per {bound[1][0] if len(bound) > 1 else 0:g} s "
-              f"(ignores start-up): {shown}{more}")  # fmt: skip
+    print_bound(out["steady_state_bound"]["intervals"])
     for e in r.scale_events[:20]:
         print(f"  {e.at_s:8.0f} s {e.action} {e.num_nodes}: {e.reason}")
     if "plot" in out:

@@ -78,3 +78,21 @@ def test_bad_autoscale_input_is_one_line_naming_the_field(
     err = capsys.readouterr().err
     assert rc == 2
     assert field in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_plan_prints_the_pool_bound_sim_reports_without_simulating(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``prfaas plan --deployment FILE`` for a file with ``autoscale:``: the nodes per interval
+    at steady state for the rate over time (labelled a bound that ignores start-up), the figures
+    ``prfaas sim FILE`` reports beside its run."""
+    path = write(tmp_path, json.loads(json.dumps(BASE)))
+    assert main(["sim", str(path), "--json"]) == 0
+    simulated = json.loads(capsys.readouterr().out)["steady_state_bound"]
+    assert main(["plan", "--deployment", str(path), "--json", "--no-capacity"]) == 0
+    planned = json.loads(capsys.readouterr().out)["elastic_pool_bound"]
+    assert planned["intervals"] == simulated["intervals"] and len(planned["intervals"]) == 3
+    assert max(n for _, n in planned["intervals"]) > 0  # the burst needs nodes
+    assert "ignores start-up" in planned["note"] and planned["interval_s"] == 300.0
+    assert main(["plan", "--deployment", str(path), "--no-capacity"]) == 0
+    assert "steady-state bound, nodes per 300 s (ignores start-up):" in capsys.readouterr().out

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from prfaas.sim.elastic.bound import BOUND_NOTE
 from prfaas.sim.elastic.pool import GroupHours
 
 
@@ -101,7 +102,7 @@ class ElasticReport:
             "requeued_on_notice": self.num_requeued_on_notice,
             "fallbacks": self.num_fallbacks,
             "steady_state_bound": {
-                "note": "nodes per interval at steady state; a bound that ignores start-up",
+                "note": BOUND_NOTE,
                 "intervals": [[round(t, 1), n] for t, n in self.bound],
             },
         }

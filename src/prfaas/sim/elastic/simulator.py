@@ -42,7 +42,7 @@ from prfaas.policy.autoscaler import (
 from prfaas.policy.offered_rate import OfferedRate
 from prfaas.policy.pool_actions import GroupKind, PoolNodeView, group_for_add, node_to_drain
 from prfaas.policy.waiting_room import WaitingRoom, WaitVerdict
-from prfaas.sim.elastic.bound import steady_state_bound
+from prfaas.sim.elastic.bound import pool_bound
 from prfaas.sim.elastic.config import ElasticScenario, GroupConfig
 from prfaas.sim.elastic.load import Arrival
 from prfaas.sim.elastic.pool import Job, NodeState, PoolNode, group_hours
@@ -392,15 +392,10 @@ class ElasticSim:
         """Nodes per interval at steady state (ignores start-up): ``bound.py``."""
         c = self.sc.autoscale
         util = c.up_utilisation if c is not None else 0.8
-        mean = (
-            sum(n for _, n in self.offered_log) // len(self.offered_log)
-            if self.offered_log
-            else self.sc.threshold_tokens
-        )
-        speed = mean / self._prefill_s(max(1, mean))
-        return steady_state_bound(
-            self.offered_log, self.sc.bound_interval_s, speed, util, self.duration_s
-        )
+        return pool_bound(
+            self.offered_log, self.sc.threshold_tokens, self._prefill_s,
+            self.sc.bound_interval_s, util, self.duration_s,
+        )  # fmt: skip
 
     def _report(self) -> ElasticReport:
         end_s = max(self.duration_s, self.now)
