@@ -382,3 +382,33 @@ def test_up_stops_and_fails_when_the_gateway_keeps_dying(tmp_path: Path) -> None
         assert alive_in_groups(up.groups) == []
     finally:
         up.stop()
+
+
+@pytest.mark.timeout(120)
+def test_a_rerun_stops_what_a_killed_prfaas_up_left_running(tmp_path: Path) -> None:
+    """``prfaas up`` SIGKILLed (the launcher alone): its children live on in their own sessions.
+    ``prfaas up`` again in the same workdir stops them first (``serve.leftovers``), says so, and
+    serves; stopped, it leaves nothing of either run."""
+    path, workdir = deployment_file(tmp_path), tmp_path / "work"
+    first = Up(path, workdir)
+    second: Up | None = None
+    try:
+        first.wait_for("prfaas: ready:")
+        first.processes()  # remember its groups
+        os.kill(first.proc.pid, signal.SIGKILL)
+        first.proc.wait()
+        assert alive_in_groups(first.groups), "the children died with the launcher"
+        second = Up(path, workdir)
+        line = second.wait_for("a dead run in this workdir left")
+        assert "stopped it" in line
+        second.wait_for("prfaas: ready:")
+        until("the first run's processes gone", lambda: alive_in_groups(first.groups) == [])
+        url = second.wait_for("OpenAI endpoint").split()[-1].removesuffix("/v1")
+        assert complete(url) == 200
+        second.processes()
+        assert second.stop() == 0
+        assert alive_in_groups(second.groups) == []
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()

@@ -50,6 +50,7 @@ from prfaas.serve.control_client import ControlClient, GatewayUnreachable
 from prfaas.serve.keyring import LAUNCHED_BY_UP_ENV
 from prfaas.serve.launch_errors import LaunchCancelled, LaunchError
 from prfaas.serve.launch_netns import namespaced, namespaced_argv
+from prfaas.serve.leftovers import sweep_dead_run
 from prfaas.serve.process_group import ChildGroup, terminate
 from prfaas.serve.processes_file import write_processes_file
 from prfaas.serve.supervisor import (
@@ -174,6 +175,8 @@ class Launcher:
         say = _Progress(progress)
         deadline = time.monotonic() + max(ready_timeout_s, self._vllm_ready_s())
         self.workdir.mkdir(parents=True, exist_ok=True)
+        for line in sweep_dead_run(self.workdir, self.config_path):
+            say(f"a dead run in this workdir left {line} running: stopped it")
         self._write_resolved()
         try:
             self._add("gateway", ["--role", "gateway"])
