@@ -344,9 +344,12 @@ async def test_remote_prefill_then_decode_speak_kv_transfer_params(
     assert {"op": "wait_sent", "transfer_id": "r1.1"}.items() <= next(
         r for r in done if r["kind"] == "agent" and r["op"] == "wait_sent"
     ).items()
-    report = await until(lambda: (r := gateway.last_report("pf0")) and r["egress_bytes"] and r,
-                         "egress in the report")  # fmt: skip
+    report = await until(lambda: (r := gateway.last_report("pf0")) and r["egress_bytes"]
+                         and r["prefilled_tokens"] and r, "egress in the report")  # fmt: skip
     assert report["egress_bytes"] == outcome.kv_bytes_sent
+    # its speed for the autoscaler: the prompt's uncached tokens (the fake caches none), the
+    # seconds from the request to vLLM's answer
+    assert report["prefilled_tokens"] == len(PROMPT) and report["prefill_busy_s"] > 0
 
 
 async def test_link_rate_re_paces_the_connector_and_a_restarted_one_again(

@@ -22,6 +22,7 @@ import logging
 import shutil
 import socket
 import tempfile
+import time
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -271,6 +272,8 @@ class VllmHost:
                     egress_backlog_bytes=stats.cross_site_unsent_bytes if carries else 0,
                     fault=fault,
                     handshake_failures=stats.handshake_failures,
+                    prefilled_tokens=node.meter.prefilled_tokens,
+                    prefill_busy_s=node.meter.busy_s(time.monotonic()),
                 )
             )
         return out

@@ -33,6 +33,7 @@ from prfaas.serve.node.messages import (
     SamplingMsg,
     unpack_tokens,
 )
+from prfaas.serve.node.prefill_meter import PrefillMeter
 from prfaas.serve.vllm.agent import AgentClient, AgentError
 
 log = logging.getLogger("prfaas.vllm")
@@ -105,6 +106,9 @@ class VllmNode:
         self._spawn = spawn
         self.transfer_timeout_s = transfer_timeout_s
         self._prefilling: dict[str, int] = {}
+        self.meter = PrefillMeter()
+        """Uncached tokens prefilled and seconds with a prefill at its server (from the request
+        to the answer: vLLM's own queue included, so overlapping ones count once)."""
         """Requests prefilling here -> their prompt tokens."""
         self._decoding: set[str] = set()
 
@@ -152,8 +156,11 @@ class VllmNode:
         token_ids = unpack_tokens(cmd.tokens)
         self._prefilling[rid] = len(token_ids)
         t0 = time.monotonic()
+        self.meter.started(t0)
+        outcome: PrefillOutcome | None = None
         try:
-            return await self._prefill(cmd, list(token_ids), t0)
+            outcome = await self._prefill(cmd, list(token_ids), t0)
+            return outcome
         except asyncio.CancelledError:
             self._abort_transfer(rid)
             raise
@@ -162,6 +169,9 @@ class VllmNode:
             return PrefillOutcome(request_id=rid, ok=False, error=f"vLLM prefill: {_reason(exc)}")
         finally:
             self._prefilling.pop(rid, None)
+            ok = outcome is not None and outcome.ok
+            uncached = len(token_ids) - outcome.num_cached_tokens if outcome and ok else 0
+            self.meter.ended(time.monotonic(), max(0, uncached))
 
     async def _prefill(
         self, cmd: PrefillCommand, token_ids: list[int], t0: float
