@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from prfaas.commands.gateway_access import control_failure, load_with_ports
+from prfaas.serve.process_group import pid_alive
 
 NUM_ROUTES = 10
 
@@ -86,21 +87,9 @@ def _processes(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     doc["file"] = str(state)
-    doc["launcher_alive"] = _alive(doc.get("launcher_pid"))
+    doc["launcher_alive"] = pid_alive(doc.get("launcher_pid"))
     return doc
 
-
-def _alive(pid: object) -> bool:
-    import os
-
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: it exists
-        return True
     return True
 
 

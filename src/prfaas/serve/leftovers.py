@@ -22,6 +22,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from prfaas.serve.process_group import pid_alive
 from prfaas.serve.processes_file import PROCESSES_NAME
 
 
@@ -35,7 +36,7 @@ def sweep_dead_run(workdir: Path, config_path: Path) -> list[str]:
     if not isinstance(doc, dict) or doc.get("stopped"):
         return []
     launcher = doc.get("launcher_pid")
-    if isinstance(launcher, int) and launcher != os.getpid() and _alive(launcher):
+    if isinstance(launcher, int) and launcher != os.getpid() and pid_alive(launcher):
         return []
     members = [p for p in doc.get("processes", []) if isinstance(p, dict)]
     stopped: list[str] = []
@@ -72,14 +73,6 @@ def _vllm_servers(members: list[dict[str, Any]], config_path: Path) -> list[tupl
         found.extend((name, pid) for pid in find_orphans(tag))
     return found
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
 
 

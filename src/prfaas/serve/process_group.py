@@ -71,3 +71,16 @@ def terminate(groups: list[ChildGroup], grace_s: float) -> None:
     for g in live:
         g.signal_group(signal.SIGKILL)  # the group: helpers included
         g.proc.wait()
+
+
+def pid_alive(pid: object) -> bool:
+    """Whether ``pid`` (anything read from a state file) names a live process, ours or not."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: it exists
+        return True
+    return True
