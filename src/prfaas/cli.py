@@ -28,6 +28,7 @@ COMMANDS: tuple[str, ...] = (
     "up",
     "status",
     "drain",
+    "reload",
     "demo",
     "k8s",
     "epp",

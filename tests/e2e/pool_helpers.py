@@ -63,9 +63,11 @@ class LivePool:
 
 
 @contextmanager
-def live_pool(tmp: Path, ready_timeout_s: float = 60.0) -> Iterator[LivePool]:
+def live_pool(
+    tmp: Path, ready_timeout_s: float = 60.0, pool_text: str = POOL_FILE
+) -> Iterator[LivePool]:
     pool_file = tmp / "pool.yaml"
-    pool_file.write_text(POOL_FILE)
+    pool_file.write_text(pool_text)
     workdir = tmp / "pool-wd"
     env = {**os.environ, **KEYS}
     cmd = [sys.executable, "-m", "prfaas.cli", "up", str(pool_file), "--workdir", str(workdir),

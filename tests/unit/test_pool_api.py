@@ -117,3 +117,18 @@ def test_a_tenant_aborts_its_own_request_only(client: TestClient) -> None:
     assert out["state"] == "aborted" and out["reason"] == "client_gone"
     assert _call(client, "POST", "/v1/abort/r1", "ka", KEY_A).status_code == 404  # once
     assert _call(client, "POST", "/v1/abort/r1", "kz", KEY_A).status_code == 401
+
+
+def test_a_key_replaced_by_a_reload_is_refused_and_the_new_one_accepted() -> None:
+    shape = PoolShape((GroupShape("g", "m", 1),), 1e9, (TenantShare("a"), TenantShare("b")))
+    door = FrontDoor(shape, epoch=3, lease_s=30.0, fingerprints={"m": {"block_tokens": "512"}})
+    keys = TenantKeys({"ka": ("a", KEY_A), "kb": ("b", KEY_B)})
+    c = TestClient(create_app(door, keys, lambda m, n: (n / 1000, n * 100), clock=lambda: 10.0))
+    assert _call(c, "POST", "/v1/heartbeat", "ka", KEY_A).status_code == 200
+    new_a = b"n" * 32
+    keys.replace({"ka2": ("a", new_a), "kb": ("b", KEY_B)})
+    r = _call(c, "POST", "/v1/heartbeat", "ka", KEY_A)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "unknown_key"
+    assert _call(c, "POST", "/v1/heartbeat", "ka2", new_a).status_code == 200
+    assert _call(c, "POST", "/v1/heartbeat", "kb", KEY_B).status_code == 200
+    assert keys.key_ids() == {"a": ["ka2"], "b": ["kb"]}

@@ -113,3 +113,26 @@ def test_a_tenant_aborts_its_own_queued_or_running_prefill_only() -> None:
     assert door.outcome("a", "r1").state == "aborted"  # type: ignore[union-attr]
     assert door.place("g", "pool-0", 2.0, FREE) is None  # r2 left the queue
     assert door.feedback("a", 2.0).queued_tokens == 0 and door.feedback("a", 2.0).running == 0
+
+
+def test_a_reload_revokes_the_tenant_left_without_keys_adds_a_new_one_and_restores() -> None:
+    door = _door()
+    door.submit("b", _submit("b", "r1", "b-d0"), now=1.0)
+    assert door.place("g", "pool-0", 1.0, FREE) is not None
+    door.submit("b", _submit("b", "r2", "b-d0"), now=1.0)  # queued behind r1
+    aborts = door.set_tenants((TenantShare("a", weight=3.0), TenantShare("c")), now=2.0)
+    assert sorted((a.request_id, a.reason, a.node) for a in aborts) == [
+        ("r1", "revoked", "pool-0"), ("r2", "revoked", None)]  # fmt: skip
+    assert door.revoked("b") and not door.revoked("a") and not door.revoked("c")
+    assert door.outcome("b", "r2").reason == "revoked"  # type: ignore[union-attr]
+    assert {t.name: t.weight for t in door.shape.tenants}["a"] == 3.0
+    # The new tenant registers and submits like any other.
+    door.register("c", (Receiver("c-d0", "10.0.2.1", 9000),), now=2.0)
+    ans = door.submit("c", _submit("c", "r1", "c-d0"), now=2.1)
+    assert ans.status == 200, ans
+    # A reload that lists b again restores it; it has no lease until it registers afresh.
+    assert door.set_tenants((TenantShare("a"), TenantShare("b"), TenantShare("c")), 3.0) == ()
+    ans = door.submit("b", _submit("b", "r3", "b-d0"), now=3.1)
+    assert ans.status == 403 and ans.decision.reason == "no_lease"  # type: ignore[union-attr]
+    door.register("b", (Receiver("b-d0", "10.0.1.1", 9000),), now=3.2)
+    assert door.submit("b", _submit("b", "r3", "b-d0"), now=3.3).status == 200

@@ -63,9 +63,10 @@ def run_pool_status(
              n["running"] or "-"] for n in nodes]  # fmt: skip
     out.append(table(["NODE", "GROUP", "LIVE", "RUNNING"], rows) if rows else "no pool node")
     cols = ["accepted", "placed", "done", "failed", "aborted", "queued_tokens", "running"]
-    trows = [[name, *(str(row.get(c, "")) for c in cols)]
+    trows = [[name, "revoked" if row.get("revoked") else ",".join(row.get("keys", [])) or "-",
+              *(str(row.get(c, "")) for c in cols)]
              for name, row in report["tenants"].items()]  # fmt: skip
-    out += ["", table(["TENANT", *(c.upper() for c in cols)], trows)]
+    out += ["", table(["TENANT", "KEYS", *(c.upper() for c in cols)], trows)]
     if report["processes"] is not None:
         out += ["", processes_table(report["processes"])]
     print("\n".join(out))

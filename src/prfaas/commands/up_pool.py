@@ -1,5 +1,6 @@
 """``prfaas up pool.yaml``: start a PrfaaS pool (its front door and node processes) and keep it
-running until Ctrl-C or SIGTERM, leaving nothing (``docs/pool.md``)."""
+running until Ctrl-C or SIGTERM, leaving nothing; SIGHUP (or ``prfaas reload``) applies the pool
+file's tenants again (``docs/pool.md``)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,12 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prfaas.config import DeploymentConfig
+
+if TYPE_CHECKING:
+    from prfaas.pool.launcher import PoolLauncher
 
 
 def _say(message: str) -> None:
@@ -24,6 +29,7 @@ def _warn(message: str) -> None:
 
 def run_pool(args: argparse.Namespace) -> int:
     from prfaas.pool.launcher import PoolLauncher
+    from prfaas.pool.reload_result import write_reload_result
     from prfaas.pool.resolved import KEY_NAME, POOL_NAME, tenant_keys
     from prfaas.pool_file import load_pool
     from prfaas.serve.launch_errors import LaunchCancelled, LaunchError
@@ -40,13 +46,17 @@ def run_pool(args: argparse.Namespace) -> int:
     logging.getLogger("prfaas.launcher").addHandler(handler)
     logging.getLogger("prfaas.launcher").setLevel(logging.WARNING)
     stop = threading.Event()
+    reload_wanted = threading.Event()
 
     def on_signal(_signum: int, _frame: object) -> None:
         launcher.cancel()  # a flag: start() notices it at its next poll
         stop.set()
 
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, on_signal)
+    # SIGHUP reloads the tenants (keys, weights, caps) from the pool file, as daemons do; one
+    # that comes during start-up is applied once the pool is up.
+    signal.signal(signal.SIGHUP, lambda _s, _f: reload_wanted.set())
     try:
         _say(f"starting pool {args.deployment} (logs in {workdir})")
         try:
@@ -61,12 +71,28 @@ def run_pool(args: argparse.Namespace) -> int:
         _say(f"tenant API (signed, v1) {launcher.url}/v1")
         _say(f"pool listener {launcher.control_url} (signed with {workdir / KEY_NAME})")
         _say(f"resolved pool file {workdir / POOL_NAME} (for `prfaas status`)")
-        while not stop.wait(0.5):
-            pass
+        while not stop.wait(0.2):
+            if reload_wanted.is_set():
+                reload_wanted.clear()
+                write_reload_result(workdir, *_reload(launcher))
     finally:
         launcher.stop()
         _say("stopped")
     return 0
+
+
+def _reload(launcher: PoolLauncher) -> tuple[bool, str, bool]:
+    """(applied, what it says, whether the file was bad) of one reload of the file's tenants."""
+    from prfaas.errors import UsageError
+    from prfaas.serve.launch_errors import LaunchError
+
+    try:
+        said = launcher.reload()
+    except (UsageError, LaunchError) as exc:
+        _warn(f"tenants not reloaded: {exc}")
+        return False, str(exc), isinstance(exc, UsageError)
+    _say(f"tenants reloaded: {said}")
+    return True, said, False
 
 
 def check_tenant_pool(d: DeploymentConfig) -> str:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from prfaas.policy.pool_shares import PoolShape, TenantShare, waterfill
 
@@ -304,6 +304,28 @@ class PoolAdmission:
         tn.queued_tokens = 0
         tn.queued_bytes = 0.0
         return dropped
+
+    # -- the tenant list (a reload of the pool file) -------------------------------------------
+    def set_tenant(self, share: TenantShare, now: float) -> None:
+        """Add a tenant, or give a known one this weight, floor and caps from the next decision
+        on (its queue, counter and demand are kept). A new tenant starts at the lowest counter of
+        the active tenants, as a returning one is lifted at its first submit (VTC): it is owed
+        nothing for the time before it joined."""
+        tn = self._tenants.get(share.name)
+        if tn is None:
+            tn = _Tenant(share, len(self._tenants), bucket=_bucket_depth(share), bucket_at_s=now)
+            for g in self.shape.groups:
+                tn.queues[g.name] = deque()
+                tn.running[g.name] = 0
+                tn.queued_compute_s[g.name] = 0.0
+            active = [o.counter for o in self._tenants.values() if o.active()]
+            tn.counter = min(active, default=0.0)
+            self._tenants[share.name] = tn
+        else:
+            tn.share = share
+            tn.bucket = min(tn.bucket, _bucket_depth(share))
+        others = tuple(t for t in self.shape.tenants if t.name != share.name)
+        self.shape = replace(self.shape, tenants=(*others, share))
 
     # -- feedback ------------------------------------------------------------------------------
     def feedback(self, tenant: str, now: float, egress: EgressState | None = None) -> PoolFeedback:

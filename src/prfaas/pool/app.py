@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from prfaas.policy.pool_admission import Accepted
 from prfaas.pool.frontdoor import FrontDoor, Receiver, Submit
 from prfaas.pool.payload import Payload
-from prfaas.serve.auth import Refusal, Verifier, refusal_body
+from prfaas.serve.auth import KEY_ID_HEADER, Refusal, Verifier, refusal_body
 from prfaas.serve.auth_middleware import CONNECTION_EXTENSION
 from prfaas.serve.internal_errors import error_response, install
 from prfaas.serve.keyring import Keyring
@@ -41,14 +41,32 @@ class TenantKeys:
     """Key id -> (tenant, key): one keyring, verified by one ``Verifier``."""
 
     def __init__(self, keys: Mapping[str, tuple[str, bytes]]) -> None:
-        if not keys:
-            raise ValueError("the pool needs at least one tenant key")
-        ring = Keyring({kid: key for kid, (_, key) in keys.items()}, signing_id=min(keys))
-        self.verifier = Verifier(ring)
+        self.verifier = Verifier(_ring(keys))
         self._tenants = {kid: tenant for kid, (tenant, _) in keys.items()}
 
-    def tenant(self, key_id: str) -> str:
-        return self._tenants[key_id]
+    def tenant(self, key_id: str) -> str | None:
+        """The key's tenant; None for a key a reload removed while its call was being read."""
+        return self._tenants.get(key_id)
+
+    def replace(self, keys: Mapping[str, tuple[str, bytes]]) -> None:
+        """A reload: calls signed with a key id no longer listed are refused (401) from the next
+        one on; the verifier's nonce memory is kept (a replay stays a replay)."""
+        ring = _ring(keys)
+        self._tenants = {kid: tenant for kid, (tenant, _) in keys.items()}
+        self.verifier.keys.replace(ring)
+
+    def key_ids(self) -> dict[str, list[str]]:
+        """Tenant -> its accepted key ids (what the operator's listener shows)."""
+        out: dict[str, list[str]] = {}
+        for kid, tenant in sorted(self._tenants.items()):
+            out.setdefault(tenant, []).append(kid)
+        return out
+
+
+def _ring(keys: Mapping[str, tuple[str, bytes]]) -> Keyring:
+    if not keys:
+        raise ValueError("the pool needs at least one tenant key")
+    return Keyring({kid: key for kid, (_, key) in keys.items()}, signing_id=min(keys))
 
 
 class _Body(BaseModel):
@@ -121,7 +139,11 @@ def create_app(
                 handle = request.scope.get("extensions", {}).get(CONNECTION_EXTENSION)
                 if handle is not None:
                     handle.verified()
-                return keys.tenant(verified.key_id), verified.key_id
+                tenant = keys.tenant(verified.key_id)
+                if tenant is not None:
+                    return tenant, verified.key_id
+                refused = Refusal("unknown_key", f"key id {verified.key_id!r} was revoked",
+                                  KEY_ID_HEADER)  # fmt: skip
             verified = refused
         verifier.note(verified)
         return JSONResponse(content=_json(refusal_body(verified)), status_code=401)

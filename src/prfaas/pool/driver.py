@@ -28,10 +28,11 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from prfaas.policy.pool_admission import EgressState
+from prfaas.policy.pool_shares import TenantShare
 from prfaas.pool.frontdoor import Abort, FrontDoor, Placement
 from prfaas.pool.payload import Payload
 from prfaas.serve.gateway.node_client import NodeCallFailed, NodeClient
@@ -149,6 +150,16 @@ class PlacementDriver:
             return False
         self._aborted(abort)
         return True
+
+    def set_tenants(self, shares: Sequence[TenantShare]) -> tuple[Abort, ...]:
+        """A reload of the tenant list (``FrontDoor.set_tenants``): a tenant left without a key
+        has its queued prefills dropped and its running ones stopped at their nodes."""
+        for share in shares:
+            self.counters.setdefault(share.name, Counter())
+        aborts = self.door.set_tenants(shares, self.clock())
+        for abort in aborts:
+            self._aborted(abort)
+        return aborts
 
     def _aborted(self, abort: Abort) -> None:
         self.payloads.pop((abort.tenant, abort.request_id), None)

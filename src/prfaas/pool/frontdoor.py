@@ -12,7 +12,7 @@ aborts its running ones with the reason. Pure: ``now`` passed in; no I/O, no clo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from prfaas.policy.pool_admission import (
@@ -23,7 +23,7 @@ from prfaas.policy.pool_admission import (
     PrefillJob,
     Refused,
 )
-from prfaas.policy.pool_shares import PoolShape
+from prfaas.policy.pool_shares import PoolShape, TenantShare
 
 API_VERSION = "v1"
 FINGERPRINT_FIELDS = ("config", "weights_digest", "dtype", "block_tokens", "cache_layout")
@@ -220,7 +220,30 @@ class FrontDoor:
         st = self._tenants[tenant]
         st.revoked = True
         st.receivers.clear()
+        st.lease_until_s = -1.0
         return self._drop(tenant, "revoked", now)
+
+    def set_tenants(self, shares: Sequence[TenantShare], now: float) -> tuple[Abort, ...]:
+        """The pool's tenant list after a reload: each of ``shares`` is a tenant with an active
+        key (added if new, its weight and caps applied, no longer revoked); a known tenant not
+        among them has lost every key and is revoked (its queued prefills dropped, its running
+        ones to be aborted: the returned aborts). A revoked tenant that comes back registers
+        afresh (it has no lease and no receivers)."""
+        for share in shares:
+            self.admission.set_tenant(share, now)
+            st = self._tenants.setdefault(share.name, _TenantState())
+            st.revoked = False
+        self.shape = self.admission.shape
+        keep = {s.name for s in shares}
+        aborts: list[Abort] = []
+        for name, st in self._tenants.items():
+            if name not in keep and not st.revoked:
+                aborts.extend(self.revoke(name, now))
+        return tuple(aborts)
+
+    def revoked(self, tenant: str) -> bool:
+        st = self._tenants.get(tenant)
+        return st is not None and st.revoked
 
     # -- internals -----------------------------------------------------------------------------
     def _isolation(self, tenant: str, req: Submit, now: float) -> Refused | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -23,7 +24,14 @@ import httpx
 
 from prfaas.errors import UsageError
 from prfaas.pool.nodes_file import group_deployment
-from prfaas.pool.resolved import KEY_NAME, POOL_NAME, nodes_name, write_private, write_yaml
+from prfaas.pool.resolved import (
+    KEY_NAME,
+    POOL_NAME,
+    nodes_name,
+    tenant_keys,
+    write_private,
+    write_yaml,
+)
 from prfaas.pool_sections import PoolFileConfig
 from prfaas.serve.childlog import LogPump, RotatingLog
 from prfaas.serve.launch_errors import LaunchCancelled, LaunchError
@@ -52,6 +60,9 @@ class PoolLauncher:
                     "(timed groups do; docs/pool.md)"
                 )
         self.pool = _resolved(pool, pool_path.resolve().parent)
+        self.pool_path = pool_path
+        self._file_pool = pool
+        """The operator's file as last read (what a reload compares the new one with)."""
         self.workdir = workdir
         self.supervisor = Supervisor(self._spawn, restart)
         self.events: list[tuple[float, Event]] = []
@@ -177,6 +188,64 @@ class PoolLauncher:
             write_processes_file(self.workdir, self.supervisor.status(), self._logs,
                                  self.events[-200:], False)  # fmt: skip
 
+    def reload(self, timeout_s: float = 5.0) -> str:
+        """Read the operator's pool file again and apply its ``tenants`` (keys, weights, caps)
+        to the running pool: the resolved file is rewritten, then the front door and every node
+        process get SIGHUP (``pool.service.TenantReload``, ``pool.node_main``), and this waits
+        until the front door says it reloaded. Returns what changed, said in one line; a file
+        that does not load is a ``UsageError`` naming the field, and nothing changes. Other
+        sections are not reloaded (ports, groups and egress are held by running processes): a
+        change there is named in the answer, for a restart."""
+        from prfaas.pool_file import load_pool
+
+        new = load_pool(self.pool_path)
+        resolved = _resolved(new, self.pool_path.resolve().parent)
+        pool = PoolFileConfig.model_validate(
+            {**self.pool.model_dump(mode="json"),
+             "tenants": [t.model_dump(mode="json") for t in resolved.tenants]}
+        )  # fmt: skip
+        unresolved: list[str] = []  # named in the answer; the front door leaves them out
+        tenant_keys(pool, self.workdir, on_missing=unresolved.append)  # none: UsageError
+        others = [
+            name for name in PoolFileConfig.model_fields
+            if name != "tenants" and getattr(new, name) != getattr(self._file_pool, name)
+        ]  # fmt: skip
+        before = self._key_reloads()
+        with self._lock:
+            write_yaml(self.workdir / POOL_NAME, pool.model_dump(mode="json"))
+            self.pool, self._file_pool = (
+                pool,
+                new.model_copy(update={n: getattr(self._file_pool, n) for n in others}),
+            )
+            for name in self.supervisor.names():
+                if self._procs[name].poll() is None:
+                    self._procs[name].signal_group(signal.SIGHUP)
+        said = said_of(pool, others) + "".join(f"; {why}" for why in unresolved)
+        if before is None:
+            return said + " (the front door does not answer now: it reads them when it is back)"
+        deadline = time.monotonic() + timeout_s
+        while (after := self._key_reloads()) is None or after <= before:
+            if time.monotonic() > deadline:
+                raise LaunchError(
+                    f"the front door did not reload within {timeout_s:g} s "
+                    f"(log {self._logs[FRONT_DOOR].path})"
+                )
+            time.sleep(POLL_S)
+        return said
+
+    def _key_reloads(self) -> int | None:
+        """The front door's reload count (its operator listener), None when it does not answer."""
+        from prfaas.serve.auth import SignedAuth
+
+        try:
+            r = httpx.get(
+                f"{self.control_url}/internal/tenants", timeout=2.0, trust_env=False,
+                auth=SignedAuth((self.workdir / KEY_NAME).read_text().strip().encode()),
+            )  # fmt: skip
+            return int(r.json()["key_reloads"]) if r.status_code == 200 else None
+        except (httpx.HTTPError, OSError, ValueError, KeyError):
+            return None
+
     def status(self) -> tuple[MemberStatus, ...]:
         with self._lock:
             return self.supervisor.status()
@@ -203,6 +272,13 @@ class PoolLauncher:
             self.supervisor.remove(name, time.monotonic())
         for log_ in self._logs.values():
             log_.close()
+
+
+def said_of(pool: PoolFileConfig, not_reloaded: list[str]) -> str:
+    said = "; ".join(f"{t.name}: keys {', '.join(k.id for k in t.keys)}" for t in pool.tenants)
+    if not_reloaded:
+        said += f" (not reloaded, restart the pool for: {', '.join(not_reloaded)})"
+    return said
 
 
 def _resolved(pool: PoolFileConfig, base_dir: Path) -> PoolFileConfig:

@@ -9,13 +9,23 @@ Timed groups share one process (like a deployment's timed site).
 from __future__ import annotations
 
 import asyncio
+import logging
+import signal
 import sys
 from pathlib import Path
 
 from prfaas.config import load_deployment
 from prfaas.pool.resolved import load_resolved, nodes_name, tenant_keys
-from prfaas.serve.key_reload import install_sighup_reload
+from prfaas.serve.key_reload import reload_keys, ring_from_file
 from prfaas.serve.listeners import UnverifiedConnections, bind, serve
+
+log = logging.getLogger("prfaas.pool")
+
+
+def link_keys(workdir: Path) -> dict[str, bytes]:
+    """Key id -> key of every tenant key that resolves now (the front door warns of the rest)."""
+    found = tenant_keys(load_resolved(workdir), workdir, on_missing=lambda _: None)
+    return {kid: key for kid, (_, key) in found.items()}
 
 
 def run(workdir: Path, group: str) -> None:
@@ -23,17 +33,34 @@ def run(workdir: Path, group: str) -> None:
     from prfaas.serve.node.host import WorkerHost
 
     d = load_deployment(workdir / nodes_name(group))
-    pool = load_resolved(workdir)
-    found = tenant_keys(pool, workdir, on_missing=lambda _: None)  # the front door warns
-    keys = {kid: key for kid, (_, key) in found.items()}
     names = [n.name for s in d.sites if s.kind == "prfaas" for n in s.nodes]
 
     async def main() -> None:
         host = d.gateway.host
-        worker = WorkerHost(d, names, d.control_url, host=host, link_keys=keys)
+        worker = WorkerHost(d, names, d.control_url, host=host, link_keys=link_keys(workdir))
         sock = bind(host, max(d.node(n).port for n in names))
         await worker.start(sock.getsockname()[1])
-        install_sighup_reload(worker.auth.keys, workdir / nodes_name(group))
+
+        async def reload_tenants() -> None:
+            try:
+                keys = link_keys(workdir)
+            except Exception as exc:  # a bad edit must not take the node down
+                log.error("tenant keys not reloaded: %s", exc)
+                return
+            closed = await worker.set_link_keys(keys)
+            log.warning("tenant keys reloaded: %s; %d KV links closed", sorted(keys), closed)
+
+        def on_hup() -> None:
+            # The launcher rewrote the resolved files: the internal key (signing) and the
+            # tenants' keys (KV links: a revoked tenant's open links are closed).
+            reload_keys(worker.auth.keys, lambda: ring_from_file(workdir / nodes_name(group)))
+            task = asyncio.ensure_future(reload_tenants())
+            pending.add(task)  # held until done: the loop keeps only a weak reference
+            task.add_done_callback(pending.discard)
+
+        pending: set[asyncio.Task[None]] = set()
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_hup)
         await serve(create_node_app(worker), [sock], unverified=UnverifiedConnections())
 
     asyncio.run(main())

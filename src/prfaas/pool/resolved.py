@@ -28,10 +28,14 @@ def nodes_name(group: str) -> str:
 
 
 def write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    """Mode 0600, through a temporary file renamed over ``path``: a process reading it (a reload)
+    sees the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(text)
-    os.chmod(path, 0o600)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
 
 
 def write_yaml(path: Path, data: object) -> None:

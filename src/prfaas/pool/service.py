@@ -4,8 +4,9 @@ One uvicorn server, two listeners (``serve.listeners``): ``front_door.port`` ser
 signed API v1 (``pool.app``) and an open ``/health``; ``front_door.control_port`` is the pool's
 own listener, signed with the pool's internal key (``serve.auth_middleware``): the nodes register
 and heartbeat there (``/internal/register``, ``/internal/heartbeat``, as they do at a gateway),
-and the operator reads ``/internal/tenants`` (per-tenant counters: not reachable with a tenant's
-key) and ``/internal/nodes``. The ``PlacementDriver`` runs in the same event loop.
+and the operator reads ``/internal/tenants`` (per-tenant counters and accepted key ids: not
+reachable with a tenant's key) and ``/internal/nodes``. The ``PlacementDriver`` runs in the same
+event loop. SIGHUP reloads the tenant list and keys (``TenantReload``).
 
 The admission's clock is modelled seconds (wall over ``units.time_scale``, like the nodes' cost
 models); the lease is the file's ``lease_s`` of wall time. SIGINT/SIGTERM stop the server (uvicorn)
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import sys
 import time
 from pathlib import Path
@@ -49,8 +51,40 @@ def fingerprints(pool: PoolFileConfig) -> dict[str, dict[str, str]]:
     return {g.model: {"config": g.model, "block_tokens": block} for g in pool.groups}
 
 
-def build(workdir: Path) -> tuple[FastAPI, FastAPI, PlacementDriver, PoolFileConfig]:
-    """(tenant app, operator/node app, driver, the resolved pool file)."""
+class TenantReload:
+    """SIGHUP: the tenant list and keys again from the resolved pool file (the launcher rewrote
+    it from the operator's file). Applied at once: a key no longer listed is refused from the
+    next call on (401), a tenant left without a key is revoked (its queued prefills dropped,
+    its running ones aborted at their nodes, reason ``revoked``), a new tenant or a new key is
+    accepted, weights and caps apply to the next decisions. A file that does not load, or in
+    which no key resolves, changes nothing (logged)."""
+
+    def __init__(self, workdir: Path, keys: TenantKeys, driver: PlacementDriver) -> None:
+        self.workdir = workdir
+        self.keys = keys
+        self.driver = driver
+        self.num_reloads = 0
+
+    def __call__(self) -> bool:
+        try:
+            pool = load_resolved(self.workdir)
+            found = tenant_keys(pool, self.workdir, on_missing=log.warning)
+            active = {tenant for tenant, _ in found.values()}
+            shares = [t for t in pool_shape(pool).tenants if t.name in active]
+        except Exception as exc:  # a bad edit must not take the front door down
+            log.error("tenant keys not reloaded: %s", exc)
+            return False
+        aborts = self.driver.set_tenants(shares)
+        self.keys.replace(found)
+        self.num_reloads += 1
+        revoked = sorted(t for t in self.driver.counters if self.driver.door.revoked(t))
+        log.warning("tenant keys reloaded: %s; revoked: %s; %d prefills aborted",
+                    self.keys.key_ids(), revoked or "none", len(aborts))  # fmt: skip
+        return True
+
+
+def build(workdir: Path) -> tuple[FastAPI, FastAPI, PlacementDriver, PoolFileConfig, TenantReload]:
+    """(tenant app, operator/node app, driver, the resolved pool file, its reload)."""
     pool = load_resolved(workdir)
     scale = pool.units.time_scale
     keys = TenantKeys(tenant_keys(pool, workdir, on_missing=log.warning))
@@ -80,10 +114,11 @@ def build(workdir: Path) -> tuple[FastAPI, FastAPI, PlacementDriver, PoolFileCon
     async def health() -> dict[str, Any]:
         return {"status": "ok", "epoch": door.epoch, "nodes_live": len(driver.live_nodes())}
 
-    return tenants, _operator_app(driver, ring), driver, pool
+    reload = TenantReload(workdir, keys, driver)
+    return tenants, _operator_app(driver, ring, reload), driver, pool, reload
 
 
-def _operator_app(driver: PlacementDriver, ring: Any) -> FastAPI:
+def _operator_app(driver: PlacementDriver, ring: Any, reload: TenantReload) -> FastAPI:
     app = FastAPI(title="prfaas pool (nodes, operator)", docs_url=None, redoc_url=None,
                   openapi_url=None)  # fmt: skip
     internal_errors.install(app)
@@ -115,6 +150,7 @@ def _operator_app(driver: PlacementDriver, ring: Any) -> FastAPI:
     async def tenants() -> dict[str, Any]:
         now = driver.clock()
         out: dict[str, Any] = {}
+        key_ids = reload.keys.key_ids()
         for name, counts in driver.counters.items():
             fb = driver.door.feedback(name, now)
             out[name] = {
@@ -122,8 +158,10 @@ def _operator_app(driver: PlacementDriver, ring: Any) -> FastAPI:
                 "queued_tokens": fb.queued_tokens,
                 "running": fb.running,
                 "attainable_share": fb.attainable_share,
+                "keys": key_ids.get(name, []),
+                "revoked": driver.door.revoked(name),
             }
-        return {"epoch": driver.door.epoch, "tenants": out}
+        return {"epoch": driver.door.epoch, "key_reloads": reload.num_reloads, "tenants": out}
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -133,13 +171,14 @@ def _operator_app(driver: PlacementDriver, ring: Any) -> FastAPI:
 
 
 def run(workdir: Path) -> None:
-    tenants, operator, driver, pool = build(workdir)
+    tenants, operator, driver, pool, reload = build(workdir)
     door = pool.front_door
     tenant_sock = bind(door.host, door.port)
     control_sock = bind(door.host, door.control_port)
     router = PortRouter(tenants, {control_sock.getsockname()[1]: operator})
 
     async def main() -> None:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload)
         loop = asyncio.create_task(driver.run())
         try:
             # Signed callers only on both ports; the quota holds unverified connections down.

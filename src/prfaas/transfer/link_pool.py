@@ -116,6 +116,8 @@ class LinkPool:
         self._connect_timeout_s = connect_timeout_s
         self._routes: dict[str, _Route] = {}
         self._links: dict[Destination, Link] = {}
+        self._link_keys: dict[Destination, bytes] = {}
+        """The key each pooled link authenticated with (a reload closes those it changed)."""
         self._connecting: dict[Destination, asyncio.Task[Link]] = {}
         self._closed_acked_bytes = 0
 
@@ -199,7 +201,12 @@ class LinkPool:
                 f"cannot connect to {dest.host}:{dest.port}: no authenticated link within "
                 f"{timeout_s:g} s"
             ) from None
+        if self._keys.get(dest.key_id) != psk:  # a reload took the key away meanwhile
+            with contextlib.suppress(Exception):
+                await link.aclose()
+            raise ConnectError(f"key {dest.key_id!r} was withdrawn while connecting")
         self._links[dest] = link
+        self._link_keys[dest] = psk
         if route is not None:
             link.share_pacer(self._pacer_of(route))
             route.monitors[dest] = LinkMonitor(
@@ -225,11 +232,24 @@ class LinkPool:
                     await link.aclose()
             return
         del self._links[dest]
+        self._link_keys.pop(dest, None)
         if dest.route is not None and (r := self._routes.get(dest.route)) is not None:
             r.monitors.pop(dest, None)
         self._closed_acked_bytes += current.counters().bytes_acked
         with contextlib.suppress(Exception):
             await current.aclose()
+
+    async def set_keys(self, keys: Mapping[str, bytes]) -> int:
+        """The keys links may authenticate with from now on (a reload): each pooled link whose
+        key id is gone or names another key is closed (a revoked tenant's links do not outlive
+        its key; a send on one fails, and the next connect uses the new key). Returns how many
+        were closed."""
+        self._keys = dict(keys)
+        stale = [d for d in self._links if self._keys.get(d.key_id) is None
+                 or self._keys[d.key_id] != self._link_keys.get(d)]  # fmt: skip
+        for dest in stale:
+            await self.drop(dest)
+        return len(stale)
 
     def links(self, route: str | None) -> list[Link]:
         """The pooled links serving ``route`` now."""
@@ -308,6 +328,7 @@ class LinkPool:
     async def aclose(self) -> None:
         await self.stop_connects()
         links, self._links = list(self._links.values()), {}
+        self._link_keys.clear()
         for r in self._routes.values():
             r.monitors.clear()
         for link in links:

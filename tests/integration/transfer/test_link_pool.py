@@ -97,3 +97,31 @@ async def test_one_pacer_per_destination_link_under_the_cap_and_re_rating(
         assert x0.rate_bytes_per_s == 3e6
     finally:
         await pool.aclose()
+
+
+async def test_a_reload_closes_the_links_of_a_withdrawn_or_changed_key(
+    receivers: list[int],
+) -> None:
+    port = receivers[0]
+    pool = LinkPool("tx", {DEPLOYMENT_KEY: KEY, "tenant-a": KEY, "tenant-b": KEY})
+    try:
+        dests = [Destination("127.0.0.1", port, None, k) for k in (DEPLOYMENT_KEY, "tenant-a",
+                                                                    "tenant-b")]  # fmt: skip
+        kept, revoked, rotated = [await pool.link_to(d) for d in dests]
+        assert (
+            await pool.set_keys({DEPLOYMENT_KEY: KEY, "tenant-b": b"another-key-0123456789"}) == 2
+        )
+        assert await pool.link_to(dests[0]) is kept
+        with pytest.raises(ConnectError, match="no key with id 'tenant-a'"):
+            await pool.link_to(dests[1])
+        manifest = Manifest.from_layout("r1", SPEC.layout(8, 0))
+        with pytest.raises(Exception):  # noqa: B017 - closed: whatever it raises, nothing is sent
+            async with revoked.session(manifest) as s:
+                await s.send(0, 0, memoryview(bytearray(manifest.layers[0].num_bytes)))
+        # tenant-b's link was closed: the next one connects with the new key, which this
+        # receiver does not hold, so it is refused rather than reusing the old link.
+        with pytest.raises(ConnectError):
+            await pool.link_to(dests[2])
+        assert rotated is not None
+    finally:
+        await pool.aclose()

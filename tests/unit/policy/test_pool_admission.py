@@ -203,3 +203,24 @@ def test_pool_session_falls_back_on_epoch_change_silence_and_refusal() -> None:
         "refused:over_rate_cap": 1,
         "pool_unreachable": 1,
     }
+
+
+def test_a_tenant_added_at_run_time_starts_at_the_least_active_counter() -> None:
+    adm = PoolAdmission(_shape(TenantShare("a"), TenantShare("b"), nodes=1))
+    for i in range(4):
+        adm.submit(_job("a", i), 0.0)
+        adm.submit(_job("b", i), 0.0)
+    for t in (1.0, 2.0):  # one of a's and one of b's start: both counters rise
+        job = adm.dispatch("g", t, FREE)
+        assert job is not None
+        adm.finish(job, t + 0.5)
+    low = min(adm.counter_of("a"), adm.counter_of("b"))
+    assert low > 0
+    adm.set_tenant(TenantShare("c", weight=2.0), 3.0)
+    assert adm.counter_of("c") == low  # owed nothing for the time before it joined
+    assert isinstance(adm.submit(_job("c", 1), 3.0), Accepted)
+    assert "c" in adm.tenants() and adm.shape.tenants[-1].weight == 2.0
+    # A known tenant's new cap applies to its next submit.
+    adm.set_tenant(TenantShare("a", max_queued_tokens=150), 3.0)
+    r = adm.submit(_job("a", 9), 3.0)
+    assert isinstance(r, Refused) and r.reason == "over_queued_tokens_cap"

@@ -282,6 +282,11 @@ class WorkerHost:
         """The pooled link to a peer's receiver (``LinkPool.link_to``)."""
         return await self.links.link_to(self._destination(host, port, cross_site, key_id))
 
+    async def set_link_keys(self, link_keys: Mapping[str, bytes]) -> int:
+        """Replace the extra keys of ``__init__``'s ``link_keys`` (a pool node's reload of its
+        tenants' keys): links under a key now gone or changed are closed; returns how many."""
+        return await self.links.set_keys({**link_keys, DEPLOYMENT_KEY_ID: self._psk})
+
     async def drop_link(self, host: str, port: int, cross_site: bool, key_id: str = "") -> None:
         """Forget a link that failed; the next prefill to that peer reconnects."""
         await self.links.drop(self._destination(host, port, cross_site, key_id))
