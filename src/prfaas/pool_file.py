@@ -41,6 +41,14 @@ def load_pool(path: Path) -> PoolFileConfig:
         raise UsageError(f"{path}: {where}: {msg}") from None
     for i, group in enumerate(pool.groups):
         _check_group(path, i, group.kind, group.model, group.hardware)
+    base = path.resolve().parent
+    files = [(f"front_door.tls.{n}", getattr(pool.front_door.tls, n))
+             for n in ("cert", "key") if pool.front_door.tls is not None]  # fmt: skip
+    files += [(f"tenants.{i}.receivers_tls.ca", t.receivers_tls.ca)
+              for i, t in enumerate(pool.tenants) if t.receivers_tls is not None]  # fmt: skip
+    for where, name in files:
+        if not (base / name).is_file():  # an absolute name stays itself
+            raise UsageError(f"{path}: {where}: file {name!r} does not exist")
     return pool
 
 

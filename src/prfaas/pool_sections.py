@@ -10,6 +10,7 @@ its own link) instead of a ``prfaas`` site.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -41,6 +42,21 @@ class TenantCap(_Strict):
     max_rate_rps: float | None = Field(None, gt=0, description="accepted submits per second")
 
 
+class ReceiversTLS(_Strict):
+    """How the pool's nodes check a tenant's KV receivers: the tenant's own CA, per tenant (a
+    tenant's deployment ``tls:`` makes its receivers present a certificate under it)."""
+
+    ca: str = Field(description="PEM CA bundle the tenant's receiver certificates chain to")
+    server_hostname: str = Field("localhost", description="the name they are issued to")
+
+
+class PoolTLS(_Strict):
+    """The front door's tenant API over HTTPS: the certificate it presents."""
+
+    cert: str = Field(description="PEM certificate chain")
+    key: str = Field(description="PEM private key of that certificate")
+
+
 class PoolTenant(_Strict):
     name: str = Field(pattern=_NAME)
     weight: float = 1.0
@@ -49,6 +65,9 @@ class PoolTenant(_Strict):
     )
     cap: TenantCap = TenantCap()
     keys: list[KeyRef] = Field(min_length=1, max_length=2, description="one or two active keys")
+    receivers_tls: ReceiversTLS | None = Field(
+        None, description="KV links to this tenant's receivers in TLS (None: in the clear)"
+    )
 
     @field_validator("weight")
     @classmethod
@@ -113,6 +132,11 @@ class FrontDoor(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8100, ge=0, le=65535, description="the tenants' API (signed, versioned)")
     control_port: int = Field(8101, ge=0, le=65535, description="the operator's listener")
+    tls: PoolTLS | None = Field(None, description="the tenant API over HTTPS (None: plain HTTP)")
+
+    @property
+    def scheme(self) -> str:
+        return "http" if self.tls is None else "https"
 
 
 class PoolFileConfig(_Strict):
@@ -174,7 +198,21 @@ class PoolRef(_Strict):
     url: str = Field(pattern=r"^https?://[^/\s]+/?$", description="the front door's tenant API")
     tenant: str = Field(pattern=_NAME)
     key: KeyRef
+    ca: str | None = Field(
+        None, description="PEM CA bundle an https url's certificate is checked against (None: "
+        "the system's)",
+    )  # fmt: skip
+    server_hostname: str | None = Field(
+        None, description="the name the front door's certificate is issued to (None: url's host)"
+    )
     link: TenantLink
+
+    @model_validator(mode="after")
+    def _ca_exists(self) -> PoolRef:
+        if self.ca is not None and not Path(self.ca).is_file():
+            raise ValueError(f"pool.ca: file {self.ca!r} does not exist")
+        return self
+
     ttft_target_s: float = Field(4.0, gt=0, description="what the tenant's tuner aims for")
     tuner: Literal["coordinated", "uncoordinated", "fixed"] = Field(
         "coordinated",

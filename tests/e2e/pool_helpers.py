@@ -40,7 +40,8 @@ class LivePool:
         self.workdir = workdir
         resolved = yaml.safe_load((workdir / "pool.resolved.yaml").read_text())
         door = resolved["front_door"]
-        self.url = f"http://{door['host']}:{door['port']}"
+        scheme = "https" if door.get("tls") else "http"
+        self.url = f"{scheme}://{door['host']}:{door['port']}"
         self.control_url = f"http://{door['host']}:{door['control_port']}"
         self.internal_key = (workdir / "pool-internal.key").read_text().strip()
 

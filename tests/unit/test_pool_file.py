@@ -58,6 +58,14 @@ def test_examples_load() -> None:
         (lambda r: r["tenants"][0].update(floor={"g-x": 1}), "tenants.0.floor: unknown group"),
         (lambda r: r["tenants"][0]["keys"][0].update(file="k"), "exactly one of env or file"),
         (lambda r: r["tenants"][1]["keys"].append({"id": "x", "env": "X"}), "tenants.1.keys"),
+        (
+            lambda r: r["front_door"].update(tls={"cert": "nope.pem", "key": "nope.key"}),
+            "front_door.tls.cert: file 'nope.pem' does not exist",
+        ),
+        (
+            lambda r: r["tenants"][2].update(receivers_tls={"ca": "ca.pem"}),
+            "tenants.2.receivers_tls.ca: file 'ca.pem' does not exist",
+        ),
     ],
 )
 def test_bad_pool_files_name_the_field(tmp_path: Path, change, message: str) -> None:
@@ -75,6 +83,7 @@ def test_bad_pool_files_name_the_field(tmp_path: Path, change, message: str) -> 
         (lambda r: r["engine"].update(time_scale=0.2), "engine.time_scale"),
         (lambda r: r["pool"]["key"].update(id="b-2026-12"), "pool.key.id: 'b-2026-12'"),
         (lambda r: r["pool"]["link"].update(gbps=0), "pool.link.gbps"),
+        (lambda r: r["pool"].update(ca="/nope/ca.pem"), "pool.ca: file '/nope/ca.pem' does not"),
         (
             lambda r: r["sites"].append(
                 {"name": "pf", "kind": "prfaas", "nodes": [{"name": "pf0", "role": "prefill"}]}

@@ -30,7 +30,7 @@ def run_pool_status(
 
     pool = load_pool(args.deployment)
     door = pool.front_door
-    url = f"http://{door.host}:{door.port}"
+    url = f"{door.scheme}://{door.host}:{door.port}"
     control_url = f"http://{door.host}:{door.control_port}"
     key_file = args.deployment.resolve().parent / KEY_NAME
     try:
@@ -41,7 +41,7 @@ def run_pool_status(
         return 1
     try:
         with httpx.Client(timeout=args.timeout, trust_env=False) as client:
-            health = client.get(f"{url}/health").json()
+            health = client.get(f"{control_url}/health").json()
             nodes = client.get(f"{control_url}/internal/nodes", auth=auth).json()
             tenants = client.get(f"{control_url}/internal/tenants", auth=auth).json()
     except (httpx.HTTPError, ValueError) as exc:

@@ -17,6 +17,7 @@ from prfaas.config import DeploymentConfig
 
 if TYPE_CHECKING:
     from prfaas.pool.launcher import PoolLauncher
+    from prfaas.pool_sections import PoolFileConfig
 
 
 def _say(message: str) -> None:
@@ -36,6 +37,8 @@ def run_pool(args: argparse.Namespace) -> int:
     from prfaas.serve.supervisor import RestartPolicy
 
     pool = load_pool(args.deployment)
+    for why in plaintext_warnings(pool):
+        _warn(why)
     # Each key that does not resolve is named before any start (and left out of the pool).
     tenant_keys(pool, args.deployment.resolve().parent, on_missing=_warn)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="prfaas-pool-"))
@@ -81,6 +84,26 @@ def run_pool(args: argparse.Namespace) -> int:
     return 0
 
 
+def plaintext_warnings(pool: PoolFileConfig) -> list[str]:
+    """What crosses in the clear, when the front door is reachable beyond this machine."""
+    import ipaddress
+
+    host = pool.front_door.host
+    try:
+        local = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        local = False
+    if local:
+        return []
+    out = []
+    if pool.front_door.tls is None:
+        out.append(f"front_door.tls is not set: the tenant API on {host} is plain HTTP (signed, "
+                   "not private: prompts' tokens are readable on the wire)")  # fmt: skip
+    out += [f"tenants.{i}.receivers_tls is not set: {t.name}'s KV crosses in the clear"
+            for i, t in enumerate(pool.tenants) if t.receivers_tls is None]  # fmt: skip
+    return out
+
+
 def _reload(launcher: PoolLauncher) -> tuple[bool, str, bool]:
     """(applied, what it says, whether the file was bad) of one reload of the file's tenants."""
     from prfaas.errors import UsageError
@@ -100,13 +123,16 @@ def check_tenant_pool(d: DeploymentConfig) -> str:
     an unreachable pool is said, and local serving goes on (the gateway keeps trying)."""
     import httpx
 
+    from prfaas.pool.client import pool_verify
     from prfaas.pool_file import resolve_key
 
     assert d.pool is not None
     resolve_key(d.pool.key, Path.cwd(), "pool.key")
     url = d.pool.url.rstrip("/")
+    named = {} if d.pool.server_hostname is None else {"sni_hostname": d.pool.server_hostname}
     try:
-        httpx.get(f"{url}/health", timeout=2.0, trust_env=False).raise_for_status()
+        with httpx.Client(timeout=2.0, trust_env=False, verify=pool_verify(d.pool.ca)) as c:
+            c.get(f"{url}/health", extensions=named).raise_for_status()
     except httpx.HTTPError as exc:
         return (f"pool: {url} is not reachable ({type(exc).__name__}): every prefill is local "
                 "until it answers")  # fmt: skip

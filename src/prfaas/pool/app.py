@@ -9,8 +9,8 @@ The tenant keys are one ``serve.keyring.Keyring`` (key id -> key) under one ``se
 tenant cannot borrow another's id with its own key.
 
 Routes: ``/v1/receivers``, ``/v1/heartbeat``, ``/v1/submit``, ``/v1/outcome/{id}``,
-``/v1/abort/{id}`` (the tenant's client went away), ``/v1/feedback``. Not yet here: TLS on the
-listener.
+``/v1/abort/{id}`` (the tenant's client went away), ``/v1/feedback``. TLS is the listener's
+(``pool.service``, ``front_door.tls``), not this app's.
 """
 
 from __future__ import annotations

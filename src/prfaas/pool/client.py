@@ -10,6 +10,7 @@ a ``Refusal`` with its reason (``error.code``) and retry hint, never an exceptio
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Generator
 from dataclasses import dataclass
@@ -65,14 +66,38 @@ class Refusal:
     retry_after_s: float | None
 
 
+def pool_verify(ca: str | None) -> ssl.SSLContext | bool:
+    """What an https pool URL's certificate is checked against: the CA file, else the system's."""
+    return True if ca is None else ssl.create_default_context(cafile=ca)
+
+
 class PoolClient:
-    def __init__(self, url: str, key_id: str, key: bytes, timeout_s: float = CALL_TIMEOUT_S):
+    def __init__(
+        self,
+        url: str,
+        key_id: str,
+        key: bytes,
+        timeout_s: float = CALL_TIMEOUT_S,
+        verify: ssl.SSLContext | bool = True,
+        server_hostname: str | None = None,
+    ):
+        """``verify``, ``server_hostname``: an https URL's certificate is checked against
+        ``verify`` (``pool_verify``) under ``server_hostname`` (None: the URL's host)."""
         self.url = url.rstrip("/")
+        hooks: dict[str, list[Any]] = {}
+        if server_hostname is not None:
+
+            async def named(request: httpx.Request) -> None:
+                request.extensions["sni_hostname"] = server_hostname
+
+            hooks["request"] = [named]
         self._client = httpx.AsyncClient(
             base_url=self.url,
             auth=_TenantAuth(key_id, key),
             timeout=timeout_s,
             trust_env=False,
+            verify=verify,
+            event_hooks=hooks,
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
         )
 

@@ -78,7 +78,7 @@ class PoolLauncher:
     @property
     def url(self) -> str:
         door = self.pool.front_door
-        return f"http://{door.host}:{door.port}"
+        return f"{door.scheme}://{door.host}:{door.port}"
 
     @property
     def control_url(self) -> str:
@@ -120,14 +120,14 @@ class PoolLauncher:
         while time.monotonic() < deadline:
             self._check_alive()
             try:
-                r = httpx.get(f"{self.url}/health", timeout=1.0)
+                r = httpx.get(f"{self.control_url}/health", timeout=1.0, trust_env=False)
                 if r.status_code == 200 and done(r.json()):
                     return
             except (httpx.HTTPError, ValueError, KeyError):
                 pass
             if self._cancel.wait(POLL_S):
                 raise LaunchCancelled("start-up cancelled")
-        raise LaunchError(f"timed out waiting for {what} ({self.url}/health)")
+        raise LaunchError(f"timed out waiting for {what} ({self.control_url}/health)")
 
     def _add(self, name: str, args: list[str]) -> None:
         with self._lock:
@@ -288,12 +288,21 @@ def _resolved(pool: PoolFileConfig, base_dir: Path) -> PoolFileConfig:
         "port": door.port or free_port(door.host),
         "control_port": door.control_port or free_port(door.host),
     }
+
+    def absolute(name: str) -> str:
+        return str(base_dir / name)  # an absolute name stays itself
+
     tenants = [
-        t.model_copy(update={"keys": [
-            k if k.file is None or Path(k.file).is_absolute()
-            else k.model_copy(update={"file": str(base_dir / k.file)})
-            for k in t.keys
-        ]})
+        t.model_copy(update={
+            "keys": [k if k.file is None else k.model_copy(update={"file": absolute(k.file)})
+                     for k in t.keys],
+            "receivers_tls": None if t.receivers_tls is None else t.receivers_tls.model_copy(
+                update={"ca": absolute(t.receivers_tls.ca)}),
+        })
         for t in pool.tenants
     ]  # fmt: skip
-    return pool.model_copy(update={"front_door": door.model_copy(update=ports), "tenants": tenants})
+    tls = door.tls
+    if tls is not None:
+        tls = tls.model_copy(update={"cert": absolute(tls.cert), "key": absolute(tls.key)})
+    door = door.model_copy(update={**ports, "tls": tls})
+    return pool.model_copy(update={"front_door": door, "tenants": tenants})

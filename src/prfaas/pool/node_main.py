@@ -18,14 +18,21 @@ from prfaas.config import load_deployment
 from prfaas.pool.resolved import load_resolved, nodes_name, tenant_keys
 from prfaas.serve.key_reload import reload_keys, ring_from_file
 from prfaas.serve.listeners import UnverifiedConnections, bind, serve
+from prfaas.transfer.link_pool import KeyTLS
 
 log = logging.getLogger("prfaas.pool")
 
 
-def link_keys(workdir: Path) -> dict[str, bytes]:
-    """Key id -> key of every tenant key that resolves now (the front door warns of the rest)."""
-    found = tenant_keys(load_resolved(workdir), workdir, on_missing=lambda _: None)
-    return {kid: key for kid, (_, key) in found.items()}
+def link_keys(workdir: Path) -> tuple[dict[str, bytes], dict[str, KeyTLS]]:
+    """Key id -> key of every tenant key that resolves now (the front door warns of the rest),
+    and key id -> the TLS of its tenant's receivers (``receivers_tls``) where the file sets it."""
+    pool = load_resolved(workdir)
+    found = tenant_keys(pool, workdir, on_missing=lambda _: None)
+    tls = {
+        k.id: KeyTLS(t.receivers_tls.ca, t.receivers_tls.server_hostname)
+        for t in pool.tenants if t.receivers_tls is not None for k in t.keys
+    }  # fmt: skip
+    return {kid: key for kid, (_, key) in found.items()}, tls
 
 
 def run(workdir: Path, group: str) -> None:
@@ -37,17 +44,18 @@ def run(workdir: Path, group: str) -> None:
 
     async def main() -> None:
         host = d.gateway.host
-        worker = WorkerHost(d, names, d.control_url, host=host, link_keys=link_keys(workdir))
+        keys, tls = link_keys(workdir)
+        worker = WorkerHost(d, names, d.control_url, host=host, link_keys=keys, link_tls=tls)
         sock = bind(host, max(d.node(n).port for n in names))
         await worker.start(sock.getsockname()[1])
 
         async def reload_tenants() -> None:
             try:
-                keys = link_keys(workdir)
+                keys, tls = link_keys(workdir)
             except Exception as exc:  # a bad edit must not take the node down
                 log.error("tenant keys not reloaded: %s", exc)
                 return
-            closed = await worker.set_link_keys(keys)
+            closed = await worker.set_link_keys(keys, tls)
             log.warning("tenant keys reloaded: %s; %d KV links closed", sorted(keys), closed)
 
         def on_hup() -> None:

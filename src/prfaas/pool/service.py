@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import ssl
 import sys
 import time
 from pathlib import Path
@@ -165,7 +166,7 @@ def _operator_app(driver: PlacementDriver, ring: Any, reload: TenantReload) -> F
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "nodes_live": len(driver.live_nodes())}
+        return {"status": "ok", "epoch": driver.door.epoch, "nodes_live": len(driver.live_nodes())}
 
     return app
 
@@ -176,13 +177,19 @@ def run(workdir: Path) -> None:
     tenant_sock = bind(door.host, door.port)
     control_sock = bind(door.host, door.control_port)
     router = PortRouter(tenants, {control_sock.getsockname()[1]: operator})
+    tls: dict[int, ssl.SSLContext] = {}
+    if door.tls is not None:  # the tenants' port only: the pool's own listener stays in-house
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(door.tls.cert, door.tls.key)
+        tls[tenant_sock.getsockname()[1]] = ctx
 
     async def main() -> None:
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload)
         loop = asyncio.create_task(driver.run())
         try:
             # Signed callers only on both ports; the quota holds unverified connections down.
-            await serve(router, [tenant_sock, control_sock], unverified=UnverifiedConnections())
+            await serve(router, [tenant_sock, control_sock], unverified=UnverifiedConnections(),
+                        tls=tls)  # fmt: skip
         finally:
             loop.cancel()
             with contextlib.suppress(asyncio.CancelledError):

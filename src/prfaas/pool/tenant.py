@@ -38,7 +38,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prfaas.config import DeploymentConfig, NodeConfig, SiteConfig
 from prfaas.core.link_config import LinkConfig
 from prfaas.policy.pool_session import PoolSession
-from prfaas.pool.client import PoolClient, PoolUnreachable, Refusal
+from prfaas.pool.client import PoolClient, PoolUnreachable, Refusal, pool_verify
 from prfaas.pool_file import resolve_key
 from prfaas.serve.gateway.node_client import NodeCallFailed, NodeClient
 from prfaas.serve.gateway.registry import NodeRegistry
@@ -94,7 +94,9 @@ class TenantPoolLink:
         self.deployment = d
         self.registry = registry
         key = resolve_key(self.ref.key, Path.cwd(), "pool.key")
-        self.client = PoolClient(self.ref.url, self.ref.key.id, key)
+        self.client = PoolClient(self.ref.url, self.ref.key.id, key,
+                                 verify=pool_verify(self.ref.ca),
+                                 server_hostname=self.ref.server_hostname)  # fmt: skip
         # The same window a silent node leaves rotation in: with a shorter one the router
         # still picked the ``pool`` node (in rotation) and every offload failed at once as
         # ``pool_silent``, its prefix then cached at home keeping the rest local.

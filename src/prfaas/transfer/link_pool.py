@@ -75,6 +75,16 @@ class Destination:
     key_id: str = DEPLOYMENT_KEY
 
 
+@dataclass(frozen=True, slots=True)
+class KeyTLS:
+    """TLS of the links one key authenticates, when it differs from the process's own (a pool
+    node reaching each tenant's receivers under that tenant's CA)."""
+
+    ca: str
+    """PEM CA bundle the receivers' certificates chain to."""
+    server_hostname: str
+
+
 @dataclass(slots=True)
 class _Route:
     """One destination link: its pace, shared pacer and capacity estimate."""
@@ -103,7 +113,10 @@ class LinkPool:
         client_ssl: ssl.SSLContext | None = None,
         server_hostname: str | None = None,
         connect_timeout_s: float | None = None,
+        key_tls: Mapping[str, KeyTLS] | None = None,
     ) -> None:
+        """``client_ssl``, ``server_hostname``: the TLS of every link (None: in the clear) but
+        those whose key id is in ``key_tls``, which use that key's CA and name."""
         if egress_cap_bytes_per_s is not None and not egress_cap_bytes_per_s > 0:
             raise ValueError(f"egress_cap_bytes_per_s must be > 0, got {egress_cap_bytes_per_s}")
         self._name = name
@@ -116,8 +129,11 @@ class LinkPool:
         self._connect_timeout_s = connect_timeout_s
         self._routes: dict[str, _Route] = {}
         self._links: dict[Destination, Link] = {}
-        self._link_keys: dict[Destination, bytes] = {}
-        """The key each pooled link authenticated with (a reload closes those it changed)."""
+        self._key_tls = dict(key_tls or {})
+        self._tls_contexts: dict[KeyTLS, ssl.SSLContext] = {}
+        self._link_keys: dict[Destination, tuple[bytes, KeyTLS | None]] = {}
+        """The key (and key TLS) each pooled link was made with (a reload closes those it
+        changed)."""
         self._connecting: dict[Destination, asyncio.Task[Link]] = {}
         self._closed_acked_bytes = 0
 
@@ -177,9 +193,15 @@ class LinkPool:
         return await asyncio.shield(pending)
 
     async def _connect(self, dest: Destination) -> Link:
-        psk = self._keys.get(dest.key_id)
-        if psk is None:
+        auth = self._auth_of(dest)
+        if auth is None:
             raise ConnectError(f"no key with id {dest.key_id!r} for {dest.host}:{dest.port}")
+        psk, key_tls = auth
+        try:
+            client_ssl, server_hostname = self._tls_of(key_tls)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConnectError(f"key {dest.key_id!r}: CA {key_tls.ca if key_tls else ''!r} "
+                               f"does not load: {exc}") from None  # fmt: skip
         route = None
         if dest.route is not None:
             route = self._routes.setdefault(dest.route, _Route(dest.route, None, None, None))
@@ -187,8 +209,8 @@ class LinkPool:
             psk=psk,
             num_connections=self._num_connections,
             name=self._name,
-            ssl_context=self._client_ssl,
-            server_hostname=self._server_hostname,
+            ssl_context=client_ssl,
+            server_hostname=server_hostname,
         )
         timeout_s = self._connect_timeout_s
         if timeout_s is None:
@@ -201,12 +223,12 @@ class LinkPool:
                 f"cannot connect to {dest.host}:{dest.port}: no authenticated link within "
                 f"{timeout_s:g} s"
             ) from None
-        if self._keys.get(dest.key_id) != psk:  # a reload took the key away meanwhile
+        if self._auth_of(dest) != auth:  # a reload took the key away meanwhile
             with contextlib.suppress(Exception):
                 await link.aclose()
             raise ConnectError(f"key {dest.key_id!r} was withdrawn while connecting")
         self._links[dest] = link
-        self._link_keys[dest] = psk
+        self._link_keys[dest] = auth
         if route is not None:
             link.share_pacer(self._pacer_of(route))
             route.monitors[dest] = LinkMonitor(
@@ -239,17 +261,31 @@ class LinkPool:
         with contextlib.suppress(Exception):
             await current.aclose()
 
-    async def set_keys(self, keys: Mapping[str, bytes]) -> int:
-        """The keys links may authenticate with from now on (a reload): each pooled link whose
-        key id is gone or names another key is closed (a revoked tenant's links do not outlive
-        its key; a send on one fails, and the next connect uses the new key). Returns how many
-        were closed."""
+    async def set_keys(
+        self, keys: Mapping[str, bytes], key_tls: Mapping[str, KeyTLS] | None = None
+    ) -> int:
+        """The keys (and per-key TLS) links may use from now on (a reload): each pooled link
+        whose key id is gone, or names another key or TLS, is closed (a revoked tenant's links
+        do not outlive its key; a send on one fails, and the next connect uses the new key).
+        Returns how many were closed."""
         self._keys = dict(keys)
-        stale = [d for d in self._links if self._keys.get(d.key_id) is None
-                 or self._keys[d.key_id] != self._link_keys.get(d)]  # fmt: skip
+        self._key_tls = dict(key_tls or {})
+        stale = [d for d in self._links if self._auth_of(d) != self._link_keys.get(d)]
         for dest in stale:
             await self.drop(dest)
         return len(stale)
+
+    def _auth_of(self, dest: Destination) -> tuple[bytes, KeyTLS | None] | None:
+        psk = self._keys.get(dest.key_id)
+        return None if psk is None else (psk, self._key_tls.get(dest.key_id))
+
+    def _tls_of(self, key_tls: KeyTLS | None) -> tuple[ssl.SSLContext | None, str | None]:
+        if key_tls is None:
+            return self._client_ssl, self._server_hostname
+        ctx = self._tls_contexts.get(key_tls)
+        if ctx is None:  # made once per CA and name: reading the bundle is not free
+            ctx = self._tls_contexts[key_tls] = ssl.create_default_context(cafile=key_tls.ca)
+        return ctx, key_tls.server_hostname
 
     def links(self, route: str | None) -> list[Link]:
         """The pooled links serving ``route`` now."""

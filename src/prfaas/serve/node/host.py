@@ -76,7 +76,7 @@ from prfaas.transfer import (
     TransferError,
 )
 from prfaas.transfer import Link as TransferLink
-from prfaas.transfer.link_pool import Destination, LinkPool
+from prfaas.transfer.link_pool import Destination, KeyTLS, LinkPool
 
 log = logging.getLogger("prfaas.node")
 DEPLOYMENT_KEY_ID = "deployment"
@@ -92,9 +92,11 @@ class WorkerHost:
         host: str = "127.0.0.1",
         process_name: str = "",
         link_keys: Mapping[str, bytes] | None = None,
+        link_tls: Mapping[str, KeyTLS] | None = None,
     ) -> None:
         """``link_keys``: more keys (id -> key) its KV links may authenticate with, named by a
-        ``PrefillCommand.key_id`` (a PrfaaS pool's node holds every tenant's key)."""
+        ``PrefillCommand.key_id`` (a PrfaaS pool's node holds every tenant's key); ``link_tls``:
+        the TLS of the links under some of them (each tenant's receivers, under its CA)."""
         self.site = site_of_nodes(deployment, node_names, "worker process")
         self.deployment = deployment
         self.host = host
@@ -145,6 +147,7 @@ class WorkerHost:
             {**(link_keys or {}), DEPLOYMENT_KEY_ID: self._psk},
             client_ssl=self._client_ssl,
             server_hostname=tls.server_hostname if tls is not None else None,
+            key_tls=link_tls,
         )
         if self.route is not None:
             self.links.set_route(
@@ -282,10 +285,12 @@ class WorkerHost:
         """The pooled link to a peer's receiver (``LinkPool.link_to``)."""
         return await self.links.link_to(self._destination(host, port, cross_site, key_id))
 
-    async def set_link_keys(self, link_keys: Mapping[str, bytes]) -> int:
-        """Replace the extra keys of ``__init__``'s ``link_keys`` (a pool node's reload of its
+    async def set_link_keys(
+        self, link_keys: Mapping[str, bytes], link_tls: Mapping[str, KeyTLS] | None = None
+    ) -> int:
+        """Replace ``__init__``'s ``link_keys`` and ``link_tls`` (a pool node's reload of its
         tenants' keys): links under a key now gone or changed are closed; returns how many."""
-        return await self.links.set_keys({**link_keys, DEPLOYMENT_KEY_ID: self._psk})
+        return await self.links.set_keys({**link_keys, DEPLOYMENT_KEY_ID: self._psk}, link_tls)
 
     async def drop_link(self, host: str, port: int, cross_site: bool, key_id: str = "") -> None:
         """Forget a link that failed; the next prefill to that peer reconnects."""
