@@ -75,6 +75,20 @@ RESOLVED_NAME = "deployment.resolved.yaml"
 log = logging.getLogger("prfaas.launcher")
 
 
+def node_host(gateway_host: str) -> str | None:
+    """Where ``prfaas up``'s nodes listen when not the default 127.0.0.1: the gateway's address
+    when it names one (a PD site whose KV receivers a pool on another machine must reach). A
+    wildcard (0.0.0.0, ::) is where to listen, not an address to advertise: the nodes stay on
+    loopback."""
+    import ipaddress
+
+    try:
+        ip = ipaddress.ip_address(gateway_host)
+    except ValueError:
+        return None  # a name (localhost, a host name): the default
+    return None if ip.is_loopback or ip.is_unspecified else gateway_host
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -243,6 +257,8 @@ class Launcher:
         cmd = [sys.executable, "-m", "prfaas.cli", "serve", "--config", str(self.config_path)]
         if self.testbed is not None and name != "gateway":
             cmd, args = namespaced_argv(self.testbed, self.deployment, cmd, args)
+        elif name != "gateway" and (host := node_host(self.deployment.gateway.host)) is not None:
+            args = [*args, "--host", host]
         log_ = self._logs.get(name)
         if log_ is None:
             log_ = self._logs[name] = RotatingLog(self.workdir / f"{name}.log", *self._log_cap)
