@@ -437,10 +437,11 @@ class Launcher:
             self._write_resolved()
         self._add(name, ["--role", "node", "--node", name])
 
-    def remove(self, name: str) -> None:
-        """Take ``name`` out of the desired set, then stop its process group: it stays down. A
-        node of that name leaves the resolved file too (every later reader of it, ``prfaas
-        status`` or ``prfaas sim``, would count it as the deployment's)."""
+    def remove(self, name: str, grace_s: float | None = None) -> None:
+        """Take ``name`` out of the desired set, then stop its process group (SIGTERM, SIGKILL
+        after ``grace_s``, by default ``stop_grace_s``): it stays down. A node of that name
+        leaves the resolved file too (every later reader of it, ``prfaas status`` or ``prfaas
+        sim``, would count it as the deployment's)."""
         with self._lock:
             proc, events = self.supervisor.remove(name, time.monotonic())
             self._report(events)
@@ -454,7 +455,7 @@ class Launcher:
                 self._write_resolved()
         if proc is not None:
             assert isinstance(proc, ChildGroup)
-            terminate([proc], self.stop_grace_s)
+            terminate([proc], self.stop_grace_s if grace_s is None else grace_s)
 
     def stop(self) -> None:
         self._stopping.set()

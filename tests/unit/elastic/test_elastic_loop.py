@@ -60,14 +60,16 @@ class FakeLauncher:
     route_log: list[dict[str, Any]] = field(default_factory=list)
     added: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+    graces: list[float | None] = field(default_factory=list)
 
     def add_node(self, site: str, name: str) -> None:
         self.added.append(name)
         self.rows[name] = {"node": name, "site": site, "role": "prefill", "in_rotation": True,
                            "queue_depth": 0, "in_flight": 0}  # fmt: skip
 
-    def remove(self, name: str) -> None:
+    def remove(self, name: str, grace_s: float | None = None) -> None:
         self.removed.append(name)
+        self.graces.append(grace_s)
         self.rows.pop(name, None)
 
     def nodes(self) -> list[dict[str, Any]]:
@@ -107,3 +109,46 @@ def test_a_burst_adds_nodes_and_the_quiet_after_it_removes_them(
     assert len(reports) == 40 and {r["group"] for r in reports} == {"pool"}
     codes = {(r["action"], r["code"]) for r in reports}
     assert ("add", "load_up") in codes and ("drain", "load_down") in codes
+
+
+SPOT = DeploymentConfig.model_validate(
+    {
+        **DEPLOYMENT.model_dump(exclude={"autoscale"}),
+        "autoscale": {**DEPLOYMENT.model_dump()["autoscale"], "max_nodes": 6, "groups": [
+            {"name": "spot", "spot": True, "usd_per_hour": 3, "notice_s": 2, "startup_s": 1,
+             "preemption": {"trace": "1 0", "interval_s": 10}},
+            {"name": "od", "startup_s": 1},
+        ]},
+    }
+)  # fmt: skip
+
+
+def test_a_replayed_spot_trace_preempts_the_spot_nodes_and_adds_fall_back_on_demand(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [0.0]
+    monkeypatch.setattr(loop_module.time, "monotonic", lambda: now[0])
+    launcher = FakeLauncher(deployment=SPOT)
+    launcher.rows["pf0"] = {"node": "pf0", "site": "prfaas", "role": "prefill",
+                            "in_rotation": True, "queue_depth": 0, "in_flight": 0}  # fmt: skip
+    loop = ElasticLoop(launcher)
+    for step in range(20):  # a steady 80k tokens/s against 10k per node, for 20 s
+        now[0] = float(step)
+        launcher.route_log += [
+            {"request_id": f"r{step}-{i}", "num_prompt_tokens": 20_000, "num_cached_tokens": 0}
+            for i in range(4)
+        ]
+        loop.look()
+        for t in list(loop.provider._reclaims.values()):
+            t.join(5)  # the fake launcher's remove returns at once
+        if step == 9:  # the trace's first interval: spot available, so adds go there
+            spot = [n for n in launcher.added if "-spot-" in n]
+            assert spot and not [n for n in launcher.added if "-od-" in n]
+            assert loop.num_preempted == 0
+    # From 10 s the trace says 0: every spot node got its notice and was reclaimed (removed
+    # with the group's notice and a margin), and the lost capacity came back on demand.
+    assert loop.num_preempted == len(spot) and set(spot) <= set(launcher.removed)
+    assert {g for n, g in zip(launcher.removed, launcher.graces, strict=True) if n in spot} == {3.0}
+    assert [n for n in launcher.added if "-od-" in n]
+    assert not [n.name for n in loop.provider.nodes() if n.group == "spot"]
+    assert loop.controller.counts.fallbacks > 0

@@ -8,6 +8,10 @@ supervisor's desired set (``Launcher.add_node`` / ``Launcher.remove``).
   are logged.
 - ``drain(name)``: out of rotation at once; once the gateway has nothing in flight at it (or its
   ``deadline_s`` passed) it is removed from the desired set and stopped.
+- ``preempt(name, notice_s)``: its spot capacity went (a replayed availability trace): the node
+  gets its notice at once (SIGTERM: it finishes what ends before the deadline and hands the rest
+  back) and is reclaimed at the deadline (SIGKILL if still there), out of the desired set so
+  nothing restarts it; in a thread of its own, the loop goes on meanwhile.
 - ``poll()`` moves nodes along (call it before each ``nodes()``): held -> serving,
   draining -> gone. ``nodes()`` lists the nodes not gone with their phase.
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -25,6 +30,9 @@ from typing import Any
 from prfaas.serve.elastic.provider import NodePhase, ProvidedNode
 
 log = logging.getLogger("prfaas.elastic")
+RECLAIM_MARGIN_S = 1.0
+"""A preempted node is killed this long after its notice's deadline (its own handling ends it at
+the deadline: the margin is for the process's exit, not more work)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +59,8 @@ class LocalProvider:
         self._deadlines: dict[str, float | None] = {}
         self._held: set[str] = set()
         """Nodes drained at the gateway by this provider while they start."""
+        self._reclaims: dict[str, threading.Thread] = {}
+        """Preempted nodes, each reclaimed by a thread (its notice, then the deadline)."""
 
     def add(self, group: str) -> str:
         g = self.groups[group]
@@ -70,6 +80,22 @@ class LocalProvider:
         except Exception as exc:  # not registered yet: it is removed at the next poll
             log.info("%s: drain before registration (%s)", name, exc)
 
+    def preempt(self, name: str, notice_s: float) -> None:
+        node = self._nodes[name]
+        self._nodes[name] = replace(node, phase=NodePhase.DRAINING)
+        self._deadlines[name] = self.clock() + notice_s
+        log.warning("%s: spot capacity gone: notice, reclaimed within %g s", name, notice_s)
+        reclaim = threading.Thread(target=self._reclaim, args=(name, notice_s),
+                                   name=f"reclaim-{name}", daemon=True)  # fmt: skip
+        self._reclaims[name] = reclaim
+        reclaim.start()
+
+    def _reclaim(self, name: str, notice_s: float) -> None:
+        try:  # the node's own SIGTERM handling is the notice (serve/node/notice.py)
+            self.launcher.remove(name, grace_s=notice_s + RECLAIM_MARGIN_S)
+        except Exception:
+            log.exception("%s: reclaim", name)
+
     def nodes(self) -> Sequence[ProvidedNode]:
         return [n for n in self._nodes.values() if n.phase is not NodePhase.GONE]
 
@@ -84,6 +110,11 @@ class LocalProvider:
                 busy = bool(row.get("in_flight", 0))
                 if busy != node.busy:
                     self._nodes[name] = replace(node, busy=busy)
+            elif node.phase is NodePhase.DRAINING and name in self._reclaims:
+                if not self._reclaims[name].is_alive():
+                    del self._reclaims[name]
+                    self._nodes[name] = replace(node, phase=NodePhase.GONE)
+                    log.info("%s: preempted and gone", name)
             elif node.phase is NodePhase.DRAINING:
                 deadline = self._deadlines.get(name)
                 idle = row is None or not row.get("in_flight", 0)

@@ -25,6 +25,13 @@ class PreemptionConfig:
     interval_s: float = 600.0
     """The trace's interval."""
 
+    def available(self, at_s: float) -> bool:
+        """Whether spot capacity is available ``at_s`` seconds into the run (always, without a
+        trace): the simulator and the live loop read the one trace the same way."""
+        if not self.trace:
+            return True
+        return self.trace[int(at_s // self.interval_s) % len(self.trace)] == 1
+
 
 @dataclass(frozen=True, slots=True)
 class GroupConfig:

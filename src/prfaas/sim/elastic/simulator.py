@@ -315,10 +315,7 @@ class ElasticSim:
         self._push(self.now + p.interval_s, _AVAIL, group)
 
     def _spot_available(self, g: GroupConfig) -> bool:
-        trace = g.preemption.trace
-        if not trace:
-            return True
-        return trace[int(self.now // g.preemption.interval_s) % len(trace)] == 1
+        return g.preemption.available(self.now)
 
     # -- the autoscaler ---------------------------------------------------------------------------
     def _speed(self) -> float | None:
