@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
+import time
 from pathlib import Path
 
 import httpx
@@ -120,3 +121,70 @@ def test_the_tenant_api_and_kv_links_run_in_tls_under_each_sides_ca(tmp_path: Pa
         except BaseException:
             print(pool.log_tail())
             raise
+
+
+TENANT_FILE = """
+engine: {{kind: timed, model: paper-1t, time_scale: 0.1, byte_divisor: 1000}}
+gateway: {{port: 0, control_port: 0}}
+policy: {{router: threshold, threshold_tokens: 4096}}
+tls: {{cert: {cert}, key: {key}, ca: {cert}}}
+sites:
+  - name: pd-a
+    kind: pd
+    hardware: h20
+    nodes: [{{name: a-p0, role: prefill}}, {{name: a-d0, role: decode}}]
+pool:
+  url: {url}
+  ca: {pool_ca}
+  tenant: tenant-a
+  key: {{id: a-1, env: PRFAAS_POOL_KEY_A}}
+  link: {{gbps: 100, rtt_ms: 0}}
+  tuner: fixed
+"""
+
+
+def test_a_tenant_gateway_offloads_over_https_and_its_kv_arrives_in_tls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The product path: ``prfaas up`` of a tenant file naming an https pool and its CA; its
+    decode node's pool receiver serves TLS with the tenant deployment's certificate, which only
+    the tenant's CA (the pool file's ``receivers_tls``) vouches for."""
+    import openai
+
+    from prfaas.config import load_deployment
+    from prfaas.serve.launcher import Launcher
+
+    (tmp_path / "pool").mkdir()
+    (tmp_path / "tenant").mkdir()
+    pool_files = self_signed_cert(tmp_path / "pool")
+    tenant_files = self_signed_cert(tmp_path / "tenant")
+    if pool_files is None or tenant_files is None:
+        pytest.skip("openssl CLI not available to make a test certificate")
+    (pool_cert, pool_key), (tenant_cert, tenant_key) = pool_files, tenant_files
+    monkeypatch.setenv("PRFAAS_POOL_KEY_A", KEY_A.decode())
+    with live_pool(tmp_path, pool_text=_pool_file(pool_cert, pool_key, tenant_cert)) as pool:
+        path = tmp_path / "tenant-a.yaml"
+        path.write_text(TENANT_FILE.format(cert=tenant_cert, key=tenant_key, url=pool.url,
+                                           pool_ca=pool_cert))  # fmt: skip
+        live = Launcher(load_deployment(path), tmp_path / "tenant-wd")
+        try:
+            live.start(ready_timeout_s=90)
+            deadline = time.monotonic() + 30
+            while not any(n["node"] == "pool" and n.get("in_rotation") for n in live.nodes()):
+                assert time.monotonic() < deadline, "the pool never came into rotation"
+                time.sleep(0.2)
+            client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="none", max_retries=0,
+                                   timeout=60)  # fmt: skip
+            for i in range(3):
+                r = client.completions.create(model="paper-1t", prompt=f"{i} " + "x" * 8000,
+                                              max_tokens=4)  # fmt: skip
+                assert r.choices[0].finish_reason
+            offloaded = [r for r in live.routes() if r.get("offloaded")]
+            assert len(offloaded) == 3 and all(r["prefill_site"] == "pool" for r in offloaded), (
+                live.routes()
+            )
+        except BaseException:
+            print(pool.log_tail())
+            raise
+        finally:
+            live.stop()

@@ -134,6 +134,7 @@ def check_tenant_pool(d: DeploymentConfig) -> str:
         with httpx.Client(timeout=2.0, trust_env=False, verify=pool_verify(d.pool.ca)) as c:
             c.get(f"{url}/health", extensions=named).raise_for_status()
     except httpx.HTTPError as exc:
-        return (f"pool: {url} is not reachable ({type(exc).__name__}): every prefill is local "
-                "until it answers")  # fmt: skip
+        why = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        return (f"pool: {url} is not reachable ({why}): every prefill is local until it "
+                "answers")  # fmt: skip
     return f"pool: {url} answers; tenant {d.pool.tenant} offloads there"
