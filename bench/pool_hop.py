@@ -136,15 +136,15 @@ def remote_side(rtt_ms: float, time_scale: float) -> Iterator[tuple[str, str, ob
         raise SystemExit(f"--rtt-ms {rtt_ms:g}: {reason}")
     # The deployment's own shaping of a link (serve.launch_netns.shaped_link): the same rate
     # and one-way delay the two-site run's `netns: true` gets.
-    scale = time_scale / 1000  # wall s per modelled s x real bytes per payload byte
+    scale = 1000 * time_scale  # real bytes per payload byte (byte_divisor) x wall s per modelled s
     testbed = TwoSiteTestbed(
         rate_mbit=100 * 1000 / scale,
         one_way_delay_s=rtt_ms / 2000 * time_scale,
         tcp_mem_max_bytes=64 << 20,
         b_in_root=True,
     )
-    testbed.setup()
     try:
+        testbed.setup()
         print(f"testbed: RTT {1000 * testbed.probe_rtt_s():.1f} ms wall", flush=True)
         yield testbed.ip_a, testbed.ip_b, testbed
     finally:
