@@ -162,3 +162,14 @@ def test_a_tenant_replays_its_own_trace(tmp_path: Path) -> None:
     sim.run()
     out = pool_summary(sim)["tenants"]["tenant-a"]
     assert out["requests"]["arrived"] == out["requests"]["completed"] == 40
+
+
+def test_a_vllm_group_is_refused_live_naming_the_field(tmp_path: Path) -> None:
+    from prfaas.pool.launcher import PoolLauncher
+
+    def to_vllm(r: dict) -> None:
+        r["groups"][1].update(kind="vllm", model_path=str(tmp_path))
+
+    path = _pool_with(tmp_path, to_vllm)
+    with pytest.raises(UsageError, match=r"groups\.1\.kind: 'vllm' pool nodes do not run live"):
+        PoolLauncher(load_pool(path), path, tmp_path / "wd")

@@ -4,7 +4,7 @@ The same supervision as a deployment's (``serve.supervisor``, ``serve.process_gr
 ``serve.childlog``, ``serve.processes_file``: restarts with backoff, rotated per-process logs,
 ``processes.json`` for ``prfaas status``, every child in its own process group, SIGTERM then
 SIGKILL on stop): the front door first (``pool.service``), then one process per node group
-(``pool.node_main``; timed groups only for now: torch and vLLM groups are refused at start). The
+(``pool.node_main``; timed and torch groups: vLLM groups are refused at start). The
 workdir's files (``pool.resolved``) carry real ports and a fresh internal key; start-up returns
 once the front door answers and every node of the file has registered with it and is live.
 """
@@ -54,10 +54,10 @@ class PoolLauncher:
         restart: RestartPolicy | None = None,
     ) -> None:
         for i, g in enumerate(pool.groups):
-            if g.kind != "timed":
+            if g.kind == "vllm":
                 raise UsageError(
-                    f"{pool_path}: groups.{i}.kind: {g.kind!r} pool nodes do not run live yet "
-                    "(timed groups do; docs/pool.md)"
+                    f"{pool_path}: groups.{i}.kind: 'vllm' pool nodes do not run live yet "
+                    "(timed and torch groups do; docs/pool.md)"
                 )
         self.pool = _resolved(pool, pool_path.resolve().parent)
         self.pool_path = pool_path

@@ -27,13 +27,13 @@ from typing import Any
 
 from fastapi import FastAPI, HTTPException
 
-from prfaas.perf import cost_model_for_hardware
+from prfaas.perf import CostModel, cost_model_for_hardware, is_profile_file
 from prfaas.pool.app import TenantKeys, create_app
 from prfaas.pool.driver import PlacementDriver
 from prfaas.pool.frontdoor import FrontDoor
 from prfaas.pool.resolved import internal_psk, load_resolved, tenant_keys
 from prfaas.pool_file import pool_shape
-from prfaas.pool_sections import PoolFileConfig
+from prfaas.pool_sections import PoolFileConfig, PoolGroup
 from prfaas.serve import internal_errors
 from prfaas.serve.auth import SignedAuth, Verifier
 from prfaas.serve.auth_middleware import SignatureMiddleware
@@ -46,10 +46,24 @@ log = logging.getLogger("prfaas.pool")
 
 
 def fingerprints(pool: PoolFileConfig) -> dict[str, dict[str, str]]:
-    """What a submit's fingerprint must say per model (a timed group: the model preset and the
-    pool's block size; dtype and weights are a torch/vLLM group's, not live yet)."""
+    """What a submit's fingerprint must say per model: the model's name and the pool's block size
+    (a torch group's dtype, weights digest and cache layout are not checked yet)."""
     block = str(pool.units.block_tokens)
     return {g.model: {"config": g.model, "block_tokens": block} for g in pool.groups}
+
+
+def group_costs(group: PoolGroup) -> CostModel:
+    """What prices a group's prefills for the admission (compute seconds, KV bytes): a timed
+    group's model preset on its hardware, or a profile file (``prfaas profile``) for any engine;
+    a torch group on a preset is priced from its model folder's own spec (``config.json``: its
+    cache's bytes per token, its FLOPs) on that preset's roofline: relative costs are what fair
+    sharing needs, and its KV bytes are the real ones."""
+    if group.kind == "timed" or is_profile_file(group.hardware):
+        return cost_model_for_hardware(group.model, group.hardware)
+    from prfaas.engine.torch.model_spec import model_spec_from_hf
+
+    assert group.model_path is not None  # the schema requires it for torch and vLLM groups
+    return cost_model_for_hardware(model_spec_from_hf(group.model_path), group.hardware)
 
 
 class TenantReload:
@@ -95,7 +109,7 @@ def build(workdir: Path) -> tuple[FastAPI, FastAPI, PlacementDriver, PoolFileCon
         return time.monotonic() / scale
 
     door = FrontDoor(pool_shape(pool), epoch, pool.lease_s / scale, fingerprints(pool))
-    costs_of = {g.model: cost_model_for_hardware(g.model, g.hardware) for g in pool.groups}
+    costs_of = {g.model: group_costs(g) for g in pool.groups}
 
     def costs(model: str, num_tokens: int) -> tuple[float, int] | None:
         cost = costs_of.get(model)
