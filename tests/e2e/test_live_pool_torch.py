@@ -142,9 +142,13 @@ def _prompt(seed: int, length: int) -> list[int]:
 def test_a_pool_torch_node_prefills_and_the_tenant_decodes_the_same_tokens(
     tenant: tuple[Launcher, LivePool], reference: Any
 ) -> None:
-    live, _ = tenant
+    live, pool = tenant
     long = _prompt(1, 5 * BLOCK + 17)
     tokens, finish, route = _served(live, long)
+    if not route["offloaded"]:
+        said = [ln for ln in live.child("gateway").log_tail(200).splitlines()
+                if "pool" in ln.lower()]  # fmt: skip
+        print(route, "\n".join(said[-20:]), pool.log_tail(), sep="\n")
     assert route["offloaded"] and route["prefill_site"] == "pool", route
     assert route["decode_node"] == "d0", route  # (a pool route does not carry its KV bytes)
     assert tokens == _expected(reference(long), finish)

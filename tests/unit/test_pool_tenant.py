@@ -170,3 +170,36 @@ async def test_a_client_gone_aborts_its_prefill_at_the_pool(link: TenantPoolLink
     assert door.aborted == ["r1"]
     assert _counts(link, "offloads") == {"accepted": 1.0, "aborted": 1.0}
     assert _counts(link, "fallbacks") == {}  # not a fallback: nobody waits for it
+
+
+async def test_a_decode_node_newer_than_the_last_registration_is_registered_before_its_submit(
+    link: TenantPoolLink,
+) -> None:
+    """Right after start-up the lease loop may have registered no receiver yet (the decode node
+    registered here after its last beat): the prefill registers it first instead of being
+    refused ``receiver_not_registered`` and going local (seen in CI)."""
+    from types import SimpleNamespace
+
+    calls: list[str] = []
+
+    class Door(FakeDoor):
+        async def register(self, receivers: list[dict[str, Any]]) -> Any:
+            calls.append("register:" + ",".join(r["name"] for r in receivers))
+            return {"epoch": 7, "registered": [r["name"] for r in receivers]}
+
+        async def feedback(self) -> Any:
+            return {"epoch": 7, "running": 0, "queued_tokens": 0}
+
+        async def submit(self, body: dict[str, Any]) -> Any:
+            calls.append("submit")
+            return await super().submit(body)
+
+    endpoint = SimpleNamespace(node="a-d0", host="127.0.0.1", role="decode", pool_transfer_port=9)
+    link.registry = SimpleNamespace(  # type: ignore[assignment]
+        endpoints={"a-d0": endpoint}, heartbeat=lambda beat, now: True
+    )
+    link._registered, link._epoch_registered = (), 7  # the first beat found no decode node
+    link.client = Door(Accepted(7, "g", 0.0), [{"epoch": 7, "state": "done"}])  # type: ignore[assignment]
+    out = await link.prefill(_cmd())
+    assert out.ok and calls == ["register:a-d0", "submit"]
+    assert _counts(link, "fallbacks") == {}

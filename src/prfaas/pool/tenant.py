@@ -194,6 +194,16 @@ class TenantPoolLink:
         now = time.monotonic()
         if not self.session.usable(now):
             raise self._fail("pool_silent", "unreachable", "the pool has been silent")
+        if self._registered is not None and cmd.decode_node not in {
+            n for n, _, _ in self._registered
+        }:
+            # A decode node that registered here after the lease loop's last registration at
+            # the pool (it catches up within a beat): register it now, or the pool refuses the
+            # submit (receiver_not_registered) and a request right after start-up goes local.
+            try:
+                await self._beat()
+            except PoolUnreachable as exc:
+                raise self._fail("pool_unreachable", "unreachable", str(exc)) from None
         num_tokens = len(unpack_tokens(cmd.tokens))
         d = self.deployment
         body = {
