@@ -34,6 +34,19 @@ tenants:
 """
 
 
+def submit_body(tenant: str, rid: str, receiver: str, num_tokens: int) -> dict[str, object]:
+    """A ``POST /v1/submit`` body for a ``paper-1t`` prefill of ``num_tokens`` (session
+    ``s-RID``)."""
+    from prfaas.serve.node.messages import pack_tokens
+
+    return {
+        "tenant": tenant, "request_id": rid, "model": "paper-1t",
+        "fingerprint": {"config": "paper-1t", "block_tokens": "512"},
+        "num_uncached_tokens": num_tokens, "receiver": receiver, "session": f"s-{rid}",
+        "tokens": pack_tokens([5] * num_tokens), "sampling": {"max_new_tokens": 4},
+    }  # fmt: skip
+
+
 class LivePool:
     def __init__(self, proc: subprocess.Popen[bytes], workdir: Path) -> None:
         self.proc = proc

@@ -14,27 +14,17 @@ from pathlib import Path
 
 import httpx
 import pytest
-from pool_helpers import KEYS, LivePool, live_pool
+from pool_helpers import KEYS, LivePool, live_pool, submit_body
 
 from prfaas.pool.client import Accepted, PoolClient, Refusal
 from prfaas.serve.auth import SignedAuth, signed_headers
 from prfaas.serve.keyring import ring_of_psks
-from prfaas.serve.node.messages import pack_tokens
 from prfaas.transfer import Manifest, Receiver, TransferConfig
 
 pytestmark = pytest.mark.timeout(120)
 KEY_A = KEYS["PRFAAS_POOL_KEY_A"].encode()
 KEY_B = KEYS["PRFAAS_POOL_KEY_B"].encode()
 NUM_REQUESTS = 12
-
-
-def _submit(rid: str, tenant: str, receiver: str, num_tokens: int) -> dict[str, object]:
-    return {
-        "tenant": tenant, "request_id": rid, "model": "paper-1t",
-        "fingerprint": {"config": "paper-1t", "block_tokens": "512"},
-        "num_uncached_tokens": num_tokens, "receiver": receiver, "session": f"s-{rid}",
-        "tokens": pack_tokens([5] * num_tokens), "sampling": {"max_new_tokens": 4},
-    }  # fmt: skip
 
 
 async def _tenant_run(pool: LivePool) -> None:
@@ -59,12 +49,12 @@ async def _tenant_run(pool: LivePool) -> None:
             assert not isinstance(reg, Refusal), reg
             assert not isinstance(await b.register([]), Refusal)
             # Isolation: b's key cannot submit as a, nor to a's receiver as itself.
-            as_a = await b.submit(_submit("x1", "tenant-a", "a-d0", 1000))
+            as_a = await b.submit(submit_body("tenant-a", "x1", "a-d0", 1000))
             assert isinstance(as_a, Refusal) and as_a.reason == "wrong_tenant", as_a
-            to_a = await b.submit(_submit("x2", "tenant-b", "a-d0", 1000))
+            to_a = await b.submit(submit_body("tenant-b", "x2", "a-d0", 1000))
             assert isinstance(to_a, Refusal) and to_a.reason == "receiver_not_registered"
             answers = await asyncio.gather(
-                *(a.submit(_submit(f"r{i}", "tenant-a", "a-d0", 2048 + 512 * i))
+                *(a.submit(submit_body("tenant-a", f"r{i}", "a-d0", 2048 + 512 * i))
                   for i in range(NUM_REQUESTS))
             )  # fmt: skip
             assert all(isinstance(x, Accepted) for x in answers), answers

@@ -15,11 +15,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from pool_helpers import LivePool, live_pool
+from pool_helpers import LivePool, live_pool, submit_body
 
 from prfaas.pool.client import Accepted, PoolClient, Refusal
 from prfaas.serve.auth import SignedAuth
-from prfaas.serve.node.messages import pack_tokens
 from prfaas.transfer import Manifest, Receiver, TransferConfig
 
 pytestmark = pytest.mark.timeout(120)
@@ -48,15 +47,6 @@ tenants:
 A1 = "  - {name: tenant-a, weight: 2, keys: [{id: a-1, file: a1.key}]}\n"
 A2 = "  - {name: tenant-a, weight: 2, keys: [{id: a-2, file: a2.key}]}\n"
 B = "  - {name: tenant-b, weight: 1, keys: [{id: b-1, file: b1.key}]}\n"
-
-
-def _submit(rid: str, num_tokens: int) -> dict[str, object]:
-    return {
-        "tenant": "tenant-b", "request_id": rid, "model": "paper-1t",
-        "fingerprint": {"config": "paper-1t", "block_tokens": "512"},
-        "num_uncached_tokens": num_tokens, "receiver": "b-d0", "session": f"s-{rid}",
-        "tokens": pack_tokens([5] * num_tokens), "sampling": {"max_new_tokens": 4},
-    }  # fmt: skip
 
 
 def _reload(pool: LivePool) -> subprocess.CompletedProcess[str]:
@@ -92,8 +82,8 @@ async def _revoke_b_under_load(pool: LivePool, pool_file: Path) -> None:
         try:
             reg = await b.register([{"name": "b-d0", "host": "127.0.0.1", "transfer_port": port}])
             assert not isinstance(reg, Refusal), reg
-            answers = await asyncio.gather(*(b.submit(_submit(f"r{i}", 60_000))
-                                             for i in range(NUM_B)))  # fmt: skip
+            bodies = [submit_body("tenant-b", f"r{i}", "b-d0", 60_000) for i in range(NUM_B)]
+            answers = await asyncio.gather(*(b.submit(body) for body in bodies))
             assert all(isinstance(x, Accepted) for x in answers), answers
             # a rotates to a-2 and b leaves the file, while b's prefills run and queue.
             pool_file.write_text(_pool_file(A2))

@@ -14,11 +14,10 @@ from typing import Any
 
 import httpx
 import pytest
-from pool_helpers import KEYS, LivePool, live_pool
+from pool_helpers import KEYS, LivePool, live_pool, submit_body
 
 from prfaas.pool.client import Accepted, PoolClient, Refusal
 from prfaas.serve.auth import SignedAuth
-from prfaas.serve.node.messages import pack_tokens
 from prfaas.transfer import Manifest, Receiver, TransferConfig
 
 pytestmark = pytest.mark.timeout(180)
@@ -37,15 +36,6 @@ tenants:
   - {name: tenant-a, weight: 2, keys: [{id: a-1, env: PRFAAS_POOL_KEY_A}]}
   - {name: tenant-b, weight: 1, keys: [{id: b-1, env: PRFAAS_POOL_KEY_B}]}
 """
-
-
-def _submit(tenant: str, rid: str) -> dict[str, object]:
-    return {
-        "tenant": tenant, "request_id": rid, "model": "paper-1t",
-        "fingerprint": {"config": "paper-1t", "block_tokens": "512"},
-        "num_uncached_tokens": TOKENS, "receiver": f"{tenant}-d0", "session": f"s-{rid}",
-        "tokens": pack_tokens([5] * TOKENS), "sampling": {"max_new_tokens": 4},
-    }  # fmt: skip
 
 
 async def _operator(pool: LivePool, client: httpx.AsyncClient, what: str) -> Any:
@@ -82,7 +72,7 @@ async def _shares(pool: LivePool) -> dict[str, Any]:
                 assert not isinstance(reg, Refusal), reg
             # Interleaved, so neither tenant's queue is there first.
             answers = await asyncio.gather(*(
-                clients[t].submit(_submit(f"tenant-{t}", f"{t}{i}"))
+                clients[t].submit(submit_body(f"tenant-{t}", f"{t}{i}", f"tenant-{t}-d0", TOKENS))
                 for i in range(NUM_EACH) for t in ("a", "b")
             ))  # fmt: skip
             assert all(isinstance(x, Accepted) for x in answers), answers

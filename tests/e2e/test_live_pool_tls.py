@@ -14,10 +14,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from pool_helpers import KEYS, LivePool, live_pool
+from pool_helpers import KEYS, LivePool, live_pool, submit_body
 
 from prfaas.pool.client import Accepted, PoolClient, PoolUnreachable, Refusal, pool_verify
-from prfaas.serve.node.messages import pack_tokens
 from prfaas.transfer import Manifest, Receiver, TransferConfig
 from transfer_helpers import self_signed_cert
 
@@ -45,15 +44,6 @@ tenants:
 """
 
 
-def _submit(rid: str, num_tokens: int) -> dict[str, object]:
-    return {
-        "tenant": "tenant-a", "request_id": rid, "model": "paper-1t",
-        "fingerprint": {"config": "paper-1t", "block_tokens": "512"},
-        "num_uncached_tokens": num_tokens, "receiver": "a-d0", "session": f"s-{rid}",
-        "tokens": pack_tokens([5] * num_tokens), "sampling": {"max_new_tokens": 4},
-    }  # fmt: skip
-
-
 async def _tenant_over_tls(pool: LivePool, pool_ca: Path, receiver_ssl: ssl.SSLContext) -> None:
     got: list[str] = []
 
@@ -78,7 +68,10 @@ async def _tenant_over_tls(pool: LivePool, pool_ca: Path, receiver_ssl: ssl.SSLC
             reg = await a.register([{"name": "a-d0", "host": "127.0.0.1", "transfer_port": port}])
             assert not isinstance(reg, Refusal), reg
             answers = await asyncio.gather(
-                *(a.submit(_submit(f"r{i}", 4096)) for i in range(NUM_REQUESTS))
+                *(
+                    a.submit(submit_body("tenant-a", f"r{i}", "a-d0", 4096))
+                    for i in range(NUM_REQUESTS)
+                )
             )
             assert all(isinstance(x, Accepted) for x in answers), answers
             states: dict[str, str] = {}
