@@ -67,9 +67,13 @@ class BandwidthRules:
 
 
 def _decision(
-    load: NodeLoad, cached: int, offloaded: bool, reason: str, **kw: object
-) -> RouteDecision:
-    return RouteDecision(load.site_id, load.node_id, cached, offloaded, reason, **kw)  # type: ignore[arg-type]
+    load: NodeLoad, cached: int, offloaded: bool, reason: str,
+    cache_move: CacheMove | None = None, rerouted: bool = False,
+) -> RouteDecision:  # fmt: skip
+    # Positional: no keyword dict per decision (one per routed request).
+    return RouteDecision(
+        load.site_id, load.node_id, cached, offloaded, reason, cache_move, rerouted
+    )
 
 
 class _Base:
