@@ -4,7 +4,7 @@ refused early with 429 + Retry-After while every accepted request completes."""
 
 from __future__ import annotations
 
-import time
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -47,12 +47,17 @@ def _send(url: str, i: int) -> httpx.Response:
 
 def test_rebalancer_converts_prefill_to_decode_and_overload_gets_429(tmp_path: Path) -> None:
     with launched(_deployment(), tmp_path) as live:
-        with ThreadPoolExecutor(40) as pool:
-            futures = []
-            for i in range(60):
-                futures.append(pool.submit(_send, live.url, i))
-                time.sleep(0.01)
-            responses = [f.result() for f in futures]
+        # All 60 leave together (a barrier, one thread each): sent one by one, a loaded host
+        # spread them so thinly that fewer than max_inflight + max_queued were ever in flight
+        # (seen with the unit tier running beside this one), and nothing was refused.
+        start = threading.Barrier(60)
+
+        def send(i: int) -> httpx.Response:
+            start.wait(timeout=60)
+            return _send(live.url, i)
+
+        with ThreadPoolExecutor(60) as pool:
+            responses = list(pool.map(send, range(60)))
         control = live_control(live, "/internal/control")
         roles = {n["node"]: n["role"] for n in live.nodes()}
     statuses = [r.status_code for r in responses]
