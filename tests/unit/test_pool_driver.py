@@ -162,3 +162,28 @@ async def test_a_tenants_abort_frees_the_node_and_its_late_answer_frees_nothing(
     out: Any = d.door.outcome("a", "r1")
     assert (out.state, out.reason) == ("aborted", "client_gone")
     assert d.counters["a"]["aborted"] == 1 and d.counters["a"]["done"] == 0
+
+
+async def test_a_draining_node_is_offered_nothing_new() -> None:
+    """A node whose heartbeat says it is draining (a spot notice, a pod stopping) keeps its
+    registration but gets no placement, which it would refuse; back from draining, it does."""
+    from prfaas.serve.node.messages import NodeReport
+
+    nodes, clock = Nodes(), Clock()
+    d = _driver(nodes, clock)
+
+    def beat(draining: bool) -> None:
+        report = NodeReport(node="n0", site="g", role="prefill", draining=draining)
+        assert d.heartbeat(Heartbeat(process="p", reports=[report]))
+
+    beat(True)
+    _submit(d, clock, "r1")
+    d.tick()
+    await asyncio.sleep(0)
+    assert nodes.commands == [] and d.live("n0")
+    beat(False)
+    d.tick()
+    await asyncio.sleep(0)
+    assert [n for n, _ in nodes.commands] == ["n0"]
+    nodes.release.set()
+    await d.aclose()

@@ -56,6 +56,9 @@ class _PoolNode:
     group: str
     last_seen_s: float
     fault: str = ""
+    draining: bool = False
+    """The node said it is draining (a spot notice, ``prfaas drain``, a pod stopping): it
+    finishes what it runs and is offered nothing new, which it would refuse."""
 
 
 class PlacementDriver:
@@ -101,10 +104,12 @@ class PlacementDriver:
         if not mine:
             return False
         now = self.wall()
-        faults = {r.node: r.fault for r in beat.reports}
+        reports = {r.node: r for r in beat.reports}
         for n in mine:
             n.last_seen_s = now
-            n.fault = faults.get(n.endpoint.node, "")
+            report = reports.get(n.endpoint.node)
+            n.fault = report.fault if report is not None else ""
+            n.draining = report is not None and report.draining
         return True
 
     def live(self, node: str) -> bool:
@@ -136,7 +141,7 @@ class PlacementDriver:
         for abort in self.door.expire(now):
             self._aborted(abort)
         for name in sorted(self.nodes):
-            if name in self.busy or not self.live(name):
+            if name in self.busy or not self.live(name) or self.nodes[name].draining:
                 continue
             placement = self.door.place(self.nodes[name].group, name, now, self._egress())
             if placement is not None:
