@@ -18,8 +18,9 @@ def register(subparsers: Any) -> None:
             "Render each deployment FILE (the same files up, sim and plan take) into "
             "DIR/NAME.yaml: a ConfigMap, the gateway and one workload per site and role, "
             "Services, probes, budgets, NetworkPolicies, a ServiceMonitor and a KEDA "
-            "ScaledObject per PrfaaS group. No key material unless --with-secrets "
-            "(DIR/NAME.secrets.yaml, mode 0600). docs/kubernetes.md."
+            "ScaledObject per PrfaaS group; a pool file: its front door and one workload per "
+            "node group; a pool's tenant file: its PD site and gateway. No key material unless "
+            "--with-secrets (DIR/NAME.secrets.yaml, mode 0600). docs/kubernetes.md."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -67,11 +68,10 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from prfaas.config import load_deployment, load_yaml_mapping
-    from prfaas.k8s import RenderOptions, render_deployment
+    from prfaas.k8s import RenderOptions
     from prfaas.k8s.emit import write_rendering
+    from prfaas.k8s.files import render_file
     from prfaas.k8s.options import default_name, parse_topology
-    from prfaas.k8s.secrets import require_key_source
 
     if args.name and len(args.files) > 1:
         raise UsageError("--name: one FILE only (several files are named by their stems)")
@@ -80,11 +80,6 @@ def run(args: argparse.Namespace) -> int:
     if len(set(stems)) != len(stems):
         raise UsageError(f"FILE: two files render to the same name ({stems}); use --name")
     for path, name in zip(args.files, stems, strict=True):
-        require_key_source(load_yaml_mapping(path, what="deployment file"), path)
-        d = load_deployment(path, require_psk=True)
-        unknown = sorted(set(topology) - {s.name for s in d.sites})
-        if unknown:
-            raise UsageError(f"--site-topology: {path} has no site {unknown[0]!r}")
         opts = RenderOptions(
             name=name,
             image=args.image,
@@ -95,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
             prometheus_url=args.prometheus_url,
             with_secrets=args.with_secrets,
         )
-        r = render_deployment(d, opts, args.inference_pool, args.gateway_name)
+        r = render_file(path, opts, args.inference_pool, args.gateway_name)
         for w in r.warnings:
             print(f"prfaas k8s: {path}: warning: {w}", file=sys.stderr)
         if args.validate:

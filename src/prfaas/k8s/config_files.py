@@ -3,7 +3,8 @@
 ``gateway.yaml``: the gateway listens on all its pod's addresses. ``nodes.yaml``: nodes reach the
 gateway through its control Service. Both: fixed pod ports, no ``psk`` (the pod's entry adds it
 from the mounted Secret), no ``gateway.api_keys`` (``$PRFAAS_API_KEY`` from a Secret), TLS files
-at the mounted Secret's paths, ``netns`` off. Serialised with sorted keys: the rendering is
+at the mounted Secret's paths, ``netns`` off; a tenant's ``pool.key`` (and ``pool.ca``) at its
+pool key Secret's mount. Serialised with sorted keys: the rendering is
 deterministic."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from prfaas.config import DeploymentConfig
+from prfaas.k8s import tenant
 from prfaas.k8s.names import (
     CONTROL_PORT,
     GATEWAY_PORT,
@@ -33,6 +35,7 @@ def gateway_ports(d: DeploymentConfig) -> tuple[int, int]:
 def _base(d: DeploymentConfig) -> dict[str, Any]:
     raw: dict[str, Any] = d.model_dump(mode="json", exclude_defaults=True)
     raw.pop("psk", None)
+    raw.pop("accept_psks", None)  # keys too: in the psk Secret, composed back by the entry
     raw.pop("netns", None)
     gateway = dict(raw.get("gateway", {}))
     gateway.pop("api_keys", None)
@@ -43,6 +46,8 @@ def _base(d: DeploymentConfig) -> dict[str, Any]:
         site["nodes"] = [
             {**n, "port": NODE_HTTP_PORT, "transfer_port": NODE_KV_PORT} for n in site["nodes"]
         ]
+    if d.pool is not None:  # a pool's tenant: its pool key at the Secret's mount
+        raw["pool"] = tenant.pool_section(d)
     if d.tls is not None:
         raw["tls"] = {
             "cert": f"{TLS_DIR}/tls.crt",

@@ -1,4 +1,6 @@
-"""What a prfaas pod runs: ``python -m prfaas.k8s.entry gateway|node|sidecar|drain|epp ...``.
+"""What a prfaas pod runs: ``python -m prfaas.k8s.entry gateway|node|sidecar|drain|epp ...``, and
+a pool's pods ``pool-front-door|pool-node ...`` (``pool_entry``: the workdir ``prfaas up
+pool.yaml`` writes, then the same process command).
 
 At start it composes the process's deployment file from the ConfigMap's variant and the mounted
 Secret's key (``/run/prfaas/deployment.yaml``, a memory-backed volume, mode 0600), works out which
@@ -23,6 +25,7 @@ import yaml
 from prfaas.config import load_yaml_mapping
 from prfaas.errors import UsageError
 from prfaas.k8s import names as paths
+from prfaas.k8s import pool_entry
 
 
 def _root(path: str) -> Path:
@@ -38,6 +41,10 @@ def compose(file_name: str) -> dict[str, Any]:
     except OSError as exc:
         raise UsageError(f"the deployment key {key_path}: {exc.strerror}") from None
     raw["psk"] = key
+    # Keys still accepted during a rotation: in the same Secret, never in the ConfigMap.
+    accepted = _root(paths.SECRET_DIR) / "accept_psks"
+    if accepted.is_file():
+        raw["accept_psks"] = accepted.read_text(encoding="utf-8").split()
     return raw
 
 
@@ -164,7 +171,22 @@ def parser() -> argparse.ArgumentParser:
     epp.add_argument("--health-port", type=int, required=True)
     dr = sub.add_parser("drain")
     dr.add_argument("--timeout", type=int, required=True)
+    door = sub.add_parser("pool-front-door")
+    door.add_argument("--file", required=True)
+    pool_node = sub.add_parser("pool-node")
+    pool_node.add_argument("--file", required=True)
+    pool_node.add_argument("--group", required=True)
+    pool_node.add_argument("--front-door", required=True, help="the control Service's host")
+    pool_node.add_argument("--host", required=True)
     return p
+
+
+def pool_argv(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
+    """A pool pod: compose its workdir, return the process it execs."""
+    root = Path(os.environ.get("PRFAAS_K8S_ROOT", "/"))
+    if args.command == "pool-front-door":
+        return pool_entry.front_door(root, args.file)
+    return pool_entry.node(root, args.file, args.group, args.front_door, args.host, env)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,11 +194,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "drain":
             return drain(args.timeout)
-        composed, nodes = prepare(args, dict(os.environ))
+        if args.command.startswith("pool-"):
+            argv_serve = pool_argv(args, dict(os.environ))
+        else:
+            composed, nodes = prepare(args, dict(os.environ))
+            argv_serve = serve_argv(args, composed, nodes)
     except UsageError as exc:
         print(f"prfaas k8s entry: error: {exc}", file=sys.stderr)
         return 2
-    argv_serve = serve_argv(args, composed, nodes)
     os.execvp(argv_serve[0], argv_serve)
     return 0  # not reached: exec replaced the process
 

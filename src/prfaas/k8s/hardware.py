@@ -50,9 +50,16 @@ def supported_hardware() -> tuple[str, ...]:
 
 
 def pod_resources(
-    site: str, site_index: int, hardware: str, engine_kind: str, device: str, threads: int
+    site: str,
+    site_index: int,
+    hardware: str,
+    engine_kind: str,
+    device: str,
+    threads: int,
+    field: str | None = None,
 ) -> PodResources:
-    """The resources of one node process of ``site`` (``sites[site_index]`` in the file)."""
+    """The resources of one node process of ``site`` (``sites[site_index]`` in the file);
+    ``field`` names the hardware in an error instead (a pool file's ``groups[i].hardware``)."""
     if engine_kind == "timed":
         cpu = {"cpu": "1", "memory": "1Gi"}
         return PodResources(cpu, {"memory": "2Gi"}, None, "emulated (timed): no GPU")
@@ -63,8 +70,9 @@ def pod_resources(
     if gpu is None:
         known = ", ".join(supported_hardware())
         raise UsageError(
-            f"sites[{site_index}].hardware: {hardware!r} (site {site}) has no Kubernetes "
-            f"resource mapping (one of {known})"
+            f"{field or f'sites[{site_index}].hardware'}: {hardware!r} "
+            f"({'group' if field else 'site'} {site}) has no Kubernetes resource mapping "
+            f"(one of {known})"
         )
     n = gpu.num_gpus
     requests = {

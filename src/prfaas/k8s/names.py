@@ -34,6 +34,13 @@ COMPOSED_FILE = f"{RUN_DIR}/deployment.yaml"
 NODES_FILE = f"{RUN_DIR}/nodes"
 SIDECAR_FILE = f"{RUN_DIR}/sidecar.yaml"
 
+TENANT_KEYS_DIR = "/etc/prfaas/tenant-keys"
+"""A pool's pods: ``TENANT/KEY_ID`` (and ``TENANT/receivers-ca.crt``) from the tenants' Secrets."""
+POOL_KEY_DIR = "/etc/prfaas/pool-key"
+"""A tenant's pods: its pool key ``KEY_ID`` (and the front door's ``ca.crt``) from one Secret."""
+POOL_WORKDIR = f"{RUN_DIR}/pool"
+"""A pool pod's composed workdir (``pool.resolved.yaml``, the internal key, its nodes file)."""
+
 SITE_LABEL = "prfaas.io/site"
 ROLE_LABEL = "llm-d.ai/role"
 DECODES_LABEL = "prfaas.io/decodes"
@@ -44,13 +51,14 @@ def dns(part: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", part.lower()).strip("-")
 
 
-def check_site_names(sites: list[str]) -> None:
+def check_site_names(sites: list[str], field: str = "sites") -> None:
+    """Two names that become one Kubernetes name are refused naming ``field``."""
     seen: dict[str, str] = {}
     for site in sites:
         key = dns(site)
         if key in seen:
             raise UsageError(
-                f"sites: {seen[key]!r} and {site!r} become the same Kubernetes name {key!r}"
+                f"{field}: {seen[key]!r} and {site!r} become the same Kubernetes name {key!r}"
             )
         seen[key] = site
 
@@ -87,6 +95,27 @@ class Names:
     @property
     def api_key_secret(self) -> str:
         return f"{self.prefix}-api-key"
+
+    @property
+    def front_door(self) -> str:
+        return f"{self.prefix}-front-door"
+
+    @property
+    def front_door_control(self) -> str:
+        return f"{self.prefix}-front-door-control"
+
+    @property
+    def front_door_tls_secret(self) -> str:
+        return f"{self.prefix}-front-door-tls"
+
+    def tenant_secret(self, tenant: str) -> str:
+        """A pool's Secret of one tenant: its key(s) by id and its receivers' CA."""
+        return f"{self.prefix}-tenant-{dns(tenant)}"
+
+    @property
+    def pool_key_secret(self) -> str:
+        """A tenant's Secret: its pool key (and the front door's CA)."""
+        return f"{self.prefix}-pool-key"
 
     @property
     def epp(self) -> str:

@@ -15,6 +15,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from prfaas.config import DeploymentConfig
+from prfaas.k8s import tenant
 from prfaas.k8s.hardware import GPU_PRODUCT_LABEL, PodResources
 from prfaas.k8s.names import (
     CONFIG_DIR,
@@ -97,6 +98,10 @@ def volumes(
             {"name": "tls", "secret": {"secretName": names.tls_secret, "defaultMode": 0o400}}
         )
         mounts.append({"name": "tls", "mountPath": TLS_DIR, "readOnly": True})
+    if d.pool is not None:  # a tenant: its gateway signs with the key, decode nodes receive
+        vol, mount = tenant.volume(names)
+        vols.append(vol)
+        mounts.append(mount)
     if weights:
         paths = {d.engine_for(s.name).model_path for s in d.sites} | {d.engine.model_path}
         claim = opts.weights_claim or f"{names.prefix}-weights"
@@ -106,11 +111,11 @@ def volumes(
         # The model folders are read at the paths the file names: the claim is mounted at the
         # common parent of them all.
         folders = sorted(str(PurePosixPath(p)) for p in paths if p)
-        mounts.append({"name": "weights", "mountPath": _common_parent(folders), "readOnly": True})
+        mounts.append({"name": "weights", "mountPath": common_parent(folders), "readOnly": True})
     return sorted(vols, key=lambda v: v["name"]), sorted(mounts, key=lambda m: m["name"])
 
 
-def _common_parent(paths: list[str]) -> str:
+def common_parent(paths: list[str]) -> str:
     parts = [PurePosixPath(p).parent.parts for p in paths]
     common: list[str] = []
     for level in zip(*parts, strict=False):

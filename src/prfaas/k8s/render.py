@@ -8,7 +8,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from prfaas.config import DeploymentConfig
-from prfaas.k8s import config_files, inference, monitoring, policies, secrets, unsupported
+from prfaas.errors import UsageError
+from prfaas.k8s import (
+    config_files,
+    inference,
+    monitoring,
+    policies,
+    secrets,
+    tenant,
+    unsupported,
+)
 from prfaas.k8s.groups import NodeGroup, node_groups
 from prfaas.k8s.names import Names, check_site_names
 from prfaas.k8s.options import RenderOptions
@@ -35,6 +44,11 @@ def render_deployment(
 ) -> Rendering:
     d.require_one_pd_site()
     unsupported.refuse_unrenderable(d)
+    if d.pool is not None and inference_pool:
+        raise UsageError(
+            "--inference-pool: not rendered for a pool's tenant file (the picker has no pool "
+            "key and its pool route is untried)"
+        )
     check_site_names([s.name for s in d.sites])
     names = Names(opts.name)
     groups = node_groups(d, names)
@@ -55,6 +69,8 @@ def render_deployment(
     out.extend(policies.disruption_budget(names, g, ns, model) for g in groups)
     _, control_port = config_files.gateway_ports(d)
     out.extend(policies.network_policies(names, ns, control_port, inference_pool))
+    if d.pool is not None:
+        out.append(tenant.pool_kv_policy(names, ns))
     out.append(monitoring.service_monitor(names, ns))
     out.extend(
         monitoring.scaled_object(names, g, ns, opts.prometheus_url) for g in groups if g.scalable

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from prfaas.config import DeploymentConfig
 from prfaas.errors import UsageError
+from prfaas.k8s import tenant
 from prfaas.perf.profile_file import is_profile_file
 
 
@@ -65,4 +66,4 @@ def warnings_for(d: DeploymentConfig) -> tuple[str, ...]:
             "engine.kind timed: the pods emulate their hardware (no GPU requested); the link is "
             "paced at gbps * byte_divisor / time_scale as under prfaas up"
         )
-    return tuple(out)
+    return (*out, *tenant.warnings_for(d))

@@ -90,10 +90,10 @@ class PoolLauncher:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._write_files()
         try:
-            self._add(FRONT_DOOR, ["-m", "prfaas.pool.service", str(self.workdir)])
+            self._add(FRONT_DOOR, front_door_args(self.workdir))
             self._wait(deadline, lambda h: True, "the front door to answer")
             for g in self.pool.groups:
-                self._add(g.name, ["-m", "prfaas.pool.node_main", str(self.workdir), g.name])
+                self._add(g.name, node_group_args(self.workdir, g.name))
             wanted = sum(len(g.node_names) for g in self.pool.groups)
             self._wait(deadline, lambda h: int(h["nodes_live"]) >= wanted,
                        f"{wanted} pool nodes to register")  # fmt: skip
@@ -272,6 +272,18 @@ class PoolLauncher:
             self.supervisor.remove(name, time.monotonic())
         for log_ in self._logs.values():
             log_.close()
+
+
+def front_door_args(workdir: Path) -> list[str]:
+    """The front door's process (after the interpreter): what ``start`` runs and a Kubernetes
+    front door pod execs (``k8s.pool_entry``)."""
+    return ["-m", "prfaas.pool.service", str(workdir)]
+
+
+def node_group_args(workdir: Path, group: str, host: str | None = None) -> list[str]:
+    """A node group's process; ``host``: the address its nodes bind and advertise (default: the
+    front door's host, as on one machine; a Kubernetes pod gives its own IP)."""
+    return ["-m", "prfaas.pool.node_main", str(workdir), group, *([host] if host else [])]
 
 
 def said_of(pool: PoolFileConfig, not_reloaded: list[str]) -> str:

@@ -1,9 +1,10 @@
-"""A pool group's node process: ``python -m prfaas.pool.node_main WORKDIR GROUP`` (the pool's
-launcher starts it). The same ``WorkerHost`` and node API as a deployment's PrfaaS node, from the
-group's node deployment file (``pool.nodes_file``), holding every tenant's key besides the pool's
-internal one: its KV links to a tenant's receivers authenticate with that tenant's key
-(``PrefillCommand.key_id``), and it registers and heartbeats at the front door's node listener.
-Timed groups share one process (like a deployment's timed site).
+"""A pool group's node process: ``python -m prfaas.pool.node_main WORKDIR GROUP [HOST]`` (the
+pool's launcher starts it; a Kubernetes pod gives HOST, its own address). The same ``WorkerHost``
+and node API as a deployment's PrfaaS node, from the group's node deployment file
+(``pool.nodes_file``), holding every tenant's key besides the pool's internal one: its KV links to
+a tenant's receivers authenticate with that tenant's key (``PrefillCommand.key_id``), and it
+registers and heartbeats at the front door's node listener. Timed groups share one process (like
+a deployment's timed site).
 """
 
 from __future__ import annotations
@@ -35,15 +36,17 @@ def link_keys(workdir: Path) -> tuple[dict[str, bytes], dict[str, KeyTLS]]:
     return {kid: key for kid, (_, key) in found.items()}, tls
 
 
-def run(workdir: Path, group: str) -> None:
+def run(workdir: Path, group: str, host: str | None = None) -> None:
+    """``host``: the address the nodes bind and advertise; default the front door's host (one
+    machine). A pod's differs from its front door's (a Service): it passes its own IP."""
     from prfaas.serve.node.app import create_node_app
     from prfaas.serve.node.host import WorkerHost
 
     d = load_deployment(workdir / nodes_name(group))
     names = [n.name for s in d.sites if s.kind == "prfaas" for n in s.nodes]
+    host = host or d.gateway.host
 
     async def main() -> None:
-        host = d.gateway.host
         keys, tls = link_keys(workdir)
         worker = WorkerHost(d, names, d.control_url, host=host, link_keys=keys, link_tls=tls)
         sock = bind(host, max(d.node(n).port for n in names))
@@ -75,4 +78,4 @@ def run(workdir: Path, group: str) -> None:
 
 
 if __name__ == "__main__":
-    run(Path(sys.argv[1]), sys.argv[2])
+    run(Path(sys.argv[1]), sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)

@@ -155,3 +155,25 @@ def test_a_decode_pods_sidecar_serves_its_decode_node(tmp_path: Path, monkeypatc
         "--node",
         "d0",
     ]
+
+
+def test_keys_still_accepted_in_a_rotation_stay_in_the_secret(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """``accept_psks`` are keys: never in the ConfigMap, in the psk Secret with --with-secrets,
+    and composed back into the pod's file by the entry (the rotation works in a pod)."""
+    from prfaas.k8s.names import Names
+    from prfaas.k8s.secrets import secret_manifests
+
+    old = "k8s-entry-old-key-" + "cd" * 16
+    d = load_deployment(ROOT / "examples" / "two-site.yaml", require_psk=True)
+    d = d.model_copy(update={"psk": KEY, "accept_psks": [old]})
+    r = render_deployment(d, RenderOptions(name="t"))
+    assert old not in repr(r.manifests)
+    (psk_secret,) = [m for m in secret_manifests(d, Names("t"), "default")
+                     if "psk" in m["data"]]  # fmt: skip
+    assert set(psk_secret["data"]) == {"psk", "accept_psks"}
+    pod_root(tmp_path, monkeypatch, "two-site.yaml")
+    (tmp_path / "pod/etc/prfaas/secret/accept_psks").write_text(old + "\n")
+    raw = entry.compose("nodes.yaml")
+    assert raw["psk"] == KEY and raw["accept_psks"] == [old]
