@@ -82,6 +82,11 @@ async def _tenant_run(pool: LivePool) -> None:
             row = counters["tenants"]["tenant-a"]
             assert row["accepted"] == row["placed"] == row["done"] == NUM_REQUESTS, counters
             assert counters["tenants"]["tenant-b"]["accepted"] == 0
+            # The same per tenant for Prometheus, unsigned on the pool's listener only.
+            scraped = httpx.get(f"{pool.control_url}/metrics").text
+            done = 'prfaas_pool_tenant_prefills_total{outcome="done",tenant="tenant-a"}'
+            assert f"{done} {float(NUM_REQUESTS)}" in scraped, scraped
+            assert httpx.get(f"{pool.url}/metrics").status_code in (401, 404)
         finally:
             consumer.cancel()
             await a.aclose()

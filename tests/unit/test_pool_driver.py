@@ -187,3 +187,34 @@ async def test_a_draining_node_is_offered_nothing_new() -> None:
     assert [n for n, _ in nodes.commands] == ["n0"]
     nodes.release.set()
     await d.aclose()
+
+
+async def test_the_pool_metrics_read_the_driver_per_tenant_and_group() -> None:
+    """``/metrics`` (pool/metrics.py): per tenant its prefills by outcome and its queue, per group
+    its nodes by state, read from the driver at scrape time."""
+    from prometheus_client import generate_latest
+
+    from prfaas.pool.metrics import pool_registry
+
+    nodes, clock = Nodes(), Clock()
+    d = _driver(nodes, clock)
+    registry = pool_registry(d, lambda: 3)
+    assert d.heartbeat(Heartbeat(process="p", reports=[]))
+    _submit(d, clock, "r1")
+    _submit(d, clock, "r2")
+    d.tick()
+    await asyncio.sleep(0)
+    text = generate_latest(registry).decode()
+    assert 'prfaas_pool_tenant_prefills_total{outcome="accepted",tenant="a"} 2.0' in text
+    assert 'prfaas_pool_tenant_prefills_total{outcome="placed",tenant="a"} 1.0' in text
+    assert 'prfaas_pool_tenant_running{tenant="a"} 1.0' in text
+    assert 'prfaas_pool_tenant_queued_tokens{tenant="a"} 1000.0' in text
+    assert 'prfaas_pool_tenant_prefills_total{outcome="accepted",tenant="b"} 0.0' in text
+    assert 'prfaas_pool_nodes{group="g",state="busy"} 1.0' in text
+    assert "prfaas_pool_epoch 5.0" in text and "prfaas_pool_key_reloads_total 3.0" in text
+    nodes.release.set()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    text = generate_latest(registry).decode()
+    assert 'prfaas_pool_tenant_prefills_total{outcome="done",tenant="a"} 1.0' in text
+    await d.aclose()

@@ -5,8 +5,9 @@ signed API v1 (``pool.app``) and an open ``/health``; ``front_door.control_port`
 own listener, signed with the pool's internal key (``serve.auth_middleware``): the nodes register
 and heartbeat there (``/internal/register``, ``/internal/heartbeat``, as they do at a gateway),
 and the operator reads ``/internal/tenants`` (per-tenant counters and accepted key ids: not
-reachable with a tenant's key) and ``/internal/nodes``. The ``PlacementDriver`` runs in the same
-event loop. SIGHUP reloads the tenant list and keys (``TenantReload``).
+reachable with a tenant's key), ``/internal/nodes`` and, open for Prometheus, ``/metrics``
+(``pool.metrics``: the same figures per tenant and per group). The ``PlacementDriver`` runs in
+the same event loop. SIGHUP reloads the tenant list and keys (``TenantReload``).
 
 The admission's clock is modelled seconds (wall over ``units.time_scale``, like the nodes' cost
 models); the lease is the file's ``lease_s`` of wall time. SIGINT/SIGTERM stop the server (uvicorn)
@@ -25,12 +26,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from prfaas.perf import CostModel, cost_model_for_hardware, is_profile_file
 from prfaas.pool.app import TenantKeys, create_app
 from prfaas.pool.driver import PlacementDriver
 from prfaas.pool.frontdoor import FrontDoor
+from prfaas.pool.metrics import pool_registry
 from prfaas.pool.resolved import internal_psk, load_resolved, tenant_keys
 from prfaas.pool_file import pool_shape
 from prfaas.pool_sections import PoolFileConfig, PoolGroup
@@ -137,7 +140,13 @@ def _operator_app(driver: PlacementDriver, ring: Any, reload: TenantReload) -> F
     app = FastAPI(title="prfaas pool (nodes, operator)", docs_url=None, redoc_url=None,
                   openapi_url=None)  # fmt: skip
     internal_errors.install(app)
-    app.add_middleware(SignatureMiddleware, verifier=Verifier(ring), exempt=("/health",))
+    # /metrics open like /health: Prometheus cannot sign (pool/metrics.py says why it may).
+    app.add_middleware(SignatureMiddleware, verifier=Verifier(ring), exempt=("/health", "/metrics"))
+    registry = pool_registry(driver, lambda: reload.num_reloads)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/internal/register")
     async def register(reg: Registration) -> dict[str, str]:

@@ -1,0 +1,110 @@
+"""The pool's Prometheus metrics (``GET /metrics`` on the operator's listener).
+
+Per tenant: its prefills by outcome, queued tokens, running prefills, expected queueing,
+entitled and attainable shares, whether it is revoked; per node group: its nodes by state; the
+front door's epoch and key reloads. Everything is read from the placement driver and its front
+door when Prometheus scrapes (a custom collector), so nothing is counted twice and a restarted
+door starts from zero under a new epoch, as counters should.
+
+Why the operator's listener, unsigned: Prometheus cannot sign, and per-tenant figures are the
+operator's, not a tenant's - tenants' keys do not open this listener (a tenant reads its own
+figures through the signed tenant API's feedback), and the rendered NetworkPolicy keeps its port to
+the pool's namespace and monitoring. Like ``/health``, it carries counts, never keys or tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from prfaas.pool.driver import PlacementDriver
+
+OUTCOMES = ("accepted", "placed", "done", "failed", "aborted")
+"""The driver's per-tenant counters, in the order a prefill meets them."""
+
+
+class PoolCollector(Collector):
+    def __init__(self, driver: PlacementDriver, key_reloads: Callable[[], int]) -> None:
+        self.driver = driver
+        self.key_reloads = key_reloads
+
+    def collect(self) -> Iterator[Metric]:
+        driver = self.driver
+        door = driver.door
+        now = driver.clock()
+        prefills = CounterMetricFamily(
+            "prfaas_pool_tenant_prefills",
+            "Prefills of a tenant by what happened to them, since the front door started",
+            labels=["tenant", "outcome"],
+        )
+        gauges = {
+            name: GaugeMetricFamily(f"prfaas_pool_tenant_{name}", text, labels=["tenant"])
+            for name, text in (
+                ("queued_tokens", "Uncached prompt tokens of a tenant's queued prefills"),
+                ("running", "A tenant's prefills running on pool nodes"),
+                ("expected_queueing_seconds", "How long a prefill submitted now would wait "
+                 "before it starts (modelled seconds; the worst group)"),
+                ("entitled_share", "weight / the weights of the tenants active now"),
+                ("attainable_share", "The pool share the tenant would get if it offered more"),
+                ("revoked", "1 when the tenant's keys were withdrawn by a reload"),
+            )
+        }  # fmt: skip
+        for tenant, counts in sorted(driver.counters.items()):
+            for outcome in OUTCOMES:
+                prefills.add_metric([tenant, outcome], counts[outcome])
+            fb = door.feedback(tenant, now)
+            values = {
+                "queued_tokens": fb.queued_tokens,
+                "running": fb.running,
+                "expected_queueing_seconds": fb.expected_queueing_s,
+                "entitled_share": fb.entitled_share,
+                "attainable_share": fb.attainable_share,
+                "revoked": float(door.revoked(tenant)),
+            }
+            for name, value in values.items():
+                gauges[name].add_metric([tenant], value)
+        yield prefills
+        yield from gauges.values()
+        nodes = GaugeMetricFamily(
+            "prfaas_pool_nodes",
+            "Pool nodes by group and state (busy: running a prefill; free: live, taking work)",
+            labels=["group", "state"],
+        )
+        by_group: dict[str, dict[str, int]] = {
+            g: dict.fromkeys(("busy", "free", "draining", "faulted", "silent"), 0)
+            for g in sorted(set(driver.node_groups.values()))
+        }
+        for name, n in driver.nodes.items():
+            if n.fault:
+                state = "faulted"
+            elif not driver.live(name):
+                state = "silent"
+            elif name in driver.busy:
+                state = "busy"
+            elif n.draining:
+                state = "draining"
+            else:
+                state = "free"
+            by_group[n.group][state] += 1
+        for group, states in by_group.items():
+            for state, count in states.items():
+                nodes.add_metric([group, state], count)
+        yield nodes
+        epoch = GaugeMetricFamily("prfaas_pool_epoch", "The front door's epoch")
+        epoch.add_metric([], door.epoch)
+        yield epoch
+        reloads = CounterMetricFamily(
+            "prfaas_pool_key_reloads", "Reloads of the tenant key list (SIGHUP, prfaas reload)"
+        )
+        reloads.add_metric([], self.key_reloads())
+        yield reloads
+
+
+def pool_registry(driver: PlacementDriver, key_reloads: Callable[[], int]) -> CollectorRegistry:
+    """A registry of the pool's own (not the process default: a test may build several doors)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PoolCollector(driver, key_reloads))
+    return registry
