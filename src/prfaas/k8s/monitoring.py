@@ -1,5 +1,5 @@
-"""Prometheus scraping (a ServiceMonitor over the gateway's ``/metrics``) and a KEDA
-``ScaledObject`` per scalable PrfaaS group.
+"""Prometheus scraping (a ServiceMonitor over the gateway's, or a pool front door's,
+``/metrics``) and a KEDA ``ScaledObject`` per scalable PrfaaS group.
 
 The scaler reads prfaas's own backlog as the gateway exports it today: the prefill queue of the
 group's nodes, ``prfaas_stage_queue_depth{stage="prefill_queue", node=~"<group>-.*"}`` (a
@@ -23,7 +23,11 @@ MAX_SCALE_FACTOR = 4
 """The group may grow to this many times its file's count."""
 
 
-def service_monitor(names: Names, namespace: str) -> Manifest:
+def service_monitor(
+    names: Names, namespace: str, component: str = "gateway", port: str = "http"
+) -> Manifest:
+    """Scrape ``/metrics`` on ``port`` of the Services labelled ``component`` (a deployment's
+    gateway; a pool's front door control Service)."""
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
@@ -33,9 +37,9 @@ def service_monitor(names: Names, namespace: str) -> Manifest:
             "labels": names.labels("monitoring"),
         },
         "spec": {
-            "selector": {"matchLabels": names.selector("gateway")},
+            "selector": {"matchLabels": names.selector(component)},
             "namespaceSelector": {"matchNames": [namespace]},
-            "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],
+            "endpoints": [{"port": port, "path": "/metrics", "interval": "15s"}],
         },
     }
 

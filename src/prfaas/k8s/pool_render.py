@@ -8,10 +8,10 @@ the tenant), and RBAC can grant one tenant's Secret by name; the pods project th
 directory. The pool's internal key (front door <-> nodes, what ``prfaas up`` makes per run) is
 ``NAME-psk``; the front door's TLS ``NAME-front-door-tls``.
 
-Not rendered: a ServiceMonitor (neither the front door nor pool nodes export ``/metrics``; the
-per-tenant counters are the signed ``/internal/tenants``), a ScaledObject (a pool file has no
-autoscaling: its groups are the file's nodes), a drain hook for pool nodes (the placement driver
-does not yet skip a node that reports draining)."""
+A ServiceMonitor scrapes the front door's ``/metrics`` on its control Service (per tenant and per
+group: ``pool/metrics.py``). Not rendered: a ScaledObject (a pool file has no autoscaling: its
+groups are the file's nodes), a drain hook for pool nodes (a pool node takes no notice on
+SIGTERM yet)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from prfaas.errors import UsageError
-from prfaas.k8s import policies, pool_files
+from prfaas.k8s import monitoring, policies, pool_files
 from prfaas.k8s.names import Names, check_site_names
 from prfaas.k8s.options import RenderOptions
 from prfaas.k8s.pool_policies import pool_network_policies
@@ -56,6 +56,7 @@ def render_pool(pool: PoolFileConfig, path: Path, opts: RenderOptions) -> Render
         model = names_safe(pool.groups[g.site_index].model)
         out.append(policies.disruption_budget(names, g, ns, model))
     out.extend(pool_network_policies(names, ns))
+    out.append(monitoring.service_monitor(names, ns, "front-door-control", "control"))
     keys = tuple(pool_secrets(pool, path, names, ns)) if opts.with_secrets else ()
     return Rendering(tuple(out), keys, warnings_for(pool), groups)
 
@@ -105,11 +106,9 @@ def pool_secrets(pool: PoolFileConfig, path: Path, names: Names, ns: str) -> lis
 
 def warnings_for(pool: PoolFileConfig) -> tuple[str, ...]:
     out = [
-        "not rendered: a ServiceMonitor (the front door and pool nodes export no /metrics; "
-        "per-tenant counters are the signed /internal/tenants on the control port)",
-        "pool nodes: no drain on termination (the placement driver does not skip a node that "
-        "reports draining): a stopped pod fails its running prefill, which its tenant prefills "
-        "locally (failed:node_lost)",
+        "pool nodes: no drain hook on termination: a node process stops on SIGTERM as its "
+        "server does (requests in flight may finish within the grace period); prefills placed "
+        "on it meanwhile fail and their tenants prefill them locally (failed:node_lost)",
     ]
     if pool.front_door.host not in ("127.0.0.1", "0.0.0.0", "localhost"):
         out.append(

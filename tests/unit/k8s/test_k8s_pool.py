@@ -73,6 +73,7 @@ def test_the_pool_renders_its_front_door_and_groups_without_keys() -> None:
         "StatefulSet": 2,  # one per node group
         "PodDisruptionBudget": 2,
         "NetworkPolicy": 2,
+        "ServiceMonitor": 1,  # the front door's /metrics
     }
     assert r.secrets == ()
     text = to_yaml(r.manifests, "")
@@ -114,7 +115,13 @@ def test_the_pool_renders_its_front_door_and_groups_without_keys() -> None:
     policy = objs[("NetworkPolicy", "pool-front-door")]["spec"]["ingress"]
     assert policy[0] == {"ports": [{"protocol": "TCP", "port": "api"}]}
     assert {"podSelector": {}} in policy[1]["from"]
-    assert "ServiceMonitor" in " ".join(r.warnings) and "ScaledObject" not in kinds(r.manifests)
+    assert "ScaledObject" not in kinds(r.manifests)
+    # Prometheus scrapes the front door's /metrics on its control Service
+    monitor = objs[("ServiceMonitor", "pool")]["spec"]
+    control = objs[("Service", "pool-front-door-control")]
+    assert monitor["endpoints"][0]["port"] == "control"
+    assert monitor["endpoints"][0]["port"] in {p["name"] for p in control["spec"]["ports"]}
+    assert monitor["selector"]["matchLabels"].items() <= control["metadata"]["labels"].items()
 
 
 @pytest.mark.parametrize("path", TENANTS, ids=lambda p: p.stem)
