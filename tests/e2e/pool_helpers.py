@@ -34,14 +34,16 @@ tenants:
 """
 
 
-def submit_body(tenant: str, rid: str, receiver: str, num_tokens: int) -> dict[str, object]:
-    """A ``POST /v1/submit`` body for a ``paper-1t`` prefill of ``num_tokens`` (session
+def submit_body(
+    tenant: str, rid: str, receiver: str, num_tokens: int, model: str = "paper-1t"
+) -> dict[str, object]:
+    """A ``POST /v1/submit`` body for a prefill of ``num_tokens`` of a preset ``model`` (session
     ``s-RID``)."""
     from prfaas.serve.node.messages import pack_tokens
 
     return {
-        "tenant": tenant, "request_id": rid, "model": "paper-1t",
-        "fingerprint": {"config": "paper-1t", "block_tokens": "512"},
+        "tenant": tenant, "request_id": rid, "model": model,
+        "fingerprint": {"config": model, "block_tokens": "512"},
         "num_uncached_tokens": num_tokens, "receiver": receiver, "session": f"s-{rid}",
         "tokens": pack_tokens([5] * num_tokens), "sampling": {"max_new_tokens": 4},
     }  # fmt: skip
