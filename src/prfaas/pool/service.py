@@ -32,6 +32,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prfaas.perf import CostModel, cost_model_for_hardware, is_profile_file
 from prfaas.pool.app import TenantKeys, create_app
 from prfaas.pool.driver import PlacementDriver
+from prfaas.pool.fingerprint import model_fingerprint
 from prfaas.pool.frontdoor import FrontDoor
 from prfaas.pool.metrics import pool_registry
 from prfaas.pool.resolved import internal_psk, load_resolved, tenant_keys
@@ -49,10 +50,15 @@ log = logging.getLogger("prfaas.pool")
 
 
 def fingerprints(pool: PoolFileConfig) -> dict[str, dict[str, str]]:
-    """What a submit's fingerprint must say per model: the model's name and the pool's block size
-    (a torch group's dtype, weights digest and cache layout are not checked yet)."""
-    block = str(pool.units.block_tokens)
-    return {g.model: {"config": g.model, "block_tokens": block} for g in pool.groups}
+    """What a submit's fingerprint must say per model (``pool.fingerprint``): the model's name
+    and the pool's block size; a group with a model folder (torch, vLLM) its dtype, cache layout
+    and weights digest too."""
+    return {
+        g.model: model_fingerprint(
+            g.model, pool.units.block_tokens, g.model_path if g.kind != "timed" else None
+        )
+        for g in pool.groups
+    }
 
 
 def group_costs(group: PoolGroup) -> CostModel:

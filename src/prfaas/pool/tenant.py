@@ -37,8 +37,10 @@ from prometheus_client import CollectorRegistry, Counter
 
 from prfaas.config import DeploymentConfig, NodeConfig, SiteConfig
 from prfaas.core.link_config import LinkConfig
+from prfaas.errors import UsageError
 from prfaas.policy.pool_session import PoolSession
 from prfaas.pool.client import PoolClient, PoolUnreachable, Refusal, pool_verify
+from prfaas.pool.fingerprint import model_fingerprint
 from prfaas.pool_file import resolve_key
 from prfaas.serve.gateway.node_client import NodeCallFailed, NodeClient
 from prfaas.serve.gateway.registry import NodeRegistry
@@ -101,6 +103,7 @@ class TenantPoolLink:
         # still picked the ``pool`` node (in rotation) and every offload failed at once as
         # ``pool_silent``, its prefix then cached at home keeping the rest local.
         self.session = PoolSession(silence_s=d.gateway.heartbeat_timeout_s)
+        self.fingerprint = tenant_fingerprint(d)
         self.fallbacks = Counter(
             "pool_fallbacks",
             "Offloads to the PrfaaS pool given up on, by reason: prefilled locally (the "
@@ -208,7 +211,7 @@ class TenantPoolLink:
         d = self.deployment
         body = {
             "tenant": self.ref.tenant, "request_id": rid, "model": d.engine.model,
-            "fingerprint": {"config": d.engine.model, "block_tokens": str(d.engine.block_tokens)},
+            "fingerprint": self.fingerprint,
             "num_uncached_tokens": max(1, num_tokens - cmd.receiver_cached_tokens),
             "receiver": cmd.decode_node, "session": rid, "tokens": cmd.tokens,
             "sampling": cmd.sampling.model_dump(),
@@ -306,3 +309,17 @@ class PoolNodeClient:
         with contextlib.suppress(Exception):
             await self.link.aclose()
         await self.inner.aclose()
+
+
+def tenant_fingerprint(d: DeploymentConfig) -> dict[str, str]:
+    """The fingerprint of the model the tenant's decode nodes run (``pool.fingerprint``): its
+    PD site's engine; a model folder that cannot be read leaves the folder's fields out (the
+    pool then refuses the submits naming the field, and the tenant prefills locally)."""
+    (site,) = [s.name for s in d.sites if s.kind == "pd"]
+    engine = d.engine_for(site)
+    folder = engine.model_path if engine.kind in ("torch", "vllm") else None
+    try:
+        return model_fingerprint(engine.model, engine.block_tokens, folder)
+    except (OSError, ValueError, UsageError) as exc:
+        log.warning("pool: the model folder %s gives no fingerprint: %s", folder, exc)
+        return model_fingerprint(engine.model, engine.block_tokens)
