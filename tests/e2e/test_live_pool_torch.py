@@ -176,7 +176,8 @@ def test_a_pool_torch_node_prefills_and_each_tenant_decodes_the_same_tokens(
                 if "pool" in ln.lower()]  # fmt: skip
         print(route, "\n".join(said[-20:]), pool.log_tail(), sep="\n")
     assert route["offloaded"] and route["prefill_site"] == "pool", route
-    assert route["decode_node"] == "d0", route  # (a pool route does not carry its KV bytes)
+    assert route["decode_node"] == "d0", route
+    assert route["kv_bytes"] > 0, route  # the pool's outcome carries its node's KV bytes back
     assert tokens == _expected(reference(tenant, long), finish)
     short = _prompt(2, 40)
     tokens, finish, route = _served(live, model, short)

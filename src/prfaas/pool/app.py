@@ -215,7 +215,7 @@ def create_app(
         if out is None:  # another tenant's id reads the same as an unknown one
             return error_response(404, f"no request {request_id!r}", code="unknown_request")
         return {"epoch": out.epoch, "request_id": out.request_id, "state": out.state,
-                "reason": out.reason}  # fmt: skip
+                "reason": out.reason, "kv_bytes_sent": out.kv_bytes_sent}  # fmt: skip
 
     @app.post("/v1/abort/{request_id}")
     async def abort(request: Request, request_id: str) -> Any:

@@ -206,10 +206,12 @@ class PlacementDriver:
 
     async def _prefill(self, node: str, key: tuple[str, str], cmd: PrefillCommand) -> None:
         error = ""
+        sent = 0
         try:
             outcome: PrefillOutcome = await self.client.prefill(self.nodes[node].endpoint, cmd)
             if not outcome.ok:
                 error = f"prefill: {outcome.error}"[:200]
+            sent = outcome.kv_bytes_sent
         except NodeCallFailed as exc:
             error = "node_lost" if exc.kind == "unreachable" else f"node_{exc.kind}"
             log.warning("pool node %s: prefill %s failed: %s", node, key, exc)
@@ -218,7 +220,7 @@ class PlacementDriver:
                 del self.busy[node]
             self._unsent.pop(key, None)
             self._sessions.pop(key, None)
-        self.door.finished(*key, self.clock(), error=error)
+        self.door.finished(*key, self.clock(), error=error, kv_bytes_sent=sent)
         out = self.door.outcome(*key)
         if out is not None and out.state in ("done", "failed"):
             self.counters[key[0]][out.state] += 1

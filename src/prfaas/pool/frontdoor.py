@@ -72,6 +72,8 @@ class Outcome:
     state: str
     """``queued`` | ``running`` | ``done`` | ``failed`` | ``aborted``."""
     reason: str = ""
+    kv_bytes_sent: int = 0
+    """A done prefill's KV payload bytes its node sent (what the tenant's route log counts)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,15 +182,18 @@ class FrontDoor:
         self._outcomes[key] = Outcome(self.epoch, job.request_id, "running")
         return Placement(job, node, receiver, session)
 
-    def finished(self, tenant: str, request_id: str, now: float, error: str = "") -> None:
-        """A placed prefill ended: done, or failed with ``error`` (a lost node, a refused link)."""
+    def finished(
+        self, tenant: str, request_id: str, now: float, error: str = "", kv_bytes_sent: int = 0
+    ) -> None:
+        """A placed prefill ended: done (its node sent ``kv_bytes_sent`` payload bytes), or
+        failed with ``error`` (a lost node, a refused link)."""
         key = (tenant, request_id)
         ran = self._running.pop(key, None)
         if ran is None:
             return  # aborted already
         self.admission.finish(ran[0], now)
         state = "failed" if error else "done"
-        self._outcomes[key] = Outcome(self.epoch, request_id, state, error)
+        self._outcomes[key] = Outcome(self.epoch, request_id, state, error, kv_bytes_sent)
 
     def abort(self, tenant: str, request_id: str, now: float) -> Abort | None:
         """The tenant gave up on one prefill (its client went away): dropped if queued, to be

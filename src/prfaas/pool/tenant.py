@@ -250,7 +250,8 @@ class TenantPoolLink:
             state = out["state"]
             if state == "done":
                 self.offloads.labels(outcome="done").inc()
-                return PrefillOutcome(request_id=rid, ok=True)
+                sent = int(out.get("kv_bytes_sent") or 0)  # an older door: not said
+                return PrefillOutcome(request_id=rid, ok=True, kv_bytes_sent=sent)
             if state in ("failed", "aborted"):
                 reason = str(out.get("reason") or state).split(":")[0]
                 raise self._fail(f"failed:{reason}", "rejected", f"pool: {state} {out['reason']}")
