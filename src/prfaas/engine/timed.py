@@ -296,6 +296,14 @@ class TimedEngine:
         """The batcher's next batch from the queue's head starts now (or when the previous one
         ended, if that was a moment ago); its members learn when through their futures."""
         queue = self._prefill_queue
+        # A request abandoned while queued has its future cancelled at once, but leaves the
+        # queue only when its own task next runs: a batch starting in between (another
+        # request's stream closed in the same step) must pass it by, not set its result.
+        if any(j.batch.done() for j in queue):
+            self._prefill_queue = queue = deque(j for j in queue if not j.batch.done())
+        if not queue:
+            self._prefill_members_left = 0
+            return
         head = [j.num_new_tokens for j in itertools.islice(queue, PREFILL_LOOKAHEAD)]
         plan = self.batcher.next_batch(head)
         jobs = [queue.popleft() for _ in range(plan.num_requests)]

@@ -203,3 +203,30 @@ def test_decode_admission_memory_and_batch_limits() -> None:
         assert (small.num_batched, small.num_running) == (0, 0)
 
     run_virtual(main())
+
+
+def test_a_batch_starting_as_a_queued_request_is_abandoned_passes_it_by() -> None:
+    """A queued request's wait cancelled (its client gone, say: a decode node died) cancels its
+    future at once, but it leaves the queue only when its task next runs. Another request's
+    stream closed in that same step ends the running batch and starts the next one: it must pass
+    the abandoned request by, not set its future (InvalidStateError, which left the node with no
+    batch running and every later prefill queued for ever: seen in a soak with a killed decode
+    node). A later request is prefilled as usual."""
+
+    async def main() -> None:
+        engine = _engine()
+        running = engine.prefill_stream(PrefillRequest("a", tuple(range(8000)), SamplingParams()))
+        await running.__anext__()  # "a" holds the instance, mid-batch
+        queued = engine.prefill_stream(PrefillRequest("b", tuple(range(2000)), SamplingParams()))
+        waiting = asyncio.ensure_future(queued.__anext__())
+        await asyncio.sleep(0)  # "b" waits in the queue for its batch
+        waiting.cancel()  # its future is cancelled now; its own cleanup runs later
+        await running.aclose()  # "a" abandoned in the same step: its batch ends, the next starts
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await queued.aclose()
+        later = engine.prefill_stream(PrefillRequest("c", tuple(range(1000)), SamplingParams()))
+        outputs = [out async for out in later]
+        assert len(outputs) == engine.cache_spec.num_layers + 1  # every layer, then the result
+
+    run_virtual(main())
