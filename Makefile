@@ -69,8 +69,8 @@ typecheck: $(STAMP)
 # lint and types at nice 19, in the time the integration and e2e tests leave idle (they mostly wait
 # on processes, links and sleeps); integration then e2e run in front at normal priority, output live.
 # The back stream's output lands in .test-logs/ and is printed after. Measured on 2 cores (no vLLM
-# tier): 13 min one tier after another. Running integration behind e2e as well (8 min) exposed
-# load-sensitive e2e tests (a shaped-link transfer, a soak), so only the pure tier runs behind.
+# tier): 11 min, against 13 one tier after another. Running integration behind e2e as well (8 min)
+# exposed load-sensitive e2e tests (a shaped-link transfer), so only the unit tier runs behind.
 # Any stream failing fails `make test`, after all are done; an interrupted run stops them all.
 test: $(STAMP) vllm-venv
 	@mkdir -p .test-logs; \
