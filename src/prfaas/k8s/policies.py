@@ -39,8 +39,28 @@ def disruption_budget(names: Names, g: NodeGroup, namespace: str, model: str) ->
     }
 
 
-def _tcp(port: int | str) -> dict[str, Any]:
+def tcp_port(port: int | str) -> dict[str, Any]:
     return {"protocol": "TCP", "port": port}
+
+
+def network_policy(
+    names: Names, namespace: str, name: str, selector: dict[str, str], ingress: list[Any]
+) -> Manifest:
+    """One ingress NetworkPolicy ``NAME-name`` over the pods ``selector`` matches."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": f"{names.prefix}-{name}",
+            "namespace": namespace,
+            "labels": names.labels("network-policy"),
+        },
+        "spec": {
+            "podSelector": {"matchLabels": selector},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
+        },
+    }
 
 
 def network_policies(
@@ -61,38 +81,25 @@ def network_policies(
     }
 
     def policy(name: str, selector: dict[str, str], ingress: list[Any]) -> Manifest:
-        return {
-            "apiVersion": "networking.k8s.io/v1",
-            "kind": "NetworkPolicy",
-            "metadata": {
-                "name": f"{names.prefix}-{name}",
-                "namespace": namespace,
-                "labels": names.labels("network-policy"),
-            },
-            "spec": {
-                "podSelector": {"matchLabels": selector},
-                "policyTypes": ["Ingress"],
-                "ingress": ingress,
-            },
-        }
+        return network_policy(names, namespace, name, selector, ingress)
 
     out = [
         policy(
             "node-control",
             names.selector("node"),
-            [{"from": [gateway, nodes], "ports": [_tcp(NODE_HTTP_PORT)]}],
+            [{"from": [gateway, nodes], "ports": [tcp_port(NODE_HTTP_PORT)]}],
         ),
         policy(
             "node-kv",
             names.selector("node"),
-            [{"from": [prefill_side], "ports": [_tcp(NODE_KV_PORT)]}],
+            [{"from": [prefill_side], "ports": [tcp_port(NODE_KV_PORT)]}],
         ),
         policy(
             "gateway",
             names.selector(front),
             [
-                {"ports": [_tcp("http")] + ([_tcp("grpc")] if picker else [])},
-                {"from": [nodes], "ports": [_tcp(control_port)]},
+                {"ports": [tcp_port("http")] + ([tcp_port("grpc")] if picker else [])},
+                {"from": [nodes], "ports": [tcp_port(control_port)]},
             ],
         ),
     ]
@@ -101,7 +108,7 @@ def network_policies(
             policy(
                 "node-openai",
                 {**names.selector("node"), DECODES_LABEL: "true"},
-                [{"ports": [_tcp(SIDECAR_PORT)]}],
+                [{"ports": [tcp_port(SIDECAR_PORT)]}],
             )
         )
     return out

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from prfaas.k8s.names import NODE_HTTP_PORT, Names
+from prfaas.k8s.policies import network_policy, tcp_port
 from prfaas.k8s.pool_workloads import FRONT_DOOR
 
 Manifest = dict[str, Any]
@@ -21,26 +22,9 @@ Manifest = dict[str, Any]
 MONITORING_NAMESPACE = "monitoring"
 
 
-def _tcp(port: int | str) -> dict[str, Any]:
-    return {"protocol": "TCP", "port": port}
-
-
 def pool_network_policies(names: Names, namespace: str) -> list[Manifest]:
     def policy(name: str, selector: dict[str, str], ingress: list[Any]) -> Manifest:
-        return {
-            "apiVersion": "networking.k8s.io/v1",
-            "kind": "NetworkPolicy",
-            "metadata": {
-                "name": f"{names.prefix}-{name}",
-                "namespace": namespace,
-                "labels": names.labels("network-policy"),
-            },
-            "spec": {
-                "podSelector": {"matchLabels": selector},
-                "policyTypes": ["Ingress"],
-                "ingress": ingress,
-            },
-        }
+        return network_policy(names, namespace, name, selector, ingress)
 
     in_namespace: dict[str, Any] = {"podSelector": {}}  # every pod of the namespace
     monitoring = {
@@ -52,13 +36,13 @@ def pool_network_policies(names: Names, namespace: str) -> list[Manifest]:
             "front-door",
             names.selector(FRONT_DOOR),
             [
-                {"ports": [_tcp("api")]},
-                {"from": [in_namespace, monitoring], "ports": [_tcp("control")]},
+                {"ports": [tcp_port("api")]},
+                {"from": [in_namespace, monitoring], "ports": [tcp_port("control")]},
             ],
         ),
         policy(
             "node-control",
             names.selector("node"),
-            [{"from": [front_door], "ports": [_tcp(NODE_HTTP_PORT)]}],
+            [{"from": [front_door], "ports": [tcp_port(NODE_HTTP_PORT)]}],
         ),
     ]

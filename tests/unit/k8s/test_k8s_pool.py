@@ -257,17 +257,22 @@ def test_a_tenant_with_an_inference_pool_is_refused(
 
 
 # -- the pool pods' entry ----------------------------------------------------------------------
-def pool_pod_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    r = render_file(POOL, RenderOptions(name="pool"))
+def pod_root(path: Path, name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A pod's filesystem for ``path``'s rendering: its ConfigMap's files and the psk Secret."""
+    r = render_file(path, RenderOptions(name=name))
     config = next(m for m in r.manifests if m["kind"] == "ConfigMap")
     root = tmp_path / "pod"
     (root / "etc/prfaas/config").mkdir(parents=True)
     (root / "etc/prfaas/secret").mkdir(parents=True)
-    for name, text in config["data"].items():
-        (root / "etc/prfaas/config" / name).write_text(text)
+    for file_name, text in config["data"].items():
+        (root / "etc/prfaas/config" / file_name).write_text(text)
     (root / "etc/prfaas/secret/psk").write_text(INTERNAL + "\n")
     monkeypatch.setenv("PRFAAS_K8S_ROOT", str(root) + "/")
     return root
+
+
+def pool_pod_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    return pod_root(POOL, "pool", tmp_path, monkeypatch)
 
 
 def test_a_front_door_pod_runs_the_launchers_command(
@@ -312,15 +317,7 @@ def test_a_tenant_pod_reads_its_pool_key_from_the_secret(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = TENANTS[0]
-    r = render_file(path, RenderOptions(name="t"))
-    config = next(m for m in r.manifests if m["kind"] == "ConfigMap")
-    root = tmp_path / "pod"
-    (root / "etc/prfaas/config").mkdir(parents=True)
-    (root / "etc/prfaas/secret").mkdir(parents=True)
-    for name, text in config["data"].items():
-        (root / "etc/prfaas/config" / name).write_text(text)
-    (root / "etc/prfaas/secret/psk").write_text(INTERNAL + "\n")
-    monkeypatch.setenv("PRFAAS_K8S_ROOT", str(root) + "/")
+    pod_root(path, "t", tmp_path, monkeypatch)
     args = entry.parser().parse_args(["gateway", "--file", "gateway.yaml"])
     composed, _ = entry.prepare(args, {})
     d = load_deployment(composed, require_psk=True)
