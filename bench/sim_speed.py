@@ -32,8 +32,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import prfaas.sim as _sim
 from prfaas.analytic import plan
-from prfaas.sim import LinkConfig, Simulator, SiteConfig, paper_deployment
+from prfaas.sim import LinkConfig, Simulator, paper_deployment
+
+# ``--before`` runs this script on an older source, where the simulator's site view was named
+# ``SiteConfig`` (renamed ``SimSite`` so that one name means one thing: the file's site).
+SimSite: Any = getattr(_sim, "SimSite", None) or _sim.SiteConfig  # type: ignore[attr-defined]
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT.parent / "shared/traces/mooncake_conversation_trace.jsonl"
@@ -57,8 +62,8 @@ def mooncake_case(trace: Path = TRACE) -> Any:
 
 def large_case(lam: float) -> Any:
     copies = 104
-    sites = [SiteConfig(f"pd{i}", "pd", "h20", 3, 5) for i in range(copies)]
-    sites.append(SiteConfig("prfaas", "prfaas", "h200", 1250 - 8 * copies))
+    sites = [SimSite(f"pd{i}", "pd", "h20", 3, 5) for i in range(copies)]
+    sites.append(SimSite("prfaas", "prfaas", "h200", 1250 - 8 * copies))
     links = tuple(LinkConfig("prfaas", f"pd{i}", 100.0, 5.0) for i in range(copies))
     sc = paper_deployment("paper-prfaas")
     rate = 0.9 * lam * copies

@@ -251,8 +251,7 @@ def sim_scenario(
     """The simulator's ``SimScenario`` for ``d`` (validate it with ``.validate()``); ``trace``
     (a flag) replaces the file's workload with a trace, whose prompt lengths then plan ``t``
     (``workload_lengths``; its warning is the caller's to print)."""
-    from prfaas.sim import LengthConfig, SimScenario
-    from prfaas.sim import SiteConfig as SimSite
+    from prfaas.sim import LengthConfig, SimScenario, SimSite
     from prfaas.workload import ArrivalSpec
 
     sim, w = d.simulation, d.workload

@@ -97,11 +97,11 @@ def _from_deployment_file(
 
 def _multi_site(sc: SimScenario, args: argparse.Namespace) -> SimScenario:
     """Replicate the PD site ``--pd-sites`` times and the PrfaaS site ``--prfaas-sites`` times."""
-    from prfaas.sim import LinkConfig, SiteConfig
+    from prfaas.sim import LinkConfig, SimSite
 
     pd = next(s for s in sc.sites if s.kind == "pd")
     remote = [s for s in sc.sites if s.kind == "prfaas"]
-    sites: list[SiteConfig] = [
+    sites: list[SimSite] = [
         replace(pd, name=f"pd{i}" if args.pd_sites > 1 else pd.name) for i in range(args.pd_sites)
     ]
     links: list[LinkConfig] = []

@@ -11,7 +11,7 @@ from prfaas.sim.scenario import (
     LinkConfig,
     ScenarioError,
     SimScenario,
-    SiteConfig,
+    SimSite,
     paper_deployment,
 )
 from prfaas.sim.simulator import Simulator
@@ -24,8 +24,8 @@ __all__ = [
     "MaxRateRule",
     "ScenarioError",
     "SimScenario",
+    "SimSite",
     "Simulator",
-    "SiteConfig",
     "find_max_rate",
     "paper_deployment",
     "summary",

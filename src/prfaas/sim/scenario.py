@@ -23,12 +23,13 @@ class ScenarioError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class SiteConfig:
-    """The simulator's view of a site: node counts and what the simulator charges them with.
-    A deployment file's site (``config.SiteConfig``: its nodes by name and port, its engine) is
-    the description; this one is built from it in one place, ``scenarios.sim_scenario`` (counts
-    from the nodes, ``cache_bytes_per_node`` from ``simulation:``, the shared cores from the
-    site's ``engine.cpus``). A link needs no such view: both use ``core.link_config``."""
+class SimSite:
+    """The simulator's view of a site, not a second description of one: node counts and what
+    the simulator charges them with. The one description is the deployment file's site
+    (``config.SiteConfig``: its nodes by name and port, its engine); this view is derived from it
+    in one place, ``scenarios.sim_scenario`` (counts from the nodes, ``cache_bytes_per_node``
+    from ``simulation:``, the shared cores from the site's ``engine.cpus``), so the pure
+    simulator needs no pydantic. A link needs no view: both use ``core.link_config``."""
 
     name: str
     kind: str
@@ -58,7 +59,7 @@ class LengthConfig:
 
 @dataclass(frozen=True, slots=True)
 class SimScenario:
-    sites: tuple[SiteConfig, ...]
+    sites: tuple[SimSite, ...]
     links: tuple[LinkConfig, ...] = ()
     model: str = "paper-1t"
     policy: str = "threshold"
@@ -206,7 +207,7 @@ def paper_deployment(
     if name == "paper-homogeneous":
         d = result.homogeneous
         homog = (
-            SiteConfig(
+            SimSite(
                 "pd", "pd", "h20", d.n_p if n_p is None else n_p, d.n_d if n_d is None else n_d
             ),
         )
@@ -215,8 +216,8 @@ def paper_deployment(
     num_p = d.n_p if n_p is None else n_p
     num_d = d.n_d if n_d is None else n_d
     sites = (
-        SiteConfig("pd", "pd", "h20", num_p, num_d),
-        SiteConfig("prfaas", "prfaas", "h200", d.n_prfaas),
+        SimSite("pd", "pd", "h20", num_p, num_d),
+        SimSite("prfaas", "prfaas", "h200", d.n_prfaas),
     )
     links = (LinkConfig("prfaas", "pd", link_gbps, rtt_s * 1000),)
     if name == "paper-naive":

@@ -68,7 +68,7 @@ class World:
             None if s.shared_cores is None else SharedCores(s.shared_cores, s.threads_per_node)
             for s in sc.sites
         ]
-        """Per site: the cores its nodes share (``SiteConfig.shared_cores``), or None."""
+        """Per site: the cores its nodes share (``SimSite.shared_cores``), or None."""
         self._build_nodes()
         sizing = sizing_for(cache, sc.block_tokens)
         caches: dict[SiteId, HybridPrefixCache] = {}

@@ -19,7 +19,7 @@ from prfaas.engine.waiting import LoopWaiter
 from prfaas.perf import cost_model_for_hardware
 from prfaas.sim import Simulator
 from prfaas.sim.request import SimRequest
-from prfaas.sim.scenario import SimScenario, SiteConfig
+from prfaas.sim.scenario import SimScenario, SimSite
 from prfaas.workload import SimRequestSpec
 
 pytestmark = pytest.mark.timeout(60)
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.timeout(60)
 
 def _sim(specs: list[SimRequestSpec], **kw: Any) -> list[SimRequest]:
     sc = SimScenario(
-        sites=(SiteConfig("pd", "pd", "h20", num_prefill=1, num_decode=1),),
+        sites=(SimSite("pd", "pd", "h20", num_prefill=1, num_decode=1),),
         policy="local_only",
         prefix_cache=False,
         tune=False,

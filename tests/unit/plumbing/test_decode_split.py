@@ -15,7 +15,7 @@ from prfaas.perf import profile_costs
 from prfaas.perf.plumbing import PlumbingCosts, split_decode_live, split_decode_overhead
 from prfaas.perf.profile_costs import cost_model_from_profile_file
 from prfaas.perf.profile_write import dump_profile_file
-from prfaas.sim import SimScenario, Simulator, SiteConfig
+from prfaas.sim import SimScenario, SimSite, Simulator
 from prfaas.workload import SimRequestSpec
 
 pytestmark = pytest.mark.timeout(60)
@@ -109,7 +109,7 @@ def _finish_times(tmp_path: Path, plumbing: PlumbingCosts, num_requests: int) ->
     path = tmp_path / f"p{num_requests}-{plumbing.decode_per_step_s}.yaml"
     dump_profile_file(_profile(plumbing), path)
     sc = SimScenario(
-        sites=(SiteConfig("pd", "pd", str(path), 1, 1),), model="tiny", policy="local_only",
+        sites=(SimSite("pd", "pd", str(path), 1, 1),), model="tiny", policy="local_only",
         prefix_cache=False, duration_s=1e6, prefill_token_budget=1_000_000,
     )  # fmt: skip
     sim = Simulator(sc, iter([SimRequestSpec(i, 0.0, 64, 40) for i in range(num_requests)]))

@@ -27,7 +27,7 @@ from prfaas.perf.profile_file import (
 )
 from prfaas.perf.profile_read import load_profile_file
 from prfaas.perf.profile_write import dump_profile_file
-from prfaas.sim import SimScenario, Simulator, SiteConfig
+from prfaas.sim import SimScenario, SimSite, Simulator
 from prfaas.sim.kv_bytes import KvBytes
 from prfaas.spec import get_model
 from prfaas.workload import SimRequestSpec
@@ -132,7 +132,7 @@ def _isolated(tmp_path: Path, off: tuple[str, ...]) -> tuple[float, float]:
     """TTFT and decode span of one request on an idle PD site (the first of two far apart)."""
     path = _write(tmp_path, _profile(), "charged.yaml")
     sc = SimScenario(
-        sites=(SiteConfig("pd", "pd", str(path), 1, 1),), model="tiny", policy="local_only",
+        sites=(SimSite("pd", "pd", str(path), 1, 1),), model="tiny", policy="local_only",
         prefix_cache=False, duration_s=1e6, prefill_token_budget=1, plumbing_off=off,
     )  # fmt: skip
     specs = [SimRequestSpec(i, 100.0 * i, PROMPT, OUTPUT) for i in range(2)]
@@ -171,7 +171,7 @@ def test_the_gateway_serves_requests_in_arrival_order(tmp_path: Path) -> None:
     """Requests arriving together wait for the gateway's CPU, their token relay included."""
     path = _write(tmp_path, _profile(), "gw.yaml")
     sc = SimScenario(
-        sites=(SiteConfig("pd", "pd", str(path), 4, 4),), model="tiny", policy="local_only",
+        sites=(SimSite("pd", "pd", str(path), 4, 4),), model="tiny", policy="local_only",
         prefix_cache=False, duration_s=1e6, prefill_token_budget=1,
     )  # fmt: skip
     specs = [SimRequestSpec(i, 0.0, 64, OUTPUT) for i in range(3)]

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from prfaas.cli import main
-from prfaas.sim import MaxRateRule, SimScenario, SiteConfig, find_max_rate
+from prfaas.sim import MaxRateRule, SimScenario, SimSite, find_max_rate
 from prfaas.sim.scenario import LengthConfig
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def _site_capacity(shared_cores: int | None) -> float:
-    site = SiteConfig("pd", "pd", "h20", 1, 1, shared_cores=shared_cores)
+    site = SimSite("pd", "pd", "h20", 1, 1, shared_cores=shared_cores)
     sc = SimScenario(
         sites=(site,), policy="local_only", prefix_cache=False, output_tokens=64,
         lengths=LengthConfig(mu=7.0, sigma=1.0, min_tokens=128, max_tokens=4096),

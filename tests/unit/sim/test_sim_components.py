@@ -10,7 +10,7 @@ import pytest
 
 from prfaas.core.ids import LinkId
 from prfaas.perf import cost_model_for
-from prfaas.sim import LinkConfig, SimScenario, Simulator, SiteConfig, paper_deployment, summary
+from prfaas.sim import LinkConfig, SimScenario, SimSite, Simulator, paper_deployment, summary
 from prfaas.sim.link import Flow, SimLink
 from prfaas.workload import SimRequestSpec
 
@@ -45,7 +45,7 @@ def test_decode_batching_matches_token_by_token(hardware: str) -> None:
     """h20 has the flat profiled step; h100 uses the roofline (step grows with context)."""
     cm = cost_model_for("paper-1t", hardware)
     sc = SimScenario(
-        sites=(SiteConfig("pd", "pd", hardware, 1, 1),), policy="local_only",
+        sites=(SimSite("pd", "pd", hardware, 1, 1),), policy="local_only",
         prefix_cache=False, local_fabric_gbps=1e9, duration_s=1e6,
     )  # fmt: skip
     specs = [SimRequestSpec(i, 0.37 * i, 100 + 13 * i, 5 + (i * 7) % 23) for i in range(40)]
@@ -121,9 +121,9 @@ def test_every_request_finishes_and_the_link_carries_only_offloads() -> None:
 
 def test_two_pd_sites_share_one_prfaas_site() -> None:
     sites = (
-        SiteConfig("pd0", "pd", "h20", 3, 5),
-        SiteConfig("pd1", "pd", "h20", 3, 5),
-        SiteConfig("prfaas", "prfaas", "h200", 4),
+        SimSite("pd0", "pd", "h20", 3, 5),
+        SimSite("pd1", "pd", "h20", 3, 5),
+        SimSite("prfaas", "prfaas", "h200", 4),
     )
     links = (LinkConfig("prfaas", "pd0", 100.0, 5.0), LinkConfig("prfaas", "pd1", 50.0, 20.0))
     sc = replace(paper_deployment("paper-prfaas", rate_rps=3.0), sites=sites, links=links,

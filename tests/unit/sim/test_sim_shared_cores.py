@@ -1,4 +1,4 @@
-"""Nodes of one site that share cores (``SiteConfig.shared_cores``, from ``engine.cpus``): while
+"""Nodes of one site that share cores (``SimSite.shared_cores``, from ``engine.cpus``): while
 their demand exceeds the cores, each runs at ``cores / demand`` of its own speed."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from prfaas.sim import SimScenario, Simulator, SiteConfig
+from prfaas.sim import SimScenario, SimSite, Simulator
 from prfaas.sim.processor import SharedCores
 from prfaas.workload import SimRequestSpec
 
@@ -21,7 +21,7 @@ def test_the_slowdown_is_demand_over_cores_once_it_exceeds_them() -> None:
 
 
 def _run(shared_cores: int | None, specs: list[SimRequestSpec]) -> tuple[Simulator, dict]:  # type: ignore[type-arg]
-    site = SiteConfig("pd", "pd", "h20", 1, 1, shared_cores=shared_cores)
+    site = SimSite("pd", "pd", "h20", 1, 1, shared_cores=shared_cores)
     sc = SimScenario(
         sites=(site,), policy="local_only", prefix_cache=False, local_fabric_gbps=1e9,
         duration_s=1e6, prefill_token_budget=1,
