@@ -50,6 +50,13 @@ class NodeConfig(_Strict):
     role: Literal["prefill", "decode"]
     port: int = Field(0, ge=0, le=65535, description="HTTP control port (0: pick a free one)")
     transfer_port: int = Field(0, ge=0, le=65535, description="KV receive port (decode nodes)")
+    pool_transfer_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="a pool tenant's decode nodes: KV receive port for the pool's KV, under the "
+        "pool key (0: pick a free one)",
+    )
 
 
 class EngineOverride(_Strict):

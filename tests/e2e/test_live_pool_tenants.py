@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import re
 import signal
+import socket
 import statistics
 import time
 from collections.abc import Iterator
@@ -49,7 +50,7 @@ sites:
     hardware: h20
     nodes:
       - {{name: {x}-p0, role: prefill}}
-      - {{name: {x}-d0, role: decode}}
+      - {{name: {x}-d0, role: decode, pool_transfer_port: {pool_kv_port}}}
       - {{name: {x}-d1, role: decode}}
 pool:
   url: {url}
@@ -63,13 +64,27 @@ pool:
 @contextmanager
 def tenant(tmp: Path, x: str, pool: LivePool) -> Iterator[Launcher]:
     path = tmp / f"tenant-{x}.yaml"
-    path.write_text(TENANT_FILE.format(x=x, X=x.upper(), url=pool.url, threshold=THRESHOLD))
+    text = TENANT_FILE.format(
+        x=x, X=x.upper(), url=pool.url, threshold=THRESHOLD, pool_kv_port=_free_port()
+    )
+    path.write_text(text)
     live = Launcher(load_deployment(path), tmp / f"tenant-{x}-wd")
     try:
         live.start(ready_timeout_s=90)
         yield live
     finally:
         live.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _pool_in_rotation(live: Launcher) -> bool:
@@ -179,6 +194,9 @@ def test_two_tenants_offload_to_a_live_pool(tmp_path: Path, monkeypatch: Any) ->
 
             for finishes in asyncio.run(both()):
                 assert len(finishes) == NUM_REQUESTS
+            for live in (a, b):  # d0's pool receiver is on the port its file names
+                fixed = live.deployment.node(live.deployment.sites[0].nodes[1].name)
+                assert _listening(fixed.pool_transfer_port), fixed
             counters = _pool_counters(pool)
             for x, live in (("a", a), ("b", b)):
                 offloads = _metric(live.url, "prfaas_pool_offloads_total")

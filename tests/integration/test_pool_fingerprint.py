@@ -1,4 +1,4 @@
-"""A model folder's fingerprint (``pool/fingerprint.py``): the same folder gives the same one
+"""A model folder's fingerprint (``engine/fingerprint.py``): the same folder gives the same one
 wherever it lies; another dtype, another architecture's cache, other weights each change their
 field; and the front door refuses a tenant whose model differs from its group's, naming the field
 (``fingerprints`` of a pool file with a torch group)."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from prfaas.pool.fingerprint import model_fingerprint
+from prfaas.engine.fingerprint import model_fingerprint
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -61,3 +61,50 @@ def test_the_front_door_refuses_another_checkpoint_naming_the_field(
     assert status == 409 and "fingerprint.weights_digest" in detail, detail
     status, detail = submit("half", folders["llama-bf16"])
     assert status == 409 and "fingerprint." in detail, detail
+
+
+def test_a_node_refuses_kv_of_another_checkpoint_naming_the_field(
+    folders: dict[str, Path],
+) -> None:
+    """The second end: a KV manifest states the sender's model (``Node.fingerprint``), and a
+    node's receiver compares it with its own before allocating anything (``WorkerHost.
+    _allocate``): a pool group on other weights cannot land KV in a tenant's decode node."""
+    import sys
+
+    from prfaas.config import DeploymentConfig
+    from prfaas.engine.fingerprint import engine_fingerprint
+    from prfaas.serve.node.host import WorkerHost
+    from prfaas.spec import get_model
+    from prfaas.transfer import Manifest, Refused
+
+    sys.path.insert(0, str(Path(__file__).parent / "serve_control"))
+    from control_helpers import deployment_dict
+
+    raw = deployment_dict()
+    raw["engine"] = {"kind": "torch", "model": "tiny", "model_path": str(folders["llama"])}
+    host = WorkerHost(DeploymentConfig.model_validate(raw), ["d0"], "http://127.0.0.1:9")
+    try:
+        assert (
+            dict(host.fingerprint)["weights_digest"]
+            == model_fingerprint("tiny", 512, folders["llama"])["weights_digest"]
+        )
+        assert all(n.fingerprint == host.fingerprint for n in host.nodes.values())
+        layout = get_model("paper-1t").cache.layout(64, 0)  # refused before layers matter
+
+        def allocate(folder: Path) -> str:
+            fp = engine_fingerprint("tiny", 512, "torch", str(folder))
+            with pytest.raises(Refused) as refused:
+                host._allocate(Manifest.from_layout("r1", layout, fp))
+            return str(refused.value)
+
+        assert "fingerprint.weights_digest" in allocate(folders["llama-seed1"])
+        assert "fingerprint." in allocate(folders["llama-bf16"])  # its weights differ first
+        # The same checkpoint elsewhere passes the check (and is refused only as unexpected).
+        assert "no node of" in allocate(folders["llama-copy"])
+        with pytest.raises(Refused, match=r"fingerprint\.config"):
+            host._allocate(Manifest.from_layout("r2", layout, (("config", "other"),)))
+        with pytest.raises(Refused, match="no node of"):  # a sender stating nothing: unchecked
+            host._allocate(Manifest.from_layout("r3", layout))
+    finally:
+        for node in host.nodes.values():
+            node.close()

@@ -132,3 +132,38 @@ def test_a_key_replaced_by_a_reload_is_refused_and_the_new_one_accepted() -> Non
     assert _call(c, "POST", "/v1/heartbeat", "ka2", new_a).status_code == 200
     assert _call(c, "POST", "/v1/heartbeat", "kb", KEY_B).status_code == 200
     assert keys.key_ids() == {"a": ["ka2"], "b": ["kb"]}
+
+
+def test_a_tenant_tells_its_link_with_its_receivers_and_reads_only_its_own() -> None:
+    """``POST /v1/receivers`` takes the tenant's own link (``link.gbps`` > 0, else a 400 naming
+    it; left out: an older caller, paced by the egress alone); the feedback's ``link`` is the
+    asking tenant's: what it told and the nodes' reading of its route, never the other's."""
+    from prfaas.pool.tenant_links import LinkReading
+
+    shape = PoolShape((GroupShape("g", "m", 1),), 1e9, (TenantShare("a"), TenantShare("b")))
+    door = FrontDoor(shape, epoch=3, lease_s=30.0, fingerprints={})
+    keys = TenantKeys({"ka": ("a", KEY_A), "kb": ("b", KEY_B)})
+    readings = {"a": LinkReading(5e9, 4e9, "measured", 1234, 0.02, 0.0, 1)}
+    c = TestClient(create_app(door, keys, lambda m, n: (n / 1000, n * 100), clock=lambda: 10.0,
+                              link_reading=readings.get))  # fmt: skip
+    recs = [{"name": "a-d0", "host": "10.0.0.1", "transfer_port": 9000}]
+    for bad, param in (({"gbps": 0}, "link.gbps"), ({"gbps": -1}, "link.gbps"),
+                       ({"rtt_ms": 5}, "link.gbps"), ({"gbps": 1, "rtt_ms": -1}, "link.rtt_ms"),
+                       ({"gbps": 1, "mbps": 1}, "link.mbps")):  # fmt: skip
+        r = _call(c, "POST", "/v1/receivers", "ka", KEY_A, {"receivers": recs, "link": bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (bad, r.json())
+        assert param in r.json()["error"]["message"]
+    assert door.link_of("a") is None  # nothing refused was kept
+    r = _call(c, "POST", "/v1/receivers", "ka", KEY_A,
+              {"receivers": recs, "link": {"gbps": 40, "rtt_ms": 20}})  # fmt: skip
+    assert r.status_code == 200
+    recs_b = [{"name": "b-d0", "host": "10.0.0.2", "transfer_port": 9000}]
+    assert _call(c, "POST", "/v1/receivers", "kb", KEY_B, {"receivers": recs_b}).status_code == 200
+    link_a = _call(c, "GET", "/v1/feedback", "ka", KEY_A).json()["link"]
+    assert (link_a["gbps"], link_a["rtt_ms"]) == (40, 20)
+    assert link_a["reading"] == {"pace_gbps": 40.0, "capacity_gbps": 32.0, "basis": "measured",
+                                 "backlog_bytes": 1234, "rtt_s": 0.02, "retransmit_rate": 0.0,
+                                 "num_senders": 1}  # fmt: skip
+    link_b = _call(c, "GET", "/v1/feedback", "kb", KEY_B).json()["link"]
+    assert link_b == {"gbps": None, "rtt_ms": None, "reading": None}  # b told none; a's not shown
+    assert door.tenant_links() == (("a", 40e9 / 8),)

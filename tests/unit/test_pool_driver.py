@@ -218,3 +218,54 @@ async def test_the_pool_metrics_read_the_driver_per_tenant_and_group() -> None:
     text = generate_latest(registry).decode()
     assert 'prfaas_pool_tenant_prefills_total{outcome="done",tenant="a"} 1.0' in text
     await d.aclose()
+
+
+async def test_the_tenants_link_goes_with_its_prefill_and_its_reading_comes_back_its_own() -> None:
+    """The rate a tenant registered travels in its prefill command (its own route at the node),
+    bounds its unsent KV (the admission's egress state) and the node's per-route reading of it
+    comes back as that tenant's alone; a silent process's readings no longer count."""
+    from prfaas.core.link_report import SenderLinkReport
+    from prfaas.pool.frontdoor import TenantLink
+
+    nodes, clock = Nodes(), Clock()
+    d = _driver(nodes, clock)
+    d.door.register("a", (Receiver("a-d0", "10.0.0.1", 9000),), clock(), TenantLink(40.0, 20.0))
+    _submit(d, clock, "r1")
+    d.tick()
+    await _settle()
+    (_, cmd) = nodes.commands[0]
+    assert (cmd.tenant, cmd.tenant_link_gbps) == ("a", 40.0)
+    assert d.egress().tenant_link_bytes_per_s == (("a", 5e9),)
+    assert d.egress().backlog_of("a") == 10_000  # the running prefill's whole KV
+
+    def reading(route: str, backlog: int) -> SenderLinkReport:
+        return SenderLinkReport(route, 5e9, 5e9, 4e9, "measured", backlog, 0.01)
+
+    links = [reading("g->a", 100), reading("g->b", 200), reading("g->g-tenants", 300)]
+    assert d.heartbeat(Heartbeat(process="p", reports=[], links=links))
+    a, b = d.tenant_link("a"), d.tenant_link("b")
+    assert a is not None and b is not None
+    assert (a.backlog_bytes, a.capacity_bytes_per_s, a.num_senders) == (100, 4e9, 1)
+    assert b.backlog_bytes == 200
+    assert d.tenant_link("c") is None
+    clock.now += 10.0  # the node process goes silent: its readings are stale
+    assert d.tenant_link("a") is None
+    nodes.release.set()
+    await d.aclose()
+
+
+def test_a_tenants_readings_from_several_processes_combine() -> None:
+    from prfaas.core.link_report import SenderLinkReport
+    from prfaas.pool.tenant_links import combine
+
+    def r(cap: float, basis: str, pace: float | None, backlog: int, rtt: float) -> SenderLinkReport:
+        return SenderLinkReport("g->a", 5e9, pace, cap, basis, backlog, rtt)  # type: ignore[arg-type]
+
+    assert combine([]) is None
+    both = combine([r(5e9, "configured", 5e9, 10, 0.01), r(3e9, "measured", 5e9, 20, 0.03)])
+    assert both is not None
+    # a measured estimate wins over a configured one; backlogs add; the worst RTT
+    assert (both.capacity_bytes_per_s, both.basis) == (3e9, "measured")
+    assert (both.backlog_bytes, both.rtt_s, both.num_senders) == (30, 0.03, 2)
+    unpaced = combine([r(0.0, "", None, 0, 0.0)])
+    assert unpaced is not None and unpaced.pace_bytes_per_s is None and unpaced.basis == ""

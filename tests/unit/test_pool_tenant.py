@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from prfaas.config import load_deployment
-from prfaas.pool.client import Accepted, PoolUnreachable, Refusal
+from prfaas.pool.client import Accepted, Feedback, PoolUnreachable, Refusal
 from prfaas.pool.tenant import POOL_NODE, POOL_SITE, TenantPoolLink, with_pool_site
 from prfaas.serve.gateway.node_client import NodeCallFailed
 from prfaas.serve.node.messages import PrefillCommand, SamplingMsg, pack_tokens
@@ -183,12 +183,13 @@ async def test_a_decode_node_newer_than_the_last_registration_is_registered_befo
     calls: list[str] = []
 
     class Door(FakeDoor):
-        async def register(self, receivers: list[dict[str, Any]]) -> Any:
+        async def register(self, receivers: list[dict[str, Any]], link: Any = None) -> Any:
             calls.append("register:" + ",".join(r["name"] for r in receivers))
+            calls.append(f"link:{link}")  # the tenant file's own link, told with its receivers
             return {"epoch": 7, "registered": [r["name"] for r in receivers]}
 
         async def feedback(self) -> Any:
-            return {"epoch": 7, "running": 0, "queued_tokens": 0}
+            return Feedback(7, "tenant-a", 0.0, 1.0, 1.0, 0, 0)
 
         async def submit(self, body: dict[str, Any]) -> Any:
             calls.append("submit")
@@ -201,5 +202,20 @@ async def test_a_decode_node_newer_than_the_last_registration_is_registered_befo
     link._registered, link._epoch_registered = (), 7  # the first beat found no decode node
     link.client = Door(Accepted(7, "g", 0.0), [{"epoch": 7, "state": "done"}])  # type: ignore[assignment]
     out = await link.prefill(_cmd())
-    assert out.ok and calls == ["register:a-d0", "submit"]
+    assert out.ok and calls == ["register:a-d0", "link:(40.0, 20.0)", "submit"]
     assert _counts(link, "fallbacks") == {}
+
+
+def test_the_feedback_parses_with_its_link_and_from_an_older_door_without() -> None:
+    base = {"epoch": 7, "tenant": "tenant-a", "expected_queueing_s": 0.5, "entitled_share": 0.5,
+            "attainable_share": 0.75, "queued_tokens": 10, "running": 1}  # fmt: skip
+    old = Feedback.from_json(base)
+    assert old.link is None and old.link_backlog_s == 0.0 and old.running == 1
+    reading = {"pace_gbps": 40.0, "capacity_gbps": 32.0, "basis": "measured", "backlog_bytes": 5,
+               "rtt_s": 0.02, "retransmit_rate": 0.0, "num_senders": 1}  # fmt: skip
+    new = Feedback.from_json({**base, "link_backlog_s": 0.25,
+                              "link": {"gbps": 40, "rtt_ms": 20, "reading": reading}})  # fmt: skip
+    assert new.link is not None and new.link.reading is not None
+    assert (new.link.gbps, new.link.reading.capacity_gbps, new.link_backlog_s) == (40, 32, 0.25)
+    with pytest.raises(ValueError, match="running"):
+        Feedback.from_json({k: v for k, v in base.items() if k != "running"})

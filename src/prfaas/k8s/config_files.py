@@ -16,10 +16,9 @@ from prfaas.k8s import tenant
 from prfaas.k8s.names import (
     CONTROL_PORT,
     GATEWAY_PORT,
-    NODE_HTTP_PORT,
-    NODE_KV_PORT,
     TLS_DIR,
     Names,
+    node_ports,
 )
 from prfaas.k8s.yaml_text import dump_yaml
 
@@ -42,10 +41,9 @@ def _base(d: DeploymentConfig) -> dict[str, Any]:
     port, control = gateway_ports(d)
     gateway["port"], gateway["control_port"] = port, control
     raw["gateway"] = gateway
+    ports = node_ports(d.pool is not None)
     for site in raw["sites"]:
-        site["nodes"] = [
-            {**n, "port": NODE_HTTP_PORT, "transfer_port": NODE_KV_PORT} for n in site["nodes"]
-        ]
+        site["nodes"] = [{**n, **ports} for n in site["nodes"]]
     if d.pool is not None:  # a pool's tenant: its pool key at the Secret's mount
         raw["pool"] = tenant.pool_section(d)
     if d.tls is not None:

@@ -63,14 +63,8 @@ def pod_nodes(
         if not pod:
             raise UsageError("POD_NAME is not set: a Deployment pod's node is named after it")
         if not any(n["name"] == pod for n in entry["nodes"]):
-            entry["nodes"].append(
-                {
-                    "name": pod,
-                    "role": role,
-                    "port": paths.NODE_HTTP_PORT,
-                    "transfer_port": paths.NODE_KV_PORT,
-                }
-            )
+            ports = paths.node_ports("pool" in raw)
+            entry["nodes"].append({"name": pod, "role": role, **ports})
         return [pod]
     index_text = env.get("POD_INDEX", "")
     if not index_text.isdigit():

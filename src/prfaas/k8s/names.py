@@ -19,6 +19,9 @@ NODE_HTTP_PORT = 8100
 """Every node process's HTTP API (probes, signed commands)."""
 NODE_KV_PORT = 8200
 """Every node process's KV receiver."""
+NODE_POOL_KV_PORT = 8201
+"""A pool tenant's node pods: the receiver of the pool's KV (under the pool key; decode only)."""
+
 SIDECAR_PORT = 8300
 """The decode-side sidecar's OpenAI port (the InferencePool's target) with ``--inference-pool``."""
 EPP_GRPC_PORT = 9002
@@ -140,3 +143,11 @@ class Names:
         out = {"app.kubernetes.io/instance": self.prefix, "app.kubernetes.io/component": component}
         out.update(extra)
         return out
+
+
+def node_ports(pool_tenant: bool) -> dict[str, int]:
+    """A node's ports in its pod (one node process per pod): every rendered node entry's."""
+    ports = {"port": NODE_HTTP_PORT, "transfer_port": NODE_KV_PORT}
+    if pool_tenant:
+        ports["pool_transfer_port"] = NODE_POOL_KV_PORT
+    return ports

@@ -6,10 +6,11 @@ set).
   key id; ``ca.crt``: the front door's CA where ``pool.ca`` is set) and the rendered file's
   ``pool.key`` is that file (``pool.ca`` too). ``--with-secrets`` reads the reference (the
   variable or file, as ``prfaas up`` does) into the Secret.
-- A decode node opens a second KV receiver for the pool, keyed by the pool key, on a port chosen
-  at start (registered with the pool, ``NodeEndpoint.pool_transfer_port``): no fixed port can
-  be named, so ``NAME-pool-kv`` opens the kernel's ephemeral range on decode pods (every frame is
-  authenticated with the tenant's key; narrow it with the pool's egress CIDR as an ``ipBlock``).
+- A decode node opens a second KV receiver for the pool, keyed by the pool key, on the fixed
+  port ``NODE_POOL_KV_PORT`` (the rendered file's ``pool_transfer_port``; registered with the
+  pool, ``NodeEndpoint.pool_transfer_port``): ``NAME-pool-kv`` opens that one port on decode
+  pods to any source (every frame is authenticated with the tenant's key; narrow it with the
+  pool's egress CIDR as an ``ipBlock``).
 - No prfaas site: the pool is the PrfaaS site, reached at ``pool.url``."""
 
 from __future__ import annotations
@@ -18,14 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from prfaas.config import DeploymentConfig
-from prfaas.k8s.names import DECODES_LABEL, POOL_KEY_DIR, Names
+from prfaas.k8s.names import DECODES_LABEL, NODE_POOL_KV_PORT, POOL_KEY_DIR, Names
 from prfaas.pool_file import resolve_key
 
 Manifest = dict[str, Any]
 
 CA_KEY = "ca.crt"
-EPHEMERAL_PORTS = (32768, 60999)
-"""Linux's default ``net.ipv4.ip_local_port_range``: where a port-0 listener lands."""
 _LOOPBACK = ("127.0.0.1", "localhost", "[::1]", "0.0.0.0")
 
 
@@ -59,8 +58,7 @@ def pool_key_data(d: DeploymentConfig) -> dict[str, str]:
 
 
 def pool_kv_policy(names: Names, namespace: str) -> Manifest:
-    """Decode pods' pool receiver (a port chosen at start) reachable from outside the cluster."""
-    low, high = EPHEMERAL_PORTS
+    """Decode pods' pool receiver reachable from outside the cluster (the pool's nodes)."""
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -72,7 +70,7 @@ def pool_kv_policy(names: Names, namespace: str) -> Manifest:
         "spec": {
             "podSelector": {"matchLabels": {**names.selector("node"), DECODES_LABEL: "true"}},
             "policyTypes": ["Ingress"],
-            "ingress": [{"ports": [{"protocol": "TCP", "port": low, "endPort": high}]}],
+            "ingress": [{"ports": [{"protocol": "TCP", "port": NODE_POOL_KV_PORT}]}],
         },
     }
 
@@ -81,10 +79,9 @@ def warnings_for(d: DeploymentConfig) -> tuple[str, ...]:
     if d.pool is None:
         return ()
     out = [
-        "pool: a decode node's pool KV receiver listens on a port chosen at start (registered "
-        "with the pool), not a fixed one: NAME-pool-kv opens ports "
-        f"{EPHEMERAL_PORTS[0]}-{EPHEMERAL_PORTS[1]} on decode pods to any source; the pool "
-        "must reach the pod IPs (a flat network or host networking: docs/kubernetes.md)"
+        f"pool: the pool's nodes send KV to each decode pod's IP, port {NODE_POOL_KV_PORT} "
+        "(NAME-pool-kv opens it to any source): the pool must reach the pod IPs (a flat network "
+        "or host networking: docs/kubernetes.md)"
     ]
     host = d.pool.url.split("://", 1)[1].rstrip("/").rsplit(":", 1)[0]
     if host in _LOOPBACK:

@@ -54,10 +54,10 @@ def warnings_for(d: DeploymentConfig) -> tuple[str, ...]:
             f"gateway.host: {d.gateway.host!r} replaced: the gateway listens on all of its pod's "
             "addresses and nodes reach it through its control Service"
         )
-    if any(n.port or n.transfer_port for s in d.sites for n in s.nodes):
+    if any(n.port or n.transfer_port or n.pool_transfer_port for s in d.sites for n in s.nodes):
         out.append(
-            "sites[].nodes[].port / transfer_port: replaced by the pods' fixed ports "
-            "(HTTP 8100, KV 8200; one node process per pod)"
+            "sites[].nodes[].port / transfer_port / pool_transfer_port: replaced by the pods' "
+            "fixed ports (HTTP 8100, KV 8200, the pool's KV 8201; one node process per pod)"
         )
     if any(lk.schedule for lk in d.links):
         out.append("links[].schedule: simulation only (prfaas sim); the real link is not stepped")

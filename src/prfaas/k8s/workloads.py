@@ -15,6 +15,7 @@ from prfaas.k8s.names import (
     DECODES_LABEL,
     NODE_HTTP_PORT,
     NODE_KV_PORT,
+    NODE_POOL_KV_PORT,
     ROLE_LABEL,
     SIDECAR_PORT,
     SITE_LABEL,
@@ -86,6 +87,11 @@ def node_workload(
         "ports": [
             {"name": "http", "containerPort": NODE_HTTP_PORT, "protocol": "TCP"},
             {"name": "kv", "containerPort": NODE_KV_PORT, "protocol": "TCP"},
+            *(
+                [{"name": "pool-kv", "containerPort": NODE_POOL_KV_PORT, "protocol": "TCP"}]
+                if d.pool is not None and g.receives_kv
+                else []
+            ),
         ],
         **pods.probes("http", t),
         "lifecycle": pods.pre_stop_drain(t),

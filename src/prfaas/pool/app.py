@@ -8,9 +8,12 @@ The tenant keys are one ``serve.keyring.Keyring`` (key id -> key) under one ``se
 (one nonce memory for the door); ``TenantKeys`` adds key id -> tenant. The key id is signed, so a
 tenant cannot borrow another's id with its own key.
 
-Routes: ``/v1/receivers``, ``/v1/heartbeat``, ``/v1/submit``, ``/v1/outcome/{id}``,
-``/v1/abort/{id}`` (the tenant's client went away), ``/v1/feedback``. TLS is the listener's
-(``pool.service``, ``front_door.tls``), not this app's.
+Routes: ``/v1/receivers`` (with the tenant's own link rate, optional: a caller that does not
+send it is paced by the pool's egress alone), ``/v1/heartbeat``, ``/v1/submit``,
+``/v1/outcome/{id}``, ``/v1/abort/{id}`` (the tenant's client went away), ``/v1/feedback``
+(with the tenant's own link: what it told and what the pool's nodes read of it). Fields added to
+v1 are optional in what it reads and extra in what it answers, so v1 callers keep working. TLS
+is the listener's (``pool.service``, ``front_door.tls``), not this app's.
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from prfaas.policy.pool_admission import Accepted
+from prfaas.policy.pool_admission import Accepted, EgressState
 from prfaas.pool.frontdoor import FrontDoor, Receiver, Submit
 from prfaas.pool.payload import Payload
+from prfaas.pool.tenant_links import LinkReading, TenantLink, link_json
 from prfaas.serve.auth import KEY_ID_HEADER, Refusal, Verifier, refusal_body
 from prfaas.serve.auth_middleware import CONNECTION_EXTENSION
 from prfaas.serve.internal_errors import error_response, install
@@ -79,8 +83,17 @@ class ReceiverBody(_Body):
     transfer_port: int = Field(ge=1, le=65535)
 
 
+class LinkBody(_Body):
+    """The tenant's own link from the pool (its file's ``pool.link``)."""
+
+    gbps: float = Field(gt=0, allow_inf_nan=False, description="modelled Gbps")
+    rtt_ms: float = Field(0.0, ge=0, allow_inf_nan=False)
+
+
 class ReceiversBody(_Body):
     receivers: list[ReceiverBody] = Field(max_length=1024)
+    link: LinkBody | None = None
+    """None (an older caller): the tenant's KV is not paced per tenant, only the egress cap."""
 
 
 class SubmitBody(_Body):
@@ -110,11 +123,15 @@ def create_app(
     wall: Callable[[], float] = time.time,
     on_accepted: Callable[[Payload], None] | None = None,
     on_abort: Callable[[str, str], bool] | None = None,
+    egress: Callable[[], EgressState] | None = None,
+    link_reading: Callable[[str], LinkReading | None] | None = None,
 ) -> FastAPI:
     """``on_accepted``: told each accepted submit's ``Payload`` (the placement driver keeps it
     until the prefill is placed); ``on_abort(tenant, request_id)``: carries out a tenant's abort
     (the driver: drop it, or stop it at its node), False when there is no such prefill (without
-    one, the door alone drops it); ``clock`` is the admission's (modelled seconds live)."""
+    one, the door alone drops it); ``egress`` and ``link_reading(tenant)``: the driver's egress
+    state and its nodes' reading of a tenant's link, for the feedback (without them: no link
+    backlog, no reading); ``clock`` is the admission's (modelled seconds live)."""
     app = FastAPI(title="prfaas pool front door", version="1")
     install(app)
 
@@ -157,7 +174,8 @@ def create_app(
         if isinstance(body, JSONResponse):
             return body
         recs = tuple(Receiver(r.name, r.host, r.transfer_port) for r in body.receivers)
-        epoch = door.register(tenant, recs, clock())
+        link = None if body.link is None else TenantLink(body.link.gbps, body.link.rtt_ms)
+        epoch = door.register(tenant, recs, clock(), link)
         return {"epoch": epoch, "registered": [r.name for r in recs]}
 
     @app.post("/v1/heartbeat")
@@ -238,7 +256,8 @@ def create_app(
         tenant = await caller(request)
         if isinstance(tenant, JSONResponse):
             return tenant
-        fb = door.feedback(tenant, clock())
+        fb = door.feedback(tenant, clock(), None if egress is None else egress())
+        reading = None if link_reading is None else link_reading(tenant)
         return {
             "epoch": door.epoch,
             "tenant": fb.tenant,
@@ -247,6 +266,8 @@ def create_app(
             "attainable_share": fb.attainable_share,
             "queued_tokens": fb.queued_tokens,
             "running": fb.running,
+            "link_backlog_s": fb.link_backlog_s,
+            "link": link_json(door.link_of(tenant), reading),
         }
 
     return app

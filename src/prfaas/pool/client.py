@@ -5,7 +5,10 @@ path, body digest, timestamp, nonce and the key id, named in ``X-Prfaas-Key-Id``
 does not MAC its answers (tenant keys sign calls; answers are read over the API's own transport,
 TLS once wired), so this is not ``SignedAuth``. Every answer's epoch comes back with it. An
 answer that cannot be had (connect refused, timeout, a 5xx) is ``PoolUnreachable``; a refusal is
-a ``Refusal`` with its reason (``error.code``) and retry hint, never an exception.
+a ``Refusal`` with its reason (``error.code``) and retry hint, never an exception. The feedback
+is read into ``Feedback`` (with ``LinkFeedback``, the tenant's own link at the pool: what it
+told with its receivers, what the pool's nodes read of it); a door older than that field gives
+``link`` None.
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ import httpx
 from prfaas.serve.auth import signed_headers
 
 CALL_TIMEOUT_S = 5.0
+MAX_CONNECTIONS = 16
+"""A tenant's connections to the front door at most (kept alive): a burst of submits opens them
+all at once, and each counts against the door's quota of unverified connections until its first
+signed call is checked; the door makes room for this many per tenant (``pool.service``)."""
 
 
 class PoolUnreachable(Exception):
@@ -54,6 +61,90 @@ class Accepted:
     epoch: int
     group: str
     expected_start_in_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class LinkReadingFeedback:
+    """The pool's nodes' reading of the tenant's own link (modelled units, like the tenant's)."""
+
+    pace_gbps: float | None
+    """The rate its KV is paced at per tenant (None: not paced per tenant)."""
+    capacity_gbps: float
+    """The senders' capacity estimate (``basis``: "measured", "configured" or "": none)."""
+    basis: str
+    backlog_bytes: int
+    """KV sent towards the tenant's receivers and not yet acknowledged."""
+    rtt_s: float
+    """0: unknown."""
+    retransmit_rate: float
+    num_senders: int
+
+
+@dataclass(frozen=True, slots=True)
+class LinkFeedback:
+    gbps: float | None
+    """The rate this tenant registered (None: it told none)."""
+    rtt_ms: float | None
+    reading: LinkReadingFeedback | None
+    """None: no pool node has sent to this tenant yet (or none is live)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Feedback:
+    """``GET /v1/feedback``: this tenant's own figures at the pool."""
+
+    epoch: int
+    tenant: str
+    expected_queueing_s: float
+    entitled_share: float
+    attainable_share: float
+    queued_tokens: int
+    running: int
+    link_backlog_s: float = 0.0
+    """Its unsent KV at the pool over its own link's rate (0: none, or no rate told)."""
+    link: LinkFeedback | None = None
+    """None: a front door that does not say."""
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Feedback:
+        """Read an answer; a missing or malformed field is a ``ValueError`` naming it."""
+        try:
+            link = raw.get("link")
+            return cls(
+                epoch=int(raw["epoch"]),
+                tenant=str(raw["tenant"]),
+                expected_queueing_s=float(raw["expected_queueing_s"]),
+                entitled_share=float(raw["entitled_share"]),
+                attainable_share=float(raw["attainable_share"]),
+                queued_tokens=int(raw["queued_tokens"]),
+                running=int(raw["running"]),
+                link_backlog_s=float(raw.get("link_backlog_s", 0.0)),
+                link=None if link is None else _link_feedback(link),
+            )
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"feedback: {type(exc).__name__}: {exc}") from None
+
+
+def _link_feedback(raw: dict[str, Any]) -> LinkFeedback:
+    r = raw.get("reading")
+    reading = None
+    if r is not None:
+        pace = r.get("pace_gbps")
+        reading = LinkReadingFeedback(
+            pace_gbps=None if pace is None else float(pace),
+            capacity_gbps=float(r["capacity_gbps"]),
+            basis=str(r["basis"]),
+            backlog_bytes=int(r["backlog_bytes"]),
+            rtt_s=float(r["rtt_s"]),
+            retransmit_rate=float(r["retransmit_rate"]),
+            num_senders=int(r["num_senders"]),
+        )
+    gbps, rtt_ms = raw.get("gbps"), raw.get("rtt_ms")
+    return LinkFeedback(
+        gbps=None if gbps is None else float(gbps),
+        rtt_ms=None if rtt_ms is None else float(rtt_ms),
+        reading=reading,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +189,9 @@ class PoolClient:
             trust_env=False,
             verify=verify,
             event_hooks=hooks,
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
+            limits=httpx.Limits(
+                max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS
+            ),
         )
 
     async def _call(self, method: str, path: str, body: Any = None) -> httpx.Response:
@@ -113,9 +206,16 @@ class PoolClient:
             raise PoolUnreachable(f"{self.url}{path}: HTTP {r.status_code}")
         return r
 
-    async def register(self, receivers: list[dict[str, Any]]) -> dict[str, Any] | Refusal:
-        """``receivers``: ``{name, host, transfer_port}`` each; renews the lease."""
-        return _answer(await self._call("POST", "/v1/receivers", {"receivers": receivers}))
+    async def register(
+        self, receivers: list[dict[str, Any]], link: tuple[float, float] | None = None
+    ) -> dict[str, Any] | Refusal:
+        """``receivers``: ``{name, host, transfer_port}`` each; ``link``: the tenant's own link
+        from the pool, (modelled Gbps, RTT ms), paced per tenant at the pool's nodes (None:
+        not said, only the pool's egress paces it); renews the lease."""
+        body: dict[str, Any] = {"receivers": receivers}
+        if link is not None:
+            body["link"] = {"gbps": link[0], "rtt_ms": link[1]}
+        return _answer(await self._call("POST", "/v1/receivers", body))
 
     async def heartbeat(self) -> dict[str, Any] | Refusal:
         return _answer(await self._call("POST", "/v1/heartbeat", {}))
@@ -133,8 +233,13 @@ class PoolClient:
     async def abort(self, request_id: str) -> dict[str, Any] | Refusal:
         return _answer(await self._call("POST", f"/v1/abort/{request_id}"))
 
-    async def feedback(self) -> dict[str, Any] | Refusal:
-        return _answer(await self._call("GET", "/v1/feedback"))
+    async def feedback(self) -> Feedback | Refusal:
+        """This tenant's feedback; an answer that does not parse is a ``ValueError`` naming the
+        field (the door answered: it is not unreachable)."""
+        answer = _answer(await self._call("GET", "/v1/feedback"))
+        if isinstance(answer, Refusal):
+            return answer
+        return Feedback.from_json(answer)
 
     async def aclose(self) -> None:
         await self._client.aclose()

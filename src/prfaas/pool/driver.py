@@ -6,15 +6,21 @@ and whenever a live node of a group is free it asks the door what that node shou
 prefill goes to the node through the node API every PrfaaS node speaks (``POST
 /nodes/{node}/prefill``, ``serve.gateway.node_client.HttpNodeClient``, signed with the pool's
 internal key), whose KV streams layer by layer from the node straight to the tenant's registered
-receiver, on a link authenticated with the tenant's key (``PrefillCommand.key_id``). The node's
-answer (the KV verified at the receiver, or why not) is the outcome the tenant reads: ``done``,
-or ``failed`` with the reason (``node_lost`` when the node could not be reached).
+receiver, on a link authenticated with the tenant's key (``PrefillCommand.key_id``) and paced
+on the tenant's own route at the rate the tenant registered (``PrefillCommand.tenant``,
+``tenant_link_gbps``; the node's egress cap over all of them). The node's answer (the KV
+verified at the receiver, or why not) is the outcome the tenant reads: ``done``, or ``failed``
+with the reason (``node_lost`` when the node could not be reached).
 
 Leases: every tick the door's ``expire`` drops a silent tenant's queued prefills and aborts its
 running ones at their nodes; a tenant's ``POST /v1/abort`` (its client went away) does the same
 for one prefill. Egress: the unsent KV is counted per tenant as the whole KV of each
-running prefill (what the admission's egress window reads); a tenant's own link rate is not known
-to the pool live (it is in the tenant's file), so it is not a constraint here.
+running prefill (what the admission's egress window reads), and each tenant's own link is the
+rate it told when it registered its receivers (``FrontDoor.link_of``): a tenant whose unsent KV
+is over ``egress_window_s`` of its own link starts no more prefills (a tenant that told none is
+not held by it). Link readings: every node heartbeat's per-route reports are kept (the latest per
+process); ``tenant_link`` is a tenant's own route as the live processes report it (the
+feedback's ``link``: ``pool.tenant_links``).
 
 Counters per tenant (``counters``): accepted, placed, done, failed, aborted: the operator's
 listener serves them. Time: the door's ``now`` is modelled seconds (``clock``); node liveness is
@@ -31,10 +37,12 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from prfaas.core.link_report import SenderLinkReport
 from prfaas.policy.pool_admission import EgressState
 from prfaas.policy.pool_shares import TenantShare
 from prfaas.pool.frontdoor import Abort, FrontDoor, Placement
 from prfaas.pool.payload import Payload
+from prfaas.pool.tenant_links import LinkReading, combine, tenant_route
 from prfaas.serve.gateway.node_client import NodeCallFailed, NodeClient
 from prfaas.serve.node.messages import (
     Heartbeat,
@@ -89,6 +97,8 @@ class PlacementDriver:
         """(tenant, request id) -> the session its node runs it under (what an abort names)."""
         self._tasks: set[asyncio.Task[None]] = set()
         self.counters: dict[str, Counter[str]] = {t.name: Counter() for t in door.shape.tenants}
+        self.link_reports: dict[str, tuple[SenderLinkReport, ...]] = {}
+        """process -> its last heartbeat's link readings (one per route: per tenant)."""
 
     # -- the node listener ---------------------------------------------------------------------
     def register(self, reg: Registration) -> None:
@@ -105,6 +115,7 @@ class PlacementDriver:
             return False
         now = self.wall()
         reports = {r.node: r for r in beat.reports}
+        self.link_reports[beat.process] = tuple(beat.links)
         for n in mine:
             n.last_seen_s = now
             report = reports.get(n.endpoint.node)
@@ -118,6 +129,21 @@ class PlacementDriver:
 
     def live_nodes(self) -> list[str]:
         return sorted(n for n in self.nodes if self.live(n))
+
+    def tenant_link(self, tenant: str) -> LinkReading | None:
+        """``tenant``'s own link as the live node processes last reported it (None: none has a
+        route to it yet); never another tenant's route."""
+        groups: dict[str, str] = {}
+        for name, n in self.nodes.items():
+            if self.live(name):
+                groups[n.process] = n.group
+        found = [
+            r
+            for process, group in sorted(groups.items())
+            for r in self.link_reports.get(process, ())
+            if r.link == tenant_route(group, tenant)
+        ]
+        return combine(found)
 
     # -- the tenants' side ---------------------------------------------------------------------
     def accept(self, payload: Payload) -> None:
@@ -143,7 +169,7 @@ class PlacementDriver:
         for name in sorted(self.nodes):
             if name in self.busy or not self.live(name) or self.nodes[name].draining:
                 continue
-            placement = self.door.place(self.nodes[name].group, name, now, self._egress())
+            placement = self.door.place(self.nodes[name].group, name, now, self.egress())
             if placement is not None:
                 self._start(placement)
 
@@ -172,11 +198,13 @@ class PlacementDriver:
         if abort.node is not None:
             self._spawn(self._abort(abort.node, abort.tenant, abort.request_id))
 
-    def _egress(self) -> EgressState:
+    def egress(self) -> EgressState:
+        """What the admission reads of the egress now (the feedback's link backlog too): each
+        tenant's unsent KV and its own link's rate."""
         per: dict[str, float] = {}
         for tenant, num_bytes in self._unsent.values():
             per[tenant] = per.get(tenant, 0.0) + num_bytes
-        return EgressState(sum(per.values()), tuple(sorted(per.items())))
+        return EgressState(sum(per.values()), tuple(sorted(per.items())), self.door.tenant_links())
 
     def _start(self, p: Placement) -> None:
         key = (p.job.tenant, p.job.request_id)
@@ -189,6 +217,7 @@ class PlacementDriver:
         self._unsent[key] = (p.job.tenant, float(p.job.kv_bytes))
         self._sessions[key] = p.session
         self.counters[p.job.tenant]["placed"] += 1
+        link = self.door.link_of(p.job.tenant)
         cmd = PrefillCommand(
             request_id=p.session,  # the receiver's session: what its decode node expects
             tokens=payload.tokens,
@@ -201,6 +230,8 @@ class PlacementDriver:
             decode_recomputes_last_token=payload.decode_recomputes_last_token,
             sampling=payload.sampling,
             key_id=payload.key_id,
+            tenant=p.job.tenant,  # its KV on the tenant's own route at the node
+            tenant_link_gbps=None if link is None else link.gbps,
         )
         self._spawn(self._prefill(p.node, key, cmd))
 

@@ -1,11 +1,12 @@
 """``FrontDoor``: the pool front door's state and rules, sans I/O (``docs/pool.md``, API v1).
 
-The HTTP layer (not yet written) authenticates a call to a tenant (its key id names the tenant)
+The HTTP layer (``pool.service``) authenticates a call to a tenant (its key id names the tenant)
 and hands this object the tenant and the body; this object decides. It owns what ``PoolAdmission``
 (the shared admission and fair-share policy) does not: the epoch every answer carries, each
-tenant's registered receivers and lease, the model fingerprints a submit must match, the outcomes
-a tenant may read, and isolation: a tenant submits only as itself and only to receivers it
-registered, and reads only its own outcomes and feedback. Placement on a free node goes through
+tenant's registered receivers, own link (the rate it told at registration) and lease, the model
+fingerprints a submit must match, the outcomes a tenant may read, and isolation: a tenant submits
+only as itself and only to receivers it registered, and reads only its own outcomes and
+feedback. Placement on a free node goes through
 ``PoolAdmission.dispatch``; a lease that expires or a revoked tenant drops its queued prefills and
 aborts its running ones with the reason. Pure: ``now`` passed in; no I/O, no clock, no asyncio.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from prfaas.core.fingerprint import first_difference
 from prfaas.policy.pool_admission import (
     Accepted,
     EgressState,
@@ -24,9 +26,9 @@ from prfaas.policy.pool_admission import (
     Refused,
 )
 from prfaas.policy.pool_shares import PoolShape, TenantShare
+from prfaas.pool.tenant_links import TenantLink
 
 API_VERSION = "v1"
-FINGERPRINT_FIELDS = ("config", "weights_digest", "dtype", "block_tokens", "cache_layout")
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +101,8 @@ class Abort:
 @dataclass(slots=True)
 class _TenantState:
     receivers: dict[str, Receiver] = field(default_factory=dict)
+    link: TenantLink | None = None
+    """None: the tenant did not say (an older caller): its KV is paced by the egress alone."""
     lease_until_s: float = -1.0
     revoked: bool = False
 
@@ -124,7 +128,7 @@ class FrontDoor:
         lease_s: float,
         fingerprints: Mapping[str, Mapping[str, str]],
     ) -> None:
-        """``fingerprints``: per model served, the fields of ``FINGERPRINT_FIELDS``."""
+        """``fingerprints``: per model served, its fields (``core.fingerprint``)."""
         self.shape = shape
         self.epoch = epoch
         self.lease_s = lease_s
@@ -136,10 +140,18 @@ class FrontDoor:
         self._running: dict[tuple[str, str], tuple[PrefillJob, str]] = {}
 
     # -- tenants' calls (the caller is ``tenant``, authenticated by its key) -------------------
-    def register(self, tenant: str, receivers: tuple[Receiver, ...], now: float) -> int:
-        """Replace the tenant's receivers; renews its lease. Returns the epoch."""
+    def register(
+        self,
+        tenant: str,
+        receivers: tuple[Receiver, ...],
+        now: float,
+        link: TenantLink | None = None,
+    ) -> int:
+        """Replace the tenant's receivers and its link (None: not said, unpaced by it); renews
+        its lease. Returns the epoch."""
         st = self._tenants[tenant]
         st.receivers = {r.name: r for r in receivers}
+        st.link = link
         st.lease_until_s = now + self.lease_s
         return self.epoch
 
@@ -167,8 +179,25 @@ class FrontDoor:
         """The tenant's own request only (another tenant's id reads as unknown)."""
         return self._outcomes.get((tenant, request_id))
 
-    def feedback(self, tenant: str, now: float) -> PoolFeedback:
-        return self.admission.feedback(tenant, now)
+    def feedback(self, tenant: str, now: float, egress: EgressState | None = None) -> PoolFeedback:
+        """The tenant's own feedback; ``egress`` (the driver's, with the tenants' links) gives
+        its link backlog."""
+        return self.admission.feedback(tenant, now, egress)
+
+    def link_of(self, tenant: str) -> TenantLink | None:
+        """The link the tenant registered (None: unknown tenant, or it did not say)."""
+        st = self._tenants.get(tenant)
+        return None if st is None else st.link
+
+    def tenant_links(self) -> tuple[tuple[str, float], ...]:
+        """(tenant, modelled bytes/s) of every tenant that told its link: the admission's
+        ``EgressState.tenant_link_bytes_per_s`` (a tenant whose own link is full starts no more
+        prefills)."""
+        return tuple(
+            (name, st.link.bytes_per_s)
+            for name, st in sorted(self._tenants.items())
+            if st.link is not None
+        )
 
     # -- the pool's side -----------------------------------------------------------------------
     def place(self, group: str, node: str, now: float, egress: EgressState) -> Placement | None:
@@ -225,6 +254,7 @@ class FrontDoor:
         st = self._tenants[tenant]
         st.revoked = True
         st.receivers.clear()
+        st.link = None
         st.lease_until_s = -1.0
         return self._drop(tenant, "revoked", now)
 
@@ -268,13 +298,11 @@ class FrontDoor:
             return no("receiver_not_registered",
                       f"receiver {req.receiver!r} is not registered by {tenant!r}")  # fmt: skip
         expected = self._fingerprints.get(req.model)
-        if expected is not None:
-            given = dict(req.fingerprint)
-            for name in FINGERPRINT_FIELDS:
-                if name in expected and given.get(name) != expected[name]:
-                    return no("fingerprint_mismatch",
-                              f"fingerprint.{name}: {given.get(name)!r} != pool's "
-                              f"{expected[name]!r} for {req.model}")  # fmt: skip
+        diff = None if expected is None else first_difference(expected, dict(req.fingerprint))
+        if diff is not None:
+            name, given, want = diff
+            detail = f"fingerprint.{name}: {given!r} != pool's {want!r} for {req.model}"
+            return no("fingerprint_mismatch", detail)
         return None
 
     def _drop(self, tenant: str, reason: str, now: float) -> tuple[Abort, ...]:

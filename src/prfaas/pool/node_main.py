@@ -3,8 +3,11 @@ pool's launcher starts it; a Kubernetes pod gives HOST, its own address). The sa
 and node API as a deployment's PrfaaS node, from the group's node deployment file
 (``pool.nodes_file``), holding every tenant's key besides the pool's internal one: its KV links to
 a tenant's receivers authenticate with that tenant's key (``PrefillCommand.key_id``), and it
-registers and heartbeats at the front door's node listener. Timed groups share one process (like
-a deployment's timed site).
+registers and heartbeats at the front door's node listener. Each tenant's KV is paced on a route
+of its own at that tenant's link rate (``PrefillCommand.tenant``, ``tenant_link_gbps``), every
+route under the pool's ``egress_gbps`` as the process's egress cap (``WorkerHost``'s
+``pool_egress_gbps``); the heartbeat carries one link reading per tenant route. Timed groups
+share one process (like a deployment's timed site).
 """
 
 from __future__ import annotations
@@ -48,7 +51,9 @@ def run(workdir: Path, group: str, host: str | None = None) -> None:
 
     async def main() -> None:
         keys, tls = link_keys(workdir)
-        worker = WorkerHost(d, names, d.control_url, host=host, link_keys=keys, link_tls=tls)
+        egress_gbps = load_resolved(workdir).egress_gbps  # not reloaded: a restart changes it
+        worker = WorkerHost(d, names, d.control_url, host=host, link_keys=keys, link_tls=tls,
+                            pool_egress_gbps=egress_gbps)  # fmt: skip
         sock = bind(host, max(d.node(n).port for n in names))
         await worker.start(sock.getsockname()[1])
 

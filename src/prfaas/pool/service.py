@@ -4,10 +4,11 @@ One uvicorn server, two listeners (``serve.listeners``): ``front_door.port`` ser
 signed API v1 (``pool.app``) and an open ``/health``; ``front_door.control_port`` is the pool's
 own listener, signed with the pool's internal key (``serve.auth_middleware``): the nodes register
 and heartbeat there (``/internal/register``, ``/internal/heartbeat``, as they do at a gateway),
-and the operator reads ``/internal/tenants`` (per-tenant counters and accepted key ids: not
-reachable with a tenant's key), ``/internal/nodes`` and, open for Prometheus, ``/metrics``
-(``pool.metrics``: the same figures per tenant and per group). The ``PlacementDriver`` runs in
-the same event loop. SIGHUP reloads the tenant list and keys (``TenantReload``).
+and the operator reads ``/internal/tenants`` (per-tenant counters, accepted key ids and each
+tenant's link: the rate it told, the nodes' reading; not reachable with a tenant's key),
+``/internal/nodes`` and, open for Prometheus, ``/metrics`` (``pool.metrics``: the counters per
+tenant and per group). The ``PlacementDriver`` runs in the same event loop. SIGHUP reloads the
+tenant list and keys (``TenantReload``).
 
 The admission's clock is modelled seconds (wall over ``units.time_scale``, like the nodes' cost
 models); the lease is the file's ``lease_s`` of wall time. SIGINT/SIGTERM stop the server (uvicorn)
@@ -29,13 +30,15 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from prfaas.engine.fingerprint import model_fingerprint
 from prfaas.perf import CostModel, cost_model_for_hardware, is_profile_file
 from prfaas.pool.app import TenantKeys, create_app
+from prfaas.pool.client import MAX_CONNECTIONS as TENANT_CONNECTIONS
 from prfaas.pool.driver import PlacementDriver
-from prfaas.pool.fingerprint import model_fingerprint
 from prfaas.pool.frontdoor import FrontDoor
 from prfaas.pool.metrics import pool_registry
 from prfaas.pool.resolved import internal_psk, load_resolved, tenant_keys
+from prfaas.pool.tenant_links import link_json
 from prfaas.pool_file import pool_shape
 from prfaas.pool_sections import PoolFileConfig, PoolGroup
 from prfaas.serve import internal_errors
@@ -43,14 +46,14 @@ from prfaas.serve.auth import SignedAuth, Verifier
 from prfaas.serve.auth_middleware import SignatureMiddleware
 from prfaas.serve.gateway.node_client import HttpNodeClient
 from prfaas.serve.keyring import ring_of_psks
-from prfaas.serve.listeners import PortRouter, UnverifiedConnections, bind, serve
+from prfaas.serve.listeners import MAX_UNVERIFIED, PortRouter, UnverifiedConnections, bind, serve
 from prfaas.serve.node.messages import Heartbeat, Registration
 
 log = logging.getLogger("prfaas.pool")
 
 
 def fingerprints(pool: PoolFileConfig) -> dict[str, dict[str, str]]:
-    """What a submit's fingerprint must say per model (``pool.fingerprint``): the model's name
+    """What a submit's fingerprint must say per model (``engine.fingerprint``): the model's name
     and the pool's block size; a group with a model folder (torch, vLLM) its dtype, cache layout
     and weights digest too."""
     return {
@@ -131,8 +134,9 @@ def build(workdir: Path) -> tuple[FastAPI, FastAPI, PlacementDriver, PoolFileCon
         node_timeout_s=max(3.0, 6 * pool.heartbeat_interval_s),
     )  # fmt: skip
     tenants = create_app(
-        door, keys, costs, clock=clock, on_accepted=driver.accept, on_abort=driver.abort
-    )
+        door, keys, costs, clock=clock, on_accepted=driver.accept, on_abort=driver.abort,
+        egress=driver.egress, link_reading=driver.tenant_link,
+    )  # fmt: skip
 
     @tenants.get("/health")
     async def health() -> dict[str, Any]:
@@ -188,6 +192,7 @@ def _operator_app(driver: PlacementDriver, ring: Any, reload: TenantReload) -> F
                 "queued_tokens": fb.queued_tokens,
                 "running": fb.running,
                 "attainable_share": fb.attainable_share,
+                "link": link_json(driver.door.link_of(name), driver.tenant_link(name)),
                 "keys": key_ids.get(name, []),
                 "revoked": driver.door.revoked(name),
             }
@@ -216,9 +221,13 @@ def run(workdir: Path) -> None:
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload)
         loop = asyncio.create_task(driver.run())
         try:
-            # Signed callers only on both ports; the quota holds unverified connections down.
-            await serve(router, [tenant_sock, control_sock], unverified=UnverifiedConnections(),
-                        tls=tls)  # fmt: skip
+            # Signed callers only on both ports; the quota holds unverified connections down. It
+            # leaves room for every tenant's gateway opening all its connections at once (a burst
+            # of submits, before any has verified): with the bare quota two tenants bursting at
+            # once had their oldest connections cut (seen as ReadErrors under load).
+            quota = MAX_UNVERIFIED + TENANT_CONNECTIONS * len(pool.tenants)
+            await serve(router, [tenant_sock, control_sock],
+                        unverified=UnverifiedConnections(quota), tls=tls)  # fmt: skip
         finally:
             loop.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -8,7 +8,13 @@ registry by ``TenantPoolLink``, not by a node process: each answered heartbeat t
 is a heartbeat of the ``pool`` node (its queue from the pool's feedback), so a silent pool leaves
 rotation after the gateway's ``heartbeat_timeout_s`` and the router prefills locally. The link
 also registers the tenant's decode nodes' pool receivers (``NodeEndpoint.pool_transfer_port``:
-each decode process's receiver keyed by the tenant's pool key) with the pool.
+each decode process's receiver keyed by the tenant's pool key) with the pool, with the tenant's
+own link rate (``pool.link``: the pool's nodes pace this tenant's KV at it), and keeps the
+pool's last ``Feedback`` (``feedback``: queueing, shares, and the tenant's own link as the pool's
+nodes read it). The router does not read the link reading yet: the place it would go is
+``_node_alive``, as the ``pool`` process's ``SenderLinkReport`` for the ``pool -> home`` link in
+the registry's heartbeat (capacity, backlog, RTT), which the registry turns into that link's
+``LinkState`` for bandwidth-aware routers, as it does for a PrfaaS site's node.
 
 ``PoolNodeClient`` is the dispatcher's ``NodeClient``: a prefill for the ``pool`` node is a signed
 submit (tokens, sampling, the decode node as registered receiver, the prefill's request id as the
@@ -30,17 +36,15 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, Counter
 
 from prfaas.config import DeploymentConfig, NodeConfig, SiteConfig
 from prfaas.core.link_config import LinkConfig
-from prfaas.errors import UsageError
+from prfaas.engine.fingerprint import engine_fingerprint
 from prfaas.policy.pool_session import PoolSession
-from prfaas.pool.client import PoolClient, PoolUnreachable, Refusal, pool_verify
-from prfaas.pool.fingerprint import model_fingerprint
+from prfaas.pool.client import Feedback, PoolClient, PoolUnreachable, Refusal, pool_verify
 from prfaas.pool_file import resolve_key
 from prfaas.serve.gateway.node_client import NodeCallFailed, NodeClient
 from prfaas.serve.gateway.registry import NodeRegistry
@@ -124,7 +128,8 @@ class TenantPoolLink:
             node=POOL_NODE, site=POOL_SITE, role="prefill",
             host=url.hostname or "", http_port=url.port or 80,
         )  # fmt: skip
-        self.feedback: dict[str, Any] = {}
+        self.feedback: Feedback | None = None
+        """The pool's last feedback (None: none yet)."""
 
     def fallback(self, reason: str) -> None:
         self.fallbacks.labels(reason=reason).inc()
@@ -156,7 +161,7 @@ class TenantPoolLink:
         receivers = self._receivers()
         if receivers != self._registered or self._epoch_registered is None:
             body = [{"name": n, "host": h, "transfer_port": p} for n, h, p in receivers]
-            answer = await self.client.register(body)
+            answer = await self.client.register(body, (self.ref.link.gbps, self.ref.link.rtt_ms))
             if isinstance(answer, Refusal):
                 log.warning("pool %s refused our receivers: %s", self.ref.url, answer.message)
                 return
@@ -174,16 +179,21 @@ class TenantPoolLink:
         self.session.heard(int(answer["epoch"]), now)
         if self._epoch_registered is None:
             return
-        fb = await self.client.feedback()
-        if not isinstance(fb, Refusal):
-            self.feedback = fb
+        try:
+            fb = await self.client.feedback()
+        except ValueError as exc:  # the door answered (alive); its feedback is kept as it was
+            log.warning("pool %s: feedback not understood: %s", self.ref.url, exc)
+        else:
+            if not isinstance(fb, Refusal):
+                self.feedback = fb
         self._node_alive(now)
 
     def _node_alive(self, now_s: float) -> None:
+        fb = self.feedback
         report = NodeReport(
             node=POOL_NODE, site=POOL_SITE, role="prefill",
-            queue_depth=int(self.feedback.get("running", 0)),
-            queued_tokens=int(self.feedback.get("queued_tokens", 0)),
+            queue_depth=0 if fb is None else fb.running,
+            queued_tokens=0 if fb is None else fb.queued_tokens,
         )  # fmt: skip
         beat = Heartbeat(process=POOL_PROCESS, reports=[report])
         if not self.registry.heartbeat(beat, now_s):
@@ -313,14 +323,9 @@ class PoolNodeClient:
 
 
 def tenant_fingerprint(d: DeploymentConfig) -> dict[str, str]:
-    """The fingerprint of the model the tenant's decode nodes run (``pool.fingerprint``): its
+    """The fingerprint of the model the tenant's decode nodes run (``engine.fingerprint``): its
     PD site's engine; a model folder that cannot be read leaves the folder's fields out (the
     pool then refuses the submits naming the field, and the tenant prefills locally)."""
     (site,) = [s.name for s in d.sites if s.kind == "pd"]
-    engine = d.engine_for(site)
-    folder = engine.model_path if engine.kind in ("torch", "vllm") else None
-    try:
-        return model_fingerprint(engine.model, engine.block_tokens, folder)
-    except (OSError, ValueError, UsageError) as exc:
-        log.warning("pool: the model folder %s gives no fingerprint: %s", folder, exc)
-        return model_fingerprint(engine.model, engine.block_tokens)
+    e = d.engine_for(site)
+    return dict(engine_fingerprint(e.model, e.block_tokens, e.kind, e.model_path))

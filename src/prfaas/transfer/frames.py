@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from prfaas.spec import DType, LayerKind
 from prfaas.transfer.errors import AbortCode, FrameTooLarge, ProtocolError
 from prfaas.transfer.manifest import (
+    MAX_FINGERPRINT_FIELDS,
+    MAX_FINGERPRINT_NAME_BYTES,
+    MAX_FINGERPRINT_VALUE_BYTES,
     MAX_LAYERS,
     MAX_REQUEST_ID_BYTES,
     MAX_TENSOR_DIMS,
@@ -31,7 +34,8 @@ from prfaas.transfer.manifest import (
 Buffer = bytes | bytearray | memoryview
 
 MAGIC = b"PK"
-VERSION = 2
+VERSION = 3
+"""3: a manifest ends with the sender's model fingerprint (2 had none)."""
 HEADER = struct.Struct("<2sBBI")
 HEADER_BYTES = HEADER.size  # 8
 NONCE_BYTES = 16
@@ -281,6 +285,10 @@ def _encode_manifest(m: Manifest) -> bytes:
             parts.append(_str(t.name, MAX_TENSOR_NAME_BYTES, "tensor name", _U8))
             parts.append(_TENSOR_HEAD.pack(_DTYPE_CODE[t.dtype], len(t.shape)))
             parts.append(struct.pack(f"<{len(t.shape)}I", *t.shape))
+    parts.append(_U8.pack(len(m.fingerprint)))
+    for name, value in m.fingerprint:
+        parts.append(_str(name, MAX_FINGERPRINT_NAME_BYTES, "fingerprint field", _U8))
+        parts.append(_str(value, MAX_FINGERPRINT_VALUE_BYTES, "fingerprint value", _U8))
     body = b"".join(parts)
     if len(body) + 8 + TAG_BYTES > MAX_CONTROL_BODY_BYTES:
         raise ValueError(f"manifest encodes to {len(body)} bytes, over {MAX_CONTROL_BODY_BYTES}")
@@ -385,8 +393,18 @@ def _decode_manifest(r: _Reader) -> Manifest:
             shape = struct.unpack(f"<{ndim}I", r.take(4 * ndim))
             tensors.append(TensorEntry(name, dtype, shape))
         layers.append(LayerEntry(index, kind, first, rows, tuple(tensors)))
+    (num_fields,) = r.unpack(_U8)
+    if num_fields > MAX_FINGERPRINT_FIELDS:
+        raise FrameTooLarge(f"fingerprint has {num_fields} fields, max {MAX_FINGERPRINT_FIELDS}")
+    fingerprint = tuple(
+        (
+            r.string(MAX_FINGERPRINT_NAME_BYTES, "fingerprint field", _U8),
+            r.string(MAX_FINGERPRINT_VALUE_BYTES, "fingerprint value", _U8),
+        )
+        for _ in range(num_fields)
+    )
     try:
-        return Manifest(request_id, num_tokens, num_cached, tuple(layers))
+        return Manifest(request_id, num_tokens, num_cached, tuple(layers), fingerprint)
     except ValueError as exc:  # the manifest's own validation names the bad value
         raise ProtocolError(f"invalid manifest: {exc}") from None
 

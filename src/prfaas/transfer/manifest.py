@@ -20,6 +20,9 @@ MAX_TENSOR_NAME_BYTES = 64
 MAX_TENSOR_DIMS = 8
 MAX_DIM = 2**32 - 1
 MAX_SESSION_BYTES = 2**48
+MAX_FINGERPRINT_FIELDS = 16
+MAX_FINGERPRINT_NAME_BYTES = 32
+MAX_FINGERPRINT_VALUE_BYTES = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +62,9 @@ class Manifest:
     num_tokens: int
     num_cached_tokens: int
     layers: tuple[LayerEntry, ...]
+    fingerprint: tuple[tuple[str, str], ...] = ()
+    """The sender's model fingerprint (``core.fingerprint``: field, value), which the receiver
+    compares with its own before allocating; empty: not stated (a vLLM connector's sender)."""
 
     def __post_init__(self) -> None:
         rid = self.request_id.encode()
@@ -78,16 +84,29 @@ class Manifest:
                     raise ValueError(f"tensor name {t.name!r}: 1..{MAX_TENSOR_NAME_BYTES} bytes")
                 if len(t.shape) > MAX_TENSOR_DIMS or any(not 0 <= d <= MAX_DIM for d in t.shape):
                     raise ValueError(f"tensor {t.name!r}: bad shape {t.shape}")
+        if len(self.fingerprint) > MAX_FINGERPRINT_FIELDS:
+            raise ValueError(f"a fingerprint has at most {MAX_FINGERPRINT_FIELDS} fields")
+        for name, value in self.fingerprint:
+            if not 0 < len(name.encode()) <= MAX_FINGERPRINT_NAME_BYTES:
+                raise ValueError(f"fingerprint field {name!r}: 1..{MAX_FINGERPRINT_NAME_BYTES} B")
+            if len(value.encode()) > MAX_FINGERPRINT_VALUE_BYTES:
+                raise ValueError(f"fingerprint.{name}: over {MAX_FINGERPRINT_VALUE_BYTES} bytes")
         if self.num_bytes > MAX_SESSION_BYTES:
             raise ValueError(f"manifest of {self.num_bytes} bytes exceeds {MAX_SESSION_BYTES}")
 
     @classmethod
-    def from_layout(cls, request_id: str, layout: CacheLayout) -> Manifest:
+    def from_layout(
+        cls,
+        request_id: str,
+        layout: CacheLayout,
+        fingerprint: tuple[tuple[str, str], ...] = (),
+    ) -> Manifest:
         return cls(
             request_id,
             layout.num_tokens,
             layout.num_cached_tokens,
             tuple(_entry(seg) for seg in layout.segments),
+            fingerprint,
         )
 
     @property

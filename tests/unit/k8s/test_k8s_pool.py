@@ -151,6 +151,19 @@ def test_each_tenant_renders_its_pd_site_with_the_pool_key_by_reference(path: Pa
             assert vols["pool-key"]["secret"]["secretName"] == f"{path.stem}-pool-key"
     pool_kv = objs[("NetworkPolicy", f"{path.stem}-pool-kv")]["spec"]
     assert pool_kv["podSelector"]["matchLabels"]["prfaas.io/decodes"] == "true"
+    # The pool's KV arrives on one fixed port, which every rendered node names and decode pods open.
+    assert pool_kv["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8201}]}]
+    for site in nodes_file["sites"]:
+        assert {n["pool_transfer_port"] for n in site["nodes"]} == {8201}
+    decode_ports = [
+        {p["name"]: p["containerPort"] for p in c["ports"]}
+        for m in r.manifests
+        if m["kind"] in ("Deployment", "StatefulSet")
+        and m["spec"]["template"]["metadata"]["labels"].get("prfaas.io/decodes") == "true"
+        for c in m["spec"]["template"]["spec"]["containers"]
+        if c["name"] == "node"
+    ]
+    assert decode_ports and all(p.get("pool-kv") == 8201 for p in decode_ports)
     assert any("pool.url" in w for w in r.warnings)  # the examples' URL is loopback
 
 

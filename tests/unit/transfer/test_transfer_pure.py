@@ -77,6 +77,35 @@ def test_manifest_from_cache_spec_layout() -> None:
         Manifest("", 1, 0, m.layers)
 
 
+def test_a_manifest_carries_its_model_fingerprint_across_the_wire() -> None:
+    from prfaas.transfer import frames as F
+
+    spec = get_model("paper-1t").cache
+    fp = (("block_tokens", "512"), ("config", "paper-1t"), ("weights_digest", "ab" * 8))
+    m = Manifest.from_layout("r", spec.layout(1000, 400), fp)
+    back = F.decode_body(F.FrameType.OPEN, memoryview(F.encode_body(F.Open(7, m))))
+    assert isinstance(back, F.Open) and back.manifest == m and back.manifest.fingerprint == fp
+    bare = Manifest.from_layout("r", spec.layout(1000, 400))  # a sender that states none
+    back = F.decode_body(F.FrameType.OPEN, memoryview(F.encode_body(F.Open(7, bare))))
+    assert isinstance(back, F.Open) and back.manifest.fingerprint == ()
+    with pytest.raises(ValueError, match="at most 16 fields"):
+        Manifest.from_layout("r", spec.layout(10, 0), tuple((f"f{i}", "") for i in range(17)))
+    with pytest.raises(ValueError, match=r"fingerprint\.config"):
+        Manifest.from_layout("r", spec.layout(10, 0), (("config", "x" * 129),))
+
+
+def test_fingerprints_differ_by_their_first_stated_field() -> None:
+    from prfaas.core.fingerprint import as_fingerprint, first_difference
+
+    pool = {"config": "m", "block_tokens": "512", "weights_digest": "aa"}
+    assert first_difference(pool, dict(pool)) is None
+    other = {**pool, "weights_digest": "bb"}
+    assert first_difference(pool, other) == ("weights_digest", "bb", "aa")
+    assert first_difference(pool, {"config": "m"}) == ("weights_digest", None, "aa")
+    assert first_difference({"config": "m"}, pool) is None  # what is not stated is not compared
+    assert as_fingerprint({"b": "2", "a": "1"}) == (("a", "1"), ("b", "2"))
+
+
 def test_session_state_table() -> None:
     assert advance(SessionState.OPENING, SessionState.STREAMING) is SessionState.STREAMING
     with pytest.raises(ValueError, match="streaming to verified"):

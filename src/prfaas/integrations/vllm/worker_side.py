@@ -394,9 +394,10 @@ class WorkerSide:
                 f"session covers tokens [{manifest.num_cached_tokens}, {manifest.num_tokens}), "
                 f"request needs [{job.start}, {job.prompt_len})"
             )
-        expected = Manifest.from_layout(
-            manifest.request_id, self._spec.layout(manifest.num_tokens, manifest.num_cached_tokens)
-        )
+        # The layout is what must match here; a torch sender's model fingerprint is not checked
+        # on this side (the connector states none and compares layouts only).
+        layout = self._spec.layout(manifest.num_tokens, manifest.num_cached_tokens)
+        expected = Manifest.from_layout(manifest.request_id, layout, manifest.fingerprint)
         if manifest != expected:
             raise L.LayoutError("session manifest differs from this model's CacheSpec layout")
         rows = manifest.num_tokens - manifest.num_cached_tokens

@@ -10,6 +10,13 @@ inter-site link's emulated rate (an R Gbps link is paced at R / byte_divisor / t
 timed engine, at R for real engines: the site's own engine decides; one pacer for all of them:
 they cross one link).
 
+A PrfaaS pool's node (``pool_egress_gbps``) has no one link: each tenant's KV crosses that
+tenant's own link, so it goes on a route of its own (``"{site}->{tenant}"``, named by the
+``PrefillCommand``), paced at the rate the tenant told the pool, converted as above, and every
+route shares the process-wide egress cap (the pool's ``egress_gbps``, converted the same way:
+``LinkPool(egress_cap_bytes_per_s=...)``). With ``netns: true`` nothing is paced, as for a
+deployment.
+
 The inter-site link's capacity is measured, not taken from the deployment file: the pool samples
 the cross-site links' counters on its own timer (``transfer.link_readings``, shared with the vLLM
 connector) into one ``core.link_estimate.CapacityEstimator``, and every heartbeat carries the
@@ -31,9 +38,11 @@ import httpx
 
 from prfaas.config import DeploymentConfig
 from prfaas.core import NodeRole, SiteId
+from prfaas.core.fingerprint import first_difference
 from prfaas.core.ids import link_id_for
 from prfaas.core.link_report import SenderLinkReport
 from prfaas.engine.api import Engine
+from prfaas.engine.fingerprint import engine_fingerprint
 from prfaas.perf import CostModel
 from prfaas.pool_file import resolve_key
 from prfaas.serve.auth import SignedAuth
@@ -52,6 +61,7 @@ from prfaas.serve.node.control_plane import default_process_name as default_proc
 from prfaas.serve.node.engines import build_engine, prefix_store_bytes
 from prfaas.serve.node.hosting import LinkRateRefused
 from prfaas.serve.node.messages import (
+    MAX_LINK_REPORTS,
     Heartbeat,
     NodeReport,
     PrefillCommand,
@@ -93,10 +103,13 @@ class WorkerHost:
         process_name: str = "",
         link_keys: Mapping[str, bytes] | None = None,
         link_tls: Mapping[str, KeyTLS] | None = None,
+        pool_egress_gbps: float | None = None,
     ) -> None:
         """``link_keys``: more keys (id -> key) its KV links may authenticate with, named by a
         ``PrefillCommand.key_id`` (a PrfaaS pool's node holds every tenant's key); ``link_tls``:
-        the TLS of the links under some of them (each tenant's receivers, under its CA)."""
+        the TLS of the links under some of them (each tenant's receivers, under its CA);
+        ``pool_egress_gbps``: a PrfaaS pool's node: the pool's total egress (modelled Gbps), the
+        cap over every tenant's route (the deployment's one link is then not paced)."""
         self.site = site_of_nodes(deployment, node_names, "worker process")
         self.deployment = deployment
         self.host = host
@@ -141,15 +154,21 @@ class WorkerHost:
         if link is not None:
             other = link.dst if link.src == self.site.name else link.src
             self.route = link_id_for(SiteId(self.site.name), SiteId(other))
+        self.pool_egress_gbps = pool_egress_gbps
+        self._tenant_gbps: dict[str, float | None] = {}
+        """A pool node's tenant routes -> the rate each is set at now (modelled Gbps; None:
+        unpaced by the tenant): a route is set again only when its tenant's rate changes (a
+        re-set route is estimated afresh)."""
         tls = deployment.tls
         self.links = LinkPool(
             self.process_name,
             {**(link_keys or {}), DEPLOYMENT_KEY_ID: self._psk},
+            egress_cap_bytes_per_s=self.egress_cap_bytes_per_s(),
             client_ssl=self._client_ssl,
             server_hostname=tls.server_hostname if tls is not None else None,
             key_tls=link_tls,
         )
-        if self.route is not None:
+        if self.route is not None and pool_egress_gbps is None:
             self.links.set_route(
                 self.route, self.link_rate_bytes_per_s(), self._configured_wall_rate()
             )
@@ -157,8 +176,13 @@ class WorkerHost:
         """The site's cost model, once looked up (None inside: a real engine on a preset)."""
         self.notice = NoticeDesk(self._prefill_estimate_s)
         """A spot notice's bookkeeping (``serve/node/notice.py``): told of every prefill."""
+        self.fingerprint = engine_fingerprint(eng.model, eng.block_tokens, eng.kind, eng.model_path)
+        """This site's model (``core.fingerprint``): stated on every KV manifest its nodes send,
+        and what an incoming manifest's fingerprint must match (a pool tenant's decode node
+        refuses KV from a pool group of other weights, naming the field)."""
         for node in self.nodes.values():
             node.notice = self.notice
+            node.fingerprint = self.fingerprint
         self.receiver: Receiver | None = None
         self.transfer_port = 0
         self.pool_receiver: Receiver | None = None
@@ -169,6 +193,18 @@ class WorkerHost:
 
     # -- transfer --------------------------------------------------------------------------------
     def _allocate(self, manifest: Manifest) -> Sequence[object]:
+        # Before anything is allocated: KV of another model must never reach a cache. Only the
+        # fields both sides state are compared (the vLLM connector's sender states none; an
+        # emulated site no folder's): this guards against a misconfigured peer, which holds the
+        # link's key; the engine then checks the layout itself (``engine.manifest_check``).
+        stated = dict(manifest.fingerprint)
+        diff = first_difference({k: v for k, v in self.fingerprint if k in stated}, stated)
+        if diff is not None:
+            name, sent, own = diff
+            raise Refused(
+                f"{manifest.request_id}: model fingerprint.{name} {sent!r} differs from "
+                f"{self.process_name}'s {own!r}"
+            )
         if is_move(manifest.request_id):
             buffers = self.moves.allocate(manifest)
             if buffers is None:
@@ -234,7 +270,33 @@ class WorkerHost:
 
     def _configured_wall_rate(self) -> float:
         """The deployment file's link rate in wall payload bytes/s (0: no inter-site link)."""
-        return 0.0 if self.link_gbps is None else self.link_gbps * 1e9 / 8 / self._wall_scale()
+        return 0.0 if self.link_gbps is None else self._wall_rate(self.link_gbps)
+
+    def _wall_rate(self, gbps: float) -> float:
+        """``gbps`` (modelled) in wall payload bytes/s, converted by the site's own engine."""
+        return gbps * 1e9 / 8 / self._wall_scale()
+
+    def egress_cap_bytes_per_s(self) -> float | None:
+        """A pool node's egress cap in wall payload bytes/s: the pool's ``egress_gbps``, shared
+        by every tenant's route (None: not a pool node, or ``netns: true``, where nothing here
+        paces)."""
+        if self.pool_egress_gbps is None or self.deployment.netns:
+            return None
+        return self._wall_rate(self.pool_egress_gbps)
+
+    def tenant_route(self, tenant: str, gbps: float | None) -> str:
+        """The route a pool tenant's KV takes from this site (``"{site}->{tenant}"``), set (or
+        re-set, when its rate changed) to pace at the tenant's own link rate ``gbps`` (modelled;
+        None: unpaced by it, so only the egress cap applies, and not estimated: no rate is
+        known to estimate it from). Under ``netns: true`` nothing paces it."""
+        route = link_id_for(SiteId(self.site.name), SiteId(tenant))
+        if route in self._tenant_gbps and self._tenant_gbps[route] == gbps:
+            return route
+        self._tenant_gbps[route] = gbps
+        configured = None if gbps is None else self._wall_rate(gbps)
+        pace = None if self.deployment.netns else configured
+        self.links.set_route(route, pace, configured)
+        return route
 
     async def set_link_gbps(self, gbps: float) -> None:
         """Shape the inter-site link (modelled Gbps): paces every cross-site sender from now on.
@@ -244,6 +306,11 @@ class WorkerHost:
             raise LinkRateRefused(
                 f"site {self.site.name}: with netns: true tbf shapes the link and the senders "
                 "do not pace it; change the shaper (tc) instead"
+            )
+        if self.pool_egress_gbps is not None:
+            raise LinkRateRefused(
+                f"site {self.site.name} is a PrfaaS pool's node group: its egress is the pool "
+                "file's egress_gbps and each tenant's link is the rate that tenant registered"
             )
         self.link_gbps = gbps
         # The estimate starts afresh (LinkPool.set_route): a re-shaped link is another link.
@@ -273,17 +340,24 @@ class WorkerHost:
             for r in self.links.reports()
         ]
 
-    def _destination(self, host: str, port: int, cross_site: bool, key_id: str) -> Destination:
-        route = self.route if cross_site else None
-        if cross_site and route is None:  # no link in the file: a separate, unpaced connection
-            route = f"{self.site.name}->?"
+    def _destination(
+        self, host: str, port: int, cross_site: bool, key_id: str, route: str | None = None
+    ) -> Destination:
+        """``route``: the destination link the KV crosses when it is not the site's one link (a
+        pool tenant's, ``tenant_route``; cross-site only)."""
+        if not cross_site:
+            route = None
+        elif route is None:
+            route = self.route
+            if route is None:  # no link in the file: a separate, unpaced connection
+                route = f"{self.site.name}->?"
         return Destination(host, port, route, key_id or DEPLOYMENT_KEY_ID)
 
     async def link_to(
-        self, host: str, port: int, cross_site: bool, key_id: str = ""
+        self, host: str, port: int, cross_site: bool, key_id: str = "", route: str | None = None
     ) -> TransferLink:
         """The pooled link to a peer's receiver (``LinkPool.link_to``)."""
-        return await self.links.link_to(self._destination(host, port, cross_site, key_id))
+        return await self.links.link_to(self._destination(host, port, cross_site, key_id, route))
 
     async def set_link_keys(
         self, link_keys: Mapping[str, bytes], link_tls: Mapping[str, KeyTLS] | None = None
@@ -292,24 +366,31 @@ class WorkerHost:
         tenants' keys): links under a key now gone or changed are closed; returns how many."""
         return await self.links.set_keys({**link_keys, DEPLOYMENT_KEY_ID: self._psk}, link_tls)
 
-    async def drop_link(self, host: str, port: int, cross_site: bool, key_id: str = "") -> None:
+    async def drop_link(
+        self, host: str, port: int, cross_site: bool, key_id: str = "", route: str | None = None
+    ) -> None:
         """Forget a link that failed; the next prefill to that peer reconnects."""
-        await self.links.drop(self._destination(host, port, cross_site, key_id))
+        await self.links.drop(self._destination(host, port, cross_site, key_id, route))
+
+    def route_of(self, cmd: PrefillCommand) -> str | None:
+        """The route ``cmd``'s KV takes: its tenant's own (``tenant_route``) when it names one
+        and crosses sites, else None (the site's one link, or within the site)."""
+        if not (cmd.tenant and cmd.cross_site):
+            return None
+        return self.tenant_route(cmd.tenant, cmd.tenant_link_gbps)
 
     async def prefill(self, name: str, cmd: PrefillCommand) -> PrefillOutcome:
         """Node ``name`` prefills ``cmd`` into a session on the pooled link to the decode node's
         receiver (connected first if needed; a link that failed to connect is dropped)."""
+        route = self.route_of(cmd)
+        dest = (cmd.decode_host, cmd.decode_transfer_port, cmd.cross_site, cmd.key_id, route)
         try:
-            link = await self.link_to(
-                cmd.decode_host, cmd.decode_transfer_port, cmd.cross_site, cmd.key_id
-            )
+            link = await self.link_to(*dest)
         except (TransferError, OSError) as exc:
             return PrefillOutcome(request_id=cmd.request_id, ok=False, error=f"connect: {exc}")
         outcome = await self.nodes[name].prefill(cmd, link)
         if not outcome.ok and "Connect" in outcome.error:
-            await self.drop_link(
-                cmd.decode_host, cmd.decode_transfer_port, cmd.cross_site, cmd.key_id
-            )
+            await self.drop_link(*dest)
         return outcome
 
     # -- prefix moves -----------------------------------------------------------------------------
@@ -348,7 +429,8 @@ class WorkerHost:
             raise LookupError(f"no stored prefix of {num_tokens} tokens here")
         layout = self._any_engine().layout(num_tokens, 0)
         link = await self.link_to(cmd.dst_host, cmd.dst_transfer_port, cmd.cross_site)
-        async with link.session(Manifest.from_layout(cmd.move_id, layout)) as session:
+        manifest = Manifest.from_layout(cmd.move_id, layout, self.fingerprint)
+        async with link.session(manifest) as session:
             for layer in prefix.layers:
                 for offset, view in layer.pieces():
                     await session.send(layer.position, offset, view)
@@ -375,7 +457,8 @@ class WorkerHost:
             )
             self.pool_receiver = Receiver(pool_config, self._allocate)
             await self.pool_receiver.__aenter__()
-            _, self.pool_transfer_port = await self.pool_receiver.listen(self.host, 0)
+            wanted = max(self.deployment.node(n).pool_transfer_port for n in self.nodes)
+            _, self.pool_transfer_port = await self.pool_receiver.listen(self.host, wanted)
             self.spawn(self._consume_sessions(self.pool_receiver))
         self.spawn(self.links.run())
         for node in self.nodes.values():
@@ -424,7 +507,8 @@ class WorkerHost:
         return Heartbeat(
             process=self.process_name,
             reports=self.reports(),
-            links=self.link_reports(),
+            # A pool node with more tenant routes than a heartbeat carries reports the first.
+            links=self.link_reports()[:MAX_LINK_REPORTS],
             prefix=PrefixReportMsg.of(report),
         )
 

@@ -26,6 +26,10 @@ from prfaas.cache.mirror import (
 )
 from prfaas.core.link_report import SenderLinkReport
 
+MAX_LINK_REPORTS = 1024
+"""Link readings one heartbeat may carry: a PrfaaS pool's node has a route per tenant (a
+two-site process has one); a host sends at most this many."""
+
 
 class _Msg(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -80,6 +84,14 @@ class PrefillCommand(_Msg):
     key_id: str = ""
     """The key the KV link to the decode node authenticates with: "" the deployment's ``psk``; a
     PrfaaS pool's node names the tenant's key id (``docs/pool.md``)."""
+    tenant: str = Field("", max_length=128)
+    """A PrfaaS pool's prefill: the tenant whose decode node receives the KV. Its cross-site KV
+    then crosses that tenant's own link, its own route at the node (``"{site}->{tenant}"``,
+    paced at ``tenant_link_gbps`` under the pool's egress cap), not the site's one link ("":
+    the site's link, as in a two-site deployment)."""
+    tenant_link_gbps: float | None = Field(None, gt=0, allow_inf_nan=False)
+    """The tenant's own link rate (modelled Gbps, what it told the pool when it registered its
+    receivers); None: not paced per tenant, only the node's egress cap applies."""
 
 
 class PrefillOutcome(_Msg):
@@ -245,9 +257,10 @@ class PrefixAckMsg(_Msg):
 class Heartbeat(_Msg):
     process: str
     reports: list[NodeReport]
-    links: list[SenderLinkReport] = Field([], max_length=64)
+    links: list[SenderLinkReport] = Field([], max_length=MAX_LINK_REPORTS)
     """What the process's senders know of each destination link its KV crosses (modelled
-    units: real bytes, modelled seconds): one reading per link, not per node."""
+    units: real bytes, modelled seconds): one reading per link, not per node (a pool node: one
+    per tenant it has sent to)."""
     prefix: PrefixReportMsg | None = None
     """The process's prefix-store changes since the last acknowledged report (None: none)."""
 

@@ -110,6 +110,9 @@ class Node:
         self.draining = False
         self.notice: NoticeDesk | None = None
         """The process's spot-notice desk (a worker host's prefill nodes): told of each prefill."""
+        self.fingerprint: tuple[tuple[str, str], ...] = ()
+        """What its KV manifests say of its model (``core.fingerprint``; set by its host): the
+        receiver refuses KV of another model, naming the field."""
         self._expected: dict[str, _Expected] = {}
         self._wake = asyncio.Event()
         self._prefill_queue: dict[str, int] = {}
@@ -229,7 +232,7 @@ class Node:
         # rest crosses, including what this node reused from its own store.
         receiver_tokens = min(cmd.receiver_cached_tokens, n - 1)
         full = self.engine.layout(n, receiver_tokens)
-        manifest = Manifest.from_layout(rid, full)
+        manifest = Manifest.from_layout(rid, full, self.fingerprint)
         result: PrefillResult | None = None
         sent = 0
         unsent = 0  # this session's share of ``_unsent_kv_bytes``

@@ -1,6 +1,8 @@
-"""A model's fingerprint: what a tenant's submit says of the model its decode nodes run, and what
-the pool states for each group (``FrontDoor`` refuses a submit whose field differs from the
-pool's, naming it: 409 ``fingerprint_mismatch``, and the tenant prefills locally).
+"""A model's fingerprint, made from its name, block size and model folder: what a tenant's submit
+says of the model its decode nodes run, what the pool states for each group (``FrontDoor``
+refuses a submit whose field differs from the pool's, naming it: 409 ``fingerprint_mismatch``, and
+the tenant prefills locally), and what a node's KV manifests carry and its receiver checks
+(``serve.node.host``; the comparison is ``core.fingerprint``'s).
 
 - ``config``: the served model's name (a preset's, for emulated ``timed`` nodes);
 - ``block_tokens``: the block both sides hash prefixes and lay KV out by;
@@ -21,9 +23,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 from pathlib import Path
 
+from prfaas.core.fingerprint import Fingerprint, as_fingerprint
 from prfaas.engine.hf_spec import cache_map_from_config
+from prfaas.errors import UsageError
+
+log = logging.getLogger("prfaas.engine")
 
 SAMPLE_BYTES = 1 << 20
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
@@ -68,3 +75,18 @@ def _weights_digest(folder: Path) -> str:
                 f.seek(max(SAMPLE_BYTES, size - SAMPLE_BYTES))
                 digest.update(f.read(SAMPLE_BYTES))
     return digest.hexdigest()[:16] if files else "none"
+
+
+def engine_fingerprint(
+    model: str, block_tokens: int, kind: str, model_path: str | None
+) -> Fingerprint:
+    """The fingerprint a node or a tenant of this engine serves under: the folder's fields too for
+    a real model (torch, vLLM). A folder that cannot be read gives the name and block size only,
+    with a warning: the pool then refuses submits naming the missing field (the tenant prefills
+    locally), while a receiver compares only what its own fingerprint states."""
+    folder = model_path if kind in ("torch", "vllm") else None
+    try:
+        return as_fingerprint(model_fingerprint(model, block_tokens, folder))
+    except (OSError, ValueError, UsageError) as exc:
+        log.warning("the model folder %s gives no fingerprint: %s", folder, exc)
+        return as_fingerprint(model_fingerprint(model, block_tokens))
