@@ -141,14 +141,125 @@ def test_a_replayed_spot_trace_preempts_the_spot_nodes_and_adds_fall_back_on_dem
         loop.look()
         for t in list(loop.provider._reclaims.values()):
             t.join(5)  # the fake launcher's remove returns at once
-        if step == 9:  # the trace's first interval: spot available, so adds go there
+        if step == 8:  # the trace's first interval: spot available, so adds go there
             spot = [n for n in launcher.added if "-spot-" in n]
             assert spot and not [n for n in launcher.added if "-od-" in n]
             assert loop.num_preempted == 0
-    # From 10 s the trace says 0: every spot node got its notice and was reclaimed (removed
-    # with the group's notice and a margin), and the lost capacity came back on demand.
+        if step == 9:  # 10 s from the loop's start: the trace's 0, at once
+            assert loop.num_preempted == len(spot)
+    # From 10 s after the loop's start (its first look, at 0, is 1 s in) the trace says 0:
+    # every spot node got its notice and was reclaimed (removed with the group's notice and a
+    # margin), and the lost capacity came back on demand.
     assert loop.num_preempted == len(spot) and set(spot) <= set(launcher.removed)
     assert {g for n, g in zip(launcher.removed, launcher.graces, strict=True) if n in spot} == {3.0}
     assert [n for n in launcher.added if "-od-" in n]
     assert not [n.name for n in loop.provider.nodes() if n.group == "spot"]
     assert loop.controller.counts.fallbacks > 0
+
+
+RATE = DeploymentConfig.model_validate(
+    {
+        **DEPLOYMENT.model_dump(exclude={"autoscale", "workload"}),
+        "workload": {"seed": 7},
+        "autoscale": {**DEPLOYMENT.model_dump()["autoscale"], "max_nodes": 6, "groups": [
+            {"name": "spot", "spot": True, "usd_per_hour": 3, "notice_s": 2, "startup_s": 1,
+             "preemption": {"mttp_s": 15}},
+            {"name": "od", "startup_s": 1},
+        ]},
+    }
+)  # fmt: skip
+
+
+def test_a_spot_group_with_mttp_is_preempted_live_at_the_simulators_draws(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each spot node gets its notice at the first look at or after its launch plus its draw:
+    the simulator's draws (``PreemptionConfig.notice_at_s`` from ``random.Random(seed)``, the
+    file's ``workload.seed``), in the order the nodes were added; reclaimed with the group's
+    notice, counted, and the lost capacity added again."""
+    import math
+    import random
+
+    now = [0.0]
+    monkeypatch.setattr(loop_module.time, "monotonic", lambda: now[0])
+    launcher = FakeLauncher(deployment=RATE)
+    launcher.rows["pf0"] = {"node": "pf0", "site": "prfaas", "role": "prefill",
+                            "in_rotation": True, "queue_depth": 0, "in_flight": 0}  # fmt: skip
+    added_at: dict[str, float] = {}
+    removed_at: dict[str, float] = {}
+    add, remove = launcher.add_node, launcher.remove
+
+    def add_node(site: str, name: str) -> None:
+        added_at[name] = now[0]
+        add(site, name)
+
+    def remove_node(name: str, grace_s: float | None = None) -> None:
+        removed_at[name] = now[0]
+        remove(name, grace_s)
+
+    monkeypatch.setattr(launcher, "add_node", add_node)
+    monkeypatch.setattr(launcher, "remove", remove_node)
+    loop = ElasticLoop(launcher)
+    end_s = 60
+    for step in range(end_s + 1):  # a steady 80k tokens/s against 10k per node
+        now[0] = float(step)
+        launcher.route_log += [
+            {"request_id": f"r{step}-{i}", "num_prompt_tokens": 20_000, "num_cached_tokens": 0}
+            for i in range(4)
+        ]
+        loop.look()
+        for t in list(loop.provider._reclaims.values()):
+            t.join(5)
+    spot = [n for n in launcher.added if "-spot-" in n]
+    rng = random.Random(7)  # the simulator's generator for this file
+    due = {n: RATE.autoscale.groups[0].preemption.build().notice_at_s(rng, added_at[n])
+           for n in spot}  # fmt: skip
+    noticed = [n for n, g in zip(launcher.removed, launcher.graces, strict=True) if g == 3.0]
+    assert sorted(noticed) == sorted(n for n in spot if due[n] <= end_s)  # each one due, no other
+    assert len(noticed) >= 3  # mttp 15 s over a minute: a real test of several notices
+    for n in noticed:  # at the first look (1 s apart) at or after its drawn time
+        assert removed_at[n] == math.ceil(due[n]), (n, due[n], removed_at[n])
+    assert loop.num_preempted == loop.observer.num_lost == len(noticed)
+    assert not [n for n, g in zip(launcher.removed, launcher.graces, strict=True) if g is None]
+    live = [n for n in loop.provider.nodes() if n.group == "spot"]
+    assert len(live) >= 1  # the lost capacity came back (spot is always available here)
+
+
+def test_live_and_simulated_spot_preemptions_are_on_one_clock() -> None:
+    """The loop reads every ``autoscale:`` second as a wall second (its own clock, whatever the
+    engine's ``time_scale``: the trace test above notices 10 wall seconds after the loop's
+    start, at a ``time_scale`` of 0.1); the simulator of a live run restates the file in
+    modelled seconds in one place (``in_modelled_seconds``), the trace's interval and the
+    rate's mean with the rest. So the same file gives the same instants: the simulated first
+    notice at 10 wall seconds (100 modelled), and a rate's draw for a node launched at the same
+    instant lands at the same instant."""
+    import random
+
+    from prfaas.commands.sim_elastic import elastic_scenario
+    from prfaas.sim.elastic import Arrival, ElasticSim, in_modelled_seconds
+    from prfaas.sim.elastic.pool import NodeState
+
+    k = SPOT.engine.wall_s_per_modelled_s
+    assert k == pytest.approx(0.1)
+    live_trace = SPOT.autoscale.groups[0].preemption.build()
+    sc = in_modelled_seconds(elastic_scenario(SPOT, "SPOT"), k)
+    for i in range(80):  # every half wall second of the trace's two cycles
+        assert sc.groups[0].preemption.available(i * 0.5 / k) == live_trace.available(i * 0.5)
+    # The simulator on the same steady load (4 x 20k tokens per wall second) notices its spot
+    # nodes when the trace turns 0 at 10 wall seconds, as the loop does (the test above).
+    arrivals = [Arrival(4 * s + i, s / k, 20_000) for s in range(20) for i in range(4)]
+    sim = ElasticSim(sc, iter(arrivals), 20 / k)
+    report = sim.run()
+    noticed = [n for n in sim.nodes if n.noticed]
+    assert report.num_preemptions == len(noticed) > 0
+    first_gone_s = min(n.gone_s or 0.0 for n in noticed)  # at the notice, or by its deadline
+    notice_s = sc.groups[0].notice_s
+    assert 10 / k <= first_gone_s <= 10 / k + notice_s, first_gone_s
+    assert all(n.state is NodeState.GONE for n in noticed)
+    # The rate: one draw, the same instant on either clock.
+    live_rate = RATE.autoscale.groups[0].preemption.build()
+    assert RATE.engine.wall_s_per_modelled_s == k
+    rate_sc = in_modelled_seconds(elastic_scenario(RATE, "RATE"), k)
+    wall_at = live_rate.notice_at_s(random.Random(7), 3.0)
+    modelled_at = rate_sc.groups[0].preemption.notice_at_s(random.Random(7), 3.0 / k)
+    assert wall_at is not None and modelled_at == pytest.approx(wall_at / k)

@@ -12,9 +12,9 @@ from prfaas.serve.elastic.provider import NodePhase, ProvidedNode
 pytestmark = pytest.mark.timeout(30)
 
 
-def row(node: str, in_rotation: bool = True, depth: int = 0) -> dict[str, object]:
+def row(node: str, in_rotation: bool = True, depth: int = 0, batch: int = 0) -> dict[str, object]:
     return {"node": node, "site": "prfaas", "role": "prefill", "in_rotation": in_rotation,
-            "queue_depth": depth}  # fmt: skip
+            "queue_depth": depth, "batch_size": batch}  # fmt: skip
 
 
 def route(rid: str, prompt: int, cached: int = 0) -> dict[str, object]:
@@ -44,6 +44,16 @@ def test_counts_offered_tokens_per_second_over_the_window() -> None:
     assert third.offered_tokens_per_s == pytest.approx(1_000.0)  # a fell out of the window
     fourth = obs.observe(rows, routes, provided, 150.1)
     assert fourth.offered_tokens_per_s == 0.0
+
+
+def test_queued_tokens_are_the_prefills_waiting_not_those_running() -> None:
+    """A row's queue depth is the gateway's count of prefills dispatched to the node and not done
+    (running ones too); the simulator's queue holds only those waiting: the batch the node
+    reports running is taken off (never below 0: a report lags by up to a heartbeat)."""
+    obs = LiveObserver("prfaas", 8192, {}, rate_window_s=20.0, tick_s=10.0)
+    obs.observe([row("pf0")], [route("a", 20_000)], [], 10.0)  # the mean offered: 20,000
+    rows = [row("pf0", depth=3, batch=1), row("pf1", depth=1, batch=1), row("pf2", batch=1)]
+    assert obs.observe(rows, [], [], 20.0).queued_uncached_tokens == 2 * 20_000
 
 
 def speed_row(node: str, tokens: int, busy_s: float) -> dict[str, object]:

@@ -8,10 +8,11 @@ supervisor's desired set (``Launcher.add_node`` / ``Launcher.remove``).
   are logged.
 - ``drain(name)``: out of rotation at once; once the gateway has nothing in flight at it (or its
   ``deadline_s`` passed) it is removed from the desired set and stopped.
-- ``preempt(name, notice_s)``: its spot capacity went (a replayed availability trace): the node
-  gets its notice at once (SIGTERM: it finishes what ends before the deadline and hands the rest
-  back) and is reclaimed at the deadline (SIGKILL if still there), out of the desired set so
-  nothing restarts it; in a thread of its own, the loop goes on meanwhile.
+- ``preempt(name, notice_s)``: its spot capacity went (a replayed availability trace, or the
+  notice drawn from its group's rate: ``ElasticLoop``): the node gets its notice at once
+  (SIGTERM: it finishes what ends before the deadline and hands the rest back) and is reclaimed
+  at the deadline (SIGKILL if still there), out of the desired set so nothing restarts it; in a
+  thread of its own, the loop goes on meanwhile.
 - ``poll()`` moves nodes along (call it before each ``nodes()``): held -> serving,
   draining -> gone. ``nodes()`` lists the nodes not gone with their phase.
 

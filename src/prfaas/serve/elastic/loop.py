@@ -1,16 +1,27 @@
 """``ElasticLoop``: the elastic pool's live loop under ``prfaas up`` (a file with ``autoscale:``).
-Every ``tick_s``: a spot group's availability trace is replayed (while it says 0, its nodes get
-their notice and none is added: the simulator's preemption events, live), the provider moves its
-nodes along (``LocalProvider.poll``), the observer reads
-the gateway (``LiveObserver``), the controller asks the autoscaler and acts
-(``ElasticController.tick``), and the decision goes to the gateway (``POST /internal/autoscale``:
-``/metrics``' ``prfaas_autoscale_desired_nodes{group}`` and decisions counter, ``prfaas status``).
+Every ``tick_s``: spot preemptions are given (the simulator's preemption events, live: while a
+spot group's availability trace says 0, each of its nodes gets its notice and none is added; a
+group with ``mttp_s`` gives each of its nodes its notice at the time drawn for it when the loop
+first saw it, ``PreemptionConfig.notice_at_s``, from a generator seeded with the file's
+``workload.seed`` as the simulator's), the provider moves its nodes along
+(``LocalProvider.poll``), the observer reads the gateway (``LiveObserver``), the controller asks
+the autoscaler and acts (``ElasticController.tick``), and the decision goes to the gateway
+(``POST /internal/autoscale``: ``/metrics``' ``prfaas_autoscale_desired_nodes{group}`` and
+decisions counter, ``prfaas status``).
+
+The clock: the loop's seconds are wall seconds (``time.monotonic``), counted from its start (one
+tick before its first look: ``started_s``) for the trace, as the observer's offered rate is;
+every ``autoscale:`` figure of the file (``tick_s``, cooldowns, ``startup_s``, ``notice_s``, a
+trace's ``interval_s``, ``mttp_s``) is read in them, whatever the engine's ``time_scale``. The
+simulator of a live emulated run restates them all in modelled seconds in one place
+(``sim/elastic/wall_clock.in_modelled_seconds``), not here.
 One thread; a failed look is logged and the next one tries again.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -44,44 +55,92 @@ class ElasticLoop:
             auto.rate_window_s, auto.tick_s,
         )  # fmt: skip
         kinds = [GroupKind(g.name, g.spot) for g in auto.groups]
-        self._traces: dict[str, tuple[PreemptionConfig, float]] = {
-            g.name: (g.preemption.build(), g.notice_s)
-            for g in auto.groups if g.spot and g.preemption.trace is not None
-        }  # fmt: skip
-        """Spot groups whose availability trace is replayed: (the trace, the group's notice)."""
-        self._started_s: float | None = None
+        self._spot: dict[str, tuple[PreemptionConfig, float]] = {
+            g.name: (g.preemption.build(), g.notice_s) for g in auto.groups if g.spot
+        }
+        """Spot groups: (their preemptions, a trace and/or a rate; the group's notice)."""
+        self._rng = random.Random(d.workload.seed)
+        """The rate's draws: the simulator's generator (``ElasticScenario.seed``, the file's
+        ``workload.seed``), drawn in the same order (the nodes' launch order)."""
+        self._drawn: set[str] = set()
+        self._notice_at_s: dict[str, float] = {}
+        """Spot nodes of a rate-preempted group -> when their notice comes (loop seconds)."""
+        self.started_s: float | None = None
+        """The loop's start (``time.monotonic``), one tick before its first look: the origin of
+        the spot traces and of the observer's offered rate, the time 0 of a simulation of this
+        run (whose first look of the autoscaler, at 0, sees nothing yet)."""
         self._now_s = 0.0
         self.num_preempted = 0
+        """Notices given, from a trace or a rate (the simulator's ``num_preemptions``)."""
         self.controller = ElasticController(
             Autoscaler(auto.policy()), self.provider, kinds, spot_available=self._available
         )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def _loop_s(self) -> float:
+        """Seconds since the loop's start: its clock for the spot preemptions (wall seconds;
+        see the module's docstring)."""
+        return 0.0 if self.started_s is None else self._now_s - self.started_s
+
     def _available(self, group: str) -> bool:
-        """Whether the group's spot capacity is there now (its trace, from the first look)."""
-        replay = self._traces.get(group)
-        if replay is None or self._started_s is None:
-            return True
-        return replay[0].available(self._now_s - self._started_s)
+        """Whether the group's spot capacity is there now (its trace, from the loop's start)."""
+        spot = self._spot.get(group)
+        return spot is None or spot[0].available(self._loop_s())
+
+    def _preempt(self, name: str, notice_s: float) -> None:
+        self.provider.preempt(name, notice_s)
+        self.num_preempted += 1
+        self.observer.num_lost += 1  # a decision in flight counts the loss, as simulated
 
     def _replay(self) -> None:
         """The simulator's availability events, live: while a spot group's trace says 0, each
         of its nodes gets its notice (``LocalProvider.preempt``) and none is added (the
         controller falls back to an on-demand group, counted)."""
-        for group, (_, notice_s) in self._traces.items():
+        for group, (_, notice_s) in self._spot.items():
             if self._available(group):
                 continue
             for n in self.provider.nodes():
                 if n.group == group and n.phase in (NodePhase.STARTING, NodePhase.SERVING):
-                    self.provider.preempt(n.name, notice_s)
-                    self.num_preempted += 1
+                    self._preempt(n.name, notice_s)
+
+    def _rate_notices(self) -> None:
+        """The simulator's rate of preemptions, live: each node of a spot group with
+        ``mttp_s`` has its notice time drawn at the loop's first look at it (in the order the
+        nodes were added: the simulator's order of draws), from when it was asked for; at the
+        first look at or after that time it gets its notice if still starting or serving (one
+        drained by the autoscaler meanwhile is not noticed: the simulator notices it if it is
+        still finishing its prefill)."""
+        assert self.started_s is not None
+        now_s = self._loop_s()
+        nodes = self.provider.nodes()
+        for n in nodes:
+            spot = self._spot.get(n.group)
+            if spot is None or n.name in self._drawn:
+                continue
+            self._drawn.add(n.name)
+            at_s = spot[0].notice_at_s(self._rng, n.started_s - self.started_s)
+            if at_s is not None:
+                self._notice_at_s[n.name] = at_s
+                log.info("%s: spot notice drawn for %.1f s from now (mttp %g s)", n.name,
+                         at_s - now_s, spot[0].mttp_s)  # fmt: skip
+        listed = {n.name for n in nodes}
+        for name in [m for m in self._notice_at_s if m not in listed]:
+            del self._notice_at_s[name]  # gone before its notice
+        for n in nodes:
+            at_s = self._notice_at_s.get(n.name)
+            if at_s is None or at_s > now_s:
+                continue
+            del self._notice_at_s[n.name]
+            if n.phase in (NodePhase.STARTING, NodePhase.SERVING):
+                self._preempt(n.name, self._spot[n.group][1])
 
     def look(self) -> None:
-        """One look: poll, replay the spot traces, observe, decide, act."""
+        """One look: the spot notices (rate, then trace), poll, observe, decide, act."""
         self._now_s = time.monotonic()
-        if self._started_s is None:
-            self._started_s = self._now_s
+        if self.started_s is None:  # the first look comes one tick after the start
+            self.started_s = self._now_s - self.tick_s
+        self._rate_notices()
         self._replay()
         self.provider.poll()
         now = time.monotonic()

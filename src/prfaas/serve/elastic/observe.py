@@ -4,8 +4,10 @@ provider's nodes.
 
 - serving: the provider's serving nodes plus the file's own nodes of the site in rotation;
   starting: the provider's starting nodes with their remaining ``startup_s``;
-- queued uncached tokens: the site's nodes' queue depth times the mean uncached length offered
-  (the rows carry depths, not tokens);
+- queued uncached tokens: the prefills waiting at the site's nodes (each row's queue depth, the
+  gateway's count of prefills dispatched there and not done, less the batch the node reports
+  running: the simulator's queue holds no running prefill) times the mean uncached length
+  offered (the rows carry depths, not tokens);
 - offered uncached tokens/s: the uncached tokens of the long prompts (over the threshold) routed
   since the last look, wherever they went (a long prompt prefilled locally is demand the pool
   did not take), over ``autoscale.rate_window_s`` (``policy.OfferedRate``: the elastic
@@ -87,7 +89,10 @@ class LiveObserver:
         if num_long:
             self._mean_tokens = offered_tokens / num_long
         self._offered.add(now_s, offered_tokens)  # seen at this look (routed since the last)
-        queued = sum(int(r.get("queue_depth", 0)) for r in site_rows) * self._mean_tokens
+        waiting = sum(
+            max(0, int(r.get("queue_depth", 0)) - int(r.get("batch_size", 0))) for r in site_rows
+        )  # a report lags the gateway's count by up to a heartbeat: never below 0
+        queued = waiting * self._mean_tokens
         self._count_speed(site_rows)
         return GroupObservation(
             group=self.group,

@@ -3,12 +3,16 @@
 A *group* is a set of PrfaaS prefill nodes of one hardware behind the pool's one admission
 queue, on-demand or spot (``spot``: a price, a notice, and preemptions as a rate or a replayed
 0/1 availability trace). Validation names the bad field in one line (``ScenarioError``).
-Pure: no I/O (the trace text is parsed here, read by the caller).
+``PreemptionConfig`` is THE description of when spot capacity goes, read alike by the simulator
+and the live loop (``serve/elastic/loop.py``): ``available(at_s)`` for the trace,
+``notice_at_s(rng, launched_s)`` for the rate. Pure: no clock, no I/O (the trace text is parsed
+here, read by the caller); randomness is a seeded ``random.Random`` passed in.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass, field
 
 from prfaas.policy.autoscaler import AutoscaleConfig
@@ -31,6 +35,17 @@ class PreemptionConfig:
         if not self.trace:
             return True
         return self.trace[int(at_s // self.interval_s) % len(self.trace)] == 1
+
+    def notice_at_s(self, rng: random.Random, launched_s: float) -> float | None:
+        """When a spot node launched at ``launched_s`` gets its notice from the rate: an
+        exponential time to preemption (mean ``mttp_s``) after its launch, one draw from ``rng``;
+        None (and no draw) without a rate. The simulator draws at each spot node's launch, the
+        live loop at its first look at each node, both in launch order from a generator seeded
+        with the file's seed, so the same file gives the same notices (the seconds are the
+        caller's: modelled in the simulator, the loop's own seconds live)."""
+        if self.mttp_s is None:
+            return None
+        return launched_s + rng.expovariate(1.0 / self.mttp_s)
 
 
 @dataclass(frozen=True, slots=True)

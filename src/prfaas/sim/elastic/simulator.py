@@ -254,9 +254,9 @@ class ElasticSim:
             self._ready(node)
         else:
             self._push(self.now + g.startup_s, _READY, node)
-        mttp = g.preemption.mttp_s
-        if g.spot and mttp is not None:
-            self._push(self.now + self.rng.expovariate(1.0 / mttp), _NOTICE, node)
+        notice_s = g.preemption.notice_at_s(self.rng, self.now) if g.spot else None
+        if notice_s is not None:  # the rate's notice, drawn as the live loop draws it
+            self._push(notice_s, _NOTICE, node)
         return node
 
     def _on_ready(self, node: PoolNode) -> None:
