@@ -12,6 +12,7 @@ never durations."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -123,6 +124,10 @@ def test_a_spot_trace_replayed_live_preempts_and_scales_as_simulated(tmp_path: P
     print("live: added", counts.by_group, "fallbacks", counts.fallbacks, "drained",
           counts.drained, "preempted", loop.num_preempted, "prefills by node", served)  # fmt: skip
     assert loop.num_preempted >= 1  # the 0 interval noticed the spot node(s)
+    shown = re.findall(
+        r'^prfaas_autoscale_preemptions_total\{group="(\w+)"\} (\S+)$', metrics, re.M
+    )
+    assert {g: float(n) for g, n in shown} == {"spot": float(loop.num_preempted)}, shown
     assert counts.by_group.get("spot", 0) >= 1 and counts.fallbacks >= 1  # then on demand
     live_events = (loop.num_preempted, _decisions(metrics, "add"), _decisions(metrics, "drain"))
     r = simulated(d, [max(0.0, t - t0) for t in sent_at], tokens.pop(), 2 * live_s)

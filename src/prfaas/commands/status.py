@@ -190,11 +190,12 @@ def _autoscale(groups: list[dict[str, Any]]) -> str:
         rows.append([
             str(g["group"]),
             f"{g['num_serving']}+{g['num_starting']} starting",
+            str(g.get("preempted", 0)),
             str(g["desired_nodes"]),
             f"{g['action']} ({g['code']}) {when(g['at_unix_s'])}: {g['reason']}",
             last_change,
         ])  # fmt: skip
-    headers = ["GROUP", "NODES", "DESIRED", "LAST DECISION", "LAST ADD/DRAIN"]
+    headers = ["GROUP", "NODES", "PREEMPTED", "DESIRED", "LAST DECISION", "LAST ADD/DRAIN"]
     return "autoscale:\n" + table(headers, rows)
 
 

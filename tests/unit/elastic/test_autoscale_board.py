@@ -35,6 +35,18 @@ def test_decisions_set_the_gauge_count_by_code_and_keep_the_last() -> None:
     assert isinstance(change, dict) and change["action"] == "add" and change["at_unix_s"] == 1.0
 
 
+def test_preemptions_count_what_each_report_adds_and_survive_a_loop_restart() -> None:
+    metrics = GatewayMetrics()
+    board = AutoscaleBoard(metrics)
+    for n in (0, 2, 2, 3, 1):
+        counts = {"prfaas": n}
+        board.record(report("hold", "in_flight", 1, 0.0).model_copy(update={"preemptions": counts}))
+    # 3 from the first loop, then 1 from a restarted one (its count began again at 0)
+    assert 'prfaas_autoscale_preemptions_total{group="prfaas"} 4.0' in metrics.render().decode()
+    (row,) = board.rows()
+    assert row["preempted"] == 1
+
+
 def test_an_unknown_reason_code_is_refused_by_name() -> None:
     board = AutoscaleBoard(GatewayMetrics())
     with pytest.raises(ValueError, match="code: 'because'"):

@@ -72,6 +72,8 @@ class ElasticLoop:
         self._now_s = 0.0
         self.num_preempted = 0
         """Notices given, from a trace or a rate (the simulator's ``num_preemptions``)."""
+        self.preempted: dict[str, int] = {g: 0 for g in self._spot}
+        """The same per spot group (each report to the gateway carries it: ``/metrics``)."""
         self.controller = ElasticController(
             Autoscaler(auto.policy()), self.provider, kinds, spot_available=self._available
         )
@@ -88,9 +90,10 @@ class ElasticLoop:
         spot = self._spot.get(group)
         return spot is None or spot[0].available(self._loop_s())
 
-    def _preempt(self, name: str, notice_s: float) -> None:
+    def _preempt(self, name: str, group: str, notice_s: float) -> None:
         self.provider.preempt(name, notice_s)
         self.num_preempted += 1
+        self.preempted[group] += 1
         self.observer.num_lost += 1  # a decision in flight counts the loss, as simulated
 
     def _replay(self) -> None:
@@ -102,7 +105,7 @@ class ElasticLoop:
                 continue
             for n in self.provider.nodes():
                 if n.group == group and n.phase in (NodePhase.STARTING, NodePhase.SERVING):
-                    self._preempt(n.name, notice_s)
+                    self._preempt(n.name, group, notice_s)
 
     def _rate_notices(self) -> None:
         """The simulator's rate of preemptions, live: each node of a spot group with
@@ -133,7 +136,7 @@ class ElasticLoop:
                 continue
             del self._notice_at_s[n.name]
             if n.phase in (NodePhase.STARTING, NodePhase.SERVING):
-                self._preempt(n.name, self._spot[n.group][1])
+                self._preempt(n.name, n.group, self._spot[n.group][1])
 
     def look(self) -> None:
         """One look: the spot notices (rate, then trace), poll, observe, decide, act."""
@@ -152,7 +155,8 @@ class ElasticLoop:
             {"group": d.group, "action": d.action.value, "num_nodes": d.num_nodes,
              "desired_nodes": d.desired_nodes, "reason": d.reason, "code": d.code,
              "at_unix_s": time.time(), "num_serving": obs.num_serving,
-             "num_starting": obs.num_starting, "num_draining": obs.num_draining}
+             "num_starting": obs.num_starting, "num_draining": obs.num_draining,
+             "preemptions": dict(self.preempted)}
         )  # fmt: skip
 
     def _run(self) -> None:

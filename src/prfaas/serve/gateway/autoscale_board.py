@@ -8,7 +8,10 @@ one per group (``GET /internal/autoscale``, ``prfaas status``) and exports, on t
 - ``prfaas_autoscale_desired_nodes{group}``: the size the autoscaler wants (serving + starting),
   what KEDA (or any external scaler) reads to size a Kubernetes deployment;
 - ``prfaas_autoscale_decisions_total{group,action,reason}``: every decision, ``reason`` the
-  bounded code (``policy.autoscaler.REASON_CODES``), never the free text (it names loads).
+  bounded code (``policy.autoscaler.REASON_CODES``), never the free text (it names loads);
+- ``prfaas_autoscale_preemptions_total{group}``: spot notices the loop gave (a replayed trace or
+  ``mttp_s``): every report carries the loop's running count per spot group, and the counter
+  rises by what is new (a restarted loop, counting from 0 again, adds from there).
 
 No I/O of its own; the loop's clock is not the gateway's, so a decision carries wall time
 (``at_unix_s``) for people to read.
@@ -40,6 +43,8 @@ class AutoscaleReport(BaseModel):
     num_serving: int = Field(0, ge=0)
     num_starting: int = Field(0, ge=0)
     num_draining: int = Field(0, ge=0)
+    preemptions: dict[str, int] = Field(default_factory=dict, max_length=64)
+    """Per spot group, the notices the loop has given since it started."""
 
 
 class AutoscaleBoard:
@@ -54,6 +59,12 @@ class AutoscaleBoard:
             "autoscale_decisions", "Autoscaler decisions by group, action and reason code",
             ["group", "action", "reason"], namespace="prfaas", registry=r,
         )  # fmt: skip
+        self.preemptions = Counter(
+            "autoscale_preemptions", "Spot notices given to a group's nodes (trace or mttp_s)",
+            ["group"], namespace="prfaas", registry=r,
+        )  # fmt: skip
+        self._preempted: dict[str, int] = {}
+        """Per group, the loop's count as last reported."""
         self.last: dict[str, AutoscaleReport] = {}
         """Per group, its last decision."""
         self.last_change: dict[str, AutoscaleReport] = {}
@@ -67,11 +78,23 @@ class AutoscaleBoard:
             self.last_change[report.group] = report
         self.desired.labels(group=report.group).set(report.desired_nodes)
         self.decisions.labels(group=report.group, action=report.action, reason=report.code).inc()
+        for group, count in report.preemptions.items():
+            new = count - self._preempted.get(group, 0)
+            if new < 0:  # the loop restarted: its count began again at 0
+                new = count
+            if new > 0:
+                self.preemptions.labels(group=group).inc(new)
+            self._preempted[group] = count
+
+    def preempted(self, group: str) -> int:
+        """The group's notices as the loop last reported them (``prfaas status``)."""
+        return self._preempted.get(group, 0)
 
     def rows(self) -> list[dict[str, object]]:
         """Per group: its last decision and its last add or drain (None before any)."""
         out: list[dict[str, object]] = []
         for group, last in sorted(self.last.items()):
             change = self.last_change.get(group)
-            out.append({**last.model_dump(), "last_change": change and change.model_dump()})
+            out.append({**last.model_dump(), "last_change": change and change.model_dump(),
+                        "preempted": self.preempted(group)})  # fmt: skip
         return out
