@@ -45,7 +45,10 @@ class Control:
         AutoscaleReport.model_validate(report)  # what the gateway would accept
         self.reports.append(report)
 
+    drained: list[str] = field(default_factory=list)
+
     def drain(self, node: str) -> dict[str, Any]:
+        self.drained.append(node)
         return {}
 
     def resume(self, node: str) -> dict[str, Any]:
@@ -263,3 +266,26 @@ def test_live_and_simulated_spot_preemptions_are_on_one_clock() -> None:
     wall_at = live_rate.notice_at_s(random.Random(7), 3.0)
     modelled_at = rate_sc.groups[0].preemption.notice_at_s(random.Random(7), 3.0 / k)
     assert wall_at is not None and modelled_at == pytest.approx(wall_at / k)
+
+
+def test_a_groups_initial_nodes_start_with_the_loop_and_serve_once_ready(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The simulator's ``initial_nodes`` are there at 0 (``ready_now``): live, the loop's start
+    adds them, and they serve as soon as they registered, without their group's start-up hold
+    (a node added later is held for it)."""
+    now = [0.0]
+    monkeypatch.setattr(loop_module.time, "monotonic", lambda: now[0])
+    raw = DEPLOYMENT.model_dump(mode="json", exclude_defaults=True)
+    raw["autoscale"]["groups"] = [{"name": "od", "startup_s": 5, "initial_nodes": 2}]
+    launcher = FakeLauncher(deployment=DeploymentConfig.model_validate(raw))
+    loop = ElasticLoop(launcher)
+    loop.start()
+    loop.stop()
+    assert len(launcher.added) == 2 and not launcher.control.drained
+    now[0] = 0.5  # registered (the fake's rows), long before the group's 5 s start-up
+    loop.provider.poll()
+    assert [n.phase.value for n in loop.provider.nodes()] == ["serving", "serving"]
+    later = loop.provider.add("od")  # asked for by the autoscaler: held for its start-up
+    loop.provider.poll()
+    assert launcher.control.drained == [later]

@@ -5,7 +5,8 @@ supervisor's desired set (``Launcher.add_node`` / ``Launcher.remove``).
   on a free port and starts. It is held out of rotation (drained at the gateway at the first poll
   after it registered: it may take work for up to one poll period before) until both its group's
   ``startup_s`` has passed and it is ready (registered and reporting), then resumed; both times
-  are logged.
+  are logged. ``add(group, initial=True)``: one of the group's ``initial_nodes``, there from the
+  start as the simulator's are (``ready_now``): serving once ready, its ``startup_s`` not held.
 - ``drain(name)``: out of rotation at once; once the gateway has nothing in flight at it (or its
   ``deadline_s`` passed) it is removed from the desired set and stopped.
 - ``preempt(name, notice_s)``: its spot capacity went (a replayed availability trace, or the
@@ -41,6 +42,7 @@ class LocalGroup:
     name: str
     startup_s: float
     spot: bool = False
+    initial_nodes: int = 0
 
 
 class LocalProvider:
@@ -60,12 +62,16 @@ class LocalProvider:
         self._deadlines: dict[str, float | None] = {}
         self._held: set[str] = set()
         """Nodes drained at the gateway by this provider while they start."""
+        self._initial: set[str] = set()
+        """Nodes of the groups' ``initial_nodes``: no modelled start-up to hold them for."""
         self._reclaims: dict[str, threading.Thread] = {}
         """Preempted nodes, each reclaimed by a thread (its notice, then the deadline)."""
 
-    def add(self, group: str) -> str:
+    def add(self, group: str, initial: bool = False) -> str:
         g = self.groups[group]
         name = f"{self.site}-{g.name}-{next(self._numbers)}"
+        if initial:
+            self._initial.add(name)
         self.launcher.add_node(self.site, name)
         self._nodes[name] = ProvidedNode(name, g.name, g.spot, NodePhase.STARTING,
                                          started_s=self.clock())  # fmt: skip
@@ -128,7 +134,7 @@ class LocalProvider:
         if row is None:
             return  # not registered yet
         name = node.name
-        startup_s = self.groups[node.group].startup_s
+        startup_s = 0.0 if name in self._initial else self.groups[node.group].startup_s
         if now - node.started_s < startup_s:
             if name not in self._held:  # ready before its modelled start-up: hold it
                 self.launcher.control.drain(name)

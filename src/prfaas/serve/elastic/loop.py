@@ -48,7 +48,7 @@ class ElasticLoop:
         site = auto.site or sites[0]
         self.launcher = launcher
         self.tick_s = auto.tick_s
-        groups = [LocalGroup(g.name, g.startup_s, g.spot) for g in auto.groups]
+        groups = [LocalGroup(g.name, g.startup_s, g.spot, g.initial_nodes) for g in auto.groups]
         self.provider = LocalProvider(launcher, site, groups, time.monotonic)
         self.observer = LiveObserver(
             site, d.policy.threshold_tokens or 8192, {g.name: g.startup_s for g in auto.groups},
@@ -122,7 +122,8 @@ class ElasticLoop:
             if spot is None or n.name in self._drawn:
                 continue
             self._drawn.add(n.name)
-            at_s = spot[0].notice_at_s(self._rng, n.started_s - self.started_s)
+            # An initial node was asked for just before the loop's start: the simulator's 0.
+            at_s = spot[0].notice_at_s(self._rng, max(0.0, n.started_s - self.started_s))
             if at_s is not None:
                 self._notice_at_s[n.name] = at_s
                 log.info("%s: spot notice drawn for %.1f s from now (mttp %g s)", n.name,
@@ -167,6 +168,10 @@ class ElasticLoop:
                 log.exception("elastic loop")
 
     def start(self) -> None:
+        """The groups' ``initial_nodes`` (the simulator's nodes there at 0), then the looks."""
+        for g in self.provider.groups.values():
+            for _ in range(g.initial_nodes):
+                self.provider.add(g.name, initial=True)
         self._thread = threading.Thread(target=self._run, name="elastic", daemon=True)
         self._thread.start()
 
