@@ -2,7 +2,9 @@
 nodes): requests over the tenant's threshold are submitted to the pool over the signed API and
 their KV goes from a pool node straight to the tenant's decode node; every request completes, each
 tenant offloads, and its count of completed offloads equals the pool's counter for it; one
-tenant's key cannot submit as the other; clients that hang up while their prefills wait at the
+tenant's key cannot submit as the other; tenant b (``tuner: coordinated``) re-chooses its
+threshold from the pool's feedback (its share, and the pool's shape its file does not say) and
+routes with it; clients that hang up while their prefills wait at the
 pool have them aborted there (counted at the pool and the tenant, no fallback). Then the front
 door is SIGKILLed under load: every request still completes (prefilled locally), and the
 fallbacks are counted by reason; then, the
@@ -43,7 +45,7 @@ NUM_REQUESTS = 24
 TENANT_FILE = """
 engine: {{kind: timed, model: paper-1t, time_scale: 0.1, byte_divisor: 1000}}
 gateway: {{port: 0, control_port: 0}}
-policy: {{router: threshold, threshold_tokens: {threshold}}}
+policy: {{router: threshold, threshold_tokens: {threshold}{policy_extra}}}
 sites:
   - name: pd-{x}
     kind: pd
@@ -57,16 +59,23 @@ pool:
   tenant: tenant-{x}
   key: {{id: {x}-1, env: PRFAAS_POOL_KEY_{X}}}
   link: {{gbps: 100, rtt_ms: 0}}
-  tuner: fixed
+{tuner}
 """
+FIXED = "  tuner: fixed"
+COORDINATED = "  tuner: coordinated\n  ttft_target_s: 100"
+"""Tenant b re-chooses its t from the pool's feedback (a high target: its router's gate, unit
+tested, is not what this test is about); 8 lengths are enough for a re-choice."""
 
 
 @contextmanager
 def tenant(tmp: Path, x: str, pool: LivePool) -> Iterator[Launcher]:
     path = tmp / f"tenant-{x}.yaml"
+    coordinated = x == "b"
     text = TENANT_FILE.format(
-        x=x, X=x.upper(), url=pool.url, threshold=THRESHOLD, pool_kv_port=_free_port()
-    )
+        x=x, X=x.upper(), url=pool.url, threshold=THRESHOLD, pool_kv_port=_free_port(),
+        policy_extra=", tune_min_samples: 8" if coordinated else "",
+        tuner=COORDINATED if coordinated else FIXED,
+    )  # fmt: skip
     path.write_text(text)
     live = Launcher(load_deployment(path), tmp / f"tenant-{x}-wd")
     try:
@@ -132,6 +141,20 @@ def _metric(url: str, name: str) -> dict[str, float]:
     text = httpx.get(f"{url}/metrics", timeout=10).text
     pattern = rf'^{name}\{{\w+="([^"]+)"\}} (\S+)$'
     return {label: float(v) for label, v in re.findall(pattern, text, re.M)}
+
+
+def _gauge(url: str, name: str) -> float:
+    """An unlabelled gauge from the gateway's ``/metrics``."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    match = re.search(rf"^{name} (\S+)$", text, re.M)
+    assert match is not None, name
+    return float(match.group(1))
+
+
+def _tuner(live: Launcher) -> dict[str, Any]:
+    """The tenant's ``pool.tuner`` state (``/internal/control``)."""
+    out: dict[str, Any] = control(live, "/internal/control")["pool_tuner"]
+    return out
 
 
 def _hang_up(url: str, n: int) -> None:
@@ -207,6 +230,19 @@ def test_two_tenants_offload_to_a_live_pool(tmp_path: Path, monkeypatch: Any) ->
                 routes = control(a if x == "a" else b, "/internal/routes")
                 pooled = [r for r in routes if r.get("prefill_node") == "pool"]
                 assert len(pooled) == done, (x, len(pooled), done)
+            waited = time.monotonic()
+            _wait("b's tuner re-choosing t", lambda: _tuner(b)["num_choices"] > 0, 15)
+            tuned = _tuner(b)
+            last = tuned["choices"][-1]
+            print(f"b's tuner (waited {time.monotonic() - waited:.1f} s):", tuned)
+            # Planned with the pool's shape and b's share, as its feedback said them (b's file
+            # says neither); the gateway routes with the t chosen.
+            assert (last["num_pool_nodes"], last["egress_bytes_per_s"]) == (2, 100e9 / 8), last
+            assert 0 < last["share"] <= 1 and last["num_lengths"] >= 8, last
+            assert tuned["threshold_tokens"] == last["threshold_tokens"], tuned
+            _wait("b's t in its /metrics", lambda: _gauge(b.url, "prfaas_pool_threshold_tokens")
+                  == control(b, "/internal/control")["threshold_tokens"], 5)  # fmt: skip
+            assert control(a, "/internal/control")["pool_tuner"] is None  # a: tuner fixed
             stolen = asyncio.run(_cross_submit(pool))
             assert isinstance(stolen, Refusal) and stolen.reason == "wrong_tenant", stolen
 

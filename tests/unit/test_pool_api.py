@@ -80,6 +80,8 @@ def test_a_tenant_key_cannot_act_for_or_read_the_other(client: TestClient) -> No
     assert theirs.status_code == 404
     fb = _call(client, "GET", "/v1/feedback", "ka", KEY_A).json()
     assert fb["tenant"] == "a" and fb["queued_tokens"] == 0  # b's queue is not a's
+    # The pool's shape, for the tenant's tuner: 1e9 bytes/s of egress is 8 Gbps.
+    assert fb["pool"] == {"egress_gbps": 8.0, "groups": [{"model": "m", "num_nodes": 1}]}
 
 
 def test_refusals_carry_reason_epoch_and_retry_hint(client: TestClient) -> None:

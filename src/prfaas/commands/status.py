@@ -1,8 +1,9 @@
 """``prfaas status FILE [--json]``: a running deployment at a glance, from the gateway's signed
 control listener: every node (site, role, in rotation or why not, draining, KV in use, in flight,
-refused KV handshakes), whether the gateway is ready, the control state (threshold, link states),
-the elastic pool's last autoscaler decision per group (action, reason, when), the last routes
-and, when FILE sits in a ``prfaas up`` workdir, the supervised processes."""
+refused KV handshakes), whether the gateway is ready, the control state (threshold, link states;
+a pool tenant's tuner: its ``t`` and the inputs of its last re-choice), the elastic pool's last
+autoscaler decision per group (action, reason, when), the last routes and, when FILE sits in a
+``prfaas up`` workdir, the supervised processes."""
 
 from __future__ import annotations
 
@@ -153,6 +154,8 @@ def _control(c: dict[str, Any]) -> str:
         f"{len(c.get('role_changes', []))} role changes; "
         f"{c.get('window_rate_rps', 0.0):.2f} req/s over {c.get('window_requests', 0)} requests"
     )
+    if c.get("pool_tuner"):
+        head += "\n" + _pool_tuner(c["pool_tuner"])
     rows = [
         [
             str(lk["link"]),
@@ -169,6 +172,24 @@ def _control(c: dict[str, Any]) -> str:
         return head
     headers = ["LINK", "CAPACITY", "UTIL", "BACKLOG", "RTT", "RETRANSMITS", "CONGESTED"]
     return head + "\n" + table(headers, rows)
+
+
+def _pool_tuner(p: dict[str, Any]) -> str:
+    """A pool tenant's tuner (``pool.tuner``): its ``t`` and the inputs of its last choice."""
+    head = (
+        f"pool tuner {p['tuner']} (TTFT target {p['ttft_target_s']:g} s, every "
+        f"{p['period_s']:g} s): t {p['threshold_tokens']} tokens; {p['num_choices']} re-choices"
+    )
+    if not p.get("choices"):
+        return f"{head}; waiting: {p.get('waiting') or 'the first period'}"
+    c = p["choices"][-1]
+    return (
+        f"{head}; last at {c['t_s']:.1f} s: t {c['threshold_tokens']} from share "
+        f"{c['share']:.3f}, expected queueing {c['expected_queueing_s']:.2f} s, link backlog "
+        f"{c['link_backlog_s']:.2f} s, {c['rate_rps']:.2f} req/s over {c['num_lengths']} "
+        f"lengths, {c['num_local_prefill']} local prefill nodes ({c['local_backlog_s']:.2f} s "
+        f"queued), {c['num_pool_nodes']} pool nodes"
+    )
 
 
 def _autoscale(groups: list[dict[str, Any]]) -> str:

@@ -16,15 +16,29 @@ each with the work already waiting drained over ``drain_horizon_s``: the local q
 unsent KV (both from the feedback), so a tenant whose pool queue or link backlog grows offloads
 less and one whose local queue grows offloads more.
 *Uncoordinated* (today's tuners) is the same search with ``s = 1`` and no pool feedback: every
-tenant believes it owns the pool. Pure: no I/O, no clock.
+tenant believes it owns the pool.
+
+One rule, two drivers: the pool simulator's tenants (``sim/pool_tuning.py``) and a live tenant
+gateway (``pool/tenant_tuner.py``) both build the search's inputs with ``tuner_inputs`` from what
+the pool said (``PoolSaid.of`` its feedback, or ``NOTHING_SAID``), re-choose every
+``TUNE_PERIOD_S`` once ``TUNE_MIN_SAMPLES`` lengths are in a window of ``TUNE_WINDOW_SIZE``, and
+keep a request the router would offload local by ``keeps_local``. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from prfaas.perf import CostModel
+
+TUNE_PERIOD_S = 30.0
+"""A tenant's tuner re-chooses ``t`` this often (modelled seconds); backlogs drain over it."""
+TUNE_MIN_SAMPLES = 50
+"""No re-choice until the tuner's window holds this many lengths."""
+TUNE_WINDOW_SIZE = 2048
+"""The tuner's window: the last this many uncached lengths (and their arrival times)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,3 +123,78 @@ def choose_threshold(
             best = ThresholdChoice(t, rho_l, rho_p, rho_b, share)
     assert best is not None
     return best
+
+
+class _Feedback(Protocol):
+    """What ``PoolSaid.of`` reads: ``policy.PoolFeedback`` (simulated) or the live
+    ``pool.client.Feedback`` both have it."""
+
+    @property
+    def attainable_share(self) -> float: ...
+    @property
+    def expected_queueing_s(self) -> float: ...
+    @property
+    def link_backlog_s(self) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSaid:
+    """What the pool's feedback tells a coordinated tenant's tuner."""
+
+    share: float
+    """The attainable share (1.0: as if the tenant owned the pool)."""
+    expected_queueing_s: float = 0.0
+    link_backlog_s: float = 0.0
+    """Its own link's unsent KV at the pool, in seconds of that link."""
+
+    @classmethod
+    def of(cls, feedback: _Feedback) -> PoolSaid:
+        return cls(feedback.attainable_share, feedback.expected_queueing_s, feedback.link_backlog_s)
+
+
+NOTHING_SAID = PoolSaid(1.0)
+"""An uncoordinated tenant's view: the whole pool, no queueing, no link backlog."""
+
+
+def tuner_inputs(
+    lengths: tuple[int, ...],
+    rate_rps: float,
+    *,
+    num_local_prefill: int,
+    link_bytes_per_s: float,
+    local_backlog_s: float,
+    num_pool_nodes: int,
+    egress_bytes_per_s: float,
+    said: PoolSaid,
+    period_s: float = TUNE_PERIOD_S,
+) -> tuple[TenantLoad, PoolCapacity]:
+    """``choose_threshold``'s inputs, built alike by the simulator and a live tenant: backlogs
+    drain over the tuner's ``period_s``; ``num_pool_nodes`` is the tenant's model's group."""
+    load = TenantLoad(
+        lengths,
+        rate_rps,
+        num_local_prefill,
+        link_bytes_per_s,
+        local_backlog_s=local_backlog_s,
+        drain_horizon_s=period_s,
+    )
+    pool = PoolCapacity(
+        num_pool_nodes, egress_bytes_per_s, said.share, said.expected_queueing_s,
+        said.link_backlog_s,
+    )  # fmt: skip
+    return load, pool
+
+
+def keeps_local(
+    expected_queueing_s: float,
+    ttft_target_s: float,
+    local_backlog_s: float,
+    num_local_prefill: int,
+) -> bool:
+    """A coordinated tenant's router gate: a request it would offload stays home when the pool's
+    expected queueing for the tenant is over its TTFT target and the local queue
+    (``local_backlog_s`` of prefill work over its prefill nodes) is shorter than that queueing."""
+    if expected_queueing_s <= ttft_target_s:
+        return False
+    local_wait = local_backlog_s / max(num_local_prefill, 1)
+    return local_wait < expected_queueing_s and num_local_prefill > 0

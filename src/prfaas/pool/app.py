@@ -11,7 +11,8 @@ tenant cannot borrow another's id with its own key.
 Routes: ``/v1/receivers`` (with the tenant's own link rate, optional: a caller that does not
 send it is paced by the pool's egress alone), ``/v1/heartbeat``, ``/v1/submit``,
 ``/v1/outcome/{id}``, ``/v1/abort/{id}`` (the tenant's client went away), ``/v1/feedback``
-(with the tenant's own link: what it told and what the pool's nodes read of it). Fields added to
+(with the tenant's own link: what it told and what the pool's nodes read of it; and the pool's
+shape, each group's node count and the egress, for the tenant's tuner). Fields added to
 v1 are optional in what it reads and extra in what it answers, so v1 callers keep working. TLS
 is the listener's (``pool.service``, ``front_door.tls``), not this app's.
 """
@@ -29,6 +30,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from prfaas.policy.pool_admission import Accepted, EgressState
+from prfaas.policy.pool_shares import PoolShape
 from prfaas.pool.frontdoor import FrontDoor, Receiver, Submit
 from prfaas.pool.payload import Payload
 from prfaas.pool.tenant_links import LinkReading, TenantLink, link_json
@@ -268,9 +270,19 @@ def create_app(
             "running": fb.running,
             "link_backlog_s": fb.link_backlog_s,
             "link": link_json(door.link_of(tenant), reading),
+            "pool": shape_json(door.shape),
         }
 
     return app
+
+
+def shape_json(shape: PoolShape) -> dict[str, Any]:
+    """What a tenant's tuner needs of the pool's shape (``policy.tuner_inputs``): each group's
+    model and node count, and the egress (modelled Gbps); the same for every tenant."""
+    return {
+        "egress_gbps": shape.egress_bytes_per_s * 8 / 1e9,
+        "groups": [{"model": g.model, "num_nodes": g.num_nodes} for g in shape.groups],
+    }
 
 
 def _json(raw: bytes) -> dict[str, Any]:

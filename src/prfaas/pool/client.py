@@ -7,8 +7,9 @@ TLS once wired), so this is not ``SignedAuth``. Every answer's epoch comes back 
 answer that cannot be had (connect refused, timeout, a 5xx) is ``PoolUnreachable``; a refusal is
 a ``Refusal`` with its reason (``error.code``) and retry hint, never an exception. The feedback
 is read into ``Feedback`` (with ``LinkFeedback``, the tenant's own link at the pool: what it
-told with its receivers, what the pool's nodes read of it); a door older than that field gives
-``link`` None.
+told with its receivers, what the pool's nodes read of it, and ``PoolShapeFeedback``, the
+groups' node counts and the egress its tuner plans with); a door older than those fields gives
+``link`` and ``pool`` None.
 """
 
 from __future__ import annotations
@@ -90,6 +91,24 @@ class LinkFeedback:
 
 
 @dataclass(frozen=True, slots=True)
+class PoolShapeFeedback:
+    """The pool's shape as its feedback says it: what a tenant's tuner plans with."""
+
+    egress_gbps: float
+    """The pool's total egress (modelled Gbps)."""
+    groups: tuple[tuple[str, int], ...]
+    """(model, nodes) per group."""
+
+    @property
+    def egress_bytes_per_s(self) -> float:
+        return self.egress_gbps * 1e9 / 8
+
+    def num_nodes_for(self, model: str) -> int | None:
+        """The nodes of the group serving ``model`` (None: no such group)."""
+        return next((n for m, n in self.groups if m == model), None)
+
+
+@dataclass(frozen=True, slots=True)
 class Feedback:
     """``GET /v1/feedback``: this tenant's own figures at the pool."""
 
@@ -104,12 +123,14 @@ class Feedback:
     """Its unsent KV at the pool over its own link's rate (0: none, or no rate told)."""
     link: LinkFeedback | None = None
     """None: a front door that does not say."""
+    pool: PoolShapeFeedback | None = None
+    """None: a front door that does not say (a tenant's tuner then keeps its ``t``)."""
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Feedback:
         """Read an answer; a missing or malformed field is a ``ValueError`` naming it."""
         try:
-            link = raw.get("link")
+            link, pool = raw.get("link"), raw.get("pool")
             return cls(
                 epoch=int(raw["epoch"]),
                 tenant=str(raw["tenant"]),
@@ -120,9 +141,15 @@ class Feedback:
                 running=int(raw["running"]),
                 link_backlog_s=float(raw.get("link_backlog_s", 0.0)),
                 link=None if link is None else _link_feedback(link),
+                pool=None if pool is None else _pool_shape(pool),
             )
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"feedback: {type(exc).__name__}: {exc}") from None
+
+
+def _pool_shape(raw: dict[str, Any]) -> PoolShapeFeedback:
+    groups = tuple((str(g["model"]), int(g["num_nodes"])) for g in raw["groups"])
+    return PoolShapeFeedback(egress_gbps=float(raw["egress_gbps"]), groups=groups)
 
 
 def _link_feedback(raw: dict[str, Any]) -> LinkFeedback:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from prfaas.perf import CostModel
+from prfaas.policy.pool_coordination import TUNE_MIN_SAMPLES, TUNE_PERIOD_S, TUNE_WINDOW_SIZE
 from prfaas.policy.pool_shares import PoolShape
 from prfaas.workload import ArrivalSpec
 
@@ -69,9 +70,10 @@ class PoolSimScenario:
     tenants: tuple[PoolSimTenant, ...]
     duration_s: float = 300.0
     drain_s: float = 600.0
-    tune_interval_s: float = 30.0
-    tune_min_samples: int = 50
-    window_size: int = 2048
+    tune_interval_s: float = TUNE_PERIOD_S
+    tune_min_samples: int = TUNE_MIN_SAMPLES
+    window_size: int = TUNE_WINDOW_SIZE
+    """The tenants' tuners (``policy.pool_coordination``'s constants, a live tenant's too)."""
     measure_from_s: float = 0.0
     measure_to_s: float | None = None
     """Shares and TTFTs are measured over [from, to] (None: ``duration_s``)."""

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prfaas.policy.pool_admission import Accepted, EgressState, PoolAdmission, PrefillJob
+from prfaas.policy.pool_coordination import NOTHING_SAID, PoolSaid, keeps_local
 from prfaas.policy.pool_session import Fallback, PoolSession
 from prfaas.policy.window import LengthWindow
 from prfaas.sim.kv_bytes import KvBytes
@@ -211,14 +212,15 @@ class PoolSimulator:
 
     def _keep_local(self, run: TenantRun, n: int) -> bool:
         # A coordinated tenant's router reads the pool's expected queueing for it: over the TTFT
-        # target, and the local queue shorter, the request stays home.
+        # target, and the local queue shorter, the request stays home (``policy.keeps_local``,
+        # the live tenant's gate too: ``pool.tenant_tuner.CoordinatedRouter``).
         if run.spec.tuner != "coordinated":
             return False
         fb = self.admission.feedback(run.spec.name, self.now)
-        if fb.expected_queueing_s <= run.spec.ttft_target_s:
-            return False
-        local_wait = run.local_work_s / max(run.spec.num_local_prefill, 1)
-        if local_wait < fb.expected_queueing_s and run.spec.num_local_prefill > 0:
+        spec = run.spec
+        if keeps_local(
+            fb.expected_queueing_s, spec.ttft_target_s, run.local_work_s, spec.num_local_prefill
+        ):
             run.num_kept_local_by_feedback += 1
             return True
         return False
@@ -363,23 +365,20 @@ class PoolSimulator:
         if run.spec.threshold_tokens is not None:
             return run.spec.threshold_tokens
         lengths, rate, share = first_sample(run.spec, self.sc)
-        return self._choose(run, lengths, rate, (share, 0.0, 0.0))
+        return self._choose(run, lengths, rate, PoolSaid(share))
 
-    def _choose(
-        self, run: TenantRun, lengths: tuple[int, ...], rate: float, fb: tuple[float, float, float]
-    ) -> int:
+    def _choose(self, run: TenantRun, lengths: tuple[int, ...], rate: float, said: PoolSaid) -> int:
         kv = self._kv[run.spec.model]
-        return tenant_threshold(run.spec, self.sc, kv, lengths, rate, fb, run.local_work_s)
+        return tenant_threshold(run.spec, self.sc, kv, lengths, rate, said, run.local_work_s)
 
     def _on_tune(self, run: TenantRun) -> None:
         spec = run.spec
         self._push(self.now + self.sc.tune_interval_s, _TUNE, spec.name)
         if len(run.window) < self.sc.tune_min_samples:
             return
-        said = (1.0, 0.0, 0.0)  # uncoordinated: as if it owned the pool
+        said = NOTHING_SAID  # uncoordinated: as if it owned the pool
         if spec.tuner == "coordinated":
-            fb = self.admission.feedback(spec.name, self.now, self._egress_state())
-            said = (fb.attainable_share, fb.expected_queueing_s, fb.link_backlog_s)
+            said = PoolSaid.of(self.admission.feedback(spec.name, self.now, self._egress_state()))
         lengths = tuple(run.window.prompt_lengths())
         t = self._choose(run, lengths, run.window.rate_rps(), said)
         if t != run.threshold_tokens:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from prfaas.policy.pool_coordination import PoolCapacity, TenantLoad, choose_threshold
+from prfaas.policy.pool_coordination import PoolSaid, choose_threshold, tuner_inputs
 from prfaas.sim.pool_scenario import PoolSimScenario, PoolSimTenant
 
 SAMPLE = 512
@@ -37,22 +37,21 @@ def tenant_threshold(
     kv_bytes: Callable[[int], int],
     lengths: tuple[int, ...],
     rate: float,
-    feedback: tuple[float, float, float],
+    said: PoolSaid,
     local_backlog_s: float,
 ) -> int:
-    """``feedback``: (share, expected queueing s, own link backlog s) - the pool's, or (1, 0, 0)
-    for a tenant that does not read it."""
-    share, queueing, link_backlog_s = feedback
+    """``said``: the pool's feedback (``PoolSaid.of``), or ``NOTHING_SAID`` for a tenant that
+    does not read it. The inputs are ``tuner_inputs``'s, as a live tenant builds them."""
     group = sc.group_for(spec.model)
-    load = TenantLoad(
+    load, pool = tuner_inputs(
         lengths,
         rate,
-        spec.num_local_prefill,
-        spec.link_bytes_per_s,
+        num_local_prefill=spec.num_local_prefill,
+        link_bytes_per_s=spec.link_bytes_per_s,
         local_backlog_s=local_backlog_s,
-        drain_horizon_s=sc.tune_interval_s,
-    )
-    pool = PoolCapacity(
-        group.num_nodes, sc.shape.egress_bytes_per_s, share, queueing, link_backlog_s
+        num_pool_nodes=group.num_nodes,
+        egress_bytes_per_s=sc.shape.egress_bytes_per_s,
+        said=said,
+        period_s=sc.tune_interval_s,
     )
     return choose_threshold(load, pool, spec.local_cost, group.cost, kv_bytes).threshold_tokens

@@ -83,3 +83,21 @@ def test_a_route_whose_decode_recomputed_says_its_kv_went_unused() -> None:
     text = render({**REPORT, "num_kv_recomputed": 1, "routes": [route]})
     assert "routes (last 1 of 12; 1 decoded by recomputing, their KV unused)" in text
     assert "yes, KV unused: recomputed" in text
+
+
+def test_render_shows_a_pool_tenants_tuner() -> None:
+    choice = {"t_s": 90.0, "threshold_tokens": 6133, "changed": True, "share": 0.4,
+              "expected_queueing_s": 1.5, "link_backlog_s": 0.25, "rate_rps": 1.2,
+              "num_lengths": 24, "num_local_prefill": 1, "local_backlog_s": 0.5,
+              "num_pool_nodes": 2}  # fmt: skip
+    tuner = {"tuner": "coordinated", "ttft_target_s": 4.0, "period_s": 30.0,
+             "min_samples": 50, "threshold_tokens": 6133, "num_choices": 3, "waiting": "",
+             "choices": [choice]}  # fmt: skip
+    control = dict(REPORT["control"])
+    text = render({**REPORT, "control": {**control, "pool_tuner": tuner}})
+    line = next(x for x in text.splitlines() if x.startswith("pool tuner coordinated"))
+    assert "t 6133 tokens; 3 re-choices" in line and "share 0.400" in line
+    assert "expected queueing 1.50 s" in line and "2 pool nodes" in line
+    waiting = {**tuner, "num_choices": 0, "choices": [], "waiting": "12 of 50 lengths observed"}
+    text = render({**REPORT, "control": {**control, "pool_tuner": waiting}})
+    assert "0 re-choices; waiting: 12 of 50 lengths observed" in text

@@ -8,7 +8,10 @@ control call must be signed with the deployment's key (``serve.auth``); the clie
 of them. The gateway's own calls to the nodes (dispatcher, control loop) are signed the same way.
 
 The policy objects are the ones the simulator drives: the router from ``policy.make_router``, the
-threshold ``t`` from the planner (``analytic``) unless the deployment fixes it.
+threshold ``t`` from the planner (``analytic``) unless the deployment fixes it. A pool tenant
+(``pool:``) whose ``pool.tuner`` is coordinated or uncoordinated re-chooses ``t`` as the pool
+simulator's tenants do (``pool.tenant_tuner``), and a coordinated one's router keeps an offload
+home while the pool queues it over its TTFT target (``CoordinatedRouter``).
 """
 
 from __future__ import annotations
@@ -91,11 +94,17 @@ def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo
     keys = KeyringHolder(ring_of_psks(d.psk, d.accept_psks))
     pool_link: Any = None
     node_client: Any = None
+    pool_tuned = _pool_tuned(d, remote, local)
     if d.pool is not None:  # the pool node's prefills go to the pool's front door
         from prfaas.pool.tenant import PoolNodeClient, TenantPoolLink
+        from prfaas.pool.tenant_tuner import CoordinatedRouter
 
         pool_link = TenantPoolLink(d, registry, metrics.registry)
         node_client = PoolNodeClient(HttpNodeClient(SignedAuth(keys)), pool_link)
+        if pool_tuned and d.pool.tuner == "coordinated" and local is not None:
+            # The simulator's gate: an offload stays home while the pool queues it too long.
+            router = CoordinatedRouter(router, home, d.pool.ttft_target_s, local,
+                                       lambda: pool_link.feedback, metrics.registry)  # fmt: skip
     dispatcher = ClusterDispatcher(
         registry, router, fallback, metrics, model, d.engine.block_tokens,
         route_log_size=d.gateway.route_log_size, node_auth=SignedAuth(keys),
@@ -117,13 +126,20 @@ def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo
         registry,
         remote,
         local,
-        tune=d.policy.router == "prfaas",
+        # A pool tenant's own tuner (pool.tuner) sets t; the gateway's would undo its choices.
+        tune=d.policy.router == "prfaas" and not pool_tuned,
         rebalance=d.policy.rebalance,
         tuning=TuningConfig(min_samples=d.policy.tune_min_samples),
         interval_s=d.policy.control_interval_s,
     )
     dispatcher.control = control
     app.state.control_loop = control
+    pool_tuner: Any = None
+    if pool_tuned and remote is not None and local is not None:
+        from prfaas.pool.tenant_tuner import TenantTuner
+
+        pool_tuner = TenantTuner(d, control, lambda: pool_link.feedback, local, remote,
+                                 metrics.registry)  # fmt: skip
     # Off unless configured: every route, decode placement, observation and tick, for a replay
     # through the simulator's policy objects (``sim/replay.py``).
     decisions = DecisionLog(g.decision_log) if g.decision_log else None
@@ -139,6 +155,8 @@ def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo
                 await asyncio.sleep(min(period_s, control.wait_s(time.monotonic())))
                 try:
                     await control.tick(client)
+                    if pool_tuner is not None:  # a pool tenant's t, on its own period
+                        pool_tuner.tick(registry.modelled_s(time.monotonic()))
                 except Exception:  # a bad tick must not stop the control plane
                     log.exception("control loop")
                 _export_gauges(registry, metrics)
@@ -161,7 +179,7 @@ def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo
         if decisions is not None:
             decisions.close()
 
-    internal = _control_app(registry, dispatcher, control, security)
+    internal = _control_app(registry, dispatcher, control, security, pool_tuner)
     _autoscale_routes(internal, AutoscaleBoard(metrics))
     verifier = Verifier(keys)
     internal.add_middleware(SignatureMiddleware, verifier=verifier, on_refused=security.refused)
@@ -207,8 +225,10 @@ def _control_app(
     dispatcher: ClusterDispatcher,
     control: ControlLoop,
     security: _SecurityMetrics,
+    pool_tuner: Any = None,
 ) -> FastAPI:
-    """The routes of the control listener (the caller wraps them in the signature check)."""
+    """The routes of the control listener (the caller wraps them in the signature check);
+    ``pool_tuner``: a pool tenant's ``TenantTuner`` (None: none), in ``/internal/control``."""
     app = FastAPI(title="prfaas control", docs_url=None, redoc_url=None, openapi_url=None)
     internal_errors.install(app)
 
@@ -268,9 +288,23 @@ def _control_app(
                  "goodput_bytes_per_s": s.goodput_bytes_per_s}
                 for s in registry.link_states()
             ],
+            "pool_tuner": None if pool_tuner is None else pool_tuner.state(),
         }  # fmt: skip
 
     return app
+
+
+def _pool_tuned(d: DeploymentConfig, remote: Any, local: Any) -> bool:
+    """Whether a pool tenant's own tuner sets ``t`` (``pool.tuner`` coordinated or
+    uncoordinated; it prices with both sites' cost models, so a real engine without profile
+    files keeps its file's ``t``, said once)."""
+    if d.pool is None or d.pool.tuner == "fixed":
+        return False
+    if remote is None or local is None:
+        log.warning("pool.tuner %s: no cost model prices this tenant's prefills (a real engine "
+                    "needs profile files): t stays fixed", d.pool.tuner)  # fmt: skip
+        return False
+    return True
 
 
 def _autoscale_routes(app: FastAPI, board: AutoscaleBoard) -> None:

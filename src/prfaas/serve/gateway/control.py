@@ -8,8 +8,9 @@ on a grid from the first tick, missed ones skipped rather than run in a burst) i
 own) what to do: ``ThresholdTuner`` re-searches ``t`` when the link or the node counts changed (or
 periodically) and, when enabled, ``Rebalancer`` converts PD nodes between prefill and decode
 (Eq. 8 far off). This loop carries the actions out: a role change asks the node to drain, then
-switch (``POST /nodes/{node}/role``); a threshold goes into the registry's view. Decisions are
-logged and exported as metrics.
+switch (``POST /nodes/{node}/role``); a threshold goes into the registry's view
+(``set_threshold``, also how a pool tenant's ``pool.tenant_tuner.TenantTuner`` sets its ``t``).
+Decisions are logged and exported as metrics.
 """
 
 from __future__ import annotations
@@ -112,9 +113,11 @@ class ControlLoop:
             if isinstance(action, RoleChange):
                 await self._switch(client, action.node_id, action.dst_role)
             else:
-                self._set_threshold(action.threshold_tokens, now, action.reason)
+                self.set_threshold(action.threshold_tokens, now, action.reason)
 
-    def _set_threshold(self, threshold_tokens: int, now: float, reason: str) -> None:
+    def set_threshold(self, threshold_tokens: int, now: float, reason: str) -> None:
+        """Route with ``t = threshold_tokens`` from now on (``now``: modelled s), logged: the one
+        way the live ``t`` changes (this loop's tuner and rebalancer, a pool tenant's tuner)."""
         self.registry.view.set_threshold_tokens(threshold_tokens)
         entry = {"t_s": round(now, 3), "threshold_tokens": threshold_tokens, "reason": reason}
         self.log.threshold_updates.append(entry)
