@@ -100,6 +100,32 @@ class PoolGroup(_Strict):
     hardware: str = "h200"
     nodes: list[PoolNode] = []
     num_nodes: int | None = Field(None, ge=1, description="instead of nodes: NAME-0, NAME-1, ...")
+    notice_s: float | None = Field(
+        None, description="preemptible (spot): a node process takes SIGTERM as a notice of this "
+        "many wall seconds (finish what ends in time, hand the rest back to the queue); None: "
+        "SIGTERM stops it",
+    )  # fmt: skip
+    processes: Literal["shared", "per_node"] | None = Field(
+        None, description="shared: the group's nodes in one process; per_node: one process per "
+        "node, so a notice to one leaves the others serving; None: per_node with notice_s, "
+        "else shared",
+    )  # fmt: skip
+
+    @field_validator("notice_s")
+    @classmethod
+    def _notice(cls, notice_s: float | None) -> float | None:
+        if notice_s is not None and not notice_s > 0:
+            raise ValueError(f"notice_s must be > 0 seconds, got {notice_s}")
+        return notice_s
+
+    @property
+    def per_node_processes(self) -> bool:
+        """One process per node: asked for, or a preemptible group that did not say (a notice to
+        a shared process drains every node of the group, and with one group per model no other
+        node could take what it hands back)."""
+        if self.processes is None:
+            return self.notice_s is not None
+        return self.processes == "per_node"
 
     @model_validator(mode="after")
     def _nodes(self) -> PoolGroup:
@@ -166,6 +192,15 @@ class PoolFileConfig(_Strict):
         nodes = [n for g in self.groups for n in g.node_names]
         if len(set(nodes)) != len(nodes):
             raise ValueError("groups: duplicate node names")
+        for i, g in enumerate(self.groups):
+            # A per-node process is named after its node, a shared one after its group: the
+            # supervisor, its logs and processes.json need the names apart.
+            clash = set(g.node_names) & set(groups) if g.per_node_processes else set()
+            if clash:
+                raise ValueError(
+                    f"groups.{i}.nodes: node {sorted(clash)[0]!r} has a group's name (a node in "
+                    "a process of its own is named after it)"
+                )
         ids = [k.id for t in self.tenants for k in t.keys]
         for i, t in enumerate(self.tenants):
             for group in t.floor:

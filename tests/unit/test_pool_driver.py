@@ -1,7 +1,9 @@
 """The pool's placement driver (``pool/driver.py``) against in-memory nodes: a free live node gets
 the door's placement as a prefill command (the session as its request id, the tenant's key id,
 the registered receiver); the answer makes the outcome; an unreachable node is ``node_lost``; a
-lease that runs out aborts the running prefill at its node; a silent node gets no work."""
+lease that runs out aborts the running prefill at its node; a silent node gets no work; a
+prefill a noticed node hands back (or refuses, 409) is queued again and served by another node
+with its payload and session, counted, and fails after too many returns."""
 
 from __future__ import annotations
 
@@ -269,3 +271,90 @@ def test_a_tenants_readings_from_several_processes_combine() -> None:
     assert (both.backlog_bytes, both.rtt_s, both.num_senders) == (30, 0.03, 2)
     unpaced = combine([r(0.0, "", None, 0, 0.0)])
     assert unpaced is not None and unpaced.pace_bytes_per_s is None and unpaced.basis == ""
+
+
+class NoticedNodes(Nodes):
+    """``n0`` got a spot notice: it hands back what it runs (or, in ``refuse`` mode, answers 409
+    as a node does to a prefill that arrives after its notice); every other node serves."""
+
+    def __init__(self, refuse: bool = False) -> None:
+        super().__init__()
+        self.refuse = refuse
+        self.noticed = {"n0"}
+
+    async def prefill(self, ep: NodeEndpoint, cmd: PrefillCommand) -> PrefillOutcome:
+        if ep.node not in self.noticed:
+            return await super().prefill(ep, cmd)
+        self.commands.append((ep.node, cmd))
+        if self.refuse:
+            raise NodeCallFailed(ep.node, "refused", "node n0 is not accepting prefills")
+        return PrefillOutcome(request_id=cmd.request_id, ok=False, handed_back=True,
+                              error=f"handed back: {ep.node} got a notice")  # fmt: skip
+
+
+def _two_node_driver(nodes: Nodes, clock: Clock) -> PlacementDriver:
+    shape = PoolShape((GroupShape("g", "m", 2),), 1e12, (TenantShare("a"), TenantShare("b")))
+    door = FrontDoor(shape, epoch=5, lease_s=3.0, fingerprints={})
+    d = PlacementDriver(door, {"n0": "g", "n1": "g"}, nodes, clock, wall=clock)  # type: ignore[arg-type]
+    for i in range(2):  # one process per node
+        ep = NodeEndpoint(node=f"n{i}", site="g", role="prefill", host="127.0.0.1", http_port=i)
+        d.register(Registration(process=f"p{i}", nodes=[ep]))
+    door.register("a", (Receiver("a-d0", "10.0.0.1", 9000),), clock())
+    return d
+
+
+@pytest.mark.parametrize("refuse", [False, True], ids=["handed_back", "refused_409"])
+async def test_a_prefill_a_noticed_node_gives_back_is_served_by_another(refuse: bool) -> None:
+    nodes, clock = NoticedNodes(refuse), Clock()
+    d = _two_node_driver(nodes, clock)
+    _submit(d, clock, "r1")
+    d.tick()  # n0 (first in order) takes r1 and gives it back at once
+    await _settle()
+    out: Any = d.door.outcome("a", "r1")
+    assert (out.state, out.reason) == ("queued", "handed_back")  # pending, not failed
+    assert ("a", "r1") in d.payloads  # kept until it really ends
+    assert d.nodes["n0"].draining  # leaving: offered nothing more
+    d.tick()
+    await _settle()
+    assert [(n, c.request_id) for n, c in nodes.commands] == [("n0", "s-r1"), ("n1", "s-r1")]
+    first, second = nodes.commands[0][1], nodes.commands[1][1]
+    assert first.keep_session_on_hand_back and second.keep_session_on_hand_back
+    assert (second.tokens, second.key_id, second.decode_host) == (
+        first.tokens, first.key_id, first.decode_host
+    )  # fmt: skip
+    nodes.release.set()
+    await _settle()
+    assert d.door.outcome("a", "r1").state == "done"  # type: ignore[union-attr]
+    assert ("a", "r1") not in d.payloads
+    counts = d.counters["a"]
+    assert (counts["placed"], counts["handed_back"], counts["done"], counts["failed"]) == (
+        2, 1, 1, 0
+    )  # fmt: skip
+    from prometheus_client import generate_latest
+
+    from prfaas.pool.metrics import pool_registry
+
+    text = generate_latest(pool_registry(d, lambda: 0)).decode()
+    assert 'prfaas_pool_tenant_prefills_total{outcome="handed_back",tenant="a"} 1.0' in text
+    assert 'prfaas_pool_nodes{group="g",state="draining"} 1.0' in text
+    await d.aclose()
+
+
+async def test_a_prefill_handed_back_too_often_fails_and_its_payload_goes() -> None:
+    from prfaas.pool.frontdoor import MAX_HAND_BACKS
+
+    nodes, clock = NoticedNodes(), Clock()
+    nodes.noticed = {"n0", "n1"}  # every node of the group is being preempted
+    d = _two_node_driver(nodes, clock)
+    _submit(d, clock, "r1")
+    for _ in range(MAX_HAND_BACKS + 1):
+        for name in ("n0", "n1"):  # a restarted process registers afresh: not draining
+            d.nodes[name].draining = False
+        d.tick()
+        await _settle()
+    out: Any = d.door.outcome("a", "r1")
+    assert out.state == "failed" and out.reason.startswith("handed_back:")
+    assert len(nodes.commands) == MAX_HAND_BACKS + 1 and ("a", "r1") not in d.payloads
+    counts = d.counters["a"]
+    assert (counts["handed_back"], counts["failed"]) == (MAX_HAND_BACKS + 1, 1)
+    await d.aclose()

@@ -66,6 +66,12 @@ def test_examples_load() -> None:
             lambda r: r["tenants"][2].update(receivers_tls={"ca": "ca.pem"}),
             "tenants.2.receivers_tls.ca: file 'ca.pem' does not exist",
         ),
+        (lambda r: r["groups"][0].update(notice_s=0), "groups.0.notice_s: notice_s must be > 0"),
+        (lambda r: r["groups"][1].update(processes="each"), "groups.1.processes"),
+        (
+            lambda r: r["groups"][0].update(processes="per_node", nodes=[{"name": "g-qwen"}]),
+            "groups.0.nodes: node 'g-qwen' has a group's name",
+        ),
     ],
 )
 def test_bad_pool_files_name_the_field(tmp_path: Path, change, message: str) -> None:
@@ -173,3 +179,55 @@ def test_a_vllm_group_is_refused_live_naming_the_field(tmp_path: Path) -> None:
     path = _pool_with(tmp_path, to_vllm)
     with pytest.raises(UsageError, match=r"groups\.1\.kind: 'vllm' pool nodes do not run live"):
         PoolLauncher(load_pool(path), path, tmp_path / "wd")
+
+
+def test_a_preemptible_group_runs_a_process_per_node_unless_it_says(tmp_path: Path) -> None:
+    """``notice_s`` makes a group preemptible; its nodes then run one process each by default (a
+    notice to a shared process would drain the whole group); ``processes`` says otherwise."""
+    from prfaas.pool.launcher import node_group_args, node_processes
+
+    pool = load_pool(_pool_with(tmp_path, lambda r: r["groups"][0].update(notice_s=1.5)))
+    g, q = pool.groups
+    assert (g.notice_s, g.per_node_processes, q.per_node_processes) == (1.5, True, False)
+    assert node_processes(pool) == [
+        ("pool-0", "g-1t", "pool-0"), ("pool-1", "g-1t", "pool-1"),
+        ("pool-2", "g-1t", "pool-2"), ("pool-3", "g-1t", "pool-3"), ("g-qwen", "g-qwen", None),
+    ]  # fmt: skip
+    assert node_group_args(Path("/wd"), "g-1t", node="pool-1")[-2:] == ["--node", "pool-1"]
+    assert node_group_args(Path("/wd"), "g-1t", "10.0.0.5") == [
+        "-m", "prfaas.pool.node_main", "/wd", "g-1t", "10.0.0.5"
+    ]  # fmt: skip
+
+    def shared_notice(r: dict) -> None:
+        r["groups"][0].update(notice_s=1.5, processes="shared")
+        r["groups"][1].update(processes="per_node")
+
+    pool = load_pool(_pool_with(tmp_path, shared_notice))
+    assert [(n, node) for n, _, node in node_processes(pool)] == [
+        ("g-1t", None), ("g-qwen-0", "g-qwen-0"), ("g-qwen-1", "g-qwen-1")
+    ]  # fmt: skip
+
+
+def test_a_node_of_its_own_runs_from_a_one_node_file(tmp_path: Path) -> None:
+    """The launcher writes each per-node process a one-node file (``nodes-GROUP+NODE.yaml``),
+    the idea the Kubernetes pods already use, and the node process reads it by ``--node``."""
+    from prfaas.config import load_deployment
+    from prfaas.pool.launcher import PoolLauncher
+    from prfaas.pool.resolved import nodes_name
+
+    def preemptible(r: dict) -> None:
+        r["groups"][0].update(notice_s=2.0, nodes=[{"name": "pool-0", "port": 9400},
+                                                   {"name": "pool-1"}])  # fmt: skip
+
+    path = _pool_with(tmp_path, preemptible)
+    launcher = PoolLauncher(load_pool(path), path, tmp_path / "wd")
+    launcher.workdir.mkdir()
+    launcher._write_files()
+    files = sorted(p.name for p in launcher.workdir.glob("nodes-*.yaml"))
+    assert files == ["nodes-g-1t+pool-0.yaml", "nodes-g-1t+pool-1.yaml", "nodes-g-qwen.yaml"]
+    d = load_deployment(launcher.workdir / nodes_name("g-1t", "pool-0"))
+    site = next(s for s in d.sites if s.name == "g-1t")
+    assert [(n.name, n.port) for n in site.nodes] == [("pool-0", 9400)]
+    shared = load_deployment(launcher.workdir / nodes_name("g-qwen"))
+    qwen = next(s for s in shared.sites if s.name == "g-qwen")
+    assert [n.name for n in qwen.nodes] == ["g-qwen-0", "g-qwen-1"]

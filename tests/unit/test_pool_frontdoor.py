@@ -1,6 +1,6 @@
 """pool.FrontDoor: isolation (a tenant submits only as itself, only to receivers it registered,
 reads only its own outcomes), leases and epochs, fingerprints, revocation, placement through the
-shared admission object."""
+shared admission object; a prefill handed back by a noticed node queued again, within bounds."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 from prfaas.policy.pool_admission import Accepted, EgressState, Refused
 from prfaas.policy.pool_shares import GroupShape, PoolShape, TenantShare
 from prfaas.pool import FrontDoor, Receiver, Submit
+from prfaas.pool.frontdoor import MAX_HAND_BACKS
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -136,3 +137,56 @@ def test_a_reload_revokes_the_tenant_left_without_keys_adds_a_new_one_and_restor
     assert ans.status == 403 and ans.decision.reason == "no_lease"  # type: ignore[union-attr]
     door.register("b", (Receiver("b-d0", "10.0.1.1", 9000),), now=3.2)
     assert door.submit("b", _submit("b", "r3", "b-d0"), now=3.3).status == 200
+
+
+def test_a_handed_back_prefill_is_queued_again_for_the_same_receiver_and_session() -> None:
+    door = _door()
+    for rid in ("r1", "r2"):
+        door.submit("a", _submit("a", rid, "a-d0"), now=1.0)
+    first = door.place("g", "pool-0", 1.0, FREE)
+    assert first is not None and first.job.request_id == "r1"
+    out = door.requeue("a", "r1", 2.0, "pool-0 got a notice")
+    assert out is not None and (out.state, out.reason) == ("queued", "handed_back")
+    assert door.outcome("a", "r1") == out  # the tenant's outcome: still pending
+    again = door.place("g", "pool-1", 2.0, FREE)  # the front of a's queue: before r2
+    assert again is not None and again.job.request_id == "r1" and again.node == "pool-1"
+    assert (again.receiver, again.session) == (first.receiver, first.session)
+    door.finished("a", "r1", 3.0)
+    assert door.outcome("a", "r1").state == "done"  # type: ignore[union-attr]
+    assert door.requeue("a", "r1", 3.0) is None  # ended: nothing to queue again
+    assert door.requeue("b", "r2", 3.0) is None  # another tenant's (and queued, not running)
+
+
+def test_a_prefill_handed_back_too_often_fails_with_the_reason() -> None:
+    door = _door()
+    door.submit("a", _submit("a", "r1", "a-d0"), now=1.0)
+    for i in range(MAX_HAND_BACKS):
+        assert door.place("g", f"pool-{i}", 1.0 + i, FREE) is not None
+        out = door.requeue("a", "r1", 1.5 + i, f"pool-{i} got a notice")
+        assert out is not None and out.state == "queued"
+    assert door.place("g", "pool-9", 9.0, FREE) is not None
+    out = door.requeue("a", "r1", 9.5, "pool-9 got a notice")
+    assert out is not None and out.state == "failed"
+    assert out.reason.startswith("handed_back:") and "pool-9 got a notice" in out.reason
+    assert door.place("g", "pool-0", 10.0, FREE) is None  # not queued again
+    fb = door.feedback("a", 10.0)
+    assert fb.queued_tokens == 0 and fb.running == 0
+
+
+def test_a_handed_back_prefill_can_still_be_aborted_or_expire() -> None:
+    door = _door()
+    for rid in ("r1", "r2"):
+        door.submit("a", _submit("a", rid, "a-d0"), now=1.0)
+    door.place("g", "pool-0", 1.0, FREE)
+    door.requeue("a", "r1", 1.5)
+    gone = door.abort("a", "r1", 1.6)  # queued again: dropped, no node to tell
+    assert gone is not None and gone.node is None
+    door.place("g", "pool-0", 1.7, FREE)  # r2
+    assert door.abort("a", "r2", 1.8) is not None  # the tenant gave up while it ran ...
+    assert door.requeue("a", "r2", 1.9) is None  # ... so the node's hand-back changes nothing
+    assert door.outcome("a", "r2").state == "aborted"  # type: ignore[union-attr]
+    door.submit("a", _submit("a", "r3", "a-d0"), now=2.0)
+    door.place("g", "pool-0", 2.0, FREE)
+    door.requeue("a", "r3", 2.1)
+    got = door.expire(3.1)  # a registered at 0 with a 3 s lease: the requeued one is dropped
+    assert [(a.request_id, a.node) for a in got] == [("r3", None)]

@@ -1,7 +1,7 @@
 """``prfaas status WORKDIR/pool.resolved.yaml``: a running pool at a glance (``docs/pool.md``): the
-front door's epoch and live nodes, every pool node (group, live, what it runs) and each tenant's
-counters from the pool's own listener (signed with the workdir's internal key, never a tenant's),
-and the supervised processes."""
+front door's epoch and live nodes, every pool node (group, process, live or draining, what it
+runs) and each tenant's counters (handed-back prefills among them) from the pool's own listener
+(signed with the workdir's internal key, never a tenant's), and the supervised processes."""
 
 from __future__ import annotations
 
@@ -59,10 +59,14 @@ def run_pool_status(
     fd = report["front_door"]
     out = [f"pool front door {url}  epoch {fd.get('epoch')}  {fd.get('nodes_live')} nodes live "
            f"(pool listener {control_url})", ""]  # fmt: skip
-    rows = [[n["node"], n["group"], "yes" if n["live"] else f"no {n['fault']}".strip(),
+    rows = [[n["node"], n["group"], n.get("process", "-"),
+             ("yes" if n["live"] else f"no {n['fault']}".strip())
+             + (", draining" if n.get("draining") else ""),
              n["running"] or "-"] for n in nodes]  # fmt: skip
-    out.append(table(["NODE", "GROUP", "LIVE", "RUNNING"], rows) if rows else "no pool node")
-    cols = ["accepted", "placed", "done", "failed", "aborted", "queued_tokens", "running"]
+    heads = ["NODE", "GROUP", "PROCESS", "LIVE", "RUNNING"]
+    out.append(table(heads, rows) if rows else "no pool node")
+    cols = ["accepted", "placed", "done", "failed", "aborted", "handed_back", "queued_tokens",
+            "running"]  # fmt: skip
     trows = [[name, "revoked" if row.get("revoked") else ",".join(row.get("keys", [])) or "-",
               *(str(row.get(c, "")) for c in cols)]
              for name, row in report["tenants"].items()]  # fmt: skip

@@ -18,10 +18,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from prfaas.config import DeploymentConfig, NodeConfig, load_yaml_mapping
+from prfaas.config import DeploymentConfig, load_yaml_mapping
 from prfaas.errors import UsageError
 from prfaas.k8s import names as paths
-from prfaas.pool.nodes_file import group_deployment
+from prfaas.pool.nodes_file import one_node_deployment
 from prfaas.pool.resolved import KEY_NAME, POOL_NAME, nodes_name, write_private, write_yaml
 from prfaas.pool_sections import PoolFileConfig
 
@@ -81,12 +81,9 @@ def pod_node(pool: PoolFileConfig, group: str, env: dict[str, str]) -> str:
 def node_file(pool: PoolFileConfig, group: str, node: str, key: str) -> DeploymentConfig:
     """The group's node deployment file, hosting ``node`` only, at the fixed pod ports."""
     g = next(g for g in pool.groups if g.name == group)
-    d = group_deployment(pool, g, key)
-    mine = NodeConfig(
-        name=node, role="prefill", port=paths.NODE_HTTP_PORT, transfer_port=paths.NODE_KV_PORT
+    return one_node_deployment(
+        pool, g, node, key, port=paths.NODE_HTTP_PORT, transfer_port=paths.NODE_KV_PORT
     )
-    sites = [s.model_copy(update={"nodes": [mine]}) if s.name == group else s for s in d.sites]
-    return d.model_copy(update={"sites": sites})
 
 
 def node(

@@ -23,6 +23,7 @@ from prfaas.errors import UsageError
 from prfaas.k8s import monitoring, policies, pool_files
 from prfaas.k8s.names import Names, check_site_names
 from prfaas.k8s.options import RenderOptions
+from prfaas.k8s.pods import STOP_GRACE_S
 from prfaas.k8s.pool_policies import pool_network_policies
 from prfaas.k8s.pool_workloads import front_door_workload, group_workload, pool_groups
 from prfaas.k8s.render import Rendering
@@ -110,6 +111,15 @@ def warnings_for(pool: PoolFileConfig) -> tuple[str, ...]:
         "server does (requests in flight may finish within the grace period); prefills placed "
         "on it meanwhile fail and their tenants prefill them locally (failed:node_lost)",
     ]
+    noticed = [g for g in pool.groups if g.notice_s is not None]
+    if noticed:
+        longest = max(g.notice_s or 0.0 for g in noticed)
+        cut = f"; a notice over it ({longest:g} s here) is cut" if longest > STOP_GRACE_S else ""
+        out.append(
+            "groups[].notice_s: a node pod's SIGTERM is its spot notice (prefills that end in "
+            "time finish, the rest go back to the front door's queue for another node); the "
+            f"pod's terminationGracePeriodSeconds is {STOP_GRACE_S} s{cut}"
+        )
     if pool.front_door.host not in ("127.0.0.1", "0.0.0.0", "localhost"):
         out.append(
             f"front_door.host: {pool.front_door.host!r} replaced: the front door listens on all "

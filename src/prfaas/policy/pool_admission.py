@@ -146,6 +146,9 @@ class PoolAdmission:
                 tn.queued_compute_s[g.name] = 0.0
         self._decisions: OrderedDict[tuple[str, str], Decision] = OrderedDict()
         self._remember = remember
+        self._charged: dict[tuple[str, str], float] = {}
+        """(tenant, request id) -> what its start added to its tenant's counter, while it runs
+        (what a ``requeue`` refunds, exactly, whatever the tenant's weight is by then)."""
         self.num_refused: dict[str, int] = {r: 0 for r in REFUSAL_REASONS}
 
     # -- costs ---------------------------------------------------------------------------------
@@ -261,7 +264,9 @@ class PoolAdmission:
         if best is None:
             return None
         job = best.queues[group].popleft()
-        best.counter += self.dominant_cost(job) / best.share.weight
+        charge = self.dominant_cost(job) / best.share.weight
+        best.counter += charge
+        self._charged[(job.tenant, job.request_id)] = charge
         best.running[group] += 1
         best.queued_tokens -= job.num_uncached_tokens
         best.queued_compute_s[group] = max(0.0, best.queued_compute_s[group] - job.compute_s)
@@ -274,6 +279,22 @@ class PoolAdmission:
         assert group is not None
         tn = self._tenants[job.tenant]
         tn.running[group.name] = max(0, tn.running[group.name] - 1)
+        self._charged.pop((job.tenant, job.request_id), None)
+
+    def requeue(self, job: PrefillJob, now: float) -> None:
+        """A running prefill came back unfinished (its node got a spot notice and would not end
+        it in time): it is queued again at the front of its tenant's queue for its group (it
+        keeps its place), and the counter charge of its start is refunded (it is charged again
+        when it starts anew: one prefill, paid once)."""
+        group = self.shape.group_for_model(job.model)
+        assert group is not None
+        tn = self._tenants[job.tenant]
+        tn.running[group.name] = max(0, tn.running[group.name] - 1)
+        tn.counter -= self._charged.pop((job.tenant, job.request_id), 0.0)
+        tn.queues[group.name].appendleft(job)
+        tn.queued_tokens += job.num_uncached_tokens
+        tn.queued_compute_s[group.name] += job.compute_s
+        tn.queued_bytes += job.kv_bytes
 
     def cancel(self, tenant: str, request_id: str, now: float) -> PrefillJob | None:
         """Drop one queued prefill (its tenant gave up on it); None when it is not queued."""

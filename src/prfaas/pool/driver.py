@@ -12,6 +12,17 @@ on the tenant's own route at the rate the tenant registered (``PrefillCommand.te
 verified at the receiver, or why not) is the outcome the tenant reads: ``done``, or ``failed``
 with the reason (``node_lost`` when the node could not be reached).
 
+Spot notices: a node that got a notice (SIGTERM on a group with ``notice_s``, or ``POST
+/notice``) answers the prefills it will not end by its deadline ``handed_back``, and refuses new
+ones (409) until it is gone. Either way the prefill is no failure: ``FrontDoor.requeue`` puts it
+back at the front of its tenant's queue (the tenant's outcome stays pending, ``queued``), its
+payload is kept until it really ends, the node is offered nothing more (it is leaving: its next
+heartbeat says draining too), and another node of the group serves it, streaming to the same
+receiver and session: the command says so (``keep_session_on_hand_back``), so the noticed node
+aborts its KV session with ``AbortCode.HANDED_BACK`` and the tenant's decode node keeps
+expecting the session instead of failing it (``serve.node.worker``). Counted per tenant
+(``handed_back``); a prefill handed back more than ``frontdoor.MAX_HAND_BACKS`` times fails.
+
 Leases: every tick the door's ``expire`` drops a silent tenant's queued prefills and aborts its
 running ones at their nodes; a tenant's ``POST /v1/abort`` (its client went away) does the same
 for one prefill. Egress: the unsent KV is counted per tenant as the whole KV of each
@@ -22,8 +33,9 @@ not held by it). Link readings: every node heartbeat's per-route reports are kep
 process); ``tenant_link`` is a tenant's own route as the live processes report it (the
 feedback's ``link``: ``pool.tenant_links``).
 
-Counters per tenant (``counters``): accepted, placed, done, failed, aborted: the operator's
-listener serves them. Time: the door's ``now`` is modelled seconds (``clock``); node liveness is
+Counters per tenant (``counters``): accepted, placed, done, failed, aborted, handed_back (each
+time a node gave one back; a prefill placed again counts placed again): the operator's listener
+serves them. Time: the door's ``now`` is modelled seconds (``clock``); node liveness is
 wall seconds (``wall``).
 """
 
@@ -89,6 +101,8 @@ class PlacementDriver:
         self.node_timeout_s = node_timeout_s
         self.nodes: dict[str, _PoolNode] = {}
         self.payloads: dict[tuple[str, str], Payload] = {}
+        """Accepted prefills' payloads, kept until each ends (a handed-back one is placed
+        again)."""
         self.busy: dict[str, tuple[str, str]] = {}
         """node -> (tenant, request id) it runs."""
         self._unsent: dict[tuple[str, str], tuple[str, float]] = {}
@@ -147,8 +161,8 @@ class PlacementDriver:
 
     # -- the tenants' side ---------------------------------------------------------------------
     def accept(self, payload: Payload) -> None:
-        """An accepted submit's payload, kept until it is placed (a repeated submit of a prefill
-        already placed changes nothing)."""
+        """An accepted submit's payload, kept until the prefill ends (a repeated submit of a
+        prefill already accepted changes nothing)."""
         key = (payload.tenant, payload.request_id)
         out = self.door.outcome(*key)
         if out is None or out.state != "queued" or key in self.payloads:
@@ -208,7 +222,7 @@ class PlacementDriver:
 
     def _start(self, p: Placement) -> None:
         key = (p.job.tenant, p.job.request_id)
-        payload = self.payloads.pop(key, None)
+        payload = self.payloads.get(key)
         if payload is None:  # accepted without a payload: cannot be run
             self.door.finished(*key, self.clock(), error="no_payload")
             self.counters[p.job.tenant]["failed"] += 1
@@ -232,29 +246,57 @@ class PlacementDriver:
             key_id=payload.key_id,
             tenant=p.job.tenant,  # its KV on the tenant's own route at the node
             tenant_link_gbps=None if link is None else link.gbps,
+            keep_session_on_hand_back=True,  # a handed-back prefill is placed again, same session
         )
         self._spawn(self._prefill(p.node, key, cmd))
 
     async def _prefill(self, node: str, key: tuple[str, str], cmd: PrefillCommand) -> None:
         error = ""
+        back = ""  # the node gave it back unfinished: why
         sent = 0
         try:
             outcome: PrefillOutcome = await self.client.prefill(self.nodes[node].endpoint, cmd)
-            if not outcome.ok:
+            if outcome.handed_back:
+                back = outcome.error or "handed back"
+            elif not outcome.ok:
                 error = f"prefill: {outcome.error}"[:200]
             sent = outcome.kv_bytes_sent
         except NodeCallFailed as exc:
-            error = "node_lost" if exc.kind == "unreachable" else f"node_{exc.kind}"
-            log.warning("pool node %s: prefill %s failed: %s", node, key, exc)
+            if exc.kind == "refused":  # 409: a notice came before its heartbeat said draining
+                back = str(exc)
+            else:
+                error = "node_lost" if exc.kind == "unreachable" else f"node_{exc.kind}"
+                log.warning("pool node %s: prefill %s failed: %s", node, key, exc)
         finally:
             if self.busy.get(node) == key:  # an abort freed the node and it took another since
                 del self.busy[node]
             self._unsent.pop(key, None)
             self._sessions.pop(key, None)
+        if back:
+            self._handed_back(node, key, back)
+            return
         self.door.finished(*key, self.clock(), error=error, kv_bytes_sent=sent)
+        self.payloads.pop(key, None)
         out = self.door.outcome(*key)
         if out is not None and out.state in ("done", "failed"):
             self.counters[key[0]][out.state] += 1
+
+    def _handed_back(self, node: str, key: tuple[str, str], why: str) -> None:
+        """``node`` gave ``key`` back unfinished (a spot notice): it is leaving, so it is offered
+        nothing more (a restarted process registers afresh), and the door queues the prefill
+        again at the front of its tenant's queue, or fails it after too many returns."""
+        n = self.nodes.get(node)
+        if n is not None:
+            n.draining = True
+        out = self.door.requeue(*key, self.clock(), why)
+        if out is None:  # aborted meanwhile (the tenant gave up, its lease ran out)
+            return
+        self.counters[key[0]]["handed_back"] += 1
+        log.warning("pool node %s handed %s back (%s): %s", node, "/".join(key), why,
+                    "queued again" if out.state == "queued" else out.reason)  # fmt: skip
+        if out.state == "failed":
+            self.payloads.pop(key, None)
+            self.counters[key[0]]["failed"] += 1
 
     async def _abort(self, node: str, tenant: str, request_id: str) -> None:
         n = self.nodes.get(node)

@@ -8,7 +8,11 @@ fingerprints a submit must match, the outcomes a tenant may read, and isolation:
 only as itself and only to receivers it registered, and reads only its own outcomes and
 feedback. Placement on a free node goes through
 ``PoolAdmission.dispatch``; a lease that expires or a revoked tenant drops its queued prefills and
-aborts its running ones with the reason. Pure: ``now`` passed in; no I/O, no clock, no asyncio.
+aborts its running ones with the reason. A prefill its node hands back (a spot notice) is queued
+again at the front of its tenant's queue (``requeue``: its outcome reads ``queued`` again, reason
+``handed_back``), to the same receiver and session, up to ``MAX_HAND_BACKS`` times; once more
+and it fails (``handed_back``), so nothing circulates for ever. Pure: ``now`` passed in; no I/O,
+no clock, no asyncio.
 """
 
 from __future__ import annotations
@@ -29,6 +33,10 @@ from prfaas.policy.pool_shares import PoolShape, TenantShare
 from prfaas.pool.tenant_links import TenantLink
 
 API_VERSION = "v1"
+MAX_HAND_BACKS = 3
+"""Times one prefill may come back unfinished from a noticed node and be queued again; the next
+fails it (the tenant prefills it locally): three nodes noticed under one prefill is a pool losing
+its spot capacity, where waiting for a fourth would only add to the tenant's TTFT."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +82,8 @@ class Outcome:
     state: str
     """``queued`` | ``running`` | ``done`` | ``failed`` | ``aborted``."""
     reason: str = ""
+    """Why it failed or was aborted; ``handed_back`` on a prefill queued again after a noticed
+    node gave it back (still pending)."""
     kv_bytes_sent: int = 0
     """A done prefill's KV payload bytes its node sent (what the tenant's route log counts)."""
 
@@ -138,6 +148,8 @@ class FrontDoor:
         self._outcomes: dict[tuple[str, str], Outcome] = {}
         self._targets: dict[tuple[str, str], tuple[Receiver, str]] = {}
         self._running: dict[tuple[str, str], tuple[PrefillJob, str]] = {}
+        self._hand_backs: dict[tuple[str, str], int] = {}
+        """(tenant, request id) -> times it was handed back and queued again, until it ends."""
 
     # -- tenants' calls (the caller is ``tenant``, authenticated by its key) -------------------
     def register(
@@ -206,7 +218,7 @@ class FrontDoor:
         if job is None:
             return None
         key = (job.tenant, job.request_id)
-        receiver, session = self._targets.pop(key)
+        receiver, session = self._targets[key]  # kept until it ends: a requeue places it again
         self._running[key] = (job, node)
         self._outcomes[key] = Outcome(self.epoch, job.request_id, "running")
         return Placement(job, node, receiver, session)
@@ -221,8 +233,33 @@ class FrontDoor:
         if ran is None:
             return  # aborted already
         self.admission.finish(ran[0], now)
+        self._ended(key)
         state = "failed" if error else "done"
         self._outcomes[key] = Outcome(self.epoch, request_id, state, error, kv_bytes_sent)
+
+    def requeue(self, tenant: str, request_id: str, now: float, why: str = "") -> Outcome | None:
+        """The node running this prefill handed it back unfinished (a spot notice; ``why``, the
+        node's words): it is queued again at the front of its tenant's queue for the same
+        receiver and session (its outcome ``queued``, reason ``handed_back``), or, handed back
+        more than ``MAX_HAND_BACKS`` times, it fails (reason ``handed_back: ...``). None when it
+        was not running (aborted meanwhile)."""
+        key = (tenant, request_id)
+        ran = self._running.pop(key, None)
+        if ran is None:
+            return None
+        job, _ = ran
+        times = self._hand_backs.get(key, 0) + 1
+        if times > MAX_HAND_BACKS:
+            self.admission.finish(job, now)
+            self._ended(key)
+            reason = f"handed_back: {times} times by noticed nodes; last: {why}"[:200]
+            out = Outcome(self.epoch, request_id, "failed", reason)
+        else:
+            self._hand_backs[key] = times
+            self.admission.requeue(job, now)
+            out = Outcome(self.epoch, request_id, "queued", "handed_back")
+        self._outcomes[key] = out
+        return out
 
     def abort(self, tenant: str, request_id: str, now: float) -> Abort | None:
         """The tenant gave up on one prefill (its client went away): dropped if queued, to be
@@ -236,7 +273,7 @@ class FrontDoor:
             self.admission.finish(job, now)
         elif self.admission.cancel(tenant, request_id, now) is None:
             return None
-        self._targets.pop(key, None)
+        self._ended(key)
         self._outcomes[key] = Outcome(self.epoch, request_id, "aborted", "client_gone")
         return Abort(tenant, request_id, "client_gone", node)
 
@@ -281,6 +318,11 @@ class FrontDoor:
         return st is not None and st.revoked
 
     # -- internals -----------------------------------------------------------------------------
+    def _ended(self, key: tuple[str, str]) -> None:
+        """The prefill will not be placed again: its target and hand-back count go."""
+        self._targets.pop(key, None)
+        self._hand_backs.pop(key, None)
+
     def _isolation(self, tenant: str, req: Submit, now: float) -> Refused | None:
         def no(reason: str, detail: str) -> Refused:
             return Refused(tenant, req.request_id, reason, detail, None)
@@ -316,7 +358,7 @@ class FrontDoor:
                 self.admission.finish(job, now)
                 aborts.append(Abort(tenant, job.request_id, reason, node))
         for a in aborts:
-            self._targets.pop((tenant, a.request_id), None)
+            self._ended((tenant, a.request_id))
             self._outcomes[(tenant, a.request_id)] = Outcome(
                 self.epoch, a.request_id, "aborted", reason
             )

@@ -3,10 +3,14 @@
 The same supervision as a deployment's (``serve.supervisor``, ``serve.process_group``,
 ``serve.childlog``, ``serve.processes_file``: restarts with backoff, rotated per-process logs,
 ``processes.json`` for ``prfaas status``, every child in its own process group, SIGTERM then
-SIGKILL on stop): the front door first (``pool.service``), then one process per node group
-(``pool.node_main``; timed and torch groups: vLLM groups are refused at start). The
-workdir's files (``pool.resolved``) carry real ports and a fresh internal key; start-up returns
-once the front door answers and every node of the file has registered with it and is live.
+SIGKILL on stop): the front door first (``pool.service``), then the node processes
+(``pool.node_main``; timed and torch groups: vLLM groups are refused at start): one per node
+group, named after the group, or, for a group with ``processes: per_node`` (the default of a
+group with ``notice_s``), one per node, named after the node, from a one-node file
+(``pool.nodes_file.one_node_deployment``), so a spot notice to one node leaves the others of its
+group serving. The workdir's files (``pool.resolved``) carry real ports and a fresh internal
+key; start-up returns once the front door answers and every node of the file has registered with
+it and is live.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from pathlib import Path
 import httpx
 
 from prfaas.errors import UsageError
-from prfaas.pool.nodes_file import group_deployment
+from prfaas.pool.nodes_file import group_deployment, one_node_deployment
 from prfaas.pool.resolved import (
     KEY_NAME,
     POOL_NAME,
@@ -92,8 +96,8 @@ class PoolLauncher:
         try:
             self._add(FRONT_DOOR, front_door_args(self.workdir))
             self._wait(deadline, lambda h: True, "the front door to answer")
-            for g in self.pool.groups:
-                self._add(g.name, node_group_args(self.workdir, g.name))
+            for name, group, node in node_processes(self.pool):
+                self._add(name, node_group_args(self.workdir, group, node=node))
             wanted = sum(len(g.node_names) for g in self.pool.groups)
             self._wait(deadline, lambda h: int(h["nodes_live"]) >= wanted,
                        f"{wanted} pool nodes to register")  # fmt: skip
@@ -112,8 +116,13 @@ class PoolLauncher:
         key = os.urandom(24).hex()
         write_private(self.workdir / KEY_NAME, key + "\n")
         for g in self.pool.groups:
-            d = group_deployment(self.pool, g, key)
-            write_yaml(self.workdir / nodes_name(g.name), d.model_dump(mode="json"))
+            if not g.per_node_processes:
+                d = group_deployment(self.pool, g, key)
+                write_yaml(self.workdir / nodes_name(g.name), d.model_dump(mode="json"))
+                continue
+            for node in g.node_names:
+                d = one_node_deployment(self.pool, g, node, key)
+                write_yaml(self.workdir / nodes_name(g.name, node), d.model_dump(mode="json"))
 
     def _wait(self, deadline: float, done: object, what: str) -> None:
         assert callable(done)
@@ -280,10 +289,27 @@ def front_door_args(workdir: Path) -> list[str]:
     return ["-m", "prfaas.pool.service", str(workdir)]
 
 
-def node_group_args(workdir: Path, group: str, host: str | None = None) -> list[str]:
-    """A node group's process; ``host``: the address its nodes bind and advertise (default: the
-    front door's host, as on one machine; a Kubernetes pod gives its own IP)."""
-    return ["-m", "prfaas.pool.node_main", str(workdir), group, *([host] if host else [])]
+def node_group_args(
+    workdir: Path, group: str, host: str | None = None, node: str | None = None
+) -> list[str]:
+    """A node group's process, or with ``node`` that node's own (``nodes_name(group, node)``);
+    ``host``: the address its nodes bind and advertise (default: the front door's host, as on
+    one machine; a Kubernetes pod gives its own IP)."""
+    return ["-m", "prfaas.pool.node_main", str(workdir), group, *([host] if host else []),
+            *(["--node", node] if node else [])]  # fmt: skip
+
+
+def node_processes(pool: PoolFileConfig) -> list[tuple[str, str, str | None]]:
+    """(process name, group, node or None) of every node process of the pool: one per group
+    (named after it), or one per node (named after the node) for a group whose nodes run in
+    processes of their own (``PoolGroup.per_node_processes``)."""
+    out: list[tuple[str, str, str | None]] = []
+    for g in pool.groups:
+        if g.per_node_processes:
+            out += [(node, g.name, node) for node in g.node_names]
+        else:
+            out.append((g.name, g.name, None))
+    return out
 
 
 def said_of(pool: PoolFileConfig, not_reloaded: list[str]) -> str:

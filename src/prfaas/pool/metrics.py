@@ -1,10 +1,10 @@
 """The pool's Prometheus metrics (``GET /metrics`` on the operator's listener).
 
-Per tenant: its prefills by outcome, queued tokens, running prefills, expected queueing,
-entitled and attainable shares, whether it is revoked; per node group: its nodes by state; the
-front door's epoch and key reloads. Everything is read from the placement driver and its front
-door when Prometheus scrapes (a custom collector), so nothing is counted twice and a restarted
-door starts from zero under a new epoch, as counters should.
+Per tenant: its prefills by outcome (handed back by a noticed node among them), queued tokens,
+running prefills, expected queueing, entitled and attainable shares, whether it is revoked; per
+node group: its nodes by state; the front door's epoch and key reloads. Everything is read from
+the placement driver and its front door when Prometheus scrapes (a custom collector), so nothing
+is counted twice and a restarted door starts from zero under a new epoch, as counters should.
 
 Why the operator's listener, unsigned: Prometheus cannot sign, and per-tenant figures are the
 operator's, not a tenant's - tenants' keys do not open this listener (a tenant reads its own
@@ -22,8 +22,9 @@ from prometheus_client.registry import Collector
 
 from prfaas.pool.driver import PlacementDriver
 
-OUTCOMES = ("accepted", "placed", "done", "failed", "aborted")
-"""The driver's per-tenant counters, in the order a prefill meets them."""
+OUTCOMES = ("accepted", "placed", "done", "failed", "aborted", "handed_back")
+"""The driver's per-tenant counters, in the order a prefill meets them (``handed_back``: each
+time a noticed node gave one back: queued again and placed again, or failed after too many)."""
 
 
 class PoolCollector(Collector):

@@ -1,17 +1,23 @@
-"""A pool group's node process: ``python -m prfaas.pool.node_main WORKDIR GROUP [HOST]`` (the
-pool's launcher starts it; a Kubernetes pod gives HOST, its own address). The same ``WorkerHost``
+"""A pool group's node process: ``python -m prfaas.pool.node_main WORKDIR GROUP [HOST] [--node
+NODE]`` (the pool's launcher starts it; a Kubernetes pod gives HOST, its own address; ``--node``:
+that one node in a process of its own, ``nodes-GROUP+NODE.yaml``). The same ``WorkerHost``
 and node API as a deployment's PrfaaS node, from the group's node deployment file
 (``pool.nodes_file``), holding every tenant's key besides the pool's internal one: its KV links to
 a tenant's receivers authenticate with that tenant's key (``PrefillCommand.key_id``), and it
 registers and heartbeats at the front door's node listener. Each tenant's KV is paced on a route
 of its own at that tenant's link rate (``PrefillCommand.tenant``, ``tenant_link_gbps``), every
 route under the pool's ``egress_gbps`` as the process's egress cap (``WorkerHost``'s
-``pool_egress_gbps``); the heartbeat carries one link reading per tenant route. Timed groups
-share one process (like a deployment's timed site).
+``pool_egress_gbps``); the heartbeat carries one link reading per tenant route. A group's nodes
+share one process (like a deployment's timed site) unless it runs them per node
+(``PoolGroup.per_node_processes``). A group with ``notice_s`` is preemptible: SIGTERM is a spot
+notice of that many wall seconds (``serve.node.sigterm_notice``: prefills that end in time are
+finished, the rest handed back, which the front door queues again for another node), and the
+process ends once they are done or at the deadline; without it SIGTERM stops the process.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import signal
@@ -22,6 +28,7 @@ from prfaas.config import load_deployment
 from prfaas.pool.resolved import load_resolved, nodes_name, tenant_keys
 from prfaas.serve.key_reload import reload_keys, ring_from_file
 from prfaas.serve.listeners import UnverifiedConnections, bind, serve
+from prfaas.serve.node.sigterm_notice import notice_on_sigterm
 from prfaas.transfer.link_pool import KeyTLS
 
 log = logging.getLogger("prfaas.pool")
@@ -39,19 +46,23 @@ def link_keys(workdir: Path) -> tuple[dict[str, bytes], dict[str, KeyTLS]]:
     return {kid: key for kid, (_, key) in found.items()}, tls
 
 
-def run(workdir: Path, group: str, host: str | None = None) -> None:
+def run(workdir: Path, group: str, host: str | None = None, node: str | None = None) -> None:
     """``host``: the address the nodes bind and advertise; default the front door's host (one
-    machine). A pod's differs from its front door's (a Service): it passes its own IP."""
+    machine). A pod's differs from its front door's (a Service): it passes its own IP.
+    ``node``: run that node of the group alone (its own file)."""
     from prfaas.serve.node.app import create_node_app
     from prfaas.serve.node.host import WorkerHost
 
-    d = load_deployment(workdir / nodes_name(group))
+    nodes_file = workdir / nodes_name(group, node)
+    d = load_deployment(nodes_file)
     names = [n.name for s in d.sites if s.kind == "prfaas" for n in s.nodes]
     host = host or d.gateway.host
 
     async def main() -> None:
         keys, tls = link_keys(workdir)
-        egress_gbps = load_resolved(workdir).egress_gbps  # not reloaded: a restart changes it
+        pool = load_resolved(workdir)
+        egress_gbps = pool.egress_gbps  # not reloaded: a restart changes it
+        notice_s = next((g.notice_s for g in pool.groups if g.name == group), None)
         worker = WorkerHost(d, names, d.control_url, host=host, link_keys=keys, link_tls=tls,
                             pool_egress_gbps=egress_gbps)  # fmt: skip
         sock = bind(host, max(d.node(n).port for n in names))
@@ -69,7 +80,7 @@ def run(workdir: Path, group: str, host: str | None = None) -> None:
         def on_hup() -> None:
             # The launcher rewrote the resolved files: the internal key (signing) and the
             # tenants' keys (KV links: a revoked tenant's open links are closed).
-            reload_keys(worker.auth.keys, lambda: ring_from_file(workdir / nodes_name(group)))
+            reload_keys(worker.auth.keys, lambda: ring_from_file(nodes_file))
             task = asyncio.ensure_future(reload_tenants())
             pending.add(task)  # held until done: the loop keeps only a weak reference
             task.add_done_callback(pending.discard)
@@ -77,10 +88,22 @@ def run(workdir: Path, group: str, host: str | None = None) -> None:
         pending: set[asyncio.Task[None]] = set()
 
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_hup)
-        await serve(create_node_app(worker), [sock], unverified=UnverifiedConnections())
+        app = create_node_app(worker)
+        on_sigterm = None if notice_s is None else notice_on_sigterm(app, notice_s)
+        await serve(app, [sock], unverified=UnverifiedConnections(), on_sigterm=on_sigterm)
 
     asyncio.run(main())
 
 
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m prfaas.pool.node_main")
+    parser.add_argument("workdir", type=Path)
+    parser.add_argument("group")
+    parser.add_argument("host", nargs="?", default=None)
+    parser.add_argument("--node", default=None, help="run this node of the group alone")
+    args = parser.parse_args(argv)
+    run(args.workdir, args.group, args.host, args.node)
+
+
 if __name__ == "__main__":
-    run(Path(sys.argv[1]), sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
+    main(sys.argv[1:])

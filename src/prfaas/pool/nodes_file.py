@@ -10,6 +10,10 @@ process runs it). The node process does not pace that one link: ``pool.node_main
 The "gateway" is the front door's node listener (``front_door.control_port``): the nodes
 register and heartbeat there, signed with the pool's internal key, which only the front door and
 its nodes hold.
+
+A node in a process of its own (a group with ``processes: per_node``, or with ``notice_s``; and
+every Kubernetes pod, ``k8s.pool_entry``) runs from ``one_node_deployment``: the same file
+holding only that node.
 """
 
 from __future__ import annotations
@@ -58,3 +62,27 @@ def group_deployment(pool: PoolFileConfig, group: PoolGroup, internal_psk: str) 
         psk=internal_psk,
         heartbeat_interval_s=pool.heartbeat_interval_s,
     )
+
+
+def one_node_deployment(
+    pool: PoolFileConfig,
+    group: PoolGroup,
+    node: str,
+    internal_psk: str,
+    port: int | None = None,
+    transfer_port: int = 0,
+) -> DeploymentConfig:
+    """``group``'s node deployment file hosting ``node`` only (its own process): at ``port``
+    (None: the pool file's, 0 there picks a free one) and ``transfer_port``."""
+    if node not in group.node_names:
+        raise ValueError(f"group {group.name} has no node {node!r}")
+    d = group_deployment(pool, group, internal_psk)
+    listed = {n.name: n.port for n in group.nodes}
+    mine = NodeConfig(
+        name=node,
+        role="prefill",
+        port=listed.get(node, 0) if port is None else port,
+        transfer_port=transfer_port,
+    )
+    sites = [s.model_copy(update={"nodes": [mine]}) if s.name == group.name else s for s in d.sites]
+    return d.model_copy(update={"sites": sites})

@@ -3,7 +3,9 @@
 ``pool.resolved.yaml`` is the pool file with real ports (0 in the file: a free one) and key files
 as absolute paths; ``pool-internal.key`` the key the front door and its nodes sign their calls
 with (made per run, never a tenant's); ``nodes-GROUP.yaml`` each group's node deployment file
-(``pool.nodes_file``). All mode 0600. A restarted process reads the same files.
+(``pool.nodes_file``), or, for a group whose nodes run in processes of their own,
+``nodes-GROUP+NODE.yaml`` per node (``+`` is in no name: no two files meet). All mode 0600. A
+restarted process reads the same files.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ POOL_NAME = "pool.resolved.yaml"
 KEY_NAME = "pool-internal.key"
 
 
-def nodes_name(group: str) -> str:
-    return f"nodes-{group}.yaml"
+def nodes_name(group: str, node: str | None = None) -> str:
+    """The node deployment file of ``group``'s shared process, or of ``node``'s own process."""
+    return f"nodes-{group}.yaml" if node is None else f"nodes-{group}+{node}.yaml"
 
 
 def write_private(path: Path, text: str) -> None:

@@ -4,11 +4,12 @@ One uvicorn server, two listeners (``serve.listeners``): ``front_door.port`` ser
 signed API v1 (``pool.app``) and an open ``/health``; ``front_door.control_port`` is the pool's
 own listener, signed with the pool's internal key (``serve.auth_middleware``): the nodes register
 and heartbeat there (``/internal/register``, ``/internal/heartbeat``, as they do at a gateway),
-and the operator reads ``/internal/tenants`` (per-tenant counters, accepted key ids and each
-tenant's link: the rate it told, the nodes' reading; not reachable with a tenant's key),
-``/internal/nodes`` and, open for Prometheus, ``/metrics`` (``pool.metrics``: the counters per
-tenant and per group). The ``PlacementDriver`` runs in the same event loop. SIGHUP reloads the
-tenant list and keys (``TenantReload``).
+and the operator reads ``/internal/tenants`` (per-tenant counters, handed-back prefills among
+them, accepted key ids and each tenant's link: the rate it told, the nodes' reading; not
+reachable with a tenant's key), ``/internal/nodes`` (each node's group, process, liveness,
+draining and what it runs) and, open for Prometheus, ``/metrics`` (``pool.metrics``: the
+counters per tenant and per group). The ``PlacementDriver`` runs in the same event loop. SIGHUP
+reloads the tenant list and keys (``TenantReload``).
 
 The admission's clock is modelled seconds (wall over ``units.time_scale``, like the nodes' cost
 models); the lease is the file's ``lease_s`` of wall time. SIGINT/SIGTERM stop the server (uvicorn)
@@ -36,7 +37,7 @@ from prfaas.pool.app import TenantKeys, create_app
 from prfaas.pool.client import MAX_CONNECTIONS as TENANT_CONNECTIONS
 from prfaas.pool.driver import PlacementDriver
 from prfaas.pool.frontdoor import FrontDoor
-from prfaas.pool.metrics import pool_registry
+from prfaas.pool.metrics import OUTCOMES, pool_registry
 from prfaas.pool.resolved import internal_psk, load_resolved, tenant_keys
 from prfaas.pool.tenant_links import link_json
 from prfaas.pool_file import pool_shape
@@ -175,7 +176,8 @@ def _operator_app(driver: PlacementDriver, ring: Any, reload: TenantReload) -> F
     @app.get("/internal/nodes")
     async def nodes() -> list[dict[str, Any]]:
         return [
-            {"node": name, "group": n.group, "live": driver.live(name), "fault": n.fault,
+            {"node": name, "group": n.group, "process": n.process, "live": driver.live(name),
+             "fault": n.fault, "draining": n.draining,
              "running": "/".join(driver.busy[name]) if name in driver.busy else ""}
             for name, n in sorted(driver.nodes.items())
         ]  # fmt: skip
@@ -188,7 +190,7 @@ def _operator_app(driver: PlacementDriver, ring: Any, reload: TenantReload) -> F
         for name, counts in driver.counters.items():
             fb = driver.door.feedback(name, now)
             out[name] = {
-                **{k: counts[k] for k in ("accepted", "placed", "done", "failed", "aborted")},
+                **{k: counts[k] for k in OUTCOMES},
                 "queued_tokens": fb.queued_tokens,
                 "running": fb.running,
                 "attainable_share": fb.attainable_share,

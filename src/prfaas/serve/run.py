@@ -23,6 +23,7 @@ from prfaas.serve.backend import ModelInfo
 from prfaas.serve.control_tls import control_tls
 from prfaas.serve.key_reload import install_sighup_reload
 from prfaas.serve.listeners import PortRouter, UnverifiedConnections, bind, serve
+from prfaas.serve.node.sigterm_notice import notice_on_sigterm
 
 log = logging.getLogger("prfaas.serve")
 
@@ -135,7 +136,7 @@ def run_worker(
         secure = {} if tls is None else {port: tls.server}
         app = create_node_app(worker)
         notice_s = _spot_notice_s(d, site, node_names)
-        on_sigterm = None if notice_s is None else _notice_on_sigterm(app, notice_s)
+        on_sigterm = None if notice_s is None else notice_on_sigterm(app, notice_s)
         await serve(
             app, [sock], unverified=UnverifiedConnections(), tls=secure, on_sigterm=on_sigterm
         )
@@ -149,39 +150,6 @@ def _spot_notice_s(d: DeploymentConfig, site: str, node_names: list[str]) -> flo
         return None
     found = [d.autoscale.spot_notice_s(site, n) for n in node_names]
     return min((x for x in found if x is not None), default=None)
-
-
-def _notice_on_sigterm(app: Any, notice_s: float) -> Any:
-    """SIGTERM as a spot notice of ``notice_s``: stop taking prefills, keep those that end in
-    time, hand the rest back, and end once the kept ones are done or at the deadline (handing
-    back any kept one still running then)."""
-    import asyncio
-    import logging
-    import time
-
-    loop = asyncio.get_running_loop()
-    log = logging.getLogger("prfaas.node")
-
-    def on_sigterm(server: Any) -> bool:
-        deadline_s = time.monotonic() + notice_s
-
-        async def notice_then_end() -> None:
-            try:
-                app.state.begin_notice(notice_s)
-                desk = app.state.notice_desk
-                while desk.num_held and time.monotonic() < deadline_s:
-                    await asyncio.sleep(0.05)
-                app.state.end_notice()  # a kept one still running: handed back, not cut
-                await asyncio.sleep(0.05)  # its answer leaves before the listener closes
-            except Exception:  # whatever happens, the process ends by its deadline
-                log.exception("spot notice")
-            server.should_exit = True
-
-        loop.call_soon_threadsafe(lambda: loop.create_task(notice_then_end()))
-        log.warning("SIGTERM: a spot notice, ending within %g s", notice_s)
-        return True
-
-    return on_sigterm
 
 
 def pin_process(cores: frozenset[int], field: str) -> None:

@@ -36,6 +36,10 @@ class AbortCode(enum.IntEnum):
     """A connection carrying this session's bytes broke."""
     INTERNAL = 11
     """A bug or an unexpected local failure."""
+    HANDED_BACK = 12
+    """The sender got a spot notice and gave the prefill back to the pool, which has another
+    node send the same session: the receiver frees this attempt and keeps expecting it (a peer
+    older than this code reads it as ``INTERNAL``: an abort like any other)."""
 
 
 class ProtocolError(Exception):

@@ -337,3 +337,19 @@ def test_a_tenant_pod_reads_its_pool_key_from_the_secret(
     assert d.pool is not None and d.pool.key.env is None
     assert d.pool.key.file == f"/etc/prfaas/pool-key/{d.pool.key.id}"
     assert LEAK not in composed.read_text()
+
+
+def test_a_preemptible_group_is_warned_its_notice_and_the_pods_grace() -> None:
+    """A group with ``notice_s``: its pods take SIGTERM as the notice (``pool.node_main``), and
+    the warning says so and where the pod's grace period cuts a longer notice."""
+    from prfaas.k8s.pool_render import warnings_for
+    from prfaas.pool_file import load_pool
+
+    pool = load_pool(POOL)
+    assert not any("notice_s" in w for w in warnings_for(pool))
+    for notice_s, cut in ((20.0, False), (45.0, True)):
+        g = pool.groups[0].model_copy(update={"notice_s": notice_s})
+        noticed = pool.model_copy(update={"groups": [g, *pool.groups[1:]]})
+        said = [w for w in warnings_for(noticed) if w.startswith("groups[].notice_s")]
+        assert len(said) == 1 and "spot notice" in said[0]
+        assert ("(45 s here) is cut" in said[0]) == cut, said

@@ -224,3 +224,33 @@ def test_a_tenant_added_at_run_time_starts_at_the_least_active_counter() -> None
     adm.set_tenant(TenantShare("a", max_queued_tokens=150), 3.0)
     r = adm.submit(_job("a", 9), 3.0)
     assert isinstance(r, Refused) and r.reason == "over_queued_tokens_cap"
+
+
+def test_a_handed_back_prefill_keeps_its_place_and_is_charged_once() -> None:
+    """A prefill a noticed node gave back goes to the front of its tenant's queue (before what
+    was submitted after it), its tenant's counter is refunded its start's charge (a weight change
+    meanwhile does not change the refund), and it is charged again when it starts anew."""
+    adm = PoolAdmission(_shape(TenantShare("a", 2.0), TenantShare("b"), nodes=1))
+    for i in range(3):
+        adm.submit(_job("a", i, tokens=100), 0.0)
+    adm.submit(_job("b", 9), 0.0)
+    before = adm.counter_of("a")
+    first = adm.dispatch("g", 1.0, FREE)
+    assert first is not None and first.request_id == "r0"
+    charged = adm.counter_of("a") - before
+    assert charged > 0
+    adm.set_tenant(TenantShare("a", 4.0), 1.5)  # a reload between the start and the return
+    adm.requeue(first, 2.0)
+    assert adm.counter_of("a") == pytest.approx(before)  # refunded exactly what it paid
+    fb = adm.feedback("a", 2.0)
+    assert fb.running == 0 and fb.queued_tokens == 300
+    again = adm.dispatch("g", 2.0, FREE)
+    assert again is not None and again.request_id == "r0"  # its place: the front
+    assert adm.counter_of("a") == pytest.approx(before + charged / 2)  # at the new weight
+    adm.finish(again, 3.0)
+    order = []
+    while (job := adm.dispatch("g", 3.0, FREE)) is not None:
+        order.append(job.request_id)
+        adm.finish(job, 3.0)
+    assert order[:1] == ["r9"] and sorted(order) == ["r1", "r2", "r9"]  # b's turn came
+    assert adm.feedback("a", 4.0).queued_tokens == 0

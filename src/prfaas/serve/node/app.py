@@ -11,7 +11,8 @@ otherwise); ``/health`` tells liveness and loads, never ports.
 ``POST /notice``                 NoticeCommand: a spot notice (``serve/node/notice.py``): every node
                                  stops taking prefills, keeps those expected to end (prefill and
                                  KV stream) by ``deadline_s`` from now, hands the rest back
-                                 (answered ``handed_back``: the gateway serves them elsewhere);
+                                 (answered ``handed_back``: the gateway serves them elsewhere,
+                                 a pool's front door queues them again for another node);
                                  a SIGTERM notice hands back any still running at its deadline
 ``GET  /health``                 this process's node reports (open: no ports in it)
 ``GET  /ready``                  200 once started while some node of this process is not draining

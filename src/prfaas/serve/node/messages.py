@@ -92,6 +92,12 @@ class PrefillCommand(_Msg):
     tenant_link_gbps: float | None = Field(None, gt=0, allow_inf_nan=False)
     """The tenant's own link rate (modelled Gbps, what it told the pool when it registered its
     receivers); None: not paced per tenant, only the node's egress cap applies."""
+    keep_session_on_hand_back: bool = False
+    """Another node will send this same session if this one hands the prefill back (a PrfaaS
+    pool re-queues it: ``pool.driver``): a hand-back then aborts the KV session with
+    ``AbortCode.HANDED_BACK``, on which the decode node frees what it allocated and keeps
+    expecting the session. False (a gateway routes a handed-back request again as new, with a
+    new decode stream): the session is cancelled as any other, and the decode stream fails."""
 
 
 class PrefillOutcome(_Msg):

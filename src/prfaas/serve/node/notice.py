@@ -6,8 +6,10 @@ of them end by the deadline (kept) and which to hand back, and counts both.
 
 The node API (``serve/node/app.py``) carries the plan out: every node of the process stops taking
 prefills, the handed-back ones are cancelled and answered ``handed_back`` (the gateway serves them
-on another node); a SIGTERM notice ends the process once the kept ones are done or at the
-deadline. No I/O here; the clock is passed in.
+on another node; a pool's front door queues them again); a SIGTERM notice ends the process once
+the kept ones are done or at the deadline. Until a handed-back prefill has ended the desk says so
+(``was_handed_back``): the node then aborts its KV session as handed back, not cancelled, where
+its command allows (``serve/node/worker.py``). No I/O here; the clock is passed in.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class NoticeDesk:
         self.num_finished = 0
         """Prefills kept on a notice that then ended well."""
         self.num_handed_back = 0
+        self._returned: set[str] = set()
+        """Handed back and not yet ended: the node aborts their KV sessions as handed back."""
 
     # -- the node's hooks --------------------------------------------------------------------------
     def arrived(self, request_id: str, num_tokens: int, kv_bytes: int, now_s: float) -> None:
@@ -63,6 +67,7 @@ class NoticeDesk:
             held.started_s = now_s
 
     def ended(self, request_id: str, ok: bool, now_s: float) -> None:
+        self._returned.discard(request_id)
         held = self._held.pop(request_id, None)
         if held is None or not ok:
             return
@@ -90,12 +95,17 @@ class NoticeDesk:
     def num_held(self) -> int:
         return len(self._held)
 
+    def was_handed_back(self, request_id: str) -> bool:
+        """This prefill was handed back by a notice (or its deadline) and has not ended yet."""
+        return request_id in self._returned
+
     def deadline_came(self) -> tuple[str, ...]:
         """At the deadline: every prefill still held (kept ones that ran late) is handed back
         (counted; the caller cancels them) rather than cut when the process ends, so the gateway
         serves them on another pool node instead of falling back to a local prefill."""
         late = tuple(self._held)
         self._held.clear()
+        self._returned.update(late)
         self.num_handed_back += len(late)
         if late:
             log.warning("notice: the deadline came with %d prefill(s) unfinished: handed back",
@@ -123,6 +133,7 @@ class NoticeDesk:
         plan = plan_notice(held, now_s, self.deadline_s - margin_s)
         for rid in plan.hand_back:
             self._held.pop(rid, None)
+        self._returned.update(plan.hand_back)
         self.num_handed_back += len(plan.hand_back)
         log.warning(
             "notice: deadline in %.1f s; keeping %d prefill(s) (expected to end in %.1f s), "

@@ -10,7 +10,10 @@ has drained (the rebalancer's decision). All waits are bounded.
 Failures stay with their request: whatever the engine or the transfer raises, a prefill returns
 ``PrefillOutcome(ok=False, error=...)`` and a decode stream ends with ``DecodeEvent(kind="error")``
 (never an HTTP 500); other requests go on. If the engine cannot serve any more (its thread died),
-``report().fault`` says why and every request waiting on it fails with that reason.
+``report().fault`` says why and every request waiting on it fails with that reason. One abort is
+no failure: a KV session its sender aborts ``HANDED_BACK`` (a pool node's spot notice, with a
+command that said another node will send the same session) frees that attempt's buffers and the
+decode node keeps expecting the request; a prefill node sends that code only for such a command.
 """
 
 from __future__ import annotations
@@ -49,8 +52,15 @@ from prfaas.serve.node.notice import NoticeDesk
 from prfaas.serve.node.prefill_meter import PrefillMeter
 from prfaas.serve.node.prefix_store import PrefixStore
 from prfaas.spec import LayerSegment
+from prfaas.transfer import (
+    AbortCode,
+    Manifest,
+    OutboundSession,
+    Refused,
+    SessionAborted,
+    TransferError,
+)
 from prfaas.transfer import Link as TransferLink
-from prfaas.transfer import Manifest, OutboundSession, Refused, SessionAborted, TransferError
 
 log = logging.getLogger(__name__)
 STEP_FAILURE_BACKOFF_S = 0.05
@@ -256,7 +266,7 @@ class Node:
                         if session is None and self.notice is not None:
                             self.notice.started(rid, time.monotonic())
                         if session is None:
-                            session = await stack.enter_async_context(link.session(manifest))
+                            session = await self._open(stack, link, manifest, cmd)
                             if cmd.cross_site:
                                 unsent = manifest.num_bytes
                                 self._unsent_kv_bytes += unsent
@@ -279,7 +289,7 @@ class Node:
             if result is None:
                 raise EngineError(f"request {rid}: the prefill ended without a result")
             if session is None:  # nothing to hand out (cannot happen with a layer per position)
-                session = await stack.enter_async_context(link.session(manifest))
+                session = await self._open(stack, link, manifest, cmd)
             first_token = -1 if cut else result.first_token  # -1: the wire's "none"
             await session.finish(first_token)
         stored: list[tuple[int, int]] = []
@@ -300,6 +310,32 @@ class Node:
             store_epoch=store.epoch if store is not None else 0,
             store_seq=store.seq if store is not None else 0,
         )
+
+    async def _open(
+        self,
+        stack: contextlib.AsyncExitStack,
+        link: TransferLink,
+        manifest: Manifest,
+        cmd: PrefillCommand,
+    ) -> OutboundSession:
+        """Open the prefill's KV session on ``stack``. When the prefill is then cancelled because
+        a spot notice handed it back and another node will send the same session
+        (``cmd.keep_session_on_hand_back``: a pool re-queues it), the session is aborted with
+        ``HANDED_BACK`` (before its own exit would cancel it), so the receiver keeps expecting
+        it; otherwise the session's own exit cancels it as before."""
+        session = await stack.enter_async_context(link.session(manifest))
+        rid = cmd.request_id
+
+        async def hand_back_exit(et: object, _e: object, _tb: object) -> bool:
+            desk = self.notice
+            if et is asyncio.CancelledError and desk is not None and desk.was_handed_back(rid):
+                why = f"{self.name} got a spot notice and handed the prefill back"
+                await asyncio.shield(session.abort(why, AbortCode.HANDED_BACK))
+            return False
+
+        if cmd.keep_session_on_hand_back:
+            stack.push_async_exit(hand_back_exit)  # runs before the session's exit (LIFO)
+        return session
 
     def _settle_unsent(self, unsent: Callable[[], int]) -> None:
         """A session closed (sent, failed or cancelled): what it never handed over leaves."""
@@ -339,8 +375,19 @@ class Node:
 
     def on_transfer_failed(self, request_id: str, error: SessionAborted) -> None:
         exp = self._expected.get(request_id)
-        if exp is not None:
-            exp.events.put_nowait(DecodeEvent(kind="error", error=f"KV transfer: {error}"))
+        if exp is None:
+            return
+        if error.by_peer and error.code is AbortCode.HANDED_BACK and not exp.installed:
+            # A pool node got a spot notice and gave the prefill back; the pool has another
+            # node send this same session. Free this attempt's buffers (the next one allocates
+            # afresh) and keep waiting: the stream's own deadline still bounds the wait.
+            if exp.allocation is not None:
+                self.engine.release(request_id)
+                exp.allocation = None
+            log.info("node %s: %s's KV sender handed it back; expecting another", self.name,
+                     request_id)  # fmt: skip
+            return
+        exp.events.put_nowait(DecodeEvent(kind="error", error=f"KV transfer: {error}"))
 
     def _publish(self, event: TokenEvent) -> None:
         exp = self._expected.get(event.request_id)
