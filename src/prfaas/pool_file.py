@@ -5,19 +5,22 @@ an unknown tenant or model, a key id the pool does not list for that tenant, uni
 that differ from the pool's. ``resolve_key`` reads a key reference (environment or file) only when
 a live process needs the key; the simulator never does. ``pool_shape`` turns the file into the
 pure ``policy.PoolShape`` the admission object (live and simulated) is built from.
+``plaintext_warnings`` names what would cross in the clear beyond this machine (``prfaas up``
+refuses it unless ``front_door.allow_plaintext``; ``prfaas k8s`` warns).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
 from prfaas.config import DeploymentConfig, load_deployment, load_yaml_mapping
 from prfaas.errors import UsageError
 from prfaas.policy.pool_shares import GroupShape, PoolShape, TenantShare
-from prfaas.pool_sections import KeyRef, PoolFileConfig
+from prfaas.pool_sections import KeyRef, PoolFileConfig, PoolRef
 
 
 def is_pool_file(path: Path) -> bool:
@@ -143,4 +146,44 @@ def pool_shape(pool: PoolFileConfig) -> PoolShape:
             for t in pool.tenants
         ),
         egress_window_s=pool.egress_window_s,
+    )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is this machine only (a name other than localhost is not)."""
+    import ipaddress
+
+    try:
+        return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def plaintext_warnings(pool: PoolFileConfig) -> list[str]:
+    """What crosses in the clear, when the front door is reachable beyond this machine (each
+    names its field): ``prfaas up`` refuses them unless ``front_door.allow_plaintext``."""
+    host = pool.front_door.host
+    if is_loopback(host):
+        return []
+    out = []
+    if pool.front_door.tls is None:
+        out.append(f"front_door.tls is not set: the tenant API on {host} is plain HTTP (signed, "
+                   "not private: prompts' tokens are readable on the wire)")  # fmt: skip
+    out += [f"tenants.{i}.receivers_tls is not set: {t.name}'s KV crosses in the clear"
+            for i, t in enumerate(pool.tenants) if t.receivers_tls is None]  # fmt: skip
+    return out
+
+
+def tenant_in_clear(ref: PoolRef) -> str | None:
+    """Why a tenant file's ``pool:`` would send its prompts in the clear beyond this machine (an
+    http:// url to another host, without ``allow_plaintext``), naming the field; None if not."""
+    url = ref.url.rstrip("/")
+    if not url.startswith("http://") or ref.allow_plaintext:
+        return None
+    if is_loopback(urlsplit(url).hostname or ""):
+        return None
+    return (
+        f"pool.url: {url} is plain HTTP beyond this machine (the prompts' tokens would be "
+        "readable on the wire): use https:// with pool.ca, or pool.allow_plaintext: true on a "
+        "trusted network"
     )

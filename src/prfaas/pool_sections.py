@@ -159,6 +159,12 @@ class FrontDoor(_Strict):
     port: int = Field(8100, ge=0, le=65535, description="the tenants' API (signed, versioned)")
     control_port: int = Field(8101, ge=0, le=65535, description="the operator's listener")
     tls: PoolTLS | None = Field(None, description="the tenant API over HTTPS (None: plain HTTP)")
+    allow_plaintext: bool = Field(
+        False,
+        description="a front door beyond loopback may serve its tenant API in plain HTTP and "
+        "send KV to tenants without receivers_tls (a trusted private network); without it "
+        "`prfaas up` refuses, naming what is in the clear",
+    )
 
     @property
     def scheme(self) -> str:
@@ -241,6 +247,11 @@ class PoolRef(_Strict):
         None, description="the name the front door's certificate is issued to (None: url's host)"
     )
     link: TenantLink
+    allow_plaintext: bool = Field(
+        False,
+        description="an http:// url beyond loopback (a trusted private network); without it "
+        "`prfaas up` refuses to send the tenant's prompts to the pool in the clear",
+    )
 
     @model_validator(mode="after")
     def _ca_exists(self) -> PoolRef:

@@ -231,3 +231,39 @@ def test_a_node_of_its_own_runs_from_a_one_node_file(tmp_path: Path) -> None:
     shared = load_deployment(launcher.workdir / nodes_name("g-qwen"))
     qwen = next(s for s in shared.sites if s.name == "g-qwen")
     assert [n.name for n in qwen.nodes] == ["g-qwen-0", "g-qwen-1"]
+
+
+def test_up_refuses_a_pool_or_tenant_in_the_clear_beyond_loopback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """TLS by default: a front door beyond loopback without ``front_door.tls`` (or a tenant
+    without ``receivers_tls``), or a tenant whose ``pool.url`` is http:// to another machine, is
+    refused by ``prfaas up`` before anything starts (exit 2, naming the field), unless the file
+    says ``allow_plaintext``; on loopback (the examples) nothing changes."""
+    from prfaas.cli import main
+    from prfaas.pool_file import plaintext_warnings
+
+    for k in "ABC":
+        monkeypatch.setenv(f"PRFAAS_POOL_KEY_{k}", f"tenant-{k}-secret-0123456789abcdef")
+    assert plaintext_warnings(load_pool(POOL)) == []  # the example listens on loopback
+    wide = _pool_with(tmp_path, lambda r: r["front_door"].update(host="0.0.0.0"))
+    assert main(["up", str(wide)]) == 2
+    err = capsys.readouterr().err
+    assert "front_door.tls is not set" in err and "front_door.allow_plaintext" in err, err
+    assert "3 more in the clear" in err and "Traceback" not in err
+    said = [w.split(" is not set")[0] for w in plaintext_warnings(load_pool(wide))]
+    assert said == ["front_door.tls", *(f"tenants.{i}.receivers_tls" for i in range(3))]
+
+    far = _tenant_with(tmp_path, lambda r: r["pool"].update(url="http://10.1.2.3:8100"))
+    assert main(["up", str(far)]) == 2
+    err = capsys.readouterr().err
+    assert "pool.url: http://10.1.2.3:8100 is plain HTTP" in err and "Traceback" not in err
+    from prfaas.config import load_deployment
+    from prfaas.pool_file import tenant_in_clear
+
+    allowed = load_deployment(far).pool
+    assert allowed is not None and tenant_in_clear(allowed) is not None
+    allowed = allowed.model_copy(update={"allow_plaintext": True})
+    assert tenant_in_clear(allowed) is None  # said knowingly: a trusted network
+    https = allowed.model_copy(update={"url": "https://10.1.2.3:8100", "allow_plaintext": False})
+    assert tenant_in_clear(https) is None

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prfaas.config import DeploymentConfig
+from prfaas.errors import UsageError
 
 if TYPE_CHECKING:
     from prfaas.pool.launcher import PoolLauncher
-    from prfaas.pool_sections import PoolFileConfig
 
 
 def _say(message: str) -> None:
@@ -32,12 +32,19 @@ def run_pool(args: argparse.Namespace) -> int:
     from prfaas.pool.launcher import PoolLauncher
     from prfaas.pool.reload_result import write_reload_result
     from prfaas.pool.resolved import KEY_NAME, POOL_NAME, tenant_keys
-    from prfaas.pool_file import load_pool
+    from prfaas.pool_file import load_pool, plaintext_warnings
     from prfaas.serve.launch_errors import LaunchCancelled, LaunchError
     from prfaas.serve.supervisor import RestartPolicy
 
     pool = load_pool(args.deployment)
-    for why in plaintext_warnings(pool):
+    in_clear = plaintext_warnings(pool)
+    if in_clear and not pool.front_door.allow_plaintext:
+        # TLS by default: tenants may be other organisations across a WAN.
+        raise UsageError(
+            f"{in_clear[0]}; set it, or front_door.allow_plaintext: true on a trusted network"
+            + (f" ({len(in_clear) - 1} more in the clear)" if len(in_clear) > 1 else "")
+        )
+    for why in in_clear:
         _warn(why)
     # Each key that does not resolve is named before any start (and left out of the pool).
     tenant_keys(pool, args.deployment.resolve().parent, on_missing=_warn)
@@ -84,29 +91,8 @@ def run_pool(args: argparse.Namespace) -> int:
     return 0
 
 
-def plaintext_warnings(pool: PoolFileConfig) -> list[str]:
-    """What crosses in the clear, when the front door is reachable beyond this machine."""
-    import ipaddress
-
-    host = pool.front_door.host
-    try:
-        local = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        local = False
-    if local:
-        return []
-    out = []
-    if pool.front_door.tls is None:
-        out.append(f"front_door.tls is not set: the tenant API on {host} is plain HTTP (signed, "
-                   "not private: prompts' tokens are readable on the wire)")  # fmt: skip
-    out += [f"tenants.{i}.receivers_tls is not set: {t.name}'s KV crosses in the clear"
-            for i, t in enumerate(pool.tenants) if t.receivers_tls is None]  # fmt: skip
-    return out
-
-
 def _reload(launcher: PoolLauncher) -> tuple[bool, str, bool]:
     """(applied, what it says, whether the file was bad) of one reload of the file's tenants."""
-    from prfaas.errors import UsageError
     from prfaas.serve.launch_errors import LaunchError
 
     try:
@@ -124,11 +110,14 @@ def check_tenant_pool(d: DeploymentConfig) -> str:
     import httpx
 
     from prfaas.pool.client import pool_verify
-    from prfaas.pool_file import resolve_key
+    from prfaas.pool_file import resolve_key, tenant_in_clear
 
     assert d.pool is not None
     resolve_key(d.pool.key, Path.cwd(), "pool.key")
     url = d.pool.url.rstrip("/")
+    in_clear = tenant_in_clear(d.pool)
+    if in_clear is not None:  # TLS by default: the prompts go to the pool, maybe another org's
+        raise UsageError(in_clear)
     named = {} if d.pool.server_hostname is None else {"sni_hostname": d.pool.server_hostname}
     try:
         with httpx.Client(timeout=2.0, trust_env=False, verify=pool_verify(d.pool.ca)) as c:

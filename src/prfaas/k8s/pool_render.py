@@ -120,6 +120,14 @@ def warnings_for(pool: PoolFileConfig) -> tuple[str, ...]:
             "time finish, the rest go back to the front door's queue for another node); the "
             f"pod's terminationGracePeriodSeconds is {STOP_GRACE_S} s{cut}"
         )
+    if not pool.front_door.allow_plaintext:  # `prfaas up` would refuse these beyond loopback
+        from prfaas.pool_file import plaintext_warnings
+
+        exposed = pool.front_door.model_copy(update={"host": "0.0.0.0"})
+        out += [
+            f"{why} (the pod serves beyond loopback: set it, or front_door.allow_plaintext)"
+            for why in plaintext_warnings(pool.model_copy(update={"front_door": exposed}))
+        ]
     if pool.front_door.host not in ("127.0.0.1", "0.0.0.0", "localhost"):
         out.append(
             f"front_door.host: {pool.front_door.host!r} replaced: the front door listens on all "
