@@ -68,6 +68,10 @@ class PoolTenant(_Strict):
     receivers_tls: ReceiversTLS | None = Field(
         None, description="KV links to this tenant's receivers in TLS (None: in the clear)"
     )
+    prefix_share: float | None = Field(
+        None, ge=0, le=1, description="the share of each pool node's prefix store guaranteed "
+        "to this tenant's prefixes (None: its weight's part of what the others' leave)",
+    )  # fmt: skip
 
     @field_validator("weight")
     @classmethod
@@ -177,7 +181,10 @@ class PoolFileConfig(_Strict):
     front_door: FrontDoor = FrontDoor()
     egress_gbps: float = Field(gt=0, description="the pool's total egress, shared by tenants")
     egress_window_s: float = Field(1.0, gt=0, description="unsent KV a prefill may start over")
-    share_prefixes: bool = Field(False, description="one prefix namespace for every tenant")
+    share_prefixes: bool = Field(
+        False, description="one prefix namespace for every tenant (no quotas); false: each "
+        "tenant's prefixes in its own namespace, salted, with its prefix_share as a quota",
+    )  # fmt: skip
     heartbeat_interval_s: float = Field(0.5, gt=0)
     lease_s: float = Field(3.0, gt=0, description="a tenant silent this long loses its queue")
     groups: list[PoolGroup] = Field(min_length=1)
@@ -215,12 +222,28 @@ class PoolFileConfig(_Strict):
             for k in t.keys:
                 if ids.count(k.id) > 1:
                     raise ValueError(f"tenants.{i}.keys: key id {k.id!r} is used twice")
+        told = sum(t.prefix_share or 0.0 for t in self.tenants)
+        if told > 1.0 + 1e-9:
+            raise ValueError(f"tenants: prefix_share sums to {told:g}, over the whole store (1)")
         if self.front_door.port != 0 and self.front_door.port == self.front_door.control_port:
             raise ValueError("front_door.control_port: the operator's listener needs its own port")
         return self
 
     def tenant(self, name: str) -> PoolTenant | None:
         return next((t for t in self.tenants if t.name == name), None)
+
+    def prefix_shares(self) -> dict[str, float]:
+        """Tenant -> its guaranteed share of each pool node's prefix store: its ``prefix_share``,
+        else its weight's part of what the tenants that set one leave."""
+        told = sum(t.prefix_share for t in self.tenants if t.prefix_share is not None)
+        rest = [t for t in self.tenants if t.prefix_share is None]
+        weights = sum(t.weight for t in rest)
+        return {
+            t.name: t.prefix_share
+            if t.prefix_share is not None
+            else max(0.0, 1.0 - told) * t.weight / weights
+            for t in self.tenants
+        }
 
     def group_for_model(self, model: str) -> PoolGroup | None:
         return next((g for g in self.groups if g.model == model), None)

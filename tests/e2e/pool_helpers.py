@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -35,17 +36,27 @@ tenants:
 
 
 def submit_body(
-    tenant: str, rid: str, receiver: str, num_tokens: int, model: str = "paper-1t"
+    tenant: str,
+    rid: str,
+    receiver: str,
+    num_tokens: int,
+    model: str = "paper-1t",
+    token: int | None = None,
 ) -> dict[str, object]:
     """A ``POST /v1/submit`` body for a prefill of ``num_tokens`` of a preset ``model`` (session
-    ``s-RID``)."""
+    ``s-RID``): ``token`` repeated (such prompts share their prefixes: at the pool node, a
+    tenant's later ones find its earlier ones), or by default a first token of the request's own
+    and 5s after it, so that no prefill finds another's prefix and each computes its whole
+    prompt, what the tests timing or sharing out the pool's work count on."""
+    first = token if token is not None else zlib.crc32(f"{tenant}/{rid}".encode()) & 0x7FFFFFFF
+    tokens = ([first] + [5 if token is None else token] * (num_tokens - 1))[:num_tokens]
     from prfaas.serve.node.messages import pack_tokens
 
     return {
         "tenant": tenant, "request_id": rid, "model": model,
         "fingerprint": {"config": model, "block_tokens": "512"},
         "num_uncached_tokens": num_tokens, "receiver": receiver, "session": f"s-{rid}",
-        "tokens": pack_tokens([5] * num_tokens), "sampling": {"max_new_tokens": 4},
+        "tokens": pack_tokens(tokens), "sampling": {"max_new_tokens": 4},
     }  # fmt: skip
 
 

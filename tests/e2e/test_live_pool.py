@@ -3,7 +3,10 @@ signed API v1: their prefills are placed on pool nodes, whose KV streams to each
 receiver (authenticated with the tenant's key) and is verified there; the pool's per-tenant
 counters agree; one tenant's key cannot submit as the other or to the other's receiver; each
 tenant told its own link rate with its receivers, and the pool node paced each on a route of its
-own at that rate: each tenant's feedback reads its own link, not the other's."""
+own at that rate: each tenant's feedback reads its own link, not the other's. The pool node keeps
+each tenant's prefixes in a namespace of its own: a's prompts (one token repeated, of growing
+lengths) find each other's prefixes there; b's, the same tokens, find none of a's, and each
+tenant's feedback shows its own namespace, its quota 2:1 as the weights."""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import httpx
 import pytest
 from pool_helpers import KEYS, LivePool, live_pool, submit_body
 
-from prfaas.pool.client import Accepted, Feedback, PoolClient, Refusal
+from prfaas.pool.client import Accepted, Feedback, PoolClient, PrefixFeedback, Refusal
 from prfaas.serve.auth import SignedAuth, signed_headers
 from prfaas.serve.keyring import ring_of_psks
 from prfaas.transfer import Manifest, Receiver, TransferConfig
@@ -56,6 +59,21 @@ async def _own_links(clients: dict[str, PoolClient]) -> dict[str, Feedback]:
     raise AssertionError(f"no link reading in the feedback: {fbs}")
 
 
+async def _own_prefixes(
+    clients: dict[str, PoolClient], looked: dict[str, int]
+) -> dict[str, PrefixFeedback]:
+    """Each tenant's feedback's one ``prefixes`` row once the pool node's heartbeat counted all
+    its lookups (``looked``: prompt tokens)."""
+    for _ in range(100):
+        fbs = {t: await c.feedback() for t, c in clients.items()}
+        rows = {t: f.prefixes[0] for t, f in fbs.items()
+                if isinstance(f, Feedback) and f.prefixes}  # fmt: skip
+        if len(rows) == len(clients) and all(r.lookup_tokens == looked[t] for t, r in rows.items()):
+            return rows
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the feedback never counted every lookup: {fbs}")
+
+
 async def _tenant_run(pool: LivePool) -> None:
     got: list[str] = []
     got_b: list[str] = []
@@ -82,12 +100,14 @@ async def _tenant_run(pool: LivePool) -> None:
             to_a = await b.submit(submit_body("tenant-b", "x2", "a-d0", 1000))
             assert isinstance(to_a, Refusal) and to_a.reason == "receiver_not_registered"
             answers = await asyncio.gather(
-                *(a.submit(submit_body("tenant-a", f"r{i}", "a-d0", 2048 + 512 * i))
+                *(a.submit(submit_body("tenant-a", f"r{i}", "a-d0", 2048 + 512 * i, token=5))
                   for i in range(NUM_REQUESTS)),
-                *(b.submit(submit_body("tenant-b", f"q{i}", "b-d0", 4096)) for i in range(NUM_B)),
+                *(b.submit(submit_body("tenant-b", f"q{i}", "b-d0", 4096, token=5))
+                  for i in range(NUM_B)),
             )  # fmt: skip
             assert all(isinstance(x, Accepted) for x in answers), answers
             states: dict[str, str] = {}
+            cached: dict[str, int] = {}
             mine = [(a, f"r{i}") for i in range(NUM_REQUESTS)]
             mine += [(b, f"q{i}") for i in range(NUM_B)]
             for _ in range(600):
@@ -97,6 +117,7 @@ async def _tenant_run(pool: LivePool) -> None:
                     out = await client.outcome(rid)
                     assert not isinstance(out, Refusal), out
                     states[rid] = out["state"]
+                    cached[rid] = out["cached_tokens"]
                 if all(s in ("done", "failed", "aborted") for s in states.values()):
                     break
                 await asyncio.sleep(0.1)
@@ -111,6 +132,17 @@ async def _tenant_run(pool: LivePool) -> None:
                 assert f.link.gbps == LINK_GBPS[tenant], (tenant, f)
                 assert f.link.reading.pace_gbps == pytest.approx(LINK_GBPS[tenant]), (tenant, f)
                 assert f.link.reading.num_senders == 1 and f.link.reading.basis, (tenant, f)
+            # Prefixes: a's prompts found earlier ones of a's at the pool node; b's, 4,096 of the
+            # same token (a's hold their first blocks), found nothing: a's namespace is not b's
+            # (b's own are all 8 blocks: a lookup stops at 7). Each reads its own namespace, and
+            # the quotas are the weights' 2:1.
+            looked = {"tenant-a": sum(2048 + 512 * i for i in range(NUM_REQUESTS)),
+                      "tenant-b": 4096 * NUM_B}  # fmt: skip
+            rows = await _own_prefixes({"tenant-a": a, "tenant-b": b}, looked)
+            assert rows["tenant-a"].hit_tokens == sum(cached[f"r{i}"] for i in range(NUM_REQUESTS))
+            assert rows["tenant-a"].hit_tokens > 0 and rows["tenant-a"].num_entries > 0, rows
+            assert rows["tenant-b"].hit_tokens == 0 == sum(cached[f"q{i}"] for i in range(NUM_B))
+            assert rows["tenant-a"].quota_bytes == pytest.approx(2 * rows["tenant-b"].quota_bytes)
             # The pool's own counters (its listener, signed with the pool's key, not a tenant's).
             auth = SignedAuth(ring_of_psks(pool.internal_key))
             async with httpx.AsyncClient(auth=auth, trust_env=False) as op:

@@ -11,8 +11,9 @@ tenant cannot borrow another's id with its own key.
 Routes: ``/v1/receivers`` (with the tenant's own link rate, optional: a caller that does not
 send it is paced by the pool's egress alone), ``/v1/heartbeat``, ``/v1/submit``,
 ``/v1/outcome/{id}``, ``/v1/abort/{id}`` (the tenant's client went away), ``/v1/feedback``
-(with the tenant's own link: what it told and what the pool's nodes read of it; and the pool's
-shape, each group's node count and the egress, for the tenant's tuner). Fields added to
+(with the tenant's own link: what it told and what the pool's nodes read of it; the pool's
+shape, each group's node count and the egress, for the tenant's tuner; and its prefixes at the
+pool's nodes, its own namespace per group: ``pool.tenant_prefixes``). Fields added to
 v1 are optional in what it reads and extra in what it answers, so v1 callers keep working. TLS
 is the listener's (``pool.service``, ``front_door.tls``), not this app's.
 """
@@ -34,6 +35,7 @@ from prfaas.policy.pool_shares import PoolShape
 from prfaas.pool.frontdoor import FrontDoor, Receiver, Submit
 from prfaas.pool.payload import Payload
 from prfaas.pool.tenant_links import LinkReading, TenantLink, link_json
+from prfaas.pool.tenant_prefixes import GroupPrefixes, prefixes_json
 from prfaas.serve.auth import KEY_ID_HEADER, Refusal, Verifier, refusal_body
 from prfaas.serve.auth_middleware import CONNECTION_EXTENSION
 from prfaas.serve.internal_errors import error_response, install
@@ -127,13 +129,15 @@ def create_app(
     on_abort: Callable[[str, str], bool] | None = None,
     egress: Callable[[], EgressState] | None = None,
     link_reading: Callable[[str], LinkReading | None] | None = None,
+    prefixes: Callable[[str], tuple[GroupPrefixes, ...]] | None = None,
 ) -> FastAPI:
     """``on_accepted``: told each accepted submit's ``Payload`` (the placement driver keeps it
     until the prefill is placed); ``on_abort(tenant, request_id)``: carries out a tenant's abort
     (the driver: drop it, or stop it at its node), False when there is no such prefill (without
     one, the door alone drops it); ``egress`` and ``link_reading(tenant)``: the driver's egress
     state and its nodes' reading of a tenant's link, for the feedback (without them: no link
-    backlog, no reading); ``clock`` is the admission's (modelled seconds live)."""
+    backlog, no reading); ``prefixes(tenant)``: what the nodes hold for it, per group (without
+    it: none said); ``clock`` is the admission's (modelled seconds live)."""
     app = FastAPI(title="prfaas pool front door", version="1")
     install(app)
 
@@ -235,7 +239,8 @@ def create_app(
         if out is None:  # another tenant's id reads the same as an unknown one
             return error_response(404, f"no request {request_id!r}", code="unknown_request")
         return {"epoch": out.epoch, "request_id": out.request_id, "state": out.state,
-                "reason": out.reason, "kv_bytes_sent": out.kv_bytes_sent}  # fmt: skip
+                "reason": out.reason, "kv_bytes_sent": out.kv_bytes_sent,
+                "cached_tokens": out.cached_tokens}  # fmt: skip
 
     @app.post("/v1/abort/{request_id}")
     async def abort(request: Request, request_id: str) -> Any:
@@ -271,6 +276,7 @@ def create_app(
             "link_backlog_s": fb.link_backlog_s,
             "link": link_json(door.link_of(tenant), reading),
             "pool": shape_json(door.shape),
+            "prefixes": prefixes_json(() if prefixes is None else prefixes(tenant)),
         }
 
     return app

@@ -33,6 +33,13 @@ not held by it). Link readings: every node heartbeat's per-route reports are kep
 process); ``tenant_link`` is a tenant's own route as the live processes report it (the
 feedback's ``link``: ``pool.tenant_links``).
 
+Prefixes: every prefill command asks the node to look up and store the prompt's prefix
+(``store_prefix``, ``use_cached_tokens`` the whole prompt); the node hashes it into the tenant's
+own namespace itself (``serve.node.prefix_namespaces``), so the command carries no hashes. Each
+heartbeat's per-namespace figures are kept (the latest per process); ``tenant_prefixes`` is a
+tenant's own namespace per group over the live processes (the feedback's ``prefixes``:
+``pool.tenant_prefixes``), and a done prefill's outcome says how many tokens its node found.
+
 Counters per tenant (``counters``): accepted, placed, done, failed, aborted, handed_back (each
 time a node gave one back; a prefill placed again counts placed again): the operator's listener
 serves them. Time: the door's ``now`` is modelled seconds (``clock``); node liveness is
@@ -55,12 +62,15 @@ from prfaas.policy.pool_shares import TenantShare
 from prfaas.pool.frontdoor import Abort, FrontDoor, Placement
 from prfaas.pool.payload import Payload
 from prfaas.pool.tenant_links import LinkReading, combine, tenant_route
+from prfaas.pool.tenant_prefixes import GroupPrefixes
+from prfaas.pool.tenant_prefixes import combine as combine_prefixes
 from prfaas.serve.gateway.node_client import NodeCallFailed, NodeClient
 from prfaas.serve.node.messages import (
     Heartbeat,
     NodeEndpoint,
     PrefillCommand,
     PrefillOutcome,
+    PrefixNamespaceMsg,
     Registration,
 )
 
@@ -113,6 +123,8 @@ class PlacementDriver:
         self.counters: dict[str, Counter[str]] = {t.name: Counter() for t in door.shape.tenants}
         self.link_reports: dict[str, tuple[SenderLinkReport, ...]] = {}
         """process -> its last heartbeat's link readings (one per route: per tenant)."""
+        self.prefix_reports: dict[str, tuple[PrefixNamespaceMsg, ...]] = {}
+        """process -> its last heartbeat's prefix store, per tenant namespace."""
 
     # -- the node listener ---------------------------------------------------------------------
     def register(self, reg: Registration) -> None:
@@ -130,6 +142,7 @@ class PlacementDriver:
         now = self.wall()
         reports = {r.node: r for r in beat.reports}
         self.link_reports[beat.process] = tuple(beat.links)
+        self.prefix_reports[beat.process] = tuple(beat.namespaces)
         for n in mine:
             n.last_seen_s = now
             report = reports.get(n.endpoint.node)
@@ -158,6 +171,14 @@ class PlacementDriver:
             if r.link == tenant_route(group, tenant)
         ]
         return combine(found)
+
+    def tenant_prefixes(self, tenant: str) -> tuple[GroupPrefixes, ...]:
+        """What the live node processes hold for ``tenant``, per group: its own namespace (or
+        the shared one), never another tenant's."""
+        groups = {n.process: n.group for name, n in self.nodes.items() if self.live(name)}
+        return combine_prefixes(
+            tenant, ((g, self.prefix_reports.get(p, ())) for p, g in sorted(groups.items()))
+        )
 
     # -- the tenants' side ---------------------------------------------------------------------
     def accept(self, payload: Payload) -> None:
@@ -235,7 +256,9 @@ class PlacementDriver:
         cmd = PrefillCommand(
             request_id=p.session,  # the receiver's session: what its decode node expects
             tokens=payload.tokens,
-            store_prefix=False,
+            # The node hashes the prompt into the tenant's namespace and finds what it holds.
+            use_cached_tokens=payload.num_tokens,
+            store_prefix=True,
             decode_node=p.receiver.name,
             decode_host=p.receiver.host,
             decode_transfer_port=p.receiver.transfer_port,
@@ -254,6 +277,7 @@ class PlacementDriver:
         error = ""
         back = ""  # the node gave it back unfinished: why
         sent = 0
+        cached = 0
         try:
             outcome: PrefillOutcome = await self.client.prefill(self.nodes[node].endpoint, cmd)
             if outcome.handed_back:
@@ -261,6 +285,7 @@ class PlacementDriver:
             elif not outcome.ok:
                 error = f"prefill: {outcome.error}"[:200]
             sent = outcome.kv_bytes_sent
+            cached = outcome.num_cached_tokens
         except NodeCallFailed as exc:
             if exc.kind == "refused":  # 409: a notice came before its heartbeat said draining
                 back = str(exc)
@@ -275,7 +300,8 @@ class PlacementDriver:
         if back:
             self._handed_back(node, key, back)
             return
-        self.door.finished(*key, self.clock(), error=error, kv_bytes_sent=sent)
+        self.door.finished(*key, self.clock(), error=error, kv_bytes_sent=sent,
+                           cached_tokens=cached)  # fmt: skip
         self.payloads.pop(key, None)
         out = self.door.outcome(*key)
         if out is not None and out.state in ("done", "failed"):

@@ -86,6 +86,9 @@ class Outcome:
     node gave it back (still pending)."""
     kv_bytes_sent: int = 0
     """A done prefill's KV payload bytes its node sent (what the tenant's route log counts)."""
+    cached_tokens: int = 0
+    """A done prefill's prompt tokens its node found in the tenant's prefixes there (not
+    computed again)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,10 +227,17 @@ class FrontDoor:
         return Placement(job, node, receiver, session)
 
     def finished(
-        self, tenant: str, request_id: str, now: float, error: str = "", kv_bytes_sent: int = 0
+        self,
+        tenant: str,
+        request_id: str,
+        now: float,
+        error: str = "",
+        kv_bytes_sent: int = 0,
+        cached_tokens: int = 0,
     ) -> None:
-        """A placed prefill ended: done (its node sent ``kv_bytes_sent`` payload bytes), or
-        failed with ``error`` (a lost node, a refused link)."""
+        """A placed prefill ended: done (its node sent ``kv_bytes_sent`` payload bytes and found
+        ``cached_tokens`` of the prompt in the tenant's prefixes), or failed with ``error`` (a
+        lost node, a refused link)."""
         key = (tenant, request_id)
         ran = self._running.pop(key, None)
         if ran is None:
@@ -235,7 +245,9 @@ class FrontDoor:
         self.admission.finish(ran[0], now)
         self._ended(key)
         state = "failed" if error else "done"
-        self._outcomes[key] = Outcome(self.epoch, request_id, state, error, kv_bytes_sent)
+        self._outcomes[key] = Outcome(
+            self.epoch, request_id, state, error, kv_bytes_sent, cached_tokens
+        )
 
     def requeue(self, tenant: str, request_id: str, now: float, why: str = "") -> Outcome | None:
         """The node running this prefill handed it back unfinished (a spot notice; ``why``, the

@@ -1,10 +1,12 @@
 """The pool's Prometheus metrics (``GET /metrics`` on the operator's listener).
 
 Per tenant: its prefills by outcome (handed back by a noticed node among them), queued tokens,
-running prefills, expected queueing, entitled and attainable shares, whether it is revoked; per
-node group: its nodes by state; the front door's epoch and key reloads. Everything is read from
-the placement driver and its front door when Prometheus scrapes (a custom collector), so nothing
-is counted twice and a restarted door starts from zero under a new epoch, as counters should.
+running prefills, expected queueing, entitled and attainable shares, whether it is revoked, and
+per group what the nodes' prefix stores hold for it (entries, bytes, quota, tokens found and
+looked up: ``pool.tenant_prefixes``); per node group: its nodes by state; the front door's epoch
+and key reloads. Everything is read from the placement driver and its front door when Prometheus
+scrapes (a custom collector), so nothing is counted twice and a restarted door starts from zero
+under a new epoch, as counters should.
 
 Why the operator's listener, unsigned: Prometheus cannot sign, and per-tenant figures are the
 operator's, not a tenant's - tenants' keys do not open this listener (a tenant reads its own
@@ -69,6 +71,7 @@ class PoolCollector(Collector):
                 gauges[name].add_metric([tenant], value)
         yield prefills
         yield from gauges.values()
+        yield from self._prefixes()
         nodes = GaugeMetricFamily(
             "prfaas_pool_nodes",
             "Pool nodes by group and state (busy: running a prefill; free: live, taking work)",
@@ -102,6 +105,43 @@ class PoolCollector(Collector):
         )
         reloads.add_metric([], self.key_reloads())
         yield reloads
+
+    def _prefixes(self) -> Iterator[Metric]:
+        """Each tenant's namespace per group (the shared one under ``share_prefixes: true``,
+        then the same figures under every tenant)."""
+        labels = ["tenant", "group"]
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
+            "entries": GaugeMetricFamily(
+                "prfaas_pool_tenant_prefix_entries",
+                "Prefix checkpoints the group's live nodes hold for the tenant",
+                labels=labels,
+            ),
+            "bytes": GaugeMetricFamily(
+                "prfaas_pool_tenant_prefix_bytes", "Modelled bytes of them", labels=labels
+            ),
+            "quota_bytes": GaugeMetricFamily(
+                "prfaas_pool_tenant_prefix_quota_bytes",
+                "Modelled bytes of prefix store guaranteed to the tenant",
+                labels=labels,
+            ),
+            "hit_tokens": CounterMetricFamily(
+                "prfaas_pool_tenant_prefix_hit_tokens",
+                "Prompt tokens found in the tenant's prefixes, not computed again (since the "
+                "node processes started)",
+                labels=labels,
+            ),
+            "lookup_tokens": CounterMetricFamily(
+                "prfaas_pool_tenant_prefix_lookup_tokens",
+                "Prompt tokens looked up in the tenant's prefixes",
+                labels=labels,
+            ),
+        }
+        for tenant in sorted(self.driver.counters):
+            for g in self.driver.tenant_prefixes(tenant):
+                row = g.to_json()
+                for name, family in families.items():
+                    family.add_metric([tenant, g.group], row[name])
+        yield from families.values()
 
 
 def pool_registry(driver: PlacementDriver, key_reloads: Callable[[], int]) -> CollectorRegistry:

@@ -13,6 +13,10 @@ share one process (like a deployment's timed site) unless it runs them per node
 notice of that many wall seconds (``serve.node.sigterm_notice``: prefills that end in time are
 finished, the rest handed back, which the front door queues again for another node), and the
 process ends once they are done or at the deadline; without it SIGTERM stops the process.
+Its prefix store keeps each tenant's prefixes in a namespace of its own (salted chains, a quota
+each: ``serve.node.prefix_namespaces``, from the pool file's ``share_prefixes`` and tenants'
+shares; the salts' secret is drawn from the pool's internal key at start); SIGHUP reloads the
+quotas with the keys.
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ from pathlib import Path
 
 from prfaas.config import load_deployment
 from prfaas.pool.resolved import load_resolved, nodes_name, tenant_keys
+from prfaas.pool_sections import PoolFileConfig
 from prfaas.serve.key_reload import reload_keys, ring_from_file
 from prfaas.serve.listeners import UnverifiedConnections, bind, serve
+from prfaas.serve.node.prefix_namespaces import PrefixNamespaces
 from prfaas.serve.node.sigterm_notice import notice_on_sigterm
 from prfaas.transfer.link_pool import KeyTLS
 
@@ -44,6 +50,13 @@ def link_keys(workdir: Path) -> tuple[dict[str, bytes], dict[str, KeyTLS]]:
         for t in pool.tenants if t.receivers_tls is not None for k in t.keys
     }  # fmt: skip
     return {kid: key for kid, (_, key) in found.items()}, tls
+
+
+def prefix_namespaces(pool: PoolFileConfig, internal_key: str) -> PrefixNamespaces:
+    """The tenants' prefix namespaces and quotas the pool file says (``docs/pool.md``)."""
+    return PrefixNamespaces.from_internal_key(
+        internal_key, pool.prefix_shares(), pool.share_prefixes
+    )
 
 
 def run(workdir: Path, group: str, host: str | None = None, node: str | None = None) -> None:
@@ -63,17 +76,22 @@ def run(workdir: Path, group: str, host: str | None = None, node: str | None = N
         pool = load_resolved(workdir)
         egress_gbps = pool.egress_gbps  # not reloaded: a restart changes it
         notice_s = next((g.notice_s for g in pool.groups if g.name == group), None)
+        # The salts' secret is read once: a changed one would orphan what the store holds.
+        internal_key = d.psk
         worker = WorkerHost(d, names, d.control_url, host=host, link_keys=keys, link_tls=tls,
-                            pool_egress_gbps=egress_gbps)  # fmt: skip
+                            pool_egress_gbps=egress_gbps,
+                            prefix_namespaces=prefix_namespaces(pool, internal_key))  # fmt: skip
         sock = bind(host, max(d.node(n).port for n in names))
         await worker.start(sock.getsockname()[1])
 
         async def reload_tenants() -> None:
             try:
                 keys, tls = link_keys(workdir)
+                namespaces = prefix_namespaces(load_resolved(workdir), internal_key)
             except Exception as exc:  # a bad edit must not take the node down
                 log.error("tenant keys not reloaded: %s", exc)
                 return
+            worker.set_prefix_namespaces(namespaces)
             closed = await worker.set_link_keys(keys, tls)
             log.warning("tenant keys reloaded: %s; %d KV links closed", sorted(keys), closed)
 

@@ -25,3 +25,8 @@ class Payload:
     sampling: SamplingMsg
     receiver_cached_tokens: int = 0
     decode_recomputes_last_token: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        """The prompt's length, from the packed text's length (4 bytes a token, base64)."""
+        return (len(self.tokens) * 3 // 4 - self.tokens[-2:].count("=")) // 4

@@ -5,11 +5,12 @@ signed API v1 (``pool.app``) and an open ``/health``; ``front_door.control_port`
 own listener, signed with the pool's internal key (``serve.auth_middleware``): the nodes register
 and heartbeat there (``/internal/register``, ``/internal/heartbeat``, as they do at a gateway),
 and the operator reads ``/internal/tenants`` (per-tenant counters, handed-back prefills among
-them, accepted key ids and each tenant's link: the rate it told, the nodes' reading; not
-reachable with a tenant's key), ``/internal/nodes`` (each node's group, process, liveness,
-draining and what it runs) and, open for Prometheus, ``/metrics`` (``pool.metrics``: the
-counters per tenant and per group). The ``PlacementDriver`` runs in the same event loop. SIGHUP
-reloads the tenant list and keys (``TenantReload``).
+them, accepted key ids, each tenant's link: the rate it told, the nodes' reading, and what the
+nodes' prefix stores hold for it per group; not reachable with a tenant's key),
+``/internal/nodes`` (each node's group, process, liveness, draining and what it runs) and, open
+for Prometheus, ``/metrics`` (``pool.metrics``: the counters per tenant and per group). The
+``PlacementDriver`` runs in the same event loop. SIGHUP reloads the tenant list and keys
+(``TenantReload``).
 
 The admission's clock is modelled seconds (wall over ``units.time_scale``, like the nodes' cost
 models); the lease is the file's ``lease_s`` of wall time. SIGINT/SIGTERM stop the server (uvicorn)
@@ -40,6 +41,7 @@ from prfaas.pool.frontdoor import FrontDoor
 from prfaas.pool.metrics import OUTCOMES, pool_registry
 from prfaas.pool.resolved import internal_psk, load_resolved, tenant_keys
 from prfaas.pool.tenant_links import link_json
+from prfaas.pool.tenant_prefixes import prefixes_json
 from prfaas.pool_file import pool_shape
 from prfaas.pool_sections import PoolFileConfig, PoolGroup
 from prfaas.serve import internal_errors
@@ -136,7 +138,7 @@ def build(workdir: Path) -> tuple[FastAPI, FastAPI, PlacementDriver, PoolFileCon
     )  # fmt: skip
     tenants = create_app(
         door, keys, costs, clock=clock, on_accepted=driver.accept, on_abort=driver.abort,
-        egress=driver.egress, link_reading=driver.tenant_link,
+        egress=driver.egress, link_reading=driver.tenant_link, prefixes=driver.tenant_prefixes,
     )  # fmt: skip
 
     @tenants.get("/health")
@@ -195,6 +197,7 @@ def _operator_app(driver: PlacementDriver, ring: Any, reload: TenantReload) -> F
                 "running": fb.running,
                 "attainable_share": fb.attainable_share,
                 "link": link_json(driver.door.link_of(name), driver.tenant_link(name)),
+                "prefixes": prefixes_json(driver.tenant_prefixes(name)),
                 "keys": key_ids.get(name, []),
                 "revoked": driver.door.revoked(name),
             }

@@ -15,7 +15,10 @@ tenant's own link, so it goes on a route of its own (``"{site}->{tenant}"``, nam
 ``PrefillCommand``), paced at the rate the tenant told the pool, converted as above, and every
 route shares the process-wide egress cap (the pool's ``egress_gbps``, converted the same way:
 ``LinkPool(egress_cap_bytes_per_s=...)``). With ``netns: true`` nothing is paced, as for a
-deployment.
+deployment. Its prefix store keeps each tenant's prefixes in a namespace of its own, under a quota
+(``prefix_namespaces``): the host hashes a pool prefill's prompt into its tenant's salted chain
+itself (whatever hashes the command carries), and its heartbeat carries the store per namespace
+instead of the change journal (no one at the front door mirrors the store).
 
 The inter-site link's capacity is measured, not taken from the deployment file: the pool samples
 the cross-site links' counters on its own timer (``transfer.link_readings``, shared with the vLLM
@@ -67,13 +70,16 @@ from prfaas.serve.node.messages import (
     PrefillCommand,
     PrefillOutcome,
     PrefixAckMsg,
+    PrefixNamespaceMsg,
     PrefixPullCommand,
     PrefixPushCommand,
     PrefixReportMsg,
     Registration,
+    unpack_tokens,
 )
 from prfaas.serve.node.notice import NoticeDesk
 from prfaas.serve.node.prefix_move import PendingMoves, is_move, new_move_id
+from prfaas.serve.node.prefix_namespaces import PrefixNamespaces
 from prfaas.serve.node.prefix_store import PrefixStore
 from prfaas.serve.node.worker import Node
 from prfaas.transfer import (
@@ -104,22 +110,28 @@ class WorkerHost:
         link_keys: Mapping[str, bytes] | None = None,
         link_tls: Mapping[str, KeyTLS] | None = None,
         pool_egress_gbps: float | None = None,
+        prefix_namespaces: PrefixNamespaces | None = None,
     ) -> None:
         """``link_keys``: more keys (id -> key) its KV links may authenticate with, named by a
         ``PrefillCommand.key_id`` (a PrfaaS pool's node holds every tenant's key); ``link_tls``:
         the TLS of the links under some of them (each tenant's receivers, under its CA);
         ``pool_egress_gbps``: a PrfaaS pool's node: the pool's total egress (modelled Gbps), the
-        cap over every tenant's route (the deployment's one link is then not paced)."""
+        cap over every tenant's route (the deployment's one link is then not paced);
+        ``prefix_namespaces``: a PrfaaS pool's node: each tenant's prefixes in a namespace of its
+        own, under its quota (``serve/node/prefix_namespaces.py``)."""
         self.site = site_of_nodes(deployment, node_names, "worker process")
         self.deployment = deployment
         self.host = host
         self.control_url = control_url.rstrip("/")
         self.process_name = process_name or default_process_name(node_names)
         eng = deployment.engine_for(self.site.name)  # the site's own settings, if any
+        capacity = prefix_store_bytes(eng, self.site.hardware)
+        self.prefix_namespaces = prefix_namespaces
         self.prefix_store = store = PrefixStore(
-            prefix_store_bytes(eng, self.site.hardware),
+            capacity,
             eng.block_tokens,
             eng.checkpoint_every_blocks,
+            quotas=None if prefix_namespaces is None else prefix_namespaces.quotas(capacity),
         )
         self.moves = PendingMoves(store)
         self.nodes: dict[str, Node] = {}
@@ -379,16 +391,36 @@ class WorkerHost:
             return None
         return self.tenant_route(cmd.tenant, cmd.tenant_link_gbps)
 
+    def set_prefix_namespaces(self, namespaces: PrefixNamespaces) -> None:
+        """A pool node's reload of its tenants: their quotas from now on (nothing is evicted
+        now; a namespace left over its quota, or without one, loses entries first)."""
+        self.prefix_namespaces = namespaces
+        self.prefix_store.set_quotas(namespaces.quotas(self.prefix_store.capacity_bytes))
+
+    def _in_namespace(self, cmd: PrefillCommand) -> tuple[PrefillCommand, str]:
+        """A pool node's prefill with its prompt's chain in its tenant's namespace (computed
+        here from the tokens: a caller's hashes are never taken), and that namespace; a
+        deployment's as it came, in the one namespace."""
+        ns = self.prefix_namespaces
+        if ns is None:
+            return cmd, ""
+        hashes: list[int] = []
+        if cmd.tenant:  # a command naming no tenant has no namespace: it neither hits nor stores
+            tokens = unpack_tokens(cmd.tokens)
+            hashes = list(ns.chain(cmd.tenant, tokens, self.prefix_store.block_tokens))
+        return cmd.model_copy(update={"block_hashes": hashes}), ns.namespace_of(cmd.tenant)
+
     async def prefill(self, name: str, cmd: PrefillCommand) -> PrefillOutcome:
         """Node ``name`` prefills ``cmd`` into a session on the pooled link to the decode node's
         receiver (connected first if needed; a link that failed to connect is dropped)."""
+        cmd, namespace = self._in_namespace(cmd)
         route = self.route_of(cmd)
         dest = (cmd.decode_host, cmd.decode_transfer_port, cmd.cross_site, cmd.key_id, route)
         try:
             link = await self.link_to(*dest)
         except (TransferError, OSError) as exc:
             return PrefillOutcome(request_id=cmd.request_id, ok=False, error=f"connect: {exc}")
-        outcome = await self.nodes[name].prefill(cmd, link)
+        outcome = await self.nodes[name].prefill(cmd, link, namespace)
         if not outcome.ok and "Connect" in outcome.error:
             await self.drop_link(*dest)
         return outcome
@@ -502,15 +534,33 @@ class WorkerHost:
         return reg
 
     def heartbeat(self) -> Heartbeat:
-        """Every node's load report and the prefix store's next unacknowledged changes."""
-        report = self.prefix_store.report()
+        """Every node's load report and the prefix store's next unacknowledged changes (a pool
+        node: what its store holds per tenant namespace instead)."""
+        pool = self.prefix_namespaces is not None
         return Heartbeat(
             process=self.process_name,
             reports=self.reports(),
             # A pool node with more tenant routes than a heartbeat carries reports the first.
             links=self.link_reports()[:MAX_LINK_REPORTS],
-            prefix=PrefixReportMsg.of(report),
+            prefix=None if pool else PrefixReportMsg.of(self.prefix_store.report()),
+            namespaces=self.namespace_reports()[:MAX_LINK_REPORTS] if pool else [],
         )
+
+    def namespace_reports(self) -> list[PrefixNamespaceMsg]:
+        """The prefix store per namespace, its bytes in modelled units (like the link reports)."""
+        scale = self.deployment.engine_for(self.site.name).real_bytes_per_payload_byte
+        return [
+            PrefixNamespaceMsg(
+                namespace=u.namespace,
+                num_entries=u.num_entries,
+                num_tokens=u.num_tokens,
+                used_bytes=int(u.used_bytes * scale),
+                quota_bytes=int(u.quota_bytes * scale),
+                hit_tokens=u.num_hit_tokens,
+                lookup_tokens=u.num_lookup_tokens,
+            )
+            for u in self.prefix_store.usage()
+        ]
 
     def _on_heartbeat_answer(self, r: httpx.Response) -> None:
         """The gateway's acknowledgement of our prefix report (what it applied; a snapshot if it

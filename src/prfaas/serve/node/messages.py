@@ -5,7 +5,9 @@ Gateway -> node: ``PrefillCommand`` (prefill these tokens, stream the KV to that
 ``DecodeEvent`` lines), aborts and role changes. Node -> gateway: ``Registration`` once, then a
 ``Heartbeat`` with every node's ``NodeReport`` and the process's ``core.SenderLinkReport`` per
 destination link every ``heartbeat_interval_s``, and the process's
-prefix-store changes (``PrefixReportMsg``, answered by a ``PrefixAckMsg``: ``cache/mirror.py``).
+prefix-store changes (``PrefixReportMsg``, answered by a ``PrefixAckMsg``: ``cache/mirror.py``);
+a PrfaaS pool node's heartbeat (to its front door) carries its store per tenant namespace
+instead (``PrefixNamespaceMsg``).
 """
 
 from __future__ import annotations
@@ -260,6 +262,19 @@ class PrefixAckMsg(_Msg):
         return ReportAck(self.epoch, self.applied_seq, self.snapshot)
 
 
+class PrefixNamespaceMsg(_Msg):
+    """What a PrfaaS pool node's prefix store holds in one tenant's namespace (``""``: the one
+    all tenants share), in modelled bytes (``serve/node/prefix_store.py`` ``NamespaceUsage``)."""
+
+    namespace: str
+    num_entries: int = Field(ge=0)
+    num_tokens: int = Field(ge=0)
+    used_bytes: int = Field(ge=0)
+    quota_bytes: int = Field(ge=0)
+    hit_tokens: int = Field(ge=0)
+    lookup_tokens: int = Field(ge=0)
+
+
 class Heartbeat(_Msg):
     process: str
     reports: list[NodeReport]
@@ -269,6 +284,8 @@ class Heartbeat(_Msg):
     per tenant it has sent to)."""
     prefix: PrefixReportMsg | None = None
     """The process's prefix-store changes since the last acknowledged report (None: none)."""
+    namespaces: list[PrefixNamespaceMsg] = Field([], max_length=MAX_LINK_REPORTS)
+    """A PrfaaS pool node's prefix store per tenant namespace (empty: a deployment's node)."""
 
 
 class LinkRateCommand(_Msg):

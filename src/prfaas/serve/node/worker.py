@@ -184,14 +184,17 @@ class Node:
         )
 
     # -- prefill ---------------------------------------------------------------------------------
-    async def prefill(self, cmd: PrefillCommand, link: TransferLink) -> PrefillOutcome:
+    async def prefill(
+        self, cmd: PrefillCommand, link: TransferLink, namespace: str = ""
+    ) -> PrefillOutcome:
         """Prefill and stream ``cmd``'s KV; any failure (engine, transfer, bad parameters) is
-        this request's alone and comes back as ``ok=False`` with the reason."""
+        this request's alone and comes back as ``ok=False`` with the reason. ``namespace``: the
+        prefix store's namespace its prefix is looked up and stored in (a pool tenant's)."""
         rid = cmd.request_id
         self._num_prefilling += 1
         ok = False
         try:
-            outcome = await self._prefill(cmd, link)
+            outcome = await self._prefill(cmd, link, namespace)
             ok = outcome.ok
             return outcome
         except Exception as exc:
@@ -204,7 +207,9 @@ class Node:
             if self.notice is not None:
                 self.notice.ended(rid, ok, time.monotonic())
 
-    async def _prefill(self, cmd: PrefillCommand, link: TransferLink) -> PrefillOutcome:
+    async def _prefill(
+        self, cmd: PrefillCommand, link: TransferLink, namespace: str
+    ) -> PrefillOutcome:
         rid = cmd.request_id
         token_ids = unpack_tokens(cmd.tokens)
         # A vLLM decode server runs the last prompt token itself, and a state cannot be rewound:
@@ -223,7 +228,7 @@ class Node:
         if self.prefix_store is not None and cmd.use_cached_tokens > 0:
             # (cut by one above, the prompt must still leave a token to compute)
             cached = self.prefix_store.lookup(
-                cmd.block_hashes, n, min(cmd.use_cached_tokens, n - 1)
+                cmd.block_hashes, n, min(cmd.use_cached_tokens, n - 1), namespace
             )
         k = 0 if cached is None else cached.num_tokens
         t0 = time.monotonic()
@@ -295,7 +300,7 @@ class Node:
         stored: list[tuple[int, int]] = []
         if store is not None and result.checkpoints:
             try:  # an optimisation: the request itself succeeded, whatever happens here
-                stored = store.insert(cmd.block_hashes, result.checkpoints)
+                stored = store.insert(cmd.block_hashes, result.checkpoints, namespace)
             except Exception:
                 log.warning("node %s: storing %s's prefix failed", self.name, rid, exc_info=True)
         return PrefillOutcome(
