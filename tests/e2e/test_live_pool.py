@@ -21,7 +21,8 @@ import httpx
 import pytest
 from pool_helpers import KEYS, LivePool, live_pool, submit_body
 
-from prfaas.pool.client import Accepted, Feedback, PoolClient, PrefixFeedback, Refusal
+from prfaas.pool.client import Accepted, Feedback, PoolClient, Refusal
+from prfaas.pool.tenant_prefixes import GroupPrefixes
 from prfaas.serve.auth import SignedAuth, signed_headers
 from prfaas.serve.keyring import ring_of_psks
 from prfaas.transfer import Manifest, Receiver, TransferConfig
@@ -61,7 +62,7 @@ async def _own_links(clients: dict[str, PoolClient]) -> dict[str, Feedback]:
 
 async def _own_prefixes(
     clients: dict[str, PoolClient], looked: dict[str, int]
-) -> dict[str, PrefixFeedback]:
+) -> dict[str, GroupPrefixes]:
     """Each tenant's feedback's one ``prefixes`` row once the pool node's heartbeat counted all
     its lookups (``looked``: prompt tokens)."""
     for _ in range(100):

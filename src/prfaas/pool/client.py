@@ -8,9 +8,9 @@ answer that cannot be had (connect refused, timeout, a 5xx) is ``PoolUnreachable
 a ``Refusal`` with its reason (``error.code``) and retry hint, never an exception. The feedback
 is read into ``Feedback`` (with ``LinkFeedback``, the tenant's own link at the pool: what it
 told with its receivers, what the pool's nodes read of it, ``PoolShapeFeedback``, the
-groups' node counts and the egress its tuner plans with, and ``PrefixFeedback`` per group, what
-the pool's nodes hold of its prefixes); a door older than those fields gives ``link``, ``pool``
-and ``prefixes`` None.
+groups' node counts and the egress its tuner plans with, and, per group, what the pool's nodes
+hold of its prefixes, read into the door's own type, ``pool.tenant_prefixes.GroupPrefixes``); a
+door older than those fields gives ``link``, ``pool`` and ``prefixes`` None.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from prfaas.pool.tenant_prefixes import GroupPrefixes
 from prfaas.serve.auth import signed_headers
 
 CALL_TIMEOUT_S = 5.0
@@ -110,24 +111,6 @@ class PoolShapeFeedback:
 
 
 @dataclass(frozen=True, slots=True)
-class PrefixFeedback:
-    """What one group's live node processes hold of the tenant's prefixes (its own namespace;
-    ``shared``: the one all tenants share under ``share_prefixes: true``)."""
-
-    group: str
-    shared: bool
-    num_entries: int
-    num_tokens: int
-    """Prompt tokens its entries cover, summed (a prompt's checkpoints overlap)."""
-    used_bytes: int
-    quota_bytes: int
-    """Modelled bytes guaranteed to it there (its quota in each process, summed)."""
-    hit_tokens: int
-    """Prompt tokens its prefills found there, not computed again (since the processes began)."""
-    lookup_tokens: int
-
-
-@dataclass(frozen=True, slots=True)
 class Feedback:
     """``GET /v1/feedback``: this tenant's own figures at the pool."""
 
@@ -144,7 +127,7 @@ class Feedback:
     """None: a front door that does not say."""
     pool: PoolShapeFeedback | None = None
     """None: a front door that does not say (a tenant's tuner then keeps its ``t``)."""
-    prefixes: tuple[PrefixFeedback, ...] | None = None
+    prefixes: tuple[GroupPrefixes, ...] | None = None
     """Per group; None: a front door that does not say."""
 
     @classmethod
@@ -163,23 +146,12 @@ class Feedback:
                 link_backlog_s=float(raw.get("link_backlog_s", 0.0)),
                 link=None if link is None else _link_feedback(link),
                 pool=None if pool is None else _pool_shape(pool),
-                prefixes=None if prefixes is None else tuple(_prefixes(p) for p in prefixes),
+                prefixes=None
+                if prefixes is None
+                else tuple(GroupPrefixes.from_json(p) for p in prefixes),
             )
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"feedback: {type(exc).__name__}: {exc}") from None
-
-
-def _prefixes(raw: dict[str, Any]) -> PrefixFeedback:
-    return PrefixFeedback(
-        group=str(raw["group"]),
-        shared=bool(raw["shared"]),
-        num_entries=int(raw["entries"]),
-        num_tokens=int(raw["tokens"]),
-        used_bytes=int(raw["bytes"]),
-        quota_bytes=int(raw["quota_bytes"]),
-        hit_tokens=int(raw["hit_tokens"]),
-        lookup_tokens=int(raw["lookup_tokens"]),
-    )
 
 
 def _pool_shape(raw: dict[str, Any]) -> PoolShapeFeedback:

@@ -51,6 +51,22 @@ class GroupPrefixes:
             "processes": self.num_processes,
         }
 
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> GroupPrefixes:
+        """A ``to_json`` row read back (the tenant's side of its feedback); a missing or
+        malformed field raises (``KeyError``, ``TypeError``, ``ValueError``)."""
+        return cls(
+            group=str(raw["group"]),
+            shared=bool(raw["shared"]),
+            num_entries=int(raw["entries"]),
+            num_tokens=int(raw["tokens"]),
+            used_bytes=int(raw["bytes"]),
+            quota_bytes=int(raw["quota_bytes"]),
+            hit_tokens=int(raw["hit_tokens"]),
+            lookup_tokens=int(raw["lookup_tokens"]),
+            num_processes=int(raw["processes"]),
+        )
+
 
 def combine(
     tenant: str, reports: Iterable[tuple[str, Iterable[PrefixNamespaceMsg]]]
