@@ -1,4 +1,4 @@
-"""A pool node's prefix namespaces, live: the node process's own ``WorkerHost`` (as
+"""A pool node's prefix namespaces, live: the node process's own ``PoolNodeHost`` (as
 ``pool/node_main.py`` builds it from the pool file, an emulated ``timed`` group) prefills for two
 tenants and streams each one's KV over a real loopback link, under that tenant's key, to that
 tenant's receiver. Tenant a's next turn of a long prompt is found in the node's store (fewer tokens
@@ -16,8 +16,8 @@ import pytest
 from prfaas.pool.node_main import prefix_namespaces
 from prfaas.pool.nodes_file import group_deployment
 from prfaas.pool_file import load_pool
-from prfaas.serve.node.host import WorkerHost
 from prfaas.serve.node.messages import PrefillCommand, SamplingMsg, pack_tokens
+from prfaas.serve.node.pool_host import PoolNodeHost
 from prfaas.transfer import Manifest, Receiver, TransferConfig
 
 pytestmark = pytest.mark.timeout(120)
@@ -60,7 +60,7 @@ async def _run(tmp: Path) -> None:
     pool = load_pool(tmp / "pool.yaml")
     group = pool.groups[0]
     internal = "p" * 32
-    host = WorkerHost(
+    host = PoolNodeHost(
         group_deployment(pool, group, internal), list(group.node_names), "http://127.0.0.1:9",
         link_keys=KEYS, pool_egress_gbps=pool.egress_gbps,
         prefix_namespaces=prefix_namespaces(pool, internal),

@@ -1,4 +1,4 @@
-"""A pool node paces each tenant's KV on a route of its own (``WorkerHost.route_of``): the
+"""A pool node paces each tenant's KV on a route of its own (``PoolNodeHost.route_of``): the
 tenant's told rate converted to wall payload bytes/s as the site's link is (byte_divisor and
 time_scale of a timed engine), every route under the pool's egress as the process's cap; a
 tenant that told no rate is unpaced by it (the cap alone); a route is set again only when its
@@ -19,6 +19,7 @@ from prfaas.pool_file import load_pool
 from prfaas.serve.node.host import WorkerHost
 from prfaas.serve.node.hosting import LinkRateRefused
 from prfaas.serve.node.messages import PrefillCommand, SamplingMsg
+from prfaas.serve.node.pool_host import PoolNodeHost
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -27,14 +28,14 @@ WALL_SCALE = 1000 * 0.1
 """examples/pool: byte_divisor 1000, time_scale 0.1: a modelled byte/s is 1/100 payload byte/s."""
 
 
-def _pool_node(netns: bool = False) -> WorkerHost:
+def _pool_node(netns: bool = False) -> PoolNodeHost:
     pool = load_pool(POOL)
     group = pool.groups[0]  # g-1t, timed paper-1t
     d = group_deployment(pool, group, "p" * 32)
     if netns:
         d = DeploymentConfig.model_validate({**d.model_dump(), "netns": True})
-    return WorkerHost(d, list(group.node_names), "http://127.0.0.1:9",
-                      pool_egress_gbps=pool.egress_gbps)  # fmt: skip
+    return PoolNodeHost(d, list(group.node_names), "http://127.0.0.1:9",
+                        pool_egress_gbps=pool.egress_gbps)  # fmt: skip
 
 
 def _cmd(tenant: str, gbps: float | None, cross_site: bool = True) -> PrefillCommand:
@@ -98,7 +99,7 @@ def test_netns_paces_nothing_and_the_pool_nodes_link_is_not_reshaped() -> None:
 
 
 def test_a_two_site_node_keeps_its_one_link_whatever_a_command_says() -> None:
-    """Without ``pool_egress_gbps`` (``prfaas up`` of a deployment) nothing changes: no cap, the
+    """A deployment's ``WorkerHost`` (``prfaas up`` of a deployment) is unchanged: no cap, the
     site's one link paced at the file's rate, and a command naming no tenant takes it."""
     pool = load_pool(POOL)
     group = pool.groups[0]

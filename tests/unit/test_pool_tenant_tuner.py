@@ -31,7 +31,8 @@ from prfaas.pool import tenant_tuner
 from prfaas.pool.app import shape_json
 from prfaas.pool.client import Feedback, PoolShapeFeedback
 from prfaas.pool.tenant import POOL_NODE, POOL_SITE, with_pool_site
-from prfaas.pool.tenant_tuner import CoordinatedRouter, TenantTuner, per_token_s
+from prfaas.pool.tenant_router import TenantRouter
+from prfaas.pool.tenant_tuner import TenantTuner, per_token_s
 from prfaas.pool_file import load_pool, pool_shape
 from prfaas.scenarios import deployment_cost_models
 from prfaas.serve.gateway.control import ControlLoop
@@ -190,7 +191,7 @@ def test_the_router_keeps_an_offload_home_while_the_pool_queues_over_the_target(
     said: list[Feedback | None] = [None]
     metrics = CollectorRegistry()
     inner = ThresholdRouter(SiteId("pd-a"), [SiteId(POOL_SITE)])
-    router = CoordinatedRouter(inner, SiteId("pd-a"), 4.0, local, lambda: said[0], metrics)
+    router = TenantRouter(inner, SiteId("pd-a"), lambda: said[0], metrics, 4.0, local)
     long, short = (RequestView(RequestId(r), n) for r, n in (("long", 10_000), ("short", 2000)))
     idle = _view(0)
 

@@ -5,7 +5,8 @@ directory) and where it may run (node affinity by site topology and GPU product)
 Termination drains: ``preStop`` runs ``python -m prfaas.k8s.entry drain``, which takes the pod's
 nodes out of rotation at the gateway and waits until they are idle or the drain deadline passes
 (the gateway's ``request_timeout_s``: no request outlives it); SIGTERM follows. The grace period is
-the drain deadline plus the process's own stop time, so the kubelet never kills a draining pod."""
+the drain deadline plus the process's own stop time, so the kubelet never kills a draining pod
+(``grace_s``: the one rule, also for a pool's spot node, whose deadline is its notice)."""
 
 from __future__ import annotations
 
@@ -41,11 +42,17 @@ class Timing:
     startup_s: int
 
 
+def grace_s(deadline_s: int, engine_kind: str) -> int:
+    """A pod's ``terminationGracePeriodSeconds``: the deadline its process has on termination (a
+    deployment node's drain, a pool spot node's notice, 0: none) plus the process's own stop
+    time, so the kubelet kills no pod before its process could end on its own."""
+    return deadline_s + (VLLM_STOP_GRACE_S if engine_kind == "vllm" else STOP_GRACE_S)
+
+
 def timing(d: DeploymentConfig, engine_kind: str, startup_timeout_s: float) -> Timing:
     drain = math.ceil(d.gateway.request_timeout_s)
-    stop = VLLM_STOP_GRACE_S if engine_kind == "vllm" else STOP_GRACE_S
     startup = math.ceil(startup_timeout_s) if engine_kind == "vllm" else 120
-    return Timing(drain, drain + stop, startup)
+    return Timing(drain, grace_s(drain, engine_kind), startup)
 
 
 def env_from_pod() -> list[dict[str, Any]]:

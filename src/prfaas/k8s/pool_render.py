@@ -10,8 +10,9 @@ directory. The pool's internal key (front door <-> nodes, what ``prfaas up`` mak
 
 A ServiceMonitor scrapes the front door's ``/metrics`` on its control Service (per tenant and per
 group: ``pool/metrics.py``). Not rendered: a ScaledObject (a pool file has no autoscaling: its
-groups are the file's nodes), a drain hook for pool nodes (a pool node takes no notice on
-SIGTERM yet)."""
+groups are the file's nodes), a drain hook for pool nodes (a spot group's node takes SIGTERM as
+its notice, its pods' grace period covering it: ``pool_workloads.group_timing``; another group's
+node stops on SIGTERM)."""
 
 from __future__ import annotations
 
@@ -23,9 +24,13 @@ from prfaas.errors import UsageError
 from prfaas.k8s import monitoring, policies, pool_files
 from prfaas.k8s.names import Names, check_site_names
 from prfaas.k8s.options import RenderOptions
-from prfaas.k8s.pods import STOP_GRACE_S
 from prfaas.k8s.pool_policies import pool_network_policies
-from prfaas.k8s.pool_workloads import front_door_workload, group_workload, pool_groups
+from prfaas.k8s.pool_workloads import (
+    front_door_workload,
+    group_timing,
+    group_workload,
+    pool_groups,
+)
 from prfaas.k8s.render import Rendering
 from prfaas.k8s.secrets import is_placeholder, secret_manifest
 from prfaas.k8s.workloads import names_safe
@@ -111,15 +116,15 @@ def warnings_for(pool: PoolFileConfig) -> tuple[str, ...]:
         "server does (requests in flight may finish within the grace period); prefills placed "
         "on it meanwhile fail and their tenants prefill them locally (failed:node_lost)",
     ]
-    noticed = [g for g in pool.groups if g.notice_s is not None]
-    if noticed:
-        longest = max(g.notice_s or 0.0 for g in noticed)
-        cut = f"; a notice over it ({longest:g} s here) is cut" if longest > STOP_GRACE_S else ""
-        out.append(
-            "groups[].notice_s: a node pod's SIGTERM is its spot notice (prefills that end in "
-            "time finish, the rest go back to the front door's queue for another node); the "
-            f"pod's terminationGracePeriodSeconds is {STOP_GRACE_S} s{cut}"
-        )
+    for g in pool.groups:
+        if g.notice_s is not None:
+            t = group_timing(g)
+            out.append(
+                f"groups[].notice_s: group {g.name}: a node pod's SIGTERM is its spot notice "
+                "(prefills that end in time finish, the rest go back to the front door's queue "
+                f"for another node); the pod's terminationGracePeriodSeconds is {t.grace_s} s "
+                f"(its {t.drain_deadline_s} s notice, then the process's own stop)"
+            )
     if not pool.front_door.allow_plaintext:  # `prfaas up` would refuse these beyond loopback
         from prfaas.pool_file import plaintext_warnings
 

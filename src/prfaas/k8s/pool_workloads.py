@@ -10,6 +10,7 @@ the resources ``hardware.pod_resources`` gives the group's engine as ``prfaas up
 
 from __future__ import annotations
 
+import math
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -202,6 +203,15 @@ def front_door_workload(pool: PoolFileConfig, names: Names, opts: RenderOptions)
     return [deployment, api, control_svc]
 
 
+def group_timing(g: PoolGroup) -> pods.Timing:
+    """A group's pod timing: a spot group's (``notice_s``) deadline on SIGTERM is its notice,
+    whole seconds up; the grace period is ``pods.grace_s``'s rule over it (a deployment node's
+    over its drain): the notice handling (``serve.node.sigterm_notice``) ends the process by the
+    deadline, and its own stop has the margin a deployment node's has. No notice: no deadline."""
+    notice_s = 0 if g.notice_s is None else math.ceil(g.notice_s)
+    return pods.Timing(notice_s, pods.grace_s(notice_s, g.kind), startup_s=120)
+
+
 def group_workload(
     pool: PoolFileConfig, names: Names, opts: RenderOptions, g: NodeGroup
 ) -> list[Manifest]:
@@ -223,9 +233,10 @@ def group_workload(
         "--host",
         "$(POD_IP)",
     )
-    # No drain hook: the placement driver does not yet skip a node that reports draining, so a
-    # stopped pod fails its one running prefill (node_lost: its tenant prefills it locally).
-    t = pods.Timing(drain_deadline_s=0, grace_s=pods.STOP_GRACE_S, startup_s=120)
+    # No drain hook: a stopped pod fails its running prefill (node_lost: its tenant prefills it
+    # locally), unless its group has a spot notice: its SIGTERM is then the notice
+    # (``pool.node_main``), and the grace period covers the notice, then the process's stop.
+    t = group_timing(pool.groups[g.site_index])
     container = {
         "name": "node",
         "image": opts.image,
@@ -241,14 +252,11 @@ def group_workload(
         "volumeMounts": mounts,
         "securityContext": ctr_sec,
     }
+    annotations = {"prfaas.io/resources": res.why, "prfaas.io/nodes": ",".join(g.node_names)}
+    if t.drain_deadline_s:
+        annotations["prfaas.io/notice-s"] = str(t.drain_deadline_s)
     template = {
-        "metadata": {
-            "labels": labels,
-            "annotations": {
-                "prfaas.io/resources": res.why,
-                "prfaas.io/nodes": ",".join(g.node_names),
-            },
-        },
+        "metadata": {"labels": labels, "annotations": annotations},
         "spec": {
             "containers": [container],
             "volumes": vols,

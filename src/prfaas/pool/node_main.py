@@ -1,12 +1,13 @@
 """A pool group's node process: ``python -m prfaas.pool.node_main WORKDIR GROUP [HOST] [--node
 NODE]`` (the pool's launcher starts it; a Kubernetes pod gives HOST, its own address; ``--node``:
-that one node in a process of its own, ``nodes-GROUP+NODE.yaml``). The same ``WorkerHost``
-and node API as a deployment's PrfaaS node, from the group's node deployment file
+that one node in a process of its own, ``nodes-GROUP+NODE.yaml``). A deployment's PrfaaS node's
+``WorkerHost`` with a pool node's parts (``serve.node.pool_host.PoolNodeHost``) and the same node
+API, from the group's node deployment file
 (``pool.nodes_file``), holding every tenant's key besides the pool's internal one: its KV links to
 a tenant's receivers authenticate with that tenant's key (``PrefillCommand.key_id``), and it
 registers and heartbeats at the front door's node listener. Each tenant's KV is paced on a route
 of its own at that tenant's link rate (``PrefillCommand.tenant``, ``tenant_link_gbps``), every
-route under the pool's ``egress_gbps`` as the process's egress cap (``WorkerHost``'s
+route under the pool's ``egress_gbps`` as the process's egress cap (``PoolNodeHost``'s
 ``pool_egress_gbps``); the heartbeat carries one link reading per tenant route. A group's nodes
 share one process (like a deployment's timed site) unless it runs them per node
 (``PoolGroup.per_node_processes``). A group with ``notice_s`` is preemptible: SIGTERM is a spot
@@ -64,7 +65,7 @@ def run(workdir: Path, group: str, host: str | None = None, node: str | None = N
     machine). A pod's differs from its front door's (a Service): it passes its own IP.
     ``node``: run that node of the group alone (its own file)."""
     from prfaas.serve.node.app import create_node_app
-    from prfaas.serve.node.host import WorkerHost
+    from prfaas.serve.node.pool_host import PoolNodeHost
 
     nodes_file = workdir / nodes_name(group, node)
     d = load_deployment(nodes_file)
@@ -78,9 +79,9 @@ def run(workdir: Path, group: str, host: str | None = None, node: str | None = N
         notice_s = next((g.notice_s for g in pool.groups if g.name == group), None)
         # The salts' secret is read once: a changed one would orphan what the store holds.
         internal_key = d.psk
-        worker = WorkerHost(d, names, d.control_url, host=host, link_keys=keys, link_tls=tls,
-                            pool_egress_gbps=egress_gbps,
-                            prefix_namespaces=prefix_namespaces(pool, internal_key))  # fmt: skip
+        worker = PoolNodeHost(d, names, d.control_url, egress_gbps, host=host, link_keys=keys,
+                              link_tls=tls,
+                              prefix_namespaces=prefix_namespaces(pool, internal_key))  # fmt: skip
         sock = bind(host, max(d.node(n).port for n in names))
         await worker.start(sock.getsockname()[1])
 

@@ -5,8 +5,9 @@ A pool node is a PrfaaS node like any other (``serve.node.host.WorkerHost``, the
 process reads. The group is the file's PrfaaS site (its nodes prefill only); the other end of its
 link is a PD site without nodes that stands for the tenants (the link's rate is the pool's
 ``egress_gbps``; its one decode node is named only, since a PD site must have one, and no
-process runs it). The node process does not pace that one link: ``pool.node_main`` gives its
-``WorkerHost`` the egress as a cap over per-tenant routes, each paced at its tenant's own link.
+process runs it). The node process does not pace that one link: ``pool.node_main`` runs it as
+a ``serve.node.pool_host.PoolNodeHost``, the egress a cap over per-tenant routes, each paced at
+its tenant's own link.
 The "gateway" is the front door's node listener (``front_door.control_port``): the nodes
 register and heartbeat there, signed with the pool's internal key, which only the front door and
 its nodes hold.

@@ -11,10 +11,11 @@ also registers the tenant's decode nodes' pool receivers (``NodeEndpoint.pool_tr
 each decode process's receiver keyed by the tenant's pool key) with the pool, with the tenant's
 own link rate (``pool.link``: the pool's nodes pace this tenant's KV at it), and keeps the
 pool's last ``Feedback`` (``feedback``: queueing, shares, and the tenant's own link as the pool's
-nodes read it). The router does not read the link reading yet: the place it would go is
-``_node_alive``, as the ``pool`` process's ``SenderLinkReport`` for the ``pool -> home`` link in
-the registry's heartbeat (capacity, backlog, RTT), which the registry turns into that link's
-``LinkState`` for bandwidth-aware routers, as it does for a PrfaaS site's node.
+nodes read it). The ``pool`` node's heartbeat carries that link as a PrfaaS node process's does
+(``pool.feedback_link.pool_node_rows``: the ``pool -> home`` link's ``SenderLinkReport`` and the
+node's unsent KV), so the registry builds the link's ``LinkState`` with its one rule and a
+bandwidth-aware router (``policy.router``'s ``prfaas``) reads the tenant's link to the pool as it
+reads a PrfaaS site's link.
 
 ``PoolNodeClient`` is the dispatcher's ``NodeClient``: a prefill for the ``pool`` node is a signed
 submit (tokens, sampling, the decode node as registered receiver, the prefill's request id as the
@@ -41,10 +42,12 @@ from urllib.parse import urlsplit
 from prometheus_client import CollectorRegistry, Counter
 
 from prfaas.config import DeploymentConfig, NodeConfig, SiteConfig
+from prfaas.core.ids import SiteId, link_id_for
 from prfaas.core.link_config import LinkConfig
 from prfaas.engine.fingerprint import engine_fingerprint
 from prfaas.policy.pool_session import PoolSession
 from prfaas.pool.client import Feedback, PoolClient, PoolUnreachable, Refusal, pool_verify
+from prfaas.pool.feedback_link import pool_node_rows
 from prfaas.pool_file import resolve_key
 from prfaas.serve.gateway.node_client import NodeCallFailed, NodeClient
 from prfaas.serve.gateway.registry import NodeRegistry
@@ -53,7 +56,6 @@ from prfaas.serve.node.messages import (
     DecodeEvent,
     Heartbeat,
     NodeEndpoint,
-    NodeReport,
     PrefillCommand,
     PrefillOutcome,
     PrefixPullCommand,
@@ -130,6 +132,10 @@ class TenantPoolLink:
         )  # fmt: skip
         self.feedback: Feedback | None = None
         """The pool's last feedback (None: none yet)."""
+        self._link_id = link_id_for(SiteId(POOL_SITE), SiteId(d.home_site.name))
+        self._told_bytes_per_s = self.ref.link.gbps * 1e9 / 8
+        # The pool site's bytes as the registry converts a node's (``with_pool_site``'s engine).
+        self._byte_divisor = d.engine.real_bytes_per_payload_byte
 
     def fallback(self, reason: str) -> None:
         self.fallbacks.labels(reason=reason).inc()
@@ -189,16 +195,17 @@ class TenantPoolLink:
         self._node_alive(now)
 
     def _node_alive(self, now_s: float) -> None:
-        fb = self.feedback
-        report = NodeReport(
-            node=POOL_NODE, site=POOL_SITE, role="prefill",
-            queue_depth=0 if fb is None else fb.running,
-            queued_tokens=0 if fb is None else fb.queued_tokens,
+        """The ``pool`` node's heartbeat from the latest feedback: its queue, and the tenant's
+        link to the pool as a PrfaaS node process reports its link (``pool_node_rows``)."""
+        report, links = pool_node_rows(
+            self.feedback, node=POOL_NODE, site=POOL_SITE, link_id=self._link_id,
+            told_bytes_per_s=self._told_bytes_per_s, byte_divisor=self._byte_divisor,
         )  # fmt: skip
-        beat = Heartbeat(process=POOL_PROCESS, reports=[report])
+        beat = Heartbeat(process=POOL_PROCESS, reports=[report], links=links)
         if not self.registry.heartbeat(beat, now_s):
             reg = Registration(process=POOL_PROCESS, nodes=[self._endpoint], reports=[report])
             self.registry.register(reg, now_s)
+            self.registry.heartbeat(beat, now_s)  # a registration carries no link readings
 
     async def prefill(self, cmd: PrefillCommand) -> PrefillOutcome:
         """Submit ``cmd`` to the pool and wait for its outcome; ``NodeCallFailed`` (the dispatcher

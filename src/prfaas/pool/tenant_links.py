@@ -2,7 +2,8 @@
 tenant told (``TenantLink``, with its receivers) and what the pool's nodes measured of it.
 
 Each pool node process paces a tenant's KV on a route of its own (``tenant_route``: the group's
-site to the tenant, ``"{group}->{tenant}"``, the name ``serve.node.host.WorkerHost`` gives it)
+site to the tenant, ``"{group}->{tenant}"``, the name ``serve.node.pool_host.PoolNodeHost``
+gives it)
 and reports it in every heartbeat as a ``core.SenderLinkReport`` (modelled units: real bytes,
 modelled seconds). ``LinkReading`` is what the placement driver tells the tenant of its link from
 the latest reports of the live processes that have one for it (``combine``): usually one process

@@ -23,10 +23,11 @@ window of lengths holds ``TUNE_MIN_SAMPLES``, with ``policy.choose_threshold`` o
   tenant's model; the simulator prices with the pool group's own hardware).
 
 A new ``t`` goes through ``ControlLoop.set_threshold`` (the one way the live ``t`` changes), so
-the router reads it from its next request on. ``CoordinatedRouter`` wraps a coordinated tenant's
-router: a request it would offload stays home when ``policy.keeps_local`` says so (the pool's
-expected queueing for the tenant, from the latest feedback, over ``pool.ttft_target_s`` and the
-home queue shorter), counted ``prfaas_pool_kept_local_total{reason="expected_queueing"}``.
+the router reads it from its next request on. ``pool.tenant_router.TenantRouter`` holds a
+coordinated tenant's router gate: a request it would offload stays home when
+``policy.keeps_local`` says so (the pool's expected queueing for the tenant, from the latest
+feedback, over ``pool.ttft_target_s`` and the home queue shorter), counted
+``prfaas_pool_kept_local_total{reason="expected_queueing"}``.
 """
 
 from __future__ import annotations
@@ -37,11 +38,9 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from prfaas.config import DeploymentConfig
-from prfaas.core import ClusterView, NodeRole, RequestView, SiteId
+from prfaas.core import ClusterView, NodeRole, SiteId
 from prfaas.perf import CostModel
-from prfaas.policy import Router
-from prfaas.policy.decisions import RouteDecision
-from prfaas.policy.placement import least_loaded, work_left_s
+from prfaas.policy.placement import work_left_s
 from prfaas.policy.pool_coordination import (
     NOTHING_SAID,
     TUNE_MIN_SAMPLES,
@@ -51,7 +50,6 @@ from prfaas.policy.pool_coordination import (
     TenantLoad,
     ThresholdChoice,
     choose_threshold,
-    keeps_local,
     tuner_inputs,
 )
 from prfaas.pool.client import Feedback
@@ -236,53 +234,3 @@ class TenantTuner:
             "waiting": self.waiting,
             "choices": list(self.choices),
         }
-
-
-class CoordinatedRouter:
-    """A coordinated tenant's router: ``inner``'s decision, except that a request it would
-    offload stays home by ``policy.keeps_local`` (the simulator's gate) over the pool's latest
-    feedback; counted by reason."""
-
-    def __init__(
-        self,
-        inner: Router,
-        home: SiteId,
-        ttft_target_s: float,
-        local: CostModel,
-        feedback: Callable[[], Feedback | None],
-        metrics: CollectorRegistry,
-    ) -> None:
-        """``feedback()``: the pool's latest ``Feedback`` or None."""
-        self.inner = inner
-        self.name = inner.name
-        self.home = home
-        self.ttft_target_s = ttft_target_s
-        self.per_token_s = per_token_s(local)
-        self._feedback = feedback
-        self.kept_local = Counter(
-            "pool_kept_local", "Requests the router would have offloaded to the pool, kept "
-            "home by the pool's feedback (expected_queueing: its expected queueing for this "
-            "tenant over pool.ttft_target_s, the home queue shorter)", ["reason"],
-            namespace="prfaas", registry=metrics,
-        )  # fmt: skip
-
-    def route(self, request: RequestView, cluster: ClusterView, now: float) -> RouteDecision:
-        decision = self.inner.route(request, cluster, now)
-        if not decision.offloaded:
-            return decision
-        fb = self._feedback()
-        if fb is None:
-            return decision
-        num_local, backlog_s = home_prefill(cluster, self.home, self.per_token_s)
-        if not keeps_local(fb.expected_queueing_s, self.ttft_target_s, backlog_s, num_local):
-            return decision
-        load = least_loaded(cluster, self.home, NodeRole.PREFILL)
-        if load is None:
-            return decision
-        self.kept_local.labels(reason="expected_queueing").inc()
-        reason = (
-            f"kept local: the pool's expected queueing {fb.expected_queueing_s:.2f} s > target "
-            f"{self.ttft_target_s:g} s"
-        )
-        cached = request.cached_tokens_at(self.home)
-        return RouteDecision(load.site_id, load.node_id, cached, False, reason, None, True)

@@ -339,17 +339,30 @@ def test_a_tenant_pod_reads_its_pool_key_from_the_secret(
     assert LEAK not in composed.read_text()
 
 
-def test_a_preemptible_group_is_warned_its_notice_and_the_pods_grace() -> None:
-    """A group with ``notice_s``: its pods take SIGTERM as the notice (``pool.node_main``), and
-    the warning says so and where the pod's grace period cuts a longer notice."""
-    from prfaas.k8s.pool_render import warnings_for
-    from prfaas.pool_file import load_pool
+def test_a_preemptible_groups_pods_get_a_grace_period_over_their_notice() -> None:
+    """A group with ``notice_s``: its pods take SIGTERM as the notice (``pool.node_main``), so
+    their ``terminationGracePeriodSeconds`` is the notice (whole seconds up) plus the process's
+    own stop time, by the rule a deployment node's drain deadline takes (``pods.grace_s``); a
+    group without one keeps the stop time alone, and the warning says what was rendered."""
+    from prfaas.k8s import pods
+    from prfaas.k8s.pool_render import render_pool, warnings_for
 
     pool = load_pool(POOL)
     assert not any("notice_s" in w for w in warnings_for(pool))
-    for notice_s, cut in ((20.0, False), (45.0, True)):
+    for notice_s, grace in ((20.0, 50), (45.5, 76), (120.0, 150)):
         g = pool.groups[0].model_copy(update={"notice_s": notice_s})
         noticed = pool.model_copy(update={"groups": [g, *pool.groups[1:]]})
+        manifests = render_pool(noticed, POOL, RenderOptions(name="pool")).manifests
+        pods_of = {
+            m["metadata"]["labels"]["prfaas.io/pool-group"]: m["spec"]["template"]
+            for m in manifests
+            if m["kind"] == "StatefulSet"
+        }
+        spot, other = pods_of[g.name], pods_of[pool.groups[1].name]
+        assert spot["spec"]["terminationGracePeriodSeconds"] == grace >= notice_s + 5
+        assert spot["metadata"]["annotations"]["prfaas.io/notice-s"] == str(grace - 30)
+        assert grace == pods.grace_s(int(grace - 30), g.kind)  # the deployment's own rule
+        assert other["spec"]["terminationGracePeriodSeconds"] == pods.STOP_GRACE_S
+        assert "prfaas.io/notice-s" not in other["metadata"]["annotations"]
         said = [w for w in warnings_for(noticed) if w.startswith("groups[].notice_s")]
-        assert len(said) == 1 and "spot notice" in said[0]
-        assert ("(45 s here) is cut" in said[0]) == cut, said
+        assert len(said) == 1 and "spot notice" in said[0] and f"is {grace} s" in said[0], said

@@ -10,8 +10,9 @@ of them. The gateway's own calls to the nodes (dispatcher, control loop) are sig
 The policy objects are the ones the simulator drives: the router from ``policy.make_router``, the
 threshold ``t`` from the planner (``analytic``) unless the deployment fixes it. A pool tenant
 (``pool:``) whose ``pool.tuner`` is coordinated or uncoordinated re-chooses ``t`` as the pool
-simulator's tenants do (``pool.tenant_tuner``), and a coordinated one's router keeps an offload
-home while the pool queues it over its TTFT target (``CoordinatedRouter``).
+simulator's tenants do (``pool.tenant_tuner``); its router (``pool.tenant_router.TenantRouter``)
+reads its link to the pool from the pool's feedback, counts what it keeps home for that link, and,
+coordinated, keeps an offload home while the pool queues it over its TTFT target.
 """
 
 from __future__ import annotations
@@ -97,14 +98,16 @@ def create_cluster_gateway(d: DeploymentConfig, tokenizer: Any, model: ModelInfo
     pool_tuned = _pool_tuned(d, remote, local)
     if d.pool is not None:  # the pool node's prefills go to the pool's front door
         from prfaas.pool.tenant import PoolNodeClient, TenantPoolLink
-        from prfaas.pool.tenant_tuner import CoordinatedRouter
+        from prfaas.pool.tenant_router import TenantRouter
 
         pool_link = TenantPoolLink(d, registry, metrics.registry)
         node_client = PoolNodeClient(HttpNodeClient(SignedAuth(keys)), pool_link)
-        if pool_tuned and d.pool.tuner == "coordinated" and local is not None:
-            # The simulator's gate: an offload stays home while the pool queues it too long.
-            router = CoordinatedRouter(router, home, d.pool.ttft_target_s, local,
-                                       lambda: pool_link.feedback, metrics.registry)  # fmt: skip
+        # Its link's keeps counted; coordinated, the simulator's gate too: an offload stays
+        # home while the pool queues it too long.
+        gated = pool_tuned and d.pool.tuner == "coordinated" and local is not None
+        router = TenantRouter(router, home, lambda: pool_link.feedback, metrics.registry,
+                              d.pool.ttft_target_s if gated else None,
+                              local if gated else None)  # fmt: skip
     dispatcher = ClusterDispatcher(
         registry, router, fallback, metrics, model, d.engine.block_tokens,
         route_log_size=d.gateway.route_log_size, node_auth=SignedAuth(keys),

@@ -10,15 +10,11 @@ inter-site link's emulated rate (an R Gbps link is paced at R / byte_divisor / t
 timed engine, at R for real engines: the site's own engine decides; one pacer for all of them:
 they cross one link).
 
-A PrfaaS pool's node (``pool_egress_gbps``) has no one link: each tenant's KV crosses that
-tenant's own link, so it goes on a route of its own (``"{site}->{tenant}"``, named by the
-``PrefillCommand``), paced at the rate the tenant told the pool, converted as above, and every
-route shares the process-wide egress cap (the pool's ``egress_gbps``, converted the same way:
-``LinkPool(egress_cap_bytes_per_s=...)``). With ``netns: true`` nothing is paced, as for a
-deployment. Its prefix store keeps each tenant's prefixes in a namespace of its own, under a quota
-(``prefix_namespaces``): the host hashes a pool prefill's prompt into its tenant's salted chain
-itself (whatever hashes the command carries), and its heartbeat carries the store per namespace
-instead of the change journal (no one at the front door mirrors the store).
+A PrfaaS pool's node is a ``serve.node.pool_host.PoolNodeHost``, this host with the pool's parts:
+per-tenant routes paced under the pool's egress cap, per-tenant prefix namespaces, and the
+heartbeat that says them. What it changes is named by the hooks here (``egress_cap_bytes_per_s``,
+``paces_site_link``, ``route_of``, ``_in_namespace``, the heartbeat's ``_prefix_report`` and
+``_namespace_reports``, ``_refuse_link_rate``); a deployment's node runs them as written here.
 
 The inter-site link's capacity is measured, not taken from the deployment file: the pool samples
 the cross-site links' counters on its own timer (``transfer.link_readings``, shared with the vLLM
@@ -75,11 +71,9 @@ from prfaas.serve.node.messages import (
     PrefixPushCommand,
     PrefixReportMsg,
     Registration,
-    unpack_tokens,
 )
 from prfaas.serve.node.notice import NoticeDesk
 from prfaas.serve.node.prefix_move import PendingMoves, is_move, new_move_id
-from prfaas.serve.node.prefix_namespaces import PrefixNamespaces
 from prfaas.serve.node.prefix_store import PrefixStore
 from prfaas.serve.node.worker import Node
 from prfaas.transfer import (
@@ -100,6 +94,10 @@ DEPLOYMENT_KEY_ID = "deployment"
 
 
 class WorkerHost:
+    paces_site_link = True
+    """Whether the site's one inter-site link is paced (a pool node's is not: each tenant's
+    route is)."""
+
     def __init__(
         self,
         deployment: DeploymentConfig,
@@ -109,16 +107,10 @@ class WorkerHost:
         process_name: str = "",
         link_keys: Mapping[str, bytes] | None = None,
         link_tls: Mapping[str, KeyTLS] | None = None,
-        pool_egress_gbps: float | None = None,
-        prefix_namespaces: PrefixNamespaces | None = None,
     ) -> None:
         """``link_keys``: more keys (id -> key) its KV links may authenticate with, named by a
         ``PrefillCommand.key_id`` (a PrfaaS pool's node holds every tenant's key); ``link_tls``:
-        the TLS of the links under some of them (each tenant's receivers, under its CA);
-        ``pool_egress_gbps``: a PrfaaS pool's node: the pool's total egress (modelled Gbps), the
-        cap over every tenant's route (the deployment's one link is then not paced);
-        ``prefix_namespaces``: a PrfaaS pool's node: each tenant's prefixes in a namespace of its
-        own, under its quota (``serve/node/prefix_namespaces.py``)."""
+        the TLS of the links under some of them (each tenant's receivers, under its CA)."""
         self.site = site_of_nodes(deployment, node_names, "worker process")
         self.deployment = deployment
         self.host = host
@@ -126,12 +118,8 @@ class WorkerHost:
         self.process_name = process_name or default_process_name(node_names)
         eng = deployment.engine_for(self.site.name)  # the site's own settings, if any
         capacity = prefix_store_bytes(eng, self.site.hardware)
-        self.prefix_namespaces = prefix_namespaces
         self.prefix_store = store = PrefixStore(
-            capacity,
-            eng.block_tokens,
-            eng.checkpoint_every_blocks,
-            quotas=None if prefix_namespaces is None else prefix_namespaces.quotas(capacity),
+            capacity, eng.block_tokens, eng.checkpoint_every_blocks
         )
         self.moves = PendingMoves(store)
         self.nodes: dict[str, Node] = {}
@@ -166,11 +154,6 @@ class WorkerHost:
         if link is not None:
             other = link.dst if link.src == self.site.name else link.src
             self.route = link_id_for(SiteId(self.site.name), SiteId(other))
-        self.pool_egress_gbps = pool_egress_gbps
-        self._tenant_gbps: dict[str, float | None] = {}
-        """A pool node's tenant routes -> the rate each is set at now (modelled Gbps; None:
-        unpaced by the tenant): a route is set again only when its tenant's rate changes (a
-        re-set route is estimated afresh)."""
         tls = deployment.tls
         self.links = LinkPool(
             self.process_name,
@@ -180,7 +163,7 @@ class WorkerHost:
             server_hostname=tls.server_hostname if tls is not None else None,
             key_tls=link_tls,
         )
-        if self.route is not None and pool_egress_gbps is None:
+        if self.route is not None and self.paces_site_link:
             self.links.set_route(
                 self.route, self.link_rate_bytes_per_s(), self._configured_wall_rate()
             )
@@ -289,41 +272,24 @@ class WorkerHost:
         return gbps * 1e9 / 8 / self._wall_scale()
 
     def egress_cap_bytes_per_s(self) -> float | None:
-        """A pool node's egress cap in wall payload bytes/s: the pool's ``egress_gbps``, shared
-        by every tenant's route (None: not a pool node, or ``netns: true``, where nothing here
-        paces)."""
-        if self.pool_egress_gbps is None or self.deployment.netns:
-            return None
-        return self._wall_rate(self.pool_egress_gbps)
+        """The process-wide cap over every sender link, wall payload bytes/s (None: none; a
+        pool node's is the pool's egress). Called by ``__init__`` to build the link pool."""
+        return None
 
-    def tenant_route(self, tenant: str, gbps: float | None) -> str:
-        """The route a pool tenant's KV takes from this site (``"{site}->{tenant}"``), set (or
-        re-set, when its rate changed) to pace at the tenant's own link rate ``gbps`` (modelled;
-        None: unpaced by it, so only the egress cap applies, and not estimated: no rate is
-        known to estimate it from). Under ``netns: true`` nothing paces it."""
-        route = link_id_for(SiteId(self.site.name), SiteId(tenant))
-        if route in self._tenant_gbps and self._tenant_gbps[route] == gbps:
-            return route
-        self._tenant_gbps[route] = gbps
-        configured = None if gbps is None else self._wall_rate(gbps)
-        pace = None if self.deployment.netns else configured
-        self.links.set_route(route, pace, configured)
-        return route
-
-    async def set_link_gbps(self, gbps: float) -> None:
-        """Shape the inter-site link (modelled Gbps): paces every cross-site sender from now on.
-        Refused with ``netns: true``: tbf shapes the link there, nothing here paces it (this used
-        to change only the rate the reports and the estimator claimed)."""
+    def _refuse_link_rate(self) -> None:
+        """Raise ``LinkRateRefused`` when ``/link/rate`` cannot shape this process's link: with
+        ``netns: true`` tbf shapes it there, nothing here paces it (this used to change only the
+        rate the reports and the estimator claimed)."""
         if self.deployment.netns:
             raise LinkRateRefused(
                 f"site {self.site.name}: with netns: true tbf shapes the link and the senders "
                 "do not pace it; change the shaper (tc) instead"
             )
-        if self.pool_egress_gbps is not None:
-            raise LinkRateRefused(
-                f"site {self.site.name} is a PrfaaS pool's node group: its egress is the pool "
-                "file's egress_gbps and each tenant's link is the rate that tenant registered"
-            )
+
+    async def set_link_gbps(self, gbps: float) -> None:
+        """Shape the inter-site link (modelled Gbps): paces every cross-site sender from now on
+        (unless ``_refuse_link_rate`` refuses)."""
+        self._refuse_link_rate()
         self.link_gbps = gbps
         # The estimate starts afresh (LinkPool.set_route): a re-shaped link is another link.
         if self.route is not None:
@@ -356,7 +322,7 @@ class WorkerHost:
         self, host: str, port: int, cross_site: bool, key_id: str, route: str | None = None
     ) -> Destination:
         """``route``: the destination link the KV crosses when it is not the site's one link (a
-        pool tenant's, ``tenant_route``; cross-site only)."""
+        pool tenant's, ``route_of``; cross-site only)."""
         if not cross_site:
             route = None
         elif route is None:
@@ -385,30 +351,14 @@ class WorkerHost:
         await self.links.drop(self._destination(host, port, cross_site, key_id, route))
 
     def route_of(self, cmd: PrefillCommand) -> str | None:
-        """The route ``cmd``'s KV takes: its tenant's own (``tenant_route``) when it names one
-        and crosses sites, else None (the site's one link, or within the site)."""
-        if not (cmd.tenant and cmd.cross_site):
-            return None
-        return self.tenant_route(cmd.tenant, cmd.tenant_link_gbps)
-
-    def set_prefix_namespaces(self, namespaces: PrefixNamespaces) -> None:
-        """A pool node's reload of its tenants: their quotas from now on (nothing is evicted
-        now; a namespace left over its quota, or without one, loses entries first)."""
-        self.prefix_namespaces = namespaces
-        self.prefix_store.set_quotas(namespaces.quotas(self.prefix_store.capacity_bytes))
+        """The route ``cmd``'s KV takes when it is not the site's one link (a pool node: its
+        tenant's own); None: the site's one link, or within the site."""
+        return None
 
     def _in_namespace(self, cmd: PrefillCommand) -> tuple[PrefillCommand, str]:
-        """A pool node's prefill with its prompt's chain in its tenant's namespace (computed
-        here from the tokens: a caller's hashes are never taken), and that namespace; a
-        deployment's as it came, in the one namespace."""
-        ns = self.prefix_namespaces
-        if ns is None:
-            return cmd, ""
-        hashes: list[int] = []
-        if cmd.tenant:  # a command naming no tenant has no namespace: it neither hits nor stores
-            tokens = unpack_tokens(cmd.tokens)
-            hashes = list(ns.chain(cmd.tenant, tokens, self.prefix_store.block_tokens))
-        return cmd.model_copy(update={"block_hashes": hashes}), ns.namespace_of(cmd.tenant)
+        """``cmd`` as its prefix is looked up and stored, and the store's namespace for it: a
+        deployment's as it came, in the one namespace (a pool node: its tenant's)."""
+        return cmd, ""
 
     async def prefill(self, name: str, cmd: PrefillCommand) -> PrefillOutcome:
         """Node ``name`` prefills ``cmd`` into a session on the pooled link to the decode node's
@@ -534,33 +484,24 @@ class WorkerHost:
         return reg
 
     def heartbeat(self) -> Heartbeat:
-        """Every node's load report and the prefix store's next unacknowledged changes (a pool
-        node: what its store holds per tenant namespace instead)."""
-        pool = self.prefix_namespaces is not None
+        """Every node's load report, each destination link's reading and the prefix store's next
+        unacknowledged changes (a pool node: what its store holds per tenant namespace instead)."""
         return Heartbeat(
             process=self.process_name,
             reports=self.reports(),
             # A pool node with more tenant routes than a heartbeat carries reports the first.
             links=self.link_reports()[:MAX_LINK_REPORTS],
-            prefix=None if pool else PrefixReportMsg.of(self.prefix_store.report()),
-            namespaces=self.namespace_reports()[:MAX_LINK_REPORTS] if pool else [],
+            prefix=self._prefix_report(),
+            namespaces=self._namespace_reports()[:MAX_LINK_REPORTS],
         )
 
-    def namespace_reports(self) -> list[PrefixNamespaceMsg]:
-        """The prefix store per namespace, its bytes in modelled units (like the link reports)."""
-        scale = self.deployment.engine_for(self.site.name).real_bytes_per_payload_byte
-        return [
-            PrefixNamespaceMsg(
-                namespace=u.namespace,
-                num_entries=u.num_entries,
-                num_tokens=u.num_tokens,
-                used_bytes=int(u.used_bytes * scale),
-                quota_bytes=int(u.quota_bytes * scale),
-                hit_tokens=u.num_hit_tokens,
-                lookup_tokens=u.num_lookup_tokens,
-            )
-            for u in self.prefix_store.usage()
-        ]
+    def _prefix_report(self) -> PrefixReportMsg | None:
+        """The store's changes the gateway has not acknowledged (the gateway mirrors them)."""
+        return PrefixReportMsg.of(self.prefix_store.report())
+
+    def _namespace_reports(self) -> list[PrefixNamespaceMsg]:
+        """The store per namespace (a pool node's; none here: the journal says it)."""
+        return []
 
     def _on_heartbeat_answer(self, r: httpx.Response) -> None:
         """The gateway's acknowledgement of our prefix report (what it applied; a snapshot if it
