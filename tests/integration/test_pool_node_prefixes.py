@@ -3,8 +3,10 @@
 tenants and streams each one's KV over a real loopback link, under that tenant's key, to that
 tenant's receiver. Tenant a's next turn of a long prompt is found in the node's store (fewer tokens
 computed); tenant b's identical prompt finds nothing of a's; b flooding the store with prompts of
-its own fills it, evicts only b's own entries, and a's prompt still hits. The store is shrunk to six
-of these prompts' checkpoints so that a few prefills fill it (its quotas follow, 2:1 by weight)."""
+its own fills it, evicts only b's own entries, and a's prompt still hits, as the front door
+foresees from the node's journal and the salted chain it computes itself (``pool.prefix_hits``).
+The store is shrunk to six of these prompts' checkpoints so that a few prefills fill it (its
+quotas follow, 2:1 by weight)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import pytest
 
 from prfaas.pool.node_main import prefix_namespaces
 from prfaas.pool.nodes_file import group_deployment
+from prfaas.pool.prefix_hits import PrefixHits
 from prfaas.pool_file import load_pool
 from prfaas.serve.node.messages import PrefillCommand, SamplingMsg, pack_tokens
 from prfaas.serve.node.pool_host import PoolNodeHost
@@ -101,7 +104,27 @@ async def _run(tmp: Path) -> None:
             assert usage["tenant-a"] == held_a  # a's entries all there, untouched by b
             assert usage["tenant-b"].used_bytes > store.quota_bytes("tenant-b")  # the room a left
             assert store.capacity_bytes - entry_bytes < store.used_bytes <= store.capacity_bytes
-            assert await prefill("tenant-a", "a2", [*LONG, 9]) == len(LONG)
+            # The front door's view: the node's journal (its heartbeat) mirrored, each prompt's
+            # chain computed from the internal key as the node computes it, estimates what the
+            # node's own lookup finds, for each tenant.
+            hits = PrefixHits(prefix_namespaces(pool, internal), store.block_tokens)
+            hits.registered("p", group.name)
+            for _ in range(10):
+                report = host.heartbeat().prefix
+                assert report is not None  # a namespaced pool node still sends its journal
+                ack = hits.report("p", report)
+                assert ack is not None and not ack.snapshot
+                store.acknowledge(ack)
+                if not report.changes:
+                    break
+            prompt = [*LONG, 9]
+            for tenant in ("tenant-a", "tenant-b"):
+                chain = hits.chain(tenant, "x", pack_tokens(prompt))
+                truth = store.cached_tokens(chain, len(prompt), tenant)
+                assert hits.hit_tokens("p", chain, len(prompt), 0.0) == truth
+            a_chain = hits.chain("tenant-a", "x", pack_tokens(prompt))
+            assert hits.hit_tokens("p", a_chain, len(prompt), 0.0) == len(LONG)
+            assert await prefill("tenant-a", "a2", prompt) == len(LONG)
             # The heartbeat to the front door says so per tenant (modelled bytes: x1000).
             spaces = {n.namespace: n for n in host.heartbeat().namespaces}
             assert spaces["tenant-a"].hit_tokens == 2 * len(LONG)

@@ -15,7 +15,10 @@ the pool's egress or its own under its weighted part of that), the backlogged te
 lowest counter starts its oldest prefill for that group (tenants under their floor on that group
 first). A tenant that becomes backlogged again is lifted to the lowest counter of the backlogged
 tenants (Sheng et al., VTC, OSDI'24): it is not owed its idle time. Nothing waits while a node
-and the egress are free and some tenant has work (work-conserving).
+and the egress are free and some tenant has work (work-conserving). Where the caller knows the
+pool's prefixes (the live driver), a start is charged the compute of the node it goes to, the
+prompt less that node's prefix of it (``dispatch``'s ``compute_s_of``, ``pool_placement``); the
+egress part is always the KV that leaves.
 
 Pure: ``now`` is passed in, decisions are frozen dataclasses; no I/O, no clock, no asyncio.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from prfaas.policy.pool_shares import PoolShape, TenantShare, waterfill
@@ -152,10 +156,14 @@ class PoolAdmission:
         self.num_refused: dict[str, int] = {r: 0 for r in REFUSAL_REASONS}
 
     # -- costs ---------------------------------------------------------------------------------
-    def dominant_cost(self, job: PrefillJob) -> float:
+    def dominant_cost(self, job: PrefillJob, compute_s: float | None = None) -> float:
+        """``compute_s``: the node-seconds it will take where it is placed (its node holds part
+        of the prompt), else the submitted ``job.compute_s``. The egress part is always the KV
+        that leaves (``job.kv_bytes``, the tenant's uncached suffix), whatever the node found."""
         group = self.shape.group_for_model(job.model)
         assert group is not None
-        return max(job.compute_s / group.num_nodes, job.kv_bytes / self.shape.egress_bytes_per_s)
+        compute = job.compute_s if compute_s is None else compute_s
+        return max(compute / group.num_nodes, job.kv_bytes / self.shape.egress_bytes_per_s)
 
     # -- submit --------------------------------------------------------------------------------
     def submit(self, job: PrefillJob, now: float) -> Decision:
@@ -238,9 +246,20 @@ class PoolAdmission:
         return Accepted(job.tenant, job.request_id, group.name, expected)
 
     # -- dispatch ------------------------------------------------------------------------------
-    def dispatch(self, group: str, now: float, egress: EgressState) -> PrefillJob | None:
+    def dispatch(
+        self,
+        group: str,
+        now: float,
+        egress: EgressState,
+        compute_s_of: Callable[[PrefillJob], float] | None = None,
+    ) -> PrefillJob | None:
         """The prefill a free node of ``group`` should start now, or None (nothing queued, or
-        the egress has no room). The driver calls it while it has a free node."""
+        the egress has no room). The driver calls it while it has a free node.
+
+        ``compute_s_of(job)``: the chosen prefill's node-seconds where it will run (called once,
+        after the choice: the node that holds the longest prefix of its prompt computes only the
+        rest, ``pool_placement``); its start is charged that compute. None: the submitted
+        ``compute_s`` (no pool prefix known: the simulator's case)."""
         window_bytes = self.shape.egress_bytes_per_s * self.shape.egress_window_s
         pool_full = egress.pool_backlog_bytes >= window_bytes
         active_w = sum(o.share.weight for o in self._tenants.values() if o.active())
@@ -264,7 +283,8 @@ class PoolAdmission:
         if best is None:
             return None
         job = best.queues[group].popleft()
-        charge = self.dominant_cost(job) / best.share.weight
+        compute_s = None if compute_s_of is None else compute_s_of(job)
+        charge = self.dominant_cost(job, compute_s) / best.share.weight
         best.counter += charge
         self._charged[(job.tenant, job.request_id)] = charge
         best.running[group] += 1

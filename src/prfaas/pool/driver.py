@@ -39,6 +39,11 @@ own namespace itself (``serve.node.prefix_namespaces``), so the command carries 
 heartbeat's per-namespace figures are kept (the latest per process); ``tenant_prefixes`` is a
 tenant's own namespace per group over the live processes (the feedback's ``prefixes``:
 ``pool.tenant_prefixes``), and a done prefill's outcome says how many tokens its node found.
+With ``prefix_hits`` (``pool.prefix_hits``: each process's store mirrored from its heartbeat's
+journal, acknowledged in the answer, ``take_prefix_ack``), placement is cache-aware: a group's
+free nodes are offered together, and the prefill the door picks goes to the one whose store holds
+the longest prefix of its prompt in its tenant's namespace (the door computes the salted chain:
+it holds the internal key), charged the compute that node will do (``FrontDoor.place``).
 
 Counters per tenant (``counters``): accepted, placed, done, failed, aborted, handed_back (each
 time a node gave one back; a prefill placed again counts placed again): the operator's listener
@@ -56,11 +61,13 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from prfaas.cache.mirror import ReportAck
 from prfaas.core.link_report import SenderLinkReport
-from prfaas.policy.pool_admission import EgressState
+from prfaas.policy.pool_admission import EgressState, PrefillJob
 from prfaas.policy.pool_shares import TenantShare
 from prfaas.pool.frontdoor import Abort, FrontDoor, Placement
 from prfaas.pool.payload import Payload
+from prfaas.pool.prefix_hits import PrefixHits
 from prfaas.pool.tenant_links import LinkReading, combine, tenant_route
 from prfaas.pool.tenant_prefixes import GroupPrefixes
 from prfaas.pool.tenant_prefixes import combine as combine_prefixes
@@ -100,9 +107,11 @@ class PlacementDriver:
         clock: Callable[[], float],
         wall: Callable[[], float] = time.monotonic,
         node_timeout_s: float = 3.0,
+        prefix_hits: PrefixHits | None = None,
     ) -> None:
         """``node_groups``: node name -> its group (the pool file's); ``clock``: the door's
-        (modelled seconds); ``wall``: node liveness (wall seconds)."""
+        (modelled seconds); ``wall``: node liveness (wall seconds); ``prefix_hits``: the nodes'
+        stores as they report them (None: placement and charges ignore the pool's prefixes)."""
         self.door = door
         self.node_groups = dict(node_groups)
         self.client = client
@@ -125,6 +134,10 @@ class PlacementDriver:
         """process -> its last heartbeat's link readings (one per route: per tenant)."""
         self.prefix_reports: dict[str, tuple[PrefixNamespaceMsg, ...]] = {}
         """process -> its last heartbeat's prefix store, per tenant namespace."""
+        self.prefix_hits = prefix_hits
+        self._prefix_acks: dict[str, ReportAck] = {}
+        """process -> the acknowledgement of its last journal, for the heartbeat's answer."""
+        self._hints = _Hints(self) if prefix_hits is not None else None
 
     # -- the node listener ---------------------------------------------------------------------
     def register(self, reg: Registration) -> None:
@@ -134,6 +147,8 @@ class PlacementDriver:
             if group is None:
                 raise ValueError(f"node {ep.node!r} is not in the pool file")
             self.nodes[ep.node] = _PoolNode(ep, reg.process, group, now)
+            if self.prefix_hits is not None:
+                self.prefix_hits.registered(reg.process, group)
 
     def heartbeat(self, beat: Heartbeat) -> bool:
         mine = [n for n in self.nodes.values() if n.process == beat.process]
@@ -143,12 +158,21 @@ class PlacementDriver:
         reports = {r.node: r for r in beat.reports}
         self.link_reports[beat.process] = tuple(beat.links)
         self.prefix_reports[beat.process] = tuple(beat.namespaces)
+        if self.prefix_hits is not None and beat.prefix is not None:
+            ack = self.prefix_hits.report(beat.process, beat.prefix)
+            if ack is not None:
+                self._prefix_acks[beat.process] = ack
         for n in mine:
             n.last_seen_s = now
             report = reports.get(n.endpoint.node)
             n.fault = report.fault if report is not None else ""
             n.draining = report is not None and report.draining
         return True
+
+    def take_prefix_ack(self, process: str) -> ReportAck | None:
+        """The acknowledgement of the process's last prefix journal, for the heartbeat's answer
+        (once: a heartbeat without a journal gets none)."""
+        return self._prefix_acks.pop(process, None)
 
     def live(self, node: str) -> bool:
         n = self.nodes.get(node)
@@ -201,11 +225,22 @@ class PlacementDriver:
         now = self.clock()
         for abort in self.door.expire(now):
             self._aborted(abort)
+        free: dict[str, list[str]] = {}  # group -> its free live nodes, by name
         for name in sorted(self.nodes):
-            if name in self.busy or not self.live(name) or self.nodes[name].draining:
-                continue
-            placement = self.door.place(self.nodes[name].group, name, now, self.egress())
-            if placement is not None:
+            if name not in self.busy and self.live(name) and not self.nodes[name].draining:
+                free.setdefault(self.nodes[name].group, []).append(name)
+        # Nodes are offered work by name, as before; each placement may go to another free node
+        # of the group (the one holding the longest prefix of the prompt for its tenant).
+        for name in sorted(self.nodes):
+            group = self.nodes[name].group
+            nodes = free.get(group, [])
+            while name in nodes:
+                placement = self.door.place(group, nodes[0], now, self.egress(), nodes[1:],
+                                            self._hints)  # fmt: skip
+                if placement is None:
+                    nodes.clear()  # nothing the group can start now: its other nodes neither
+                    break
+                nodes.remove(placement.node)
                 self._start(placement)
 
     def abort(self, tenant: str, request_id: str) -> bool:
@@ -228,7 +263,7 @@ class PlacementDriver:
         return aborts
 
     def _aborted(self, abort: Abort) -> None:
-        self.payloads.pop((abort.tenant, abort.request_id), None)
+        self._drop_payload((abort.tenant, abort.request_id))
         self.counters[abort.tenant]["aborted"] += 1
         if abort.node is not None:
             self._spawn(self._abort(abort.node, abort.tenant, abort.request_id))
@@ -245,6 +280,7 @@ class PlacementDriver:
         key = (p.job.tenant, p.job.request_id)
         payload = self.payloads.get(key)
         if payload is None:  # accepted without a payload: cannot be run
+            self._drop_payload(key)
             self.door.finished(*key, self.clock(), error="no_payload")
             self.counters[p.job.tenant]["failed"] += 1
             return
@@ -286,6 +322,9 @@ class PlacementDriver:
                 error = f"prefill: {outcome.error}"[:200]
             sent = outcome.kv_bytes_sent
             cached = outcome.num_cached_tokens
+            n = self.nodes.get(node)
+            if self.prefix_hits is not None and n is not None and outcome.ok:
+                self.prefix_hits.stored(n.process, outcome, self.wall())
         except NodeCallFailed as exc:
             if exc.kind == "refused":  # 409: a notice came before its heartbeat said draining
                 back = str(exc)
@@ -302,7 +341,7 @@ class PlacementDriver:
             return
         self.door.finished(*key, self.clock(), error=error, kv_bytes_sent=sent,
                            cached_tokens=cached)  # fmt: skip
-        self.payloads.pop(key, None)
+        self._drop_payload(key)
         out = self.door.outcome(*key)
         if out is not None and out.state in ("done", "failed"):
             self.counters[key[0]][out.state] += 1
@@ -321,7 +360,7 @@ class PlacementDriver:
         log.warning("pool node %s handed %s back (%s): %s", node, "/".join(key), why,
                     "queued again" if out.state == "queued" else out.reason)  # fmt: skip
         if out.state == "failed":
-            self.payloads.pop(key, None)
+            self._drop_payload(key)
             self.counters[key[0]]["failed"] += 1
 
     async def _abort(self, node: str, tenant: str, request_id: str) -> None:
@@ -334,6 +373,12 @@ class PlacementDriver:
         session = self._sessions.pop(key, None)
         if session is not None:
             await self.client.abort(n.endpoint, session)
+
+    def _drop_payload(self, key: tuple[str, str]) -> None:
+        """The prefill ended (will not be placed again): its payload and chain go."""
+        self.payloads.pop(key, None)
+        if self.prefix_hits is not None:
+            self.prefix_hits.forget(*key)
 
     def _spawn(self, coro: object) -> None:
         assert asyncio.iscoroutine(coro)
@@ -348,3 +393,36 @@ class PlacementDriver:
             with contextlib.suppress(BaseException):
                 await task
         await self.client.aclose()
+
+
+class _Hints:
+    """The driver's ``PlacementHints``: a queued prefill's expected hit on a node, from the
+    node's process's mirrored store and the prompt's chain in its tenant's namespace, and its
+    compute there (the prompt less that hit)."""
+
+    def __init__(self, driver: PlacementDriver) -> None:
+        self.driver = driver
+
+    def _num_tokens(self, payload: Payload) -> int:
+        # A decode node that recomputes the last token may get one token fewer from the node
+        # (models with fixed-size states): the shorter prompt is the safe bound of the lookup.
+        return payload.num_tokens - (1 if payload.decode_recomputes_last_token else 0)
+
+    def hit_tokens(self, job: PrefillJob, node: str) -> int:
+        d = self.driver
+        hits, n = d.prefix_hits, d.nodes.get(node)
+        payload = d.payloads.get((job.tenant, job.request_id))
+        if hits is None or payload is None or n is None:
+            return 0
+        chain = hits.chain(job.tenant, job.request_id, payload.tokens)
+        return hits.hit_tokens(n.process, chain, self._num_tokens(payload), d.wall())
+
+    def compute_s(self, job: PrefillJob, cached_tokens: int) -> float:
+        d = self.driver
+        hits, payload = d.prefix_hits, d.payloads.get((job.tenant, job.request_id))
+        if hits is None or hits.compute_s is None or payload is None:
+            return job.compute_s
+        # The node computes the whole prompt past what it finds in its own store (the tenant's
+        # home cache is not there): what its group's compute is charged.
+        num_new = max(1, payload.num_tokens - cached_tokens)
+        return hits.compute_s(job.model, num_new, cached_tokens)

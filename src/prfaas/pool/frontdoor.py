@@ -6,9 +6,11 @@ and hands this object the tenant and the body; this object decides. It owns what
 tenant's registered receivers, own link (the rate it told at registration) and lease, the model
 fingerprints a submit must match, the outcomes a tenant may read, and isolation: a tenant submits
 only as itself and only to receivers it registered, and reads only its own outcomes and
-feedback. Placement on a free node goes through
-``PoolAdmission.dispatch``; a lease that expires or a revoked tenant drops its queued prefills and
-aborts its running ones with the reason. A prefill its node hands back (a spot notice) is queued
+feedback. Placement on a free node goes through ``PoolAdmission.dispatch`` (which prefill), then
+``policy.pool_placement`` (which of the group's free nodes: the one holding the longest prefix of
+it for its tenant, when the caller gives ``PlacementHints``; its start is charged the compute that
+node will do); a lease that expires or a revoked tenant drops its queued prefills and aborts its
+running ones with the reason. A prefill its node hands back (a spot notice) is queued
 again at the front of its tenant's queue (``requeue``: its outcome reads ``queued`` again, reason
 ``handed_back``), to the same receiver and session, up to ``MAX_HAND_BACKS`` times; once more
 and it fails (``handed_back``), so nothing circulates for ever. Pure: ``now`` passed in; no I/O,
@@ -29,6 +31,7 @@ from prfaas.policy.pool_admission import (
     PrefillJob,
     Refused,
 )
+from prfaas.policy.pool_placement import NodePick, PlacementHints, prefer_cached
 from prfaas.policy.pool_shares import PoolShape, TenantShare
 from prfaas.pool.tenant_links import TenantLink
 
@@ -99,6 +102,10 @@ class Placement:
     node: str
     receiver: Receiver
     session: str
+    cached_tokens: int = 0
+    """Prompt tokens ``node`` is expected to find in the tenant's prefixes (its reports)."""
+    compute_s: float | None = None
+    """The node-seconds its start was charged (None: the submitted ``job.compute_s``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,16 +222,40 @@ class FrontDoor:
         )
 
     # -- the pool's side -----------------------------------------------------------------------
-    def place(self, group: str, node: str, now: float, egress: EgressState) -> Placement | None:
-        """What the free ``node`` of ``group`` should run now, or None."""
-        job = self.admission.dispatch(group, now, egress)
+    def place(
+        self,
+        group: str,
+        node: str,
+        now: float,
+        egress: EgressState,
+        others: Sequence[str] = (),
+        hints: PlacementHints | None = None,
+    ) -> Placement | None:
+        """What a free node of ``group`` should run now, or None: the admission picks the
+        prefill (the fair-share rule); with ``hints``, it goes to the one of ``node`` and
+        ``others`` (free nodes of the group, in the caller's order) whose store holds the longest
+        prefix of its prompt for its tenant (ties: the first), and is charged the compute that
+        node will do (``policy.pool_placement``). Without hints: ``node``, charged as submitted."""
+        picked: list[NodePick] = []
+        compute_s: list[float] = []
+
+        def compute_s_of(job: PrefillJob) -> float:
+            assert hints is not None
+            pick = prefer_cached((node, *others), lambda n: hints.hit_tokens(job, n))
+            picked.append(pick)
+            compute_s.append(hints.compute_s(job, pick.cached_tokens))
+            return compute_s[0]
+
+        job = self.admission.dispatch(group, now, egress, None if hints is None else compute_s_of)
         if job is None:
             return None
+        pick = picked[0] if picked else NodePick(node)
         key = (job.tenant, job.request_id)
         receiver, session = self._targets[key]  # kept until it ends: a requeue places it again
-        self._running[key] = (job, node)
+        self._running[key] = (job, pick.node)
         self._outcomes[key] = Outcome(self.epoch, job.request_id, "running")
-        return Placement(job, node, receiver, session)
+        charged = compute_s[0] if compute_s else None
+        return Placement(job, pick.node, receiver, session, pick.cached_tokens, charged)
 
     def finished(
         self,

@@ -39,6 +39,7 @@ from prfaas.pool.client import MAX_CONNECTIONS as TENANT_CONNECTIONS
 from prfaas.pool.driver import PlacementDriver
 from prfaas.pool.frontdoor import FrontDoor
 from prfaas.pool.metrics import OUTCOMES, pool_registry
+from prfaas.pool.prefix_hits import PrefixHits
 from prfaas.pool.resolved import internal_psk, load_resolved, tenant_keys
 from prfaas.pool.tenant_links import link_json
 from prfaas.pool.tenant_prefixes import prefixes_json
@@ -50,7 +51,8 @@ from prfaas.serve.auth_middleware import SignatureMiddleware
 from prfaas.serve.gateway.node_client import HttpNodeClient
 from prfaas.serve.keyring import ring_of_psks
 from prfaas.serve.listeners import MAX_UNVERIFIED, PortRouter, UnverifiedConnections, bind, serve
-from prfaas.serve.node.messages import Heartbeat, Registration
+from prfaas.serve.node.messages import Heartbeat, PrefixAckMsg, Registration
+from prfaas.serve.node.prefix_namespaces import PrefixNamespaces
 
 log = logging.getLogger("prfaas.pool")
 
@@ -130,11 +132,23 @@ def build(workdir: Path) -> tuple[FastAPI, FastAPI, PlacementDriver, PoolFileCon
         cost = costs_of.get(model)
         return None if cost is None else (cost.prefill_s(num_tokens), cost.kv_bytes(num_tokens))
 
-    ring = ring_of_psks(internal_psk(workdir))
+    internal_key = internal_psk(workdir)
+    ring = ring_of_psks(internal_key)
     node_groups = {n: g.name for g in pool.groups for n in g.node_names}
+
+    def compute_s(model: str, num_new: int, num_cached: int) -> float:
+        return costs_of[model].prefill_s(num_new, num_cached)
+
+    # The nodes' salts, drawn from the internal key as they draw them: the door computes each
+    # prompt's chain in its tenant's namespace, to place it where its prefix is and charge it
+    # what that node computes (docs/pool.md, Prefixes).
+    salts = PrefixNamespaces.from_internal_key(
+        internal_key, pool.prefix_shares(), pool.share_prefixes
+    )
+    hits = PrefixHits(salts, pool.units.block_tokens, compute_s)
     driver = PlacementDriver(
         door, node_groups, HttpNodeClient(SignedAuth(ring)), clock,
-        node_timeout_s=max(3.0, 6 * pool.heartbeat_interval_s),
+        node_timeout_s=max(3.0, 6 * pool.heartbeat_interval_s), prefix_hits=hits,
     )  # fmt: skip
     tenants = create_app(
         door, keys, costs, clock=clock, on_accepted=driver.accept, on_abort=driver.abort,
@@ -170,10 +184,14 @@ def _operator_app(driver: PlacementDriver, ring: Any, reload: TenantReload) -> F
         return {"status": "registered"}
 
     @app.post("/internal/heartbeat")
-    async def heartbeat(beat: Heartbeat) -> dict[str, str]:
+    async def heartbeat(beat: Heartbeat) -> dict[str, object]:
         if not driver.heartbeat(beat):
             raise HTTPException(404, f"unknown process {beat.process}: register first")
-        return {"status": "ok"}
+        answer: dict[str, object] = {"status": "ok"}
+        ack = driver.take_prefix_ack(beat.process)
+        if ack is not None:  # what of its store's journal the door's mirror applied
+            answer["prefix"] = PrefixAckMsg.of(ack).model_dump()
+        return answer
 
     @app.get("/internal/nodes")
     async def nodes() -> list[dict[str, Any]]:

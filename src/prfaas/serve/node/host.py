@@ -13,8 +13,8 @@ they cross one link).
 A PrfaaS pool's node is a ``serve.node.pool_host.PoolNodeHost``, this host with the pool's parts:
 per-tenant routes paced under the pool's egress cap, per-tenant prefix namespaces, and the
 heartbeat that says them. What it changes is named by the hooks here (``egress_cap_bytes_per_s``,
-``paces_site_link``, ``route_of``, ``_in_namespace``, the heartbeat's ``_prefix_report`` and
-``_namespace_reports``, ``_refuse_link_rate``); a deployment's node runs them as written here.
+``paces_site_link``, ``route_of``, ``_in_namespace``, the heartbeat's ``_namespace_reports``,
+``_refuse_link_rate``); a deployment's node runs them as written here.
 
 The inter-site link's capacity is measured, not taken from the deployment file: the pool samples
 the cross-site links' counters on its own timer (``transfer.link_readings``, shared with the vLLM
@@ -496,7 +496,8 @@ class WorkerHost:
         )
 
     def _prefix_report(self) -> PrefixReportMsg | None:
-        """The store's changes the gateway has not acknowledged (the gateway mirrors them)."""
+        """The store's changes not yet acknowledged (the gateway mirrors them; a pool node's
+        front door too, to place prefills where their prefixes are)."""
         return PrefixReportMsg.of(self.prefix_store.report())
 
     def _namespace_reports(self) -> list[PrefixNamespaceMsg]:

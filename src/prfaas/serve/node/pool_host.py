@@ -11,8 +11,10 @@
 - **Per-tenant prefix namespaces**: its prefix store keeps each tenant's prefixes in a namespace
   of its own, under a quota (``prefix_namespaces``): the host hashes a pool prefill's prompt into
   its tenant's salted chain itself (whatever hashes the command carries), and its heartbeat
-  carries the store per namespace instead of the change journal (no one at the front door
-  mirrors the store). Without namespaces (a test's node) the store is a deployment's.
+  carries the store per namespace besides the store's change journal, which the front door
+  mirrors (``pool/prefix_hits.py``: it places a prefill where its tenant's prefix is, computing
+  the same salted chain from the pool's internal key). Without namespaces (a test's node) the
+  store is a deployment's.
 
 Imports nothing of ``prfaas.pool`` (``serve/`` is below it): the pool's figures come in as
 arguments.
@@ -30,7 +32,6 @@ from prfaas.serve.node.hosting import LinkRateRefused
 from prfaas.serve.node.messages import (
     PrefillCommand,
     PrefixNamespaceMsg,
-    PrefixReportMsg,
     unpack_tokens,
 )
 from prfaas.serve.node.prefix_namespaces import PrefixNamespaces
@@ -123,10 +124,6 @@ class PoolNodeHost(WorkerHost):
             tokens = unpack_tokens(cmd.tokens)
             hashes = list(ns.chain(cmd.tenant, tokens, self.prefix_store.block_tokens))
         return cmd.model_copy(update={"block_hashes": hashes}), ns.namespace_of(cmd.tenant)
-
-    def _prefix_report(self) -> PrefixReportMsg | None:
-        # Namespaced, the store is said per namespace: no gateway mirrors a pool node's store.
-        return None if self.prefix_namespaces is not None else super()._prefix_report()
 
     def _namespace_reports(self) -> list[PrefixNamespaceMsg]:
         return [] if self.prefix_namespaces is None else self.namespace_reports()

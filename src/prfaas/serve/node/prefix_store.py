@@ -20,7 +20,8 @@ store's LRU order as before.
 
 Every insert and eviction goes into the store's ``StoreJournal`` (``cache/mirror.py``): the
 process's heartbeats carry those changes to the gateway, whose ``KVMirror`` routes from them (a
-pool node's carry ``usage`` per namespace instead: its front door mirrors nothing).
+pool node's go to its front door, which mirrors them to place prefills where their prefixes are,
+``pool.prefix_hits``, beside ``usage`` per namespace).
 """
 
 from __future__ import annotations

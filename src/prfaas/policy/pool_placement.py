@@ -1,0 +1,66 @@
+"""Cache-aware placement of a pool prefill on one of its group's free nodes (``docs/pool.md``,
+*Prefixes* and *The fair-share rule*).
+
+The admission (``pool_admission.PoolAdmission.dispatch``) decides *which* prefill a group starts
+next (the fair-share rule); this module decides *where*, among the group's nodes that can take it
+now: the node whose prefix store holds the longest prefix of the prompt in the tenant's own
+namespace, ties broken by the caller's order (the driver's: node name, the rule before prefixes
+counted). What the node holds comes from its reports (the driver's mirror of each node process's
+store, ``pool/prefix_hits.py``); the admission then charges the prefill the compute that node
+will actually do: the prompt less that hit.
+
+``PlacementHints`` is what the front door is handed to know both (the live driver implements it;
+without hints, as in the simulator, which models no pool prefixes, every node is a miss and the
+charge is the submitted compute). Pure: no I/O, no clock, no asyncio.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from prfaas.policy.pool_admission import PrefillJob
+
+
+@dataclass(frozen=True, slots=True)
+class NodePick:
+    """Where a prefill goes and the prompt tokens its node is expected to find there."""
+
+    node: str
+    cached_tokens: int = 0
+
+
+class PlacementHints(Protocol):
+    """What the caller knows of the nodes' prefix stores, asked per prefill chosen."""
+
+    def hit_tokens(self, job: PrefillJob, node: str) -> int:
+        """Prompt tokens of ``job`` that ``node``'s store holds in the tenant's namespace (a
+        block-aligned prefix, shorter than the prompt); 0 when unknown."""
+        ...
+
+    def compute_s(self, job: PrefillJob, cached_tokens: int) -> float:
+        """Node-seconds ``job`` takes on its group when its node finds ``cached_tokens`` of the
+        prompt (what the node computes: the rest of the prompt)."""
+        ...
+
+
+def reusable_tokens(num_prompt_tokens: int, block_tokens: int) -> int:
+    """The longest prefix a node may reuse: whole blocks, leaving at least one token to compute
+    (the store's ``lookup`` limit)."""
+    if block_tokens <= 0:
+        raise ValueError(f"block_tokens must be > 0, got {block_tokens}")
+    return max(0, (num_prompt_tokens - 1) // block_tokens) * block_tokens
+
+
+def prefer_cached(nodes: Sequence[str], hit_of: Callable[[str], int]) -> NodePick:
+    """The node of ``nodes`` (non-empty, the caller's order) with the longest expected hit; the
+    first of them on a tie (no hit anywhere: the first node, the placement before prefixes)."""
+    if not nodes:
+        raise ValueError("no node to place on")
+    best = NodePick(nodes[0], max(0, hit_of(nodes[0])))
+    for node in nodes[1:]:
+        hit = max(0, hit_of(node))
+        if hit > best.cached_tokens:
+            best = NodePick(node, hit)
+    return best
