@@ -22,6 +22,11 @@ a pair per block and measured a third slower over the few dozen blocks of a prom
 the smallest stamps: it sorts a snapshot of the entries once and walks it, skipping entries
 refreshed or evicted since (their stamp changed), and sorts again only when the walk runs out; the
 order evicted is exactly that of a move-to-end LRU.
+A lookup's block stamps are deferred: the simulator inserts the same prompt (the same hashes
+object) when its prefill ends, which restamps every block the lookup matched, later; the insert
+drops its lookup's record, and an eviction (or a check) first applies the records still waiting,
+each block keeping the newer of its two stamps: the state any eviction sees is the eager one's.
+The lookup's checkpoint stamps are written at once (an insert restamps only some checkpoints).
 An eviction costs more than an ``OrderedDict.popitem`` (a Python step per entry walked): on the
 Mooncake trace with a cache that evicts on most inserts the cache's own work is 5-15% slower (a
 whole simulation: about even); with one that rarely evicts it is ~15% faster.
@@ -60,6 +65,11 @@ def sizing_for(cache: CacheSpec, block_tokens: int = 512) -> CacheSizing:
     return CacheSizing(block_tokens, block, ckpt)
 
 
+_MAX_PENDING = 4096
+"""Deferred lookups a cache holds at most (the rest of their prompts' inserts never came, or not
+yet): past this, all are applied."""
+
+
 class HybridPrefixCache:
     def __init__(
         self, sizing: CacheSizing, capacity_bytes: int, checkpoint_every_blocks: int = 16
@@ -78,6 +88,11 @@ class HybridPrefixCache:
         """Block hash -> use stamp of the checkpoint taken at the end of that block."""
         self._clock = 0
         """The next use stamp (stamps only grow, so they order entries by recency)."""
+        self._pending: dict[int, tuple[int, Sequence[int], int]] = {}
+        """Lookups whose block stamps are deferred, by ``id`` of their hashes: ``(first stamp,
+        hashes, number of blocks matched)``. The prompt's insert usually follows and restamps
+        the same blocks (later): it drops its lookup's record, saving a dict write per matched
+        block; anything that reads stamps (eviction, checks) applies the records first."""
         self._victims: Iterator[tuple[int, int, bool]] = iter(())
         """Eviction candidates, oldest first: the rest of a snapshot (stamp, block hash, is
         checkpoint) of the entries, taken when the previous one ran out."""
@@ -129,26 +144,53 @@ class HybridPrefixCache:
             # Tail first: block i, then its checkpoint, from i = k - 1 down to 0.
             base = self._clock
             self._clock += 2 * k
-            prefix = block_hashes[k - 1 :: -1]
-            # A plain loop: a third faster than ``dict.update(zip(...))`` over a few dozen
-            # blocks (no pair tuples); in the same order, so a repeated hash keeps its last stamp.
-            blocks = self._blocks
-            stamp = base
-            for block_hash in prefix:
-                blocks[block_hash] = stamp
-                stamp += 2
             if self._needs_ckpt:
                 ckpts = self._ckpts
+                prefix = block_hashes[k - 1 :: -1]
                 # Only the few positions holding a checkpoint (found in C) are visited.
                 for p in compress(count(), map(ckpts.__contains__, prefix)):
                     ckpts[prefix[p]] = base + 2 * p + 1
+            # The blocks' stamps wait for the prompt's insert, which restamps them all.
+            pending = self._pending
+            key = id(block_hashes)  # unique while the record holds the sequence
+            earlier = pending.get(key)
+            if earlier is not None:  # the same prompt looked up again before its insert
+                self._refresh(*earlier)
+            pending[key] = (base, block_hashes, k)
+            if len(pending) > _MAX_PENDING:
+                self._apply_pending()
         return k * self.sizing.block_tokens
+
+    def _refresh(self, base: int, block_hashes: Sequence[int], k: int) -> None:
+        """Apply a lookup's deferred block stamps (``base``: its first) where no later operation
+        stamped the block since: each block ends with the stamp of its last use, as if the
+        lookup had stamped it when it ran. Its blocks are all still there (nothing is evicted
+        while a lookup waits: ``_evict`` applies them first)."""
+        blocks = self._blocks
+        stamp = base
+        for block_hash in block_hashes[k - 1 :: -1]:
+            if blocks[block_hash] < stamp:
+                blocks[block_hash] = stamp
+            stamp += 2
+
+    def _apply_pending(self) -> None:
+        """Apply every deferred lookup (before anything reads the stamps)."""
+        pending = self._pending
+        for record in pending.values():
+            self._refresh(*record)
+        pending.clear()
 
     # -- updates -------------------------------------------------------------------------------
     def insert(self, block_hashes: Sequence[int], num_prompt_tokens: int) -> None:
         """Store the full blocks of a prefilled prompt and its checkpoints (tail first, so the
         head ends up most recently used)."""
         num_full = min(len(block_hashes), num_prompt_tokens // self.sizing.block_tokens)
+        if self._pending:
+            looked_up = self._pending.pop(id(block_hashes), None)
+            # This insert restamps (later) the blocks its lookup matched: the lookup's block
+            # stamps would be overwritten, so they are dropped, unless it matched more.
+            if looked_up is not None and looked_up[2] > num_full:
+                self._refresh(*looked_up)
         if num_full == 0:
             return
         # Tail first: from i = last down to 0, block i's checkpoint (if it takes one), then block i.
@@ -166,8 +208,12 @@ class HybridPrefixCache:
             ckpts = self._ckpts
             num_before = len(ckpts)
             every = self.checkpoint_every_blocks
-            for i in chain((last,), reversed(range(every - 1, last, every))):
+            ckpts[block_hashes[last]] = base
+            # Then every ``every``-th block below it, downwards (a plain loop: no iterators).
+            i = last - 1 - (last - every) % every if last >= every else -1
+            while i >= 0:
                 ckpts[block_hashes[i]] = base + 2 * (last - i)
+                i -= every
             added += (len(ckpts) - num_before) * self.sizing.checkpoint_bytes
         self.used_bytes += added
         if self.used_bytes > self.capacity_bytes:
@@ -175,6 +221,8 @@ class HybridPrefixCache:
 
     def _evict(self) -> None:
         """Drop the least recently used entries until the cache fits its capacity."""
+        if self._pending:
+            self._apply_pending()
         blocks, ckpts = self._blocks, self._ckpts
         block_bytes, ckpt_bytes = self.sizing.block_bytes, self.sizing.checkpoint_bytes
         used, capacity = self.used_bytes, self.capacity_bytes
@@ -215,7 +263,9 @@ class HybridPrefixCache:
         return self.num_hit_tokens / self.num_lookup_tokens if self.num_lookup_tokens else 0.0
 
     def check_integrity(self) -> None:
-        """Raise ``AssertionError`` if a counter disagrees with the entries."""
+        """Raise ``AssertionError`` if a counter disagrees with the entries (after applying
+        the deferred lookups: what is checked is what the cache would evict by)."""
+        self._apply_pending()
         total = (
             len(self._blocks) * self.sizing.block_bytes
             + len(self._ckpts) * self.sizing.checkpoint_bytes

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from prfaas.core.congestion import CongestionRule
-from prfaas.core.ids import SiteId
+from prfaas.core.ids import NodeId, SiteId
 from prfaas.core.topology import NodeRole
 from prfaas.core.views import ClusterView, LinkState, NodeLoad, RequestView
 from prfaas.perf import CostModel
@@ -86,6 +86,16 @@ class _Base:
     def _local(self, cluster: ClusterView) -> NodeLoad | None:
         return least_loaded(cluster, self.home_site, NodeRole.PREFILL)
 
+    def _local_id(self, cluster: ClusterView) -> NodeId | None:
+        """``_local``'s node, without building its ``NodeLoad`` when the view can say which
+        (the simulator's, as for ``DecodePlacement``): a decision names only the node."""
+        fast = getattr(cluster, "least_loaded_id", None)
+        if fast is not None:
+            node: NodeId | None = fast(self.home_site, NodeRole.PREFILL)
+            return node
+        load = self._local(cluster)
+        return None if load is None else load.node_id
+
     def _link(self, cluster: ClusterView, site: SiteId) -> LinkState | None:
         return cluster.link(site, self.home_site)
 
@@ -116,10 +126,11 @@ class LocalOnlyRouter(_Base):
     name = "local_only"
 
     def route(self, request: RequestView, cluster: ClusterView, now: float) -> RouteDecision:
-        load = self._local(cluster)
-        if load is None:
+        node = self._local_id(cluster)
+        if node is None:
             raise self._no_route(request)
-        return _decision(load, request.cached_tokens_at(self.home_site), False, "local_only")
+        home = self.home_site
+        return RouteDecision(home, node, request.cached_tokens_at(home), False, "local_only")
 
 
 class NaiveRouter(_Base):
@@ -140,17 +151,18 @@ class ThresholdRouter(_Base):
         t = cluster.threshold_tokens
         cached_home = request.cached_tokens_at(self.home_site)
         uncached = request.num_prompt_tokens - cached_home
-        local = None if uncached > t else self._local(cluster)
+        local = None if uncached > t else self._local_id(cluster)
         if local is None:
             remote = self._remote(cluster, request, prefer_cache=False)
             if remote is not None:
                 load = remote[0]
                 cached = request.cached_tokens_at(load.site_id)
                 return _decision(load, cached, True, f"uncached {uncached} > t {t}")
-            local = self._local(cluster)
+            local = self._local_id(cluster)
         if local is None:
             raise self._no_route(request)
-        return _decision(local, cached_home, False, f"uncached {uncached} <= t {t}")
+        reason = f"uncached {uncached} <= t {t}"
+        return RouteDecision(self.home_site, local, cached_home, False, reason)
 
 
 class BandwidthAwareRouter(_Base):

@@ -15,7 +15,9 @@ Stopping rule (fixed; tests depend on it):
      sum over nodes of ``max(0, free_at - D)`` over the pool's node count),
    - each decode pool's backlog (requests whose KV has arrived but that wait for a slot, times one
      decode of the mean output, over the pool's slots), and
-   - each inter-site link's backlog (bytes not yet delivered over its capacity at ``D``)
+   - each inter-site link's backlog (bytes not yet delivered over its capacity at ``D``),
+   - each gateway's backlog (its CPU's routing and relay work booked and not yet done,
+     ``sim.plumbing.GatewayCpu``; only where the profiles charge gateway terms)
    are all at most ``backlog_fraction x D`` (completions keep pace with arrivals: an overloaded
    stage accumulates ``(rho - 1) x D`` of backlog), the decode per-token SLO held for every finished
    request, and, when ``ttft_p99_s`` is given, the TTFT P99 of finished requests meets it.
@@ -148,6 +150,8 @@ def trial(
                 slots = sum(n.max_batch for n in dec)
                 one = dec[0].cm.decode_step_s(1, 1) * sc.output_tokens
                 probe[name] = waiting * one / slots
+        for site, gateway in s.gateways.items():
+            probe[f"gateway:{w.site_ids[site]}"] = gateway.backlog_s(now)
         for link in w.links.values():
             if link.capacity > 0:
                 probe[f"link:{link.link_id}"] = link.backlog_bytes(now) / link.capacity

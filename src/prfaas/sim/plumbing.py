@@ -37,20 +37,34 @@ def charged_cost_model(cm: CostModel, off: Iterable[str] = ()) -> CostModel:
 
 
 class GatewayCpu:
-    """The gateway's CPU as a FIFO server: requests are handled in arrival order, each taking
-    ``per_request_s + per_output_token_s * output tokens`` (its token relay booked up front:
-    the same CPU, paid while the request decodes; its effect on capacity is exact, on latency
-    an approximation). ``route_at`` is when a request's routing can happen."""
+    """The gateway's CPU: each request's routing waits for the routing work ahead of it (FIFO,
+    ``per_request_s`` each); its token relay (``per_output_token_s`` per output token) is the
+    same CPU, but paid in small pieces while the request decodes, interleaved with other work on
+    the gateway's event loop, so it never holds a later request's routing back. It is booked
+    here all the same (``free_at_s``: when every request routed so far would be done, relay
+    included), so a gateway whose total work outruns time shows as a growing backlog (the
+    max-rate probe's ``gateway`` stage). ``route_at`` is when a request's routing can happen.
 
-    __slots__ = ("free_at_s", "per_output_token_s", "per_request_s")
+    (Before issue 20's fidelity rounds, the relay was booked ahead of the next routing, as one
+    block: in a burst of 40 requests the last was routed ~1.6 s late in the simulator and ~0.3 s
+    live, and the late routing let it find prefixes live could not.)"""
+
+    __slots__ = ("free_at_s", "per_output_token_s", "per_request_s", "route_free_at_s")
 
     def __init__(self, per_request_s: float, per_output_token_s: float) -> None:
         self.per_request_s = per_request_s
         self.per_output_token_s = per_output_token_s
+        self.route_free_at_s = 0.0
         self.free_at_s = 0.0
 
     def route_at(self, arrival_s: float, num_output_tokens: int) -> float:
-        start = arrival_s if arrival_s > self.free_at_s else self.free_at_s
+        start = arrival_s if arrival_s > self.route_free_at_s else self.route_free_at_s
         at = start + self.per_request_s
-        self.free_at_s = at + self.per_output_token_s * num_output_tokens
+        self.route_free_at_s = at
+        busy = self.free_at_s if self.free_at_s > arrival_s else arrival_s
+        self.free_at_s = busy + self.per_request_s + self.per_output_token_s * num_output_tokens
         return at
+
+    def backlog_s(self, now_s: float) -> float:
+        """Gateway work (routing and relay) booked and not yet done at ``now_s``."""
+        return self.free_at_s - now_s if self.free_at_s > now_s else 0.0

@@ -12,7 +12,9 @@ PREFILL_DONE (prefix stored in the site cache; last layer released) -> FLOW_DONE
 completion times are computed from ``CostModel.decode_span_s`` between batch membership changes,
 so events grow with requests, not tokens. Each ``EventKind`` has one handler (the map is checked
 complete at construction) and one frozen event type (``events.py``). Pure: no clock reads, no
-I/O (the trace reader is called through the workload iterator it is given).
+I/O (the trace reader is called through the workload iterator it is given). The workload comes
+in as ``workload.SpecRow`` tuples (``SimRequestSpec``s given are read into them): a frozen
+dataclass per request, twice (trace record, then spec), cost as much as routing it.
 """
 
 from __future__ import annotations
@@ -44,18 +46,13 @@ from prfaas.sim.events import (
 from prfaas.sim.homes import build_homes
 from prfaas.sim.metrics import Metrics
 from prfaas.sim.nodes import PrefillNode, SimNode
+from prfaas.sim.plumbing import GatewayCpu
 from prfaas.sim.request import SimRequest
 from prfaas.sim.scenario import SimScenario
 from prfaas.sim.world import World
-from prfaas.workload import (
-    FixedLengths,
-    LengthDistribution,
-    SimRequestSpec,
-    TruncatedLogNormal,
-    read_mooncake,
-    synthetic_requests,
-    trace_requests,
-)
+from prfaas.workload import FixedLengths, LengthDistribution, SimRequestSpec, TruncatedLogNormal
+from prfaas.workload.mooncake import trace_rows
+from prfaas.workload.requests import SpecRow, row_of, synthetic_rows, trace_request_rows
 
 _ARRIVAL = EventKind.ARRIVAL
 _KV_ARRIVE = EventKind.KV_ARRIVE
@@ -99,7 +96,14 @@ class Simulator:
         self._home_sites = tuple(self.homes)
         # Each home site's gateway CPU (``sim.plumbing``): None when no gateway term is charged.
         self._gateways = tuple(w.gateway_cpu(h) for h in self._home_sites)
-        self._requests = requests if requests is not None else self._workload()
+        self.gateways: dict[int, GatewayCpu] = {
+            h: g for h, g in zip(self._home_sites, self._gateways, strict=True) if g is not None
+        }
+        """Home site index -> its gateway's CPU (the max-rate probe reads their backlogs)."""
+        # The run reads its requests as ``SpecRow`` tuples (no frozen dataclass per request).
+        self._requests: Iterator[SpecRow] = (
+            map(row_of, requests) if requests is not None else self._workload()
+        )
         self.num_events = 0
         self.probes: list[tuple[float, int, Callable[[Simulator], None]]] = []
         """Pending probes, earliest first (``schedule_probe``)."""
@@ -157,13 +161,13 @@ class Simulator:
     def on_finish(self, fn: Callable[[SimRequest], None] | None) -> None:
         self.world.on_finish = fn
 
-    def _workload(self) -> Iterator[SimRequestSpec]:
+    def _workload(self) -> Iterator[SpecRow]:
         sc = self.world.sc
         rng = random.Random(sc.seed)
         homes = sum(1 for s in sc.sites if s.kind == "pd")
         if sc.trace is not None:
-            records = read_mooncake(sc.trace, sc.trace_limit)
-            return trace_requests(
+            records = trace_rows(sc.trace, sc.trace_limit)
+            return trace_request_rows(
                 records, rate_scale=sc.rate_scale, duration_s=sc.duration_s, num_home_sites=homes,
                 max_prompt_tokens=sc.max_prompt_tokens,
             )  # fmt: skip
@@ -175,7 +179,7 @@ class Simulator:
             dist = TruncatedLogNormal(lc.mu, lc.sigma, lc.min_tokens, lc.max_tokens)
         if sc.max_prompt_tokens is not None:
             dist = dist.capped(sc.max_prompt_tokens)
-        return synthetic_requests(
+        return synthetic_rows(
             sc.arrival, dist, sc.output_tokens, sc.duration_s, rng,
             stratified=sc.stratified, num_home_sites=homes,
         )  # fmt: skip
@@ -209,25 +213,19 @@ class Simulator:
 
     def _next_arrival(self) -> None:
         w = self.world
-        spec = next(self._requests, None)
-        if spec is None:
+        row = next(self._requests, None)
+        if row is None:
             self.last_arrival_s = w.now
             w.arrivals_done = True
             return
+        index, arrival_s, num_prompt, num_output, hashes, home = row
         homes = self._home_sites
-        k = spec.home_site % len(homes)
-        req = SimRequest(
-            spec.index, spec.arrival_s, spec.num_prompt_tokens, spec.num_output_tokens,
-            spec.block_hashes, homes[k],
-        )  # fmt: skip
+        k = home % len(homes)
+        req = SimRequest(index, arrival_s, num_prompt, num_output, hashes, homes[k])
         q = self._q
         # Routed once its gateway has handled it (arrivals come in order: a FIFO, no event).
         gateway = self._gateways[k]
-        at_s = (
-            spec.arrival_s
-            if gateway is None
-            else gateway.route_at(spec.arrival_s, spec.num_output_tokens)
-        )
+        at_s = arrival_s if gateway is None else gateway.route_at(arrival_s, num_output)
         heapq.heappush(q.heap, (at_s, _ARRIVAL, next(q.seq), req))
 
     # -- arrival and routing -----------------------------------------------------------------------

@@ -3,6 +3,7 @@ eviction from the tail, byte capacity, integrity; and the global KV manager's pe
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 
 from hypothesis import given, settings
@@ -149,3 +150,39 @@ def test_evicts_exactly_like_a_move_to_end_lru(
         assert c.cached_tokens(hashes) == ref.match(hashes, 10**9) * 512
         assert c.used_bytes == sum(ref.lru.values())
         c.check_integrity()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(2, 12),
+    st.lists(st.tuples(st.integers(0, 7), st.booleans()), max_size=80),
+)
+def test_deferred_lookups_evict_exactly_like_a_move_to_end_lru(
+    capacity_ckpts: int, ops: list[tuple[int, bool]]
+) -> None:
+    # The simulator's pattern: a prompt's hashes (one object) are looked up at routing and
+    # inserted when its prefill ends, other prompts' operations in between; a lookup's block
+    # stamps wait for that insert (or for an eviction, or a check). No check between operations
+    # here: it would apply every waiting lookup.
+    prompts = [
+        tuple(family * 1000 + (i if i < fork else 100 * fork + i) for i in range(n))
+        for family, fork, n in itertools.product(range(2), (1, 3), (2, 4, 7, 9))
+    ][:8]
+    capacity = capacity_ckpts * HYBRID.checkpoint_bytes
+    c = HybridPrefixCache(HYBRID, capacity, checkpoint_every_blocks=3)
+    ref = _ReferenceLRU(capacity, 3)
+    for which, is_insert in ops:
+        hashes = prompts[which]
+        n = len(hashes)
+        if is_insert:
+            c.insert(hashes, n * 512)
+            ref.insert(list(hashes), n * 512)
+        else:
+            assert c.lookup(hashes, n * 512 + 1) == ref.lookup(list(hashes), n * 512 + 1)
+        assert c.used_bytes == sum(ref.lru.values())
+        assert all(c.cached_tokens(h) == ref.match(list(h), 10**9) * 512 for h in prompts)
+    c.check_integrity()
+    # The stamps, once applied, order the entries as the reference does.
+    order = sorted([(s, ("block", h)) for h, s in c._blocks.items()]
+                   + [(s, ("ckpt", h)) for h, s in c._ckpts.items()])  # fmt: skip
+    assert [key for _, key in order] == list(ref.lru)

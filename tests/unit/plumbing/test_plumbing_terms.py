@@ -167,8 +167,10 @@ def test_each_term_is_charged_where_it_is_paid_and_switched_off(tmp_path: Path) 
             assert ttft_off < ttft - 1e-6 and decode_off == pytest.approx(decode)
 
 
-def test_the_gateway_serves_requests_in_arrival_order(tmp_path: Path) -> None:
-    """Requests arriving together wait for the gateway's CPU, their token relay included."""
+def test_the_gateway_routes_requests_in_arrival_order(tmp_path: Path) -> None:
+    """Requests arriving together wait for the routing work ahead of them, not for the earlier
+    requests' token relay (paid in small pieces while they decode); the relay is still booked,
+    so the gateway's backlog holds every request's routing and relay."""
     path = _write(tmp_path, _profile(), "gw.yaml")
     sc = SimScenario(
         sites=(SimSite("pd", "pd", str(path), 4, 4),), model="tiny", policy="local_only",
@@ -179,9 +181,13 @@ def test_the_gateway_serves_requests_in_arrival_order(tmp_path: Path) -> None:
     starts: dict[int, float] = {}
     sim.on_finish = lambda r: starts.__setitem__(r.index, r.prefill_start_s)
     sim.run()
-    gap = PLUMBING.gateway_per_request_s + OUTPUT * PLUMBING.gateway_per_output_token_s
+    gap = PLUMBING.gateway_per_request_s
     assert starts[1] - starts[0] == pytest.approx(gap)
     assert starts[2] - starts[1] == pytest.approx(gap)
+    (gateway,) = sim.gateways.values()
+    each = PLUMBING.gateway_per_request_s + OUTPUT * PLUMBING.gateway_per_output_token_s
+    assert gateway.backlog_s(0.0) == pytest.approx(3 * each)
+    assert gateway.backlog_s(3 * each) == 0.0
 
 
 def test_the_deployment_switches_name_the_terms() -> None:

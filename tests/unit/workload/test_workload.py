@@ -19,6 +19,7 @@ from prfaas.workload import (
     synthetic_requests,
     trace_requests,
 )
+from prfaas.workload.mooncake import parse_line, trace_rows
 
 TRACE = (
     Path(__file__).resolve().parents[4] / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
@@ -126,3 +127,64 @@ def test_backwards_timestamps_and_missing_file(tmp_path: Path) -> None:
         list(read_mooncake(p))
     with pytest.raises(TraceError, match="cannot read"):
         list(read_mooncake(tmp_path / "missing.jsonl"))
+
+
+def _per_line(path: Path) -> list[tuple[int, float, int, int, tuple[int, ...]]]:
+    """The reader's values the slow, obvious way: ``parse_line`` (``json``) on every line."""
+    rows = []
+    for number, text in enumerate(path.read_text().splitlines(keepends=True), start=1):
+        if not text.isspace():
+            r = parse_line(text, path, number)
+            rows.append((number, r.arrival_s, r.num_prompt_tokens, r.num_output_tokens,
+                         r.block_hashes))  # fmt: skip
+    return rows
+
+
+_ODD_BUT_VALID = [
+    '{"timestamp": 0, "input_length": 6758, "output_length": 500, "hash_ids": [0, 1, 2]}',
+    '{"timestamp": 0, "input_length": 5, "output_length": 0, "hash_ids": []}',
+    '{"timestamp": 1, "input_length": 5, "output_length": 1}',
+    '{"timestamp":2,"input_length":5,"output_length":1,"hash_ids":[1,2]}',
+    '{"timestamp": 2.5, "input_length": 5, "output_length": 1, "hash_ids": [3]}',
+    '{"timestamp": 3, "input_length": 5, "output_length": 1, "hash_ids": [12345678901234567890]}',
+    '{"timestamp": 3, "input_length": 5, "output_length": 1, "hash_ids": [999999999999999999]}',
+    '{"timestamp": 3, "input_length": 5, "output_length": 1, "hash_ids": [1000000000000000000]}',
+    '{"timestamp": 4, "input_length": 5, "output_length": 1, "hash_ids": [0, 0, 10, 100, 7]}',
+    "   ",
+    '{"hash_ids": [1], "timestamp": 5, "input_length": 5, "output_length": 1}',
+    '{"timestamp": 6, "input_length": 5, "output_length": 2, "hash_ids": [1 , 2]}',
+]
+
+
+@pytest.mark.parametrize("odd", range(len(_ODD_BUT_VALID)))
+def test_chunked_reader_reads_what_json_reads(tmp_path: Path, odd: int) -> None:
+    # Canonical lines around one odd (still valid) line, the file's last line unterminated.
+    canonical = [
+        f'{{"timestamp": {10 + i}, "input_length": {600 + i}, "output_length": {i}, '
+        f'"hash_ids": [{", ".join(str(7 * i + j) for j in range(i % 4))}]}}'
+        for i in range(300)
+    ]
+    p = tmp_path / "t.jsonl"
+    p.write_text("\n".join([*_ODD_BUT_VALID[: odd + 1], *canonical]))
+    want = _per_line(p)
+    assert list(trace_rows(p)) == want
+    assert [(r.line_number, r.arrival_s, r.num_prompt_tokens, r.num_output_tokens,
+             r.block_hashes) for r in read_mooncake(p)] == want  # fmt: skip
+    assert all(type(h) is int for row in want for h in row[4])
+    assert list(trace_rows(p, limit=7)) == want[:7]
+
+
+@pytest.mark.parametrize(
+    "hashes", ["[1, 01]", "[1, , 2]", "[1, 2, ]", "[, 1]", "[1 2]", "[1,, 2]", "[-1]"]
+)
+def test_chunked_reader_fails_where_json_fails(tmp_path: Path, hashes: str) -> None:
+    good = '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1, 2]}\n'
+    bad = f'{{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": {hashes}}}\n'
+    p = tmp_path / "t.jsonl"
+    p.write_text(good * 5 + bad + good * 5)
+    rows = trace_rows(p)
+    assert [next(rows)[0] for _ in range(5)] == [1, 2, 3, 4, 5]  # the lines before it first
+    with pytest.raises(TraceError, match=f"{p}:6: "):
+        next(rows)
+    # A limit that ends before the bad line never reads it.
+    assert len(list(trace_rows(p, limit=5))) == 5
