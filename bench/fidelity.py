@@ -87,7 +87,9 @@ class Settings:
     """None: chosen so the PrfaaS and PD prefill cores get similar work (see ``balanced_t``)."""
     profile_new_tokens: tuple[int, ...] = (256, 1024, 2048, 4096, 8192)
     profile_cached_tokens: tuple[int, ...] = (0, 2048)
-    profile_batches: tuple[int, ...] = (1, 4, 8)
+    profile_batches: tuple[int, ...] = (1, 4, 8, 16, 32)
+    """Up to the batches a run reaches (a burst of 40 decodes 30-40 at once): a fit over 1-8
+    extrapolated to 32 at 2,048 tokens each read 6.7 ms per step where 13.0 ms was measured."""
     profile_contexts: tuple[int, ...] = (512, 4096)
     profile_repeats: int = 3
     plumbing_requests: int = 16
@@ -406,6 +408,22 @@ def _scenario(deployment: Path, mtime_ns: int) -> Any:
     return scenarios.sim_scenario(load_deployment(deployment))
 
 
+def sim_work_s(deployment: Path, specs: Sequence[Any]) -> dict[str, float]:
+    """Seconds of work the simulator charges each node for ``specs`` (all terms): its busy time
+    with every node on a core of its own (on shared cores busy time is stretched by the
+    sharing). Beside the live processes' CPU seconds it says whether a gap is work the cost
+    model misses or time the sharing model gets wrong."""
+    from prfaas.sim.simulator import Simulator
+
+    sc = _scenario(deployment, deployment.stat().st_mtime_ns)
+    sites = tuple(replace(site, shared_cores=None) for site in sc.sites)
+    sc = replace(sc, sites=sites, duration_s=specs[-1].arrival_s + 1e-6, warmup_s=0.0)
+    sim = Simulator(sc, iter(specs))
+    sim.run()
+    by_sim = {str(n.node_id): n.busy_s for n in sim.world.nodes}
+    return {name: by_sim.get(SIM_NODE[name], 0.0) for name in NODES}
+
+
 def run_sim(
     deployment: Path, specs: Sequence[Any], plumbing_off: tuple[str, ...] = ()
 ) -> list[Outcome]:
@@ -442,6 +460,8 @@ def run_sim(
 
 # -- 4. live -------------------------------------------------------------------------------------
 NODES = ("pf0", "p0", "d0")
+MEASURED = (*NODES, "gateway")
+"""Processes whose CPU each live run reads (the gateway is not pinned: on either core)."""
 SIM_NODE = {"pf0": "prfaas/p0", "p0": "pd/p0", "d0": "pd/d0"}
 """The live nodes' names in the simulator (which numbers each site's nodes by role)."""
 LAST_SIM_BUSY_S: dict[str, float] = {}
@@ -521,7 +541,7 @@ def drive_live(
         for sp in specs
     ]  # fmt: skip
     synth = PromptSynth(seed=prompt_seed, vocab_size=256)
-    pids = {name: launcher.child(name).proc.pid for name in NODES}
+    pids = {name: launcher.child(name).proc.pid for name in MEASURED}
     before = {name: cpu_s(pid) for name, pid in pids.items()}
     results, _ = asyncio.run(
         run_workload(reqs, base_url=launcher.url, model=MODEL_NAME, synth=synth,
@@ -890,6 +910,8 @@ def score_seed(
                            "output_tokens_mean": statistics.mean(sp.num_output_tokens
                                                                  for sp in specs),
                            "burst": {"live_rps": live_burst, "sim_rps": {}}}  # fmt: skip
+    row["burst"]["live_cpu_s"] = dict(LAST_LIVE_CPU_S)
+    row["burst"]["sim_work_s"] = sim_work_s(deployment, burst)
     for name, off in VARIANTS.items():
         row["burst"]["sim_rps"][name] = summarize(run_sim(deployment, burst, off))["throughput_rps"]
     cap, tried = step_capacity(lambda r: live(r, "step"), live_burst, args.steps)
@@ -959,6 +981,7 @@ def render_scored(rows: Sequence[dict[str, Any]]) -> str:
             f"seed {r['seed']}: capacity {r['capacity']['live_rps']:.2f} rps, burst "
             f"{r['burst']['live_rps']:.2f} rps" for r in mine), ""]  # fmt: skip
         lines += [*_verdicts(mine), ""]
+        lines += [_burst_work(r) for r in mine if "sim_work_s" in r["burst"]] + [""]
         routes = [r["loads"][k]["variants"]["all terms"]["route_agreement"] for r in mine
                   for k in loads]  # fmt: skip
         lines += ["By construction (not scored): routes agree "
@@ -966,6 +989,15 @@ def render_scored(rows: Sequence[dict[str, Any]]) -> str:
                   + " (the router's t is fixed and the tuner off on both sides); below capacity "
                   "the throughput is the offered rate.", ""]  # fmt: skip
     return "\n".join(lines)
+
+
+def _burst_work(row: dict[str, Any]) -> str:
+    """One seed's burst: each live process's CPU seconds against the simulator's work."""
+    live, sim = row["burst"]["live_cpu_s"], row["burst"]["sim_work_s"]
+    parts = [f"{n} {live.get(n, 0.0):.2f} / {sim[n]:.2f}" for n in NODES if n in sim]
+    gateway = f"; gateway {live['gateway']:.2f} CPU s" if "gateway" in live else ""
+    return (f"- seed {row['seed']} burst work, live CPU s / simulated s: " + ", ".join(parts)
+            + gateway)  # fmt: skip
 
 
 def _mw(values: Sequence[float | None], err: bool = False) -> str:
