@@ -93,6 +93,8 @@ class Settings:
     profile_contexts: tuple[int, ...] = (512, 4096)
     profile_repeats: int = 3
     plumbing_requests: int = 16
+    sharing_rounds: int = 3
+    """Rounds of the profiles' ``shared_core_overhead`` measurement (``prfaas profile``)."""
     """Requests per class of the profiles' plumbing measurement (``prfaas profile``)."""
     profile_cpus: str | None = None
     """``taskset -c`` list for the profiles instead of each one's core (``--quick``: both cores,
@@ -118,6 +120,7 @@ QUICK = {
     "profile_contexts": (512, 4096),
     "profile_repeats": 1,
     "plumbing_requests": 2,
+    "sharing_rounds": 1,
     "profile_once": True,
     "profile_cpus": "0,1",
 }
@@ -149,6 +152,7 @@ def profile_command(model: Path, out: Path, core: int, s: Settings) -> list[str]
         "--hardware", f"cpu-core{core}", "--seed", str(PROFILE_SEED),
         "--pass-tokens", str(BLOCK_TOKENS),
         "--repeats", str(s.profile_repeats), "--plumbing-requests", str(s.plumbing_requests),
+        "--sharing-rounds", str(s.sharing_rounds),
         "--new-tokens", *map(str, s.profile_new_tokens),
         "--cached-tokens", *map(str, s.profile_cached_tokens),
         "--batch-sizes", *map(str, s.profile_batches),

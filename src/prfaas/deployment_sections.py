@@ -83,10 +83,14 @@ class PlumbingSwitches(_Strict):
     gateway_per_request: bool = True
     gateway_per_output_token: bool = True
     decode_per_step: bool = True
+    shared_core_overhead: bool = True
 
     def off(self) -> tuple[str, ...]:
-        """The ``PlumbingCosts`` field names switched off."""
-        return tuple(f"{k}_s" for k, on in self.model_dump().items() if not on)
+        """The ``PlumbingCosts`` field names switched off (each a switch's name with ``_s``, but
+        the one ratio, ``shared_core_overhead``)."""
+        ratios = ("shared_core_overhead",)
+        return tuple(k if k in ratios else f"{k}_s" for k, on in self.model_dump().items()
+                     if not on)  # fmt: skip
 
 
 class SimulationConfig(_Strict):

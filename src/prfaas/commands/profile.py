@@ -73,6 +73,11 @@ def register(subparsers: Any) -> None:
         help="--engine torch: requests per class of the plumbing measurement",
     )  # fmt: skip
     p.add_argument(
+        "--sharing-rounds", type=int, default=3, metavar="N",
+        help="--engine torch on CPU: rounds (alone, then beside a second pinned process) of the "
+        "shared_core_overhead measurement (~3 s each on a tiny model); 0: not measured",
+    )  # fmt: skip
+    p.add_argument(
         "--threads", type=int, default=1,
         help="--engine torch: the plumbing deployment's torch threads per node process",
     )  # fmt: skip
@@ -433,6 +438,8 @@ def _with_plumbing(pf: Any, args: argparse.Namespace) -> Any:
 
     if args.plumbing_requests < 2:
         raise UsageError(f"--plumbing-requests must be >= 2, got {args.plumbing_requests}")
+    if args.sharing_rounds < 0:
+        raise UsageError(f"--sharing-rounds must be >= 0, got {args.sharing_rounds}")
     limit = pf.model.max_context_tokens or 4096
 
     def say(message: str) -> None:
@@ -453,6 +460,18 @@ def _with_plumbing(pf: Any, args: argparse.Namespace) -> Any:
             threads=args.threads, seed=args.seed + 1, long_prompt_tokens=min(4096, limit // 2),
             say=say, engine_overhead_s=engine_overhead_s,
         )  # fmt: skip
+    if args.device == "cpu" and args.sharing_rounds > 0:
+        from prfaas.commands.profile_sharing import measure_shared_core_overhead
+
+        say("plumbing: the CPU a node loses to a second busy process on its core")
+        overhead, sharing_how = measure_shared_core_overhead(
+            args.model_path, pass_tokens=args.pass_tokens or 512, seed=args.seed + 3,
+            rounds=args.sharing_rounds,
+        )  # fmt: skip
+        costs = dataclasses.replace(costs, shared_core_overhead=overhead)
+        how = (*how, ("shared_core_overhead", sharing_how))
+    else:  # a GPU's kernels do not time-share a core this way: not measured, charged as 0
+        costs = dataclasses.replace(costs, missing=(*costs.missing, "shared_core_overhead"))
     return dataclasses.replace(pf, plumbing=costs, plumbing_how=how)
 
 

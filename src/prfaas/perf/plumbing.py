@@ -23,6 +23,7 @@ PLUMBING_TERMS = (
     "gateway_per_request_s",
     "gateway_per_output_token_s",
     "decode_per_step_s",
+    "shared_core_overhead",
 )
 
 
@@ -46,6 +47,12 @@ class PlumbingCosts:
     """Decode node CPU seconds per decode step beyond its forward pass, whatever the batch (the
     engine's step loop: hand-off to the engine thread, the batch's bookkeeping). Measured with
     the engine stepping batches of two sizes (``commands.profile_plumbing``)."""
+    shared_core_overhead: float = 0.0
+    """CPU a node spends beyond its own work while another busy process time-shares its core
+    (cache and context-switch losses), as a fraction of that work (0.05: 5% more): charged on
+    shared cores only (``engine.cpus``, ``sim.processor.SharedCores``), on top of ``cores /
+    demand``. Measured with a second pinned process running the same passes
+    (``commands.profile_sharing``). Not seconds: the one term that is a ratio."""
     missing: tuple[str, ...] = PLUMBING_TERMS
     """The terms the profile did not measure (each 0.0 here)."""
 

@@ -25,7 +25,7 @@ from prfaas.sim.nodes import DecodeNode, Pools, PrefillNode, SimNode
 from prfaas.sim.plumbing import GatewayCpu, charged_cost_model
 from prfaas.sim.processor import SharedCores
 from prfaas.sim.request import SimRequest
-from prfaas.sim.scenario import ScenarioError, SimScenario
+from prfaas.sim.scenario import ScenarioError, SimScenario, SimSite
 
 _FLOW_DONE = EventKind.FLOW_DONE
 
@@ -64,10 +64,7 @@ class World:
         self.site_waiting = [0] * num_sites
         self.peak_queued = [0] * num_sites
         self.peak_waiting = [0] * num_sites
-        self.shared: list[SharedCores | None] = [
-            None if s.shared_cores is None else SharedCores(s.shared_cores, s.threads_per_node)
-            for s in sc.sites
-        ]
+        self.shared: list[SharedCores | None] = [self._shared_cores(s) for s in sc.sites]
         """Per site: the cores its nodes share (``SimSite.shared_cores``), or None."""
         self._build_nodes()
         sizing = sizing_for(cache, sc.block_tokens)
@@ -105,6 +102,14 @@ class World:
                 self.cost_model(hardware), self.sc.plumbing_off
             )
         return cm
+
+    def _shared_cores(self, site: SimSite) -> SharedCores | None:
+        """The cores ``site``'s nodes share (``SimSite.shared_cores``), charging its profile's
+        ``shared_core_overhead`` while they are time-shared; None: each node on its own."""
+        if site.shared_cores is None:
+            return None
+        overhead = self.node_cost_model(site.hardware).plumbing.shared_core_overhead
+        return SharedCores(site.shared_cores, site.threads_per_node, overhead)
 
     def gateway_cpu(self, site: int) -> GatewayCpu | None:
         """The gateway of home site ``site`` (its plumbing terms from that site's profile), or

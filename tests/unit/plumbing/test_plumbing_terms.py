@@ -29,12 +29,13 @@ from prfaas.perf.profile_read import load_profile_file
 from prfaas.perf.profile_write import dump_profile_file
 from prfaas.sim import SimScenario, SimSite, Simulator
 from prfaas.sim.kv_bytes import KvBytes
+from prfaas.sim.processor import SharedCores
 from prfaas.spec import get_model
 from prfaas.workload import SimRequestSpec
 
 pytestmark = pytest.mark.timeout(60)
 
-PLUMBING = PlumbingCosts(0.004, 2e-9, 0.0003, 0.002, 0.0001, 0.0007, missing=())
+PLUMBING = PlumbingCosts(0.004, 2e-9, 0.0003, 0.002, 0.0001, 0.0007, 0.05, missing=())
 
 
 def _profile(plumbing: PlumbingCosts = PLUMBING) -> ProfileFile:
@@ -161,7 +162,8 @@ def test_each_term_is_charged_where_it_is_paid_and_switched_off(tmp_path: Path) 
             other = per_step_and_token - getattr(p, term)
             assert ttft_off == pytest.approx(ttft)
             assert decode_off - base_decode == pytest.approx(OUTPUT * other, rel=1e-6)
-        elif term == "gateway_per_output_token_s":  # a lone request never waits on it
+        elif term in ("gateway_per_output_token_s", "shared_core_overhead"):
+            # A lone request never waits on the relay; these nodes have cores of their own.
             assert (ttft_off, decode_off) == pytest.approx((ttft, decode))
         else:
             assert ttft_off < ttft - 1e-6 and decode_off == pytest.approx(decode)
@@ -190,10 +192,35 @@ def test_the_gateway_routes_requests_in_arrival_order(tmp_path: Path) -> None:
     assert gateway.backlog_s(3 * each) == 0.0
 
 
+def test_time_shared_cores_charge_the_profiles_sharing_overhead(tmp_path: Path) -> None:
+    """A site whose nodes share one core: while both are busy each runs at half speed and the
+    sharing's own CPU on top (``shared_core_overhead``); alone, at full speed; switched off, 0."""
+    path = _write(tmp_path, _profile(), "shared.yaml")
+
+    def world(off: tuple[str, ...]) -> SharedCores:
+        sc = SimScenario(
+            sites=(SimSite("pd", "pd", str(path), 1, 1, shared_cores=1),), model="tiny",
+            policy="local_only", prefix_cache=False, duration_s=1.0, plumbing_off=off,
+        )  # fmt: skip
+        shared = Simulator(sc, iter(())).world.shared[0]
+        assert shared is not None
+        return shared
+
+    cores = world(())
+    assert cores.overhead == PLUMBING.shared_core_overhead
+    cores.busy = 1
+    assert cores.slowdown() == 1.0
+    cores.busy = 2
+    assert cores.slowdown() == pytest.approx(2 * (1 + PLUMBING.shared_core_overhead))
+    assert world(("shared_core_overhead",)).overhead == 0.0
+    with pytest.raises(ValueError, match="overhead must be >= 0"):
+        SharedCores(1, 1, -0.1)
+
+
 def test_the_deployment_switches_name_the_terms() -> None:
     assert PlumbingSwitches().off() == ()
     off = PlumbingSwitches(node_per_request=False, gateway_per_output_token=False).off()
     assert off == ("node_per_request_s", "gateway_per_output_token_s")
-    assert set(PlumbingSwitches(**{n[:-2]: False for n in PLUMBING_TERMS}).off()) == set(
-        PLUMBING_TERMS
-    )
+    assert PlumbingSwitches(shared_core_overhead=False).off() == ("shared_core_overhead",)
+    switches = {t.removesuffix("_s"): False for t in PLUMBING_TERMS}  # one per term
+    assert set(PlumbingSwitches(**switches).off()) == set(PLUMBING_TERMS)
