@@ -43,7 +43,7 @@ def _bench() -> ModuleType:
 
 def write_split(
     saved: dict[str, Any], per_step_s: float, per_request_s: float, out: Path,
-    terms_from: Path | None = None,
+    terms_from: Path | None = None, shared_core_overhead: float | None = None,
 ) -> Path:  # fmt: skip
     from prfaas.perf.plumbing import split_decode_overhead
     from prfaas.perf.profile_read import load_profile_file
@@ -69,6 +69,10 @@ def write_split(
         plumbing = replace(p, decode_per_step_s=split.per_step_s,
                            decode_per_output_token_s=split.per_output_token_s,
                            missing=missing)  # fmt: skip
+        if shared_core_overhead is not None:  # the time-sharing term, set
+            missing = tuple(t for t in missing if t != "shared_core_overhead")
+            plumbing = replace(plumbing, shared_core_overhead=shared_core_overhead,
+                               missing=missing)  # fmt: skip
         dst = out / src.name
         dump_profile_file(replace(pf, plumbing=plumbing), dst)
         site["hardware"] = str(dst)
@@ -86,12 +90,18 @@ def main() -> int:
         "--terms-from", type=Path,
         help="take both decode terms from this profile instead (ignores --per-*-s)",
     )  # fmt: skip
+    p.add_argument(
+        "--shared-core-overhead", type=float, metavar="FRACTION",
+        help="set the profiles' shared_core_overhead to this (e.g. what a newer profile "
+        "measured; with --terms-from the saved profile, only this term changes)",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, required=True, help="folder for the split files")
     args = p.parse_args()
     fid = _bench()
     saved = json.loads(args.json.read_text())
     args.out.mkdir(parents=True, exist_ok=True)
-    split = write_split(saved, args.per_step_s, args.per_request_s, args.out, args.terms_from)
+    split = write_split(saved, args.per_step_s, args.per_request_s, args.out, args.terms_from,
+                        args.shared_core_overhead)  # fmt: skip
     sides = {"as saved": Path(saved["deployment"]), "split": split}
     print("| shape | seed | charging | burst sim/live | capacity sim/live | TTFT sim/live |")
     print("|---|---|---|---|---|---|")
