@@ -464,13 +464,19 @@ def _with_plumbing(pf: Any, args: argparse.Namespace) -> Any:
         from prfaas.commands.profile_sharing import measure_shared_core_overhead
 
         say("plumbing: the CPU a node loses to a second busy process on its core")
-        overhead, sharing_how = measure_shared_core_overhead(
-            args.model_path, pass_tokens=args.pass_tokens or 512, seed=args.seed + 3,
-            rounds=args.sharing_rounds,
-        )  # fmt: skip
-        costs = dataclasses.replace(costs, shared_core_overhead=overhead)
-        how = (*how, ("shared_core_overhead", sharing_how))
-    else:  # a GPU's kernels do not time-share a core this way: not measured, charged as 0
+        try:
+            overhead, sharing_how = measure_shared_core_overhead(
+                args.model_path, pass_tokens=args.pass_tokens or 512, seed=args.seed + 3,
+                rounds=args.sharing_rounds,
+            )  # fmt: skip
+        except (RuntimeError, OSError) as exc:  # the second process did not start: say so
+            say(f"plumbing: shared_core_overhead not measured ({exc}); charged as 0")
+        else:
+            costs = dataclasses.replace(costs, shared_core_overhead=overhead)
+            how = (*how, ("shared_core_overhead", sharing_how))
+    if "shared_core_overhead" not in dict(how):
+        # Not measured (a GPU's kernels do not time-share a core this way, --sharing-rounds 0,
+        # or the measurement failed): missing, charged as 0.
         costs = dataclasses.replace(costs, missing=(*costs.missing, "shared_core_overhead"))
     return dataclasses.replace(pf, plumbing=costs, plumbing_how=how)
 
