@@ -5,6 +5,7 @@ input is one line and exit 2."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -206,3 +207,37 @@ def test_unreachable_or_odd_endpoint_exits_2(
         odd.server_close()
         thread.join(timeout=10)
     assert not Path(out).exists()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.behind  # ~10 s of torch CPU, nothing timed asserted: off make test's critical path
+def test_the_shared_core_overhead_is_measured_beside_a_second_pinned_process(
+    tiny_model: Path,
+) -> None:
+    """Two passes each way, one round: a figure (>= 0, said how) and no process left behind."""
+    from prfaas.commands.profile_sharing import measure_shared_core_overhead
+
+    before = os.sched_getaffinity(0)
+    overhead, how = measure_shared_core_overhead(
+        tiny_model, pass_tokens=128, seed=1, passes=2, rounds=1
+    )
+    assert overhead >= 0.0
+    assert "beside a second pinned process" in how and "64 tokens" in how
+    assert os.sched_getaffinity(0) == before  # pinned for the measurement only
+    assert not _my_sharing_children()
+
+
+def _my_sharing_children() -> list[str]:
+    """This process's children running the sharing measurement's second process."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == os.getpid() and b"prfaas.commands.profile_sharing" in cmdline:
+            found.append(proc.name)
+    return found
