@@ -103,6 +103,8 @@ def _check_grid(args: argparse.Namespace) -> None:
         raise UsageError("--batch-sizes x --contexts needs at least 3 points (a decode fit)")
     if args.pass_tokens is not None and args.pass_tokens <= 0:
         raise UsageError(f"--pass-tokens must be > 0, got {args.pass_tokens}")
+    if args.sharing_rounds < 0:  # before minutes of profiling, not after
+        raise UsageError(f"--sharing-rounds must be >= 0, got {args.sharing_rounds}")
     for name in ("repeats", "decode_steps"):
         if getattr(args, name) < (1 if name == "repeats" else 2):
             raise UsageError(f"--{name.replace('_', '-')} is too small: {getattr(args, name)}")
@@ -438,8 +440,6 @@ def _with_plumbing(pf: Any, args: argparse.Namespace) -> Any:
 
     if args.plumbing_requests < 2:
         raise UsageError(f"--plumbing-requests must be >= 2, got {args.plumbing_requests}")
-    if args.sharing_rounds < 0:
-        raise UsageError(f"--sharing-rounds must be >= 0, got {args.sharing_rounds}")
     limit = pf.model.max_context_tokens or 4096
 
     def say(message: str) -> None:

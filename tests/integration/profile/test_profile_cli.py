@@ -64,6 +64,20 @@ def test_bad_profiles_exit_2_with_one_line(
         (["kv", "--profile", str(wrong)], "unsupported profile version 3"),
         (["plan", "--prfaas-profile", str(incomplete)], "hardware: missing"),
         (["profile", "--preset", "paper-1t@tpu", "-o", str(tmp_path / "x")], "unknown shipped"),
+        (
+            [
+                "profile",
+                "--engine",
+                "torch",
+                "--model-path",
+                str(tmp_path),
+                "--sharing-rounds",
+                "-1",
+                "-o",
+                str(tmp_path / "x"),
+            ],
+            "--sharing-rounds must be >= 0, got -1",
+        ),
     ]
     for argv, message in cases:
         assert main(argv) == 2
