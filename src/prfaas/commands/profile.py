@@ -425,62 +425,6 @@ def _itl_round(client: _Endpoint, prompts: list[list[int]], steps: int) -> float
     return statistics.median(gaps)
 
 
-def _with_plumbing(pf: Any, args: argparse.Namespace) -> Any:
-    """``pf`` with its plumbing terms, measured on a live deployment whose nodes' hardware is
-    ``pf`` itself (written to a scratch folder first): ``commands.profile_plumbing``."""
-    import dataclasses
-    import sys
-    import tempfile
-
-    from prfaas.commands.profile_plumbing import SHORT_PROMPT_TOKENS, measure
-    from prfaas.commands.profile_step import DEFAULT_BATCH_SIZES as STEP_BATCHES
-    from prfaas.commands.profile_step import engine_step_overheads
-    from prfaas.perf.plumbing import PlumbingCosts
-    from prfaas.perf.profile_write import dump_profile_file
-
-    if args.plumbing_requests < 2:
-        raise UsageError(f"--plumbing-requests must be >= 2, got {args.plumbing_requests}")
-    limit = pf.model.max_context_tokens or 4096
-
-    def say(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
-    say(f"plumbing: engine decode steps beyond the forward pass at batch sizes {STEP_BATCHES}")
-    overheads = engine_step_overheads(
-        args.model_path, device=args.device, batch_sizes=STEP_BATCHES,
-        context_tokens=SHORT_PROMPT_TOKENS, seed=args.seed + 2,
-    )  # fmt: skip
-    engine_overhead_s = {b: engine_s - forward_s for b, (engine_s, forward_s) in overheads.items()}
-    with tempfile.TemporaryDirectory(prefix="prfaas-plumbing-") as tmp:
-        scratch = Path(tmp) / "forward.yaml"
-        # Zeros, none missing: the forward passes only, without the missing-terms warning.
-        dump_profile_file(dataclasses.replace(pf, plumbing=PlumbingCosts(missing=())), scratch)
-        costs, how = measure(
-            pf.model.name, args.model_path, scratch, Path(tmp), requests=args.plumbing_requests,
-            threads=args.threads, seed=args.seed + 1, long_prompt_tokens=min(4096, limit // 2),
-            say=say, engine_overhead_s=engine_overhead_s,
-        )  # fmt: skip
-    if args.device == "cpu" and args.sharing_rounds > 0:
-        from prfaas.commands.profile_sharing import measure_shared_core_overhead
-
-        say("plumbing: the CPU a node loses to a second busy process on its core")
-        try:
-            overhead, sharing_how = measure_shared_core_overhead(
-                args.model_path, pass_tokens=args.pass_tokens or 512, seed=args.seed + 3,
-                rounds=args.sharing_rounds,
-            )  # fmt: skip
-        except (RuntimeError, OSError) as exc:  # the second process did not start: say so
-            say(f"plumbing: shared_core_overhead not measured ({exc}); charged as 0")
-        else:
-            costs = dataclasses.replace(costs, shared_core_overhead=overhead)
-            how = (*how, ("shared_core_overhead", sharing_how))
-    if "shared_core_overhead" not in dict(how):
-        # Not measured (a GPU's kernels do not time-share a core this way, --sharing-rounds 0,
-        # or the measurement failed): missing, charged as 0.
-        costs = dataclasses.replace(costs, missing=(*costs.missing, "shared_core_overhead"))
-    return dataclasses.replace(pf, plumbing=costs, plumbing_how=how)
-
-
 # -- entry ---------------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
     from prfaas.perf.profile_costs import cost_model_from
@@ -502,7 +446,9 @@ def run(args: argparse.Namespace) -> int:
     _check_grid(args)
     pf = _profile_torch(args) if args.engine == "torch" else _profile_endpoint(args)
     if args.engine == "torch" and not args.no_plumbing:
-        pf = _with_plumbing(pf, args)
+        from prfaas.commands.profile_plumbing import with_plumbing
+
+        pf = with_plumbing(pf, args)
     dump_profile_file(pf, args.output)
     print(f"wrote {args.output}: {len(pf.prefill.points)} prefill and "
           f"{len(pf.decode.points)} decode points")  # fmt: skip
