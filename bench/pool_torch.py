@@ -75,7 +75,7 @@ KEYS = {
 }
 PLUMBING_IN_POOL_SIM = {
     # term: (charged by the pool simulator?, where it would go)
-    "node_per_request_s": (
+    "prefill_per_request_s": (
         False,
         "sim/pool_sim.py PoolSimulator._on_arrival (the PrefillJob's compute_s = "
         "group.cost.prefill_s(n), also what the live door prices in pool/service.py "
@@ -849,9 +849,9 @@ def report(files: Files, sim: dict[str, Any], live: dict[str, Any] | None, cost:
         if term in mentioned:
             said = "mentioned now, check"
         print(f"  {term:28} {getattr(p, term):.3g} s  {said}: {where}")
-    extra = p.node_per_request_s / cost.prefill_s(s.prompt_tokens)
+    extra = p.prefill_per_request_s / cost.prefill_s(s.prompt_tokens)
     print(
-        f"  (node_per_request_s is {extra:.1%} of one pool prefill of {s.prompt_tokens} "
+        f"  (prefill_per_request_s is {extra:.1%} of one pool prefill of {s.prompt_tokens} "
         "tokens: the live pool node serves that much less than the simulated one)"
     )
     return {"settings": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(s).items()},

@@ -139,9 +139,9 @@ def plumbing_bounds(d: DeploymentConfig, sc: SimScenario) -> tuple[PlumbingBound
     candidates = (
         ("gateway CPU (one process)", p.gateway_per_request_s
          + p.gateway_per_output_token_s * out_tokens, 1),
-        ("decode nodes' CPU beyond their steps", p.node_per_request_s
+        ("decode nodes' CPU beyond their steps", p.decode_per_request_s
          + p.decode_per_kv_byte_s * kv + p.decode_per_output_token_s * out_tokens, n_d),
-        ("prefill nodes' per-request CPU", p.node_per_request_s, n_p + n_prfaas),
+        ("prefill nodes' per-request CPU", p.prefill_per_request_s, n_p + n_prfaas),
     )  # fmt: skip
     return tuple(
         PlumbingBound(what, cores / seconds) for what, seconds, cores in candidates if seconds > 0

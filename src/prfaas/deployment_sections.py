@@ -77,20 +77,26 @@ class PlumbingSwitches(_Strict):
     """``simulation.plumbing``: which measured plumbing terms of the profiles the simulator
     charges (``perf.plumbing``; docs/profiles.md). Off: charged as 0 (what each term buys)."""
 
-    node_per_request: bool = True
+    prefill_per_request: bool = True
+    decode_per_request: bool = True
     decode_per_kv_byte: bool = True
     decode_per_output_token: bool = True
     gateway_per_request: bool = True
     gateway_per_output_token: bool = True
     decode_per_step: bool = True
     shared_core_overhead: bool = True
+    node_per_request: bool = True
+    """Files written before the prefill and decode nodes' fixed terms were measured apart: off
+    switches both (``prefill_per_request`` and ``decode_per_request``)."""
 
     def off(self) -> tuple[str, ...]:
         """The ``PlumbingCosts`` field names switched off (each a switch's name with ``_s``, but
-        the one ratio, ``shared_core_overhead``)."""
-        ratios = ("shared_core_overhead",)
-        return tuple(k if k in ratios else f"{k}_s" for k, on in self.model_dump().items()
-                     if not on)  # fmt: skip
+        the one ratio, ``shared_core_overhead``, and ``node_per_request``, both nodes' terms)."""
+        names = {"shared_core_overhead": ("shared_core_overhead",),
+                 "node_per_request": ("prefill_per_request_s", "decode_per_request_s")}  # fmt: skip
+        off = (n for k, on in self.model_dump().items() if not on
+               for n in names.get(k, (f"{k}_s",)))  # fmt: skip
+        return tuple(dict.fromkeys(off))
 
 
 class SimulationConfig(_Strict):

@@ -23,9 +23,9 @@ forward-pass times where a node computes:
   ``decode_per_output_token_s``. The engine's step overhead measured in the profiling process
   (``commands.profile_step``) is recorded beside it, and splits it only if the batched class
   could not (``split_decode_overhead``); with neither, the per-step term is left missing;
-- ``node_per_request_s``: the mean over the two nodes of the short class's CPU less its forward
-  pass (the prefill node's profiled prefill) and KV bytes (the decode node's): the simulator
-  charges it on each node a request visits.
+- ``prefill_per_request_s``: the prefill node's CPU of the short class less its profiled
+  prefill; ``decode_per_request_s``: the decode node's CPU of the short class less its KV bytes'
+  (it runs no forward pass for a one-token request). The simulator charges each on its node.
 
 CPU is counted in clock ticks (10 ms): the figures are means over ``requests`` requests per
 class; a difference that comes out negative (noise) is stored as 0 and said so in ``how``.
@@ -37,7 +37,6 @@ import argparse
 import asyncio
 import os
 import secrets
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -252,16 +251,19 @@ def measure(
         ) + "".join(f"; {c}" for c in split.clipped)
     prefill_req = short.per_process_s["p0"] - cm.prefill_s(SHORT_PROMPT_TOKENS)
     decode_req = d_s - per_byte * kv_short
-    node_req = floor0("node_per_request_s", statistics.mean((prefill_req, decode_req)))
-    costs = PlumbingCosts(node_req, per_byte, per_tok, gw_req, gw_tok, per_step, missing=missing)
+    costs = PlumbingCosts(
+        floor0("prefill_per_request_s", prefill_req), floor0("decode_per_request_s", decode_req),
+        per_byte, per_tok, gw_req, gw_tok, per_step, missing=missing,
+    )  # fmt: skip
     common = (
         f"process CPU (/proc, idle rate removed) of a live one-site torch deployment, "
         f"{requests} sequential requests per class"
     )
     how = {
-        "node_per_request_s": f"{common}; mean of prefill node {prefill_req:.4g} s "
-        f"(less its profiled {SHORT_PROMPT_TOKENS}-token prefill) and decode node "
-        f"{decode_req:.4g} s",
+        "prefill_per_request_s": f"{common}; prefill node, {SHORT_PROMPT_TOKENS}-token prompts, "
+        f"less its profiled prefill ({cm.prefill_s(SHORT_PROMPT_TOKENS):.4g} s)",
+        "decode_per_request_s": f"{common}; decode node, {SHORT_PROMPT_TOKENS}-token prompts, "
+        f"less their {kv_short} KV bytes at decode_per_kv_byte_s",
         "decode_per_kv_byte_s": f"{common}; decode node, {long_prompt_tokens} vs "
         f"{SHORT_PROMPT_TOKENS}-token prompts ({kv_long} vs {kv_short} KV bytes)",
         "decode_per_output_token_s": f"{common}; decode node, {OUTPUT_TOKENS} vs 1 output "

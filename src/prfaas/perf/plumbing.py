@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PLUMBING_TERMS = (
-    "node_per_request_s",
+    "prefill_per_request_s",
+    "decode_per_request_s",
     "decode_per_kv_byte_s",
     "decode_per_output_token_s",
     "gateway_per_request_s",
@@ -29,9 +30,13 @@ PLUMBING_TERMS = (
 
 @dataclass(frozen=True, slots=True)
 class PlumbingCosts:
-    node_per_request_s: float = 0.0
-    """Fixed CPU seconds a node process pays per request it serves (its HTTP call, session set-up,
-    the first token's relay), on the core that node runs on."""
+    prefill_per_request_s: float = 0.0
+    """Fixed CPU seconds a prefill node process pays per request it prefills (its HTTP call, the
+    KV session's set-up and MACs, the first token), beyond the forward pass, on its core."""
+    decode_per_request_s: float = 0.0
+    """Fixed CPU seconds a decode node process pays per request it decodes (its HTTP call, the
+    KV session's set-up and verification, the first token's relay), beyond the per-byte and
+    per-token terms, on its core."""
     decode_per_kv_byte_s: float = 0.0
     """Decode node CPU seconds per KV byte received, verified and installed."""
     decode_per_output_token_s: float = 0.0
@@ -55,16 +60,25 @@ class PlumbingCosts:
     (``commands.profile_sharing``). Not seconds: the one term that is a ratio."""
     missing: tuple[str, ...] = PLUMBING_TERMS
     """The terms the profile did not measure (each 0.0 here)."""
+    approximated: tuple[str, ...] = ()
+    """Terms read from an older profile's coarser figure (``LEGACY_TERMS``), not measured apart:
+    named in the loader's one warning, like the missing ones."""
 
     def __post_init__(self) -> None:
         for name in PLUMBING_TERMS:
             value = getattr(self, name)
             if not value >= 0.0:
                 raise ValueError(f"plumbing cost {name} must be >= 0, got {value!r}")
-        unknown = set(self.missing) - set(PLUMBING_TERMS)
-        if unknown:
-            raise ValueError(f"unknown plumbing terms in missing: {sorted(unknown)}")
+        for field in ("missing", "approximated"):
+            unknown = set(getattr(self, field)) - set(PLUMBING_TERMS)
+            if unknown:
+                raise ValueError(f"unknown plumbing terms in {field}: {sorted(unknown)}")
 
+
+LEGACY_TERMS = {"node_per_request_s": ("prefill_per_request_s", "decode_per_request_s")}
+"""Terms older profiles stored, and the terms each now reads as: ``node_per_request_s`` was one
+figure (the mean of the prefill and the decode node's) charged on both nodes; the profile now
+measures each node's apart (issue 20: 11.2 ms and 4.5 ms on the tiny Qwen3-Next here)."""
 
 NO_PLUMBING = PlumbingCosts()
 """Nothing measured: every term 0.0 (the model of today's simulator)."""

@@ -43,12 +43,18 @@ _WARNED: set[str] = set()
 
 
 def missing_plumbing_message(pf: ProfileFile) -> str | None:
-    """The one warning of a profile without some plumbing terms, or None if it has them all."""
-    if not pf.plumbing.missing:
+    """The one warning of a profile without some plumbing terms (or with some read from an older
+    profile's coarser figure), or None if it has them all."""
+    missing, approximated = pf.plumbing.missing, pf.plumbing.approximated
+    if not missing and not approximated:
         return None
+    parts = [f"not measured, charged as 0: {', '.join(missing)}"] if missing else []
+    if approximated:
+        parts.append(f"read from an older profile's one figure for both nodes "
+                     f"(node_per_request_s): {', '.join(approximated)}")  # fmt: skip
     return (
-        f"profile {pf.origin or pf.label}: plumbing terms not measured, charged as 0: "
-        f"{', '.join(pf.plumbing.missing)} (re-run `prfaas profile`; docs/profiles.md)"
+        f"profile {pf.origin or pf.label}: plumbing terms {'; '.join(parts)} "
+        f"(re-run `prfaas profile`; docs/profiles.md)"
     )
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from prfaas.perf.plumbing import PLUMBING_TERMS, PlumbingCosts
+from prfaas.perf.plumbing import LEGACY_TERMS, PLUMBING_TERMS, PlumbingCosts
 from prfaas.perf.profile_file import (
     DECODE_MODELS,
     PREFILL_CURVES,
@@ -227,18 +227,29 @@ def profile_file_from_dict(data: Any, origin: str) -> ProfileFile:
 
 def _read_plumbing(r: _Reader | None) -> tuple[PlumbingCosts, tuple[tuple[str, str], ...]]:
     """The ``plumbing`` section: each term a non-negative number of seconds (per request, per
-    KV byte or per output token); a term left out (or the whole section) is missing."""
+    KV byte or per output token); a term left out (or the whole section) is missing. An older
+    profile's term (``LEGACY_TERMS``) gives the terms that replaced it its value, unless the
+    file has them too; they are ``approximated``."""
     if r is None:
         return PlumbingCosts(), ()
-    unknown = sorted(set(r.data) - {*PLUMBING_TERMS, "how"})
+    unknown = sorted(set(r.data) - {*PLUMBING_TERMS, *LEGACY_TERMS, "how"})
     if unknown:
         raise ProfileFileError(f"{r.where}{unknown[0]}: unknown plumbing term (known: "
                                f"{', '.join(PLUMBING_TERMS)})")  # fmt: skip
     values = {n: r.number(n, required=False, positive=False) for n in PLUMBING_TERMS}
     measured = {n: v for n, v in values.items() if v is not None}
+    approximated: list[str] = []
+    for old, new in LEGACY_TERMS.items():
+        value = r.number(old, required=False, positive=False)
+        if value is None:
+            continue
+        for name in new:
+            if name not in measured:
+                measured[name] = value
+                approximated.append(name)
     missing = tuple(n for n in PLUMBING_TERMS if n not in measured)
     how = r.get("how", dict, required=False) or {}
-    return PlumbingCosts(**measured, missing=missing), tuple(
+    return PlumbingCosts(**measured, missing=missing, approximated=tuple(approximated)), tuple(
         (str(k), str(v)) for k, v in how.items()
     )
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from prfaas.perf.plumbing import PLUMBING_TERMS
+from prfaas.perf.plumbing import LEGACY_TERMS, PLUMBING_TERMS
 from prfaas.perf.profile_file import SCHEMA_VERSION, DecodePoint, PrefillPoint, ProfileFile
 from prfaas.spec.cache_spec import CacheSpec, TensorSpec
 
@@ -93,9 +93,15 @@ def profile_file_to_dict(pf: ProfileFile) -> dict[str, Any]:
                 "points": [_drop_none(_point_dict(p)) for p in pf.decode.points] or None,
             }
         )
-    measured = [n for n in PLUMBING_TERMS if n not in pf.plumbing.missing]
-    if measured:  # left out when nothing was measured (a version-2 file reads the same)
-        section: dict[str, Any] = {n: getattr(pf.plumbing, n) for n in measured}
+    plumbing = pf.plumbing
+    measured = [n for n in PLUMBING_TERMS
+                if n not in plumbing.missing and n not in plumbing.approximated]  # fmt: skip
+    if measured or plumbing.approximated:  # left out when nothing was measured
+        section: dict[str, Any] = {n: getattr(plumbing, n) for n in measured}
+        for old, new in LEGACY_TERMS.items():
+            # Written back as it was read, so a rewritten file still says it was not split.
+            if any(n in plumbing.approximated for n in new):
+                section[old] = getattr(plumbing, new[0])
         if pf.plumbing_how:
             section["how"] = {str(k): str(v) for k, v in pf.plumbing_how}
         out["plumbing"] = section

@@ -45,7 +45,10 @@ class NodeBase:
         """The last ``NodeLoad`` built; the simulator clears it whenever the node changes."""
         self.busy_s = 0.0
         """Seconds spent working (prefill) or with a non-empty batch (decode)."""
-        self.per_request_s = cm.plumbing.node_per_request_s
+        self.per_request_s = (
+            cm.plumbing.prefill_per_request_s if role is NodeRole.PREFILL
+            else cm.plumbing.decode_per_request_s
+        )  # fmt: skip
         """The node process's fixed cost per request it serves (``sim.plumbing``)."""
 
 

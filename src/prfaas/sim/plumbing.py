@@ -7,8 +7,9 @@ own (the live gateway is not pinned; ``docs/profiles.md``), whose per-request an
 CPU delays each arrival's routing. Where each other term is charged (all as extra service time
 in existing events, never an event per byte or token):
 
-- ``node_per_request_s``: added to the request's prefill service time on its prefill node and
-  to its KV install on its decode node (``simulator._assign``, ``decode.DecodeStage``);
+- ``prefill_per_request_s``: added to the request's prefill service time on its prefill node
+  (``simulator._assign``);
+- ``decode_per_request_s``: added to its KV install on its decode node (``decode.DecodeStage``);
 - ``decode_per_kv_byte_s``: the KV install on the decode node, per byte received (the transfer's
   bytes; a local prefill's whole prompt KV), before the request joins its batch: the batch
   pauses for it, on the decode node's core (slowed like its steps when the site's cores are

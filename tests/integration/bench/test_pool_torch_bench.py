@@ -51,7 +51,8 @@ decode:
   - {batch: 1, context_tokens: 4096, median_s: 0.008, spread_s: 0.0, repeats: 1}
   - {batch: 2, context_tokens: 4096, median_s: 0.010, spread_s: 0.0, repeats: 1}
 plumbing:
-  node_per_request_s: 0.008
+  prefill_per_request_s: 0.008
+  decode_per_request_s: 0.004
   decode_per_kv_byte_s: 4.0e-09
   decode_per_output_token_s: 0.0005
   gateway_per_request_s: 0.007

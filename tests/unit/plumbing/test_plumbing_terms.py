@@ -35,7 +35,7 @@ from prfaas.workload import SimRequestSpec
 
 pytestmark = pytest.mark.timeout(60)
 
-PLUMBING = PlumbingCosts(0.004, 2e-9, 0.0003, 0.002, 0.0001, 0.0007, 0.05, missing=())
+PLUMBING = PlumbingCosts(0.004, 0.003, 2e-9, 0.0003, 0.002, 0.0001, 0.0007, 0.05, missing=())
 
 
 def _profile(plumbing: PlumbingCosts = PLUMBING) -> ProfileFile:
@@ -71,7 +71,7 @@ def test_the_terms_round_trip_and_reach_the_cost_model(tmp_path: Path) -> None:
     assert "version: 2" in text and "plumbing:" in text
     pf = load_profile_file(path)
     assert pf.plumbing == PLUMBING
-    assert dict(pf.plumbing_how)["node_per_request_s"] == "test"
+    assert dict(pf.plumbing_how)["prefill_per_request_s"] == "test"
     cm = cost_model_from_profile_file(path)
     assert cm.plumbing == PLUMBING
     # The engine's own timings (what the timed engine sleeps) carry none of them.
@@ -97,7 +97,7 @@ def test_old_profiles_load_with_one_warning_naming_the_missing_terms(
     del data["plumbing"]
     old = tmp_path / "old.yaml"
     old.write_text(yaml.safe_dump(data))
-    partial = dict(data, version=2, plumbing={"node_per_request_s": 0.01})
+    partial = dict(data, version=2, plumbing={"prefill_per_request_s": 0.01})
     part = tmp_path / "partial.yaml"
     part.write_text(yaml.safe_dump(partial))
     profile_costs._WARNED.clear()
@@ -108,9 +108,36 @@ def test_old_profiles_load_with_one_warning_naming_the_missing_terms(
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 2, messages
     assert all(n in messages[0] for n in PLUMBING_TERMS) and str(old) in messages[0]
-    assert "node_per_request_s" not in messages[1]
+    assert "prefill_per_request_s" not in messages[1]
     assert "decode_per_kv_byte_s" in messages[1]
-    assert cost_model_from_profile_file(part).plumbing.node_per_request_s == 0.01
+    assert cost_model_from_profile_file(part).plumbing.prefill_per_request_s == 0.01
+
+
+def test_a_profile_from_before_the_split_reads_its_one_figure_for_both_nodes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``node_per_request_s`` (one figure, the mean of both nodes') gives both nodes' terms,
+    the warning says they are not measured apart, and writing the profile back keeps it so."""
+    data = yaml.safe_load(_write(tmp_path, _profile()).read_text())
+    plumbing = data["plumbing"]
+    del plumbing["prefill_per_request_s"], plumbing["decode_per_request_s"]
+    plumbing["node_per_request_s"] = 0.006
+    old = tmp_path / "before-split.yaml"
+    old.write_text(yaml.safe_dump(data))
+    profile_costs._WARNED.clear()
+    with caplog.at_level(logging.WARNING, logger="prfaas.perf"):
+        p = cost_model_from_profile_file(old).plumbing
+    assert (p.prefill_per_request_s, p.decode_per_request_s) == (0.006, 0.006)
+    assert p.missing == () and set(p.approximated) == {
+        "prefill_per_request_s",
+        "decode_per_request_s",
+    }
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert "node_per_request_s" in message and "decode_per_request_s" in message
+    rewritten = _write(tmp_path, load_profile_file(old), "rewritten.yaml")
+    section = yaml.safe_load(rewritten.read_text())["plumbing"]
+    assert section["node_per_request_s"] == 0.006 and "prefill_per_request_s" not in section
+    assert load_profile_file(rewritten).plumbing == load_profile_file(old).plumbing
 
 
 def test_a_bad_plumbing_term_is_named(tmp_path: Path) -> None:
@@ -152,7 +179,8 @@ def test_each_term_is_charged_where_it_is_paid_and_switched_off(tmp_path: Path) 
     kv = KvBytes(get_model("paper-1t").cache).total(PROMPT)
     p = PLUMBING
     # Gateway, prefill node, decode node (fixed + per KV byte) before the first token.
-    extra = p.gateway_per_request_s + 2 * p.node_per_request_s + p.decode_per_kv_byte_s * kv
+    extra = (p.gateway_per_request_s + p.prefill_per_request_s + p.decode_per_request_s
+             + p.decode_per_kv_byte_s * kv)  # fmt: skip
     assert ttft - base_ttft == pytest.approx(extra, rel=1e-6)
     per_step_and_token = p.decode_per_output_token_s + p.decode_per_step_s  # at batch 1
     assert decode - base_decode == pytest.approx(OUTPUT * per_step_and_token, rel=1e-6)
@@ -219,8 +247,10 @@ def test_time_shared_cores_charge_the_profiles_sharing_overhead(tmp_path: Path) 
 
 def test_the_deployment_switches_name_the_terms() -> None:
     assert PlumbingSwitches().off() == ()
-    off = PlumbingSwitches(node_per_request=False, gateway_per_output_token=False).off()
-    assert off == ("node_per_request_s", "gateway_per_output_token_s")
+    off = PlumbingSwitches(decode_per_request=False, gateway_per_output_token=False).off()
+    assert off == ("decode_per_request_s", "gateway_per_output_token_s")
+    both = PlumbingSwitches(node_per_request=False, prefill_per_request=False).off()
+    assert both == ("prefill_per_request_s", "decode_per_request_s")  # a file before the split
     assert PlumbingSwitches(shared_core_overhead=False).off() == ("shared_core_overhead",)
     switches = {t.removesuffix("_s"): False for t in PLUMBING_TERMS}  # one per term
     assert set(PlumbingSwitches(**switches).off()) == set(PLUMBING_TERMS)
