@@ -27,10 +27,16 @@ _INTO_FINISHED = frozenset(s for s, to in TRANSITIONS.items() if _FINISHED in to
 
 
 class DecodeStage:
-    def __init__(self, world: World, on_drained: Callable[[SimNode], None]) -> None:
+    def __init__(
+        self, world: World, on_drained: Callable[[SimNode], None],
+        on_cores_changed: Callable[[int, float, SimNode | None], None] | None = None,
+    ) -> None:  # fmt: skip
         self._world = world
         self._on_drained = on_drained
         """Called when a draining node has finished its last request (role conversion)."""
+        self._on_cores_changed = on_cores_changed
+        """Called when a site's shared cores got busier or freer, after its decode nodes were
+        re-spanned (the simulator re-times the site's prefills)."""
         # The world's containers are never replaced: held directly (fewer lookups per event).
         self._heap = world.q.heap
         self._seq = world.q.seq
@@ -136,9 +142,8 @@ class DecodeStage:
 
     def respan_site(self, site: int, now: float, changed: SimNode | None = None) -> None:
         """The site's shared cores got busier or freer at ``now``: every other decode node of
-        the site continues from its next step boundary at the new speed. (A prefill keeps the
-        speed it started with: its end, and its KV's pace on the link, are fixed when it
-        starts.)"""
+        the site continues from its next step boundary at the new speed, and (``on_cores_changed``)
+        every other prefill computing there from now."""
         for dec in self._world.decode_nodes_of(site):
             if dec is changed or not dec.members:
                 continue
@@ -146,6 +151,8 @@ class DecodeStage:
                 self._new_span(dec, dec.span_start_s)
             else:
                 self._new_span(dec, self._step_boundary(dec, now))
+        if self._on_cores_changed is not None:
+            self._on_cores_changed(site, now, changed)
 
     def _new_span(self, dec: DecodeNode, start_s: float) -> None:
         members = dec.members

@@ -13,13 +13,16 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Iterator
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from prfaas.core.ids import NodeId, SiteId
 from prfaas.core.topology import NodeRole
 from prfaas.core.views import NodeLoad
 from prfaas.perf import CostModel
 from prfaas.sim.request import SimRequest
+
+if TYPE_CHECKING:  # events.py names the nodes in its event types
+    from prfaas.sim.events import Handoff
 
 
 class NodeBase:
@@ -53,7 +56,8 @@ class NodeBase:
 
 
 class PrefillNode(NodeBase):
-    __slots__ = ("busy", "free_at_s", "queue", "queued_tokens")
+    __slots__ = ("batch", "batch_end_s", "batch_factor", "batch_left_s", "batch_mark_s",
+                 "batch_retimable", "busy", "free_at_s", "queue", "queued_tokens")  # fmt: skip
 
     def __init__(self, node_id: NodeId, index: int, site: int, site_id: SiteId, cm: CostModel):
         super().__init__(node_id, index, site, site_id, NodeRole.PREFILL, cm)
@@ -62,6 +66,16 @@ class PrefillNode(NodeBase):
         self.free_at_s = 0.0
         """When all work assigned so far ends (FIFO, sum-of-service batches): the load key."""
         self.queued_tokens = 0
+        # The batch computing now, for re-timing it when its site's shared cores get busier or
+        # freer (``Simulator._retime_prefills``): its handoffs (its PREFILL_DONE event's
+        # identity), when it ends, its slowdown, its own-speed work left at ``batch_mark_s``.
+        self.batch: tuple[Handoff, ...] = ()
+        self.batch_end_s = 0.0
+        self.batch_factor = 1.0
+        self.batch_left_s = 0.0
+        self.batch_mark_s = 0.0
+        self.batch_retimable = False
+        """Only a batch whose KV stays on its site: a cross-site one paces its link flow."""
 
     def is_idle(self) -> bool:
         return not self.busy and not self.queue

@@ -4,7 +4,10 @@ A site whose node processes are pinned to the same cores (``engine.cpus``: on a 
 prefill and a decode node on one core) does not have one machine per node, as the cost model's
 per-node timings assume. Processor sharing: while the site's busy nodes want more cores than it
 has, each runs at ``cores / demand`` of its own speed (a torch node's demand is its ``threads``).
-The simulator counts busy nodes here and scales service times by ``slowdown`` when they start.
+The simulator counts busy nodes here and scales work by ``slowdown`` as it goes: a decode node's
+span and a prefill batch whose KV stays on its site are re-timed whenever the count changes (at
+the decode's next step boundary; the prefill from that instant); a prefill whose KV crosses to
+another site keeps the speed it started with (its link flow is paced by it).
 
 Pure: no clock, no I/O; the simulator owns the counts' transitions.
 """

@@ -84,7 +84,7 @@ class Simulator:
         self.world = w = World(scenario)
         self.homes = build_homes(w)
         self.control = ControlLoop(w, self.homes)
-        self.decode = DecodeStage(w, self.control.drained)
+        self.decode = DecodeStage(w, self.control.drained, self._retime_prefills)
         self.batcher = PrefillBatcher(scenario.prefill_token_budget)
         # The world's containers are never replaced: held directly (fewer lookups per event).
         self._q = w.q
@@ -332,21 +332,27 @@ class Simulator:
         shared = w.shared[node.site]
         if shared is not None and not continuing:  # the site's shared cores get busier
             shared.busy += 1
-            self.decode.respan_site(node.site, now)
+            self.decode.respan_site(node.site, now, node)
+        factor = 1.0 if shared is None else shared.slowdown()
         if len(batch) == 1:  # most batches (no generator, no list: hot path)
             req = batch[0]
-            duration = req.work_s
-            if shared is not None:
-                duration *= shared.slowdown()
+            work = req.work_s
+            duration = work * factor
             handoffs: tuple[Handoff, ...] = (start(req, node, duration, now),)
         else:
-            duration = 0.0
+            work = 0.0
             for req in batch:
-                duration += req.work_s
-            if shared is not None:
-                duration *= shared.slowdown()
+                work += req.work_s
+            duration = work * factor
             handoffs = tuple([start(req, node, duration, now) for req in batch])
         node.busy_s += duration
+        node.batch = handoffs
+        node.batch_end_s = now + duration
+        if shared is not None:
+            node.batch_factor = factor
+            node.batch_left_s = work
+            node.batch_mark_s = now
+            node.batch_retimable = not any(h[0].transfer_bytes for h in handoffs)
         q = self._q
         heapq.heappush(
             q.heap,
@@ -377,9 +383,33 @@ class Simulator:
         req.flow = link.add(now, nbytes, duration, handoff, kvb.num_layers)
         return handoff
 
+    def _retime_prefills(self, site: int, now: float, changed: SimNode | None) -> None:
+        """Site ``site``'s shared cores got busier or freer at ``now``: every other batch
+        computing there goes on at the new speed (processor sharing), its end moved (a new
+        PREFILL_DONE; the old one is then stale). A batch whose KV crosses to another site keeps
+        the speed it started with: its link flow was paced by it (``_start_transfer``)."""
+        shared = self.world.shared[site]
+        assert shared is not None
+        factor = shared.slowdown()
+        q = self._q
+        for node in self.world.prefill_nodes_of(site):
+            if node is changed or not node.busy or not node.batch_retimable:
+                continue
+            if factor == node.batch_factor:
+                continue
+            left = node.batch_left_s - (now - node.batch_mark_s) / node.batch_factor
+            left = left if left > 0.0 else 0.0
+            end = now + left * factor
+            node.busy_s += end - node.batch_end_s
+            node.batch_left_s, node.batch_mark_s, node.batch_factor = left, now, factor
+            node.batch_end_s = end
+            heapq.heappush(q.heap, (end, _PREFILL_DONE, next(q.seq), node, node.batch))
+
     def _on_prefill_done(self, event: PrefillDone) -> None:
         w = self.world
-        _, _, _, node, batch = event
+        end_s, _, _, node, batch = event
+        if batch is not node.batch or end_s != node.batch_end_s:
+            return  # re-timed since (``_retime_prefills``): a later event ends it
         now = w.now
         node.busy = False
         node.cached_load = None
@@ -416,7 +446,7 @@ class Simulator:
         shared = w.shared[site]
         if shared is not None:  # the node stops computing: its site's shared cores get freer
             shared.busy -= 1
-            self.decode.respan_site(site, now)
+            self.decode.respan_site(site, now, node)
         if node.draining:
             self.control.drained(node)
 

@@ -81,6 +81,10 @@ class World:
         """The site's decode nodes now (a few: called only where a site shares its cores)."""
         return [n for n in self.decode_by_id.values() if n.site == site]
 
+    def prefill_nodes_of(self, site: int) -> list[PrefillNode]:
+        """The site's prefill nodes now (called only where a site shares its cores)."""
+        return [n for n in self.prefill_by_id.values() if n.site == site]
+
     def cost_model(self, hardware: str) -> CostModel:
         cm = self._cms.get(hardware)
         if cm is None:

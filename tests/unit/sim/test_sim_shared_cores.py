@@ -57,3 +57,21 @@ def test_one_core_for_both_serialises_their_work() -> None:
     assert makespan_shared == pytest.approx(work_s, rel=0.1)
     # the first prefill ran alone (the decode node had nothing yet): not slowed
     assert shared[0][0] == pytest.approx(alone[0][0])
+
+
+def test_a_prefill_goes_on_at_the_speed_the_core_gives_it_now() -> None:
+    """Processor sharing through a prefill, not fixed at its start: a long prefill that starts
+    while the decode node is busy runs at half speed only while the decode node is busy, then
+    at full speed; the core's work is conserved (its end is its own work plus the decode's)."""
+    first = SimRequestSpec(0, 0.0, 2000, 30)
+    _, alone = _run(None, [first])
+    prefill_end_s, decode_end_s = alone[0]
+    decode_s = decode_end_s - prefill_end_s  # the decode node's work for the first request
+    long = SimRequestSpec(1, prefill_end_s, 30000, 1)  # arrives as the first starts decoding
+    _, long_alone = _run(None, [replace(long, index=0, arrival_s=0.0)])
+    long_prefill_s = long_alone[0][0]
+    assert decode_s < long_prefill_s  # the decode ends first, mid-prefill
+    _, shared = _run(1, [first, long])
+    # Both at half speed until the decode is done (2 x its work), then the rest alone.
+    assert shared[0][1] == pytest.approx(prefill_end_s + 2 * decode_s, rel=1e-3)
+    assert shared[1][0] == pytest.approx(prefill_end_s + long_prefill_s + decode_s, rel=1e-3)
