@@ -79,6 +79,9 @@ def refuse_unrenderable(pool: PoolFileConfig) -> None:
                 f"groups[{i}].hardware: profile file {g.hardware!r} (group {g.name}) has no "
                 "Kubernetes resource mapping: name a hardware preset"
             )
+    conflict = pool.clock_conflict()  # the front door pod would refuse it at start
+    if conflict is not None:
+        raise UsageError(conflict)
 
 
 def pool_secrets(pool: PoolFileConfig, path: Path, names: Names, ns: str) -> list[Manifest]:

@@ -63,6 +63,9 @@ class PoolLauncher:
                     f"{pool_path}: groups.{i}.kind: 'vllm' pool nodes do not run live yet "
                     "(timed and torch groups do; docs/pool.md)"
                 )
+        conflict = pool.clock_conflict()
+        if conflict is not None:
+            raise UsageError(f"{pool_path}: {conflict}")
         self.pool = _resolved(pool, pool_path.resolve().parent)
         self.pool_path = pool_path
         self._file_pool = pool

@@ -243,6 +243,7 @@ def _pool_file(tmp_path: Path, **group: Any) -> Path:
     [
         ({"hardware": "prof.yaml"}, "groups[0].hardware: profile file"),
         ({"kind": "vllm", "model_path": "/m"}, "groups[0].kind"),
+        ({"kind": "torch", "model_path": "/m"}, "units.time_scale: 0.1 with timed and torch"),
     ],
 )
 def test_bad_pool_input_is_one_line_naming_the_field(
