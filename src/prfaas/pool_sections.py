@@ -15,6 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from prfaas.deployment_sections import CPUS_PATTERN
+
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
@@ -102,6 +104,13 @@ class PoolGroup(_Strict):
     kind: Literal["timed", "torch", "vllm"] = "timed"
     model_path: str | None = None
     hardware: str = "h200"
+    cpus: str | None = Field(
+        None,
+        pattern=CPUS_PATTERN,
+        description="the cores every node process of the group runs on (e.g. '0', '0-3'), as a "
+        "deployment site's engine.cpus; nodes on the same cores share them (the pool simulator "
+        "does not model that). None: wherever the OS puts them",
+    )
     nodes: list[PoolNode] = []
     num_nodes: int | None = Field(None, ge=1, description="instead of nodes: NAME-0, NAME-1, ...")
     notice_s: float | None = Field(
