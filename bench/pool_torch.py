@@ -14,10 +14,10 @@ Steps, all from this script:
    each a torch PD site, prefill + decode node pinned to ``PD_CORE`` by ``engine.cpus``,
    ``hardware:`` the profile file, ``router: threshold`` with a fixed ``t`` under the prompt
    length, so every request is offered to the pool). Written once: the live run and the
-   simulator read the very same files. The pool file has no ``cpus`` field: the pool node's
-   process is pinned to ``POOL_CORE`` by this script once it runs (every thread, ``taskset -a``
-   style), and this script, the front door and the gateways to the other cores (with the PD
-   sites), so the pool node has its core to itself as the simulated node has its instance; the
+   simulator read the very same files. The pool's group has ``cpus: POOL_CORE``: its node
+   process pins itself there (every thread, as a deployment's node process does), and this script
+   puts itself, the front door and the gateways on the other cores (with the PD sites), so the
+   pool node has its core to itself as the simulated node has its instance; the
    tenants' local prefill nodes run at ``--local-nice`` (the over-offered fallback prefills would
    otherwise starve the gateways, decode nodes and front door; local prefill is not measured).
 3. Live: ``prfaas up pool.yaml`` and both tenants (``serve.launcher.Launcher``, as the e2e tests),
@@ -249,7 +249,7 @@ def write_files(workdir: Path, model: Path, prof: Path, s: Settings, rate_rps: f
         "lease_s": 30.0,
         "groups": [{
             "name": GROUP, "model": name, "kind": "torch", "model_path": str(model),
-            "hardware": str(prof), "num_nodes": s.pool_nodes,
+            "hardware": str(prof), "num_nodes": s.pool_nodes, "cpus": str(s.pool_core),
         }],
         "tenants": [
             {"name": t, "weight": w, "cap": {"max_queued_tokens": queued},
@@ -378,13 +378,6 @@ class LivePool:
             f"== {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
             for p in sorted(self.workdir.glob("*.log"))
         )
-
-
-def pin(pid: int, cores: set[int]) -> None:
-    """Every thread of ``pid`` on ``cores`` (threads it starts later inherit it)."""
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with contextlib.suppress(ProcessLookupError):
-            os.sched_setaffinity(int(tid), cores)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -587,8 +580,9 @@ def run_live(files: Files, model: Path, s: Settings, rate_rps: float) -> dict[st
     lives: dict[str, Launcher] = {}
     load_before = os.getloadavg()
     # This process and everything it starts (front door, gateways; the tenants' torch nodes pin
-    # themselves to engine.cpus) on the cores other than the pool node's: the pool node gets its
-    # core to itself, as the simulator's pool node has its instance.
+    # themselves to engine.cpus, the pool's node to its group's cpus) on the cores other than the
+    # pool node's: the pool node gets its core to itself, as the simulator's pool node has its
+    # instance.
     allowed = os.sched_getaffinity(0)
     rest = allowed - {s.pool_core}
     if rest:
@@ -597,10 +591,9 @@ def run_live(files: Files, model: Path, s: Settings, rate_rps: float) -> dict[st
         started = time.monotonic()
         pool.start()
         node_pids = pool.node_pids()
-        for pid in node_pids:
-            pin(pid, {s.pool_core})
-        say(f"pool up in {time.monotonic() - started:.0f} s; node process(es) {node_pids} "
-            f"pinned to core {s.pool_core}")  # fmt: skip
+        pinned = {pid: sorted(os.sched_getaffinity(pid)) for pid in node_pids}
+        say(f"pool up in {time.monotonic() - started:.0f} s; node process(es) on cores {pinned} "
+            f"(the group's cpus: {s.pool_core})")  # fmt: skip
         for t in TENANTS:
             live = Launcher(load_deployment(files.tenants[t]), live_dir / f"{t}-wd")
             lives[t] = live

@@ -15,6 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from prfaas.deployment_sections import CPUS_PATTERN
+
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
@@ -102,6 +104,13 @@ class PoolGroup(_Strict):
     kind: Literal["timed", "torch", "vllm"] = "timed"
     model_path: str | None = None
     hardware: str = "h200"
+    cpus: str | None = Field(
+        None,
+        pattern=CPUS_PATTERN,
+        description="the cores every node process of the group runs on (e.g. '0', '0-3'), as a "
+        "deployment site's engine.cpus; nodes on the same cores share them (the pool simulator "
+        "does not model that). None: wherever the OS puts them",
+    )
     nodes: list[PoolNode] = []
     num_nodes: int | None = Field(None, ge=1, description="instead of nodes: NAME-0, NAME-1, ...")
     notice_s: float | None = Field(
@@ -247,6 +256,29 @@ class PoolFileConfig(_Strict):
 
     def group_for_model(self, model: str) -> PoolGroup | None:
         return next((g for g in self.groups if g.model == model), None)
+
+    # The front door's clock follows a deployment's rule (``EngineConfig.wall_s_per_modelled_s``):
+    # only the emulated engine scales time; torch and vLLM nodes compute in real seconds whatever
+    # ``time_scale`` says, so their costs, leases and caps are read in wall seconds.
+    @property
+    def wall_s_per_modelled_s(self) -> float:
+        """Wall seconds per modelled second of the front door's clock: ``units.time_scale``
+        when every group is timed, else 1 (``clock_conflict`` refuses a mix at another scale)."""
+        return self.units.time_scale if all(g.kind == "timed" for g in self.groups) else 1.0
+
+    def clock_conflict(self) -> str | None:
+        """Why no one clock fits the front door (a live pool refuses it; the simulator has no
+        wall clock): timed groups beside torch or vLLM ones at a ``time_scale`` other than 1.
+        None: one clock fits."""
+        kinds = {g.kind for g in self.groups}
+        if self.units.time_scale == 1 or kinds <= {"timed"} or "timed" not in kinds:
+            return None
+        real = "/".join(sorted(kinds - {"timed"}))
+        return (
+            f"units.time_scale: {self.units.time_scale:g} with timed and {real} groups: the front "
+            f"door has one clock, time_scale wall seconds per modelled second for timed groups "
+            f"but real seconds for {real} ones; use time_scale 1, or one kind per pool"
+        )
 
 
 class TenantLink(_Strict):

@@ -267,3 +267,47 @@ def test_up_refuses_a_pool_or_tenant_in_the_clear_beyond_loopback(
     assert tenant_in_clear(allowed) is None  # said knowingly: a trusted network
     https = allowed.model_copy(update={"url": "https://10.1.2.3:8100", "allow_plaintext": False})
     assert tenant_in_clear(https) is None
+
+
+def test_a_groups_cpus_reads_as_a_deployments_engine_cpus(tmp_path: Path) -> None:
+    """``groups[].cpus``: the deployment's pattern and message (one validator), carried into the
+    group's node files as ``engine.cpus``, so its node processes pin themselves as a site's do."""
+    from prfaas.config import load_deployment
+    from prfaas.pool.nodes_file import group_deployment, one_node_deployment
+
+    pool = load_pool(_pool_with(tmp_path, lambda r: r["groups"][1].update(cpus="0,2-3")))
+    g = pool.groups[1]
+    assert g.cpus == "0,2-3" and pool.groups[0].cpus is None
+    assert group_deployment(pool, g, "k" * 24).cores_of_site(g.name) == frozenset({0, 2, 3})
+    one = one_node_deployment(pool, g, g.node_names[0], "k" * 24)
+    assert one.cores_of_site(g.name) == frozenset({0, 2, 3})
+    assert group_deployment(pool, pool.groups[0], "k" * 24).cores_of_site("g-1t") is None
+
+    bad = _pool_with(tmp_path, lambda r: r["groups"][1].update(cpus="0-"))
+    with pytest.raises(UsageError, match=r"pool\.yaml: groups\.1\.cpus: ") as pooled:
+        load_pool(bad)
+    deployment = yaml.safe_load((EXAMPLES.parent / "two-site.yaml").read_text())
+    deployment["engine"]["cpus"] = "0-"
+    (tmp_path / "d.yaml").write_text(yaml.safe_dump(deployment))
+    with pytest.raises(UsageError, match=r"engine\.cpus: ") as deployed:
+        load_deployment(tmp_path / "d.yaml")
+    assert str(pooled.value).split("cpus: ", 1)[1] == str(deployed.value).split("cpus: ", 1)[1]
+
+
+def test_a_pool_node_on_cores_the_host_lacks_is_a_usage_error_naming_the_group(
+    tmp_path: Path,
+) -> None:
+    """As a deployment's node process (``serve.run.pin_process``); no ``cpus``: left alone."""
+    import os
+
+    from prfaas.pool.node_main import pin_to_group_cores
+    from prfaas.pool.nodes_file import group_deployment
+
+    pool = load_pool(_pool_with(tmp_path, lambda r: r["groups"][1].update(cpus="4096")))
+    before = os.sched_getaffinity(0)
+    pin_to_group_cores(group_deployment(pool, pool.groups[0], "k" * 24), pool, "g-1t")
+    assert os.sched_getaffinity(0) == before
+    d = group_deployment(pool, pool.groups[1], "k" * 24)
+    with pytest.raises(UsageError, match=r"groups\.1\.cpus: cannot run on cores \[4096\]"):
+        pin_to_group_cores(d, pool, "g-qwen")
+    assert os.sched_getaffinity(0) == before

@@ -79,6 +79,9 @@ def refuse_unrenderable(pool: PoolFileConfig) -> None:
                 f"groups[{i}].hardware: profile file {g.hardware!r} (group {g.name}) has no "
                 "Kubernetes resource mapping: name a hardware preset"
             )
+    conflict = pool.clock_conflict()  # the front door pod would refuse it at start
+    if conflict is not None:
+        raise UsageError(conflict)
 
 
 def pool_secrets(pool: PoolFileConfig, path: Path, names: Names, ns: str) -> list[Manifest]:
@@ -140,6 +143,11 @@ def warnings_for(pool: PoolFileConfig) -> tuple[str, ...]:
         )
     if any(n.port for g in pool.groups for n in g.nodes):
         out.append("groups[].nodes[].port: replaced by the pods' fixed ports (HTTP 8100, KV 8200)")
+    out += [
+        f"groups[{i}] ({g.name}) cpus: pinning inside the pod's cgroup; the cores must exist in "
+        "it (kubelet's static CPU manager gives whole cores)"
+        for i, g in enumerate(pool.groups) if g.cpus is not None
+    ]  # fmt: skip
     if any(g.kind == "timed" for g in pool.groups):
         out.append(
             "groups[].kind timed: the pods emulate their hardware (no GPU requested); egress "

@@ -8,7 +8,9 @@ SIGKILL on stop): the front door first (``pool.service``), then the node process
 group, named after the group, or, for a group with ``processes: per_node`` (the default of a
 group with ``notice_s``), one per node, named after the node, from a one-node file
 (``pool.nodes_file.one_node_deployment``), so a spot notice to one node leaves the others of its
-group serving. The workdir's files (``pool.resolved``) carry real ports and a fresh internal
+group serving. A group's ``cpus`` goes into its node files' ``engine.cpus``, and each of its node
+processes pins itself to those cores at start, as a deployment's node processes do
+(``pool.node_main``). The workdir's files (``pool.resolved``) carry real ports and a fresh internal
 key; start-up returns once the front door answers and every node of the file has registered with
 it and is live.
 """
@@ -63,6 +65,9 @@ class PoolLauncher:
                     f"{pool_path}: groups.{i}.kind: 'vllm' pool nodes do not run live yet "
                     "(timed and torch groups do; docs/pool.md)"
                 )
+        conflict = pool.clock_conflict()
+        if conflict is not None:
+            raise UsageError(f"{pool_path}: {conflict}")
         self.pool = _resolved(pool, pool_path.resolve().parent)
         self.pool_path = pool_path
         self._file_pool = pool

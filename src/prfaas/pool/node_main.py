@@ -17,7 +17,8 @@ process ends once they are done or at the deadline; without it SIGTERM stops the
 Its prefix store keeps each tenant's prefixes in a namespace of its own (salted chains, a quota
 each: ``serve.node.prefix_namespaces``, from the pool file's ``share_prefixes`` and tenants'
 shares; the salts' secret is drawn from the pool's internal key at start); SIGHUP reloads the
-quotas with the keys.
+quotas with the keys. A group with ``cpus`` runs its process on those cores, every thread, as a
+deployment's node process does (``serve.run.pin_process``, from its node file's ``engine.cpus``).
 """
 
 from __future__ import annotations
@@ -29,13 +30,15 @@ import signal
 import sys
 from pathlib import Path
 
-from prfaas.config import load_deployment
+from prfaas.config import DeploymentConfig, load_deployment
+from prfaas.errors import UsageError
 from prfaas.pool.resolved import load_resolved, nodes_name, tenant_keys
 from prfaas.pool_sections import PoolFileConfig
 from prfaas.serve.key_reload import reload_keys, ring_from_file
 from prfaas.serve.listeners import UnverifiedConnections, bind, serve
 from prfaas.serve.node.prefix_namespaces import PrefixNamespaces
 from prfaas.serve.node.sigterm_notice import notice_on_sigterm
+from prfaas.serve.run import pin_process
 from prfaas.transfer.link_pool import KeyTLS
 
 log = logging.getLogger("prfaas.pool")
@@ -60,6 +63,16 @@ def prefix_namespaces(pool: PoolFileConfig, internal_key: str) -> PrefixNamespac
     )
 
 
+def pin_to_group_cores(d: DeploymentConfig, pool: PoolFileConfig, group: str) -> None:
+    """This process, every thread, on ``group``'s ``cpus`` (its node file's ``engine.cpus``), as
+    a deployment's node process pins itself (``serve.run.run_worker``); a core this host lacks is
+    a ``UsageError`` naming ``groups.I.cpus``. No ``cpus``: left where the OS puts it."""
+    cores = d.cores_of_site(group)
+    if cores is not None:
+        i = next(i for i, g in enumerate(pool.groups) if g.name == group)
+        pin_process(cores, f"groups.{i}.cpus")
+
+
 def run(workdir: Path, group: str, host: str | None = None, node: str | None = None) -> None:
     """``host``: the address the nodes bind and advertise; default the front door's host (one
     machine). A pod's differs from its front door's (a Service): it passes its own IP.
@@ -71,6 +84,7 @@ def run(workdir: Path, group: str, host: str | None = None, node: str | None = N
     d = load_deployment(nodes_file)
     names = [n.name for s in d.sites if s.kind == "prfaas" for n in s.nodes]
     host = host or d.gateway.host
+    pin_to_group_cores(d, load_resolved(workdir), group)  # before torch starts its threads
 
     async def main() -> None:
         keys, tls = link_keys(workdir)
@@ -121,7 +135,11 @@ def main(argv: list[str]) -> None:
     parser.add_argument("host", nargs="?", default=None)
     parser.add_argument("--node", default=None, help="run this node of the group alone")
     args = parser.parse_args(argv)
-    run(args.workdir, args.group, args.host, args.node)
+    try:
+        run(args.workdir, args.group, args.host, args.node)
+    except UsageError as exc:  # one line in the process's log, as `prfaas serve` says it
+        print(f"prfaas pool node {args.group}: error: {exc}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ def group_deployment(pool: PoolFileConfig, group: PoolGroup, internal_psk: str) 
             time_scale=units.time_scale,
             byte_divisor=units.byte_divisor,
             block_tokens=units.block_tokens,
+            cpus=group.cpus,  # the node process pins itself to them (pool.node_main)
         ),
         gateway=GatewayConfig(host=door.host, port=door.port, control_port=door.control_port),
         sites=[

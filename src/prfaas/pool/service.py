@@ -12,9 +12,14 @@ for Prometheus, ``/metrics`` (``pool.metrics``: the counters per tenant and per 
 ``PlacementDriver`` runs in the same event loop. SIGHUP reloads the tenant list and keys
 (``TenantReload``).
 
-The admission's clock is modelled seconds (wall over ``units.time_scale``, like the nodes' cost
-models); the lease is the file's ``lease_s`` of wall time. SIGINT/SIGTERM stop the server (uvicorn)
-and the driver. ``python -m prfaas.pool.service WORKDIR``.
+The admission's clock is modelled seconds by a deployment gateway's rule
+(``PoolFileConfig.wall_s_per_modelled_s``): wall over ``units.time_scale`` when the groups are
+timed (the emulated nodes' cost models run that much faster), wall seconds when they are torch
+(real engines compute in real time, whatever ``time_scale`` says); a pool mixing the two at a
+``time_scale`` other than 1 is refused (``clock_conflict``). Everything the door times is on that
+clock: leases, demand decay, rate caps, expected starts and retry hints. The lease is the file's
+``lease_s`` of wall time either way. SIGINT/SIGTERM stop the server (uvicorn) and the driver.
+``python -m prfaas.pool.service WORKDIR``.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from fastapi import FastAPI, HTTPException, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from prfaas.engine.fingerprint import model_fingerprint
+from prfaas.errors import UsageError
 from prfaas.perf import CostModel, cost_model_for_hardware, is_profile_file
 from prfaas.pool.app import TenantKeys, create_app
 from prfaas.pool.client import MAX_CONNECTIONS as TENANT_CONNECTIONS
@@ -118,7 +124,10 @@ class TenantReload:
 def build(workdir: Path) -> tuple[FastAPI, FastAPI, PlacementDriver, PoolFileConfig, TenantReload]:
     """(tenant app, operator/node app, driver, the resolved pool file, its reload)."""
     pool = load_resolved(workdir)
-    scale = pool.units.time_scale
+    conflict = pool.clock_conflict()
+    if conflict is not None:  # prfaas up refuses it before; a hand-made workdir stops here
+        raise UsageError(conflict)
+    scale = pool.wall_s_per_modelled_s
     keys = TenantKeys(tenant_keys(pool, workdir, on_missing=log.warning))
     epoch = int(time.time() * 1000) % 2**31  # a restarted door answers with another epoch
 

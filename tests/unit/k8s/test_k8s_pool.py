@@ -243,6 +243,7 @@ def _pool_file(tmp_path: Path, **group: Any) -> Path:
     [
         ({"hardware": "prof.yaml"}, "groups[0].hardware: profile file"),
         ({"kind": "vllm", "model_path": "/m"}, "groups[0].kind"),
+        ({"kind": "torch", "model_path": "/m"}, "units.time_scale: 0.1 with timed and torch"),
     ],
 )
 def test_bad_pool_input_is_one_line_naming_the_field(
@@ -366,3 +367,18 @@ def test_a_preemptible_groups_pods_get_a_grace_period_over_their_notice() -> Non
         assert "prfaas.io/notice-s" not in other["metadata"]["annotations"]
         said = [w for w in warnings_for(noticed) if w.startswith("groups[].notice_s")]
         assert len(said) == 1 and "spot notice" in said[0] and f"is {grace} s" in said[0], said
+
+
+def test_a_groups_cpus_is_said_to_pin_inside_the_pod() -> None:
+    """As a deployment site's ``engine.cpus`` (``k8s.unsupported``): kept, and said."""
+    from prfaas.k8s.pool_render import warnings_for
+
+    pool = load_pool(POOL)
+    assert not any("cpus" in w for w in warnings_for(pool))
+    g = pool.groups[1].model_copy(update={"cpus": "2-3"})
+    said = [w for w in warnings_for(pool.model_copy(update={"groups": [pool.groups[0], g]}))
+            if "cpus" in w]  # fmt: skip
+    assert said == [
+        "groups[1] (g-qwen) cpus: pinning inside the pod's cgroup; the cores must exist in it "
+        "(kubelet's static CPU manager gives whole cores)"
+    ]
