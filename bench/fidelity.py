@@ -15,8 +15,10 @@ Steps, all from this script (docs/fidelity.md has the method, the figures and wh
 4. Two workload shapes (multi-turn sessions sharing prefixes; independent log-normal prompts),
    each generated per seed, seeds drawn fresh every run and printed; outputs of tens of tokens
    sent with ``ignore_eos``.
-5. Per seed: burst throughput (all at once), live capacity (a step-rate search) and simulated
-   capacity (bisection by the same keep-up rule), then 50% and 90% of the live capacity, run
+5. Per seed: burst throughput (all at once), live capacity and simulated capacity by issue 20's
+   one rule (``prfaas bench --find-max-rate``'s search and judge, ``serve/loadgen/maxrate.py``:
+   the same requests at a constant rate, in flight not growing), then 50% and 90% of the live
+   capacity, run
    live twice (the noise floor) and simulated in seven variants of ``simulation.plumbing`` (all
    terms, none, each one off).
 6. The table: per shape, median (worst) over seeds of capacity and burst sim/live, TTFT P50/P90
@@ -786,10 +788,11 @@ TREND_FACTOR, TREND_SLACK_S = 1.5, 0.2
 
 
 def keeps_up(outcomes: Sequence[Outcome]) -> bool:
-    """The bench's capacity rule (live and simulated alike, until ``bench --find-max-rate``'s
-    lands): every request completes and no queue builds up over the run, i.e. the median TTFT of
-    the last third of the requests is at most 1.5x that of the first third plus 0.2 s (an
-    overloaded stage makes TTFT grow with the arrival index)."""
+    """The bench's capacity rule of the runs before 2026-12-05 (``fidelity_resplit.py`` re-reads
+    those with it; runs since use ``one_rule_capacity``): every request completes and no queue
+    builds up over the run, i.e. the median TTFT of the last third of the requests is at most
+    1.5x that of the first third plus 0.2 s (an overloaded stage makes TTFT grow with the arrival
+    index)."""
     trend = ttft_trend(outcomes)
     if trend is None or any(not o.ok for o in outcomes):
         return False
@@ -797,31 +800,53 @@ def keeps_up(outcomes: Sequence[Outcome]) -> bool:
     return last <= TREND_FACTOR * first + TREND_SLACK_S
 
 
-def sim_capacity(deployment: Path, specs: Sequence[Any], off: tuple[str, ...],
-                 start: float) -> float:  # fmt: skip
-    """The highest rate the simulator keeps up with on these requests (the rule above):
-    bracket from ``start``, then bisect to 1%."""
+def uniform_at_rate(specs: Sequence[Any], rate_rps: float) -> list[Any]:
+    """The same requests, in order, at a constant open-loop rate (``i / rate_rps``): how
+    ``prfaas bench --find-max-rate`` sends a capacity step."""
+    return [replace(sp, arrival_s=i / rate_rps) for i, sp in enumerate(specs)]
 
-    def ok(rate: float) -> bool:
-        return keeps_up(run_sim(deployment, at_rate(specs, rate), off))
 
-    lo, hi = start, start
-    if ok(start):
-        while ok(hi * 1.5) and hi < 1e4:
-            hi *= 1.5
-        lo, hi = hi, hi * 1.5
-    else:
-        while not ok(lo / 1.5) and lo > 1e-3:
-            lo /= 1.5
-        lo, hi = lo / 1.5, lo
-    while hi / lo > 1.01:
-        mid = (lo * hi) ** 0.5
-        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
-    return lo
+def as_results(outcomes: Sequence[Outcome], specs: Sequence[Any]) -> list[Any]:
+    """``outcomes`` as the load generator's ``RequestResult`` rows, for its judge."""
+    from prfaas.serve.loadgen.client import RequestResult
+
+    return [
+        RequestResult(o.index, o.num_prompt_tokens, o.ok, None if o.ok else "failed", None,
+                      o.arrival_s, o.ttft_s,
+                      None if o.finish_s is None else o.finish_s - o.arrival_s,
+                      sp.num_output_tokens, ())
+        for o, sp in zip(outcomes, specs, strict=True)
+    ]  # fmt: skip
+
+
+def one_rule_capacity(
+    run: Any, specs: Sequence[Any], start_rps: float, search: bool = True
+) -> tuple[float, list[dict[str, Any]]]:
+    """Issue 20's capacity, by ``prfaas bench --find-max-rate``'s own search and judge
+    (``serve.loadgen.maxrate``, the simulator's rule as a client sees it): steps of the same
+    requests at a constant rate (``uniform_at_rate``), from ``start_rps`` up by 1.25x while they
+    pass (down while they fail), then bisected to 5%; a step passes when every request completed
+    and the requests in flight did not grow from half the sending window to its end. ``run(specs)``
+    runs the requests (live or simulated) and returns their outcomes. ``search`` False
+    (``--quick``): ``start_rps``, unsearched."""
+    from dataclasses import asdict
+
+    from prfaas.serve.loadgen.maxrate import LiveRule, find_max_rate_live
+
+    if not search:
+        return start_rps, []
+
+    def step(rate: float) -> tuple[list[Any], float]:
+        paced = uniform_at_rate(specs, rate)
+        return as_results(run(paced), paced), paced[-1].arrival_s
+
+    capacity, steps = find_max_rate_live(step, start_rps, LiveRule())
+    return capacity, [asdict(st) for st in steps]
 
 
 def step_capacity(run: Any, burst_rps: float, steps: Sequence[float]) -> tuple[float, list[Any]]:
-    """The step-rate search (live, and the simulator the same way, so both are quantized alike):
+    """The runs before 2026-12-05 (``fidelity_resplit.py`` re-reads those with it): the step-rate
+    search (live, and the simulator the same way, so both are quantized alike):
     rates ``burst_rps x step`` upwards until one does not keep up, then one more run halfway
     (geometric) between the last that did and the first that did not; capacity = the highest
     rate that kept up (0.8 x the lowest step when none did). No steps (``--quick``): the burst
@@ -918,16 +943,29 @@ def score_seed(
     row["burst"]["sim_work_s"] = sim_work_s(deployment, burst)
     for name, off in VARIANTS.items():
         row["burst"]["sim_rps"][name] = summarize(run_sim(deployment, burst, off))["throughput_rps"]
-    cap, tried = step_capacity(lambda r: live(r, "step"), live_burst, args.steps)
-    row["capacity"] = {"live_rps": cap, "live_steps": tried, "sim_rps": {}, "sim_bisect_rps": {}}
+
+    def live_step(paced: Sequence[Any]) -> list[Outcome]:
+        rate = (len(paced) - 1) / paced[-1].arrival_s
+        say(f"{shape} seed {seed}: live capacity step at {rate:.3f} rps")
+        return run_live(deployment, paced, s.workdir / f"run{next(runs)}", args.shared_live)
+
+    search = not args.quick
+    cap, tried = one_rule_capacity(live_step, specs, args.start_step * live_burst, search)
+    row["capacity"] = {
+        "rule": "prfaas bench --find-max-rate (serve/loadgen/maxrate.py)",
+        "live_rps": cap,
+        "live_steps": tried,
+        "sim_rps": {},
+        "sim_steps": {},
+    }
     for name, off in VARIANTS.items():
-        # The same search from the simulator's own burst throughput (no live figure used),
-        # and a finer bisection by the same rule.
-        sim_burst = row["burst"]["sim_rps"][name]
-        row["capacity"]["sim_rps"][name] = step_capacity(
-            lambda r, off=off: run_sim(deployment, at_rate(specs, r), off), sim_burst, args.steps
-        )[0]
-        row["capacity"]["sim_bisect_rps"][name] = sim_capacity(deployment, specs, off, cap)
+        # The same search from the simulator's own burst throughput (no live figure used).
+        sim_cap, sim_tried = one_rule_capacity(
+            lambda paced, off=off: run_sim(deployment, paced, off), specs,
+            args.start_step * row["burst"]["sim_rps"][name], search,
+        )  # fmt: skip
+        row["capacity"]["sim_rps"][name] = sim_cap
+        row["capacity"]["sim_steps"][name] = sim_tried
     row["loads"] = {}
     for load in s.loads:
         rate = load * cap
@@ -1055,11 +1093,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--mean-output", type=int, default=47, help="mean output tokens")
     p.add_argument("--live-repeats", type=int, default=2, help="live runs per load point")
     p.add_argument(
-        "--steps",
+        "--start-step",
         type=float,
-        nargs="+",
-        default=[0.6, 0.8, 1.0, 1.2],
-        help="live capacity search: rates as multiples of the live burst rate",
+        default=0.6,
+        help="the capacity search's first rate, as a multiple of the side's own burst throughput",
     )
     p.add_argument("--threshold-tokens", type=int, help="the router's t [balanced_t]")
     p.add_argument("--fresh-profiles", action="store_true", help="profile again even if present")
@@ -1075,7 +1112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fields: dict[str, Any] = dict(QUICK) if args.quick else {}
     if args.quick:
         args.requests, args.seeds, args.mean_output = 6, 1, 4
-        args.live_repeats, args.steps, args.shapes = 1, [], ["lognormal"]
+        args.live_repeats, args.shapes = 1, ["lognormal"]
     fields = {k: v for k, v in fields.items() if k != "max_prompt_tokens"}
     fields.setdefault("loads", LOADS)
     s = Settings(workdir=args.workdir, max_prompt_tokens=6000, **fields)
@@ -1114,7 +1151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return {
             "seeds": seeds, "shapes": args.shapes, "threshold_tokens": t,
             "requests": args.requests, "mean_output": args.mean_output,
-            "live_repeats": args.live_repeats, "steps": args.steps, "loads": s.loads,
+            "live_repeats": args.live_repeats, "start_step": args.start_step,
+            "capacity_rule": "one", "loads": s.loads,
             "deployment": str(deployment),
             "profiles": {k: str(v) for k, v in profiles.items()},
             "plumbing": {k: {n: getattr(cm.plumbing, n) for n in PLUMBING_TERMS_ALL}
@@ -1137,7 +1175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.shared_live.close()
     say(f"machine load after: {machine_load()['loadavg_1_5_15']}")
     print(f"seeds: {' '.join(map(str, seeds))}; t = {t}; {args.requests} requests per run; "
-          f"live repeats {args.live_repeats}; capacity steps {args.steps}; loads {s.loads} "
+          f"live repeats {args.live_repeats}; capacity by prfaas bench --find-max-rate's rule "
+          f"from {args.start_step} x burst; loads {s.loads} "
           "of the live capacity; the machine is shared (noise: the live-vs-live row)")  # fmt: skip
     print(render_scored(rows))
     if args.json:

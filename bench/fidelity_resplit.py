@@ -114,7 +114,13 @@ def main() -> int:
                 return fid.run_sim(d, fid.at_rate(sp, rate))
 
             burst = fid.summarize(sim(1e6))["throughput_rps"]
-            cap = fid.step_capacity(sim, burst, saved["steps"])[0]
+            if saved.get("capacity_rule") == "one":  # prfaas bench --find-max-rate's rule
+                cap = fid.one_rule_capacity(
+                    lambda paced, d=deployment: fid.run_sim(d, paced), specs,
+                    saved["start_step"] * burst,
+                )[0]  # fmt: skip
+            else:  # a run before 2026-12-05: the rule its live capacity was measured by
+                cap = fid.step_capacity(sim, burst, saved["steps"])[0]
             cells = [row["shape"], str(row["seed"]), name,
                      f"{burst / row['burst']['live_rps']:.2f}",
                      f"{cap / row['capacity']['live_rps']:.2f}"]  # fmt: skip

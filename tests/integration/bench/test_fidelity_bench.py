@@ -112,6 +112,31 @@ def test_the_capacity_rule_looks_for_a_growing_queue(fid: ModuleType) -> None:
     assert fid.per_request_error(steady, steady) == 0.0
 
 
+@pytest.mark.timeout(30)
+def test_capacity_is_found_by_the_one_rule(fid: ModuleType) -> None:
+    """``one_rule_capacity`` is ``prfaas bench --find-max-rate``'s search: on a FIFO server of
+    0.2 s per request (capacity 5 req/s) it lands within the rule's tolerances of 5, and every
+    step sent the same requests at a constant rate."""
+    specs = fid.lognormal_specs(5, 60, 20)
+    rates: list[float] = []
+
+    def server(paced: list[Any]) -> list[Any]:
+        rates.append((len(paced) - 1) / paced[-1].arrival_s)
+        assert [sp.index for sp in paced] == [sp.index for sp in specs]
+        free, out = 0.0, []
+        for sp in paced:
+            free = max(free, sp.arrival_s) + 0.2
+            out.append(fid.Outcome(sp.index, True, sp.arrival_s, free - sp.arrival_s, free,
+                                   False, "pd", sp.num_prompt_tokens, 0))  # fmt: skip
+        return out
+
+    capacity, steps = fid.one_rule_capacity(server, specs, 2.0)
+    assert 4.5 <= capacity <= 5.3, steps
+    assert [st["rate_rps"] for st in steps] == pytest.approx(rates)
+    assert any(not st["passed"] for st in steps) and steps[0]["passed"]
+    assert fid.one_rule_capacity(server, specs, 2.0, search=False) == (2.0, [])
+
+
 @pytest.mark.behind  # ~50 s of torch CPU, no figure asserted: off make test's critical path
 @pytest.mark.timeout(600)
 def test_tiny_run_end_to_end(tmp_path: Path) -> None:
