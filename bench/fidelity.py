@@ -87,7 +87,10 @@ class Settings:
     repeats: int = 1
     threshold_tokens: int | None = None
     """None: chosen so the PrfaaS and PD prefill cores get similar work (see ``balanced_t``)."""
-    profile_new_tokens: tuple[int, ...] = (256, 1024, 2048, 4096, 8192)
+    profile_new_tokens: tuple[int, ...] = (64, 256, 1024, 2048, 4096, 8192)
+    """From 64 tokens: the sessions' prompts start at 50, and the plumbing terms subtract the
+    curve at 64 (``SHORT_PROMPT_TOKENS``); a curve from 256 extrapolated to 64 read 23.6 ms where
+    the whole request cost the prefill node 17.9 ms of CPU (2026-12-05)."""
     profile_cached_tokens: tuple[int, ...] = (0, 2048)
     profile_batches: tuple[int, ...] = (1, 4, 8, 16, 32)
     """Up to the batches a run reaches (a burst of 40 decodes 30-40 at once): a fit over 1-8
@@ -95,9 +98,9 @@ class Settings:
     profile_contexts: tuple[int, ...] = (512, 4096)
     profile_repeats: int = 3
     plumbing_requests: int = 16
+    """Requests per class of the profiles' plumbing measurement (``prfaas profile``)."""
     sharing_rounds: int = 3
     """Rounds of the profiles' ``shared_core_overhead`` measurement (``prfaas profile``)."""
-    """Requests per class of the profiles' plumbing measurement (``prfaas profile``)."""
     profile_cpus: str | None = None
     """``taskset -c`` list for the profiles instead of each one's core (``--quick``: both cores,
     so its plumbing deployment's three processes start in parallel: 39 s instead of 50 here)."""

@@ -110,6 +110,7 @@ def measure(
     from prfaas.config import load_deployment
     from prfaas.perf.plumbing import PlumbingCosts, split_decode_live, split_decode_overhead
     from prfaas.perf.profile_costs import cost_model_from_profile_file
+    from prfaas.perf.profile_read import load_profile_file
     from prfaas.serve.launch_errors import LaunchError
     from prfaas.serve.launcher import Launcher
     from prfaas.serve.loadgen import BenchRequest, PromptSynth, run_workload
@@ -194,7 +195,8 @@ def measure(
 
     def floor0(name: str, value: float) -> float:
         if value < 0:
-            notes[name] = f"measured {value:.3g}, stored 0 (below the noise)"
+            said = f"measured {value:.3g}, stored 0 (below the noise)"
+            notes[name] = f"{notes[name]}; {said}" if name in notes else said
             return 0.0
         return value
 
@@ -251,6 +253,16 @@ def measure(
         ) + "".join(f"; {c}" for c in split.clipped)
     prefill_req = short.per_process_s["p0"] - cm.prefill_s(SHORT_PROMPT_TOKENS)
     decode_req = d_s - per_byte * kv_short
+    prefill_points = load_profile_file(profile).prefill
+    smallest = min((pt.new_tokens for pt in prefill_points.points if pt.cached_tokens == 0),
+                   default=None) if prefill_points is not None else None  # fmt: skip
+    if smallest is not None and smallest > SHORT_PROMPT_TOKENS:
+        # The curve's value here is extrapolated: its error lands in this term (profile with
+        # --new-tokens from 64, as the default grid does).
+        notes["prefill_per_request_s"] = (
+            f"the profile's prefill curve is extrapolated below its smallest point "
+            f"({smallest} tokens) to {SHORT_PROMPT_TOKENS}: add --new-tokens {SHORT_PROMPT_TOKENS}"
+        )
     costs = PlumbingCosts(
         floor0("prefill_per_request_s", prefill_req), floor0("decode_per_request_s", decode_req),
         per_byte, per_tok, gw_req, gw_tok, per_step, missing=missing,
