@@ -3,11 +3,14 @@ the door's placement as a prefill command (the session as its request id, the te
 the registered receiver); the answer makes the outcome; an unreachable node is ``node_lost``; a
 lease that runs out aborts the running prefill at its node; a silent node gets no work; a
 prefill a noticed node hands back (or refuses, 409) is queued again and served by another node
-with its payload and session, counted, and fails after too many returns."""
+with its payload and session, counted, and fails after too many returns; a node that says it
+computed a prefill takes its next one while the first's KV is still being verified, and the
+first's outcome (verified, failed, lost with its node, aborted) still ends it."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -48,6 +51,11 @@ class Nodes:
         if self.fail is not None:
             raise self.fail
         return PrefillOutcome(request_id=cmd.request_id, ok=True)
+
+    async def prefill_streamed(
+        self, ep: NodeEndpoint, cmd: PrefillCommand, computed: Callable[[], None]
+    ) -> PrefillOutcome:
+        return await self.prefill(ep, cmd)  # never says computed: the node is held to the end
 
     async def abort(self, ep: NodeEndpoint, request_id: str) -> None:
         self.aborted.append((ep.node, request_id))
@@ -357,4 +365,98 @@ async def test_a_prefill_handed_back_too_often_fails_and_its_payload_goes() -> N
     assert len(nodes.commands) == MAX_HAND_BACKS + 1 and ("a", "r1") not in d.payloads
     counts = d.counters["a"]
     assert (counts["handed_back"], counts["failed"]) == (MAX_HAND_BACKS + 1, 1)
+    await d.aclose()
+
+
+class SlowVerifyNodes(Nodes):
+    """Nodes whose prefills are computed at once (``computed`` said) while each one's receiver
+    verifies its KV only when the test says: ``verify[session]`` set; ``lost`` sessions' answers
+    are then cut (the node died after ``computed``: no outcome)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.verify: dict[str, asyncio.Event] = {}
+        self.lost: set[str] = set()
+        self.computing: dict[str, asyncio.Event] = {}
+        """Sessions still computing until their event is set (the rest compute at once)."""
+
+    async def prefill_streamed(
+        self, ep: NodeEndpoint, cmd: PrefillCommand, computed: Callable[[], None]
+    ) -> PrefillOutcome:
+        self.commands.append((ep.node, cmd))
+        if cmd.request_id in self.computing:
+            await self.computing[cmd.request_id].wait()
+        computed()
+        await self.verify.setdefault(cmd.request_id, asyncio.Event()).wait()
+        if cmd.request_id in self.lost:
+            raise NodeCallFailed(
+                ep.node, "unreachable", "the prefill stream ended before its outcome"
+            )
+        return PrefillOutcome(request_id=cmd.request_id, ok=True, kv_bytes_sent=7)
+
+
+async def test_a_node_takes_its_next_prefill_while_the_last_ones_kv_is_verified() -> None:
+    """The node is held while it computes, not while its tenant's receiver verifies: r2 is
+    placed on the one node before r1's verification comes back; r1 stays running (its KV
+    unsent, its outcome pending) until then, and is done when it comes."""
+    nodes, clock = SlowVerifyNodes(), Clock()
+    d = _driver(nodes, clock)
+    for rid in ("r1", "r2", "r3"):
+        _submit(d, clock, rid)
+    d.tick()
+    await _settle()
+    assert "n0" not in d.busy  # r1 computed: the node is free again
+    d.tick()
+    await _settle()
+    assert [c.request_id for _, c in nodes.commands] == ["s-r1", "s-r2"]  # before r1's verify
+    for rid in ("r1", "r2"):
+        assert d.door.outcome("a", rid).state == "running"  # type: ignore[union-attr]
+    assert d.egress().backlog_of("a") == 20_000  # both KVs unsent until verified
+    # The admission's running count follows the node: neither occupies it now.
+    assert d.door.feedback("a", clock()).running == 0
+    nodes.verify["s-r1"].set()
+    await _settle()
+    out: Any = d.door.outcome("a", "r1")
+    assert (out.state, out.kv_bytes_sent) == ("done", 7)
+    assert d.egress().backlog_of("a") == 10_000
+    assert ("a", "r1") not in d.payloads
+    await d.aclose()
+
+
+async def test_a_failure_after_computed_still_fails_and_an_abort_frees_no_other() -> None:
+    """r1's node said computed, then died before r1's outcome: r1 fails ``node_lost`` (the
+    tenant prefills it locally), as before. r2, computed too, is aborted by its tenant: the
+    abort goes to the node for r2's session, and does not free the node r3 now holds."""
+    nodes, clock = SlowVerifyNodes(), Clock()
+    nodes.computing["s-r3"] = asyncio.Event()
+    d = _driver(nodes, clock)
+    for rid in ("r1", "r2", "r3", "r4"):
+        _submit(d, clock, rid)
+    for _ in range(4):  # r1, r2 computed in turn on the one node; r3 computing there
+        d.tick()
+        await _settle()
+    assert [c.request_id for _, c in nodes.commands] == ["s-r1", "s-r2", "s-r3"]
+    nodes.lost.add("s-r1")
+    nodes.verify["s-r1"].set()
+    await _settle()
+    out: Any = d.door.outcome("a", "r1")
+    assert (out.state, out.reason) == ("failed", "node_lost")
+    assert d.counters["a"]["failed"] == 1 and ("a", "r1") not in d.payloads
+    assert d.abort("a", "r2")
+    await _settle()
+    assert nodes.aborted == [("n0", "s-r2")]
+    assert d.busy["n0"] == ("a", "r3")  # r2's abort freed nothing r3 holds
+    d.tick()
+    await _settle()
+    assert len(nodes.commands) == 3  # r4 waits for r3's compute
+    out = d.door.outcome("a", "r2")
+    assert (out.state, out.reason) == ("aborted", "client_gone")
+    nodes.verify["s-r2"].set()  # r2's late answer changes nothing
+    await _settle()
+    assert d.door.outcome("a", "r2").state == "aborted"  # type: ignore[union-attr]
+    nodes.computing["s-r3"].set()
+    await _settle()
+    d.tick()
+    await _settle()
+    assert [c.request_id for _, c in nodes.commands][-1] == "s-r4"
     await d.aclose()

@@ -11,6 +11,7 @@ prefixes count before the journal does. Without hints, the door places and charg
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
@@ -55,6 +56,13 @@ class _Nodes:
         self.commands.append((ep.node, cmd))
         return PrefillOutcome(request_id=cmd.request_id, ok=True, stored_prefixes=self.stored,
                               store_epoch=1, store_seq=99)  # fmt: skip
+
+    async def prefill_streamed(
+        self, ep: NodeEndpoint, cmd: PrefillCommand, computed: Callable[[], None]
+    ) -> PrefillOutcome:
+        outcome = await self.prefill(ep, cmd)
+        computed()  # as a node says it before its outcome line
+        return outcome
 
     async def abort(self, ep: NodeEndpoint, request_id: str) -> None:
         pass

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -184,6 +185,13 @@ class _Nodes:
     async def prefill(self, ep: NodeEndpoint, cmd: PrefillCommand) -> PrefillOutcome:
         self.commands.append(cmd)
         return PrefillOutcome(request_id=cmd.request_id, ok=True, num_cached_tokens=1024)
+
+    async def prefill_streamed(
+        self, ep: NodeEndpoint, cmd: PrefillCommand, computed: Callable[[], None]
+    ) -> PrefillOutcome:
+        outcome = await self.prefill(ep, cmd)
+        computed()  # as a node says it before its outcome line
+        return outcome
 
     async def abort(self, ep: NodeEndpoint, request_id: str) -> None:
         pass

@@ -18,7 +18,10 @@ tenants (Sheng et al., VTC, OSDI'24): it is not owed its idle time. Nothing wait
 and the egress are free and some tenant has work (work-conserving). Where the caller knows the
 pool's prefixes (the live driver), a start is charged the compute of the node it goes to, the
 prompt less that node's prefix of it (``dispatch``'s ``compute_s_of``, ``pool_placement``); the
-egress part is always the KV that leaves.
+egress part is always the KV that leaves. A started prefill holds its node (its tenant's
+``running`` on the group) until its compute ends (``computed``: the live node handed its last
+layer to the link; the simulator's node is free at compute end), not until its KV is verified at
+the tenant: its charge and its KV's egress are held until it ends (``finish``, ``requeue``).
 
 Pure: ``now`` is passed in, decisions are frozen dataclasses; no I/O, no clock, no asyncio.
 """
@@ -137,7 +140,8 @@ class _Tenant:
 
 
 class PoolAdmission:
-    """Submit, dispatch, finish; feedback per tenant. See the module docstring for the rule."""
+    """Submit, dispatch, computed, finish; feedback per tenant. See the module docstring for
+    the rule."""
 
     def __init__(self, shape: PoolShape, remember: int = 65536) -> None:
         self.shape = shape
@@ -153,6 +157,9 @@ class PoolAdmission:
         self._charged: dict[tuple[str, str], float] = {}
         """(tenant, request id) -> what its start added to its tenant's counter, while it runs
         (what a ``requeue`` refunds, exactly, whatever the tenant's weight is by then)."""
+        self._computed: set[tuple[str, str]] = set()
+        """Started prefills whose compute ended (``computed``) but which have not ended: their
+        node is no longer counted as theirs, their charge is still held until ``finish``."""
         self.num_refused: dict[str, int] = {r: 0 for r in REFUSAL_REASONS}
 
     # -- costs ---------------------------------------------------------------------------------
@@ -293,13 +300,34 @@ class PoolAdmission:
         best.queued_bytes = max(0.0, best.queued_bytes - job.kv_bytes)
         return job
 
+    def computed(self, job: PrefillJob, now: float) -> None:
+        """The started prefill's compute ended (its node handed its last layer to the link): its
+        node is free for the next one while its KV is still on its way to be verified, so it no
+        longer counts among its tenant's ``running`` on the group (floors, expected waits, the
+        feedback). It has not ended: ``finish`` (verified, failed, aborted) or ``requeue``
+        still comes, and its charge stays until then. Once per start; nothing for a prefill not
+        running."""
+        key = (job.tenant, job.request_id)
+        if key not in self._charged or key in self._computed:
+            return
+        self._computed.add(key)
+        self._release_node(job)
+
     def finish(self, job: PrefillJob, now: float) -> None:
-        """The prefill ended (done, failed or aborted): its node is free again."""
+        """The prefill ended (done, failed or aborted): its node is free again (if ``computed``
+        did not free it already)."""
+        key = (job.tenant, job.request_id)
+        if key in self._computed:
+            self._computed.discard(key)
+        else:
+            self._release_node(job)
+        self._charged.pop(key, None)
+
+    def _release_node(self, job: PrefillJob) -> None:
         group = self.shape.group_for_model(job.model)
         assert group is not None
         tn = self._tenants[job.tenant]
         tn.running[group.name] = max(0, tn.running[group.name] - 1)
-        self._charged.pop((job.tenant, job.request_id), None)
 
     def requeue(self, job: PrefillJob, now: float) -> None:
         """A running prefill came back unfinished (its node got a spot notice and would not end
@@ -309,8 +337,12 @@ class PoolAdmission:
         group = self.shape.group_for_model(job.model)
         assert group is not None
         tn = self._tenants[job.tenant]
-        tn.running[group.name] = max(0, tn.running[group.name] - 1)
-        tn.counter -= self._charged.pop((job.tenant, job.request_id), 0.0)
+        key = (job.tenant, job.request_id)
+        if key in self._computed:  # handed back while its KV was on its way: node freed already
+            self._computed.discard(key)
+        else:
+            self._release_node(job)
+        tn.counter -= self._charged.pop(key, 0.0)
         tn.queues[group.name].appendleft(job)
         tn.queued_tokens += job.num_uncached_tokens
         tn.queued_compute_s[group.name] += job.compute_s

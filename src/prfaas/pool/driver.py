@@ -4,13 +4,20 @@ It carries out ``FrontDoor.place`` on the pool's node processes: it keeps the no
 registered with the front door's node listener (and heartbeat, ``serve.node.control_plane``),
 and whenever a live node of a group is free it asks the door what that node should run; the
 prefill goes to the node through the node API every PrfaaS node speaks (``POST
-/nodes/{node}/prefill``, ``serve.gateway.node_client.HttpNodeClient``, signed with the pool's
-internal key), whose KV streams layer by layer from the node straight to the tenant's registered
-receiver, on a link authenticated with the tenant's key (``PrefillCommand.key_id``) and paced
-on the tenant's own route at the rate the tenant registered (``PrefillCommand.tenant``,
-``tenant_link_gbps``; the node's egress cap over all of them). The node's answer (the KV
-verified at the receiver, or why not) is the outcome the tenant reads: ``done``, or ``failed``
-with the reason (``node_lost`` when the node could not be reached).
+/nodes/{node}/prefill/stream``, ``serve.gateway.node_client.HttpNodeClient.prefill_streamed``,
+signed with the pool's internal key), whose KV streams layer by layer from the node straight to
+the tenant's registered receiver, on a link authenticated with the tenant's key
+(``PrefillCommand.key_id``) and paced on the tenant's own route at the rate the tenant registered
+(``PrefillCommand.tenant``, ``tenant_link_gbps``; the node's egress cap over all of them).
+
+A node is held (``busy``) while it *computes*: its answer's first line, ``computed`` (the last
+layer computed and handed to the link), frees it for its next placement (``FrontDoor.computed``:
+the admission's ``running`` on the group follows), while the prefill stays running at the door
+until the answer's outcome (the KV verified at the receiver, or why not): that is the outcome the
+tenant reads, ``done``, or ``failed`` with the reason (``node_lost`` when the node could not be
+reached, or its answer was cut before the outcome, even after ``computed``), and until then its KV
+counts as unsent, an abort still goes to its node, a hand-back still re-queues it. A tenant whose
+receiver is slow to verify so holds no pool node idle.
 
 Spot notices: a node that got a notice (SIGTERM on a group with ``notice_s``, or ``POST
 /notice``) answers the prefills it will not end by its deadline ``handed_back``, and refuses new
@@ -60,6 +67,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from prfaas.cache.mirror import ReportAck
 from prfaas.core.link_report import SenderLinkReport
@@ -71,7 +79,7 @@ from prfaas.pool.prefix_hits import PrefixHits
 from prfaas.pool.tenant_links import LinkReading, combine, tenant_route
 from prfaas.pool.tenant_prefixes import GroupPrefixes
 from prfaas.pool.tenant_prefixes import combine as combine_prefixes
-from prfaas.serve.gateway.node_client import NodeCallFailed, NodeClient
+from prfaas.serve.gateway.node_client import NodeCallFailed
 from prfaas.serve.node.messages import (
     Heartbeat,
     NodeEndpoint,
@@ -84,6 +92,23 @@ from prfaas.serve.node.messages import (
 TICK_S = 0.01
 """How often free nodes are offered work and leases checked (wall seconds)."""
 log = logging.getLogger("prfaas.pool")
+
+
+class PoolNodeCalls(Protocol):
+    """What the driver calls on the pool's nodes (``HttpNodeClient`` live; in-memory nodes in
+    tests)."""
+
+    async def prefill_streamed(
+        self, ep: NodeEndpoint, cmd: PrefillCommand, computed: Callable[[], None]
+    ) -> PrefillOutcome:
+        """Run the prefill; ``computed()`` once the node computed it and handed its KV to the
+        link (not at all if it fails first); returns its outcome once the KV is verified at the
+        receiver, or why not (``NodeCallFailed``: no outcome came)."""
+        ...
+
+    async def abort(self, ep: NodeEndpoint, request_id: str) -> None: ...
+
+    async def aclose(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -103,7 +128,7 @@ class PlacementDriver:
         self,
         door: FrontDoor,
         node_groups: Mapping[str, str],
-        client: NodeClient,
+        client: PoolNodeCalls,
         clock: Callable[[], float],
         wall: Callable[[], float] = time.monotonic,
         node_timeout_s: float = 3.0,
@@ -315,7 +340,9 @@ class PlacementDriver:
         sent = 0
         cached = 0
         try:
-            outcome: PrefillOutcome = await self.client.prefill(self.nodes[node].endpoint, cmd)
+            outcome: PrefillOutcome = await self.client.prefill_streamed(
+                self.nodes[node].endpoint, cmd, lambda: self._computed(node, key)
+            )
             if outcome.handed_back:
                 back = outcome.error or "handed back"
             elif not outcome.ok:
@@ -346,6 +373,15 @@ class PlacementDriver:
         if out is not None and out.state in ("done", "failed"):
             self.counters[key[0]][out.state] += 1
 
+    def _computed(self, node: str, key: tuple[str, str]) -> None:
+        """``node`` computed ``key`` and handed its KV to the link: the node takes its next
+        placement now (the next tick), while ``key`` stays running at the door (its outcome,
+        its unsent KV, its session for an abort) until its node's outcome ends it."""
+        if self.busy.get(node) != key:
+            return  # aborted meanwhile: the node was freed then
+        del self.busy[node]
+        self.door.computed(*key, self.clock())
+
     def _handed_back(self, node: str, key: tuple[str, str], why: str) -> None:
         """``node`` gave ``key`` back unfinished (a spot notice): it is leaving, so it is offered
         nothing more (a restarted process registers afresh), and the door queues the prefill
@@ -368,7 +404,8 @@ class PlacementDriver:
         if n is None:
             return
         key = (tenant, request_id)
-        self.busy.pop(node, None)
+        if self.busy.get(node) == key:  # (computed already: the node runs another one now)
+            del self.busy[node]
         self._unsent.pop(key, None)
         session = self._sessions.pop(key, None)
         if session is not None:

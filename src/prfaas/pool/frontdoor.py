@@ -10,11 +10,13 @@ feedback. Placement on a free node goes through ``PoolAdmission.dispatch`` (whic
 ``policy.pool_placement`` (which of the group's free nodes: the one holding the longest prefix of
 it for its tenant, when the caller gives ``PlacementHints``; its start is charged the compute that
 node will do); a lease that expires or a revoked tenant drops its queued prefills and aborts its
-running ones with the reason. A prefill its node hands back (a spot notice) is queued
-again at the front of its tenant's queue (``requeue``: its outcome reads ``queued`` again, reason
-``handed_back``), to the same receiver and session, up to ``MAX_HAND_BACKS`` times; once more
-and it fails (``handed_back``), so nothing circulates for ever. Pure: ``now`` passed in; no I/O,
-no clock, no asyncio.
+running ones with the reason. A placed prefill frees its node for the next placement once its
+node has computed it (``computed``), and ends later (``finished``: its KV verified, or failed;
+aborted; handed back): the outcome follows the end, never the compute. A prefill its node hands
+back (a spot notice) is queued again at the front of its tenant's queue (``requeue``: its outcome
+reads ``queued`` again, reason ``handed_back``), to the same receiver and session, up to
+``MAX_HAND_BACKS`` times; once more and it fails (``handed_back``), so nothing circulates for
+ever. Pure: ``now`` passed in; no I/O, no clock, no asyncio.
 """
 
 from __future__ import annotations
@@ -256,6 +258,17 @@ class FrontDoor:
         self._outcomes[key] = Outcome(self.epoch, job.request_id, "running")
         charged = compute_s[0] if compute_s else None
         return Placement(job, pick.node, receiver, session, pick.cached_tokens, charged)
+
+    def computed(self, tenant: str, request_id: str, now: float) -> bool:
+        """The node running this prefill has computed it (its last layer handed to the link):
+        the node may take its next placement, while this one stays ``running`` (its KV on its
+        way to be verified) until ``finished``, ``requeue`` or an abort ends it, exactly as
+        before. False when it is not running (aborted meanwhile, or ended)."""
+        ran = self._running.get((tenant, request_id))
+        if ran is None:
+            return False
+        self.admission.computed(ran[0], now)
+        return True
 
     def finished(
         self,

@@ -74,7 +74,7 @@ class PoolCollector(Collector):
         yield from self._prefixes()
         nodes = GaugeMetricFamily(
             "prfaas_pool_nodes",
-            "Pool nodes by group and state (busy: running a prefill; free: live, taking work)",
+            "Pool nodes by group and state (busy: computing a prefill; free: live, taking work)",
             labels=["group", "state"],
         )
         by_group: dict[str, dict[str, int]] = {

@@ -254,3 +254,31 @@ def test_a_handed_back_prefill_keeps_its_place_and_is_charged_once() -> None:
         adm.finish(job, 3.0)
     assert order[:1] == ["r9"] and sorted(order) == ["r1", "r2", "r9"]  # b's turn came
     assert adm.feedback("a", 4.0).queued_tokens == 0
+
+
+def test_a_computed_prefill_frees_its_node_once_and_keeps_its_charge_to_the_end() -> None:
+    """``computed``: the node is free for the next prefill (the floor and ``running`` follow)
+    while the first one has not ended; its ``finish`` or ``requeue`` later frees nothing more
+    (another running prefill of the tenant is still counted), and a requeue still refunds it."""
+    shape = PoolShape((GroupShape("g", "m", 1),), 1e9, (TenantShare("a", floor_nodes=(("g", 1),)),))
+    adm = PoolAdmission(shape)
+    for i in range(3):
+        adm.submit(_job("a", i), 0.0)
+    first = adm.dispatch("g", 0.0, FREE)
+    assert first is not None and adm.feedback("a", 0.0).running == 1
+    charged = adm.counter_of("a")
+    adm.computed(first, 1.0)
+    adm.computed(first, 1.0)  # said twice: freed once
+    assert adm.feedback("a", 1.0).running == 0
+    second = adm.dispatch("g", 1.0, FREE)
+    assert second is not None and adm.feedback("a", 1.0).running == 1
+    adm.finish(first, 2.0)  # verified at last: the second still holds the node
+    assert adm.feedback("a", 2.0).running == 1
+    adm.computed(second, 2.5)
+    adm.requeue(second, 3.0)  # a notice after its compute: back at the front, refunded
+    assert adm.feedback("a", 3.0).running == 0
+    assert adm.counter_of("a") == pytest.approx(charged)
+    again = adm.dispatch("g", 3.0, FREE)
+    assert again is not None and again.request_id == "r1"
+    adm.computed(PrefillJob("a", "r9", "m", 1, 1.0, 1), 3.0)  # never started: nothing
+    assert adm.feedback("a", 3.0).running == 1

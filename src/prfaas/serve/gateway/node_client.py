@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Literal, Protocol
 
@@ -38,6 +38,7 @@ from prfaas.serve.node.messages import (
     NodeEndpoint,
     PrefillCommand,
     PrefillOutcome,
+    PrefillStep,
     PrefixPullCommand,
 )
 
@@ -133,6 +134,38 @@ class HttpNodeClient:
             return PrefillOutcome.model_validate_json(resp.content)
         except ValueError as exc:
             raise NodeCallFailed(ep.node, "rejected", f"unreadable outcome: {exc}") from None
+
+    async def prefill_streamed(
+        self, ep: NodeEndpoint, cmd: PrefillCommand, computed: Callable[[], None]
+    ) -> PrefillOutcome:
+        """``prefill`` through ``/nodes/{node}/prefill/stream``: ``computed()`` is called when
+        the node says it computed the prefill and handed its KV to the link (before the
+        receiver verified it); returns the outcome. A stream cut before the outcome is
+        ``unreachable``: the node is lost, whatever it said before."""
+        url = f"{self.base_url(ep)}/nodes/{ep.node}/prefill/stream"
+        try:
+            async with self._client.stream("POST", url, json=cmd.model_dump()) as resp:
+                if resp.status_code != 200:
+                    await resp.aread()
+                    raise _answer_failure(ep.node, resp)
+                async for line in aiter_lines(resp):
+                    if not line.strip():
+                        continue
+                    try:
+                        step = PrefillStep.model_validate_json(line)
+                    except ValueError as exc:
+                        raise NodeCallFailed(
+                            ep.node, "rejected", f"garbled prefill step: {exc}"
+                        ) from None
+                    if step.kind == "outcome" and step.outcome is not None:
+                        return step.outcome
+                    if step.kind == "computed":
+                        computed()
+        except AnswerNotAuthentic as exc:
+            raise NodeCallFailed(ep.node, "rejected", f"unauthenticated answer: {exc}") from None
+        except httpx.HTTPError as exc:
+            raise NodeCallFailed(ep.node, "unreachable", f"{type(exc).__name__}: {exc}") from None
+        raise NodeCallFailed(ep.node, "unreachable", "the prefill stream ended before its outcome")
 
     async def abort(self, ep: NodeEndpoint, request_id: str) -> None:
         url = f"{self.base_url(ep)}/nodes/{ep.node}/abort/{request_id}"

@@ -3,6 +3,9 @@ route but ``/health`` needs a request signed with the deployment's key (``serve.
 otherwise); ``/health`` tells liveness and loads, never ports.
 
 ``POST /nodes/{node}/prefill``   PrefillCommand -> PrefillOutcome (once the KV is verified there)
+``POST /nodes/{node}/prefill/stream`` the same, as NDJSON ``PrefillStep`` lines: ``computed`` once
+                                 its compute is done and its KV handed to the link, then the
+                                 outcome (a pool's front door: it frees the node at ``computed``)
 ``POST /nodes/{node}/decode``    DecodeCommand -> NDJSON stream of DecodeEvent (first line "ready")
 ``POST /nodes/{node}/abort/{id}`` cancel a running prefill of that request
 ``POST /nodes/{node}/role``      RoleCommand: drain, then switch role (the rebalancer's decision)
@@ -24,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import httpx
@@ -43,6 +46,7 @@ from prfaas.serve.node.messages import (
     NoticeCommand,
     PrefillCommand,
     PrefillOutcome,
+    PrefillStep,
     PrefixPullCommand,
     PrefixPushCommand,
     RoleCommand,
@@ -86,26 +90,64 @@ def create_node_app(host: NodeHost) -> FastAPI:
             raise HTTPException(404, f"no node {name!r} in this process")
         return node
 
-    @app.post("/nodes/{name}/prefill")
-    async def prefill(name: str, cmd: PrefillCommand) -> PrefillOutcome:
+    def start_prefill(
+        name: str, cmd: PrefillCommand, on_computed: Callable[[], None] | None = None
+    ) -> asyncio.Task[PrefillOutcome]:
+        """The prefill as a task an abort or a notice can cancel (``running`` until it ends)."""
         node = node_or_404(name)
         if node.role is not NodeRole.PREFILL or node.draining:
             raise HTTPException(409, f"node {name} is not accepting prefills")
-        task = asyncio.create_task(host.prefill(name, cmd))
-        running[cmd.request_id] = task
+        rid = cmd.request_id
+        task = asyncio.create_task(host.prefill(name, cmd, on_computed))
+        running[rid] = task
+
+        def forget(t: asyncio.Task[PrefillOutcome]) -> None:
+            if running.get(rid) is t:  # (a later prefill of the same id is not this one)
+                del running[rid]
+
+        task.add_done_callback(forget)
+        return task
+
+    async def outcome_of(task: asyncio.Task[PrefillOutcome], rid: str) -> PrefillOutcome:
+        """The prefill's outcome; a cancelled one answers ``handed_back`` (a notice) or
+        ``aborted``."""
         try:
-            outcome = await task
+            return await task
         except asyncio.CancelledError:
             if task.cancelled():
-                why = handed_back.pop(cmd.request_id, None)
+                why = handed_back.pop(rid, None)
                 if why is not None:
-                    return PrefillOutcome(request_id=cmd.request_id, ok=False, error=why,
-                                          handed_back=True)  # fmt: skip
-                return PrefillOutcome(request_id=cmd.request_id, ok=False, error="aborted")
+                    return PrefillOutcome(request_id=rid, ok=False, error=why, handed_back=True)
+                return PrefillOutcome(request_id=rid, ok=False, error="aborted")
             raise
-        finally:
-            running.pop(cmd.request_id, None)
-        return outcome
+
+    @app.post("/nodes/{name}/prefill")
+    async def prefill(name: str, cmd: PrefillCommand) -> PrefillOutcome:
+        return await outcome_of(start_prefill(name, cmd), cmd.request_id)
+
+    @app.post("/nodes/{name}/prefill/stream")
+    async def prefill_stream(name: str, cmd: PrefillCommand) -> StreamingResponse:
+        """A pool's front door's prefill: ``PrefillStep`` lines, ``computed`` as soon as the
+        node computed it and handed its KV to the link (the door places the node's next
+        prefill then), then the ``outcome`` once the receiver verified the KV (or why not)."""
+        computed = asyncio.Event()
+        task = start_prefill(name, cmd, computed.set)
+
+        async def lines() -> AsyncIterator[bytes]:
+            waiter = asyncio.ensure_future(computed.wait())
+            try:
+                await asyncio.wait((task, waiter), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
+            if computed.is_set():
+                yield PrefillStep(kind="computed").model_dump_json().encode() + b"\n"
+            # Waited on, not awaited: a caller that goes away (its stream cancelled) leaves the
+            # prefill to end on its own, as a plain ``/prefill``'s does; only an abort stops it.
+            await asyncio.wait((task,))
+            outcome = await outcome_of(task, cmd.request_id)
+            yield PrefillStep(kind="outcome", outcome=outcome).model_dump_json().encode() + b"\n"
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
 
     def begin_notice(deadline_in_s: float) -> dict[str, object]:
         """Stop taking prefills; keep what ends by the deadline, hand the rest back."""

@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -360,9 +360,12 @@ class WorkerHost:
         deployment's as it came, in the one namespace (a pool node: its tenant's)."""
         return cmd, ""
 
-    async def prefill(self, name: str, cmd: PrefillCommand) -> PrefillOutcome:
+    async def prefill(
+        self, name: str, cmd: PrefillCommand, on_computed: Callable[[], None] | None = None
+    ) -> PrefillOutcome:
         """Node ``name`` prefills ``cmd`` into a session on the pooled link to the decode node's
-        receiver (connected first if needed; a link that failed to connect is dropped)."""
+        receiver (connected first if needed; a link that failed to connect is dropped);
+        ``on_computed``: as ``Node.prefill``'s."""
         cmd, namespace = self._in_namespace(cmd)
         route = self.route_of(cmd)
         dest = (cmd.decode_host, cmd.decode_transfer_port, cmd.cross_site, cmd.key_id, route)
@@ -370,7 +373,7 @@ class WorkerHost:
             link = await self.link_to(*dest)
         except (TransferError, OSError) as exc:
             return PrefillOutcome(request_id=cmd.request_id, ok=False, error=f"connect: {exc}")
-        outcome = await self.nodes[name].prefill(cmd, link, namespace)
+        outcome = await self.nodes[name].prefill(cmd, link, namespace, on_computed)
         if not outcome.ok and "Connect" in outcome.error:
             await self.drop_link(*dest)
         return outcome

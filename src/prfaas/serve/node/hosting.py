@@ -6,7 +6,7 @@ import either host.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import Any, Protocol
 
 import httpx
@@ -79,9 +79,12 @@ class NodeHost(Protocol):
         """The inter-site link this process paces (None: ``/link/rate`` is refused)."""
         ...
 
-    async def prefill(self, name: str, cmd: PrefillCommand) -> PrefillOutcome:
+    async def prefill(
+        self, name: str, cmd: PrefillCommand, on_computed: Callable[[], None] | None = None
+    ) -> PrefillOutcome:
         """Node ``name`` prefills ``cmd`` (cancel it to abort); failures come back as
-        ``ok=False``."""
+        ``ok=False``. ``on_computed``: called once its compute is done and its KV all handed to
+        the link, before the receiver verifies it (a host that cannot tell never calls it)."""
         ...
 
     async def pull_prefix(self, cmd: PrefixPullCommand, client: httpx.AsyncClient) -> int: ...

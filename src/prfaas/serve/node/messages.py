@@ -2,12 +2,13 @@
 
 Gateway -> node: ``PrefillCommand`` (prefill these tokens, stream the KV to that decode node),
 ``DecodeCommand`` (expect this request's KV, then stream its tokens back as NDJSON
-``DecodeEvent`` lines), aborts and role changes. Node -> gateway: ``Registration`` once, then a
-``Heartbeat`` with every node's ``NodeReport`` and the process's ``core.SenderLinkReport`` per
-destination link every ``heartbeat_interval_s``, and the process's
-prefix-store changes (``PrefixReportMsg``, answered by a ``PrefixAckMsg``: ``cache/mirror.py``);
-a PrfaaS pool node's heartbeat (to its front door) carries its store per tenant namespace
-instead (``PrefixNamespaceMsg``).
+``DecodeEvent`` lines), aborts and role changes; a pool's front door asks for a prefill's
+``PrefillStep`` lines instead (its node freed at ``computed``, its outcome later). Node ->
+gateway: ``Registration`` once, then a ``Heartbeat`` with every node's ``NodeReport`` and the
+process's ``core.SenderLinkReport`` per destination link every ``heartbeat_interval_s``, and the
+process's prefix-store changes (``PrefixReportMsg``, answered by a ``PrefixAckMsg``:
+``cache/mirror.py``); a PrfaaS pool node's heartbeat (to its front door) carries its store per
+tenant namespace instead (``PrefixNamespaceMsg``).
 """
 
 from __future__ import annotations
@@ -119,6 +120,18 @@ class PrefillOutcome(_Msg):
     handed_back: bool = False
     """Not done here: the node got a spot notice and would not end it by the deadline; the
     gateway serves it on another node (not a failure of the request)."""
+
+
+class PrefillStep(_Msg):
+    """One NDJSON line of ``POST /nodes/{node}/prefill/stream`` (a pool's front door's call):
+    ``computed`` first (the node computed the prefill and handed its last layer to the link:
+    it may take its next prefill while this KV is still on its way and being verified), then
+    ``outcome``, what ``/prefill`` answers (the KV verified at the receiver, or why not). A
+    prefill that fails before its compute ends, or a host that cannot tell, sends the outcome
+    alone; a stream cut before its outcome is a lost node."""
+
+    kind: Literal["computed", "outcome"]
+    outcome: PrefillOutcome | None = None
 
 
 class NoticeCommand(_Msg):

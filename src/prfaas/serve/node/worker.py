@@ -185,16 +185,23 @@ class Node:
 
     # -- prefill ---------------------------------------------------------------------------------
     async def prefill(
-        self, cmd: PrefillCommand, link: TransferLink, namespace: str = ""
+        self,
+        cmd: PrefillCommand,
+        link: TransferLink,
+        namespace: str = "",
+        on_computed: Callable[[], None] | None = None,
     ) -> PrefillOutcome:
         """Prefill and stream ``cmd``'s KV; any failure (engine, transfer, bad parameters) is
         this request's alone and comes back as ``ok=False`` with the reason. ``namespace``: the
-        prefix store's namespace its prefix is looked up and stored in (a pool tenant's)."""
+        prefix store's namespace its prefix is looked up and stored in (a pool tenant's).
+        ``on_computed``: called once the engine is done with it and its last layer is handed to
+        the link, before the wait for the receiver's verification (a pool's front door frees the
+        node then); not called when it fails before that."""
         rid = cmd.request_id
         self._num_prefilling += 1
         ok = False
         try:
-            outcome = await self._prefill(cmd, link, namespace)
+            outcome = await self._prefill(cmd, link, namespace, on_computed)
             ok = outcome.ok
             return outcome
         except Exception as exc:
@@ -208,7 +215,11 @@ class Node:
                 self.notice.ended(rid, ok, time.monotonic())
 
     async def _prefill(
-        self, cmd: PrefillCommand, link: TransferLink, namespace: str
+        self,
+        cmd: PrefillCommand,
+        link: TransferLink,
+        namespace: str,
+        on_computed: Callable[[], None] | None,
     ) -> PrefillOutcome:
         rid = cmd.request_id
         token_ids = unpack_tokens(cmd.tokens)
@@ -296,6 +307,10 @@ class Node:
             if session is None:  # nothing to hand out (cannot happen with a layer per position)
                 session = await self._open(stack, link, manifest, cmd)
             first_token = -1 if cut else result.first_token  # -1: the wire's "none"
+            if on_computed is not None:
+                # Computed and every byte queued on the link: what is left is the link's and the
+                # receiver's (END, verification), not this node's compute.
+                on_computed()
             await session.finish(first_token)
         stored: list[tuple[int, int]] = []
         if store is not None and result.checkpoints:

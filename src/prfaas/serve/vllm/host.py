@@ -23,7 +23,7 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -216,7 +216,11 @@ class VllmHost:
     def _fault(self) -> str:
         return "vLLM server starting" if self.server is None else self.server.fault
 
-    async def prefill(self, name: str, cmd: PrefillCommand) -> PrefillOutcome:
+    async def prefill(
+        self, name: str, cmd: PrefillCommand, on_computed: Callable[[], None] | None = None
+    ) -> PrefillOutcome:
+        # vLLM's server computes and sends inside itself: it is not told apart from the
+        # verification here, so ``on_computed`` is never called (the outcome frees the node).
         return await self._nodes[name].prefill(cmd)
 
     async def pull_prefix(self, cmd: PrefixPullCommand, client: httpx.AsyncClient) -> int:
