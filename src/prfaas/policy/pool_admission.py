@@ -18,7 +18,10 @@ tenants (Sheng et al., VTC, OSDI'24): it is not owed its idle time. Nothing wait
 and the egress are free and some tenant has work (work-conserving). Where the caller knows the
 pool's prefixes (the live driver), a start is charged the compute of the node it goes to, the
 prompt less that node's prefix of it (``dispatch``'s ``compute_s_of``, ``pool_placement``); the
-egress part is always the KV that leaves.
+egress part is always the KV that leaves. A prefill's compute is priced by ``prefill_node_s``:
+the forward pass and the node process's fixed per-request CPU (the profile's measured
+``prefill_per_request_s``), the node-seconds it really holds its node for; the live front door and
+the pool simulator price with that one function.
 
 Pure: ``now`` is passed in, decisions are frozen dataclasses; no I/O, no clock, no asyncio.
 """
@@ -30,6 +33,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from prfaas.perf import CostModel
 from prfaas.policy.pool_shares import PoolShape, TenantShare, waterfill
 
 REFUSAL_REASONS = (
@@ -38,6 +42,15 @@ REFUSAL_REASONS = (
     "over_queued_tokens_cap",
     "over_rate_cap",
 )
+
+
+def prefill_node_s(cost: CostModel, num_new: int, num_cached: int = 0) -> float:
+    """What a pool prefill costs its node, in node-seconds (its ``PrefillJob.compute_s``): the
+    group profile's forward pass and the node process's fixed CPU per request it prefills
+    (``plumbing.prefill_per_request_s``: its HTTP call, the KV session's set-up, the first
+    token), paid on that node whatever the prompt's length. Both the live front door's price
+    (``pool/service.py``) and the pool simulator's (which also runs its nodes for this long)."""
+    return cost.prefill_s(num_new, num_cached) + cost.plumbing.prefill_per_request_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +62,8 @@ class PrefillJob:
     model: str
     num_uncached_tokens: int
     compute_s: float
-    """Node-seconds on the model's group (the node profile's ``T_prefill``)."""
+    """Node-seconds on the model's group (``prefill_node_s``: the node profile's ``T_prefill``
+    and its per-request plumbing)."""
     kv_bytes: int
     """What must leave through the pool's egress (uncached suffix + states)."""
 
