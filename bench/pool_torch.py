@@ -29,11 +29,13 @@ Steps, all from this script:
 4. ``prfaas sim pool.yaml tenant-a.yaml tenant-b.yaml`` (its Python API: ``build_pool_scenario``,
    once per measurement window) and the figures side by side: per-tenant compute share, egress
    share, offloaded, completed; the a:b ratios live and simulated; which of the profile's
-   plumbing terms the pool simulator charges (none: see ``PLUMBING_IN_POOL_SIM``).
+   plumbing terms the pool simulator charges (``PLUMBING_IN_POOL_SIM``: the pool node's and the
+   tenants' prefill nodes' per-request terms and the gateways'; no decode term).
 
 Live shares over a window [lo, hi] (seconds from the load's start):
-- compute (priced): prefills placed in the window x the profile's ``prefill_s(L)`` / (nodes x
-  span), the simulator's measure (it charges each pool prefill ``prefill_s``);
+- compute (priced): prefills placed in the window x ``prefill_node_s(L)`` (the profile's
+  ``prefill_s(L)`` + its ``prefill_per_request_s``: what the live door prices a prefill and the
+  simulator runs a pool node for) / (nodes x span), the simulator's measure;
 - compute (occupied): the share of samples in which a pool node ran the tenant's prefill (real
   node time, plumbing and KV streaming included);
 - egress: prefills done in the window x the mean KV bytes of the tenant's offloads (its route
@@ -74,26 +76,36 @@ KEYS = {
     "tenant-b": ("b-1", "PRFAAS_POOL_KEY_B", "pool-torch-bench-key-b-0123456789abcdef"),
 }
 PLUMBING_IN_POOL_SIM = {
-    # term: (charged by the pool simulator?, where it would go)
+    # term: (charged by the pool simulator?, where)
     "prefill_per_request_s": (
-        False,
-        "sim/pool_sim.py PoolSimulator._on_arrival (the PrefillJob's compute_s = "
-        "group.cost.prefill_s(n), also what the live door prices in pool/service.py "
-        "group_costs' costs()) and PoolSimulator._start_local (the local prefill's dur)",
+        True,
+        "the pool node's (the group's profile) in each pool prefill's compute_s = "
+        "policy.pool_admission.prefill_node_s(n), the price the live door charges too "
+        "(pool/service.py); the tenant's local prefill node's (its PD site's profile) in each "
+        "local prefill's time (PoolSimulator._start_local)",
     ),
-    "decode_per_kv_byte_s": (
+    "decode_per_request_s": (
         False,
-        "nowhere yet: the pool simulator models no decode (its TTFT ends when the last KV byte "
-        "reaches the tenant, PoolSimulator._settle_egress -> _finish); an install delay there",
+        "nowhere: the pool simulator models no decode (its TTFT ends when the last KV byte "
+        "reaches the tenant, PoolSimulator._settle_egress -> _finish)",
     ),
+    "decode_per_kv_byte_s": (False, "nowhere: no decode is modelled (its install would go there)"),
     "decode_per_step_s": (False, "nowhere: no decode is modelled (sim/pool_sim.py docstring)"),
     "decode_per_output_token_s": (False, "nowhere: no decode is modelled"),
     "gateway_per_request_s": (
-        False,
-        "PoolSimulator._on_arrival: a sim.plumbing.GatewayCpu per tenant, routing at its "
-        "route_at(arrival) as sim/simulator.py does",
+        True,
+        "a sim.plumbing.GatewayCpu per tenant (its PD site's profile): each arrival is routed "
+        "at its route_at(arrival), as sim/simulator.py does (PoolSimulator._next_arrival)",
     ),
-    "gateway_per_output_token_s": (False, "with gateway_per_request_s (GatewayCpu)"),
+    "gateway_per_output_token_s": (
+        True,
+        "booked on the same GatewayCpu, but the pool simulator has no output tokens: it "
+        "changes nothing (the relay never holds a routing back, in either simulator)",
+    ),
+    "shared_core_overhead": (
+        False,
+        "nowhere: every simulated pool and local node has a core of its own (no SharedCores)",
+    ),
 }
 
 
@@ -103,8 +115,17 @@ POOL_SIM_SOURCES = (
 )  # fmt: skip
 
 
+def node_s(cost: Any, num_tokens: int) -> float:
+    """One pool prefill's node-seconds: the price the door charges, the time the simulator runs
+    a pool node for (``policy.pool_admission.prefill_node_s``)."""
+    from prfaas.policy.pool_admission import prefill_node_s
+
+    return prefill_node_s(cost, num_tokens)
+
+
 def pool_sim_mentions() -> set[str]:
-    """The plumbing terms (or ``plumbing`` itself) the pool simulator's sources name today."""
+    """The plumbing terms (or ``plumbing`` itself) the pool simulator's sources name today (a
+    term the table says is charged and no source names means the table is stale)."""
     import prfaas
 
     base = Path(prfaas.__file__).parent
@@ -130,7 +151,8 @@ class Settings:
     settle_s: float = 10.0
     """After a stops, this long before b's window (a's queued prefills finish meanwhile)."""
     load: float = 1.1
-    """Each tenant's rate, in units of the pool's simulated capacity (nodes / prefill_s(L)): over
+    """Each tenant's rate, in units of the pool's simulated capacity (nodes / prefill_node_s(L)):
+    over
     1, so that each tenant alone offers more than the pool serves (must-hold (c) needs b to)."""
     pool_nodes: int = 1
     queue_prefills: int = 6
@@ -672,7 +694,7 @@ def live_figures(live: dict[str, Any], cost: Any, s: Settings) -> dict[str, Any]
     for t in TENANTS:
         off = [r["kv_bytes"] for r in live["routes"][t] if r.get("offloaded")]
         kv_mean[t] = sum(off) / len(off) if off else float(cost.kv_bytes(s.prompt_tokens))
-    prefill_s = cost.prefill_s(s.prompt_tokens)
+    prefill_s = node_s(cost, s.prompt_tokens)
     out: dict[str, Any] = {"windows": {}, "kv_bytes_mean": kv_mean}
     for key, (lo, hi) in windows(s).items():
         span = hi - lo
@@ -739,7 +761,7 @@ def report(files: Files, sim: dict[str, Any], live: dict[str, Any] | None, cost:
     print(f"simulated: prfaas sim {paths} --json  (here once per window, measure_from/to set)")
     print(f"prompt {s.prompt_tokens} tokens, {s.output_tokens} out; each tenant Poisson "
           f"{rate_rps:.3f} rps = {s.load:.2f} x the pool's simulated capacity "
-          f"({s.pool_nodes} node(s) / prefill_s {cost.prefill_s(s.prompt_tokens):.4f} s); "
+          f"({s.pool_nodes} node(s) / prefill_node_s {node_s(cost, s.prompt_tokens):.4f} s); "
           f"cap {s.queue_prefills} prompts queued per tenant; egress {s.egress_gbps} Gbps, "
           f"links {s.link_gbps} Gbps; weights 2:1")  # fmt: skip
     rows: list[tuple[str, str, str]] = []
@@ -830,22 +852,23 @@ def report(files: Files, sim: dict[str, Any], live: dict[str, Any] | None, cost:
         print(f"  load average before / after: {live['loadavg_before']} / {live['loadavg_after']}")
     print("\n== the profile's plumbing terms and the pool simulator")
     mentioned = pool_sim_mentions()
-    if mentioned:
-        print(f"  NOTE: the pool simulator's sources now mention {sorted(mentioned)}: the table "
-              "below (read when this script was written) may be stale")  # fmt: skip
+    unnamed = [t for t, (charged, _) in PLUMBING_IN_POOL_SIM.items()
+               if charged and t not in mentioned]  # fmt: skip
+    if unnamed:
+        print(f"  NOTE: no pool simulator source names {unnamed}, which the table below says "
+              "it charges: the table may be stale")  # fmt: skip
     else:
-        print("  (checked now: no pool simulator source mentions `plumbing` or a term: "
+        print("  (checked now: every term charged below is named in "
               + ", ".join(POOL_SIM_SOURCES) + ")")  # fmt: skip
     p = cost.plumbing
     for term, (charged, where) in PLUMBING_IN_POOL_SIM.items():
         said = "charged" if charged else "NOT charged"
-        if term in mentioned:
-            said = "mentioned now, check"
-        print(f"  {term:28} {getattr(p, term):.3g} s  {said}: {where}")
+        unit = "" if term == "shared_core_overhead" else " s"  # the one ratio
+        print(f"  {term:28} {getattr(p, term):.3g}{unit}  {said}: {where}")
     extra = p.prefill_per_request_s / cost.prefill_s(s.prompt_tokens)
     print(
-        f"  (prefill_per_request_s is {extra:.1%} of one pool prefill of {s.prompt_tokens} "
-        "tokens: the live pool node serves that much less than the simulated one)"
+        f"  (prefill_per_request_s is {extra:.1%} of one pool prefill's forward pass of "
+        f"{s.prompt_tokens} tokens: charged to the pool node, simulated, and in the door's price)"
     )
     return {"settings": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(s).items()},
             "rate_rps": rate_rps, "sim": sim, "live": lf, "rows": rows}  # fmt: skip
@@ -884,7 +907,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    f"0: never {dflt('stop_a_s')}")  # fmt: skip
     p.add_argument("--warmup", type=float, help=f"the (a) window starts here {dflt('warmup_s')}")
     p.add_argument("--load", type=float, help="each tenant's rate / the pool's simulated "
-                   f"capacity (nodes / prefill_s of one prompt) {dflt('load')}")  # fmt: skip
+                   f"capacity (nodes / prefill_node_s of one prompt) {dflt('load')}")  # fmt: skip
     p.add_argument(
         "--prompt-tokens", type=int, help=f"every prompt's length {dflt('prompt_tokens')}"
     )
@@ -964,7 +987,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cost = cost_model_for_hardware(model.name, str(prof))
     # Rounded as the tenant files say it: the live load draws the simulator's arrival times.
-    rate = round(s.load * s.pool_nodes / cost.prefill_s(s.prompt_tokens), 6)
+    rate = round(s.load * s.pool_nodes / node_s(cost, s.prompt_tokens), 6)
     files = write_files(s.workdir, model, prof, s, rate)
     say(f"files written: {files.pool}, " + ", ".join(str(p) for p in files.tenants.values()))
     sim = simulate(files, s)

@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from prfaas.deployment_sections import CPUS_PATTERN
+from prfaas.deployment_sections import CPUS_PATTERN, PlumbingSwitches
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
@@ -184,6 +184,15 @@ class FrontDoor(_Strict):
         return "http" if self.tls is None else "https"
 
 
+class PoolSimulation(_Strict):
+    """What only the pool simulator reads (``prfaas sim POOL.yaml TENANT.yaml...``)."""
+
+    plumbing: PlumbingSwitches = PlumbingSwitches()
+    """Which of the group profiles' plumbing terms the simulated pool nodes are charged (the
+    pool nodes pay ``prefill_per_request_s`` only); each tenant's own processes follow its
+    tenant file's ``simulation.plumbing``. No section: all on."""
+
+
 class PoolFileConfig(_Strict):
     version: Literal[1] = 1
     units: PoolUnits = PoolUnits()
@@ -198,6 +207,7 @@ class PoolFileConfig(_Strict):
     lease_s: float = Field(3.0, gt=0, description="a tenant silent this long loses its queue")
     groups: list[PoolGroup] = Field(min_length=1)
     tenants: list[PoolTenant] = Field(min_length=1)
+    simulation: PoolSimulation = PoolSimulation()
 
     @model_validator(mode="after")
     def _consistent(self) -> PoolFileConfig:

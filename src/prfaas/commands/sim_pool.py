@@ -4,7 +4,9 @@ very files ``prfaas up`` runs (``docs/pool.md``).
 Each tenant file gives the tenant's arrivals and lengths (``workload:``), its local prefill nodes
 and their hardware (its PD site), its model, its own link and TTFT target and tuner (``pool:``);
 the pool file gives the groups (model, hardware, nodes), the egress and the tenants' weights,
-floors and caps. ``build_pool_scenario`` is also what ``bench/pool_coordination.py`` runs.
+floors and caps. The plumbing terms charged (``sim.pool_sim``): a tenant's processes by its
+file's ``simulation.plumbing``, the pool's nodes by the pool file's (no section: all on).
+``build_pool_scenario`` is also what ``bench/pool_coordination.py`` runs.
 Bad input: one line naming the file and field, exit 2.
 """
 
@@ -42,7 +44,8 @@ def build_pool_scenario(
                 f"{pool_path}: groups.{i}: the simulator needs a model preset and a hardware "
                 f"preset or profile: {exc}"
             ) from None
-        groups.append(PoolSimGroup(g.name, g.model, len(g.node_names), cost))
+        off = pool.simulation.plumbing.off()  # the pool file's own switches (none: all on)
+        groups.append(PoolSimGroup(g.name, g.model, len(g.node_names), cost, off))
     tenants = []
     seen: set[str] = set()
     warmup = 0.0
@@ -92,6 +95,7 @@ def build_pool_scenario(
                 stop_s=dur,
                 seed=wl.seed,
                 trace=trace,
+                plumbing_off=cfg.simulation.plumbing.off(),
             )
         )
     if warmup >= longest:

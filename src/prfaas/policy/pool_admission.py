@@ -21,7 +21,11 @@ prompt less that node's prefix of it (``dispatch``'s ``compute_s_of``, ``pool_pl
 egress part is always the KV that leaves. A started prefill holds its node (its tenant's
 ``running`` on the group) until its compute ends (``computed``: the live node handed its last
 layer to the link; the simulator's node is free at compute end), not until its KV is verified at
-the tenant: its charge and its KV's egress are held until it ends (``finish``, ``requeue``).
+the tenant: its charge and its KV's egress are held until it ends (``finish``, ``requeue``). A
+prefill's compute is priced by ``prefill_node_s``:
+the forward pass and the node process's fixed per-request CPU (the profile's measured
+``prefill_per_request_s``), the node-seconds it really holds its node for; the live front door and
+the pool simulator price with that one function.
 
 Pure: ``now`` is passed in, decisions are frozen dataclasses; no I/O, no clock, no asyncio.
 """
@@ -33,6 +37,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from prfaas.perf import CostModel
 from prfaas.policy.pool_shares import PoolShape, TenantShare, waterfill
 
 REFUSAL_REASONS = (
@@ -41,6 +46,15 @@ REFUSAL_REASONS = (
     "over_queued_tokens_cap",
     "over_rate_cap",
 )
+
+
+def prefill_node_s(cost: CostModel, num_new: int, num_cached: int = 0) -> float:
+    """What a pool prefill costs its node, in node-seconds (its ``PrefillJob.compute_s``): the
+    group profile's forward pass and the node process's fixed CPU per request it prefills
+    (``plumbing.prefill_per_request_s``: its HTTP call, the KV session's set-up, the first
+    token), paid on that node whatever the prompt's length. Both the live front door's price
+    (``pool/service.py``) and the pool simulator's (which also runs its nodes for this long)."""
+    return cost.prefill_s(num_new, num_cached) + cost.plumbing.prefill_per_request_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +66,8 @@ class PrefillJob:
     model: str
     num_uncached_tokens: int
     compute_s: float
-    """Node-seconds on the model's group (the node profile's ``T_prefill``)."""
+    """Node-seconds on the model's group (``prefill_node_s``: the node profile's ``T_prefill``
+    and its per-request plumbing)."""
     kv_bytes: int
     """What must leave through the pool's egress (uncached suffix + states)."""
 

@@ -40,6 +40,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prfaas.engine.fingerprint import model_fingerprint
 from prfaas.errors import UsageError
 from prfaas.perf import CostModel, cost_model_for_hardware, is_profile_file
+from prfaas.policy.pool_admission import prefill_node_s
 from prfaas.pool.app import TenantKeys, create_app
 from prfaas.pool.client import MAX_CONNECTIONS as TENANT_CONNECTIONS
 from prfaas.pool.driver import PlacementDriver
@@ -80,7 +81,9 @@ def group_costs(group: PoolGroup) -> CostModel:
     group's model preset on its hardware, or a profile file (``prfaas profile``) for any engine;
     a torch group on a preset is priced from its model folder's own spec (``config.json``: its
     cache's bytes per token, its FLOPs) on that preset's roofline: relative costs are what fair
-    sharing needs, and its KV bytes are the real ones."""
+    sharing needs, and its KV bytes are the real ones. A prefill's price is
+    ``policy.pool_admission.prefill_node_s`` of it: its forward pass and, from a profile file,
+    the node's measured per-request CPU (the pool simulator prices it the same way)."""
     if group.kind == "timed" or is_profile_file(group.hardware):
         return cost_model_for_hardware(group.model, group.hardware)
     from prfaas.engine.torch.model_spec import model_spec_from_hf
@@ -139,14 +142,16 @@ def build(workdir: Path) -> tuple[FastAPI, FastAPI, PlacementDriver, PoolFileCon
 
     def costs(model: str, num_tokens: int) -> tuple[float, int] | None:
         cost = costs_of.get(model)
-        return None if cost is None else (cost.prefill_s(num_tokens), cost.kv_bytes(num_tokens))
+        if cost is None:
+            return None
+        return prefill_node_s(cost, num_tokens), cost.kv_bytes(num_tokens)
 
     internal_key = internal_psk(workdir)
     ring = ring_of_psks(internal_key)
     node_groups = {n: g.name for g in pool.groups for n in g.node_names}
 
     def compute_s(model: str, num_new: int, num_cached: int) -> float:
-        return costs_of[model].prefill_s(num_new, num_cached)
+        return prefill_node_s(costs_of[model], num_new, num_cached)
 
     # The nodes' salts, drawn from the internal key as they draw them: the door computes each
     # prompt's chain in its tenant's namespace, to place it where its prefix is and charge it

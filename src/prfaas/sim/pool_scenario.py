@@ -2,7 +2,10 @@
 tenants (each with its own arrivals, lengths, link, model and local prefill nodes).
 
 Built from the very files ``prfaas up`` runs (``commands/sim_pool.py``), or directly in tests.
-Pure: frozen dataclasses; no I/O.
+Each group's and tenant's ``cost`` is its profile as the routers and tuners read it; what the
+simulated processes are charged of its plumbing terms is ``plumbing_off``'s business
+(``sim.plumbing``; the pool file's ``simulation.plumbing`` for a group, the tenant file's for a
+tenant). Pure: frozen dataclasses; no I/O.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from prfaas.perf import CostModel
+from prfaas.perf.plumbing import PLUMBING_TERMS
 from prfaas.policy.pool_coordination import TUNE_MIN_SAMPLES, TUNE_PERIOD_S, TUNE_WINDOW_SIZE
 from prfaas.policy.pool_shares import PoolShape
 from prfaas.workload import ArrivalSpec
@@ -23,13 +27,25 @@ class LengthSampler(Protocol):
     def draw(self, rng: random.Random) -> int: ...
 
 
+def _known_terms(who: str, terms: tuple[str, ...]) -> None:
+    unknown = sorted(set(terms) - set(PLUMBING_TERMS))
+    if unknown:
+        raise ValueError(f"{who}: unknown plumbing term {unknown[0]!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class PoolSimGroup:
     name: str
     model: str
     num_nodes: int
     cost: CostModel
-    """The group's node profile: ``T_prefill`` and ``S_kv`` of every prefill placed here."""
+    """The group's node profile: ``T_prefill`` and ``S_kv`` of every prefill placed here, and
+    its nodes' ``prefill_per_request_s``."""
+    plumbing_off: tuple[str, ...] = ()
+    """Plumbing terms (``perf.plumbing.PLUMBING_TERMS``) the group's nodes are not charged."""
+
+    def __post_init__(self) -> None:
+        _known_terms(f"group {self.name}", self.plumbing_off)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +56,7 @@ class PoolSimTenant:
     lengths: LengthSampler
     num_local_prefill: int
     local_cost: CostModel
-    """The tenant's own PD prefill nodes' profile."""
+    """The tenant's own PD site's profile: its prefill nodes' and its gateway's."""
     link_bytes_per_s: float
     """The tenant's own link from the pool (modelled bytes/s)."""
     rtt_s: float = 0.0
@@ -55,8 +71,11 @@ class PoolSimTenant:
     trace: tuple[tuple[float, int], ...] | None = None
     """Replayed instead of ``arrival`` and ``lengths``: (arrival_s, prompt tokens), in order.
     Every prompt token counts as uncached (the pool simulator has no prefix cache)."""
+    plumbing_off: tuple[str, ...] = ()
+    """Plumbing terms the tenant's local prefill nodes and gateway are not charged."""
 
     def __post_init__(self) -> None:
+        _known_terms(f"tenant {self.name}", self.plumbing_off)
         if self.num_local_prefill < 0:
             raise ValueError(f"tenant {self.name}: num_local_prefill must be >= 0")
         if not self.link_bytes_per_s > 0:

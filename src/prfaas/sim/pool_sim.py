@@ -13,7 +13,26 @@ byte has reached the tenant (plus the link's RTT: the submit's and the KV's one-
 Front door outages (``PoolSimScenario.front_door_outages``) lose its queue and change its epoch;
 each tenant's ``policy.PoolSession`` sends what it had pending local; a lost pool node
 (``pool_node_failures``) fails its prefill to the tenant, which prefills it locally. Decode is
-not modelled. Events are ``(time_s, priority, seq, kind, payload)`` on one heap; the same seeds
+not modelled.
+
+The profiles' plumbing terms (``perf.plumbing``), each charged to the process that pays it, from
+that process's profile, as ``sim/plumbing.py`` does in the single-deployment simulator, and
+switched off as there (a scenario's ``plumbing_off``: the tenant file's ``simulation.plumbing``
+for a tenant's processes, the pool file's for a group's nodes): a pool node's
+``prefill_per_request_s`` (its group's profile) is in each pool prefill's node-seconds
+(``policy.pool_admission.prefill_node_s``, which the live front door prices with too, so the
+admission's fair share and expected start count it); a tenant's local prefill node's (its PD
+site's profile) is added to each local prefill's service time (the tenant's router still reads
+the forward pass alone, as a live router does); each tenant's gateway is a ``GatewayCpu``
+(``gateway_per_request_s``) that routes its arrivals in order, each after the routing ahead of
+it. ``gateway_per_output_token_s`` is booked per output token, and the pool simulator has no
+output tokens: it changes nothing here (in neither simulator does the relay hold a routing back).
+The decode terms (``decode_per_request_s``, ``decode_per_kv_byte_s``, ``decode_per_step_s``,
+``decode_per_output_token_s``) are not charged: no decode is modelled, and TTFT ends when the KV
+has arrived (a decode node's install would add ``decode_per_request_s`` and
+``decode_per_kv_byte_s`` x the KV bytes after that). ``shared_core_overhead`` is not charged:
+every simulated node has its own core. All of it is extra time in existing events, never an
+event of its own. Events are ``(time_s, priority, seq, kind, payload)`` on one heap; the same seeds
 give the same run. Pure: no I/O, no clock.
 """
 
@@ -27,11 +46,18 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from prfaas.policy.pool_admission import Accepted, EgressState, PoolAdmission, PrefillJob
+from prfaas.policy.pool_admission import (
+    Accepted,
+    EgressState,
+    PoolAdmission,
+    PrefillJob,
+    prefill_node_s,
+)
 from prfaas.policy.pool_coordination import NOTHING_SAID, PoolSaid, keeps_local
 from prfaas.policy.pool_session import Fallback, PoolSession
 from prfaas.policy.window import LengthWindow
 from prfaas.sim.kv_bytes import KvBytes
+from prfaas.sim.plumbing import GatewayCpu, charged_cost_model
 from prfaas.sim.pool_egress import EgressFlow, PoolEgress
 from prfaas.sim.pool_scenario import PoolSimScenario, PoolSimTenant
 from prfaas.sim.pool_tuning import first_sample, tenant_threshold
@@ -76,6 +102,10 @@ class TenantRun:
     num_completed: int = 0
     compute_s_in_window: dict[str, float] = field(default_factory=dict)
     threshold_updates: list[tuple[float, int]] = field(default_factory=list)
+    prefill_per_request_s: float = 0.0
+    """The local prefill nodes' fixed CPU per request (``sim.plumbing``), charged on each."""
+    gateway: GatewayCpu | None = None
+    """The tenant's gateway CPU (None: no gateway term charged): routes its arrivals in order."""
 
 
 class PoolSimulator:
@@ -101,6 +131,8 @@ class PoolSimulator:
         self._door_up = True
         self._num_live = 0
         self._kv = {g.model: KvBytes(g.cost.model.cache).total for g in sc.groups}
+        # What the pool's nodes run on (the terms switched off zeroed): a prefill's price.
+        self._node_cost = {g.model: charged_cost_model(g.cost, g.plumbing_off) for g in sc.groups}
         self.tenants: dict[str, TenantRun] = {}
         for t in sc.tenants:
             run = TenantRun(
@@ -109,6 +141,10 @@ class PoolSimulator:
                 local_free=t.num_local_prefill,
                 window=LengthWindow(sc.window_size),
             )
+            p = charged_cost_model(t.local_cost, t.plumbing_off).plumbing
+            run.prefill_per_request_s = p.prefill_per_request_s
+            if p.gateway_per_request_s > 0 or p.gateway_per_output_token_s > 0:
+                run.gateway = GatewayCpu(p.gateway_per_request_s, p.gateway_per_output_token_s)
             stop = sc.duration_s if t.stop_s is None else min(t.stop_s, sc.duration_s)
             if t.trace is not None:
                 run.arrivals = (t.start_s + a for a, _ in t.trace if t.start_s + a <= stop)
@@ -146,7 +182,7 @@ class PoolSimulator:
             if kind == _DONE:
                 payload()
             elif kind == _ARRIVAL:
-                self._on_arrival(self.tenants[payload])
+                self._on_arrival(self.tenants[payload[0]], payload[1])
             elif kind == _TUNE:
                 self._on_tune(self.tenants[payload])
             elif kind == _BEAT:
@@ -169,9 +205,12 @@ class PoolSimulator:
     def _next_arrival(self, run: TenantRun) -> None:
         nxt = next(run.arrivals, None)
         if nxt is not None:
-            self._push(nxt, _ARRIVAL, run.spec.name)
+            # Routed once its gateway has handled it (in order: a FIFO, no event of its own).
+            gw = run.gateway
+            at_s = nxt if gw is None else gw.route_at(nxt, 0)  # no output tokens modelled
+            self._push(at_s, _ARRIVAL, (run.spec.name, nxt))
 
-    def _on_arrival(self, run: TenantRun) -> None:
+    def _on_arrival(self, run: TenantRun, arrival_s: float) -> None:
         spec = run.spec
         n = (
             run.trace_lengths.popleft()
@@ -179,7 +218,7 @@ class PoolSimulator:
             else (spec.lengths.draw(run.rng))
         )
         run.num_arrived += 1
-        req = _Req(spec.name, f"{spec.name}-{run.num_arrived}", self.now, n)
+        req = _Req(spec.name, f"{spec.name}-{run.num_arrived}", arrival_s, n)
         run.window.observe(n, 1, self.now)
         self._next_arrival(run)
         if n > run.threshold_tokens and not self._keep_local(run, n):
@@ -195,7 +234,7 @@ class PoolSimulator:
                 req.request_id,
                 spec.model,
                 n,
-                group.cost.prefill_s(n),
+                prefill_node_s(self._node_cost[spec.model], n),
                 self._kv[spec.model](n),
             )
             decision = self.admission.submit(job, self.now)
@@ -236,12 +275,15 @@ class PoolSimulator:
         while run.local_free > 0 and run.local_queue:
             req = run.local_queue.popleft()
             run.local_free -= 1
-            dur = run.spec.local_cost.prefill_s(req.num_tokens)
-            self._push(self.now + dur, _DONE, lambda r=run, q=req, d=dur: self._local_done(r, q, d))
+            work = run.spec.local_cost.prefill_s(req.num_tokens)  # what _local counted
+            dur = work + run.prefill_per_request_s
+            self._push(
+                self.now + dur, _DONE, lambda r=run, q=req, w=work: self._local_done(r, q, w)
+            )
 
-    def _local_done(self, run: TenantRun, req: _Req, dur: float) -> None:
+    def _local_done(self, run: TenantRun, req: _Req, work_s: float) -> None:
         run.local_free += 1
-        run.local_work_s = max(0.0, run.local_work_s - dur)
+        run.local_work_s = max(0.0, run.local_work_s - work_s)
         self._finish(run, req, self.now)
         self._start_local(run)
 
