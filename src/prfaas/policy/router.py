@@ -32,7 +32,7 @@ from prfaas.core.ids import NodeId, SiteId
 from prfaas.core.topology import NodeRole
 from prfaas.core.views import ClusterView, LinkState, NodeLoad, RequestView
 from prfaas.perf import CostModel
-from prfaas.policy.decisions import CacheMove, RouteDecision
+from prfaas.policy.decisions import CacheMove, RouteDecision, new_route_decision
 from prfaas.policy.placement import least_loaded, work_left_s
 
 ROUTER_NAMES = ("local_only", "naive", "threshold", "prfaas")
@@ -70,8 +70,8 @@ def _decision(
     load: NodeLoad, cached: int, offloaded: bool, reason: str,
     cache_move: CacheMove | None = None, rerouted: bool = False,
 ) -> RouteDecision:  # fmt: skip
-    # Positional: no keyword dict per decision (one per routed request).
-    return RouteDecision(
+    # One per routed request: the fast constructor (``core.frozen``).
+    return new_route_decision(
         load.site_id, load.node_id, cached, offloaded, reason, cache_move, rerouted
     )
 
@@ -130,7 +130,8 @@ class LocalOnlyRouter(_Base):
         if node is None:
             raise self._no_route(request)
         home = self.home_site
-        return RouteDecision(home, node, request.cached_tokens_at(home), False, "local_only")
+        cached = request.cached_tokens_at(home)
+        return new_route_decision(home, node, cached, False, "local_only", None, False)
 
 
 class NaiveRouter(_Base):
@@ -162,7 +163,7 @@ class ThresholdRouter(_Base):
         if local is None:
             raise self._no_route(request)
         reason = f"uncached {uncached} <= t {t}"
-        return RouteDecision(self.home_site, local, cached_home, False, reason)
+        return new_route_decision(self.home_site, local, cached_home, False, reason, None, False)
 
 
 class BandwidthAwareRouter(_Base):

@@ -17,7 +17,7 @@ from typing import Generic, TypeVar
 
 from prfaas.core.ids import NodeId, SiteId
 from prfaas.core.topology import NodeRole
-from prfaas.core.views import NodeLoad
+from prfaas.core.views import NodeLoad, new_node_load
 from prfaas.perf import CostModel
 from prfaas.sim.request import SimRequest
 
@@ -69,7 +69,7 @@ class PrefillNode(NodeBase):
     def load(self, now: float) -> NodeLoad:
         load = self.cached_load
         if load is None:
-            load = self.cached_load = NodeLoad(
+            load = self.cached_load = new_node_load(
                 self.node_id, self.site_id, self.role, len(self.queue), self.queued_tokens,
                 1 if self.busy else 0, 0, 0, self.draining, True, now,
             )  # fmt: skip
@@ -124,7 +124,7 @@ class DecodeNode(NodeBase):
     def load(self, now: float) -> NodeLoad:
         load = self.cached_load
         if load is None:
-            load = self.cached_load = NodeLoad(
+            load = self.cached_load = new_node_load(
                 self.node_id, self.site_id, self.role, len(self.waiting) + self.reserved, 0,
                 len(self.members), self.kv_used, self.kv_capacity, self.draining, True, now,
             )  # fmt: skip

@@ -27,7 +27,7 @@ from typing import Any, cast
 
 from prfaas.core.ids import RequestId
 from prfaas.core.request import TRANSITIONS, InvalidTransition, RequestState
-from prfaas.core.views import RequestView
+from prfaas.core.views import new_request_view
 from prfaas.policy import NoRouteError, PrefillBatcher
 from prfaas.policy.batching import PREFILL_LOOKAHEAD
 from prfaas.sim.control import ControlLoop
@@ -240,7 +240,7 @@ class Simulator:
         home = self.homes[req.home]
         hashes = req.block_hashes if sc.prefix_cache else ()
         cached = w.kv.peek(hashes, req.num_prompt) if hashes else {}
-        view = RequestView(
+        view = new_request_view(
             _request_id(f"r{req.index}"), req.num_prompt, cached, hashes, req.num_output
         )
         try:
