@@ -134,26 +134,33 @@ class DecodeNode(NodeBase):
 SimNode = PrefillNode | DecodeNode
 
 N = TypeVar("N", PrefillNode, DecodeNode)
+_heappush = heapq.heappush  # module-level: no attribute lookup per push (several per request)
+_heappop = heapq.heappop
 
 
 class PoolIndex(Generic[N]):
     """Least-loaded accepting node of one pool: a heap of (load key, node index, node) with lazy
     deletion (an entry is stale when its key is no longer the node's key)."""
 
-    __slots__ = ("_heap", "members")
+    __slots__ = ("_heap", "_max_entries", "members")
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, N]] = []
         self.members: dict[int, N] = {}
+        self._max_entries = 64
+        """Heap entries (live and stale) past which the heap is rebuilt: ``4 x members + 64``,
+        kept with the membership (``touch`` runs a few times per request)."""
 
     def add(self, node: N) -> None:
         self.members[node.index] = node
+        self._max_entries = 4 * len(self.members) + 64
         node.cached_load = None
         key = node.heap_key = node.load_key()
-        heapq.heappush(self._heap, (key, node.index, node))
+        _heappush(self._heap, (key, node.index, node))
 
     def remove(self, node: N) -> None:
         self.members.pop(node.index, None)
+        self._max_entries = 4 * len(self.members) + 64
 
     def touch(self, node: N) -> None:
         """``node``'s load changed (or may have). A member that is not draining always has an
@@ -164,8 +171,9 @@ class PoolIndex(Generic[N]):
         if key == node.heap_key:
             return
         node.heap_key = key
-        heapq.heappush(self._heap, (key, node.index, node))
-        if len(self._heap) > 4 * len(self.members) + 64:
+        heap = self._heap
+        _heappush(heap, (key, node.index, node))
+        if len(heap) > self._max_entries:
             self._rebuild()
 
     def _rebuild(self) -> None:
@@ -183,7 +191,7 @@ class PoolIndex(Generic[N]):
             key, index, node = heap[0]
             if node.heap_key == key and not node.draining and members.get(index) is node:
                 return node
-            heapq.heappop(heap)
+            _heappop(heap)
         if any(not n.draining for n in members.values()):
             self._rebuild()
             return self.best()
