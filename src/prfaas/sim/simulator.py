@@ -281,7 +281,8 @@ class Simulator:
                 nbytes = w.kv_bytes.total(move.num_tokens)
                 kvb = w.kv_bytes
                 link.add(w.now, nbytes, 0.0, CacheMove(req, node, dst), kvb.num_layers)
-                home.observe(req.num_prompt - req.num_cached, req.num_output, w.now)
+                if home.observe is not None:
+                    home.observe(req.num_prompt - req.num_cached, req.num_output, w.now)
                 return
         # What the prefill site really reuses (refreshes its LRU, counts its hit rate); no cache
         # changed since the peek, so its figure for that site holds.
@@ -289,7 +290,8 @@ class Simulator:
         req.num_cached = min(
             d.num_cached_tokens, w.kv.use(d.prefill_site, hashes, req.num_prompt, peeked)
         )
-        home.observe(req.num_prompt - req.num_cached, req.num_output, w.now)
+        if home.observe is not None:
+            home.observe(req.num_prompt - req.num_cached, req.num_output, w.now)
         self._assign(req, node, site)
 
     def _assign(self, req: SimRequest, node: PrefillNode, site: int) -> None:
