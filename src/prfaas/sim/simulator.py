@@ -94,6 +94,10 @@ class Simulator:
         self._decode_pools = w.pools.decode
         self._prefill_pools = w.pools.prefill
         self._home_sites = tuple(self.homes)
+        # Each site's prefix cache, by site number and by site id: the per-request lookup and
+        # insert call it directly (``GlobalKVManager.use`` / ``store`` inline: a call saved each).
+        self._caches = tuple(w.kv.cache(sid) for sid in w.site_ids)
+        self._cache_by_id = dict(zip(w.site_ids, self._caches, strict=True))
         # Each home site's gateway CPU (``sim.plumbing``): None when no gateway term is charged.
         self._gateways = tuple(w.gateway_cpu(h) for h in self._home_sites)
         self.gateways: dict[int, GatewayCpu] = {
@@ -287,9 +291,11 @@ class Simulator:
         # What the prefill site really reuses (refreshes its LRU, counts its hit rate); no cache
         # changed since the peek, so its figure for that site holds.
         peeked = cached.get(d.prefill_site, 0)
-        req.num_cached = min(
-            d.num_cached_tokens, w.kv.use(d.prefill_site, hashes, req.num_prompt, peeked)
-        )
+        if hashes:  # GlobalKVManager.use, inline (hot path)
+            used = self._cache_by_id[d.prefill_site].lookup(hashes, req.num_prompt, peeked)
+        else:
+            used = w.kv.use(d.prefill_site, hashes, req.num_prompt, peeked)
+        req.num_cached = min(d.num_cached_tokens, used)
         if home.observe is not None:
             home.observe(req.num_prompt - req.num_cached, req.num_output, w.now)
         self._assign(req, node, site)
@@ -387,7 +393,7 @@ class Simulator:
         node.busy = False
         node.cached_load = None
         site = node.site
-        sid = w.site_ids[site]
+        cache = self._caches[site]
         sc = w.sc
         local_rate = sc.local_fabric_gbps * 1e9 / 8
         kvb = self._kv_bytes
@@ -401,8 +407,8 @@ class Simulator:
             req.state = _TRANSFERRING
             req.prefill_end_s = now
             w.site_prefilled[site] += 1
-            if req.block_hashes and sc.prefix_cache:
-                w.kv.store(sid, req.block_hashes, req.num_prompt)
+            if req.block_hashes and sc.prefix_cache:  # GlobalKVManager.store, inline
+                cache.insert(req.block_hashes, req.num_prompt)
             if req.transfer_bytes:
                 flow = req.flow
                 if flow is not None:
