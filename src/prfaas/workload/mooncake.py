@@ -186,16 +186,19 @@ def _chunk_rows(lines: list[str], first_number: int) -> list[TraceRow | tuple[in
         else:
             parts += (ts, num_in, num_out)
             num_hashes.append(0)
-    values = _bulk_values(parts) if parts else None
+    parsed = _bulk_values(parts) if parts else None
+    # A tuple: each line's hash ids are then one slice, not a list slice copied into a tuple.
+    values = tuple(parsed) if parsed is not None else None
     out: list[TraceRow | tuple[int, str]] = []
     i = 0
     for number, (text, n) in enumerate(zip(lines, num_hashes, strict=True), start=first_number):
         if n is None or values is None:
             out.append((number, text))
             continue
+        num_out = values[i + 2]
         out.append(
-            (number, values[i] / 1000.0, values[i + 1], max(1, values[i + 2]),
-             tuple(values[i + 3 : i + 3 + n]))
+            (number, values[i] / 1000.0, values[i + 1], num_out if num_out > 1 else 1,
+             values[i + 3 : i + 3 + n])
         )  # fmt: skip
         i += 3 + n
     return out
