@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import chain, compress, count, repeat
+from itertools import chain, repeat
 
 from prfaas.spec.cache_spec import CacheSpec, LayerKind
 
@@ -148,11 +148,15 @@ class HybridPrefixCache:
             base = self._clock
             self._clock += 2 * k
             if self._needs_ckpt:
+                # A plain loop: finding the positions in C (``compress(count(), map(...))``)
+                # measured 0.45 us slower at every prefix length up to 24 blocks (iterator set-up;
+                # the same per block), and most lookups match a few blocks.
                 ckpts = self._ckpts
-                prefix = block_hashes[k - 1 :: -1]
-                # Only the few positions holding a checkpoint (found in C) are visited.
-                for p in compress(count(), map(ckpts.__contains__, prefix)):
-                    ckpts[prefix[p]] = base + 2 * p + 1
+                stamp = base + 1
+                for block_hash in block_hashes[k - 1 :: -1]:
+                    if block_hash in ckpts:
+                        ckpts[block_hash] = stamp
+                    stamp += 2
             # The blocks' stamps wait for the prompt's insert, which restamps them all.
             pending = self._pending
             key = id(block_hashes)  # unique while the record holds the sequence
