@@ -16,10 +16,12 @@ goes through ``parse_line``. The values, the errors and the line each is raised 
 from __future__ import annotations
 
 import json
+import operator
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -204,6 +206,10 @@ def _chunk_rows(lines: list[str], first_number: int) -> list[TraceRow | tuple[in
     return out
 
 
+_arrival_of = operator.itemgetter(1)
+"""A row's second item: its arrival time (a ``TraceRow``), or its text (a line to parse alone)."""
+
+
 def trace_rows(path: str | Path, limit: int | None = None) -> Iterator[TraceRow]:
     """``read_mooncake``'s records as ``TraceRow`` tuples: the same values and the same errors,
     raised at the same line. Canonical lines are read a chunk at a time (``_chunk_rows``); any
@@ -220,6 +226,19 @@ def trace_rows(path: str | Path, limit: int | None = None) -> Iterator[TraceRow]
         while lines := fh.readlines(_CHUNK_CHARS):
             rows = _chunk_rows(lines, number)
             number += len(lines)
+            # The usual chunk (every line canonical, in time order, within the limit) is checked
+            # once and passed on whole: the loop below spent ~0.8 us a row on the same checks.
+            times = list(map(_arrival_of, rows))
+            if (
+                2 not in map(len, rows)  # no line left to parse alone
+                and (limit is None or count + len(rows) <= limit)
+                and times[0] >= last_s
+                and all(map(operator.le, times, times[1:]))
+            ):
+                count += len(rows)
+                last_s = times[-1]
+                yield from cast(list[TraceRow], rows)
+                continue
             for row in rows:
                 if limit is not None and count >= limit:
                     return
