@@ -107,3 +107,51 @@ def test_cluster_view_updates_incrementally_including_role_changes() -> None:
 def test_request_view_cached_lookups() -> None:
     rv = RequestView(RequestId("r"), 5000, {A: 1024})
     assert rv.cached_tokens_at(A) == 1024 and rv.uncached_tokens_at(B) == 5000
+
+
+@pytest.mark.timeout(10)
+def test_fast_constructors_build_what_the_frozen_classes_build() -> None:
+    """``core.frozen``: each hot path's fast constructor gives an object equal to, of the same
+    class as, and as frozen as the dataclass's own ``__init__``'s, field by field."""
+    import dataclasses
+    from types import MappingProxyType
+
+    from prfaas.core.frozen import writable_twin
+    from prfaas.core.views import new_link_state, new_node_load, new_request_view
+    from prfaas.policy.decisions import CacheMove, RouteDecision, new_route_decision
+
+    cases = [
+        (new_request_view, RequestView,
+         (RequestId("r1"), 9, MappingProxyType({A: 512}), (1, 2), 7)),
+        (new_node_load, NodeLoad,
+         (NodeId("pd/p0"), A, NodeRole.PREFILL, 1, 2, 3, 4, 5, False, True, 6.5)),
+        (new_link_state, LinkState,
+         (link_id_for(B, A), 1e9, 0.5, 5e8, 10, 0.005, 0.0, True, 3.0, "configured")),
+        (new_route_decision, RouteDecision,
+         (B, NodeId("prfaas/p1"), 1024, True, "why", CacheMove(A, B, 512), True)),
+    ]  # fmt: skip
+    for fast, cls, args in cases:
+        got, want = fast(*args), cls(*args)
+        assert type(got) is cls and got == want
+        if not isinstance(got, RequestView):  # its mapping field is unhashable
+            assert hash(got) == hash(want)
+        for f in dataclasses.fields(cls):
+            assert getattr(got, f.name) is getattr(want, f.name)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(got, dataclasses.fields(cls)[0].name, None)
+        assert dataclasses.replace(got) == want
+
+    # Only classes whose layout a twin can copy qualify.
+    @dataclasses.dataclass(frozen=True)
+    class NoSlots:
+        x: int
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class WithPost:
+        x: int
+
+        def __post_init__(self) -> None: ...
+
+    for bad in (NoSlots, WithPost):
+        with pytest.raises(TypeError):
+            writable_twin(bad)

@@ -22,6 +22,10 @@ class GlobalKVManager:
     def __init__(self, caches: Mapping[SiteId, HybridPrefixCache]) -> None:
         self._caches = dict(caches)
         self._in_order = tuple(self._caches.items())
+        # What ``peek`` calls per site, resolved once (it runs once per request).
+        self._matchers = tuple(
+            (site, cache.match_blocks, cache.sizing.block_tokens) for site, cache in self._in_order
+        )
 
     @property
     def site_ids(self) -> tuple[SiteId, ...]:
@@ -36,10 +40,10 @@ class GlobalKVManager:
             return MappingProxyType({})
         out: dict[SiteId, int] = {}
         limit = num_prompt_tokens - 1
-        for site, cache in self._in_order:
-            k = cache.match_blocks(block_hashes, limit)
+        for site, match_blocks, block_tokens in self._matchers:
+            k = match_blocks(block_hashes, limit)
             if k:
-                out[site] = k * cache.sizing.block_tokens
+                out[site] = k * block_tokens
         return out
 
     def use(

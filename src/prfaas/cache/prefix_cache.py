@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import chain, compress, count, repeat
+from itertools import chain, repeat
 
 from prfaas.spec.cache_spec import CacheSpec, LayerKind
 
@@ -79,6 +79,7 @@ class HybridPrefixCache:
         if checkpoint_every_blocks <= 0:
             raise ValueError(f"checkpoint_every_blocks must be > 0, got {checkpoint_every_blocks}")
         self.sizing = sizing
+        self._block_tokens = sizing.block_tokens  # read a few times per request
         self.capacity_bytes = capacity_bytes
         self.checkpoint_every_blocks = checkpoint_every_blocks
         self._needs_ckpt = sizing.checkpoint_bytes > 0
@@ -105,10 +106,12 @@ class HybridPrefixCache:
     # -- queries -------------------------------------------------------------------------------
     def match_blocks(self, block_hashes: Sequence[int], max_tokens: int | None = None) -> int:
         """Number of leading blocks usable as a prefix (no LRU refresh, no statistics)."""
+        blocks = self._blocks
+        if not block_hashes or block_hashes[0] not in blocks:
+            return 0  # most sites' answer for most prompts: nothing else to look at
         limit = len(block_hashes)
         if max_tokens is not None:
-            limit = min(limit, max_tokens // self.sizing.block_tokens)
-        blocks = self._blocks
+            limit = min(limit, max_tokens // self._block_tokens)
         k = 0
         for block_hash in block_hashes:
             if k == limit or block_hash not in blocks:
@@ -121,7 +124,7 @@ class HybridPrefixCache:
         return k
 
     def cached_tokens(self, block_hashes: Sequence[int], max_tokens: int | None = None) -> int:
-        return self.match_blocks(block_hashes, max_tokens) * self.sizing.block_tokens
+        return self.match_blocks(block_hashes, max_tokens) * self._block_tokens
 
     def lookup(
         self, block_hashes: Sequence[int], num_prompt_tokens: int, peeked_tokens: int | None = None
@@ -136,20 +139,24 @@ class HybridPrefixCache:
         if peeked_tokens is None:
             k = self.match_blocks(block_hashes, num_prompt_tokens - 1)
         else:
-            k = peeked_tokens // self.sizing.block_tokens
+            k = peeked_tokens // self._block_tokens
         self.num_lookups += 1
         self.num_lookup_tokens += num_prompt_tokens
-        self.num_hit_tokens += k * self.sizing.block_tokens
+        self.num_hit_tokens += k * self._block_tokens
         if k:
             # Tail first: block i, then its checkpoint, from i = k - 1 down to 0.
             base = self._clock
             self._clock += 2 * k
             if self._needs_ckpt:
+                # A plain loop: finding the positions in C (``compress(count(), map(...))``)
+                # measured 0.45 us slower at every prefix length up to 24 blocks (iterator set-up;
+                # the same per block), and most lookups match a few blocks.
                 ckpts = self._ckpts
-                prefix = block_hashes[k - 1 :: -1]
-                # Only the few positions holding a checkpoint (found in C) are visited.
-                for p in compress(count(), map(ckpts.__contains__, prefix)):
-                    ckpts[prefix[p]] = base + 2 * p + 1
+                stamp = base + 1
+                for block_hash in block_hashes[k - 1 :: -1]:
+                    if block_hash in ckpts:
+                        ckpts[block_hash] = stamp
+                    stamp += 2
             # The blocks' stamps wait for the prompt's insert, which restamps them all.
             pending = self._pending
             key = id(block_hashes)  # unique while the record holds the sequence
@@ -159,7 +166,7 @@ class HybridPrefixCache:
             pending[key] = (base, block_hashes, k)
             if len(pending) > _MAX_PENDING:
                 self._apply_pending()
-        return k * self.sizing.block_tokens
+        return k * self._block_tokens
 
     def _refresh(self, base: int, block_hashes: Sequence[int], k: int) -> None:
         """Apply a lookup's deferred block stamps (``base``: its first) where no later operation
@@ -184,7 +191,7 @@ class HybridPrefixCache:
     def insert(self, block_hashes: Sequence[int], num_prompt_tokens: int) -> None:
         """Store the full blocks of a prefilled prompt and its checkpoints (tail first, so the
         head ends up most recently used)."""
-        num_full = min(len(block_hashes), num_prompt_tokens // self.sizing.block_tokens)
+        num_full = min(len(block_hashes), num_prompt_tokens // self._block_tokens)
         if self._pending:
             looked_up = self._pending.pop(id(block_hashes), None)
             # This insert restamps (later) the blocks its lookup matched: the lookup's block

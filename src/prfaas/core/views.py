@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Protocol
+from typing import Any, Protocol
 
+from prfaas.core.frozen import writable_twin
 from prfaas.core.ids import LinkId, NodeId, RequestId, SiteId, link_id_for
 from prfaas.core.topology import NodeRole, SiteKind
 
@@ -98,6 +99,77 @@ class LinkState:
         if self.capacity_bytes_per_s <= 0:
             return float("inf") if self.backlog_bytes > 0 else 0.0
         return self.backlog_bytes / self.capacity_bytes_per_s
+
+
+# Fast constructors for the hot paths (``core.frozen``): every field given, in field order; the
+# same object as the class's own ``__init__`` builds, 3-4x cheaper to make.
+_WritableRequestView = writable_twin(RequestView)
+_WritableNodeLoad = writable_twin(NodeLoad)
+_WritableLinkState = writable_twin(LinkState)
+
+
+def new_request_view(
+    request_id: RequestId,
+    num_prompt_tokens: int,
+    cached_tokens_by_site: Mapping[SiteId, int],
+    block_hashes: tuple[int, ...],
+    max_output_tokens: int,
+) -> RequestView:
+    """``RequestView(...)`` with every field, built fast (the simulator: one per request)."""
+    view: Any = object.__new__(_WritableRequestView)
+    view.request_id = request_id
+    view.num_prompt_tokens = num_prompt_tokens
+    view.cached_tokens_by_site = cached_tokens_by_site
+    view.block_hashes = block_hashes
+    view.max_output_tokens = max_output_tokens
+    view.__class__ = RequestView
+    built: RequestView = view  # typed without ``cast`` (a call)
+    return built
+
+
+def new_node_load(
+    node_id: NodeId, site_id: SiteId, role: NodeRole, queue_depth: int, queued_tokens: int,
+    batch_size: int, kv_used_bytes: int, kv_capacity_bytes: int, draining: bool, healthy: bool,
+    sampled_at_s: float,
+) -> NodeLoad:  # fmt: skip
+    """``NodeLoad(...)`` with every field, built fast (the simulator's nodes, when asked)."""
+    load: Any = object.__new__(_WritableNodeLoad)
+    load.node_id = node_id
+    load.site_id = site_id
+    load.role = role
+    load.queue_depth = queue_depth
+    load.queued_tokens = queued_tokens
+    load.batch_size = batch_size
+    load.kv_used_bytes = kv_used_bytes
+    load.kv_capacity_bytes = kv_capacity_bytes
+    load.draining = draining
+    load.healthy = healthy
+    load.sampled_at_s = sampled_at_s
+    load.__class__ = NodeLoad
+    built: NodeLoad = load  # typed without ``cast`` (a call)
+    return built
+
+
+def new_link_state(
+    link_id: LinkId, capacity_bytes_per_s: float, utilisation: float, goodput_bytes_per_s: float,
+    backlog_bytes: int, rtt_s: float, retransmit_rate: float, congested: bool,
+    sampled_at_s: float, capacity_basis: str,
+) -> LinkState:  # fmt: skip
+    """``LinkState(...)`` with every field, built fast (the simulator's links, when asked)."""
+    state: Any = object.__new__(_WritableLinkState)
+    state.link_id = link_id
+    state.capacity_bytes_per_s = capacity_bytes_per_s
+    state.utilisation = utilisation
+    state.goodput_bytes_per_s = goodput_bytes_per_s
+    state.backlog_bytes = backlog_bytes
+    state.rtt_s = rtt_s
+    state.retransmit_rate = retransmit_rate
+    state.congested = congested
+    state.sampled_at_s = sampled_at_s
+    state.capacity_basis = capacity_basis
+    state.__class__ = LinkState
+    built: LinkState = state  # typed without ``cast`` (a call)
+    return built
 
 
 class ClusterView(Protocol):

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from prfaas.perf.curves import PiecewiseLinearCurve, PolynomialCurve
 from prfaas.perf.plumbing import NO_PLUMBING, PlumbingCosts
 from prfaas.perf.profile_read import find_profile
 from prfaas.perf.profiles import DecodeFit, Profile
@@ -43,6 +44,18 @@ class CostModel:
     _decode_cache: dict[int, tuple[float, float]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+    _prefill_curve: PiecewiseLinearCurve | PolynomialCurve | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+    """``profile.prefill``, looked up once (``prefill_s`` runs once per simulated request)."""
+    _prefill_t0: float = field(default=0.0, init=False, repr=False, compare=False)
+    """``T(0)`` of the prefill curve, computed once: a cached prefix's suffix pays it (the same
+    call on the same argument, so the same float; it saved a curve evaluation per cache hit)."""
+
+    def __post_init__(self) -> None:
+        curve = self.profile.prefill if self.profile is not None else None
+        object.__setattr__(self, "_prefill_curve", curve)
+        object.__setattr__(self, "_prefill_t0", curve(0) if curve is not None else 0.0)
 
     @property
     def roofline(self) -> Roofline:
@@ -86,12 +99,13 @@ class CostModel:
             raise ValueError(f"num_new_tokens must be > 0, got {num_new_tokens}")
         if num_cached_tokens < 0:
             raise ValueError(f"num_cached_tokens must be >= 0, got {num_cached_tokens}")
-        curve = self.profile.prefill if self.profile is not None else None
+        curve = self._prefill_curve
         if curve is None:
             return self.roofline.prefill_s(num_new_tokens, num_cached_tokens)
         if num_cached_tokens == 0:
             return curve(num_new_tokens)
-        return curve(num_cached_tokens + num_new_tokens) - curve(num_cached_tokens) + curve(0)
+        t0 = self._prefill_t0
+        return curve(num_cached_tokens + num_new_tokens) - curve(num_cached_tokens) + t0
 
     def batch_prefill_s(self, items: Sequence[tuple[int, int]]) -> float:
         """A batch of (num_new, num_cached) prefills: the sum of their times (compute-bound)."""
@@ -135,13 +149,14 @@ class CostModel:
         """
         if num_steps < 0:
             raise ValueError(f"num_steps must be >= 0, got {num_steps}")
-        fixed_s, per_token_s = self._decode_parts(batch_size)
+        # The memo read inline (a call saved: the simulator asks a few times per request).
+        fixed_s, per_token_s = self._decode_cache.get(batch_size) or self._decode_parts(batch_size)
         growth = batch_size * num_steps * (num_steps - 1) / 2
         return num_steps * fixed_s + per_token_s * (num_steps * context_tokens_start + growth)
 
     def decode_steps_within(self, batch_size: int, context_tokens_start: int, span_s: float) -> int:
         """How many whole steps of a fixed batch fit in ``span_s`` (inverse of decode_span_s)."""
-        fixed_s, per_token_s = self._decode_parts(batch_size)
+        fixed_s, per_token_s = self._decode_cache.get(batch_size) or self._decode_parts(batch_size)
         if span_s <= 0:
             return 0
         if per_token_s == 0.0:

@@ -18,6 +18,11 @@ class PiecewiseLinearCurve:
     points: tuple[tuple[float, float], ...]
     """(tokens, seconds) pairs with strictly increasing tokens; at least two."""
     _xs: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    _segments: tuple[tuple[float, float, float, float], ...] = field(
+        init=False, repr=False, compare=False
+    )
+    """Per segment ``(x0, y0, y1 - y0, x1 - x0)``: the differences ``__call__`` takes, taken
+    once (the same floats, so the same results; the simulator calls it per request)."""
 
     def __post_init__(self) -> None:
         if len(self.points) < 2:
@@ -26,17 +31,25 @@ class PiecewiseLinearCurve:
         if any(b <= a for a, b in itertools.pairwise(xs)):
             raise ValueError(f"curve points must have strictly increasing lengths: {xs}")
         object.__setattr__(self, "_xs", xs)  # the simulator calls this per request: no rebuild
+        segments = tuple(
+            (x0, y0, y1 - y0, x1 - x0) for (x0, y0), (x1, y1) in itertools.pairwise(self.points)
+        )
+        object.__setattr__(self, "_segments", segments)
 
     @classmethod
     def of(cls, points: Sequence[tuple[float, float]]) -> PiecewiseLinearCurve:
         return cls(tuple((float(x), float(y)) for x, y in points))
 
     def __call__(self, tokens: float) -> float:
-        pts = self.points
+        segments = self._segments
         i = bisect.bisect_right(self._xs, tokens) - 1
-        i = min(max(i, 0), len(pts) - 2)  # extend the end segments beyond the measured range
-        (x0, y0), (x1, y1) = pts[i], pts[i + 1]
-        return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
+        # Extend the end segments beyond the measured range.
+        if i < 0:
+            i = 0
+        elif i >= len(segments):
+            i = len(segments) - 1
+        x0, y0, dy, dx = segments[i]
+        return y0 + dy * (tokens - x0) / dx
 
     def describe(self) -> str:
         return "piecewise-linear over " + ", ".join(f"{x:g}:{y:g}s" for x, y in self.points)

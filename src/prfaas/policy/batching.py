@@ -13,7 +13,7 @@ Pure.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from prfaas.core.views import NodeLoad
@@ -37,14 +37,17 @@ class PrefillBatcher:
         if self.token_budget <= 0:
             raise ValueError(f"prefill token budget must be > 0, got {self.token_budget}")
 
-    def next_batch(self, queued_tokens: Sequence[int]) -> PrefillBatch:
-        """``queued_tokens``: uncached tokens of the waiting requests, queue order."""
-        if not queued_tokens:
+    def next_batch(self, queued_tokens: Iterable[int]) -> PrefillBatch:
+        """``queued_tokens``: uncached tokens of the waiting requests, queue order. Read only as
+        far as the batch goes (one past its last request): a driver may pass them lazily."""
+        tokens_of = iter(queued_tokens)
+        first = next(tokens_of, None)
+        if first is None:
             return PrefillBatch(0, 0)
-        total = queued_tokens[0]
+        total = first
         count = 1
         budget = self.token_budget
-        for tokens in queued_tokens[1:]:
+        for tokens in tokens_of:
             if total + tokens > budget:
                 break
             total += tokens

@@ -6,7 +6,9 @@ Drivers (the simulator, the live gateway) act on these; policies never act thems
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from prfaas.core.frozen import writable_twin
 from prfaas.core.ids import NodeId, SiteId
 from prfaas.core.topology import NodeRole
 
@@ -32,6 +34,28 @@ class RouteDecision:
     cache_move: CacheMove | None = None
     rerouted: bool = False
     """True when a bandwidth/queue rule overrode what the static threshold would have chosen."""
+
+
+_WritableRouteDecision = writable_twin(RouteDecision)
+
+
+def new_route_decision(
+    prefill_site: SiteId, prefill_node: NodeId, num_cached_tokens: int, offloaded: bool,
+    reason: str, cache_move: CacheMove | None, rerouted: bool,
+) -> RouteDecision:  # fmt: skip
+    """``RouteDecision(...)`` with every field, built 3-4x faster (``core.frozen``): routers make
+    one per request."""
+    d: Any = object.__new__(_WritableRouteDecision)
+    d.prefill_site = prefill_site
+    d.prefill_node = prefill_node
+    d.num_cached_tokens = num_cached_tokens
+    d.offloaded = offloaded
+    d.reason = reason
+    d.cache_move = cache_move
+    d.rerouted = rerouted
+    d.__class__ = RouteDecision
+    built: RouteDecision = d  # typed without ``cast`` (a call)
+    return built
 
 
 @dataclass(frozen=True, slots=True)

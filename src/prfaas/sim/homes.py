@@ -33,8 +33,10 @@ class HomeSite:
     choose_decode: Callable[[], NodeId | None]
     """``placement.choose(view, this site, now)``, resolved once (``DecodePlacement.chooser``):
     the arrival's hot path."""
-    observe: Callable[[int, int, float], None]
-    """``control.observe``, as one bound call (``ControlPolicy.observer``)."""
+    observe: Callable[[int, int, float], None] | None
+    """``control.observe``, as one bound call (``ControlPolicy.observer``); None when the
+    control policy is off (no tuner, no rebalancer): nothing reads its window then, so the
+    arrival skips feeding it (a call and three list stores per request)."""
 
 
 def build_homes(world: World) -> dict[int, HomeSite]:
@@ -63,6 +65,6 @@ def build_homes(world: World) -> dict[int, HomeSite]:
             view=view,
             control=control,
             choose_decode=placement.chooser(view, ids[h]),
-            observe=control.observer,
+            observe=control.observer if control.active else None,
         )
     return homes

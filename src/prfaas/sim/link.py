@@ -21,7 +21,7 @@ from collections.abc import Callable
 from prfaas.core.congestion import CongestionRule
 from prfaas.core.ids import LinkId
 from prfaas.core.link_estimate import DeliveredRate
-from prfaas.core.views import LinkState
+from prfaas.core.views import LinkState, new_link_state
 
 
 class Flow:
@@ -214,9 +214,9 @@ class SimLink:
         # the backlog); a link with no capacity never drains.
         drain_s = backlog / self.capacity if self.capacity > 0 else math.inf
         congested = self.congestion.congested(util, drain_s)
-        self._state = LinkState(
+        self._state = new_link_state(
             self.link_id, self.capacity, util, goodput, int(backlog), self.rtt_s, 0.0, congested,
-            now,
+            now, "configured",
         )  # fmt: skip
         self._state_version = self.version
         return self._state

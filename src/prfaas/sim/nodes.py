@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 from prfaas.core.ids import NodeId, SiteId
 from prfaas.core.topology import NodeRole
-from prfaas.core.views import NodeLoad
+from prfaas.core.views import NodeLoad, new_node_load
 from prfaas.perf import CostModel
 from prfaas.sim.request import SimRequest
 
@@ -86,7 +86,7 @@ class PrefillNode(NodeBase):
     def load(self, now: float) -> NodeLoad:
         load = self.cached_load
         if load is None:
-            load = self.cached_load = NodeLoad(
+            load = self.cached_load = new_node_load(
                 self.node_id, self.site_id, self.role, len(self.queue), self.queued_tokens,
                 1 if self.busy else 0, 0, 0, self.draining, True, now,
             )  # fmt: skip
@@ -141,7 +141,7 @@ class DecodeNode(NodeBase):
     def load(self, now: float) -> NodeLoad:
         load = self.cached_load
         if load is None:
-            load = self.cached_load = NodeLoad(
+            load = self.cached_load = new_node_load(
                 self.node_id, self.site_id, self.role, len(self.waiting) + self.reserved, 0,
                 len(self.members), self.kv_used, self.kv_capacity, self.draining, True, now,
             )  # fmt: skip
@@ -151,39 +151,55 @@ class DecodeNode(NodeBase):
 SimNode = PrefillNode | DecodeNode
 
 N = TypeVar("N", PrefillNode, DecodeNode)
+_heappush = heapq.heappush  # module-level: no attribute lookup per push (several per request)
+_heappop = heapq.heappop
+_heapreplace = heapq.heapreplace
 
 
 class PoolIndex(Generic[N]):
-    """Least-loaded accepting node of one pool: a heap of (load key, node index, node) with lazy
-    deletion (an entry is stale when its key is no longer the node's key)."""
+    """Least-loaded accepting node of one pool: a heap of (load key, node index, node), kept
+    lazily. ``node.heap_key`` is the node's key as of its last ``touch``; each accepting member
+    has at least one entry at or below it. A load that falls pushes an entry at the new key; one
+    that grows pushes nothing: the node's entry, now too low, is moved down to the node's key
+    when it reaches the top (``best``), and an entry above the key (left behind by a fall) is
+    dropped there. ``best`` returns an entry whose key is the node's, below or equal to every
+    other member's lowest entry and so to its key: the least (key, index), as an eager heap
+    gives. A prefill node's key (``free_at_s``) only grows: its touch never pushes, and a
+    routing decision costs one sift where an eager heap paid a push and a pop of the stale
+    entry.
+    """
 
-    __slots__ = ("_heap", "members")
+    __slots__ = ("_heap", "_max_entries", "members")
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, N]] = []
         self.members: dict[int, N] = {}
+        self._max_entries = 64
+        """Heap entries (live and stale) past which the heap is rebuilt: ``4 x members + 64``,
+        kept with the membership (``touch`` runs a few times per request)."""
 
     def add(self, node: N) -> None:
         self.members[node.index] = node
+        self._max_entries = 4 * len(self.members) + 64
         node.cached_load = None
         key = node.heap_key = node.load_key()
-        heapq.heappush(self._heap, (key, node.index, node))
+        _heappush(self._heap, (key, node.index, node))
 
     def remove(self, node: N) -> None:
         self.members.pop(node.index, None)
+        self._max_entries = 4 * len(self.members) + 64
 
     def touch(self, node: N) -> None:
-        """``node``'s load changed (or may have). A member that is not draining always has an
-        entry with its current key in the heap (``best`` pops only stale ones): an unchanged key
-        needs no new entry."""
+        """``node``'s load changed (or may have). Only a fall pushes an entry (see the class)."""
         node.cached_load = None
         key = node.load_key()
-        if key == node.heap_key:
-            return
+        if key < node.heap_key:
+            heap = self._heap
+            _heappush(heap, (key, node.index, node))
+            if len(heap) > self._max_entries:
+                node.heap_key = key
+                self._rebuild()
         node.heap_key = key
-        heapq.heappush(self._heap, (key, node.index, node))
-        if len(self._heap) > 4 * len(self.members) + 64:
-            self._rebuild()
 
     def _rebuild(self) -> None:
         self._heap = []
@@ -198,9 +214,14 @@ class PoolIndex(Generic[N]):
         members = self.members
         while heap:
             key, index, node = heap[0]
-            if node.heap_key == key and not node.draining and members.get(index) is node:
+            if node.draining or members.get(index) is not node:
+                _heappop(heap)  # takes no work (any more)
+            elif key == node.heap_key:
                 return node
-            heapq.heappop(heap)
+            elif key < node.heap_key:  # the node's load grew since: its entry moves down
+                _heapreplace(heap, (node.heap_key, index, node))
+            else:  # left behind when the load fell (a lower entry exists)
+                _heappop(heap)
         if any(not n.draining for n in members.values()):
             self._rebuild()
             return self.best()

@@ -16,10 +16,12 @@ goes through ``parse_line``. The values, the errors and the line each is raised 
 from __future__ import annotations
 
 import json
+import operator
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -186,19 +188,26 @@ def _chunk_rows(lines: list[str], first_number: int) -> list[TraceRow | tuple[in
         else:
             parts += (ts, num_in, num_out)
             num_hashes.append(0)
-    values = _bulk_values(parts) if parts else None
+    parsed = _bulk_values(parts) if parts else None
+    # A tuple: each line's hash ids are then one slice, not a list slice copied into a tuple.
+    values = tuple(parsed) if parsed is not None else None
     out: list[TraceRow | tuple[int, str]] = []
     i = 0
     for number, (text, n) in enumerate(zip(lines, num_hashes, strict=True), start=first_number):
         if n is None or values is None:
             out.append((number, text))
             continue
+        num_out = values[i + 2]
         out.append(
-            (number, values[i] / 1000.0, values[i + 1], max(1, values[i + 2]),
-             tuple(values[i + 3 : i + 3 + n]))
+            (number, values[i] / 1000.0, values[i + 1], num_out if num_out > 1 else 1,
+             values[i + 3 : i + 3 + n])
         )  # fmt: skip
         i += 3 + n
     return out
+
+
+_arrival_of = operator.itemgetter(1)
+"""A row's second item: its arrival time (a ``TraceRow``), or its text (a line to parse alone)."""
 
 
 def trace_rows(path: str | Path, limit: int | None = None) -> Iterator[TraceRow]:
@@ -217,6 +226,19 @@ def trace_rows(path: str | Path, limit: int | None = None) -> Iterator[TraceRow]
         while lines := fh.readlines(_CHUNK_CHARS):
             rows = _chunk_rows(lines, number)
             number += len(lines)
+            # The usual chunk (every line canonical, in time order, within the limit) is checked
+            # once and passed on whole: the loop below spent ~0.8 us a row on the same checks.
+            times = list(map(_arrival_of, rows))
+            if (
+                2 not in map(len, rows)  # no line left to parse alone
+                and (limit is None or count + len(rows) <= limit)
+                and times[0] >= last_s
+                and all(map(operator.le, times, times[1:]))
+            ):
+                count += len(rows)
+                last_s = times[-1]
+                yield from cast(list[TraceRow], rows)
+                continue
             for row in rows:
                 if limit is not None and count >= limit:
                     return

@@ -135,3 +135,48 @@ def test_two_pd_sites_share_one_prfaas_site() -> None:
     assert s["links"]["prfaas->pd0"]["num_transfers"] > 0
     assert s["links"]["prfaas->pd1"]["num_transfers"] > 0
     assert s["sites"]["pd0"]["requests_prefilled"] + s["sites"]["pd1"]["requests_prefilled"] > 0
+
+
+class _StubNode:
+    """What ``PoolIndex`` reads of a node: its index, key, draining flag and cached load."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.key = 0
+        self.heap_key = 0
+        self.draining = False
+        self.cached_load = None
+
+    def load_key(self) -> int:
+        return self.key
+
+
+@pytest.mark.timeout(30)
+def test_pool_index_lazy_heap_picks_the_least_key_then_index_as_a_scan_does() -> None:
+    """``PoolIndex``, whose heap moves an entry only when a load falls or when a grown one
+    surfaces, answers what a scan of the members answers: the least (key, index) of the
+    accepting members, ties included (small integer keys, as decode loads are)."""
+    import random
+
+    from prfaas.sim.nodes import PoolIndex
+
+    rng = random.Random(7)
+    for _ in range(40):
+        pool: PoolIndex = PoolIndex()  # type: ignore[type-arg]
+        nodes = [_StubNode(i) for i in range(rng.randint(1, 9))]
+        for n in nodes:
+            n.key = rng.randint(0, 3)
+            pool.add(n)  # type: ignore[arg-type]
+        for _ in range(400):
+            n = rng.choice(nodes)
+            action = rng.random()
+            if action < 0.03 and n.index in pool.members:
+                n.draining = True  # the simulator drains, then removes once idle
+            elif action < 0.05 and n.draining:
+                pool.remove(n)  # type: ignore[arg-type]
+            else:
+                n.key = max(0, n.key + rng.choice((-2, -1, 1, 1, 2, 3)))
+                pool.touch(n)  # type: ignore[arg-type]
+            accepting = [m for m in nodes if not m.draining and pool.members.get(m.index) is m]
+            want = min(accepting, key=lambda m: (m.key, m.index)) if accepting else None
+            assert pool.best() is want

@@ -188,3 +188,25 @@ def test_chunked_reader_fails_where_json_fails(tmp_path: Path, hashes: str) -> N
         next(rows)
     # A limit that ends before the bad line never reads it.
     assert len(list(trace_rows(p, limit=5))) == 5
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("chunk_chars", [100, 1 << 18])
+def test_chunked_reader_order_and_limit_checks_per_chunk(
+    tmp_path: Path, chunk_chars: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Canonical chunks pass whole once checked: a timestamp going backwards (inside a chunk or
+    across two) still raises at its own line after the rows before it, and a limit still ends
+    the rows where it falls."""
+    import prfaas.workload.mooncake as mooncake
+
+    monkeypatch.setattr(mooncake, "_CHUNK_CHARS", chunk_chars)
+    line = '{{"timestamp": {}, "input_length": 600, "output_length": 2, "hash_ids": [1, 2]}}\n'
+    p = tmp_path / "t.jsonl"
+    p.write_text("".join(line.format(ts) for ts in (0, 10, 10, 20, 30, 25, 40)))
+    seen: list[float] = []
+    with pytest.raises(TraceError, match=":6: timestamp goes backwards"):
+        seen.extend(row[1] for row in trace_rows(p))
+    assert seen == [0.0, 0.01, 0.01, 0.02, 0.03]
+    for limit in range(6):
+        assert [row[0] for row in trace_rows(p, limit=limit)] == list(range(1, limit + 1))
