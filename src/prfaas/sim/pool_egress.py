@@ -57,6 +57,9 @@ class PoolEgress:
         self._window = window
         self.sent_in_window: dict[str, float] = {t: 0.0 for t in weights}
         self.sent_total = 0.0
+        self._by_tenant: dict[str, list[EgressFlow]] = {}
+        """``flows`` by tenant, in order, as the last ``_rerate`` grouped them (every change of
+        ``flows`` rerates)."""
 
     def advance(self, now: float) -> None:
         dt = now - self.now
@@ -103,11 +106,26 @@ class PoolEgress:
             per[f.tenant] += max(0.0, f.produced(self.now) - f.sent)
         return sum(per.values()), per
 
+    def backlog_of(self, tenant: str) -> float:
+        """``backlog()``'s figure for one tenant (the same sum, in the same order): what a
+        tenant's view of its link reads per routing, without the others' flows' sums."""
+        b = 0.0
+        now = self.now
+        for f in self._by_tenant.get(tenant, ()):
+            if now >= f.produced_by_s:  # ``EgressFlow.produced``, inlined: once a routing
+                produced = f.kv_bytes
+            else:
+                span = max(f.produced_by_s - f.start_s, 1e-12)
+                produced = f.kv_bytes * max(0.0, now - f.start_s) / span
+            b += max(0.0, produced - f.sent)
+        return b
+
     def _rerate(self) -> None:
         now = self.now
         by_tenant: dict[str, list[EgressFlow]] = {}
         for f in self.flows:
             by_tenant.setdefault(f.tenant, []).append(f)
+        self._by_tenant = by_tenant
         demands = {
             t: min(self.links[t], sum(f.cap(now) for f in fs)) for t, fs in by_tenant.items()
         }
