@@ -106,19 +106,12 @@ class PoolEgress:
             per[f.tenant] += max(0.0, f.produced(self.now) - f.sent)
         return sum(per.values()), per
 
-    def backlog_of(self, tenant: str) -> float:
-        """``backlog()``'s figure for one tenant (the same sum, in the same order): what a
-        tenant's view of its link reads per routing, without the others' flows' sums."""
-        b = 0.0
-        now = self.now
-        for f in self._by_tenant.get(tenant, ()):
-            if now >= f.produced_by_s:  # ``EgressFlow.produced``, inlined: once a routing
-                produced = f.kv_bytes
-            else:
-                span = max(f.produced_by_s - f.start_s, 1e-12)
-                produced = f.kv_bytes * max(0.0, now - f.start_s) / span
-            b += max(0.0, produced - f.sent)
-        return b
+    def in_flight_bytes(self, tenant: str) -> float:
+        """The KV of ``tenant``'s flows, each counted whole from its prefill's start until its
+        last byte is sent: what the live front door says as the tenant's link backlog (its placed
+        prefills' whole KV until their nodes' outcomes), and what a two-site link counts (a
+        transfer whole from its first layer). A tenant's router reads it (``sim/pool_view.py``)."""
+        return sum(f.kv_bytes for f in self._by_tenant.get(tenant, ()))
 
     def _rerate(self) -> None:
         now = self.now

@@ -16,10 +16,13 @@ asks for it):
   (``NodeRegistry.track``: the pool node's queue and tokens live are these, not the feedback's);
   its work left is those tokens at the router's local per-token estimate, as a live router prices
   a view without ``work_left_s``.
-- **the ``pool -> home`` link**: ``policy.pool_link_state`` of the tenant's egress backlog (its
-  KV produced at the pool and not yet sent, ``PoolEgress.backlog_of``; the admission's
-  ``link_backlog_s`` in bytes) at its link's rate, the conversion the live registry makes of the
-  feedback: goodput and utilisation 0, congested by the backlog's drain time.
+- **the ``pool -> home`` link**: ``policy.pool_link_state`` of the tenant's KV in flight (each
+  of its prefills' whole KV from its start at a pool node until its last byte is sent,
+  ``PoolEgress.in_flight_bytes``: what the live front door's feedback says as
+  ``link_backlog_s``, the placed prefills' whole KV until their outcomes) at its link's rate,
+  the conversion the live registry makes of the feedback: goodput and utilisation 0, congested
+  by the backlog's drain time. Not the simulated admission's ``link_backlog_s`` (KV produced
+  and not yet sent, what the simulated tuner reads): the live door does not say that figure.
 
 A ``NodeLoad`` or ``LinkState`` is built again only when its figures changed (its
 ``sampled_at_s`` is when it was built, as a live row's is its last report's): the router reads
@@ -112,9 +115,9 @@ class PoolTenantView:
         if src_site != self.pool or dst_site != self.home:
             return None
         rate = self._rate
-        # The admission's ``link_backlog_s`` (backlog over the link's rate), as the feedback
-        # says it, back to bytes by the registry's conversion.
-        backlog_s = self._egress.backlog_of(self._tenant) / rate
+        # The live feedback's ``link_backlog_s`` (the placed prefills' whole KV over the link's
+        # rate), back to bytes by the registry's conversion.
+        backlog_s = self._egress.in_flight_bytes(self._tenant) / rate
         cached = self._link
         if cached is not None and backlog_s == self._link_backlog_s:
             return cached  # unchanged (an idle link, mostly): the state built when it was read
