@@ -8,6 +8,7 @@ offloads it while the link is idle; a keep for the link is counted by reason."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,10 +19,12 @@ from prfaas.core import MutableClusterView, RequestId, RequestView, SiteId, Site
 from prfaas.core.ids import link_id_for
 from prfaas.core.views import LinkState
 from prfaas.policy import make_router
+from prfaas.policy.pool_tenant_route import GateReading, pool_link_state, route_pool_tenant
 from prfaas.pool.client import Feedback, LinkFeedback, LinkReadingFeedback
 from prfaas.pool.feedback_link import pool_node_rows
 from prfaas.pool.tenant import POOL_NODE, POOL_SITE, TenantPoolLink, with_pool_site
 from prfaas.pool.tenant_router import TenantRouter
+from prfaas.pool.tenant_tuner import home_prefill, per_token_s
 from prfaas.scenarios import deployment_cost_models
 from prfaas.serve.gateway.registry import NodeRegistry
 from prfaas.serve.node.messages import NodeEndpoint, Registration
@@ -134,3 +137,54 @@ def test_rows_without_a_reading_or_feedback() -> None:
     report, links = pool_node_rows(unestimated, **kw)  # type: ignore[arg-type]
     # Not counted as the senders' bytes by the registry: the larger figure is the node's own.
     assert [lk.basis for lk in links] == [""] and report.egress_backlog_bytes == 10**10 // 1000
+
+
+def test_the_pure_route_is_the_live_routers_decision(
+    tenant: tuple[TenantPoolLink, TenantRouter, CollectorRegistry],
+) -> None:
+    """``policy.route_pool_tenant`` (what the pool simulator routes with) decides as the live
+    ``TenantRouter`` on the same view and feedback, gate included; and ``pool_link_state`` (the
+    simulator's link) is the registry's reading of the same feedback."""
+    link, _, _ = tenant
+    d = link.deployment
+    remote, local = deployment_cost_models(d)
+    assert local is not None
+    home, pool = SiteId("pd-a"), SiteId(POOL_SITE)
+    pool_sites = [pool]
+    live = TenantRouter(
+        make_router(d.policy.router, home, pool_sites, remote=remote, local=local),
+        home, lambda: link.feedback, CollectorRegistry(), 4.0, local,
+    )  # fmt: skip
+    inner = make_router(d.policy.router, home, pool_sites, remote=remote, local=local)
+    view = link.registry.view
+    told = LINK_GBPS * 1e9 / 8
+    kinds: set[tuple[bool, str | None]] = set()
+    for backlog_s, basis in ((0.0, "measured"), (0.5, "configured"), (2.0, "measured"),
+                             (30.0, "configured")):  # fmt: skip
+        for queueing_s in (0.0, 10.0):
+            fb = replace(_feedback(backlog_s, basis=basis), expected_queueing_s=queueing_s)
+            link.feedback = fb
+            link._node_alive(time.monotonic())
+
+            def gate(fb: Feedback = fb) -> GateReading:
+                num_local, backlog = home_prefill(view, home, per_token_s(local))
+                return GateReading(fb.expected_queueing_s, backlog, num_local)
+
+            for n in (1000, LONG_PROMPT):
+                request = RequestView(RequestId("r"), n)
+                pure = route_pool_tenant(inner, request, view, 0.0, home, 4.0, gate)
+                assert live.route(request, view, 0.0) == pure.decision
+                kinds.add((pure.decision.offloaded, pure.kept))
+            state = _pool_link(link)
+            measured = basis == "measured"
+            mine = pool_link_state(
+                state.link_id, told, backlog_s, state.sampled_at_s,
+                capacity_bytes_per_s=80e9 / 8 if measured else None, capacity_basis=basis,
+                rtt_s=0.01,
+            )  # fmt: skip
+            assert replace(state, backlog_bytes=0) == replace(mine, backlog_bytes=0)
+            # The registry counts the node's unsent bytes in payload bytes (its divisor).
+            divisor = d.engine.real_bytes_per_payload_byte
+            assert abs(state.backlog_bytes - mine.backlog_bytes) <= divisor
+    # Offloaded, kept for the link, kept for the pool's queueing, short ones home: all seen.
+    assert {(True, None), (False, "link"), (False, "expected_queueing"), (False, None)} <= kinds

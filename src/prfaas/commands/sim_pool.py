@@ -4,7 +4,9 @@ very files ``prfaas up`` runs (``docs/pool.md``).
 Each tenant file gives the tenant's arrivals and lengths (``workload:``), its local prefill nodes
 and their hardware (its PD site), its model, its own link and TTFT target and tuner (``pool:``);
 the pool file gives the groups (model, hardware, nodes), the egress and the tenants' weights,
-floors and caps. The plumbing terms charged (``sim.pool_sim``): a tenant's processes by its
+floors and caps. Each tenant routes with its file's ``policy.router`` and the cost models the
+live gateway gives it (``scenarios.deployment_cost_models`` of the tenant with its pool site).
+The plumbing terms charged (``sim.pool_sim``): a tenant's processes by its
 file's ``simulation.plumbing``, the pool's nodes by the pool file's (no section: all on).
 ``build_pool_scenario`` is also what ``bench/pool_coordination.py`` runs.
 Bad input: one line naming the file and field, exit 2.
@@ -19,7 +21,9 @@ from typing import Any
 
 from prfaas.errors import UsageError
 from prfaas.perf import ProfileFileError, cost_model_for_hardware
+from prfaas.pool.site import with_pool_site
 from prfaas.pool_file import load_pool, load_tenant, pool_shape
+from prfaas.scenarios import deployment_cost_models
 from prfaas.sim.pool_scenario import PoolSimGroup, PoolSimScenario, PoolSimTenant, TunerKind
 from prfaas.workload import ArrivalSpec, FixedLengths, TruncatedLogNormal
 
@@ -71,6 +75,9 @@ def build_pool_scenario(
             else TruncatedLogNormal(ln.mu, ln.sigma, ln.min_tokens, ln.max_tokens)
         )
         home = cfg.home_site
+        # The router's cost models as the live gateway gets them: the tenant with the pool as
+        # its PrfaaS site (``with_pool_site``: an H200 of its model).
+        remote, local = deployment_cost_models(with_pool_site(cfg))
         num_prefill = sum(1 for n in home.nodes if n.role == "prefill")
         try:
             local_cost = cost_model_for_hardware(cfg.engine.model, home.hardware)
@@ -96,6 +103,10 @@ def build_pool_scenario(
                 seed=wl.seed,
                 trace=trace,
                 plumbing_off=cfg.simulation.plumbing.off(),
+                home_site=home.name,
+                router=cfg.policy.router,
+                router_remote=remote,
+                router_local=local,
             )
         )
     if warmup >= longest:

@@ -41,13 +41,14 @@ from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, Counter
 
-from prfaas.config import DeploymentConfig, NodeConfig, SiteConfig
+from prfaas.config import DeploymentConfig
 from prfaas.core.ids import SiteId, link_id_for
-from prfaas.core.link_config import LinkConfig
 from prfaas.engine.fingerprint import engine_fingerprint
 from prfaas.policy.pool_session import PoolSession
+from prfaas.policy.pool_tenant_route import POOL_NODE, POOL_SITE
 from prfaas.pool.client import Feedback, PoolClient, PoolUnreachable, Refusal, pool_verify
 from prfaas.pool.feedback_link import pool_node_rows
+from prfaas.pool.site import POOL_SITE_HARDWARE, with_pool_site
 from prfaas.pool_file import resolve_key
 from prfaas.serve.gateway.node_client import NodeCallFailed, NodeClient
 from prfaas.serve.gateway.registry import NodeRegistry
@@ -63,33 +64,15 @@ from prfaas.serve.node.messages import (
     unpack_tokens,
 )
 
-POOL_SITE = "pool"
-POOL_NODE = "pool"
 POOL_PROCESS = "pool-front-door"
-POOL_SITE_HARDWARE = "h200"
-"""The tenant file does not say the pool's hardware: its router's remote cost model assumes an
-H200 node (the example pool's groups)."""
 OUTCOME_POLL_S = 0.2
 """How often a submitted prefill's outcome is asked for: its KV goes straight to the decode node,
 so this paces only the booking of its answer (and the load on the front door)."""
 log = logging.getLogger("prfaas.gateway")
-
-
-def with_pool_site(d: DeploymentConfig) -> DeploymentConfig:
-    """The tenant's deployment as its gateway sees it: the pool as a PrfaaS site of one node,
-    linked to the home site by the tenant's own link (not validated again: a tenant file has no
-    PrfaaS site of its own, which this adds)."""
-    assert d.pool is not None
-    site = SiteConfig(
-        name=POOL_SITE,
-        kind="prfaas",
-        hardware=POOL_SITE_HARDWARE,
-        nodes=[NodeConfig(name=POOL_NODE, role="prefill")],
-    )
-    link = LinkConfig(
-        src=POOL_SITE, dst=d.home_site.name, gbps=d.pool.link.gbps, rtt_ms=d.pool.link.rtt_ms
-    )
-    return d.model_copy(update={"sites": [*d.sites, site], "links": [*d.links, link]})
+__all__ = [
+    "POOL_NODE", "POOL_SITE", "POOL_SITE_HARDWARE", "PoolNodeClient", "TenantPoolLink",
+    "tenant_fingerprint", "with_pool_site",
+]  # fmt: skip
 
 
 class TenantPoolLink:

@@ -14,6 +14,10 @@ site's link. What it adds:
   offload stays home when ``policy.keeps_local`` says so (the pool's expected queueing for the
   tenant, from the latest feedback, over ``pool.ttft_target_s`` and the home queue shorter: the
   pool simulator's gate), counted ``reason="expected_queueing"``.
+
+The decision itself is ``policy.pool_tenant_route.route_pool_tenant``, the function the pool
+simulator routes each tenant's requests with (the same file's router over its own view); this
+class adds the feedback it reads and the counter.
 """
 
 from __future__ import annotations
@@ -22,21 +26,19 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter
 
-from prfaas.core import ClusterView, NodeRole, RequestView, SiteId
+from prfaas.core import ClusterView, RequestView, SiteId
 from prfaas.perf import CostModel
 from prfaas.policy import Router
 from prfaas.policy.decisions import RouteDecision
-from prfaas.policy.placement import least_loaded
-from prfaas.policy.pool_coordination import keeps_local
+from prfaas.policy.pool_tenant_route import (
+    GateReading,
+    kept_home_for_the_link,
+    route_pool_tenant,
+)
 from prfaas.pool.client import Feedback
 from prfaas.pool.tenant_tuner import home_prefill, per_token_s
 
-
-def kept_home_for_the_link(decision: RouteDecision) -> bool:
-    """Whether the file's router kept a request home because of its link: ``policy.router``'s
-    ``prfaas`` router marks only that decision local, ``rerouted`` and without a cache move (its
-    other ``rerouted`` local decision moves the PrfaaS site's cache home)."""
-    return not decision.offloaded and decision.rerouted and decision.cache_move is None
+__all__ = ["TenantRouter", "kept_home_for_the_link"]
 
 
 class TenantRouter:
@@ -70,26 +72,20 @@ class TenantRouter:
         )  # fmt: skip
 
     def route(self, request: RequestView, cluster: ClusterView, now: float) -> RouteDecision:
-        decision = self.inner.route(request, cluster, now)
-        if not decision.offloaded:
-            if kept_home_for_the_link(decision):
-                self.kept_local.labels(reason="link").inc()
-            return decision
-        if self.ttft_target_s is None or self.per_token_s is None:
-            return decision
+        gated = self.ttft_target_s is not None and self.per_token_s is not None
+        route = route_pool_tenant(
+            self.inner, request, cluster, now, self.home, self.ttft_target_s,
+            (lambda: self._gate(cluster)) if gated else None,
+        )  # fmt: skip
+        if route.kept is not None:
+            self.kept_local.labels(reason=route.kept).inc()
+        return route.decision
+
+    def _gate(self, cluster: ClusterView) -> GateReading | None:
+        """The gate's inputs: the latest feedback's expected queueing, and the home prefill
+        work the registry tracks (None: no feedback yet)."""
         fb = self._feedback()
-        if fb is None:
-            return decision
+        if fb is None or self.per_token_s is None:
+            return None
         num_local, backlog_s = home_prefill(cluster, self.home, self.per_token_s)
-        if not keeps_local(fb.expected_queueing_s, self.ttft_target_s, backlog_s, num_local):
-            return decision
-        load = least_loaded(cluster, self.home, NodeRole.PREFILL)
-        if load is None:
-            return decision
-        self.kept_local.labels(reason="expected_queueing").inc()
-        reason = (
-            f"kept local: the pool's expected queueing {fb.expected_queueing_s:.2f} s > target "
-            f"{self.ttft_target_s:g} s"
-        )
-        cached = request.cached_tokens_at(self.home)
-        return RouteDecision(load.site_id, load.node_id, cached, False, reason, None, True)
+        return GateReading(fb.expected_queueing_s, backlog_s, num_local)

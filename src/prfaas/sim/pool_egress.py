@@ -57,6 +57,9 @@ class PoolEgress:
         self._window = window
         self.sent_in_window: dict[str, float] = {t: 0.0 for t in weights}
         self.sent_total = 0.0
+        self._by_tenant: dict[str, list[EgressFlow]] = {}
+        """``flows`` by tenant, in order, as the last ``_rerate`` grouped them (every change of
+        ``flows`` rerates)."""
 
     def advance(self, now: float) -> None:
         dt = now - self.now
@@ -103,11 +106,19 @@ class PoolEgress:
             per[f.tenant] += max(0.0, f.produced(self.now) - f.sent)
         return sum(per.values()), per
 
+    def in_flight_bytes(self, tenant: str) -> float:
+        """The KV of ``tenant``'s flows, each counted whole from its prefill's start until its
+        last byte is sent: what the live front door says as the tenant's link backlog (its placed
+        prefills' whole KV until their nodes' outcomes), and what a two-site link counts (a
+        transfer whole from its first layer). A tenant's router reads it (``sim/pool_view.py``)."""
+        return sum(f.kv_bytes for f in self._by_tenant.get(tenant, ()))
+
     def _rerate(self) -> None:
         now = self.now
         by_tenant: dict[str, list[EgressFlow]] = {}
         for f in self.flows:
             by_tenant.setdefault(f.tenant, []).append(f)
+        self._by_tenant = by_tenant
         demands = {
             t: min(self.links[t], sum(f.cap(now) for f in fs)) for t, fs in by_tenant.items()
         }

@@ -1,6 +1,7 @@
 """The pool simulator's JSON: the pool (per group and egress utilisation over the measurement
-window) and a ``tenants`` object, one entry per tenant (counts, refusals by reason, TTFT, its
-shares of each group's compute and of the egress, its dominant share, its thresholds).
+window) and a ``tenants`` object, one entry per tenant (counts, keeps by reason, refusals by
+reason, TTFT, its shares of each group's compute and of the egress, its dominant share, its
+thresholds).
 Schema ``prfaas.sim.pool/1`` (``docs/pool.md``). Pure.
 """
 
@@ -57,6 +58,11 @@ def pool_summary(sim: PoolSimulator) -> dict[str, Any]:
                 "offloaded": run.num_offloaded,
                 "local": run.num_local,
                 "kept_local_by_feedback": run.num_kept_local_by_feedback,
+                # By reason, as live (``prfaas_pool_kept_local_total{reason}``).
+                "kept_local": {
+                    "link": run.num_kept_local_for_link,
+                    "expected_queueing": run.num_kept_local_by_feedback,
+                },
                 "refused": dict(sorted(run.refused.items())),
                 "fallbacks": dict(sorted(run.session.fallbacks.items())),
             },

@@ -18,6 +18,8 @@ from prfaas.perf import CostModel
 from prfaas.perf.plumbing import PLUMBING_TERMS
 from prfaas.policy.pool_coordination import TUNE_MIN_SAMPLES, TUNE_PERIOD_S, TUNE_WINDOW_SIZE
 from prfaas.policy.pool_shares import PoolShape
+from prfaas.policy.pool_tenant_route import POOL_SITE
+from prfaas.policy.router import ROUTER_NAMES
 from prfaas.workload import ArrivalSpec
 
 TunerKind = Literal["coordinated", "uncoordinated", "fixed"]
@@ -73,9 +75,27 @@ class PoolSimTenant:
     Every prompt token counts as uncached (the pool simulator has no prefix cache)."""
     plumbing_off: tuple[str, ...] = ()
     """Plumbing terms the tenant's local prefill nodes and gateway are not charged."""
+    home_site: str = "home"
+    """The tenant's PD site's name (its view's home site; not ``policy.POOL_SITE``)."""
+    router: str = "threshold"
+    """The tenant file's ``policy.router``: ``policy.make_router`` builds it, as the live gateway
+    does, and it routes each request over the tenant's view (``sim/pool_view.py``)."""
+    router_remote: CostModel | None = None
+    router_local: CostModel | None = None
+    """The router's cost models, as the live gateway gives them (the tenant file with its pool
+    site: ``scenarios.deployment_cost_models``): both or neither."""
 
     def __post_init__(self) -> None:
         _known_terms(f"tenant {self.name}", self.plumbing_off)
+        if self.router not in ROUTER_NAMES:
+            raise ValueError(
+                f"tenant {self.name}: unknown router {self.router!r} "
+                f"(known: {', '.join(ROUTER_NAMES)})"
+            )
+        if self.home_site == POOL_SITE:
+            raise ValueError(f"tenant {self.name}: home site {POOL_SITE!r} is the pool's name")
+        if (self.router_remote is None) != (self.router_local is None):
+            raise ValueError(f"tenant {self.name}: the router's cost models: both or neither")
         if self.num_local_prefill < 0:
             raise ValueError(f"tenant {self.name}: num_local_prefill must be >= 0")
         if not self.link_bytes_per_s > 0:

@@ -4,12 +4,16 @@ nodes, link, model, arrivals and threshold tuner; admission, queueing and fair s
 ``policy.choose_threshold`` over the pool's ``PoolFeedback``.
 
 What it models (``docs/pool.md``): per tenant, arrivals and prompt lengths (all uncached: no
-prefix cache here), a router that offloads when the length is over the tenant's ``t`` (and, for
-coordinated tenants, keeps a request local when the pool's expected queueing is over its TTFT
-target and the local queue is shorter), a refused submit prefilled locally, local prefill nodes
-(FIFO, the tenant's profile); at the pool, each group's nodes (the group's profile) and the egress
-fluid (``sim/pool_egress.py``). TTFT ends when the prefill is done locally, or when the last KV
-byte has reached the tenant (plus the link's RTT: the submit's and the KV's one-way delays).
+prefix cache here), its router: the tenant file's (``policy.make_router``, the live gateway's
+object and arguments) over the tenant's view (``sim/pool_view.py``: its local nodes, the pool as
+one PrfaaS prefill node, its link to the pool from the egress fluid), wrapped as live by
+``policy.route_pool_tenant`` (keeps for the link counted; for coordinated tenants, a request kept
+local when the pool's expected queueing is over its TTFT target and the local queue is shorter;
+``threshold`` offloads when the length is over the tenant's ``t``), a refused submit prefilled
+locally, local prefill nodes (FIFO, the tenant's profile); at the pool, each group's nodes (the
+group's profile) and the egress fluid (``sim/pool_egress.py``). TTFT ends when the prefill is
+done locally, or when the last KV byte has reached the tenant (plus the link's RTT: the submit's
+and the KV's one-way delays).
 Front door outages (``PoolSimScenario.front_door_outages``) lose its queue and change its epoch;
 each tenant's ``policy.PoolSession`` sends what it had pending local; a lost pool node
 (``pool_node_failures``) fails its prefill to the tenant, which prefills it locally. Decode is
@@ -38,14 +42,19 @@ give the same run. Pure: no I/O, no clock.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
 import random
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
+from prfaas.core.ids import RequestId, SiteId
+from prfaas.core.views import new_request_view
 from prfaas.policy.pool_admission import (
     Accepted,
     EgressState,
@@ -53,18 +62,28 @@ from prfaas.policy.pool_admission import (
     PrefillJob,
     prefill_node_s,
 )
-from prfaas.policy.pool_coordination import NOTHING_SAID, PoolSaid, keeps_local
+from prfaas.policy.pool_coordination import NOTHING_SAID, PoolSaid
 from prfaas.policy.pool_session import Fallback, PoolSession
+from prfaas.policy.pool_tenant_route import (
+    KEPT_FOR_LINK,
+    KEPT_FOR_QUEUEING,
+    POOL_SITE,
+    GateReading,
+    route_pool_tenant,
+)
+from prfaas.policy.router import Router, make_router
 from prfaas.policy.window import LengthWindow
 from prfaas.sim.kv_bytes import KvBytes
 from prfaas.sim.plumbing import GatewayCpu, charged_cost_model
 from prfaas.sim.pool_egress import EgressFlow, PoolEgress
 from prfaas.sim.pool_scenario import PoolSimScenario, PoolSimTenant
 from prfaas.sim.pool_tuning import first_sample, tenant_threshold
+from prfaas.sim.pool_view import PoolTenantView
 from prfaas.workload import arrival_times
 
 _DONE, _ARRIVAL, _TUNE, _BEAT = 0, 1, 2, 3  # priorities at equal times: completions first
 _TIMERS = (_TUNE, _BEAT)  # periodic: they keep nothing alive
+_NO_CACHE: MappingProxyType[SiteId, int] = MappingProxyType({})  # no prefix cache modelled
 
 
 @dataclass(slots=True)
@@ -95,6 +114,8 @@ class TenantRun:
     num_offloaded: int = 0
     num_local: int = 0
     num_kept_local_by_feedback: int = 0
+    num_kept_local_for_link: int = 0
+    """Requests the file's router kept home for the tenant's link (live: ``reason="link"``)."""
     refused: dict[str, int] = field(default_factory=dict)
     session: PoolSession = field(default_factory=lambda: PoolSession(3.0))
     ttft_s: list[float] = field(default_factory=list)
@@ -106,6 +127,14 @@ class TenantRun:
     """The local prefill nodes' fixed CPU per request (``sim.plumbing``), charged on each."""
     gateway: GatewayCpu | None = None
     """The tenant's gateway CPU (None: no gateway term charged): routes its arrivals in order."""
+    router: Router | None = None
+    """The tenant file's router (``policy.make_router``, as the live gateway builds it)."""
+    view: PoolTenantView | None = None
+    gate: Callable[[], GateReading | None] | None = None
+    """The coordinated gate's inputs (None: not coordinated)."""
+    pool_in_flight: int = 0
+    pool_in_flight_tokens: int = 0
+    """Offloads accepted whose KV has not arrived (the live registry's tracked pool work)."""
 
 
 class PoolSimulator:
@@ -153,6 +182,7 @@ class PoolSimulator:
                 span = max(0.0, stop - t.start_s)
                 run.arrivals = (t.start_s + a for a in arrival_times(t.arrival, span, run.rng))
             run.compute_s_in_window = {g.name: 0.0 for g in sc.groups}
+            self._routing(run)
             run.threshold_tokens = self._first_threshold(run)
             self.tenants[t.name] = run
             self._next_arrival(run)
@@ -166,6 +196,19 @@ class PoolSimulator:
             self._push(at_s, _DONE, lambda d=down_s: self._door_dies(d))
         for at_s, group, down_s in sc.pool_node_failures:
             self._push(at_s, _DONE, lambda g=group, d=down_s: self._node_lost(g, d))
+
+    def _routing(self, run: TenantRun) -> None:
+        """The tenant's router as the live gateway builds it (its file's ``policy.router``, the
+        pool as its one PrfaaS site, its cost models), its view, and its gate."""
+        spec = run.spec
+        home = SiteId(spec.home_site)
+        run.router = make_router(
+            spec.router, home, (SiteId(POOL_SITE),),
+            remote=spec.router_remote, local=spec.router_local,
+        )  # fmt: skip
+        run.view = PoolTenantView(run, self.egress, self)
+        if spec.tuner == "coordinated":
+            run.gate = functools.partial(self._gate_reading, run)
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -221,7 +264,7 @@ class PoolSimulator:
         req = _Req(spec.name, f"{spec.name}-{run.num_arrived}", arrival_s, n)
         run.window.observe(n, 1, self.now)
         self._next_arrival(run)
-        if n > run.threshold_tokens and not self._keep_local(run, n):
+        if self._routes_to_pool(run, req):
             if not self._door_up:
                 run.session.unreachable(req.request_id)
                 req.fell_back = True
@@ -241,6 +284,8 @@ class PoolSimulator:
             if isinstance(decision, Accepted):
                 req.offloaded = True
                 run.num_offloaded += 1
+                run.pool_in_flight += 1
+                run.pool_in_flight_tokens += n
                 self._pending[(spec.name, req.request_id)] = req
                 run.session.submitted(req.request_id, self.now)
                 self._dispatch(group.name)
@@ -249,20 +294,28 @@ class PoolSimulator:
             run.session.refused(req.request_id, decision.reason)
         self._local(run, req)
 
-    def _keep_local(self, run: TenantRun, n: int) -> bool:
-        # A coordinated tenant's router reads the pool's expected queueing for it: over the TTFT
-        # target, and the local queue shorter, the request stays home (``policy.keeps_local``,
-        # the live tenant's gate too: ``pool.tenant_tuner.CoordinatedRouter``).
-        if run.spec.tuner != "coordinated":
-            return False
-        fb = self.admission.feedback(run.spec.name, self.now)
+    def _routes_to_pool(self, run: TenantRun, req: _Req) -> bool:
+        """Whether the tenant's router offloads ``req``: the file's router over the tenant's
+        view, then, coordinated, the gate (``policy.route_pool_tenant``, the live tenant
+        router's decision too); its keeps counted by reason."""
+        assert run.router is not None and run.view is not None
         spec = run.spec
-        if keeps_local(
-            fb.expected_queueing_s, spec.ttft_target_s, run.local_work_s, spec.num_local_prefill
-        ):
+        request = new_request_view(RequestId(req.request_id), req.num_tokens, _NO_CACHE, (), 1)
+        route = route_pool_tenant(
+            run.router, request, run.view, self.now, run.view.home,
+            spec.ttft_target_s if run.gate is not None else None, run.gate,
+        )  # fmt: skip
+        if route.kept == KEPT_FOR_QUEUEING:
             run.num_kept_local_by_feedback += 1
-            return True
-        return False
+        elif route.kept == KEPT_FOR_LINK:
+            run.num_kept_local_for_link += 1
+        return route.decision.offloaded
+
+    def _gate_reading(self, run: TenantRun) -> GateReading:
+        # The pool's expected queueing for the tenant at this instant (live: the latest
+        # feedback), and its own local backlog (each queued or running request's T_local).
+        fb = self.admission.feedback(run.spec.name, self.now)
+        return GateReading(fb.expected_queueing_s, run.local_work_s, run.spec.num_local_prefill)
 
     # -- local prefill -------------------------------------------------------------------------
     def _local(self, run: TenantRun, req: _Req) -> None:
@@ -332,6 +385,7 @@ class PoolSimulator:
             req = f.key
             assert isinstance(req, _Req)
             run = self.tenants[req.tenant]
+            self._left_pool(run, req)
             self._finish(run, req, self.now + run.spec.rtt_s)
         if finished:
             self._dispatch_all()  # the egress has room again
@@ -339,6 +393,11 @@ class PoolSimulator:
         if wake < math.inf and wake != self._egress_wake:
             self._egress_wake = wake
             self._push(wake, _DONE, self._noop)
+
+    def _left_pool(self, run: TenantRun, req: _Req) -> None:
+        """An offload no longer at the pool (its KV arrived, or it fell back home)."""
+        run.pool_in_flight -= 1
+        run.pool_in_flight_tokens -= req.num_tokens
 
     def _noop(self) -> None:
         self._egress_wake = math.inf
@@ -377,6 +436,7 @@ class PoolSimulator:
             req = flow.key
             assert isinstance(req, _Req)
             run.session.failed(req.request_id, "node_lost")
+            self._left_pool(run, req)
             req.fell_back = True
             self._local(run, req)
         else:
@@ -399,6 +459,7 @@ class PoolSimulator:
         for fb in fallbacks:
             req = self._pending.pop((run.spec.name, fb.request_id), None)
             if req is not None:
+                self._left_pool(run, req)
                 req.fell_back = True
                 self._local(run, req)
 
