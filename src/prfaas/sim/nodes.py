@@ -13,16 +13,13 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from prfaas.core.ids import NodeId, SiteId
 from prfaas.core.topology import NodeRole
 from prfaas.core.views import NodeLoad, new_node_load
 from prfaas.perf import CostModel
 from prfaas.sim.request import SimRequest
-
-if TYPE_CHECKING:  # events.py names the nodes in its event types
-    from prfaas.sim.events import Handoff
 
 
 class NodeBase:
@@ -69,7 +66,8 @@ class PrefillNode(NodeBase):
         # The batch computing now, for re-timing it when its site's shared cores get busier or
         # freer (``Simulator._retime_prefills``): its handoffs (its PREFILL_DONE event's
         # identity), when it ends, its slowdown, its own-speed work left at ``batch_mark_s``.
-        self.batch: tuple[Handoff, ...] = ()
+        self.batch: tuple[Any, ...] = ()
+        """(``sim.events.Handoff`` s: not named here, events.py imports this module.)"""
         self.batch_end_s = 0.0
         self.batch_factor = 1.0
         self.batch_left_s = 0.0

@@ -33,18 +33,41 @@ them on every request and most requests find them as they were. Pure: no I/O, th
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from prfaas.core.ids import NodeId, SiteId, link_id_for
 from prfaas.core.topology import NodeRole, SiteKind
 from prfaas.core.views import LinkState, NodeLoad, new_node_load
 from prfaas.policy.pool_tenant_route import POOL_NODE, POOL_SITE, pool_link_state
 from prfaas.sim.pool_egress import PoolEgress
-
-if TYPE_CHECKING:
-    from prfaas.sim.pool_sim import TenantRun
+from prfaas.sim.pool_scenario import PoolSimTenant
 
 _PREFILL = NodeRole.PREFILL
+
+
+class _Queued(Protocol):
+    @property
+    def num_tokens(self) -> int: ...
+
+
+class TenantRun(Protocol):
+    """What the view reads of a tenant's run (``sim.pool_sim.TenantRun``; a protocol, so this
+    module does not import the simulator that imports it)."""
+
+    @property
+    def spec(self) -> PoolSimTenant: ...
+    @property
+    def threshold_tokens(self) -> int: ...
+    @property
+    def local_free(self) -> int: ...
+    @property
+    def local_queue(self) -> Sequence[_Queued]: ...
+    @property
+    def local_work_s(self) -> float: ...
+    @property
+    def pool_in_flight(self) -> int: ...
+    @property
+    def pool_in_flight_tokens(self) -> int: ...
 
 
 class _Clock(Protocol):
