@@ -823,27 +823,28 @@ def as_results(outcomes: Sequence[Outcome], specs: Sequence[Any]) -> list[Any]:
 
 
 def one_rule_capacity(
-    run: Any, specs: Sequence[Any], start_rps: float, search: bool = True
+    run: Any, specs: Sequence[Any], burst_rps: float, start_step: float = 0.6, search: bool = True
 ) -> tuple[float, list[dict[str, Any]]]:
     """Issue 20's capacity, by ``prfaas bench --find-max-rate``'s own search and judge
     (``serve.loadgen.maxrate``, the simulator's rule as a client sees it): steps of the same
-    requests at a constant rate (``uniform_at_rate``), from ``start_rps`` up by 1.25x while they
-    pass (down while they fail), then bisected to 5%; a step passes when every request completed
-    and the requests in flight did not grow from half the sending window to its end. ``run(specs)``
-    runs the requests (live or simulated) and returns their outcomes. ``search`` False
-    (``--quick``): ``start_rps``, unsearched."""
+    requests at a constant rate (``uniform_at_rate``), from ``start_step x burst_rps`` (the
+    side's own burst throughput) up by 1.25x while they pass (down while they fail), then bisected
+    to 5%; a step passes when every request completed and the requests in flight did not grow
+    from half the sending window to its end. ``run(specs)`` runs the requests (live or
+    simulated) and returns their outcomes. ``search`` False (``--quick``): the burst throughput
+    stands for it, unsearched."""
     from dataclasses import asdict
 
     from prfaas.serve.loadgen.maxrate import LiveRule, find_max_rate_live
 
     if not search:
-        return start_rps, []
+        return burst_rps, []
 
     def step(rate: float) -> tuple[list[Any], float]:
         paced = uniform_at_rate(specs, rate)
         return as_results(run(paced), paced), paced[-1].arrival_s
 
-    capacity, steps = find_max_rate_live(step, start_rps, LiveRule())
+    capacity, steps = find_max_rate_live(step, start_step * burst_rps, LiveRule())
     return capacity, [asdict(st) for st in steps]
 
 
@@ -953,7 +954,7 @@ def score_seed(
         return run_live(deployment, paced, s.workdir / f"run{next(runs)}", args.shared_live)
 
     search = not args.quick
-    cap, tried = one_rule_capacity(live_step, specs, args.start_step * live_burst, search)
+    cap, tried = one_rule_capacity(live_step, specs, live_burst, args.start_step, search)
     row["capacity"] = {
         "rule": "prfaas bench --find-max-rate (serve/loadgen/maxrate.py)",
         "live_rps": cap,
@@ -965,7 +966,7 @@ def score_seed(
         # The same search from the simulator's own burst throughput (no live figure used).
         sim_cap, sim_tried = one_rule_capacity(
             lambda paced, off=off: run_sim(deployment, paced, off), specs,
-            args.start_step * row["burst"]["sim_rps"][name], search,
+            row["burst"]["sim_rps"][name], args.start_step, search,
         )  # fmt: skip
         row["capacity"]["sim_rps"][name] = sim_cap
         row["capacity"]["sim_steps"][name] = sim_tried

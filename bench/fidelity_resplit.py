@@ -116,8 +116,8 @@ def main() -> int:
             burst = fid.summarize(sim(1e6))["throughput_rps"]
             if saved.get("capacity_rule") == "one":  # prfaas bench --find-max-rate's rule
                 cap = fid.one_rule_capacity(
-                    lambda paced, d=deployment: fid.run_sim(d, paced), specs,
-                    saved["start_step"] * burst,
+                    lambda paced, d=deployment: fid.run_sim(d, paced), specs, burst,
+                    saved["start_step"],
                 )[0]  # fmt: skip
             else:  # a run before 2026-12-05: the rule its live capacity was measured by
                 cap = fid.step_capacity(sim, burst, saved["steps"])[0]
