@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Literal, Protocol
 
@@ -108,26 +108,18 @@ class HttpNodeClient:
         self, ep: NodeEndpoint, cmd: DecodeCommand
     ) -> AsyncIterator[AsyncIterator[DecodeEvent]]:
         url = f"{self.base_url(ep)}/nodes/{ep.node}/decode"
-        try:
+        with _call_failures(ep.node):
             async with self._client.stream("POST", url, json=cmd.model_dump()) as resp:
                 if resp.status_code != 200:
                     await resp.aread()
                     raise _answer_failure(ep.node, resp)
                 async with contextlib.aclosing(_events(ep.node, aiter_lines(resp))) as events:
                     yield events
-        except AnswerNotAuthentic as exc:
-            raise NodeCallFailed(ep.node, "rejected", f"unauthenticated answer: {exc}") from None
-        except httpx.HTTPError as exc:
-            raise NodeCallFailed(ep.node, "unreachable", f"{type(exc).__name__}: {exc}") from None
 
     async def prefill(self, ep: NodeEndpoint, cmd: PrefillCommand) -> PrefillOutcome:
         url = f"{self.base_url(ep)}/nodes/{ep.node}/prefill"
-        try:
+        with _call_failures(ep.node):
             resp = await self._client.post(url, json=cmd.model_dump())
-        except AnswerNotAuthentic as exc:
-            raise NodeCallFailed(ep.node, "rejected", f"unauthenticated answer: {exc}") from None
-        except httpx.HTTPError as exc:
-            raise NodeCallFailed(ep.node, "unreachable", f"{type(exc).__name__}: {exc}") from None
         if resp.status_code != 200:
             raise _answer_failure(ep.node, resp)
         try:
@@ -143,7 +135,7 @@ class HttpNodeClient:
         receiver verified it); returns the outcome. A stream cut before the outcome is
         ``unreachable``: the node is lost, whatever it said before."""
         url = f"{self.base_url(ep)}/nodes/{ep.node}/prefill/stream"
-        try:
+        with _call_failures(ep.node):
             async with self._client.stream("POST", url, json=cmd.model_dump()) as resp:
                 if resp.status_code != 200:
                     await resp.aread()
@@ -161,10 +153,6 @@ class HttpNodeClient:
                         return step.outcome
                     if step.kind == "computed":
                         computed()
-        except AnswerNotAuthentic as exc:
-            raise NodeCallFailed(ep.node, "rejected", f"unauthenticated answer: {exc}") from None
-        except httpx.HTTPError as exc:
-            raise NodeCallFailed(ep.node, "unreachable", f"{type(exc).__name__}: {exc}") from None
         raise NodeCallFailed(ep.node, "unreachable", "the prefill stream ended before its outcome")
 
     async def abort(self, ep: NodeEndpoint, request_id: str) -> None:
@@ -194,8 +182,20 @@ def _answer_failure(node: str, resp: httpx.Response) -> NodeCallFailed:
     return NodeCallFailed(node, kind, f"HTTP {resp.status_code}: {detail}")
 
 
-async def _events(node: str, lines: AsyncIterator[str]) -> AsyncGenerator[DecodeEvent, None]:
+@contextlib.contextmanager
+def _call_failures(node: str) -> Iterator[None]:
+    """A node call's transport failures as ``NodeCallFailed``: an answer whose MAC does not
+    verify is ``rejected``, an HTTP error ``unreachable``."""
     try:
+        yield
+    except AnswerNotAuthentic as exc:
+        raise NodeCallFailed(node, "rejected", f"unauthenticated answer: {exc}") from None
+    except httpx.HTTPError as exc:
+        raise NodeCallFailed(node, "unreachable", f"{type(exc).__name__}: {exc}") from None
+
+
+async def _events(node: str, lines: AsyncIterator[str]) -> AsyncGenerator[DecodeEvent, None]:
+    with _call_failures(node):
         async for line in lines:
             if not line.strip():
                 continue
@@ -208,8 +208,4 @@ async def _events(node: str, lines: AsyncIterator[str]) -> AsyncGenerator[Decode
             yield event
             if event.finish_reason is not None or event.kind == "error":
                 return
-    except AnswerNotAuthentic as exc:
-        raise NodeCallFailed(node, "rejected", f"unauthenticated answer: {exc}") from None
-    except httpx.HTTPError as exc:
-        raise NodeCallFailed(node, "unreachable", f"{type(exc).__name__}: {exc}") from None
     raise NodeCallFailed(node, "closed", "the decode stream ended before its last token")
