@@ -78,6 +78,23 @@ class PrefillNode(NodeBase):
     def is_idle(self) -> bool:
         return not self.busy and not self.queue
 
+    def shares_cores(self, work_s: float, factor: float, now: float, retimable: bool) -> None:
+        """The batch just started (``batch``, ``batch_end_s`` set) runs on shared cores: its
+        own-speed work, its slowdown, whether it may be re-timed."""
+        self.batch_left_s, self.batch_factor, self.batch_mark_s = work_s, factor, now
+        self.batch_retimable = retimable
+
+    def retime(self, now: float, factor: float) -> float:
+        """Go on at slowdown ``factor`` from ``now`` (processor sharing): the work left at the
+        old speed, now at the new; returns the batch's new end (``busy_s`` follows it)."""
+        left = self.batch_left_s - (now - self.batch_mark_s) / self.batch_factor
+        left = left if left > 0.0 else 0.0
+        end = now + left * factor
+        self.busy_s += end - self.batch_end_s
+        self.batch_left_s, self.batch_mark_s, self.batch_factor = left, now, factor
+        self.batch_end_s = end
+        return end
+
     def load_key(self) -> float:
         return self.free_at_s
 

@@ -358,10 +358,7 @@ class Simulator:
         node.batch = handoffs
         node.batch_end_s = now + duration
         if shared is not None:
-            node.batch_factor = factor
-            node.batch_left_s = work
-            node.batch_mark_s = now
-            node.batch_retimable = not any(h[0].transfer_bytes for h in handoffs)
+            node.shares_cores(work, factor, now, not any(h[0].transfer_bytes for h in handoffs))
         q = self._q
         heapq.heappush(
             q.heap,
@@ -404,15 +401,9 @@ class Simulator:
         for node in self.world.prefill_nodes_of(site):
             if node is changed or not node.busy or not node.batch_retimable:
                 continue
-            if factor == node.batch_factor:
-                continue
-            left = node.batch_left_s - (now - node.batch_mark_s) / node.batch_factor
-            left = left if left > 0.0 else 0.0
-            end = now + left * factor
-            node.busy_s += end - node.batch_end_s
-            node.batch_left_s, node.batch_mark_s, node.batch_factor = left, now, factor
-            node.batch_end_s = end
-            heapq.heappush(q.heap, (end, _PREFILL_DONE, next(q.seq), node, node.batch))
+            if factor != node.batch_factor:
+                end = node.retime(now, factor)
+                heapq.heappush(q.heap, (end, _PREFILL_DONE, next(q.seq), node, node.batch))
 
     def _on_prefill_done(self, event: PrefillDone) -> None:
         w = self.world
