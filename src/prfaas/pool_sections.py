@@ -15,6 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from prfaas.cache.prefix_quotas import prefix_shares
 from prfaas.deployment_sections import CPUS_PATTERN, PlumbingSwitches
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -254,15 +255,8 @@ class PoolFileConfig(_Strict):
     def prefix_shares(self) -> dict[str, float]:
         """Tenant -> its guaranteed share of each pool node's prefix store: its ``prefix_share``,
         else its weight's part of what the tenants that set one leave."""
-        told = sum(t.prefix_share for t in self.tenants if t.prefix_share is not None)
-        rest = [t for t in self.tenants if t.prefix_share is None]
-        weights = sum(t.weight for t in rest)
-        return {
-            t.name: t.prefix_share
-            if t.prefix_share is not None
-            else max(0.0, 1.0 - told) * t.weight / weights
-            for t in self.tenants
-        }
+        # The rule is ``cache.prefix_quotas``' (the pool simulator's too).
+        return prefix_shares([(t.name, t.weight, t.prefix_share) for t in self.tenants])
 
     def group_for_model(self, model: str) -> PoolGroup | None:
         return next((g for g in self.groups if g.model == model), None)

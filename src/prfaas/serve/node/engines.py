@@ -4,6 +4,7 @@ decode streams keep going). torch is imported only for ``torch``."""
 
 from __future__ import annotations
 
+from prfaas.cache.prefix_quotas import timed_store_bytes
 from prfaas.config import EngineConfig
 from prfaas.core.clock import LoopClock
 from prfaas.deployment_sections import SimulationConfig
@@ -56,4 +57,4 @@ def prefix_store_bytes(config: EngineConfig, hardware: str) -> int:
     if config.kind == "torch":
         return config.prefix_store_mib * MIB
     memory = cost_model_for_hardware(config.model, hardware).hardware.instance_memory_bytes
-    return int(memory * 0.1 / config.byte_divisor)
+    return timed_store_bytes(memory, config.byte_divisor)  # the pool simulator's size too

@@ -10,8 +10,10 @@ equal prompts of two tenants share no key. With ``share_prefixes: true`` every t
 unsalted namespace, ``""``, which has the whole store.
 
 Quotas are shares of the store (``PoolFileConfig.prefix_shares``: a tenant's ``prefix_share``, or
-its weight's part of what the others leave), turned into bytes here for a store of a given size;
-the store applies them (``prefix_store.py``). No I/O: ``pool/node_main.py`` reads the pool file.
+its weight's part of what the others leave), turned into bytes for a store of a given size; the
+store applies them (``prefix_store.py``). The namespace and quota rules are
+``cache/prefix_quotas.py``'s, which the pool simulator runs too; the salts are this module's. No
+I/O: ``pool/node_main.py`` reads the pool file.
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ import hmac
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from prfaas.cache.prefix_quotas import SHARED, check_shares, namespace_of, namespace_quotas
 from prfaas.serve.gateway.hashing import block_hashes
 
-SHARED = ""
-"""The namespace of every tenant under ``share_prefixes: true`` (and a deployment's only one)."""
+__all__ = ["SHARED", "PrefixNamespaces"]
 _SALT_LABEL = b"prfaas pool prefix namespace v1\0"
 
 
@@ -37,11 +39,7 @@ class PrefixNamespaces:
     """``share_prefixes: true``: one unsalted namespace for every tenant."""
 
     def __post_init__(self) -> None:
-        bad = {t: s for t, s in self.shares.items() if not 0.0 <= s <= 1.0}
-        if bad:
-            raise ValueError(f"prefix shares must be in [0, 1], got {bad}")
-        if sum(self.shares.values()) > 1.0 + 1e-9:
-            raise ValueError(f"prefix shares sum to {sum(self.shares.values())} > 1")
+        check_shares(self.shares)
 
     @classmethod
     def from_internal_key(
@@ -53,7 +51,7 @@ class PrefixNamespaces:
         return cls(secret, dict(shares), shared)
 
     def namespace_of(self, tenant: str) -> str:
-        return SHARED if self.shared else tenant
+        return namespace_of(tenant, self.shared)
 
     def salt(self, tenant: str) -> bytes:
         """The seed of ``tenant``'s chains (empty when tenants share one namespace)."""
@@ -68,6 +66,4 @@ class PrefixNamespaces:
     def quotas(self, capacity_bytes: int) -> dict[str, int]:
         """Namespace -> bytes guaranteed in a store of ``capacity_bytes`` (shared: the whole
         store to the one namespace)."""
-        if self.shared:
-            return {SHARED: capacity_bytes}
-        return {t: int(capacity_bytes * s) for t, s in self.shares.items()}
+        return namespace_quotas(self.shares, self.shared, capacity_bytes)
