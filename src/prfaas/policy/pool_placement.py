@@ -9,9 +9,11 @@ counted). What the node holds comes from its reports (the driver's mirror of eac
 store, ``pool/prefix_hits.py``); the admission then charges the prefill the compute that node
 will actually do: the prompt less that hit.
 
-``PlacementHints`` is what the front door is handed to know both (the live driver implements it;
-without hints, as in the simulator, which models no pool prefixes, every node is a miss and the
-charge is the submitted compute). Pure: no I/O, no clock, no asyncio.
+``PlacementHints`` is what the front door is handed to know both: the live driver implements it
+from its mirror of the nodes' reports, the pool simulator from its nodes' stores themselves
+(``sim/pool_sim.py``); without hints every node is a miss and the charge is the submitted
+compute. ``dispatch_cached`` is the one placement both call (``pool/frontdoor.py``
+``FrontDoor.place`` and the simulator's dispatch). Pure: no I/O, no clock, no asyncio.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from prfaas.policy.pool_admission import PrefillJob
+from prfaas.policy.pool_admission import EgressState, PoolAdmission, PrefillJob
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,3 +66,42 @@ def prefer_cached(nodes: Sequence[str], hit_of: Callable[[str], int]) -> NodePic
         if hit > best.cached_tokens:
             best = NodePick(node, hit)
     return best
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """A prefill the admission started, where it goes and what its start was charged."""
+
+    job: PrefillJob
+    pick: NodePick
+    compute_s: float | None
+    """Node-seconds its start was charged (None: the submitted ``job.compute_s``, no hints)."""
+
+
+def dispatch_cached(
+    admission: PoolAdmission,
+    group: str,
+    nodes: Sequence[str],
+    now: float,
+    egress: EgressState,
+    hints: PlacementHints | None,
+) -> Placed | None:
+    """What one of ``group``'s free ``nodes`` (non-empty, the caller's order) starts now, or None:
+    the admission picks the prefill (the fair-share rule); with ``hints`` it goes to the node
+    holding the longest prefix of its prompt for its tenant (``prefer_cached``; ties: the first)
+    and its start is charged what that node computes; without, the first node, charged as
+    submitted."""
+    picked: list[tuple[NodePick, float]] = []
+
+    def compute_s_of(job: PrefillJob) -> float:
+        assert hints is not None
+        pick = prefer_cached(nodes, lambda n: hints.hit_tokens(job, n))
+        picked.append((pick, hints.compute_s(job, pick.cached_tokens)))
+        return picked[0][1]
+
+    job = admission.dispatch(group, now, egress, None if hints is None else compute_s_of)
+    if job is None:
+        return None
+    if not picked:
+        return Placed(job, NodePick(nodes[0]), None)
+    return Placed(job, picked[0][0], picked[0][1])

@@ -33,7 +33,7 @@ from prfaas.policy.pool_admission import (
     PrefillJob,
     Refused,
 )
-from prfaas.policy.pool_placement import NodePick, PlacementHints, prefer_cached
+from prfaas.policy.pool_placement import PlacementHints, dispatch_cached
 from prfaas.policy.pool_shares import PoolShape, TenantShare
 from prfaas.pool.tenant_links import TenantLink
 
@@ -238,26 +238,16 @@ class FrontDoor:
         ``others`` (free nodes of the group, in the caller's order) whose store holds the longest
         prefix of its prompt for its tenant (ties: the first), and is charged the compute that
         node will do (``policy.pool_placement``). Without hints: ``node``, charged as submitted."""
-        picked: list[NodePick] = []
-        compute_s: list[float] = []
-
-        def compute_s_of(job: PrefillJob) -> float:
-            assert hints is not None
-            pick = prefer_cached((node, *others), lambda n: hints.hit_tokens(job, n))
-            picked.append(pick)
-            compute_s.append(hints.compute_s(job, pick.cached_tokens))
-            return compute_s[0]
-
-        job = self.admission.dispatch(group, now, egress, None if hints is None else compute_s_of)
-        if job is None:
+        # The placement the pool simulator runs too (``policy.pool_placement``).
+        placed = dispatch_cached(self.admission, group, (node, *others), now, egress, hints)
+        if placed is None:
             return None
-        pick = picked[0] if picked else NodePick(node)
+        job, pick = placed.job, placed.pick
         key = (job.tenant, job.request_id)
         receiver, session = self._targets[key]  # kept until it ends: a requeue places it again
         self._running[key] = (job, pick.node)
         self._outcomes[key] = Outcome(self.epoch, job.request_id, "running")
-        charged = compute_s[0] if compute_s else None
-        return Placement(job, pick.node, receiver, session, pick.cached_tokens, charged)
+        return Placement(job, pick.node, receiver, session, pick.cached_tokens, placed.compute_s)
 
     def computed(self, tenant: str, request_id: str, now: float) -> bool:
         """The node running this prefill has computed it (its last layer handed to the link):
