@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from prfaas.config import EngineConfig
 from prfaas.errors import UsageError
 from prfaas.perf import ProfileFileError, cost_model_for_hardware
 from prfaas.pool.site import with_pool_site
@@ -26,6 +27,9 @@ from prfaas.pool_file import load_pool, load_tenant, pool_shape
 from prfaas.scenarios import deployment_cost_models
 from prfaas.sim.pool_scenario import PoolSimGroup, PoolSimScenario, PoolSimTenant, TunerKind
 from prfaas.workload import ArrivalSpec, FixedLengths, TruncatedLogNormal
+
+_CHECKPOINT_EVERY_BLOCKS: int = EngineConfig.model_fields["checkpoint_every_blocks"].default
+"""A pool node's (``pool.nodes_file`` leaves its engine's at the default)."""
 
 
 def build_pool_scenario(
@@ -49,7 +53,16 @@ def build_pool_scenario(
                 f"preset or profile: {exc}"
             ) from None
         off = pool.simulation.plumbing.off()  # the pool file's own switches (none: all on)
-        groups.append(PoolSimGroup(g.name, g.model, len(g.node_names), cost, off))
+        groups.append(
+            PoolSimGroup(
+                g.name, g.model, len(g.node_names), cost, off,
+                node_names=tuple(g.node_names),
+                # A store per node process, as the live group runs them (one shared process, or
+                # one per node), checkpointing as its nodes' engine does (``pool.nodes_file``).
+                per_node_stores=g.per_node_processes,
+                checkpoint_every_blocks=_CHECKPOINT_EVERY_BLOCKS,
+            )
+        )  # fmt: skip
     tenants = []
     seen: set[str] = set()
     warmup = 0.0
@@ -62,7 +75,11 @@ def build_pool_scenario(
             raise UsageError(f"{path}: pool.tenant: {ref.tenant!r} is given by two tenant files")
         seen.add(ref.tenant)
         wl = cfg.workload
-        trace = _trace(path, wl.trace, wl.trace_limit, wl.rate_scale) if wl.trace else None
+        trace, hashes = (
+            _trace(path, wl.trace, wl.trace_limit, wl.rate_scale, pool.units.block_tokens)
+            if wl.trace
+            else (None, None)
+        )
         if trace is None and wl.arrival.rate_rps is None:
             raise UsageError(f"{path}: workload.arrival.rate_rps: a tenant needs its own rate")
         rate = (wl.arrival.rate_rps or 1.0) * (rate_factors or {}).get(ref.tenant, 1.0)
@@ -102,6 +119,7 @@ def build_pool_scenario(
                 stop_s=dur,
                 seed=wl.seed,
                 trace=trace,
+                trace_block_hashes=hashes,
                 plumbing_off=cfg.simulation.plumbing.off(),
                 home_site=home.name,
                 router=cfg.policy.router,
@@ -120,27 +138,35 @@ def build_pool_scenario(
         tenants=tuple(tenants),
         duration_s=longest,
         measure_from_s=warmup,
+        block_tokens=pool.units.block_tokens,
+        share_prefixes=pool.share_prefixes,
+        prefix_shares=pool.prefix_shares(),  # the shares the live nodes' quotas come from
     )
 
 
 def _trace(
-    path: Path, trace: str, limit: int | None, rate_scale: float
-) -> tuple[tuple[float, int], ...]:
+    path: Path, trace: str, limit: int | None, rate_scale: float, block_tokens: int
+) -> tuple[tuple[tuple[float, int], ...], tuple[tuple[int, ...], ...] | None]:
+    """The trace's (arrival_s, prompt tokens) from 0, and its prompts' block hashes when they
+    are the pool's blocks (a Mooncake trace's ``hash_ids`` name 512-token blocks; another
+    ``units.block_tokens``: None, no prefix hits at the pool)."""
     from prfaas.workload import TraceError, read_mooncake
+    from prfaas.workload.mooncake import TRACE_BLOCK_TOKENS
 
     file = Path(trace)  # as given (like a deployment file's), else beside the tenant file
     if not file.is_absolute() and not file.exists():
         file = path.parent / trace
     try:
-        records = tuple(
-            (r.arrival_s / rate_scale, r.num_prompt_tokens) for r in read_mooncake(file, limit)
-        )
+        records = tuple(read_mooncake(file, limit))
     except TraceError as exc:
         raise UsageError(f"{path}: workload.trace: {exc}") from None
     if not records:
         raise UsageError(f"{path}: workload.trace: {file} has no records")
-    t0 = records[0][0]
-    return tuple((t - t0, n) for t, n in records)
+    t0 = records[0].arrival_s / rate_scale
+    rows = tuple((r.arrival_s / rate_scale - t0, r.num_prompt_tokens) for r in records)
+    if block_tokens != TRACE_BLOCK_TOKENS:
+        return rows, None
+    return rows, tuple(r.block_hashes for r in records)
 
 
 _NOT_FOR_POOLS = (

@@ -1,7 +1,8 @@
 """The pool simulator's JSON: the pool (per group and egress utilisation over the measurement
 window) and a ``tenants`` object, one entry per tenant (counts, keeps by reason, refusals by
 reason, TTFT, its shares of each group's compute and of the egress, its dominant share, its
-thresholds).
+thresholds, what its pool prefills found of its prefixes at their nodes); per group, its nodes'
+prefix stores at the end of the run.
 Schema ``prfaas.sim.pool/1`` (``docs/pool.md``). Pure.
 """
 
@@ -30,6 +31,18 @@ def _dist(xs: list[float]) -> dict[str, float]:
         "p90": _r(q(0.9)),
         "p99": _r(q(0.99)),
         "max": _r(s[-1]),
+    }
+
+
+def _stores(sim: PoolSimulator, group: str) -> dict[str, Any]:
+    """A group's prefix stores (one per node process) at the end: how many, each one's
+    capacity, and the entries and bytes they hold together (modelled bytes)."""
+    stores = list({id(s): s for s in sim.prefixes.node_stores(group).values()}.values())
+    return {
+        "num_stores": len(stores),
+        "capacity_bytes": stores[0].capacity_bytes if stores else 0,
+        "num_entries": sum(len(s) for s in stores),
+        "used_bytes": sum(s.used_bytes for s in stores),
     }
 
 
@@ -72,6 +85,13 @@ def pool_summary(sim: PoolSimulator) -> dict[str, Any]:
             "compute_share": {g: _r(v) for g, v in compute.items()},
             "egress_share": _r(egress),
             "dominant_share": _r(max([egress, *compute.values()])),
+            # Its pool prefills' prompts as their nodes looked them up in its namespace (the
+            # live feedback's ``prefixes`` ``hit_tokens`` / ``lookup_tokens``), whole run.
+            "pool_prefixes": {
+                "hit_tokens": run.pool_hit_tokens,
+                "lookup_tokens": run.pool_lookup_tokens,
+                "hit_rate": _r(run.pool_hit_tokens / max(1, run.pool_lookup_tokens)),
+            },
             "threshold_tokens": run.threshold_tokens,
             "threshold_updates": [
                 {"t_s": _r(t), "threshold_tokens": v} for t, v in run.threshold_updates
@@ -85,6 +105,7 @@ def pool_summary(sim: PoolSimulator) -> dict[str, Any]:
                 sum(sim.tenants[t].compute_s_in_window[g.name] for t in sim.tenants)
                 / (g.num_nodes * span)
             ),
+            "prefix_stores": _stores(sim, g.name),
         }
         for g in sc.groups
     }

@@ -3,10 +3,11 @@ nodes, link, model, arrivals and threshold tuner; admission, queueing and fair s
 ``policy.PoolAdmission``, the object the live front door runs, and each tenant's threshold is
 ``policy.choose_threshold`` over the pool's ``PoolFeedback``.
 
-What it models (``docs/pool.md``): per tenant, arrivals and prompt lengths (all uncached: no
-prefix cache here), its router: the tenant file's (``policy.make_router``, the live gateway's
-object and arguments) over the tenant's view (``sim/pool_view.py``: its local nodes, the pool as
-one PrfaaS prefill node, its link to the pool from the egress fluid), wrapped as live by
+What it models (``docs/pool.md``): per tenant, arrivals and prompt lengths (all uncached at
+home: the tenant's own prefix cache is not modelled), its router: the tenant file's
+(``policy.make_router``, the live gateway's object and arguments) over the tenant's view
+(``sim/pool_view.py``: its local nodes, the pool as one PrfaaS prefill node, its link to the pool
+from the egress fluid), wrapped as live by
 ``policy.route_pool_tenant`` (keeps for the link counted; for coordinated tenants, a request kept
 local when the pool's expected queueing is over its TTFT target and the local queue is shorter;
 ``threshold`` offloads when the length is over the tenant's ``t``), a refused submit prefilled
@@ -18,6 +19,11 @@ Front door outages (``PoolSimScenario.front_door_outages``) lose its queue and c
 each tenant's ``policy.PoolSession`` sends what it had pending local; a lost pool node
 (``pool_node_failures``) fails its prefill to the tenant, which prefills it locally. Decode is
 not modelled.
+
+The pool's prefix stores, as live (``sim/pool_prefixes.py``: the live node's store's code, its
+namespaces and quotas): a prefill is placed by ``policy.pool_placement.dispatch_cached``, the
+live front door's placement, on the free node holding the longest prefix of its prompt for its
+tenant, charged what that node computes, and its node runs that long.
 
 The profiles' plumbing terms (``perf.plumbing``), each charged to the process that pays it, from
 that process's profile, as ``sim/plumbing.py`` does in the single-deployment simulator, and
@@ -63,6 +69,7 @@ from prfaas.policy.pool_admission import (
     prefill_node_s,
 )
 from prfaas.policy.pool_coordination import NOTHING_SAID, PoolSaid
+from prfaas.policy.pool_placement import dispatch_cached
 from prfaas.policy.pool_session import Fallback, PoolSession
 from prfaas.policy.pool_tenant_route import (
     KEPT_FOR_LINK,
@@ -76,6 +83,7 @@ from prfaas.policy.window import LengthWindow
 from prfaas.sim.kv_bytes import KvBytes
 from prfaas.sim.plumbing import GatewayCpu, charged_cost_model
 from prfaas.sim.pool_egress import EgressFlow, PoolEgress
+from prfaas.sim.pool_prefixes import PoolPrefixes, Store
 from prfaas.sim.pool_scenario import PoolSimScenario, PoolSimTenant
 from prfaas.sim.pool_tuning import first_sample, tenant_threshold
 from prfaas.sim.pool_view import PoolTenantView
@@ -95,6 +103,12 @@ class _Req:
     offloaded: bool = False
     ttft_s: float | None = None
     fell_back: bool = False
+    block_hashes: tuple[int, ...] = ()
+    """The prompt's chained block hashes (a trace's); empty: it can neither hit nor store."""
+    pool_store: Store | None = None
+    """The store of the pool node that ran it (its checkpoints go there at the end)."""
+    pool_cached_tokens: int = 0
+    """Prompt tokens its pool node found in the tenant's prefixes."""
 
 
 @dataclass(slots=True)
@@ -105,6 +119,7 @@ class TenantRun:
     threshold_tokens: int = 0
     arrivals: Any = None
     trace_lengths: deque[int] | None = None
+    trace_hashes: deque[tuple[int, ...]] | None = None
     rng: random.Random = field(default_factory=random.Random)
     window: LengthWindow = field(default_factory=LengthWindow)
     local_free: int = 0
@@ -135,6 +150,10 @@ class TenantRun:
     pool_in_flight: int = 0
     pool_in_flight_tokens: int = 0
     """Offloads accepted whose KV has not arrived (the live registry's tracked pool work)."""
+    pool_hit_tokens: int = 0
+    pool_lookup_tokens: int = 0
+    """Prompt tokens its pool prefills found in its prefixes at their nodes, and looked up
+    (every pool prefill's whole prompt, as a live pool node looks each up)."""
 
 
 class PoolSimulator:
@@ -152,7 +171,10 @@ class PoolSimulator:
             {t.name: t.link_bytes_per_s for t in sc.tenants},
             self._window,
         )
-        self._free = {g.name: g.num_nodes for g in sc.groups}
+        # Each group's free nodes, in name order (ties in placement go to the first, as live).
+        # Which store each node has, and what it holds: ``self.prefixes``.
+        self._free = {g.name: sorted(g.nodes) for g in sc.groups}
+        self._node_order = {name: {n: i for i, n in enumerate(f)} for name, f in self._free.items()}
         self._egress_wake = math.inf
         self._pending: dict[tuple[str, str], _Req] = {}
         self._running: dict[str, dict[tuple[str, str], Any]] = {g.name: {} for g in sc.groups}
@@ -162,6 +184,8 @@ class PoolSimulator:
         self._kv = {g.model: KvBytes(g.cost.model.cache).total for g in sc.groups}
         # What the pool's nodes run on (the terms switched off zeroed): a prefill's price.
         self._node_cost = {g.model: charged_cost_model(g.cost, g.plumbing_off) for g in sc.groups}
+        self.prefixes = PoolPrefixes(sc, self._kv, self._node_cost, self._pending)
+        """Each node process's prefix store, and the placement's hints from them."""
         self.tenants: dict[str, TenantRun] = {}
         for t in sc.tenants:
             run = TenantRun(
@@ -178,6 +202,8 @@ class PoolSimulator:
             if t.trace is not None:
                 run.arrivals = (t.start_s + a for a, _ in t.trace if t.start_s + a <= stop)
                 run.trace_lengths = deque(n for _, n in t.trace)
+                if t.trace_block_hashes:
+                    run.trace_hashes = deque(t.trace_block_hashes)
             else:
                 span = max(0.0, stop - t.start_s)
                 run.arrivals = (t.start_s + a for a in arrival_times(t.arrival, span, run.rng))
@@ -262,6 +288,8 @@ class PoolSimulator:
         )
         run.num_arrived += 1
         req = _Req(spec.name, f"{spec.name}-{run.num_arrived}", arrival_s, n)
+        if run.trace_hashes is not None:
+            req.block_hashes = run.trace_hashes.popleft()
         run.window.observe(n, 1, self.now)
         self._next_arrival(run)
         if self._routes_to_pool(run, req):
@@ -350,28 +378,46 @@ class PoolSimulator:
         )
 
     def _dispatch(self, group: str) -> None:
-        while self._door_up and self._free[group] > 0:
-            job = self.admission.dispatch(group, self.now, self._egress_state())
-            if job is None:
+        free = self._free[group]
+        while self._door_up and free:
+            # The live front door's placement: the admission's pick, on the free node holding
+            # the longest prefix of its prompt for its tenant, charged what that node computes.
+            placed = dispatch_cached(
+                self.admission, group, free, self.now, self._egress_state(), self.prefixes
+            )
+            if placed is None:
                 return
-            self._free[group] -= 1
-            end = self.now + job.compute_s
+            job, node = placed.job, placed.pick.node
+            free.remove(node)
             run = self.tenants[job.tenant]
+            req = self._pending.pop((job.tenant, job.request_id))
+            # The node's own lookup (refreshes its LRU): what the hint read, at this instant.
+            store, cached = self.prefixes.looked_up(group, node, job.tenant, req)
+            req.pool_store, req.pool_cached_tokens = store, cached
+            run.pool_hit_tokens += cached
+            run.pool_lookup_tokens += req.num_tokens
+            end = self.now + self.prefixes.compute_s(job, cached)
             lo, hi = self._window
             run.compute_s_in_window[group] += max(0.0, min(end, hi) - max(self.now, lo))
-            req = self._pending.pop((job.tenant, job.request_id))
             run.session.started(job.request_id)
             self.egress.add(EgressFlow(job.tenant, req, float(job.kv_bytes), self.now, end))
             adm = self.admission  # the epoch that placed it is the one to tell
             flow = self.egress.flows[-1]
-            self._running[group][(job.tenant, job.request_id)] = (job, end, adm, flow)
+            self._running[group][(job.tenant, job.request_id)] = (job, end, adm, flow, node)
             self._push(end, _DONE, lambda j=job, g=group, a=adm: self._pool_done(j, g, a))
 
+    def _release(self, group: str, node: str) -> None:
+        """``node`` is free again (its place in the name order kept)."""
+        free = self._free[group]
+        free.append(node)
+        free.sort(key=self._node_order[group].__getitem__)
+
     def _pool_done(self, job: PrefillJob, group: str, admission: PoolAdmission) -> None:
-        if self._running[group].pop((job.tenant, job.request_id), None) is None:
+        ran = self._running[group].pop((job.tenant, job.request_id), None)
+        if ran is None:
             return  # its node was lost mid-prefill (``_node_lost``)
         admission.finish(job, self.now)
-        self._free[group] += 1
+        self._release(group, ran[4])
         self.egress.changed()
         self._dispatch_all()
 
@@ -385,6 +431,9 @@ class PoolSimulator:
             req = f.key
             assert isinstance(req, _Req)
             run = self.tenants[req.tenant]
+            if req.pool_store is not None:
+                group = self.sc.group_for(run.spec.model).name
+                self.prefixes.stored(group, req.pool_store, req.tenant, req, req.pool_cached_tokens)
             self._left_pool(run, req)
             self._finish(run, req, self.now + run.spec.rtt_s)
         if finished:
@@ -424,9 +473,10 @@ class PoolSimulator:
 
     def _node_lost(self, group: str, down_s: float) -> None:
         running = self._running[group]
+        free = self._free[group]
         if running:  # the oldest running prefill fails with its node, and its KV stream
             key = next(iter(running))
-            job, end, admission, flow = running.pop(key)
+            job, end, admission, flow, node = running.pop(key)
             admission.finish(job, self.now)
             run = self.tenants[job.tenant]
             lo, hi = self._window
@@ -439,12 +489,15 @@ class PoolSimulator:
             self._left_pool(run, req)
             req.fell_back = True
             self._local(run, req)
+        elif free:
+            node = free.pop()  # an idle node is lost (the last by name)
         else:
-            self._free[group] -= 1  # an idle node is lost
-        self._push(self.now + down_s, _DONE, lambda: self._node_back(group))
+            return  # every node is down already
+        self.prefixes.node_lost(group, node)
+        self._push(self.now + down_s, _DONE, lambda: self._node_back(group, node))
 
-    def _node_back(self, group: str) -> None:
-        self._free[group] += 1
+    def _node_back(self, group: str, node: str) -> None:
+        self._release(group, node)
         self._dispatch(group)
 
     def _on_beat(self, run: TenantRun) -> None:
