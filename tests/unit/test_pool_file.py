@@ -170,6 +170,37 @@ def test_a_tenant_replays_its_own_trace(tmp_path: Path) -> None:
     assert out["requests"]["arrived"] == out["requests"]["completed"] == 40
 
 
+def test_a_traces_shared_prefixes_hit_at_the_pool_from_the_files(tmp_path: Path) -> None:
+    """The trace's ``hash_ids`` are its prompts' blocks at the pool's stores (512-token blocks,
+    the pool's), the quotas the pool file's shares: a's turns of one conversation hit."""
+    from prfaas.commands.sim_pool import build_pool_scenario
+    from prfaas.sim.pool_report import pool_summary
+    from prfaas.sim.pool_sim import PoolSimulator
+
+    lines = [
+        json.dumps({"timestamp": 20_000 * i, "input_length": 16 * 512 * (i + 1) + 10,
+                    "output_length": 10, "hash_ids": list(range(16 * (i + 1) + 1))})
+        for i in range(3)
+    ]  # fmt: skip
+    (tmp_path / "trace.jsonl").write_text("\n".join(lines) + "\n")
+
+    def use_trace(raw: dict) -> None:
+        raw["workload"] = {"trace": "trace.jsonl", "duration_s": 600, "seed": 1}
+        raw["policy"] = {"router": "threshold", "threshold_tokens": 0}
+        raw["pool"]["tuner"] = "fixed"
+
+    a = _tenant_with(tmp_path, use_trace, "tenant-a.yaml")
+    sc = build_pool_scenario(POOL, [a])
+    assert sc.tenants[0].trace_block_hashes is not None
+    assert sc.shares == load_pool(POOL).prefix_shares() and not sc.share_prefixes
+    sim = PoolSimulator(sc)
+    sim.run()
+    out = pool_summary(sim)["tenants"]["tenant-a"]
+    assert out["requests"]["offloaded"] == 3
+    # Each turn finds the one before it whole (its 16 x i blocks).
+    assert out["pool_prefixes"]["hit_tokens"] == 16 * 512 * (1 + 2)
+
+
 def test_a_vllm_group_is_refused_live_naming_the_field(tmp_path: Path) -> None:
     from prfaas.pool.launcher import PoolLauncher
 
