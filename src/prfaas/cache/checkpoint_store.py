@@ -141,7 +141,7 @@ class CheckpointStore(Generic[P]):
         names = sorted(set(self._spaces) | set(self._quotas or ()))
         out: list[NamespaceUsage] = []
         for name in names:
-            space = self._spaces.get(name, _Namespace[P]())
+            space = self._spaces.get(name) or _Namespace()
             out.append(
                 NamespaceUsage(
                     name,
@@ -164,7 +164,7 @@ class CheckpointStore(Generic[P]):
     ) -> P | None:
         """The longest prefix of this prompt stored in ``namespace``, at most ``at_most_tokens``
         and shorter than the prompt (a prefill computes at least one token)."""
-        space = self._spaces.setdefault(namespace, _Namespace[P]())
+        space = self._space(namespace)
         self.num_lookups += 1
         self.num_lookup_tokens += num_prompt_tokens
         space.num_lookup_tokens += num_prompt_tokens
@@ -203,7 +203,7 @@ class CheckpointStore(Generic[P]):
         block (where the next turn of a conversation resumes), in ``namespace``. Returns the
         (last block hash, tokens) entries stored that are still there after the eviction this
         insert caused."""
-        space = self._spaces.setdefault(namespace, _Namespace[P]())
+        space = self._space(namespace)
         changes = self._changes
         last = max((c.num_tokens // self.block_tokens for c in checkpoints), default=0)
         kept: list[int] = []
@@ -233,6 +233,13 @@ class CheckpointStore(Generic[P]):
             if changes is not None:
                 changes.evicted(key)
         return [(h, space.entries[h].num_tokens) for h in kept if h in space.entries]
+
+    def _space(self, namespace: str) -> _Namespace[P]:
+        # Not ``setdefault``: building a default per call costs more than the lookup itself.
+        space = self._spaces.get(namespace)
+        if space is None:
+            space = self._spaces[namespace] = _Namespace()
+        return space
 
     def _victim(self, namespace: str) -> _Namespace[P]:
         """Whose least recently used entry an insert into ``namespace`` evicts (the module's

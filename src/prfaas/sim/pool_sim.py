@@ -431,7 +431,7 @@ class PoolSimulator:
             req = f.key
             assert isinstance(req, _Req)
             run = self.tenants[req.tenant]
-            if req.pool_store is not None:
+            if req.block_hashes and req.pool_store is not None:  # its checkpoints, if any
                 group = self.sc.group_for(run.spec.model).name
                 self.prefixes.stored(group, req.pool_store, req.tenant, req, req.pool_cached_tokens)
             self._left_pool(run, req)
