@@ -281,7 +281,7 @@ class PoolAdmission:
         ``compute_s_of(job)``: the chosen prefill's node-seconds where it will run (called once,
         after the choice: the node that holds the longest prefix of its prompt computes only the
         rest, ``pool_placement``); its start is charged that compute. None: the submitted
-        ``compute_s`` (no pool prefix known: the simulator's case)."""
+        ``compute_s`` (no pool prefix known)."""
         window_bytes = self.shape.egress_bytes_per_s * self.shape.egress_window_s
         pool_full = egress.pool_backlog_bytes >= window_bytes
         active_w = sum(o.share.weight for o in self._tenants.values() if o.active())

@@ -91,7 +91,7 @@ from prfaas.workload import arrival_times
 
 _DONE, _ARRIVAL, _TUNE, _BEAT = 0, 1, 2, 3  # priorities at equal times: completions first
 _TIMERS = (_TUNE, _BEAT)  # periodic: they keep nothing alive
-_NO_CACHE: MappingProxyType[SiteId, int] = MappingProxyType({})  # no prefix cache modelled
+_NO_CACHE: MappingProxyType[SiteId, int] = MappingProxyType({})  # the tenant's home cache: none
 
 
 @dataclass(slots=True)
