@@ -264,3 +264,17 @@ def test_a_tenant_reads_its_own_prefixes_and_the_operator_every_tenants() -> Non
     assert 'prfaas_pool_tenant_prefix_entries{group="g",tenant="a"} 2.0' in scraped
     assert 'prfaas_pool_tenant_prefix_quota_bytes{group="g",tenant="b"} 300.0' in scraped
     assert 'prfaas_pool_tenant_prefix_hit_tokens_total{group="g",tenant="b"} 9.0' in scraped
+
+
+def test_the_live_store_and_rules_are_the_pool_simulators() -> None:
+    """One implementation (``cache.checkpoint_store``, ``cache.prefix_quotas``): the live node's
+    store extends the simulator's, and the namespaces' quotas are the simulator's rule."""
+    from prfaas.cache.checkpoint_store import CheckpointStore
+    from prfaas.cache.prefix_quotas import namespace_quotas, prefix_shares
+
+    assert issubclass(PrefixStore, CheckpointStore)
+    shares = prefix_shares([("a", 2.0, None), ("b", 1.0, None), ("c", 1.0, 0.25)])
+    assert shares == pytest.approx({"a": 0.5, "b": 0.25, "c": 0.25})
+    for shared in (False, True):
+        ns = PrefixNamespaces(b"k" * 32, shares, shared)
+        assert ns.quotas(1000) == namespace_quotas(shares, shared, 1000)
