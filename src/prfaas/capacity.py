@@ -124,7 +124,8 @@ def plumbing_bounds(d: DeploymentConfig, sc: SimScenario) -> tuple[PlumbingBound
     - the decode nodes: ``rate x (per request + per KV byte x E[S_kv] + per output token x L_out)
       <= N_d`` (each node's own CPU, on top of its batched steps; ``decode_per_step_s`` is left
       out, its share per request depends on the batch: the simulator charges it per step);
-    - every prefill node pays its per-request cost: ``rate x per request <= N_prefill``.
+    - every prefill node pays its costs beyond its passes: ``rate x (per request + per token x
+      E[L]) <= N_prefill`` (every prompt token counted: no prefix hits assumed).
     Empty when nothing is measured (all 0.0)."""
     from prfaas.analytic.lengths import mean
     from prfaas.scenarios import home_roles, site_cost_model, workload_lengths
@@ -135,13 +136,15 @@ def plumbing_bounds(d: DeploymentConfig, sc: SimScenario) -> tuple[PlumbingBound
     p = cm.plumbing
     out_tokens = sc.output_tokens
     n_prfaas, n_p, n_d = home_roles(d)
-    kv = float(cm.kv_bytes(max(1, round(mean(workload_lengths(d).lengths)))))
+    mean_tokens = mean(workload_lengths(d).lengths)
+    kv = float(cm.kv_bytes(max(1, round(mean_tokens))))
     candidates = (
         ("gateway CPU (one process)", p.gateway_per_request_s
          + p.gateway_per_output_token_s * out_tokens, 1),
         ("decode nodes' CPU beyond their steps", p.decode_per_request_s
          + p.decode_per_kv_byte_s * kv + p.decode_per_output_token_s * out_tokens, n_d),
-        ("prefill nodes' per-request CPU", p.prefill_per_request_s, n_p + n_prfaas),
+        ("prefill nodes' CPU beyond their passes", p.prefill_overhead_s(round(mean_tokens)),
+         n_p + n_prfaas),
     )  # fmt: skip
     return tuple(
         PlumbingBound(what, cores / seconds) for what, seconds, cores in candidates if seconds > 0

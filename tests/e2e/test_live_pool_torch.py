@@ -22,7 +22,8 @@ from pool_helpers import KEYS, LivePool, live_pool
 from prfaas.config import load_deployment
 from prfaas.serve.launcher import Launcher
 
-pytestmark = pytest.mark.timeout(300)
+# Torch models, CPU-bound, nothing timed: the back stream of `make test`.
+pytestmark = [pytest.mark.timeout(300), pytest.mark.behind]
 BLOCK = 64
 THRESHOLD = 100
 MAX_TOKENS = 12

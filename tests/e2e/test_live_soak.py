@@ -105,6 +105,7 @@ def _torch_deployment(model_dir: Path) -> DeploymentConfig:
     )  # fmt: skip
 
 
+@pytest.mark.behind  # torch models, CPU-bound, nothing timed: the back stream of `make test`
 def test_soak_tiny_torch_nodes(tmp_path: Path) -> None:
     from prfaas.engine.torch.tiny import make_tiny
 

@@ -17,7 +17,8 @@ from live_helpers import launched, routes
 from prfaas.config import DeploymentConfig
 from prfaas.serve.launcher import Launcher
 
-pytestmark = pytest.mark.timeout(300)
+# Torch models, CPU-bound, nothing timed: the back stream of `make test`.
+pytestmark = [pytest.mark.timeout(300), pytest.mark.behind]
 
 BLOCK = 64
 THRESHOLD = 100

@@ -59,9 +59,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--contexts", type=int, nargs="+", default=[128, 1024], help="per request")
     p.add_argument("--decode-steps", type=int, default=8, help="tokens per decode measurement")
     p.add_argument(
-        "--pass-tokens", type=int, default=None, metavar="N",
+        "--pass-tokens", type=int, default=512, metavar="N",
         help="--engine torch: prefill in passes ending at multiples of N tokens, as engine.torch "
-        "runs with prefix checkpoints every N-token block [one pass]",
+        "runs them (it checkpoints the prefix at every engine.block_tokens block: give the "
+        "deployment's block_tokens) [512, the default block_tokens; 0: one pass]",
     )  # fmt: skip
     p.add_argument(
         "--no-plumbing", action="store_true",
@@ -101,8 +102,8 @@ def _check_grid(args: argparse.Namespace) -> None:
         raise UsageError("--new-tokens needs at least two distinct lengths (a curve)")
     if len(args.batch_sizes) * len(args.contexts) < 3:
         raise UsageError("--batch-sizes x --contexts needs at least 3 points (a decode fit)")
-    if args.pass_tokens is not None and args.pass_tokens <= 0:
-        raise UsageError(f"--pass-tokens must be > 0, got {args.pass_tokens}")
+    if args.pass_tokens < 0:
+        raise UsageError(f"--pass-tokens must be >= 0 (0: one pass), got {args.pass_tokens}")
     if args.sharing_rounds < 0:  # before minutes of profiling, not after
         raise UsageError(f"--sharing-rounds must be >= 0, got {args.sharing_rounds}")
     for name in ("repeats", "decode_steps"):
@@ -202,6 +203,7 @@ def _profile_torch(args: argparse.Namespace) -> Any:
     from prfaas.engine.errors import EngineError
     from prfaas.engine.torch.hf_cache import forward, new_cache
     from prfaas.engine.torch.loader import load_model
+    from prfaas.perf.prefill_passes import pass_ends
     from prfaas.perf.profile_file import (
         DecodePoint,
         DecodeSection,
@@ -231,10 +233,7 @@ def _profile_torch(args: argparse.Namespace) -> Any:
     def prefill(cache: Any, start: int, n: int) -> None:
         """Tokens ``[start, start + n)``: one pass, or passes ending at multiples of
         ``--pass-tokens`` (engine.torch's passes when it checkpoints every block)."""
-        step = args.pass_tokens
-        ends = [start + n] if step is None else [*range((start // step + 1) * step, start + n,
-                                                       step), start + n]  # fmt: skip
-        for end in ends:
+        for end in pass_ends(start, start + n, args.pass_tokens or None, None):
             forward(model, ids(1, end - start), cache, positions(1, start, end - start))
             start = end
 

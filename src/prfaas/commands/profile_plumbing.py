@@ -23,9 +23,13 @@ forward-pass times where a node computes:
   ``decode_per_output_token_s``. The engine's step overhead measured in the profiling process
   (``commands.profile_step``) is recorded beside it, and splits it only if the batched class
   could not (``split_decode_overhead``); with neither, the per-step term is left missing;
+- ``prefill_per_token_s``: the prefill node's CPU beyond its profiled prefill, (long class -
+  short class) per prompt token between them: the engine's work around its passes (its cache
+  and checkpoint copies, the layers handed out) and the KV stream's;
 - ``prefill_per_request_s``: the prefill node's CPU of the short class less its profiled
-  prefill; ``decode_per_request_s``: the decode node's CPU of the short class less its KV bytes'
-  (it runs no forward pass for a one-token request). The simulator charges each on its node.
+  prefill and its tokens' ``prefill_per_token_s``; ``decode_per_request_s``: the decode node's
+  CPU of the short class less its KV bytes' (it runs no forward pass for a one-token request).
+  The simulator charges each on its node.
 
 CPU is counted in clock ticks (10 ms): the figures are means over ``requests`` requests per
 class; a difference that comes out negative (noise) is stored as 0 and said so in ``how``.
@@ -251,7 +255,15 @@ def measure(
             f"contexts): per step {split.per_step_s:.4g} s, engine per request "
             f"{split.engine_per_request_s:.4g} s"
         ) + "".join(f"; {c}" for c in split.clipped)
-    prefill_req = short.per_process_s["p0"] - cm.prefill_s(SHORT_PROMPT_TOKENS)
+    # The prefill node: its CPU beyond the profiled passes, per request and per prompt token
+    # (the long class against the short one).
+    beyond_short = short.per_process_s["p0"] - cm.prefill_s(SHORT_PROMPT_TOKENS)
+    beyond_long = long.per_process_s["p0"] - cm.prefill_s(long_prompt_tokens)
+    prefill_tok = floor0(
+        "prefill_per_token_s",
+        (beyond_long - beyond_short) / (long_prompt_tokens - SHORT_PROMPT_TOKENS),
+    )
+    prefill_req = beyond_short - prefill_tok * SHORT_PROMPT_TOKENS
     decode_req = d_s - per_byte * kv_short
     prefill_points = load_profile_file(profile).prefill
     smallest = min((pt.new_tokens for pt in prefill_points.points if pt.cached_tokens == 0),
@@ -265,7 +277,8 @@ def measure(
         )
     costs = PlumbingCosts(
         floor0("prefill_per_request_s", prefill_req), floor0("decode_per_request_s", decode_req),
-        per_byte, per_tok, gw_req, gw_tok, per_step, missing=missing,
+        per_byte, per_tok, gw_req, gw_tok, per_step, prefill_per_token_s=prefill_tok,
+        missing=missing,
     )  # fmt: skip
     common = (
         f"process CPU (/proc, idle rate removed) of a live one-site torch deployment, "
@@ -273,7 +286,12 @@ def measure(
     )
     how = {
         "prefill_per_request_s": f"{common}; prefill node, {SHORT_PROMPT_TOKENS}-token prompts, "
-        f"less its profiled prefill ({cm.prefill_s(SHORT_PROMPT_TOKENS):.4g} s)",
+        f"less its profiled prefill ({cm.prefill_s(SHORT_PROMPT_TOKENS):.4g} s) and their tokens "
+        f"at prefill_per_token_s",
+        "prefill_per_token_s": f"{common}; prefill node, {long_prompt_tokens} vs "
+        f"{SHORT_PROMPT_TOKENS}-token prompts, each less its profiled prefill "
+        f"({cm.prefill_s(long_prompt_tokens):.4g} vs {cm.prefill_s(SHORT_PROMPT_TOKENS):.4g} s): "
+        f"{beyond_long * 1e3:.4g} vs {beyond_short * 1e3:.4g} ms beyond the passes",
         "decode_per_request_s": f"{common}; decode node, {SHORT_PROMPT_TOKENS}-token prompts, "
         f"less their {kv_short} KV bytes at decode_per_kv_byte_s",
         "decode_per_kv_byte_s": f"{common}; decode node, {long_prompt_tokens} vs "

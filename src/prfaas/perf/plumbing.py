@@ -25,6 +25,7 @@ PLUMBING_TERMS = (
     "gateway_per_output_token_s",
     "decode_per_step_s",
     "shared_core_overhead",
+    "prefill_per_token_s",
 )
 
 
@@ -58,6 +59,12 @@ class PlumbingCosts:
     shared cores only (``engine.cpus``, ``sim.processor.SharedCores``), on top of ``cores /
     demand``. Measured with a second pinned process running the same passes
     (``commands.profile_sharing``). Not seconds: the one term that is a ratio."""
+    prefill_per_token_s: float = 0.0
+    """Prefill node CPU seconds per uncached prompt token beyond the profile's forward passes:
+    the engine's work around them (the prefill job's cache and checkpoint copies, each layer's
+    KV handed out, the KV stream's framing and MACs). Measured with long against short prompts
+    on the live node (``commands.profile_plumbing``); charged with ``prefill_per_request_s``
+    (``prefill_overhead_s``). Last, so positional construction keeps the older terms' order."""
     missing: tuple[str, ...] = PLUMBING_TERMS
     """The terms the profile did not measure (each 0.0 here)."""
     approximated: tuple[str, ...] = ()
@@ -73,6 +80,11 @@ class PlumbingCosts:
             unknown = set(getattr(self, field)) - set(PLUMBING_TERMS)
             if unknown:
                 raise ValueError(f"unknown plumbing terms in {field}: {sorted(unknown)}")
+
+    def prefill_overhead_s(self, num_new_tokens: int) -> float:
+        """The prefill node's CPU around the forward passes of one prefill of
+        ``num_new_tokens`` uncached tokens: its per-request and per-token terms."""
+        return self.prefill_per_request_s + self.prefill_per_token_s * num_new_tokens
 
 
 LEGACY_TERMS = {"node_per_request_s": ("prefill_per_request_s", "decode_per_request_s")}

@@ -50,11 +50,12 @@ REFUSAL_REASONS = (
 
 def prefill_node_s(cost: CostModel, num_new: int, num_cached: int = 0) -> float:
     """What a pool prefill costs its node, in node-seconds (its ``PrefillJob.compute_s``): the
-    group profile's forward pass and the node process's fixed CPU per request it prefills
-    (``plumbing.prefill_per_request_s``: its HTTP call, the KV session's set-up, the first
-    token), paid on that node whatever the prompt's length. Both the live front door's price
-    (``pool/service.py``) and the pool simulator's (which also runs its nodes for this long)."""
-    return cost.prefill_s(num_new, num_cached) + cost.plumbing.prefill_per_request_s
+    group profile's forward pass and the node process's CPU around it
+    (``plumbing.prefill_overhead_s``: per request, its HTTP call, the KV session's set-up, the
+    first token; per uncached token, the engine's work around its passes), paid on that node.
+    Both the live front door's price (``pool/service.py``) and the pool simulator's (which also
+    runs its nodes for this long)."""
+    return cost.prefill_s(num_new, num_cached) + cost.plumbing.prefill_overhead_s(num_new)
 
 
 @dataclass(frozen=True, slots=True)

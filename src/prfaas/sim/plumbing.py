@@ -7,8 +7,8 @@ own (the live gateway is not pinned; ``docs/profiles.md``), whose per-request an
 CPU delays each arrival's routing. Where each other term is charged (all as extra service time
 in existing events, never an event per byte or token):
 
-- ``prefill_per_request_s``: added to the request's prefill service time on its prefill node
-  (``simulator._assign``);
+- ``prefill_per_request_s`` and ``prefill_per_token_s`` (per uncached token): added to the
+  request's prefill service time on its prefill node (``simulator._assign``);
 - ``decode_per_request_s``: added to its KV install on its decode node (``decode.DecodeStage``);
 - ``decode_per_kv_byte_s``: the KV install on the decode node, per byte received (the transfer's
   bytes; a local prefill's whole prompt KV), before the request joins its batch: the batch

@@ -304,6 +304,8 @@ class Simulator:
         w = self.world
         uncached = req.num_prompt - req.num_cached
         svc = node.cm.prefill_s(uncached, req.num_cached) + node.per_request_s
+        if node.per_token_s:
+            svc += node.per_token_s * uncached
         req.work_s = svc
         now = w.now
         node.free_at_s = (node.free_at_s if node.free_at_s > now else now) + svc

@@ -332,15 +332,6 @@ async def test_a_cancelled_prefill_stops_at_its_next_chunk(loaded: Loaded) -> No
     assert result.num_tokens == 20
 
 
-def test_chunk_ends_keep_block_boundaries() -> None:
-    from prfaas.engine.torch.prefill import chunk_ends
-
-    assert chunk_ends(0, 229, None, None) == [229]
-    assert chunk_ends(0, 229, 64, 100) == [64, 128, 192, 229]
-    assert chunk_ends(0, 229, None, 100) == [100, 200, 229]
-    assert chunk_ends(10, 300, 128, 50) == [60, 110, 128, 178, 228, 256, 300]
-
-
 @pytest.mark.timeout(60)
 def test_checkpoints_of_a_chunked_prefill_match_an_unchunked_one(loaded: Loaded) -> None:
     """Chunks of 48 cut across 64-token blocks while a request decodes: the block checkpoints

@@ -35,7 +35,9 @@ from prfaas.workload import SimRequestSpec
 
 pytestmark = pytest.mark.timeout(60)
 
-PLUMBING = PlumbingCosts(0.004, 0.003, 2e-9, 0.0003, 0.002, 0.0001, 0.0007, 0.05, missing=())
+PLUMBING = PlumbingCosts(
+    0.004, 0.003, 2e-9, 0.0003, 0.002, 0.0001, 0.0007, 0.05, prefill_per_token_s=3e-6, missing=()
+)
 
 
 def _profile(plumbing: PlumbingCosts = PLUMBING) -> ProfileFile:
@@ -179,8 +181,8 @@ def test_each_term_is_charged_where_it_is_paid_and_switched_off(tmp_path: Path) 
     kv = KvBytes(get_model("paper-1t").cache).total(PROMPT)
     p = PLUMBING
     # Gateway, prefill node, decode node (fixed + per KV byte) before the first token.
-    extra = (p.gateway_per_request_s + p.prefill_per_request_s + p.decode_per_request_s
-             + p.decode_per_kv_byte_s * kv)  # fmt: skip
+    extra = (p.gateway_per_request_s + p.prefill_per_request_s + p.prefill_per_token_s * PROMPT
+             + p.decode_per_request_s + p.decode_per_kv_byte_s * kv)  # fmt: skip
     assert ttft - base_ttft == pytest.approx(extra, rel=1e-6)
     per_step_and_token = p.decode_per_output_token_s + p.decode_per_step_s  # at batch 1
     assert decode - base_decode == pytest.approx(OUTPUT * per_step_and_token, rel=1e-6)

@@ -94,7 +94,9 @@ def test_measured_plumbing_puts_ceilings_on_the_capacity(
     sc = scenarios.sim_scenario(d)
     assert plumbing_bounds(d, sc) == ()  # nothing measured: no ceiling
     real = scenarios.site_cost_model
-    terms = PlumbingCosts(0.01, 0.005, 1e-9, 0.001, 0.02, 0.0002, missing=())
+    terms = PlumbingCosts(
+        0.01, 0.005, 1e-9, 0.001, 0.02, 0.0002, prefill_per_token_s=4e-6, missing=()
+    )
 
     def measured(dep, site):  # type: ignore[no-untyped-def]
         cm = real(dep, site)
@@ -107,4 +109,6 @@ def test_measured_plumbing_puts_ceilings_on_the_capacity(
     assert bounds["gateway CPU (one process)"] == pytest.approx(1 / (0.02 + 0.0002 * 100))
     decode_s = 0.005 + 1e-9 * kv + 0.001 * 100
     assert bounds["decode nodes' CPU beyond their steps"] == pytest.approx(2 / decode_s)
-    assert bounds["prefill nodes' per-request CPU"] == pytest.approx(1 / 0.01)
+    assert bounds["prefill nodes' CPU beyond their passes"] == pytest.approx(
+        1 / (0.01 + 4e-6 * 1000)
+    )

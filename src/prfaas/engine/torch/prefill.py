@@ -31,6 +31,7 @@ from prfaas.engine.torch import hf_cache
 from prfaas.engine.torch.export import export_layer, export_rows, prefix_cache
 from prfaas.engine.torch.hf_cache import RequestCache
 from prfaas.engine.torch.loader import LoadedModel
+from prfaas.perf.prefill_passes import pass_ends
 from prfaas.spec import LayerKind
 
 
@@ -40,21 +41,6 @@ class PrefilledCache:
     last_logits: torch.Tensor
     """``[vocab]`` at the last prompt position, fp32."""
     checkpoints: tuple[CachedPrefix, ...]
-
-
-def chunk_ends(start: int, end: int, block: int | None, chunk_tokens: int | None) -> list[int]:
-    """Where each pass of a prefill of tokens ``[start, end)`` ends: every block boundary (when
-    checkpointing), and no pass longer than ``chunk_tokens`` (None: no limit)."""
-    marks = [] if block is None else list(range((start // block + 1) * block, end, block))
-    ends: list[int] = []
-    prev = start
-    for mark in [*marks, end]:
-        while chunk_tokens is not None and mark - prev > chunk_tokens:
-            prev += chunk_tokens
-            ends.append(prev)
-        ends.append(mark)
-        prev = mark
-    return ends
 
 
 def _snapshot_states(cache: Any, cmap: HFCacheMap) -> dict[int, dict[str, torch.Tensor]]:
@@ -83,9 +69,9 @@ class PrefillJob:
         self._on_layer = on_layer
         self._ids = torch.tensor([req.token_ids], dtype=torch.long)
         block = req.checkpoint_block_tokens
-        self._ends = chunk_ends(req.num_cached_tokens, req.num_tokens, block, chunk_tokens)
+        self._ends = pass_ends(req.num_cached_tokens, req.num_tokens, block, chunk_tokens)
         # Where a pass must end even when not split: block boundaries (checkpoints), the end.
-        self._marks = set(chunk_ends(req.num_cached_tokens, req.num_tokens, block, None))
+        self._marks = set(pass_ends(req.num_cached_tokens, req.num_tokens, block, None))
         self._next = 0
         self._begin = req.num_cached_tokens
         self._cache: Any = None
