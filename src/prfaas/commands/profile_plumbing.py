@@ -55,6 +55,8 @@ SHORT_PROMPT_TOKENS = 64
 LONG_PROMPT_TOKENS = 4096
 OUTPUT_TOKENS = 32
 BATCH = 8
+STEP_LONG_CONTEXT = 1024
+"""The longer context the engine's decode step overhead is measured at (``context_cost``)."""
 """Requests decoding at once in the batched class (the split of the decode node's terms)."""
 PROCESSES = ("gateway", "p0", "d0")
 IDLE_S = 2.0
@@ -106,11 +108,15 @@ def measure(
     long_prompt_tokens: int,
     say: Callable[[str], None],
     engine_overhead_s: dict[int, float] | None = None,
+    decode_per_context_token_s: float | None = None,
 ) -> tuple[Any, tuple[tuple[str, str], ...]]:
     """``(PlumbingCosts, how)`` measured on a deployment whose nodes' hardware is ``profile``
     (the forward-pass profile just measured). ``engine_overhead_s``: the engine's decode step
     overhead beyond its forward pass per batch size (``profile_step``), to split the decode
-    node's per-token figure; None leaves ``decode_per_step_s`` missing."""
+    node's per-token figure; None leaves ``decode_per_step_s`` missing.
+    ``decode_per_context_token_s``: the engine's per-context-token step cost (``context_cost``),
+    taken out of the classes' decode CPU before the per-token and per-step terms are read from
+    it, and stored with them; None leaves it missing (charged as 0)."""
     from prfaas.config import load_deployment
     from prfaas.perf.plumbing import PlumbingCosts, split_decode_live, split_decode_overhead
     from prfaas.perf.profile_costs import cost_model_from_profile_file
@@ -210,7 +216,14 @@ def measure(
     kv_short, kv_long = cm.kv_bytes(SHORT_PROMPT_TOKENS), cm.kv_bytes(long_prompt_tokens)
     d_s, d_k, d_l = (c.per_process_s["d0"] for c in (short, tokens, long))
     per_byte = floor0("decode_per_kv_byte_s", (d_l - d_s) / (kv_long - kv_short))
+    per_ctx_copy = decode_per_context_token_s or 0.0
+    ctx_missing = ("decode_per_context_token_s",) if decode_per_context_token_s is None else ()
+    # The profile's K - 1 steps at batch 1, and the engine's copies of their contexts.
     steps_s = cm.decode_span_s(1, SHORT_PROMPT_TOKENS + 1, OUTPUT_TOKENS - 1)
+    steps_s += per_ctx_copy * (
+        (OUTPUT_TOKENS - 1) * (SHORT_PROMPT_TOKENS + 1)
+        + (OUTPUT_TOKENS - 1) * (OUTPUT_TOKENS - 2) // 2
+    )
     batch1 = (d_k - d_s - steps_s) / (OUTPUT_TOKENS - 1)
     per_tok = floor0("decode_per_output_token_s", batch1)
     per_step, split_how = 0.0, ""
@@ -221,7 +234,7 @@ def measure(
     num_tokens = num_batched * (OUTPUT_TOKENS - 1)
     f1 = cm.decode_step_s(1, 0)
     per_request_fwd = cm.decode_step_s(2, 0) - f1
-    per_ctx = (cm.decode_step_s(1, 1000) - f1) / 1000
+    per_ctx = (cm.decode_step_s(1, 1000) - f1) / 1000 + per_ctx_copy
     ctx_total = num_batched * ((OUTPUT_TOKENS - 1) * SHORT_PROMPT_TOKENS
                                + (OUTPUT_TOKENS - 1) * OUTPUT_TOKENS // 2)  # fmt: skip
     forward_s = (batched_steps * (f1 - per_request_fwd) + num_tokens * per_request_fwd
@@ -278,7 +291,7 @@ def measure(
     costs = PlumbingCosts(
         floor0("prefill_per_request_s", prefill_req), floor0("decode_per_request_s", decode_req),
         per_byte, per_tok, gw_req, gw_tok, per_step, prefill_per_token_s=prefill_tok,
-        missing=missing,
+        decode_per_context_token_s=per_ctx_copy, missing=(*missing, *ctx_missing),
     )  # fmt: skip
     common = (
         f"process CPU (/proc, idle rate removed) of a live one-site torch deployment, "
@@ -328,7 +341,7 @@ def with_plumbing(pf: Any, args: argparse.Namespace) -> Any:
 
     from prfaas.commands.profile_step import DEFAULT_BATCH_SIZES as STEP_BATCHES
     from prfaas.commands.profile_step import engine_step_overheads
-    from prfaas.perf.plumbing import PlumbingCosts
+    from prfaas.perf.plumbing import PlumbingCosts, context_cost
     from prfaas.perf.profile_write import dump_profile_file
 
     if args.plumbing_requests < 2:
@@ -338,12 +351,22 @@ def with_plumbing(pf: Any, args: argparse.Namespace) -> Any:
     def say(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
-    say(f"plumbing: engine decode steps beyond the forward pass at batch sizes {STEP_BATCHES}")
+    contexts = (SHORT_PROMPT_TOKENS, min(STEP_LONG_CONTEXT, limit // 2))
+    say(f"plumbing: engine decode steps beyond the forward pass at batch sizes {STEP_BATCHES}, "
+        f"contexts {contexts}")  # fmt: skip
     overheads = engine_step_overheads(
-        args.model_path, device=args.device, batch_sizes=STEP_BATCHES,
-        context_tokens=SHORT_PROMPT_TOKENS, seed=args.seed + 2,
+        args.model_path, device=args.device, batch_sizes=STEP_BATCHES, contexts=contexts,
+        seed=args.seed + 2,
     )  # fmt: skip
-    engine_overhead_s = {b: engine_s - forward_s for b, (engine_s, forward_s) in overheads.items()}
+    beyond = {key: engine_s - forward_s for key, (engine_s, forward_s) in overheads.items()}
+    engine_overhead_s = {b: s for (b, c), s in beyond.items() if c == SHORT_PROMPT_TOKENS}
+    per_context = context_cost(beyond)
+    context_how = (
+        f"engine.torch's decode step less its forward pass (wall, this process) at batch sizes "
+        f"{list(STEP_BATCHES)} and contexts {list(contexts)}: "
+        + ", ".join(f"{v * 1e3:.3g} ms at ({b}, {c})" for (b, c), v in beyond.items())
+        + f"; the growth per batch context token, least squares: {per_context:.4g} s"
+    )
     with tempfile.TemporaryDirectory(prefix="prfaas-plumbing-") as tmp:
         scratch = Path(tmp) / "forward.yaml"
         # Zeros, none missing: the forward passes only, without the missing-terms warning.
@@ -351,8 +374,9 @@ def with_plumbing(pf: Any, args: argparse.Namespace) -> Any:
         costs, how = measure(
             pf.model.name, args.model_path, scratch, Path(tmp), requests=args.plumbing_requests,
             threads=args.threads, seed=args.seed + 1, long_prompt_tokens=min(4096, limit // 2),
-            say=say, engine_overhead_s=engine_overhead_s,
+            say=say, engine_overhead_s=engine_overhead_s, decode_per_context_token_s=per_context,
         )  # fmt: skip
+    how = (*how, ("decode_per_context_token_s", context_how))
     if args.device == "cpu" and args.sharing_rounds > 0:
         from prfaas.commands.profile_sharing import measure_shared_core_overhead
 

@@ -1,7 +1,9 @@
 """``prfaas profile --engine torch``'s decode step overhead: what ``engine.torch``'s decode step
 costs beyond its forward pass, at two batch sizes, so that the decode node's per-token plumbing
 measured at batch 1 (``commands.profile_plumbing``) can be split into a per-step and a
-per-token term (``perf.plumbing.split_decode_overhead``).
+per-token term (``perf.plumbing.split_decode_overhead``), and at two contexts, whose difference
+is what the engine's cache gathering and splitting costs per context token
+(``perf.plumbing.context_cost``: ``decode_per_context_token_s``).
 
 In this process, on the profiled model: for each batch size ``b``, ``b`` requests of
 ``context_tokens`` random prompt tokens are prefilled and started on a real ``TorchEngine``
@@ -33,11 +35,12 @@ def engine_step_overheads(
     *,
     device: str,
     batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
-    context_tokens: int,
+    contexts: Sequence[int],
     steps: int = DEFAULT_STEPS,
     seed: int,
-) -> dict[int, tuple[float, float]]:
-    """Per batch size: (median engine step s, median forward-pass s) at ``context_tokens``."""
+) -> dict[tuple[int, int], tuple[float, float]]:
+    """Per (batch size, context tokens per request): (median engine step s, median forward-pass
+    s)."""
     import torch
 
     from prfaas.engine.api import PrefillRequest, SamplingParams
@@ -51,7 +54,7 @@ def engine_step_overheads(
     model, rng = loaded.model, random.Random(seed)
     cuda = device.startswith("cuda")
 
-    def prompt() -> tuple[int, ...]:
+    def prompt(context_tokens: int) -> tuple[int, ...]:
         return tuple(rng.randrange(loaded.vocab_size) for _ in range(context_tokens))
 
     def timed(fn: Any, *args: Any) -> float:
@@ -63,18 +66,18 @@ def engine_step_overheads(
             torch.cuda.synchronize()
         return time.perf_counter() - t0
 
-    out: dict[int, tuple[float, float]] = {}
+    out: dict[tuple[int, int], tuple[float, float]] = {}
     engine = TorchEngine(loaded, max_batch=max(batch_sizes))
     try:
         sampling = SamplingParams(max_new_tokens=steps + WARMUP_STEPS + 2, ignore_eos=True)
-        for b in batch_sizes:
-            rids = [f"step-{b}-{i}" for i in range(b)]
+        for b, context_tokens in ((b, c) for c in contexts for b in batch_sizes):
+            rids = [f"step-{b}-{context_tokens}-{i}" for i in range(b)]
             for rid in rids:
-                result = engine.prefill(PrefillRequest(rid, prompt()), keep=True)
+                result = engine.prefill(PrefillRequest(rid, prompt(context_tokens)), keep=True)
                 engine.start(result, sampling)
             with torch.inference_mode():
                 cache = new_cache(model)
-                rows = torch.tensor([list(prompt()) for _ in range(b)])
+                rows = torch.tensor([list(prompt(context_tokens)) for _ in range(b)])
                 forward(model, rows, cache, torch.arange(context_tokens).expand(b, -1))
                 for _ in range(WARMUP_STEPS):
                     engine.step()
@@ -86,7 +89,7 @@ def engine_step_overheads(
                     forward_s.append(timed(forward, model, ids, cache, at))
             for rid in rids:
                 engine.release(rid)
-            out[b] = (statistics.median(engine_s), statistics.median(forward_s))
+            out[b, context_tokens] = (statistics.median(engine_s), statistics.median(forward_s))
     finally:
         engine.close()
     return out

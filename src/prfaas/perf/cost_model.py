@@ -36,9 +36,10 @@ class CostModel:
     """The live system's costs around the forward passes (``perf.plumbing``); all 0.0 unless
     a profile measured them."""
     relay_in_decode_step: bool = False
-    """Decode step times include ``plumbing.decode_per_step_s`` once and
-    ``plumbing.decode_per_output_token_s`` per request of the batch (the simulator's view: the
-    decode node runs its step loop and relays each token on the core it steps on).
+    """Decode step times include ``plumbing.decode_per_step_s`` once,
+    ``plumbing.decode_per_output_token_s`` per request of the batch and
+    ``plumbing.decode_per_context_token_s`` per context token of the batch (the simulator's
+    view: the decode node runs its step loop and relays each token on the core it steps on).
     False (the default, the timed engine's): the engine's forward pass alone, since a live node
     pays its plumbing itself. ``decode_batch_limit`` never includes it (the engine's batch)."""
     _decode_cache: dict[int, tuple[float, float]] = field(
@@ -133,7 +134,7 @@ class CostModel:
             if self.relay_in_decode_step:
                 p = self.plumbing
                 relay_s = p.decode_per_step_s + p.decode_per_output_token_s * batch_size
-                parts = (parts[0] + relay_s, parts[1])
+                parts = (parts[0] + relay_s, parts[1] + p.decode_per_context_token_s)
             self._decode_cache[batch_size] = parts
         return parts
 
@@ -178,7 +179,9 @@ class CostModel:
         # The engine's own step (memoised when no relay is added to it).
         p = self.plumbing
         relayed = self.relay_in_decode_step and (
-            p.decode_per_output_token_s > 0 or p.decode_per_step_s > 0
+            p.decode_per_output_token_s > 0
+            or p.decode_per_step_s > 0
+            or p.decode_per_context_token_s > 0
         )
         parts = self._engine_parts if relayed else self._decode_parts
         batch = 0

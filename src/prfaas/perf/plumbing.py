@@ -26,6 +26,7 @@ PLUMBING_TERMS = (
     "decode_per_step_s",
     "shared_core_overhead",
     "prefill_per_token_s",
+    "decode_per_context_token_s",
 )
 
 
@@ -65,6 +66,13 @@ class PlumbingCosts:
     KV handed out, the KV stream's framing and MACs). Measured with long against short prompts
     on the live node (``commands.profile_plumbing``); charged with ``prefill_per_request_s``
     (``prefill_overhead_s``). Last, so positional construction keeps the older terms' order."""
+    decode_per_context_token_s: float = 0.0
+    """Decode node CPU seconds per decode step per context token of its batch, beyond the
+    profiled forward pass: the engine gathers its batch's caches into one (left-padded) and
+    splits them back every step, which copies every request's KV (``engine.torch``'s
+    ``hf_cache.build_cache`` / ``split_cache``). Measured in the profiling process as the engine
+    step's overhead beyond the forward pass at two contexts (``commands.profile_step``);
+    charged in each step like the context term of the forward pass itself."""
     missing: tuple[str, ...] = PLUMBING_TERMS
     """The terms the profile did not measure (each 0.0 here)."""
     approximated: tuple[str, ...] = ()
@@ -182,3 +190,26 @@ def split_decode_live(
         clipped.append(f"per-step {a:.3g} s above the batch-1 figure, capped at {r:.3g} s")
         a = r
     return DecodeSplit(a, r - a, 0.0, tuple(clipped))
+
+
+def context_cost(overhead_s: dict[tuple[int, int], float]) -> float:
+    """``decode_per_context_token_s`` from the engine step's overhead beyond the forward pass
+    (``overhead_s[(b, ctx)]``, seconds, ``b`` requests of ``ctx`` context tokens each) at two or
+    more contexts: least squares of ``overhead(b, ctx) - overhead(b, smallest ctx) = k x b x
+    (ctx - smallest ctx)`` over every batch size (a batch-1 step may run two rows, as
+    ``engine.torch`` does for batch invariance: its cost is the engine's, and is fitted so).
+    Negative (noise): 0.0."""
+    contexts = sorted({c for _, c in overhead_s})
+    if len(contexts) < 2:
+        raise ValueError(f"need two or more contexts, got {contexts}")
+    low = contexts[0]
+    num = den = 0.0
+    for (b, c), value in overhead_s.items():
+        if c == low or (b, low) not in overhead_s:
+            continue
+        x = b * (c - low)
+        num += (value - overhead_s[b, low]) * x
+        den += x * x
+    if den == 0.0:
+        raise ValueError("no batch size measured at two contexts")
+    return max(0.0, num / den)

@@ -12,7 +12,12 @@ import yaml
 from test_plumbing_terms import _profile
 
 from prfaas.perf import profile_costs
-from prfaas.perf.plumbing import PlumbingCosts, split_decode_live, split_decode_overhead
+from prfaas.perf.plumbing import (
+    PlumbingCosts,
+    context_cost,
+    split_decode_live,
+    split_decode_overhead,
+)
 from prfaas.perf.profile_costs import cost_model_from_profile_file
 from prfaas.perf.profile_write import dump_profile_file
 from prfaas.sim import SimScenario, SimSite, Simulator
@@ -132,3 +137,13 @@ def test_the_step_term_is_charged_once_per_step_not_per_request(tmp_path: Path) 
     saved = eight_whole[-1] - eight_split[-1]
     # 40 output tokens: at most 40 steps of the full batch, each cheaper by 7 x step.
     assert 0.8 * 40 * 7 * step < saved <= 40 * 7 * step + 1e-9
+
+
+def test_the_context_cost_is_the_overhead_s_growth_per_batch_context_token() -> None:
+    k = 1.5e-6
+    overheads = {(b, c): 0.001 + 0.0002 * b + k * b * c for b in (1, 8) for c in (64, 1024)}
+    assert context_cost(overheads) == pytest.approx(k)
+    # Noise that shrinks the overhead with context: stored as 0.
+    assert context_cost({(8, 64): 0.002, (8, 1024): 0.001}) == 0.0
+    with pytest.raises(ValueError, match="two or more contexts"):
+        context_cost({(1, 64): 0.001, (8, 64): 0.002})

@@ -36,8 +36,9 @@ from prfaas.workload import SimRequestSpec
 pytestmark = pytest.mark.timeout(60)
 
 PLUMBING = PlumbingCosts(
-    0.004, 0.003, 2e-9, 0.0003, 0.002, 0.0001, 0.0007, 0.05, prefill_per_token_s=3e-6, missing=()
-)
+    0.004, 0.003, 2e-9, 0.0003, 0.002, 0.0001, 0.0007, 0.05, prefill_per_token_s=3e-6,
+    decode_per_context_token_s=2e-7, missing=(),
+)  # fmt: skip
 
 
 def _profile(plumbing: PlumbingCosts = PLUMBING) -> ProfileFile:
@@ -80,13 +81,15 @@ def test_the_terms_round_trip_and_reach_the_cost_model(tmp_path: Path) -> None:
     assert not cm.relay_in_decode_step
     assert cm.decode_step_s(2, 200) == pytest.approx(0.002 + 0.001 + 2e-6)
     relayed = replace(cm, relay_in_decode_step=True)
-    # Once per step, and per request of the batch.
+    # Once per step, per request of the batch, per context token of the batch.
     assert relayed.decode_step_s(2, 200) == pytest.approx(
-        cm.decode_step_s(2, 200) + 0.0007 + 2 * 0.0003
+        cm.decode_step_s(2, 200) + 0.0007 + 2 * 0.0003 + 200 * 2e-7
     )
     assert relayed.decode_step_s(8, 200) == pytest.approx(
-        cm.decode_step_s(8, 200) + 0.0007 + 8 * 0.0003
+        cm.decode_step_s(8, 200) + 0.0007 + 8 * 0.0003 + 200 * 2e-7
     )
+    span = relayed.decode_span_s(2, 300, 5)  # the closed form keeps the context term
+    assert span == pytest.approx(sum(relayed.decode_step_s(2, 300 + 2 * k) for k in range(5)))
     assert relayed.max_decode_batch == cm.max_decode_batch
     assert relayed.prefill_s(300) == cm.prefill_s(300)
 
@@ -185,13 +188,18 @@ def test_each_term_is_charged_where_it_is_paid_and_switched_off(tmp_path: Path) 
              + p.decode_per_request_s + p.decode_per_kv_byte_s * kv)  # fmt: skip
     assert ttft - base_ttft == pytest.approx(extra, rel=1e-6)
     per_step_and_token = p.decode_per_output_token_s + p.decode_per_step_s  # at batch 1
-    assert decode - base_decode == pytest.approx(OUTPUT * per_step_and_token, rel=1e-6)
+    # The engine's copies: each step's context (the prompt and the tokens so far).
+    copies = p.decode_per_context_token_s * sum(PROMPT + k for k in range(OUTPUT))
+    assert decode - base_decode == pytest.approx(OUTPUT * per_step_and_token + copies, rel=1e-3)
     for term in PLUMBING_TERMS:  # each switch removes its own term only
         ttft_off, decode_off = _isolated(tmp_path, (term,))
         if term in ("decode_per_output_token_s", "decode_per_step_s"):
             other = per_step_and_token - getattr(p, term)
             assert ttft_off == pytest.approx(ttft)
-            assert decode_off - base_decode == pytest.approx(OUTPUT * other, rel=1e-6)
+            assert decode_off - base_decode == pytest.approx(OUTPUT * other + copies, rel=1e-3)
+        elif term == "decode_per_context_token_s":
+            assert ttft_off == pytest.approx(ttft)
+            assert decode_off - base_decode == pytest.approx(OUTPUT * per_step_and_token, rel=1e-6)
         elif term in ("gateway_per_output_token_s", "shared_core_overhead"):
             # A lone request never waits on the relay; these nodes have cores of their own.
             assert (ttft_off, decode_off) == pytest.approx((ttft, decode))
