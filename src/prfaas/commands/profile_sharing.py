@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from prfaas.serve.process_group import die_with_parent
+
 DEFAULT_PASSES = 12
 SHORT_PASS_TOKENS = 64
 """A decode-sized pass (a decode step of a small batch reads about as much as it computes)."""
@@ -96,7 +98,8 @@ def measure_shared_core_overhead(
     cmd = [sys.executable, "-m", "prfaas.commands.profile_sharing", "--child", str(model_path),
            str(pass_tokens), str(seed + 1)]  # fmt: skip
     with _pinned(core):
-        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        # Killed with this process whatever ends it: it may be SIGSTOPped at that moment.
+        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, preexec_fn=die_with_parent)
         try:
             assert child.stdout is not None
             line = child.stdout.readline().strip()

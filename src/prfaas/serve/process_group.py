@@ -10,10 +10,12 @@ leader is reaped it can be. Hence the order everywhere here: look at the leader 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import enum
 import os
 import signal
 import subprocess
+import sys
 import time
 
 
@@ -84,3 +86,20 @@ def pid_alive(pid: object) -> bool:
     except PermissionError:  # someone else's process: it exists
         return True
     return True
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: signal.Signals = signal.SIGKILL) -> None:
+    """Have the kernel send ``sig`` to this process when the thread that started it dies (a
+    ``preexec_fn``, or the first call of a child): a parent that is SIGKILLed, or SIGTERMed
+    without handlers, cannot stop its children itself, and a child it had SIGSTOPped would wait
+    for ever (SIGKILL ends a stopped process too). Linux only; elsewhere nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return
+    prctl(PR_SET_PDEATHSIG, int(sig))

@@ -3,6 +3,7 @@ SIGTERM is SIGKILLed after the grace, and nothing is left a zombie."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -72,3 +73,36 @@ def test_terminate_kills_a_group_that_ignores_sigterm() -> None:
     for pid in (polite_helper, stubborn_helper):
         _wait_gone(pid)
     terminate([polite, stubborn], grace_s=0.5)  # again: reaped leaders are never signalled
+
+
+# The parent starts a child that dies with it, stops it (as profile_sharing does between its
+# rounds), prints its pid, and waits to be killed.
+PARENT = """
+import os, signal, subprocess, sys, time
+from prfaas.serve.process_group import die_with_parent
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                         preexec_fn=die_with_parent)
+os.kill(child.pid, signal.SIGSTOP)
+print(child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_stopped_child_dies_with_its_sigkilled_parent() -> None:
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    try:
+        parent.kill()
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+            state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state == "Z":  # killed; its new parent (init) reaps it
+                break
+            time.sleep(0.05)
+        gone = not Path(f"/proc/{child}").exists() or state == "Z"
+        assert gone, f"child {child} outlived its parent"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)

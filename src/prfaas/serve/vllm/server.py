@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import enum
 import hashlib
 import json
@@ -36,7 +35,7 @@ import httpx
 from prfaas.config import EngineConfig
 from prfaas.deployment_sections import cpu_set, default_vllm_python
 from prfaas.integrations.vllm.settings import DEFAULT_PSK_ENV, ConnectorSettings
-from prfaas.serve.process_group import ChildGroup, terminate
+from prfaas.serve.process_group import ChildGroup, die_with_parent, terminate
 from prfaas.serve.supervisor import RestartPolicy, describe_exit
 
 log = logging.getLogger("prfaas.vllm")
@@ -418,9 +417,6 @@ def find_orphans(owner: str) -> list[int]:
     return found
 
 
-PR_SET_PDEATHSIG = 1
-
-
 def _preexec(cpus: frozenset[int] | None) -> Callable[[], None] | None:
     """A ``preexec_fn`` that has the kernel SIGKILL the API server when the sidecar's thread that
     started it dies (a SIGKILLed sidecar cannot stop it itself), and puts it on ``cpus``; None off
@@ -429,13 +425,9 @@ def _preexec(cpus: frozenset[int] | None) -> Callable[[], None] | None:
     (bench/vllm_pd.py: a prefill's forward pass took 1.6-6.5 s instead of 1.0 s)."""
     if not sys.platform.startswith("linux"):
         return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
 
     def preexec() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        die_with_parent(signal.SIGKILL)
         if cpus is not None:
             os.sched_setaffinity(0, cpus)
 
