@@ -62,7 +62,7 @@ def register(subparsers: Any) -> None:
         "--pass-tokens", type=int, default=512, metavar="N",
         help="--engine torch: prefill in passes ending at multiples of N tokens, as engine.torch "
         "runs them (it checkpoints the prefix at every engine.block_tokens block: give the "
-        "deployment's block_tokens) [512, the default block_tokens; 0: one pass]",
+        "deployment's block_tokens if not the default 512; 0: one pass)",
     )  # fmt: skip
     p.add_argument(
         "--no-plumbing", action="store_true",
