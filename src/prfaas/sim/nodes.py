@@ -1,7 +1,8 @@
 """Simulated nodes: a prefill node (FIFO queue, token-budget batches, cost-model service times) and
 a decode node (continuous batching whose completion times are computed between membership
 changes, so a request costs O(1) events whatever its output length); ``PoolIndex``: the
-least-loaded node of a (site, role) pool in O(log n) (lazy heap); and ``Pools``: the one index of
+least-loaded node of a (site, role) pool (a scan of a small pool's keys, a lazy heap for a large
+one: O(log n)); and ``Pools``: the one index of
 every pool, by site and role.
 
 State only; the simulator's stages (``simulator.py``, ``decode.py``, ``control.py``) move
