@@ -1,7 +1,8 @@
 """Simulated nodes: a prefill node (FIFO queue, token-budget batches, cost-model service times) and
 a decode node (continuous batching whose completion times are computed between membership
 changes, so a request costs O(1) events whatever its output length); ``PoolIndex``: the
-least-loaded node of a (site, role) pool in O(log n) (lazy heap); and ``Pools``: the one index of
+least-loaded node of a (site, role) pool (a scan of a small pool's keys, a lazy heap for a large
+one: O(log n)); and ``Pools``: the one index of
 every pool, by site and role.
 
 State only; the simulator's stages (``simulator.py``, ``decode.py``, ``control.py``) move
@@ -11,6 +12,7 @@ requests between them. Pure.
 from __future__ import annotations
 
 import heapq
+import operator
 from collections import deque
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
@@ -174,20 +176,32 @@ _heappop = heapq.heappop
 _heapreplace = heapq.heapreplace
 
 
+_SCAN_MAX = 16
+"""Pools of at most this many members answer ``best`` by a scan, larger ones from a heap: a
+site's few nodes (the paper's 3 prefill and 5 decode) cost a heap a sift per routing decision
+and a fix-up per grown load (1-1.5 us a request, twice), a scan of their keys in C ~0.3 us."""
+_heap_key_of = operator.attrgetter("heap_key")
+
+
 class PoolIndex(Generic[N]):
-    """Least-loaded accepting node of one pool: a heap of (load key, node index, node), kept
-    lazily. ``node.heap_key`` is the node's key as of its last ``touch``; each accepting member
-    has at least one entry at or below it. A load that falls pushes an entry at the new key; one
-    that grows pushes nothing: the node's entry, now too low, is moved down to the node's key
-    when it reaches the top (``best``), and an entry above the key (left behind by a fall) is
-    dropped there. ``best`` returns an entry whose key is the node's, below or equal to every
-    other member's lowest entry and so to its key: the least (key, index), as an eager heap
-    gives. A prefill node's key (``free_at_s``) only grows: its touch never pushes, and a
-    routing decision costs one sift where an eager heap paid a push and a pop of the stale
-    entry.
+    """Least-loaded accepting node of one pool: the least (key, node index) among the members
+    not draining, ``node.heap_key`` being the node's key as of its last ``touch`` (the simulator
+    touches a node whenever its load changes).
+
+    A small pool (``_SCAN_MAX``) scans its accepting members, kept in index order. A larger one
+    keeps a heap of (load key, node index, node), lazily: each accepting member has at least
+    one entry at or below its key. A load that falls pushes an entry at the new key; one that
+    grows pushes nothing: the node's entry, now too low, is moved down to the node's key when
+    it reaches the top (``best``), and an entry above the key (left behind by a fall) is dropped
+    there. ``best`` returns an entry whose key is the node's, below or equal to every other
+    member's lowest entry and so to its key: the least (key, index), as an eager heap gives. A
+    prefill node's key (``free_at_s``) only grows: its touch never pushes, and a routing
+    decision costs one sift where an eager heap paid a push and a pop of the stale entry.
+    Draining (``ControlLoop.drain``) sets the node's flag alone: both forms skip such a node
+    when they meet it.
     """
 
-    __slots__ = ("_heap", "_max_entries", "members")
+    __slots__ = ("_heap", "_max_entries", "_scan", "members")
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, N]] = []
@@ -195,23 +209,41 @@ class PoolIndex(Generic[N]):
         self._max_entries = 64
         """Heap entries (live and stale) past which the heap is rebuilt: ``4 x members + 64``,
         kept with the membership (``touch`` runs a few times per request)."""
+        self._scan: list[N] | None = []
+        """A small pool's accepting members in index order (``None``: the heap answers)."""
 
     def add(self, node: N) -> None:
         self.members[node.index] = node
         self._max_entries = 4 * len(self.members) + 64
         node.cached_load = None
         key = node.heap_key = node.load_key()
-        _heappush(self._heap, (key, node.index, node))
+        if self._scan is None:
+            _heappush(self._heap, (key, node.index, node))
+        else:  # the scan list again, or the heap if the pool outgrew it
+            self._membership_changed()
 
     def remove(self, node: N) -> None:
         self.members.pop(node.index, None)
         self._max_entries = 4 * len(self.members) + 64
+        if self._scan is not None or len(self.members) <= _SCAN_MAX:
+            self._membership_changed()
+
+    def _membership_changed(self) -> None:
+        """Scan or heap for the new size (rebuilt whole: membership changes are rare)."""
+        if len(self.members) <= _SCAN_MAX:
+            self._heap = []
+            self._scan = sorted(
+                (n for n in self.members.values() if not n.draining), key=lambda n: n.index
+            )
+        else:
+            self._scan = None
+            self._rebuild()
 
     def touch(self, node: N) -> None:
         """``node``'s load changed (or may have). Only a fall pushes an entry (see the class)."""
         node.cached_load = None
         key = node.load_key()
-        if key < node.heap_key:
+        if key < node.heap_key and self._scan is None:
             heap = self._heap
             _heappush(heap, (key, node.index, node))
             if len(heap) > self._max_entries:
@@ -228,6 +260,16 @@ class PoolIndex(Generic[N]):
         heapq.heapify(self._heap)
 
     def best(self) -> N | None:
+        scan = self._scan
+        if scan is not None:
+            if not scan:
+                return None
+            # ``min`` keeps the first of equal keys: in index order, the least (key, index).
+            found = min(scan, key=_heap_key_of)
+            if found.draining:  # drained since the list was made: drop every such node
+                self._scan = [n for n in scan if not n.draining]
+                return self.best()
+            return found
         heap = self._heap
         members = self.members
         while heap:

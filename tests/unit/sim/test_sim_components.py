@@ -153,9 +153,10 @@ class _StubNode:
 
 @pytest.mark.timeout(30)
 def test_pool_index_lazy_heap_picks_the_least_key_then_index_as_a_scan_does() -> None:
-    """``PoolIndex``, whose heap moves an entry only when a load falls or when a grown one
-    surfaces, answers what a scan of the members answers: the least (key, index) of the
-    accepting members, ties included (small integer keys, as decode loads are)."""
+    """``PoolIndex`` (a small pool's scan; a large one's heap, which moves an entry only when
+    a load falls or when a grown one surfaces) answers what a scan of the members answers: the
+    least (key, index) of the accepting members, ties included (small integer keys, as decode
+    loads are), also as removals take a pool from one form to the other."""
     import random
 
     from prfaas.sim.nodes import PoolIndex
@@ -163,7 +164,7 @@ def test_pool_index_lazy_heap_picks_the_least_key_then_index_as_a_scan_does() ->
     rng = random.Random(7)
     for _ in range(40):
         pool: PoolIndex = PoolIndex()  # type: ignore[type-arg]
-        nodes = [_StubNode(i) for i in range(rng.randint(1, 9))]
+        nodes = [_StubNode(i) for i in range(rng.choice((rng.randint(1, 9), rng.randint(14, 30))))]
         for n in nodes:
             n.key = rng.randint(0, 3)
             pool.add(n)  # type: ignore[arg-type]
@@ -172,7 +173,7 @@ def test_pool_index_lazy_heap_picks_the_least_key_then_index_as_a_scan_does() ->
             action = rng.random()
             if action < 0.03 and n.index in pool.members:
                 n.draining = True  # the simulator drains, then removes once idle
-            elif action < 0.05 and n.draining:
+            elif action < 0.08 and n.draining:
                 pool.remove(n)  # type: ignore[arg-type]
             else:
                 n.key = max(0, n.key + rng.choice((-2, -1, 1, 1, 2, 3)))
