@@ -111,6 +111,11 @@ def left_out_by_eqs(d: DeploymentConfig, sc: SimScenario) -> tuple[str, ...]:
             )
     if sc.trace is not None:
         out.append("trace: its arrival order and prefix reuse (Eqs. 1-8 see lengths only)")
+    if sc.output_tokens <= 100:  # beyond, one step in a hundred or fewer: not worth a line
+        out.append(
+            f"decode steps: Eq. 5 counts {sc.output_tokens} steps per request; the engines step "
+            f"{sc.output_tokens - 1} (the prefill samples the first token)"
+        )
     if sc.slo_tpot_s and any(s.shared_cores is not None for s in sc.sites):
         out.append("decode SLO under sharing: a slowed decode step must still meet slo_tpot_s")
     return tuple(out)

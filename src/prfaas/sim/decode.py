@@ -89,7 +89,9 @@ class DecodeStage:
     @staticmethod
     def _enter(dec: DecodeNode, req: SimRequest, step: int, at_s: float) -> None:
         req.decode_start_s = at_s
-        req.remaining_steps = step + req.num_output  # the finish step
+        # The finish step: the prefill sampled the first token, the node steps for the rest (a
+        # one-token request finishes as it joins, as a live node relays its token and ends).
+        req.remaining_steps = step + req.num_output - 1
         req.context = req.num_prompt - step  # this member's share of ctx_base
         dec.ctx_sum += req.context
         dec.seq += 1
@@ -234,10 +236,13 @@ class DecodeStage:
         if req.arrival_s < sc.warmup_s:
             return
         ttft = req.kv_ready_s - req.arrival_s
-        tpot = (now - req.decode_start_s) / req.num_output
+        # Time per output token after the first (which the prefill sampled); a one-token
+        # request has none (0: it meets any TPOT SLO, and no TPOT figure counts it).
+        tpot = (now - req.decode_start_s) / (req.num_output - 1) if req.num_output > 1 else 0.0
         m.num_counted += 1
         m.ttft_s.append(ttft)
-        m.tpot_s.append(tpot)
+        if req.num_output > 1:
+            m.tpot_s.append(tpot)
         m.e2e_s.append(now - req.arrival_s)
         if tpot > m.max_tpot_s:
             m.max_tpot_s = tpot

@@ -188,18 +188,20 @@ def test_each_term_is_charged_where_it_is_paid_and_switched_off(tmp_path: Path) 
              + p.decode_per_request_s + p.decode_per_kv_byte_s * kv)  # fmt: skip
     assert ttft - base_ttft == pytest.approx(extra, rel=1e-6)
     per_step_and_token = p.decode_per_output_token_s + p.decode_per_step_s  # at batch 1
-    # The engine's copies: each step's context (the prompt and the tokens so far).
-    copies = p.decode_per_context_token_s * sum(PROMPT + k for k in range(OUTPUT))
-    assert decode - base_decode == pytest.approx(OUTPUT * per_step_and_token + copies, rel=1e-3)
+    # OUTPUT - 1 steps (the prefill sampled the first token) and the engine's copies: each
+    # step's context (the prompt and the tokens so far).
+    steps = OUTPUT - 1
+    copies = p.decode_per_context_token_s * sum(PROMPT + k for k in range(steps))
+    assert decode - base_decode == pytest.approx(steps * per_step_and_token + copies, rel=1e-3)
     for term in PLUMBING_TERMS:  # each switch removes its own term only
         ttft_off, decode_off = _isolated(tmp_path, (term,))
         if term in ("decode_per_output_token_s", "decode_per_step_s"):
             other = per_step_and_token - getattr(p, term)
             assert ttft_off == pytest.approx(ttft)
-            assert decode_off - base_decode == pytest.approx(OUTPUT * other + copies, rel=1e-3)
+            assert decode_off - base_decode == pytest.approx(steps * other + copies, rel=1e-3)
         elif term == "decode_per_context_token_s":
             assert ttft_off == pytest.approx(ttft)
-            assert decode_off - base_decode == pytest.approx(OUTPUT * per_step_and_token, rel=1e-6)
+            assert decode_off - base_decode == pytest.approx(steps * per_step_and_token, rel=1e-6)
         elif term in ("gateway_per_output_token_s", "shared_core_overhead"):
             # A lone request never waits on the relay; these nodes have cores of their own.
             assert (ttft_off, decode_off) == pytest.approx((ttft, decode))

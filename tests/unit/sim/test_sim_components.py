@@ -25,7 +25,8 @@ def _reference_decode(cm, max_batch, arrivals):  # type: ignore[no-untyped-def]
     while waiting or active:
         while waiting and arrivals[waiting[0]][0] <= t and len(active) < max_batch:
             i = waiting.pop(0)
-            active.append([i, arrivals[i][2], arrivals[i][1]])
+            # The prefill sampled the first token: the node steps for the rest.
+            active.append([i, arrivals[i][2] - 1, arrivals[i][1]])
         if not active:
             t = arrivals[waiting[0]][0]
             continue
