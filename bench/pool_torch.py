@@ -84,6 +84,11 @@ PLUMBING_IN_POOL_SIM = {
         "(pool/service.py); the tenant's local prefill node's (its PD site's profile) in each "
         "local prefill's time (PoolSimulator._start_local)",
     ),
+    "prefill_per_token_s": (
+        True,
+        "with prefill_per_request_s, per uncached token (plumbing.prefill_overhead_s): in each "
+        "pool prefill's compute_s and each local prefill's time",
+    ),
     "decode_per_request_s": (
         False,
         "nowhere: the pool simulator models no decode (its TTFT ends when the last KV byte "
@@ -92,6 +97,7 @@ PLUMBING_IN_POOL_SIM = {
     "decode_per_kv_byte_s": (False, "nowhere: no decode is modelled (its install would go there)"),
     "decode_per_step_s": (False, "nowhere: no decode is modelled (sim/pool_sim.py docstring)"),
     "decode_per_output_token_s": (False, "nowhere: no decode is modelled"),
+    "decode_per_context_token_s": (False, "nowhere: no decode is modelled"),
     "gateway_per_request_s": (
         True,
         "a sim.plumbing.GatewayCpu per tenant (its PD site's profile): each arrival is routed "
@@ -860,7 +866,12 @@ def report(files: Files, sim: dict[str, Any], live: dict[str, Any] | None, cost:
     else:
         print("  (checked now: every term charged below is named in "
               + ", ".join(POOL_SIM_SOURCES) + ")")  # fmt: skip
+    from prfaas.perf.plumbing import PLUMBING_TERMS
+
     p = cost.plumbing
+    untold = [t for t in PLUMBING_TERMS if t not in PLUMBING_IN_POOL_SIM]
+    if untold:
+        print(f"  NOTE: the table below says nothing of {untold}: it is stale")
     for term, (charged, where) in PLUMBING_IN_POOL_SIM.items():
         said = "charged" if charged else "NOT charged"
         unit = "" if term == "shared_core_overhead" else " s"  # the one ratio
