@@ -55,9 +55,9 @@ SHORT_PROMPT_TOKENS = 64
 LONG_PROMPT_TOKENS = 4096
 OUTPUT_TOKENS = 32
 BATCH = 8
+"""Requests decoding at once in the batched class (the split of the decode node's terms)."""
 STEP_LONG_CONTEXT = 1024
 """The longer context the engine's decode step overhead is measured at (``context_cost``)."""
-"""Requests decoding at once in the batched class (the split of the decode node's terms)."""
 PROCESSES = ("gateway", "p0", "d0")
 IDLE_S = 2.0
 
