@@ -35,7 +35,7 @@ Store = CheckpointStore[Checkpoint]
 
 
 class Prompt(Protocol):
-    """What the stores read of a pool prefill's request (``sim.pool_sim._Req``)."""
+    """What the stores read of a pool prefill's request (``sim.pool_tenant_run.PoolRequest``)."""
 
     @property
     def num_tokens(self) -> int: ...

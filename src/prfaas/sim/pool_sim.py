@@ -55,8 +55,6 @@ import itertools
 import math
 import random
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -79,13 +77,14 @@ from prfaas.policy.pool_tenant_route import (
     GateReading,
     route_pool_tenant,
 )
-from prfaas.policy.router import Router, make_router
+from prfaas.policy.router import make_router
 from prfaas.policy.window import LengthWindow
 from prfaas.sim.kv_bytes import KvBytes
 from prfaas.sim.plumbing import GatewayCpu, charged_cost_model
 from prfaas.sim.pool_egress import EgressFlow, PoolEgress
-from prfaas.sim.pool_prefixes import PoolPrefixes, Store
-from prfaas.sim.pool_scenario import PoolSimScenario, PoolSimTenant
+from prfaas.sim.pool_prefixes import PoolPrefixes
+from prfaas.sim.pool_scenario import PoolSimScenario
+from prfaas.sim.pool_tenant_run import PoolRequest, TenantRun
 from prfaas.sim.pool_tuning import first_sample, tenant_threshold
 from prfaas.sim.pool_view import PoolTenantView
 from prfaas.workload import arrival_times
@@ -93,70 +92,6 @@ from prfaas.workload import arrival_times
 _DONE, _ARRIVAL, _TUNE, _BEAT = 0, 1, 2, 3  # priorities at equal times: completions first
 _TIMERS = (_TUNE, _BEAT)  # periodic: they keep nothing alive
 _NO_CACHE: MappingProxyType[SiteId, int] = MappingProxyType({})  # the tenant's home cache: none
-
-
-@dataclass(slots=True)
-class _Req:
-    tenant: str
-    request_id: str
-    arrival_s: float
-    num_tokens: int
-    offloaded: bool = False
-    ttft_s: float | None = None
-    fell_back: bool = False
-    block_hashes: tuple[int, ...] = ()
-    """The prompt's chained block hashes (a trace's); empty: it can neither hit nor store."""
-    pool_store: Store | None = None
-    """The store of the pool node that ran it (its checkpoints go there at the end)."""
-    pool_cached_tokens: int = 0
-    """Prompt tokens its pool node found in the tenant's prefixes."""
-
-
-@dataclass(slots=True)
-class TenantRun:
-    """One tenant's state and counts during a run."""
-
-    spec: PoolSimTenant
-    threshold_tokens: int = 0
-    arrivals: Any = None
-    trace_lengths: deque[int] | None = None
-    trace_hashes: deque[tuple[int, ...]] | None = None
-    rng: random.Random = field(default_factory=random.Random)
-    window: LengthWindow = field(default_factory=LengthWindow)
-    local_free: int = 0
-    local_queue: deque[_Req] = field(default_factory=deque)
-    local_work_s: float = 0.0
-    num_arrived: int = 0
-    num_offloaded: int = 0
-    num_local: int = 0
-    num_kept_local_by_feedback: int = 0
-    num_kept_local_for_link: int = 0
-    """Requests the file's router kept home for the tenant's link (live: ``reason="link"``)."""
-    refused: dict[str, int] = field(default_factory=dict)
-    session: PoolSession = field(default_factory=lambda: PoolSession(3.0))
-    ttft_s: list[float] = field(default_factory=list)
-    fallback_ttft_s: list[float] = field(default_factory=list)
-    num_completed: int = 0
-    compute_s_in_window: dict[str, float] = field(default_factory=dict)
-    threshold_updates: list[tuple[float, int]] = field(default_factory=list)
-    prefill_per_request_s: float = 0.0
-    """The local prefill nodes' fixed CPU per request (``sim.plumbing``), charged on each."""
-    prefill_per_token_s: float = 0.0
-    """And per uncached prompt token, beyond the forward passes."""
-    gateway: GatewayCpu | None = None
-    """The tenant's gateway CPU (None: no gateway term charged): routes its arrivals in order."""
-    router: Router | None = None
-    """The tenant file's router (``policy.make_router``, as the live gateway builds it)."""
-    view: PoolTenantView | None = None
-    gate: Callable[[], GateReading | None] | None = None
-    """The coordinated gate's inputs (None: not coordinated)."""
-    pool_in_flight: int = 0
-    pool_in_flight_tokens: int = 0
-    """Offloads accepted whose KV has not arrived (the live registry's tracked pool work)."""
-    pool_hit_tokens: int = 0
-    pool_lookup_tokens: int = 0
-    """Prompt tokens its pool prefills found in its prefixes at their nodes, and looked up
-    (every pool prefill's whole prompt, as a live pool node looks each up)."""
 
 
 class PoolSimulator:
@@ -179,7 +114,7 @@ class PoolSimulator:
         self._free = {g.name: sorted(g.nodes) for g in sc.groups}
         self._node_order = {name: {n: i for i, n in enumerate(f)} for name, f in self._free.items()}
         self._egress_wake = math.inf
-        self._pending: dict[tuple[str, str], _Req] = {}
+        self._pending: dict[tuple[str, str], PoolRequest] = {}
         self._running: dict[str, dict[tuple[str, str], Any]] = {g.name: {} for g in sc.groups}
         self.epoch = 1
         self._door_up = True
@@ -291,7 +226,7 @@ class PoolSimulator:
             else (spec.lengths.draw(run.rng))
         )
         run.num_arrived += 1
-        req = _Req(spec.name, f"{spec.name}-{run.num_arrived}", arrival_s, n)
+        req = PoolRequest(spec.name, f"{spec.name}-{run.num_arrived}", arrival_s, n)
         if run.trace_hashes is not None:
             req.block_hashes = run.trace_hashes.popleft()
         run.window.observe(n, 1, self.now)
@@ -326,7 +261,7 @@ class PoolSimulator:
             run.session.refused(req.request_id, decision.reason)
         self._local(run, req)
 
-    def _routes_to_pool(self, run: TenantRun, req: _Req) -> bool:
+    def _routes_to_pool(self, run: TenantRun, req: PoolRequest) -> bool:
         """Whether the tenant's router offloads ``req``: the file's router over the tenant's
         view, then, coordinated, the gate (``policy.route_pool_tenant``, the live tenant
         router's decision too); its keeps counted by reason."""
@@ -350,7 +285,7 @@ class PoolSimulator:
         return GateReading(fb.expected_queueing_s, run.local_work_s, run.spec.num_local_prefill)
 
     # -- local prefill -------------------------------------------------------------------------
-    def _local(self, run: TenantRun, req: _Req) -> None:
+    def _local(self, run: TenantRun, req: PoolRequest) -> None:
         run.num_local += 1
         run.local_work_s += run.spec.local_cost.prefill_s(req.num_tokens)
         run.local_queue.append(req)
@@ -366,7 +301,7 @@ class PoolSimulator:
                 self.now + dur, _DONE, lambda r=run, q=req, w=work: self._local_done(r, q, w)
             )
 
-    def _local_done(self, run: TenantRun, req: _Req, work_s: float) -> None:
+    def _local_done(self, run: TenantRun, req: PoolRequest, work_s: float) -> None:
         run.local_free += 1
         run.local_work_s = max(0.0, run.local_work_s - work_s)
         self._finish(run, req, self.now)
@@ -433,7 +368,7 @@ class PoolSimulator:
         finished = self.egress.take_finished()
         for f in finished:
             req = f.key
-            assert isinstance(req, _Req)
+            assert isinstance(req, PoolRequest)
             run = self.tenants[req.tenant]
             if req.block_hashes and req.pool_store is not None:  # its checkpoints, if any
                 group = self.sc.group_for(run.spec.model).name
@@ -447,7 +382,7 @@ class PoolSimulator:
             self._egress_wake = wake
             self._push(wake, _DONE, self._noop)
 
-    def _left_pool(self, run: TenantRun, req: _Req) -> None:
+    def _left_pool(self, run: TenantRun, req: PoolRequest) -> None:
         """An offload no longer at the pool (its KV arrived, or it fell back home)."""
         run.pool_in_flight -= 1
         run.pool_in_flight_tokens -= req.num_tokens
@@ -455,7 +390,7 @@ class PoolSimulator:
     def _noop(self) -> None:
         self._egress_wake = math.inf
 
-    def _finish(self, run: TenantRun, req: _Req, at_s: float) -> None:
+    def _finish(self, run: TenantRun, req: PoolRequest, at_s: float) -> None:
         req.ttft_s = at_s - req.arrival_s
         run.num_completed += 1
         if self._window[0] <= req.arrival_s <= self._window[1]:
@@ -488,7 +423,7 @@ class PoolSimulator:
             self.egress.flows.remove(flow)
             self.egress.changed()
             req = flow.key
-            assert isinstance(req, _Req)
+            assert isinstance(req, PoolRequest)
             run.session.failed(req.request_id, "node_lost")
             self._left_pool(run, req)
             req.fell_back = True

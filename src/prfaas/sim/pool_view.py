@@ -51,7 +51,7 @@ class _Queued(Protocol):
 
 
 class TenantRun(Protocol):
-    """What the view reads of a tenant's run (``sim.pool_sim.TenantRun``; a protocol, so this
+    """What the view reads of a tenant's run (``sim.pool_tenant_run.TenantRun``; a protocol, so this
     module does not import the simulator that imports it)."""
 
     @property
