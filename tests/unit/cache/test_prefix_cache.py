@@ -35,6 +35,25 @@ def test_hit_needs_blocks_and_a_checkpoint_at_that_length() -> None:
     c.check_integrity()
 
 
+def test_match_blocks_limit_cuts_the_match_wherever_it_falls() -> None:
+    """The limit applies after the scan (no slice of the prompt first): the answer is the
+    obvious one, the leading present blocks within the limit, walked back to a checkpoint."""
+    for sizing in (HYBRID, DENSE):
+        c = HybridPrefixCache(sizing, 10**13, checkpoint_every_blocks=3)
+        c.insert(list(range(8)), 8 * 512)  # checkpoints after blocks 2, 5 and 8
+        prompt = [*range(8), 99, 100]
+        for max_tokens in (None, -1, 0, 511, 512, 3 * 512, 5 * 512 + 7, 8 * 512, 10**6):
+            # (a negative limit, as ever, is none)
+            limit = len(prompt) if max_tokens is None or max_tokens < 0 else max_tokens // 512
+            want = 0
+            while want < min(limit, len(prompt)) and prompt[want] in range(8):
+                want += 1
+            if sizing is HYBRID:
+                while want and want not in (3, 6, 8):
+                    want -= 1
+            assert c.match_blocks(prompt, max_tokens) == want, (sizing, max_tokens)
+
+
 def test_dense_model_matches_any_block_prefix() -> None:
     c = HybridPrefixCache(DENSE, 10**13)
     c.insert([1, 2, 3], 3 * 512)
