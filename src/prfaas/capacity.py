@@ -109,6 +109,12 @@ def left_out_by_eqs(d: DeploymentConfig, sc: SimScenario) -> tuple[str, ...]:
                 f"plumbing: site {cfg.name}'s profile measures {', '.join(measured)}; Eqs. 3-5 "
                 "time the forward passes only"
             )
+    padded = [s.name for s in sc.sites if s.kind == "pd" and s.decode_pads_batch]
+    if padded:
+        out.append(
+            f"decode padding: site(s) {', '.join(padded)} step a batch padded to its longest "
+            "context (engine.torch); Eq. 5 prices a step at the mean context"
+        )
     if sc.trace is not None:
         out.append("trace: its arrival order and prefix reuse (Eqs. 1-8 see lengths only)")
     if sc.output_tokens <= 100:  # beyond, one step in a hundred or fewer: not worth a line

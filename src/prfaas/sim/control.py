@@ -52,7 +52,8 @@ class ControlLoop:
             if adm is None:
                 adm = w.admission[site] = DecodeAdmission(cm.max_decode_batch)
             new = DecodeNode(node.node_id, node.index, site, node.site_id, cm,
-                             adm.max_batch, w.decode_kv_capacity(cm))  # fmt: skip
+                             adm.max_batch, w.decode_kv_capacity(cm),
+                             w.sc.sites[site].decode_pads_batch)  # fmt: skip
         else:
             new = PrefillNode(node.node_id, node.index, site, node.site_id, cm)
             new.free_at_s = w.now

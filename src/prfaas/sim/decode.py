@@ -86,6 +86,8 @@ class DecodeStage:
     # (``dec.step``); a member joining at step j with context c finishes at step j + output and
     # has context c + (s - j) at step s, so the batch's total context at step s is
     # ``ctx_base + B * s`` with ``ctx_base = sum(c - j)``. Members sit in a heap by finish step.
+    # An engine that pads its batch (``DecodeNode.pads_batch``) computes ``B`` rows of the
+    # longest context, ``B * (max(c - j) + s)``: the max from a second heap.
     @staticmethod
     def _enter(dec: DecodeNode, req: SimRequest, step: int, at_s: float) -> None:
         req.decode_start_s = at_s
@@ -96,6 +98,12 @@ class DecodeStage:
         dec.ctx_sum += req.context
         dec.seq += 1
         heapq.heappush(dec.members, (req.remaining_steps, dec.seq, req))
+        if dec.pads_batch:
+            tops = dec.ctx_tops
+            if len(tops) > 4 * len(dec.members) + 64:  # finished members piled up below the top
+                tops[:] = [t for t in tops if t[2].state is not _FINISHED]
+                heapq.heapify(tops)
+            heapq.heappush(tops, (-req.context, dec.seq, req))
 
     def _join(self, dec: DecodeNode, req: SimRequest) -> None:
         now = self._world.now
@@ -161,7 +169,15 @@ class DecodeStage:
         b = len(members)
         dec.span_start_s = start_s
         dec.span_batch = b
-        dec.span_ctx = dec.ctx_sum + b * dec.step
+        if dec.pads_batch:
+            # Every row padded to the longest member's context (all grow one token a step, so
+            # the longest stays the longest until the membership changes).
+            tops = dec.ctx_tops
+            while tops[0][2].state is _FINISHED:
+                heapq.heappop(tops)
+            dec.span_ctx = b * (dec.step - tops[0][0])
+        else:
+            dec.span_ctx = dec.ctx_sum + b * dec.step
         steps = members[0][0] - dec.step
         dec.tick_steps = steps
         shared = self._shared[dec.site]

@@ -114,16 +114,23 @@ class PrefillNode(NodeBase):
 
 
 class DecodeNode(NodeBase):
-    __slots__ = ("ctx_sum", "install_per_byte_s", "installs", "kv_capacity", "kv_used", "max_batch",
-                 "members", "reserved", "seq", "slot_s", "span_batch", "span_ctx", "span_factor",
-                 "span_start_s", "step", "tick_s", "tick_steps", "tick_version",
-                 "waiting")  # fmt: skip
+    __slots__ = ("ctx_sum", "ctx_tops", "install_per_byte_s", "installs", "kv_capacity", "kv_used",
+                 "max_batch", "members", "pads_batch", "reserved", "seq", "slot_s", "span_batch",
+                 "span_ctx", "span_factor", "span_start_s", "step", "tick_s", "tick_steps",
+                 "tick_version", "waiting")  # fmt: skip
 
     def __init__(
         self, node_id: NodeId, index: int, site: int, site_id: SiteId, cm: CostModel,
-        max_batch: int, kv_capacity: int,
+        max_batch: int, kv_capacity: int, pads_batch: bool = False,
     ) -> None:  # fmt: skip
         super().__init__(node_id, index, site, site_id, NodeRole.DECODE, cm)
+        self.pads_batch = pads_batch
+        """The engine pads its batch to the longest member's context
+        (``SimSite.decode_pads_batch``): a step's context terms are paid on ``batch x longest``,
+        not on the contexts' sum."""
+        self.ctx_tops: list[tuple[int, int, SimRequest]] = []
+        """With ``pads_batch``: a max-heap (negated) of members' ``context`` shares; finished
+        members leave it lazily, when they reach its top."""
         self.max_batch = max_batch
         self.kv_capacity = kv_capacity
         self.kv_used = 0

@@ -44,6 +44,10 @@ class SimSite:
     its own hardware, as its timings were measured."""
     threads_per_node: int = 1
     """Cores one busy node computes on (with ``shared_cores``)."""
+    decode_pads_batch: bool = False
+    """The decode nodes' engine pads a batch to its longest context (``engine.torch``: the
+    batch's caches are left-padded into one), so a step costs what ``batch x longest`` context
+    tokens cost; False: what their sum costs (paged engines, the timed engine)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -142,7 +142,8 @@ class World:
             kv_cap = self.decode_kv_capacity(cm)
             for k in range(s.num_decode):
                 node_id = NodeId(f"{s.name}/d{k}")
-                self.add_node(DecodeNode(node_id, len(self.nodes), i, sid, cm, bs, kv_cap))
+                self.add_node(DecodeNode(node_id, len(self.nodes), i, sid, cm, bs, kv_cap,
+                                         s.decode_pads_batch))  # fmt: skip
 
     def add_node(self, node: SimNode) -> None:
         """Add ``node``, or put it in place of the node with its index (a role change)."""
