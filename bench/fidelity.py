@@ -442,6 +442,9 @@ def run_sim(
         deployment = unsplit_path(deployment)
         plumbing_off = tuple(t for t in plumbing_off if t != UNSPLIT)
     sc = _scenario(deployment, deployment.stat().st_mtime_ns)
+    if NOPAD in plumbing_off:
+        sc = replace(sc, sites=tuple(replace(x, decode_pads_batch=False) for x in sc.sites))
+        plumbing_off = tuple(t for t in plumbing_off if t != NOPAD)
     sc = replace(sc, duration_s=specs[-1].arrival_s + 1e-6, warmup_s=0.0, plumbing_off=plumbing_off)
     sim = Simulator(sc, iter(specs))
     site_of_node = {str(n.node_id): str(n.site_id) for n in sim.world.nodes}
@@ -707,6 +710,38 @@ def render(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+PROBE_TOKENS = 2048
+PROBE_CODE = """
+import statistics, sys, time, torch
+from prfaas.engine.torch.hf_cache import forward, new_cache
+from prfaas.engine.torch.loader import load_model
+torch.set_num_threads(1)
+m = load_model(__import__("pathlib").Path(sys.argv[1]), device="cpu").model
+n = int(sys.argv[2])
+ids, at = torch.arange(n).remainder(200).unsqueeze(0), torch.arange(n).unsqueeze(0)
+cpu = []
+with torch.inference_mode():
+    for k in range(9):
+        t0 = time.process_time()
+        forward(m, ids, new_cache(m), at)
+        cpu.append(time.process_time() - t0)
+print(statistics.median(cpu[2:]))
+"""
+
+
+def speed_probe(model: Path) -> float:
+    """CPU seconds of one ``PROBE_TOKENS``-token prefill pass on the PD core, median of 7 in a
+    process of its own: how fast the machine is now. Profiles are measured once, the live runs
+    last an hour, and this virtual machine's speed drifts (a pass took 10-12% longer at
+    07:52 than at 06:09 on 2026-12-05): the probe beside each seed says by how much."""
+    env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error"}
+    out = subprocess.run(
+        ["taskset", "-c", str(PD_CORE), sys.executable, "-c", PROBE_CODE, str(model),
+         str(PROBE_TOKENS)], capture_output=True, text=True, check=True, env=env, timeout=300,
+    )  # fmt: skip
+    return float(out.stdout.strip().splitlines()[-1])
+
+
 def _read_share(path: Path) -> float | None:
     return float(path.read_text()) if path.is_file() else None
 
@@ -721,9 +756,13 @@ SHAPES = ("sessions", "lognormal")
 LOADS = (0.5, 0.9)
 UNSPLIT = "unsplit"
 """A pseudo-term in a variant: simulate the ``-unsplit`` deployment file (``write_unsplit``)."""
+NOPAD = "nopad"
+"""A pseudo-term in a variant: decode steps priced at the batch's summed context, not padded to
+its longest (``simulation.decode_pads_batch: false``)."""
 VARIANTS: dict[str, tuple[str, ...]] = {
     "all terms": (),
     "all terms, step charged per token": (UNSPLIT,),
+    "all terms, decode batch not padded": (NOPAD,),
     "no terms": PLUMBING_TERMS_ALL,
     **{f"without {t.removesuffix('_s')}": (t,) for t in PLUMBING_TERMS_ALL},
 }
@@ -954,9 +993,13 @@ def score_seed(
         return run_live(deployment, paced, s.workdir / f"run{next(runs)}", args.shared_live)
 
     search = not args.quick
-    cap, tried = one_rule_capacity(live_step, specs, live_burst, args.start_step, search)
+    # Longer steps than the other runs (their first requests the same): a short step reads the
+    # capacity low (its first requests find the deployment empty; serve/loadgen/maxrate.py).
+    cap_specs = gen(seed, max(args.requests, args.capacity_requests), args.mean_output)
+    cap, tried = one_rule_capacity(live_step, cap_specs, live_burst, args.start_step, search)
     row["capacity"] = {
         "rule": "prfaas bench --find-max-rate (serve/loadgen/maxrate.py)",
+        "requests_per_step": len(cap_specs),
         "live_rps": cap,
         "live_steps": tried,
         "sim_rps": {},
@@ -965,7 +1008,7 @@ def score_seed(
     for name, off in VARIANTS.items():
         # The same search from the simulator's own burst throughput (no live figure used).
         sim_cap, sim_tried = one_rule_capacity(
-            lambda paced, off=off: run_sim(deployment, paced, off), specs,
+            lambda paced, off=off: run_sim(deployment, paced, off), cap_specs,
             row["burst"]["sim_rps"][name], args.start_step, search,
         )  # fmt: skip
         row["capacity"]["sim_rps"][name] = sim_cap
@@ -1097,9 +1140,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--mean-output", type=int, default=47, help="mean output tokens")
     p.add_argument("--live-repeats", type=int, default=2, help="live runs per load point")
     p.add_argument(
+        "--capacity-requests", type=int, default=240,
+        help="requests per capacity step (the seed's first --requests, then more of its own)",
+    )  # fmt: skip
+    p.add_argument(
         "--start-step",
         type=float,
-        default=0.6,
+        default=0.75,
         help="the capacity search's first rate, as a multiple of the side's own burst throughput",
     )
     p.add_argument("--threshold-tokens", type=int, help="the router's t [balanced_t]")
@@ -1116,6 +1163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fields: dict[str, Any] = dict(QUICK) if args.quick else {}
     if args.quick:
         args.requests, args.seeds, args.mean_output = 6, 1, 4
+        args.capacity_requests = args.requests
         args.live_repeats, args.shapes = 1, ["lognormal"]
     fields = {k: v for k, v in fields.items() if k != "max_prompt_tokens"}
     fields.setdefault("loads", LOADS)
@@ -1150,12 +1198,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(f"deployment {deployment} (router prfaas, t = {t} tokens)")
     rows: list[dict[str, Any]] = []
     runs = iter(range(1, 100_000))
+    speed: dict[str, Any] = {"at_start_s": speed_probe(model), "per_seed_s": {}}
+    say(
+        f"speed probe: a {PROBE_TOKENS}-token pass takes {speed['at_start_s'] * 1e3:.2f} ms of "
+        f"CPU on core {PD_CORE} (the profiles' {local_cm.prefill_s(PROBE_TOKENS) * 1e3:.2f} ms)"
+    )
 
     def report() -> dict[str, Any]:
         return {
             "seeds": seeds, "shapes": args.shapes, "threshold_tokens": t,
             "requests": args.requests, "mean_output": args.mean_output,
             "live_repeats": args.live_repeats, "start_step": args.start_step,
+            "capacity_requests": args.capacity_requests, "speed_probe": speed,
             "capacity_rule": "one", "loads": s.loads,
             "deployment": str(deployment),
             "profiles": {k: str(v) for k, v in profiles.items()},
@@ -1170,6 +1224,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.shared_live = SharedLive(deployment, s.workdir / "live") if args.quick else None
     try:
         for seed in seeds:  # shapes interleaved: a run cut short still has every shape
+            probe_s = speed["per_seed_s"][str(seed)] = speed_probe(model)
+            say(
+                f"speed probe before seed {seed}: {probe_s * 1e3:.2f} ms "
+                f"({probe_s / speed['at_start_s'] - 1:+.1%} against the start)"
+            )
             for shape in args.shapes:
                 rows.append(score_seed(shape, seed, deployment, s, args, runs))
                 if args.json:  # after every seed: a run cut short keeps what it measured
@@ -1180,7 +1239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(f"machine load after: {machine_load()['loadavg_1_5_15']}")
     print(f"seeds: {' '.join(map(str, seeds))}; t = {t}; {args.requests} requests per run; "
           f"live repeats {args.live_repeats}; capacity by prfaas bench --find-max-rate's rule "
-          f"from {args.start_step} x burst; loads {s.loads} "
+          f"from {args.start_step} x burst, {args.capacity_requests} requests a step; "
+          f"loads {s.loads} "
           "of the live capacity; the machine is shared (noise: the live-vs-live row)")  # fmt: skip
     print(render_scored(rows))
     if args.json:

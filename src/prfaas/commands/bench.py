@@ -118,8 +118,9 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--find-max-rate", action="store_true",
         help="measure the endpoint's capacity live by the simulator's rule (steps of constant "
-        "open-loop rate from --rate; a step fails when a backlog grows or --slo-tpot is missed): "
-        "serve/loadgen/maxrate.py",
+        "open-loop rate from --rate, each of --num-requests: a few hundred, a short step reads "
+        "low; a step fails when the requests' latencies grow with their send times, one fails, "
+        "or --slo-tpot is missed): serve/loadgen/maxrate.py",
     )  # fmt: skip
     p.add_argument(
         "--slo-tpot", type=float, default=None, metavar="S",

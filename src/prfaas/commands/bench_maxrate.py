@@ -53,8 +53,10 @@ def run_find_max_rate(
 
     def show(step: LiveStep) -> None:
         if not args.json:
+            t = step.latency_trend
+            trend = "" if t is None else f"latency trend {t:+.3f}; "
             print(f"  {step.rate_rps:8.3f} req/s: {'pass' if step.passed else 'FAIL'} "
-                  f"({step.why}; in flight {step.in_flight_half} -> {step.in_flight_end})",
+                  f"({step.why}; {trend}in flight {step.in_flight_half} -> {step.in_flight_end})",
                   flush=True)  # fmt: skip
 
     rule = LiveRule(slo_tpot_s=args.slo_tpot)
@@ -64,8 +66,8 @@ def run_find_max_rate(
         "url": url,
         "model": model,
         "capacity_rps": capacity,
-        "definition": "highest constant open-loop arrival rate at which the requests in flight "
-        "do not grow and the decode SLO holds (serve/loadgen/maxrate.py)",
+        "definition": "highest constant open-loop arrival rate at which the requests' latencies "
+        "do not grow with their send times and the decode SLO holds (serve/loadgen/maxrate.py)",
         "rule": dataclasses.asdict(rule),
         "num_requests_per_step": len(base),
         "extra_body": extra,
