@@ -718,26 +718,31 @@ from prfaas.engine.torch.loader import load_model
 torch.set_num_threads(1)
 m = load_model(__import__("pathlib").Path(sys.argv[1]), device="cpu").model
 n = int(sys.argv[2])
+p = int(sys.argv[3])
 ids, at = torch.arange(n).remainder(200).unsqueeze(0), torch.arange(n).unsqueeze(0)
 cpu = []
 with torch.inference_mode():
     for k in range(9):
         t0 = time.process_time()
-        forward(m, ids, new_cache(m), at)
+        cache = new_cache(m)
+        for s in range(0, n, p):  # the profile's passes (--pass-tokens)
+            forward(m, ids[:, s:s + p], cache, at[:, s:s + p])
         cpu.append(time.process_time() - t0)
 print(statistics.median(cpu[2:]))
 """
 
 
 def speed_probe(model: Path) -> float:
-    """CPU seconds of one ``PROBE_TOKENS``-token prefill pass on the PD core, median of 7 in a
-    process of its own: how fast the machine is now. Profiles are measured once, the live runs
+    """CPU seconds of a ``PROBE_TOKENS``-token prefill in passes of ``BLOCK_TOKENS`` (as the
+    profiles time them) on the PD core, median of 7 in a process of its own: how fast the
+    machine is now. Profiles are measured once, the live runs
     last an hour, and this virtual machine's speed drifts (a pass took 10-12% longer at
     07:52 than at 06:09 on 2026-12-05): the probe beside each seed says by how much."""
     env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error"}
     out = subprocess.run(
         ["taskset", "-c", str(PD_CORE), sys.executable, "-c", PROBE_CODE, str(model),
-         str(PROBE_TOKENS)], capture_output=True, text=True, check=True, env=env, timeout=300,
+         str(PROBE_TOKENS), str(BLOCK_TOKENS)],
+        capture_output=True, text=True, check=True, env=env, timeout=300,
     )  # fmt: skip
     return float(out.stdout.strip().splitlines()[-1])
 
@@ -1200,8 +1205,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs = iter(range(1, 100_000))
     speed: dict[str, Any] = {"at_start_s": speed_probe(model), "per_seed_s": {}}
     say(
-        f"speed probe: a {PROBE_TOKENS}-token pass takes {speed['at_start_s'] * 1e3:.2f} ms of "
-        f"CPU on core {PD_CORE} (the profiles' {local_cm.prefill_s(PROBE_TOKENS) * 1e3:.2f} ms)"
+        f"speed probe: a {PROBE_TOKENS}-token prefill takes {speed['at_start_s'] * 1e3:.2f} ms of "
+        f"CPU on core {PD_CORE} in passes of {BLOCK_TOKENS} (the PD profile's curve: "
+        f"{local_cm.prefill_s(PROBE_TOKENS) * 1e3:.2f} ms)"
     )
 
     def report() -> dict[str, Any]:
