@@ -68,7 +68,9 @@ def register(subparsers: Any) -> None:
         "--arrival", choices=("poisson", "uniform"), default="poisson", help="arrival process"
     )
     p.add_argument(
-        "--num-requests", type=int, help="requests to send (default 100 unless --duration)"
+        "--num-requests",
+        type=int,
+        help="requests to send (default 100 unless --duration; --find-max-rate: per step, 300)",
     )
     p.add_argument("--duration", type=float, help="stop sending after this many seconds")
     p.add_argument(

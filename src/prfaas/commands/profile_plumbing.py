@@ -3,13 +3,13 @@ passes, measured through a real deployment of the profiled model (``perf.plumbin
 
 A one-site deployment (the gateway, one torch prefill node, one torch decode node, each its own
 process, ``router: local_only``) is launched on this host with ``serve.Launcher``; requests go
-through its HTTP API one at a time (nothing queued), in three classes: short prompts with one
-output token, short prompts with ``K`` output tokens, long prompts with one output token (fresh
-random prompts, so no prefix hits); then short prompts with ``K`` tokens, ``BATCH`` at once.
-Each process's CPU time (user + system, all threads, from ``/proc``), less its idle rate
-measured beforehand, divided by the requests, gives per process
-and class the CPU one request costs; the terms are differences of classes, less the profile's own
-forward-pass times where a node computes:
+through its HTTP API one at a time (nothing queued), in four classes: short prompts with one
+output token, short prompts with ``K`` output tokens, long and middle-sized prompts with one
+output token (fresh random prompts, so no prefix hits); then short prompts with ``K`` tokens,
+``BATCH`` at once. Each process's CPU time (user + system, all threads, from ``/proc``), less
+its idle rate measured beforehand, divided by the requests, gives per process and class the CPU
+one request costs; the terms are differences of classes (or a line through them), less the
+profile's own forward-pass times where a node computes:
 
 - ``gateway_per_output_token_s``: the gateway's CPU, (K class - short class) / (K - 1);
 - ``gateway_per_request_s``: the gateway's CPU of the short class, less one token's;
@@ -23,11 +23,12 @@ forward-pass times where a node computes:
   ``decode_per_output_token_s``. The engine's step overhead measured in the profiling process
   (``commands.profile_step``) is recorded beside it, and splits it only if the batched class
   could not (``split_decode_overhead``); with neither, the per-step term is left missing;
-- ``prefill_per_token_s``: the prefill node's CPU beyond its profiled prefill, (long class -
-  short class) per prompt token between them: the engine's work around its passes (its cache
-  and checkpoint copies, the layers handed out) and the KV stream's;
-- ``prefill_per_request_s``: the prefill node's CPU of the short class less its profiled
-  prefill and its tokens' ``prefill_per_token_s``; ``decode_per_request_s``: the decode node's
+- ``prefill_per_token_s`` and ``prefill_per_request_s``: the slope and intercept of a
+  least-squares line (``perf.plumbing.line_fit``) through the prefill node's CPU beyond its
+  profiled prefill in the one-token classes (short, a middle class of 1,024-token prompts, long):
+  the engine's work around its passes (its cache and checkpoint copies, the layers handed out)
+  and the KV stream's; two classes alone traded the terms off between profiles;
+- ``decode_per_request_s``: the decode node's
   CPU of the short class less its KV bytes' (it runs no forward pass for a one-token request).
   The simulator charges each on its node.
 
@@ -106,6 +107,7 @@ def measure(
     threads: int,
     seed: int,
     long_prompt_tokens: int,
+    mid_prompt_tokens: int | None = None,
     say: Callable[[str], None],
     engine_overhead_s: dict[int, float] | None = None,
     decode_per_context_token_s: float | None = None,
@@ -118,7 +120,12 @@ def measure(
     taken out of the classes' decode CPU before the per-token and per-step terms are read from
     it, and stored with them; None leaves it missing (charged as 0)."""
     from prfaas.config import load_deployment
-    from prfaas.perf.plumbing import PlumbingCosts, split_decode_live, split_decode_overhead
+    from prfaas.perf.plumbing import (
+        PlumbingCosts,
+        line_fit,
+        split_decode_live,
+        split_decode_overhead,
+    )
     from prfaas.perf.profile_costs import cost_model_from_profile_file
     from prfaas.perf.profile_read import load_profile_file
     from prfaas.serve.launch_errors import LaunchError
@@ -190,6 +197,8 @@ def measure(
         tokens = cls(SHORT_PROMPT_TOKENS, OUTPUT_TOKENS)
         steps_batch1 = decode_steps() - steps_at
         long = cls(long_prompt_tokens, 1)
+        # A third size between them for the prefill node's two terms (least squares).
+        mid = cls(mid_prompt_tokens, 1) if mid_prompt_tokens else None
         # The batched class: BATCH requests decoding at once (a new one starts as one ends).
         num_batched = max(requests, 2 * BATCH)
         say(f"plumbing: {num_batched} requests, {BATCH} at once, {OUTPUT_TOKENS} output tokens")
@@ -268,15 +277,14 @@ def measure(
             f"contexts): per step {split.per_step_s:.4g} s, engine per request "
             f"{split.engine_per_request_s:.4g} s"
         ) + "".join(f"; {c}" for c in split.clipped)
-    # The prefill node: its CPU beyond the profiled passes, per request and per prompt token
-    # (the long class against the short one).
-    beyond_short = short.per_process_s["p0"] - cm.prefill_s(SHORT_PROMPT_TOKENS)
-    beyond_long = long.per_process_s["p0"] - cm.prefill_s(long_prompt_tokens)
-    prefill_tok = floor0(
-        "prefill_per_token_s",
-        (beyond_long - beyond_short) / (long_prompt_tokens - SHORT_PROMPT_TOKENS),
-    )
-    prefill_req = beyond_short - prefill_tok * SHORT_PROMPT_TOKENS
+    # The prefill node: its CPU beyond the profiled passes, per request and per prompt token,
+    # fitted over the one-token classes' prompt sizes.
+    beyond = {c.prompt_tokens: c.per_process_s["p0"] - cm.prefill_s(c.prompt_tokens)
+              for c in (short, mid, long) if c is not None}  # fmt: skip
+    prefill_req_fit, prefill_tok_fit = line_fit(beyond)
+    prefill_tok = floor0("prefill_per_token_s", prefill_tok_fit)
+    # Clipped to 0, the per-token term gives the per-request term the classes' mean instead.
+    prefill_req = prefill_req_fit if prefill_tok_fit >= 0 else sum(beyond.values()) / len(beyond)
     decode_req = d_s - per_byte * kv_short
     prefill_points = load_profile_file(profile).prefill
     smallest = min((pt.new_tokens for pt in prefill_points.points if pt.cached_tokens == 0),
@@ -293,18 +301,20 @@ def measure(
         per_byte, per_tok, gw_req, gw_tok, per_step, prefill_per_token_s=prefill_tok,
         decode_per_context_token_s=per_ctx_copy, missing=(*missing, *ctx_missing),
     )  # fmt: skip
+    prefill_fit_how = (
+        "a least-squares line over the one-token classes' CPU beyond their profiled passes: "
+        + ", ".join(
+            f"{n} tokens {v * 1e3:.4g} ms (passes {cm.prefill_s(n) * 1e3:.4g} ms)"
+            for n, v in sorted(beyond.items())
+        )
+    )
     common = (
         f"process CPU (/proc, idle rate removed) of a live one-site torch deployment, "
         f"{requests} sequential requests per class"
     )
     how = {
-        "prefill_per_request_s": f"{common}; prefill node, {SHORT_PROMPT_TOKENS}-token prompts, "
-        f"less its profiled prefill ({cm.prefill_s(SHORT_PROMPT_TOKENS):.4g} s) and their tokens "
-        f"at prefill_per_token_s",
-        "prefill_per_token_s": f"{common}; prefill node, {long_prompt_tokens} vs "
-        f"{SHORT_PROMPT_TOKENS}-token prompts, each less its profiled prefill "
-        f"({cm.prefill_s(long_prompt_tokens):.4g} vs {cm.prefill_s(SHORT_PROMPT_TOKENS):.4g} s): "
-        f"{beyond_long * 1e3:.4g} vs {beyond_short * 1e3:.4g} ms beyond the passes",
+        "prefill_per_request_s": f"{common}; prefill node, the intercept of {prefill_fit_how}",
+        "prefill_per_token_s": f"{common}; prefill node, the slope of {prefill_fit_how}",
         "decode_per_request_s": f"{common}; decode node, {SHORT_PROMPT_TOKENS}-token prompts, "
         f"less their {kv_short} KV bytes at decode_per_kv_byte_s",
         "decode_per_kv_byte_s": f"{common}; decode node, {long_prompt_tokens} vs "
@@ -374,6 +384,7 @@ def with_plumbing(pf: Any, args: argparse.Namespace) -> Any:
         costs, how = measure(
             pf.model.name, args.model_path, scratch, Path(tmp), requests=args.plumbing_requests,
             threads=args.threads, seed=args.seed + 1, long_prompt_tokens=min(4096, limit // 2),
+            mid_prompt_tokens=min(1024, limit // 8) if limit // 8 > SHORT_PROMPT_TOKENS else None,
             say=say, engine_overhead_s=engine_overhead_s, decode_per_context_token_s=per_context,
         )  # fmt: skip
     how = (*how, ("decode_per_context_token_s", context_how))

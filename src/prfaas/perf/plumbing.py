@@ -192,6 +192,20 @@ def split_decode_live(
     return DecodeSplit(a, r - a, 0.0, tuple(clipped))
 
 
+def line_fit(points: dict[int, float]) -> tuple[float, float]:
+    """``(intercept, slope)`` of ``y = intercept + slope x n``, least squares over ``points``
+    (``{n: y}``, two or more sizes): the prefill node's CPU beyond its passes per request and
+    per prompt token, from classes of prompts of several sizes (two make it their difference;
+    a third keeps one noisy class from setting both terms)."""
+    if len(points) < 2:
+        raise ValueError(f"need two or more sizes, got {sorted(points)}")
+    mean_n = sum(points) / len(points)
+    mean_y = sum(points.values()) / len(points)
+    sxx = sum((n - mean_n) ** 2 for n in points)
+    slope = sum((n - mean_n) * (y - mean_y) for n, y in points.items()) / sxx
+    return mean_y - slope * mean_n, slope
+
+
 def context_cost(overhead_s: dict[tuple[int, int], float]) -> float:
     """``decode_per_context_token_s`` from the engine step's overhead beyond the forward pass
     (``overhead_s[(b, ctx)]``, seconds, ``b`` requests of ``ctx`` context tokens each) at two or

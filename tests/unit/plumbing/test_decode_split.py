@@ -15,6 +15,7 @@ from prfaas.perf import profile_costs
 from prfaas.perf.plumbing import (
     PlumbingCosts,
     context_cost,
+    line_fit,
     split_decode_live,
     split_decode_overhead,
 )
@@ -147,3 +148,17 @@ def test_the_context_cost_is_the_overhead_s_growth_per_batch_context_token() -> 
     assert context_cost({(8, 64): 0.002, (8, 1024): 0.001}) == 0.0
     with pytest.raises(ValueError, match="two or more contexts"):
         context_cost({(1, 64): 0.001, (8, 64): 0.002})
+
+
+def test_the_prefill_nodes_terms_are_a_least_squares_line_over_its_classes() -> None:
+    """Two sizes: their difference, as before; three: the line through them, so one noisy
+    class no longer sets both terms."""
+    two = line_fit({64: 0.005, 4096: 0.005 + 4032 * 2e-6})
+    assert two == pytest.approx((0.005 - 64 * 2e-6, 2e-6))
+    exact = {n: 0.004 + 1e-6 * n for n in (64, 1024, 4096)}
+    assert line_fit(exact) == pytest.approx((0.004, 1e-6))
+    intercept, slope = line_fit({**exact, 1024: exact[1024] + 0.004})  # 4 ms of noise
+    assert 0 < intercept + slope * 1024 - exact[1024] < 0.004  # the line follows it partway
+    assert slope == pytest.approx(1e-6, abs=1e-6)
+    with pytest.raises(ValueError, match="two or more"):
+        line_fit({64: 0.01})
