@@ -24,8 +24,9 @@ profile's own forward-pass times where a node computes:
   (``commands.profile_step``) is recorded beside it, and splits it only if the batched class
   could not (``split_decode_overhead``); with neither, the per-step term is left missing;
 - ``prefill_per_token_s`` and ``prefill_per_request_s``: the slope and intercept of a
-  least-squares line (``perf.plumbing.line_fit``) through the prefill node's CPU beyond its
-  profiled prefill in the one-token classes (short, a middle class of 1,024-token prompts, long):
+  least-squares line (``perf.plumbing.line_fit``, each class weighted by the noise of the
+  passes it is read against) through the prefill node's CPU beyond its profiled prefill in the
+  one-token classes (short, a middle class of 1,024-token prompts, long):
   the engine's work around its passes (its cache and checkpoint copies, the layers handed out)
   and the KV stream's; two classes alone traded the terms off between profiles;
 - ``decode_per_request_s``: the decode node's
@@ -57,6 +58,12 @@ LONG_PROMPT_TOKENS = 4096
 OUTPUT_TOKENS = 32
 BATCH = 8
 """Requests decoding at once in the batched class (the split of the decode node's terms)."""
+PASS_NOISE = 0.03
+"""How closely a profiled prefill pass repeats, relative (the torch profiles' ``spread_s`` over
+``median_s`` at 1,024-8,192 tokens: 1-6%, 2026-12-05): the uncertainty of a class's CPU beyond
+its passes, which weighs the prefill node's line fit."""
+TICK_S = 0.01
+"""A CPU clock tick (``/proc`` counts in ticks)."""
 STEP_LONG_CONTEXT = 1024
 """The longer context the engine's decode step overhead is measured at (``context_cost``)."""
 PROCESSES = ("gateway", "p0", "d0")
@@ -281,10 +288,12 @@ def measure(
     # fitted over the one-token classes' prompt sizes.
     beyond = {c.prompt_tokens: c.per_process_s["p0"] - cm.prefill_s(c.prompt_tokens)
               for c in (short, mid, long) if c is not None}  # fmt: skip
-    prefill_req_fit, prefill_tok_fit = line_fit(beyond)
-    prefill_tok = floor0("prefill_per_token_s", prefill_tok_fit)
-    # Clipped to 0, the per-token term gives the per-request term the classes' mean instead.
-    prefill_req = prefill_req_fit if prefill_tok_fit >= 0 else sum(beyond.values()) / len(beyond)
+    # Each figure is as uncertain as the profiled passes it is read against (they repeat within
+    # a few percent), or a CPU clock tick over the class, whichever is larger.
+    sigma = {n: max(PASS_NOISE * cm.prefill_s(n), TICK_S / requests) for n in beyond}
+    prefill_req, prefill_tok = line_fit(beyond, sigma)
+    if prefill_tok == 0.0:
+        notes["prefill_per_token_s"] = "the fitted slope was negative (noise): stored 0"
     decode_req = d_s - per_byte * kv_short
     prefill_points = load_profile_file(profile).prefill
     smallest = min((pt.new_tokens for pt in prefill_points.points if pt.cached_tokens == 0),
@@ -302,7 +311,9 @@ def measure(
         decode_per_context_token_s=per_ctx_copy, missing=(*missing, *ctx_missing),
     )  # fmt: skip
     prefill_fit_how = (
-        "a least-squares line over the one-token classes' CPU beyond their profiled passes: "
+        "a least-squares line (each class weighted by its profiled passes' noise, "
+        f"{PASS_NOISE:.0%} of them or a clock tick) over the one-token classes' CPU beyond "
+        "their profiled passes: "
         + ", ".join(
             f"{n} tokens {v * 1e3:.4g} ms (passes {cm.prefill_s(n) * 1e3:.4g} ms)"
             for n, v in sorted(beyond.items())

@@ -192,17 +192,26 @@ def split_decode_live(
     return DecodeSplit(a, r - a, 0.0, tuple(clipped))
 
 
-def line_fit(points: dict[int, float]) -> tuple[float, float]:
-    """``(intercept, slope)`` of ``y = intercept + slope x n``, least squares over ``points``
-    (``{n: y}``, two or more sizes): the prefill node's CPU beyond its passes per request and
-    per prompt token, from classes of prompts of several sizes (two make it their difference;
-    a third keeps one noisy class from setting both terms)."""
+def line_fit(
+    points: dict[int, float], sigma: dict[int, float] | None = None
+) -> tuple[float, float]:
+    """``(intercept, slope)`` of ``y = intercept + slope x n``, weighted least squares over
+    ``points`` (``{n: y}``, two or more sizes; ``sigma[n]``: each point's uncertainty, weights
+    ``1 / sigma^2``; None: equal): the prefill node's CPU beyond its passes per request and per
+    prompt token, from classes of prompts of several sizes. Each class's figure is its live CPU
+    less its profiled passes, so it is as uncertain as those passes: a long class pins the slope
+    and a short one the intercept. A negative slope (noise) is returned as 0 with the intercept
+    the weighted mean."""
     if len(points) < 2:
         raise ValueError(f"need two or more sizes, got {sorted(points)}")
-    mean_n = sum(points) / len(points)
-    mean_y = sum(points.values()) / len(points)
-    sxx = sum((n - mean_n) ** 2 for n in points)
-    slope = sum((n - mean_n) * (y - mean_y) for n, y in points.items()) / sxx
+    w = {n: 1.0 if sigma is None else 1.0 / sigma[n] ** 2 for n in points}
+    total = sum(w.values())
+    mean_n = sum(w[n] * n for n in points) / total
+    mean_y = sum(w[n] * y for n, y in points.items()) / total
+    sxx = sum(w[n] * (n - mean_n) ** 2 for n in points)
+    slope = sum(w[n] * (n - mean_n) * (y - mean_y) for n, y in points.items()) / sxx
+    if slope < 0:
+        return mean_y, 0.0
     return mean_y - slope * mean_n, slope
 
 

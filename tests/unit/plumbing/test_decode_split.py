@@ -151,14 +151,22 @@ def test_the_context_cost_is_the_overhead_s_growth_per_batch_context_token() -> 
 
 
 def test_the_prefill_nodes_terms_are_a_least_squares_line_over_its_classes() -> None:
-    """Two sizes: their difference, as before; three: the line through them, so one noisy
-    class no longer sets both terms."""
+    """Two sizes: their difference, as before; three: the line through them, weighted by each
+    class's uncertainty (its profiled passes'), so the long class's noise moves the slope and
+    not the per-request term; a negative slope is noise: 0, with the weighted mean."""
     two = line_fit({64: 0.005, 4096: 0.005 + 4032 * 2e-6})
     assert two == pytest.approx((0.005 - 64 * 2e-6, 2e-6))
     exact = {n: 0.004 + 1e-6 * n for n in (64, 1024, 4096)}
     assert line_fit(exact) == pytest.approx((0.004, 1e-6))
-    intercept, slope = line_fit({**exact, 1024: exact[1024] + 0.004})  # 4 ms of noise
-    assert 0 < intercept + slope * 1024 - exact[1024] < 0.004  # the line follows it partway
-    assert slope == pytest.approx(1e-6, abs=1e-6)
+    sigma = {64: 0.001, 1024: 0.002, 4096: 0.01}
+    assert line_fit(exact, sigma) == pytest.approx((0.004, 1e-6))
+    # The long class 10 ms low (within its passes' noise): unweighted, the intercept follows it
+    # up; weighted, it stays near the short class's figure.
+    low = {**exact, 4096: exact[4096] - 0.01}
+    assert abs(line_fit(low, sigma)[0] - 0.004) < abs(line_fit(low)[0] - 0.004)
+    # A profile of 2026-12-05: 6.0, 1.6 and -8.4 ms beyond the passes at 64, 1,024, 4,096.
+    measured = {64: 0.00596, 1024: 0.00157, 4096: -0.00835}
+    intercept, slope = line_fit(measured, {64: 0.000625, 1024: 0.0019, 4096: 0.0098})
+    assert slope == 0.0 and 0.004 < intercept < 0.006
     with pytest.raises(ValueError, match="two or more"):
         line_fit({64: 0.01})
