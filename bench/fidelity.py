@@ -888,7 +888,9 @@ def one_rule_capacity(
         paced = uniform_at_rate(specs, rate)
         return as_results(run(paced), paced), paced[-1].arrival_s
 
-    capacity, steps = find_max_rate_live(step, start_step * burst_rps, LiveRule())
+    # Steps of 1.25x from near the burst throughput (the search of the ninth round; the
+    # command's default doubles, for starts far from the capacity).
+    capacity, steps = find_max_rate_live(step, start_step * burst_rps, LiveRule(step_factor=1.25))
     return capacity, [asdict(st) for st in steps]
 
 

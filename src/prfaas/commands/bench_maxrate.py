@@ -60,8 +60,8 @@ def run_find_max_rate(
 
     def show(step: LiveStep) -> None:
         if not args.json:
-            t = step.latency_trend
-            trend = "" if t is None else f"latency trend {t:+.3f}; "
+            t = step.latency_trend  # a failed step's reason says it already
+            trend = "" if t is None or not step.passed else f"latency trend {t:+.3f}; "
             print(f"  {step.rate_rps:8.3f} req/s: {'pass' if step.passed else 'FAIL'} "
                   f"({step.why}; {trend}in flight {step.in_flight_half} -> {step.in_flight_end})",
                   flush=True)  # fmt: skip
