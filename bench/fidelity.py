@@ -1148,7 +1148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--live-repeats", type=int, default=2, help="live runs per load point")
     p.add_argument(
         "--capacity-requests", type=int, default=240,
-        help="requests per capacity step (the seed's first --requests, then more of its own)",
+        help="requests per capacity step (the shape's generator with the seed: the same prompts "
+        "and outputs as --requests, more of them)",
     )  # fmt: skip
     p.add_argument(
         "--start-step",

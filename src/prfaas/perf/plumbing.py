@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 PLUMBING_TERMS = (
     "prefill_per_request_s",
     "decode_per_request_s",
@@ -204,15 +206,13 @@ def line_fit(
     the weighted mean."""
     if len(points) < 2:
         raise ValueError(f"need two or more sizes, got {sorted(points)}")
-    w = {n: 1.0 if sigma is None else 1.0 / sigma[n] ** 2 for n in points}
-    total = sum(w.values())
-    mean_n = sum(w[n] * n for n in points) / total
-    mean_y = sum(w[n] * y for n, y in points.items()) / total
-    sxx = sum(w[n] * (n - mean_n) ** 2 for n in points)
-    slope = sum(w[n] * (n - mean_n) * (y - mean_y) for n, y in points.items()) / sxx
+    ns = np.array(sorted(points), dtype=np.float64)
+    ys = np.array([points[int(n)] for n in ns])
+    sig = np.ones_like(ns) if sigma is None else np.array([sigma[int(n)] for n in ns])
+    slope, intercept = np.polyfit(ns, ys, 1, w=1.0 / sig)  # residuals weighted by 1 / sigma
     if slope < 0:
-        return mean_y, 0.0
-    return mean_y - slope * mean_n, slope
+        return float(np.average(ys, weights=sig**-2.0)), 0.0
+    return float(intercept), float(slope)
 
 
 def context_cost(overhead_s: dict[tuple[int, int], float]) -> float:

@@ -28,6 +28,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from prfaas.serve.loadgen.client import RequestResult
 
 
@@ -78,15 +80,10 @@ def in_flight_at(results: Sequence[RequestResult], t_s: float) -> int:
 def latency_trend(results: Sequence[RequestResult]) -> float | None:
     """The least-squares slope of the finished requests' latencies against their send times
     (seconds per second); None with fewer than two send times."""
-    pts = [(r.sent_s, r.latency_s) for r in results if r.ok and r.latency_s is not None]
-    if len(pts) < 2:
-        return None
-    mx = sum(x for x, _ in pts) / len(pts)
-    my = sum(y for _, y in pts) / len(pts)
-    sxx = sum((x - mx) ** 2 for x, _ in pts)
-    if sxx <= 0.0:
-        return None  # all sent at once: no trend to read
-    return sum((x - mx) * (y - my) for x, y in pts) / sxx
+    pts = np.array([(r.sent_s, r.latency_s) for r in results if r.ok and r.latency_s is not None])
+    if len(pts) < 2 or np.ptp(pts[:, 0]) == 0.0:
+        return None  # nothing to fit, or all sent at once: no trend to read
+    return float(np.polyfit(pts[:, 0], pts[:, 1], 1)[0])
 
 
 def judge_step(
