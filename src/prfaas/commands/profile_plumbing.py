@@ -60,7 +60,7 @@ BATCH = 8
 """Requests decoding at once in the batched class (the split of the decode node's terms)."""
 PASS_NOISE = 0.03
 """How closely a profiled prefill pass repeats, relative (the torch profiles' ``spread_s`` over
-``median_s`` at 1,024-8,192 tokens: 1-6%, 2026-12-05): the uncertainty of a class's CPU beyond
+``median_s`` at 1,024-8,192 tokens: 2-6%, 2026-12-05): the uncertainty of a class's CPU beyond
 its passes, which weighs the prefill node's line fit."""
 TICK_S = 0.01
 """A CPU clock tick (``/proc`` counts in ticks)."""
