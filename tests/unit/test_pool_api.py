@@ -6,6 +6,7 @@ hint; a bad field is a 400 naming it."""
 from __future__ import annotations
 
 import json
+import math
 import time
 
 import pytest
@@ -169,3 +170,25 @@ def test_a_tenant_tells_its_link_with_its_receivers_and_reads_only_its_own() -> 
     link_b = _call(c, "GET", "/v1/feedback", "kb", KEY_B).json()["link"]
     assert link_b == {"gbps": None, "rtt_ms": None, "reading": None}  # b told none; a's not shown
     assert door.tenant_links() == (("a", 40e9 / 8),)
+
+
+def test_wall_clock_figures_in_a_timed_pool() -> None:
+    """At ``time_scale`` 0.1 the door runs on modelled seconds (10 per wall second): HTTP's
+    ``Retry-After`` is whole wall seconds, rounded up, and the heartbeat's ``lease_s`` is the
+    file's wall lease (a tenant renews by its own clock); the JSON hint stays on the door's
+    clock."""
+    shape = PoolShape((GroupShape("g", "m", 1),), 1e9, (TenantShare("a", max_queued_tokens=5000),))
+    door = FrontDoor(shape, epoch=3, lease_s=30.0, fingerprints={"m": {"block_tokens": "512"}})
+    keys = TenantKeys({"ka": ("a", KEY_A)})
+    app = create_app(door, keys, lambda model, n: (n / 1000, n * 100), clock=lambda: 10.0,
+                     wall_s_per_modelled_s=0.1)  # fmt: skip
+    c = TestClient(app)
+    recs = {"receivers": [{"name": "a-d0", "host": "10.0.0.1", "transfer_port": 9000}]}
+    assert _call(c, "POST", "/v1/receivers", "ka", KEY_A, recs).status_code == 200
+    assert _call(c, "POST", "/v1/heartbeat", "ka", KEY_A).json()["lease_s"] == pytest.approx(3.0)
+    for i in range(5):
+        assert _call(c, "POST", "/v1/submit", "ka", KEY_A, _sub("a", f"r{i}", "a-d0")).is_success
+    over = _call(c, "POST", "/v1/submit", "ka", KEY_A, _sub("a", "r9", "a-d0"))
+    hint_s = over.json()["retry_after_s"]
+    assert over.status_code == 429 and hint_s > 0
+    assert over.headers["retry-after"] == str(max(1, math.ceil(hint_s * 0.1)))

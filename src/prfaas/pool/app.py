@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -130,6 +131,7 @@ def create_app(
     egress: Callable[[], EgressState] | None = None,
     link_reading: Callable[[str], LinkReading | None] | None = None,
     prefixes: Callable[[str], tuple[GroupPrefixes, ...]] | None = None,
+    wall_s_per_modelled_s: float = 1.0,
 ) -> FastAPI:
     """``on_accepted``: told each accepted submit's ``Payload`` (the placement driver keeps it
     until the prefill is placed); ``on_abort(tenant, request_id)``: carries out a tenant's abort
@@ -137,7 +139,10 @@ def create_app(
     one, the door alone drops it); ``egress`` and ``link_reading(tenant)``: the driver's egress
     state and its nodes' reading of a tenant's link, for the feedback (without them: no link
     backlog, no reading); ``prefixes(tenant)``: what the nodes hold for it, per group (without
-    it: none said); ``clock`` is the admission's (modelled seconds live)."""
+    it: none said); ``clock`` is the admission's (modelled seconds live), and every figure in
+    a JSON body is on it but ``lease_s``; ``wall_s_per_modelled_s`` converts to the wall seconds
+    HTTP's ``Retry-After`` and the heartbeat's ``lease_s`` are in (a tenant renews by its own
+    wall clock, and a plain HTTP client sleeps on the header)."""
     app = FastAPI(title="prfaas pool front door", version="1")
     install(app)
 
@@ -189,7 +194,8 @@ def create_app(
         tenant = await caller(request)
         if isinstance(tenant, JSONResponse):
             return tenant
-        return {"epoch": door.heartbeat(tenant, clock()), "lease_s": door.lease_s}
+        lease_wall_s = door.lease_s * wall_s_per_modelled_s
+        return {"epoch": door.heartbeat(tenant, clock()), "lease_s": lease_wall_s}
 
     @app.post("/v1/submit")
     async def submit(request: Request) -> Any:
@@ -227,7 +233,10 @@ def create_app(
         resp = error_response(ans.status, d.detail, code=d.reason)
         content = _json(bytes(resp.body))
         content.update(epoch=ans.epoch, retry_after_s=d.retry_after_s)
-        headers = {"Retry-After": f"{d.retry_after_s:.3f}"} if d.retry_after_s else None
+        headers = None
+        if d.retry_after_s:  # RFC 9110: whole seconds; rounded up so a client never comes early
+            wall_s = math.ceil(d.retry_after_s * wall_s_per_modelled_s)
+            headers = {"Retry-After": str(max(1, wall_s))}
         return JSONResponse(content, status_code=ans.status, headers=headers)
 
     @app.get("/v1/outcome/{request_id}")

@@ -167,6 +167,7 @@ def build(workdir: Path) -> tuple[FastAPI, FastAPI, PlacementDriver, PoolFileCon
     tenants = create_app(
         door, keys, costs, clock=clock, on_accepted=driver.accept, on_abort=driver.abort,
         egress=driver.egress, link_reading=driver.tenant_link, prefixes=driver.tenant_prefixes,
+        wall_s_per_modelled_s=scale,
     )  # fmt: skip
 
     @tenants.get("/health")
