@@ -17,10 +17,11 @@ import random
 import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from prfaas.commands.profile_passes import PassTimer
 from prfaas.errors import UsageError
 
 
@@ -111,15 +112,6 @@ def _check_grid(args: argparse.Namespace) -> None:
             raise UsageError(f"--{name.replace('_', '-')} is too small: {getattr(args, name)}")
 
 
-def pass_seconds(wall_s: float, cpu_s: float, cuda: bool) -> float:
-    """One timed pass's figure. On a GPU, its wall time. On CPU, the smaller of its wall time and
-    this process's CPU time over it: a pass that got less than its cores (another process on
-    them) took longer in wall time than its work, while its CPU time is the work itself (a
-    profile taken beside another job read every pass 1.5x slow: "profiles got 68% of their
-    cores"); with several threads busy, CPU time exceeds wall time, and the wall time stands."""
-    return wall_s if cuda else min(wall_s, cpu_s)
-
-
 def _median_spread(samples: Sequence[float]) -> tuple[float, float]:
     return statistics.median(samples), max(samples) - min(samples)
 
@@ -203,7 +195,6 @@ def _profile_torch(args: argparse.Namespace) -> Any:
     from prfaas.engine.errors import EngineError
     from prfaas.engine.torch.hf_cache import forward, new_cache
     from prfaas.engine.torch.loader import load_model
-    from prfaas.perf.prefill_passes import pass_ends
     from prfaas.perf.profile_file import (
         DecodePoint,
         DecodeSection,
@@ -221,30 +212,9 @@ def _profile_torch(args: argparse.Namespace) -> Any:
     except (EngineError, ValueError, OSError) as exc:
         raise UsageError(f"--model-path {args.model_path}: {exc}") from None
     model, limit = loaded.model, loaded.cmap.max_context_tokens
-    rng = random.Random(args.seed)
     cuda = args.device.startswith("cuda")
-
-    def ids(rows: int, n: int) -> torch.Tensor:
-        return torch.tensor([[rng.randrange(loaded.vocab_size) for _ in range(n)]] * rows)
-
-    def positions(rows: int, start: int, n: int) -> torch.Tensor:
-        return torch.arange(start, start + n).unsqueeze(0).expand(rows, n)
-
-    def prefill(cache: Any, start: int, n: int) -> None:
-        """Tokens ``[start, start + n)``: one pass, or passes ending at multiples of
-        ``--pass-tokens`` (engine.torch's passes when it checkpoints every block)."""
-        for end in pass_ends(start, start + n, args.pass_tokens or None, None):
-            forward(model, ids(1, end - start), cache, positions(1, start, end - start))
-            start = end
-
-    def timed(fn: Callable[..., object], *fn_args: Any) -> float:
-        if cuda:
-            torch.cuda.synchronize()
-        t0, cpu0 = time.perf_counter(), time.process_time()
-        fn(*fn_args)
-        if cuda:
-            torch.cuda.synchronize()
-        return pass_seconds(time.perf_counter() - t0, time.process_time() - cpu0, cuda)
+    timer = PassTimer(loaded, device=args.device, pass_tokens=args.pass_tokens, seed=args.seed)
+    ids, positions, timed = timer.ids, timer.positions, timer.timed
 
     grid = [(n, c) for c in args.cached_tokens for n in args.new_tokens if n + c <= limit]
     decode_grid = [(b, x) for b in args.batch_sizes for x in args.contexts if x < limit]
@@ -252,12 +222,7 @@ def _profile_torch(args: argparse.Namespace) -> Any:
     with torch.inference_mode(), _Progress(len(grid) + len(decode_grid), "warm-up") as bar:
         forward(model, ids(1, 16), new_cache(model), positions(1, 0, 16))  # first-call costs
         for n, c in grid:
-            samples = []
-            for _ in range(args.repeats):
-                cache = new_cache(model)
-                if c:
-                    prefill(cache, 0, c)
-                samples.append(timed(prefill, cache, c, n))
+            samples = [timer.prefill_s(n, c) for _ in range(args.repeats)]
             prefill_points.append(PrefillPoint(n, c, *_median_spread(samples), args.repeats))
             bar.step(f"prefill {n} new after {c} cached")
         for b, ctx in decode_grid:

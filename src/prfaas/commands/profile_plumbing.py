@@ -43,6 +43,7 @@ import argparse
 import asyncio
 import os
 import secrets
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,6 +67,8 @@ TICK_S = 0.01
 """A CPU clock tick (``/proc`` counts in ticks)."""
 STEP_LONG_CONTEXT = 1024
 """The longer context the engine's decode step overhead is measured at (``context_cost``)."""
+BESIDE_REPEATS = 3
+"""Timed passes (median) before and after each one-token class, beside it."""
 PROCESSES = ("gateway", "p0", "d0")
 IDLE_S = 2.0
 
@@ -118,6 +121,7 @@ def measure(
     say: Callable[[str], None],
     engine_overhead_s: dict[int, float] | None = None,
     decode_per_context_token_s: float | None = None,
+    passes_s: Callable[[int], float] | None = None,
 ) -> tuple[Any, tuple[tuple[str, str], ...]]:
     """``(PlumbingCosts, how)`` measured on a deployment whose nodes' hardware is ``profile``
     (the forward-pass profile just measured). ``engine_overhead_s``: the engine's decode step
@@ -182,8 +186,11 @@ def measure(
         idle_wall = time.perf_counter() - t0
         idle = {n: (process_cpu_s(p) - cpu0[n]) / idle_wall for n, p in pids.items()}
 
+        passes_beside: dict[int, tuple[float, float]] = {}
+
         def cls(prompt: int, output: int) -> ClassCpu:
             say(f"plumbing: {requests} requests of {prompt} prompt, {output} output tokens")
+            before = passes_s(prompt) if passes_s is not None and output == 1 else None
             w0, c0 = time.perf_counter(), {n: process_cpu_s(p) for n, p in pids.items()}
             send(prompt, output, requests, url)
             wall = time.perf_counter() - w0
@@ -191,6 +198,8 @@ def measure(
                 n: max(0.0, process_cpu_s(p) - c0[n] - idle[n] * wall) / requests
                 for n, p in pids.items()
             }
+            if passes_s is not None and before is not None:
+                passes_beside[prompt] = (before, passes_s(prompt))
             return ClassCpu(prompt, output, per)
 
         def decode_steps() -> int:
@@ -284,13 +293,17 @@ def measure(
             f"contexts): per step {split.per_step_s:.4g} s, engine per request "
             f"{split.engine_per_request_s:.4g} s"
         ) + "".join(f"; {c}" for c in split.clipped)
-    # The prefill node: its CPU beyond the profiled passes, per request and per prompt token,
-    # fitted over the one-token classes' prompt sizes.
-    beyond = {c.prompt_tokens: c.per_process_s["p0"] - cm.prefill_s(c.prompt_tokens)
+
+    # The prefill node: its CPU beyond its forward passes (timed beside the class, else the
+    # profile's curve), per request and per prompt token, fitted over the one-token classes.
+    def passes_of(n: int) -> float:
+        return statistics.fmean(passes_beside[n]) if n in passes_beside else cm.prefill_s(n)
+
+    beyond = {c.prompt_tokens: c.per_process_s["p0"] - passes_of(c.prompt_tokens)
               for c in (short, mid, long) if c is not None}  # fmt: skip
     # Each figure is as uncertain as the profiled passes it is read against (they repeat within
     # a few percent), or a CPU clock tick over the class, whichever is larger.
-    sigma = {n: max(PASS_NOISE * cm.prefill_s(n), TICK_S / requests) for n in beyond}
+    sigma = {n: max(PASS_NOISE * passes_of(n), TICK_S / requests) for n in beyond}
     prefill_req, prefill_tok = line_fit(beyond, sigma)
     if prefill_tok == 0.0:
         notes["prefill_per_token_s"] = "the fitted slope was negative (noise): stored 0"
@@ -310,13 +323,21 @@ def measure(
         per_byte, per_tok, gw_req, gw_tok, per_step, prefill_per_token_s=prefill_tok,
         decode_per_context_token_s=per_ctx_copy, missing=(*missing, *ctx_missing),
     )  # fmt: skip
+
+    def passes_how(n: int) -> str:
+        if n not in passes_beside:
+            return f"passes {cm.prefill_s(n) * 1e3:.4g} ms, the curve's"
+        before, after = passes_beside[n]
+        return (f"passes {before * 1e3:.4g} ms before, {after * 1e3:.4g} after; "
+                f"the curve {cm.prefill_s(n) * 1e3:.4g}")  # fmt: skip
+
+    where = "timed beside each class in this process" if passes_beside else "profiled"
     prefill_fit_how = (
-        "a least-squares line (each class weighted by its profiled passes' noise, "
+        "a least-squares line (each class weighted by its passes' noise, "
         f"{PASS_NOISE:.0%} of them or a clock tick) over the one-token classes' CPU beyond "
-        "their profiled passes: "
+        f"their forward passes ({where}): "
         + ", ".join(
-            f"{n} tokens {v * 1e3:.4g} ms (passes {cm.prefill_s(n) * 1e3:.4g} ms)"
-            for n, v in sorted(beyond.items())
+            f"{n} tokens {v * 1e3:.4g} ms ({passes_how(n)})" for n, v in sorted(beyond.items())
         )
     )
     common = (
@@ -388,6 +409,20 @@ def with_plumbing(pf: Any, args: argparse.Namespace) -> Any:
         + ", ".join(f"{v * 1e3:.3g} ms at ({b}, {c})" for (b, c), v in beyond.items())
         + f"; the growth per batch context token, least squares: {per_context:.4g} s"
     )
+    passes_s = None
+    if args.device == "cpu":
+        # The classes are read against their passes timed beside them, on these cores (the nodes
+        # inherit this process's). On a GPU the drift is not seen, and a third copy of a large
+        # model beside the nodes' would not fit: against the curve there.
+        from prfaas.commands.profile_passes import PassTimer
+        from prfaas.engine.torch.loader import load_model
+
+        timer = PassTimer(load_model(args.model_path, device=args.device), device=args.device,
+                          pass_tokens=args.pass_tokens, seed=args.seed + 4)  # fmt: skip
+
+        def passes_s(n: int) -> float:
+            return timer.median_prefill_s(n, BESIDE_REPEATS)
+
     with tempfile.TemporaryDirectory(prefix="prfaas-plumbing-") as tmp:
         scratch = Path(tmp) / "forward.yaml"
         # Zeros, none missing: the forward passes only, without the missing-terms warning.
@@ -397,6 +432,7 @@ def with_plumbing(pf: Any, args: argparse.Namespace) -> Any:
             threads=args.threads, seed=args.seed + 1, long_prompt_tokens=min(4096, limit // 2),
             mid_prompt_tokens=min(1024, limit // 8) if limit // 8 > SHORT_PROMPT_TOKENS else None,
             say=say, engine_overhead_s=engine_overhead_s, decode_per_context_token_s=per_context,
+            passes_s=passes_s,
         )  # fmt: skip
     how = (*how, ("decode_per_context_token_s", context_how))
     if args.device == "cpu" and args.sharing_rounds > 0:

@@ -53,10 +53,15 @@ class CostModel:
     """``T(0)`` of the prefill curve, computed once: a cached prefix's suffix pays it (the same
     call on the same argument, so the same float; it saved a curve evaluation per cache hit)."""
 
+    _prefill_attention_s: float | None = field(default=None, init=False, repr=False, compare=False)
+    """``profile.prefill_attention_s``, looked up once."""
+
     def __post_init__(self) -> None:
         curve = self.profile.prefill if self.profile is not None else None
         object.__setattr__(self, "_prefill_curve", curve)
         object.__setattr__(self, "_prefill_t0", curve(0) if curve is not None else 0.0)
+        attention = self.profile.prefill_attention_s if self.profile is not None else None
+        object.__setattr__(self, "_prefill_attention_s", attention)
 
     @property
     def roofline(self) -> Roofline:
@@ -92,9 +97,11 @@ class CostModel:
     def prefill_s(self, num_new_tokens: int, num_cached_tokens: int = 0) -> float:
         """Seconds one instance takes to prefill ``num_new_tokens`` after a cached prefix.
 
-        From a profile ``T(l)`` (measured on uncached prompts): ``T(c + n) - T(c) + T(0)``: the
-        suffix pays its share of the longer attention, the fixed overhead ``T(0)`` is paid once;
-        with ``c = 0`` this is exactly ``T(n)``.
+        From a profile ``T(l)`` (measured on uncached prompts) that also measured cached
+        prefills: ``T(n) + gamma * n * c``, the suffix's own cost and its attention over the
+        prefix (``gamma``, ``perf.prefill_attention``). Without cached points:
+        ``T(c + n) - T(c) + T(0)``: the suffix pays its share of the longer attention, the fixed
+        overhead ``T(0)`` is paid once. With ``c = 0`` either is exactly ``T(n)``.
         """
         if num_new_tokens <= 0:
             raise ValueError(f"num_new_tokens must be > 0, got {num_new_tokens}")
@@ -105,6 +112,9 @@ class CostModel:
             return self.roofline.prefill_s(num_new_tokens, num_cached_tokens)
         if num_cached_tokens == 0:
             return curve(num_new_tokens)
+        attention_s = self._prefill_attention_s
+        if attention_s is not None:
+            return curve(num_new_tokens) + attention_s * num_new_tokens * num_cached_tokens
         t0 = self._prefill_t0
         return curve(num_cached_tokens + num_new_tokens) - curve(num_cached_tokens) + t0
 

@@ -55,6 +55,10 @@ class Profile:
     source: str | None = None
     """What a cost model built on it reports (e.g. ``profile-file:<path>``); None: the built-in
     ``profile:<model>@<hardware>``."""
+    prefill_attention_s: float | None = None
+    """Seconds per pair of a new token and a cached token it attends to
+    (``perf.prefill_attention``): a suffix of ``n`` after ``c`` cached tokens costs
+    ``prefill(n) + this * n * c``. None (nothing measured cached prefills): the curve's rule."""
 
 
 def shipped_profile_text(name: str) -> str:

@@ -1,10 +1,10 @@
-"""How ``prfaas profile --engine torch`` times one pass (``commands.profile.pass_seconds``)."""
+"""How `prfaas profile --engine torch` times one pass (`commands.profile_passes.pass_seconds`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from prfaas.commands.profile import pass_seconds
+from prfaas.commands.profile_passes import pass_seconds
 
 pytestmark = pytest.mark.timeout(10)
 
