@@ -410,8 +410,9 @@ class PoolAdmission:
         trued up to it: its tenant's counter changes by ``dominant_cost(job, compute_s) /
         weight`` less what the start added, at the weight of the start, as if the start had
         been charged so (a lift since absorbs it: the module docstring). None: the charge stands
-        (a failed or aborted prefill; a done one its node ran as expected). Returns the change
-        of the counter (negative: refunded, positive: surcharged; 0.0: none, or not running)."""
+        (a failed or aborted prefill; a done one its node ran as expected). Returns the
+        correction, the difference of the two charges (negative: refunded, positive:
+        surcharged; 0.0: none, or not running); a lift since may absorb some of it."""
         key = (job.tenant, job.request_id)
         if key in self._computed:
             self._computed.discard(key)

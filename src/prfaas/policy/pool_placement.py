@@ -125,7 +125,8 @@ def settle_cached(
     by the hints (``placed.compute_s``) and the node found other than expected, the admission
     trues the charge up to ``hints.compute_s(job, found_tokens)`` (the same price, at the real
     hit); found as expected, or charged as submitted (no hints: no price of a hit), it finishes
-    as charged. Returns the counter's change (negative: refunded; positive: surcharged)."""
+    as charged. Returns the correction (``PoolAdmission.finish``: negative, refunded; positive,
+    surcharged)."""
     compute_s = None
     if (
         found_tokens is not None

@@ -287,8 +287,8 @@ class FrontDoor:
         lost node, a refused link). A done one whose node found other than its placement
         expected has its tenant's charge trued up to what the node really computed
         (``settle_cached``, with the hints it was placed with); a failed one keeps its charge.
-        Returns the change of the tenant's counter (negative: refunded, positive: surcharged,
-        0.0: none, or not running: aborted already)."""
+        Returns the correction (``PoolAdmission.finish``: negative, refunded; positive,
+        surcharged; 0.0: none, or not running: aborted already)."""
         key = (tenant, request_id)
         ran = self._running.pop(key, None)
         if ran is None:
