@@ -16,7 +16,7 @@ from collections.abc import Callable
 import pytest
 
 from prfaas.cache.mirror import ChangeKind, StoreChange, StoreReport
-from prfaas.policy.pool_admission import EgressState
+from prfaas.policy.pool_admission import EgressState, PrefillJob
 from prfaas.policy.pool_placement import NodePick, prefer_cached, reusable_tokens
 from prfaas.policy.pool_shares import GroupShape, PoolShape, TenantShare
 from prfaas.pool.driver import PlacementDriver
@@ -48,13 +48,21 @@ def _compute_s(model: str, num_new: int, num_cached: int) -> float:
 
 
 class _Nodes:
-    def __init__(self, stored: list[tuple[int, int]] | None = None) -> None:
+    def __init__(
+        self, stored: list[tuple[int, int]] | None = None, found: list[int] | None = None
+    ) -> None:
+        """``found``: what each prefill's node finds of its prompt, in order (the outcome's
+        ``num_cached_tokens``; 0 past the list); ``error``: the next outcomes fail."""
         self.commands: list[tuple[str, PrefillCommand]] = []
         self.stored = stored or []
+        self.found = list(found or [])
+        self.error = ""
 
     async def prefill(self, ep: NodeEndpoint, cmd: PrefillCommand) -> PrefillOutcome:
         self.commands.append((ep.node, cmd))
-        return PrefillOutcome(request_id=cmd.request_id, ok=True, stored_prefixes=self.stored,
+        found = self.found.pop(0) if self.found else 0
+        return PrefillOutcome(request_id=cmd.request_id, ok=not self.error, error=self.error,
+                              num_cached_tokens=found, stored_prefixes=self.stored,
                               store_epoch=1, store_seq=99)  # fmt: skip
 
     async def prefill_streamed(
@@ -129,7 +137,7 @@ async def _settle() -> None:
 async def test_a_prefill_goes_where_its_tenants_prefix_is_and_pays_the_rest(
     tenant: str, node: str, computed_tokens: int
 ) -> None:
-    nodes = _Nodes()
+    nodes = _Nodes(found=[len(PROMPT) - computed_tokens])  # the node finds what it holds
     d = _driver(nodes)
     _submit(d, tenant, "r")
     d.tick()
@@ -143,7 +151,7 @@ async def test_a_prefill_goes_where_its_tenants_prefix_is_and_pays_the_rest(
 
 async def test_a_done_prefills_stored_prefix_counts_before_the_journal_says_it() -> None:
     a_chain = _salts().chain("a", PROMPT, BLOCK)
-    nodes = _Nodes(stored=[(a_chain[3], 2048)])
+    nodes = _Nodes(stored=[(a_chain[3], 2048)], found=[0, 2048])
     d = _driver(nodes, b_holds_a_prefix=False)  # neither node holds anything
     _submit(d, "a", "r1")
     d.tick()
@@ -175,3 +183,85 @@ def test_the_longest_hit_wins_and_ties_keep_the_callers_order() -> None:
     assert reusable_tokens(2048, 512) == 1536  # a prefill computes at least one token
     assert reusable_tokens(2049, 512) == 2048
     assert reusable_tokens(1, 512) == 0
+
+
+@pytest.mark.parametrize(
+    ("b_holds", "found", "charged_tokens", "real_tokens", "counted"),
+    [
+        (True, 2048, 52, 52, {}),  # found as expected: unchanged
+        (True, 0, 52, len(PROMPT), {"surcharged": 1}),  # evicted since its report: less
+        (False, 2048, len(PROMPT), 52, {"refunded": 1}),  # stored since its report: more
+    ],
+    ids=["as_expected", "found_less_surcharged", "found_more_refunded"],
+)
+async def test_a_done_prefills_charge_is_trued_up_to_what_its_node_found(
+    b_holds: bool, found: int, charged_tokens: int, real_tokens: int, counted: dict[str, int]
+) -> None:
+    """The door charged a's start what its mirror of the nodes' stores expected (a heartbeat
+    behind); the node's outcome says what it really found, and a's counter ends exactly at the
+    compute of the prompt past that (2 nodes): the difference refunded or surcharged, counted
+    per tenant on ``/metrics`` by direction."""
+    from prometheus_client import generate_latest
+
+    from prfaas.pool.metrics import pool_registry
+
+    nodes = _Nodes(found=[found])
+    d = _driver(nodes, b_holds_a_prefix=b_holds)
+    _submit(d, "a", "r")
+    d.tick()
+    assert d.door.admission.counter_of("a") == pytest.approx(charged_tokens * PER_TOKEN_S / 2)
+    await _settle()
+    assert d.door.outcome("a", "r").state == "done"  # type: ignore[union-attr]
+    assert d.door.admission.counter_of("a") == pytest.approx(real_tokens * PER_TOKEN_S / 2)
+    assert {k: d.counters["a"][k] for k in ("refunded", "surcharged") if d.counters["a"][k]} == (
+        counted
+    )
+    text = generate_latest(pool_registry(d, lambda: 0)).decode()
+    for direction in ("refunded", "surcharged"):
+        n = float(counted.get(direction, 0))
+        line = f'prfaas_pool_tenant_charge_corrections_total{{direction="{direction}",tenant="a"}}'
+        assert f"{line} {n}" in text
+
+
+class _Hints:
+    """Node n1 holds 512 of every prompt (its reports); a node computes what it did not find."""
+
+    def hit_tokens(self, job: PrefillJob, node: str) -> int:
+        return 512 if node == "n1" else 0
+
+    def compute_s(self, job: PrefillJob, cached_tokens: int) -> float:
+        return (job.num_uncached_tokens - cached_tokens) * PER_TOKEN_S
+
+
+def _door_placed(rid: str = "r") -> FrontDoor:
+    shape = PoolShape((GroupShape("g", "m", 2),), 1e12, (TenantShare("a"),))
+    door = FrontDoor(shape, epoch=5, lease_s=30.0, fingerprints={})
+    door.register("a", (Receiver("a-d0", "10.0.0.1", 9000),), 1.0)
+    sub = Submit("a", rid, "m", (), 1000, "a-d0", "s", 1.0, 1)
+    assert door.submit("a", sub, 1.0).status == 200
+    placed = door.place("g", "n0", 1.0, EgressState(), others=("n1",), hints=_Hints())
+    assert placed is not None and (placed.node, placed.cached_tokens) == ("n1", 512)
+    assert door.admission.counter_of("a") == pytest.approx(488 * PER_TOKEN_S / 2)
+    return door
+
+
+def test_a_failed_or_handed_back_prefill_is_trued_up_never_or_once() -> None:
+    """A failed prefill keeps its start's charge whatever its node found; a handed-back one is
+    refunded its whole start (``requeue``), a late outcome of it corrects nothing, and its new
+    start is trued up once, at its own done outcome; a repeated outcome changes nothing."""
+    door = _door_placed()
+    assert door.finished("a", "r", 2.0, error="node_lost", cached_tokens=0) == 0.0
+    assert door.admission.counter_of("a") == pytest.approx(488 * PER_TOKEN_S / 2)
+    door = _door_placed()
+    out = door.requeue("a", "r", 2.0, "notice")
+    assert out is not None and out.state == "queued"
+    assert door.admission.counter_of("a") == pytest.approx(0.0)
+    assert door.finished("a", "r", 2.5, cached_tokens=0) == 0.0  # not running: nothing held
+    assert door.admission.counter_of("a") == pytest.approx(0.0)
+    again = door.place("g", "n0", 3.0, EgressState(), others=("n1",), hints=_Hints())
+    assert again is not None and again.node == "n1"
+    delta = door.finished("a", "r", 4.0, cached_tokens=0)  # evicted: computed all 1,000
+    assert delta == pytest.approx(512 * PER_TOKEN_S / 2)
+    assert door.admission.counter_of("a") == pytest.approx(1000 * PER_TOKEN_S / 2)
+    assert door.finished("a", "r", 5.0, cached_tokens=0) == 0.0
+    assert door.admission.counter_of("a") == pytest.approx(1000 * PER_TOKEN_S / 2)

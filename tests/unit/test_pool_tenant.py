@@ -219,3 +219,14 @@ def test_the_feedback_parses_with_its_link_and_from_an_older_door_without() -> N
     assert (new.link.gbps, new.link.reading.capacity_gbps, new.link_backlog_s) == (40, 32, 0.25)
     with pytest.raises(ValueError, match="running"):
         Feedback.from_json({k: v for k, v in base.items() if k != "running"})
+
+
+async def test_a_done_offload_carries_what_the_pools_node_found(link: TenantPoolLink) -> None:
+    """The door's done outcome says the KV bytes its node sent and the prompt tokens it found in
+    the tenant's prefixes there: both reach the gateway's outcome (its route log, the ``pool``
+    site's hit rate), as a PrfaaS node's own outcome does."""
+    link.client = FakeDoor(Accepted(7, "g", 0.0), [  # type: ignore[assignment]
+        {"epoch": 7, "state": "done", "kv_bytes_sent": 4096, "cached_tokens": 512},
+    ])  # fmt: skip
+    out = await link.prefill(_cmd())
+    assert out.ok and (out.kv_bytes_sent, out.num_cached_tokens) == (4096, 512)

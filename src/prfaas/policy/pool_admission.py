@@ -21,7 +21,15 @@ prompt less that node's prefix of it (``dispatch``'s ``compute_s_of``, ``pool_pl
 egress part is always the KV that leaves. A started prefill holds its node (its tenant's
 ``running`` on the group) until its compute ends (``computed``: the live node handed its last
 layer to the link; the simulator's node is free at compute end), not until its KV is verified at
-the tenant: its charge and its KV's egress are held until it ends (``finish``, ``requeue``). A
+the tenant: its charge and its KV's egress are held until it ends (``finish``, ``requeue``).
+**Trued up at the outcome**: a done prefill whose node found more (less) of its prompt than the
+start expected is charged what it really computed (``finish(..., compute_s=)``: the difference of
+the two charges, at the weight its start was charged with, refunded or surcharged), as if its
+start had been charged so; a requeue's refund is the same correction (to nothing). "As if at its
+start": a VTC lift since then (the tenant went idle while the prefill's KV was still on its way,
+and came back) absorbs it: the counter is the lifts' max-plus of the charges, and the correction
+changes only the terms that held the charge (``_Tenant.terms``), so a refund never takes a lifted
+tenant below the lift, nor does a surcharge add what the lift already added. A
 prefill's compute is priced by ``prefill_node_s``:
 the forward pass and the node process's fixed per-request CPU (the profile's measured
 ``prefill_per_request_s``), the node-seconds it really holds its node for; the live front door and
@@ -133,11 +141,40 @@ class PoolFeedback:
     ``EgressState``; 0 when none was given)."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Charge:
+    """What a start added to its tenant's counter, held until the prefill ends."""
+
+    counter: float
+    """The counter charge: ``dominant_cost / weight``."""
+    weight: float
+    """The weight it was charged at: a correction (a refund, a true-up) is at that weight,
+    whatever the tenant's weight is by then."""
+    seq: int
+    """When it started (the admission's event sequence): the counter's terms that predate it
+    hold it, later lifts do not."""
+
+
+@dataclass(slots=True)
+class _Term:
+    """One term of a tenant's counter (its max-plus form under VTC lifts): where it started
+    (``since``: the admission's sequence at the lift, -1 for the tenant's own start) and its
+    value now (that start, plus every charge and correction since)."""
+
+    since: int
+    value: float
+
+
 @dataclass(slots=True)
 class _Tenant:
     share: TenantShare
     order: int
     counter: float = 0.0
+    """The max of ``terms``: what the fair-share order reads."""
+    terms: list[_Term] = field(default_factory=lambda: [_Term(-1, 0.0)])
+    """The counter as lifts made it: ``max(start + charges, lift_1 + charges since, ...)``. A
+    correction of a held charge changes the terms that started before it (as if its start had
+    been charged so); one term when nothing is held."""
     queues: dict[str, deque[PrefillJob]] = field(default_factory=dict)
     running: dict[str, int] = field(default_factory=dict)
     queued_tokens: int = 0
@@ -153,6 +190,35 @@ class _Tenant:
 
     def active(self) -> bool:
         return self.backlogged() or any(self.running.values())
+
+    def add(self, amount: float, before: int | None = None) -> None:
+        """Add ``amount`` to the terms that started before ``before`` (None: to all: a charge
+        now), and read the counter again."""
+        for t in self.terms:
+            if before is None or t.since < before:
+                t.value += amount
+        self.counter = max(t.value for t in self.terms)
+
+    def lift(self, to: float, seq: int) -> None:
+        """VTC: the counter becomes ``max(counter, to)``, as a term of its own."""
+        self.terms.append(_Term(seq, to))
+        self.counter = max(self.counter, to)
+
+    def reset(self, to: float, seq: int) -> None:
+        self.terms = [_Term(seq, to)]
+        self.counter = to
+
+    def prune(self, held: list[int]) -> None:
+        """Merge the terms no held charge (its start ``seq``) separates: they take the same
+        corrections from here on, so only their max matters."""
+        merged: list[_Term] = []
+        for t in sorted(self.terms, key=lambda t: t.since):
+            last = merged[-1] if merged else None
+            if last is not None and not any(last.since < s <= t.since for s in held):
+                last.value = max(last.value, t.value)
+            else:
+                merged.append(_Term(t.since, t.value))
+        self.terms = merged
 
 
 class PoolAdmission:
@@ -170,9 +236,12 @@ class PoolAdmission:
                 tn.queued_compute_s[g.name] = 0.0
         self._decisions: OrderedDict[tuple[str, str], Decision] = OrderedDict()
         self._remember = remember
-        self._charged: dict[tuple[str, str], float] = {}
+        self._charged: dict[tuple[str, str], _Charge] = {}
         """(tenant, request id) -> what its start added to its tenant's counter, while it runs
-        (what a ``requeue`` refunds, exactly, whatever the tenant's weight is by then)."""
+        (what a ``requeue`` refunds, exactly, whatever the tenant's weight is by then; what a
+        done prefill's true-up corrects)."""
+        self._seq = 0
+        """Event sequence: orders starts and lifts (which terms of a counter hold a charge)."""
         self._computed: set[tuple[str, str]] = set()
         """Started prefills whose compute ended (``computed``) but which have not ended: their
         node is no longer counted as theirs, their charge is still held until ``finish``."""
@@ -259,7 +328,8 @@ class PoolAdmission:
             # moment does not wipe it).
             active = [o.counter for o in self._tenants.values() if o is not tn and o.active()]
             if active:
-                tn.counter = max(tn.counter, min(active))
+                tn.lift(min(active), self._next_seq())
+                tn.prune(self._held(tn.share.name))
         self._note_demand(tn, self.dominant_cost(job), now)
         expected = now + self._wait_s(tn, group.name, now)
         tn.queues[group.name].append(job)
@@ -308,8 +378,10 @@ class PoolAdmission:
         job = best.queues[group].popleft()
         compute_s = None if compute_s_of is None else compute_s_of(job)
         charge = self.dominant_cost(job, compute_s) / best.share.weight
-        best.counter += charge
-        self._charged[(job.tenant, job.request_id)] = charge
+        best.add(charge)
+        self._charged[(job.tenant, job.request_id)] = _Charge(
+            charge, best.share.weight, self._next_seq()
+        )
         best.running[group] += 1
         best.queued_tokens -= job.num_uncached_tokens
         best.queued_compute_s[group] = max(0.0, best.queued_compute_s[group] - job.compute_s)
@@ -329,15 +401,31 @@ class PoolAdmission:
         self._computed.add(key)
         self._release_node(job)
 
-    def finish(self, job: PrefillJob, now: float) -> None:
+    def finish(self, job: PrefillJob, now: float, compute_s: float | None = None) -> float:
         """The prefill ended (done, failed or aborted): its node is free again (if ``computed``
-        did not free it already)."""
+        did not free it already).
+
+        ``compute_s``: a done prefill's node-seconds as its node really ran it (the prompt past
+        what the node really found, ``pool_placement.settle_cached``); its start's charge is
+        trued up to it: its tenant's counter changes by ``dominant_cost(job, compute_s) /
+        weight`` less what the start added, at the weight of the start, as if the start had
+        been charged so (a lift since absorbs it: the module docstring). None: the charge stands
+        (a failed or aborted prefill; a done one its node ran as expected). Returns the
+        correction, the difference of the two charges (negative: refunded, positive:
+        surcharged; 0.0: none, or not running); a lift since may absorb some of it."""
         key = (job.tenant, job.request_id)
         if key in self._computed:
             self._computed.discard(key)
         else:
             self._release_node(job)
-        self._charged.pop(key, None)
+        charge = self._charged.get(key)
+        if charge is None:
+            return 0.0  # not charged (ended or requeued already): nothing to correct
+        delta = 0.0
+        if compute_s is not None:
+            delta = self.dominant_cost(job, compute_s) / charge.weight - charge.counter
+        self._settle(key, delta)
+        return delta
 
     def _release_node(self, job: PrefillJob) -> None:
         group = self.shape.group_for_model(job.model)
@@ -358,7 +446,9 @@ class PoolAdmission:
             self._computed.discard(key)
         else:
             self._release_node(job)
-        tn.counter -= self._charged.pop(key, 0.0)
+        charge = self._charged.get(key)
+        if charge is not None:  # refunded as if never charged (a lift since absorbs it)
+            self._settle(key, -charge.counter)
         tn.queues[group.name].appendleft(job)
         tn.queued_tokens += job.num_uncached_tokens
         tn.queued_compute_s[group.name] += job.compute_s
@@ -408,7 +498,7 @@ class PoolAdmission:
                 tn.running[g.name] = 0
                 tn.queued_compute_s[g.name] = 0.0
             active = [o.counter for o in self._tenants.values() if o.active()]
-            tn.counter = min(active, default=0.0)
+            tn.reset(min(active, default=0.0), self._next_seq())
             self._tenants[share.name] = tn
         else:
             tn.share = share
@@ -442,6 +532,23 @@ class PoolAdmission:
         return self._tenants[tenant].counter
 
     # -- internals -----------------------------------------------------------------------------
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _settle(self, key: tuple[str, str], delta: float) -> None:
+        """The held charge of ``key`` ends, its counter corrected by ``delta`` (the terms that
+        started before it: those that hold it)."""
+        charge = self._charged.pop(key)
+        tn = self._tenants[key[0]]
+        if delta != 0.0:
+            tn.add(delta, before=charge.seq)
+        tn.prune(self._held(key[0]))
+
+    def _held(self, tenant: str) -> list[int]:
+        """The starts (sequence) of ``tenant``'s charges held now."""
+        return [c.seq for (t, _), c in self._charged.items() if t == tenant]
+
     def _wait_s(self, tn: _Tenant, group: str, now: float) -> float:
         g = self.shape.group(group)
         busy = sum(o.running[group] for o in self._tenants.values())

@@ -13,7 +13,11 @@ will actually do: the prompt less that hit.
 from its mirror of the nodes' reports, the pool simulator from its nodes' stores themselves
 (``sim/pool_sim.py``); without hints every node is a miss and the charge is the submitted
 compute. ``dispatch_cached`` is the one placement both call (``pool/frontdoor.py``
-``FrontDoor.place`` and the simulator's dispatch). Pure: no I/O, no clock, no asyncio.
+``FrontDoor.place`` and the simulator's dispatch), and ``settle_cached`` the one end: a done
+prefill whose node really found another prefix than its placement expected (the live door's
+mirror is a heartbeat behind; the simulator's hints are its stores, so never) is charged what it
+really computed, a refund or a surcharge of the difference (``PoolAdmission.finish``). Pure: no
+I/O, no clock, no asyncio.
 """
 
 from __future__ import annotations
@@ -105,3 +109,30 @@ def dispatch_cached(
     if not picked:
         return Placed(job, NodePick(nodes[0]), None)
     return Placed(job, picked[0][0], picked[0][1])
+
+
+def settle_cached(
+    admission: PoolAdmission,
+    job: PrefillJob,
+    now: float,
+    placed: Placed,
+    found_tokens: int | None,
+    hints: PlacementHints | None,
+) -> float:
+    """End ``job``, placed as ``placed`` (``dispatch_cached``'s answer) with ``hints``:
+    ``found_tokens`` is what its node really found of the prompt at a done outcome (None: it
+    failed or was aborted: the charge stands, nothing to true up). Where its start was charged
+    by the hints (``placed.compute_s``) and the node found other than expected, the admission
+    trues the charge up to ``hints.compute_s(job, found_tokens)`` (the same price, at the real
+    hit); found as expected, or charged as submitted (no hints: no price of a hit), it finishes
+    as charged. Returns the correction (``PoolAdmission.finish``: negative, refunded; positive,
+    surcharged)."""
+    compute_s = None
+    if (
+        found_tokens is not None
+        and hints is not None
+        and placed.compute_s is not None
+        and found_tokens != placed.pick.cached_tokens
+    ):
+        compute_s = hints.compute_s(job, found_tokens)
+    return admission.finish(job, now, compute_s)

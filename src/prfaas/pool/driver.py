@@ -53,8 +53,10 @@ the longest prefix of its prompt in its tenant's namespace (the door computes th
 it holds the internal key), charged the compute that node will do (``FrontDoor.place``).
 
 Counters per tenant (``counters``): accepted, placed, done, failed, aborted, handed_back (each
-time a node gave one back; a prefill placed again counts placed again): the operator's listener
-serves them. Time: the door's ``now`` is modelled seconds (``clock``); node liveness is
+time a node gave one back; a prefill placed again counts placed again), and the charge
+corrections: refunded, surcharged (a done prefill whose node found more, or less, of its prompt
+than the placement expected: ``FrontDoor.finished`` trued its tenant's charge up): the operator's
+listener serves them. Time: the door's ``now`` is modelled seconds (``clock``); node liveness is
 wall seconds (``wall``).
 """
 
@@ -366,8 +368,11 @@ class PlacementDriver:
         if back:
             self._handed_back(node, key, back)
             return
-        self.door.finished(*key, self.clock(), error=error, kv_bytes_sent=sent,
-                           cached_tokens=cached)  # fmt: skip
+        # (Before the payload goes: the true-up prices the prompt past the real hit from it.)
+        delta = self.door.finished(*key, self.clock(), error=error, kv_bytes_sent=sent,
+                                   cached_tokens=cached)  # fmt: skip
+        if delta:
+            self.counters[key[0]]["refunded" if delta < 0 else "surcharged"] += 1
         self._drop_payload(key)
         out = self.door.outcome(*key)
         if out is not None and out.state in ("done", "failed"):

@@ -9,7 +9,9 @@ only as itself and only to receivers it registered, and reads only its own outco
 feedback. Placement on a free node goes through ``PoolAdmission.dispatch`` (which prefill), then
 ``policy.pool_placement`` (which of the group's free nodes: the one holding the longest prefix of
 it for its tenant, when the caller gives ``PlacementHints``; its start is charged the compute that
-node will do); a lease that expires or a revoked tenant drops its queued prefills and aborts its
+node will do; at a done outcome whose node found more or less than expected, the charge is
+trued up to what it really computed: ``policy.pool_placement.settle_cached``, the simulator's
+end too); a lease that expires or a revoked tenant drops its queued prefills and aborts its
 running ones with the reason. A placed prefill frees its node for the next placement once its
 node has computed it (``computed``), and ends later (``finished``: its KV verified, or failed;
 aborted; handed back): the outcome follows the end, never the compute. A prefill its node hands
@@ -33,7 +35,7 @@ from prfaas.policy.pool_admission import (
     PrefillJob,
     Refused,
 )
-from prfaas.policy.pool_placement import PlacementHints, dispatch_cached
+from prfaas.policy.pool_placement import Placed, PlacementHints, dispatch_cached, settle_cached
 from prfaas.policy.pool_shares import PoolShape, TenantShare
 from prfaas.pool.tenant_links import TenantLink
 
@@ -120,6 +122,17 @@ class Abort:
     """The node to stop, or None (it was only queued)."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """A placed prefill until it ends: where, and how it was placed and charged (what its
+    outcome's true-up prices with)."""
+
+    job: PrefillJob
+    node: str
+    placed: Placed
+    hints: PlacementHints | None
+
+
 @dataclass(slots=True)
 class _TenantState:
     receivers: dict[str, Receiver] = field(default_factory=dict)
@@ -159,7 +172,7 @@ class FrontDoor:
         self._tenants = {t.name: _TenantState() for t in shape.tenants}
         self._outcomes: dict[tuple[str, str], Outcome] = {}
         self._targets: dict[tuple[str, str], tuple[Receiver, str]] = {}
-        self._running: dict[tuple[str, str], tuple[PrefillJob, str]] = {}
+        self._running: dict[tuple[str, str], _Run] = {}
         self._hand_backs: dict[tuple[str, str], int] = {}
         """(tenant, request id) -> times it was handed back and queued again, until it ends."""
 
@@ -245,7 +258,7 @@ class FrontDoor:
         job, pick = placed.job, placed.pick
         key = (job.tenant, job.request_id)
         receiver, session = self._targets[key]  # kept until it ends: a requeue places it again
-        self._running[key] = (job, pick.node)
+        self._running[key] = _Run(job, pick.node, placed, hints)
         self._outcomes[key] = Outcome(self.epoch, job.request_id, "running")
         return Placement(job, pick.node, receiver, session, pick.cached_tokens, placed.compute_s)
 
@@ -257,7 +270,7 @@ class FrontDoor:
         ran = self._running.get((tenant, request_id))
         if ran is None:
             return False
-        self.admission.computed(ran[0], now)
+        self.admission.computed(ran.job, now)
         return True
 
     def finished(
@@ -268,20 +281,26 @@ class FrontDoor:
         error: str = "",
         kv_bytes_sent: int = 0,
         cached_tokens: int = 0,
-    ) -> None:
+    ) -> float:
         """A placed prefill ended: done (its node sent ``kv_bytes_sent`` payload bytes and found
         ``cached_tokens`` of the prompt in the tenant's prefixes), or failed with ``error`` (a
-        lost node, a refused link)."""
+        lost node, a refused link). A done one whose node found other than its placement
+        expected has its tenant's charge trued up to what the node really computed
+        (``settle_cached``, with the hints it was placed with); a failed one keeps its charge.
+        Returns the correction (``PoolAdmission.finish``: negative, refunded; positive,
+        surcharged; 0.0: none, or not running: aborted already)."""
         key = (tenant, request_id)
         ran = self._running.pop(key, None)
         if ran is None:
-            return  # aborted already
-        self.admission.finish(ran[0], now)
+            return 0.0  # aborted already
+        found = None if error else cached_tokens
+        delta = settle_cached(self.admission, ran.job, now, ran.placed, found, ran.hints)
         self._ended(key)
         state = "failed" if error else "done"
         self._outcomes[key] = Outcome(
             self.epoch, request_id, state, error, kv_bytes_sent, cached_tokens
         )
+        return delta
 
     def requeue(self, tenant: str, request_id: str, now: float, why: str = "") -> Outcome | None:
         """The node running this prefill handed it back unfinished (a spot notice; ``why``, the
@@ -293,7 +312,7 @@ class FrontDoor:
         ran = self._running.pop(key, None)
         if ran is None:
             return None
-        job, _ = ran
+        job = ran.job
         times = self._hand_backs.get(key, 0) + 1
         if times > MAX_HAND_BACKS:
             self.admission.finish(job, now)
@@ -315,7 +334,7 @@ class FrontDoor:
         node: str | None = None
         ran = self._running.pop(key, None)
         if ran is not None:
-            job, node = ran
+            job, node = ran.job, ran.node
             self.admission.finish(job, now)
         elif self.admission.cancel(tenant, request_id, now) is None:
             return None
@@ -398,11 +417,11 @@ class FrontDoor:
             Abort(tenant, job.request_id, reason, None)
             for job in self.admission.withdraw(tenant, now)
         ]
-        for key, (job, node) in list(self._running.items()):
+        for key, ran in list(self._running.items()):
             if key[0] == tenant:
                 del self._running[key]
-                self.admission.finish(job, now)
-                aborts.append(Abort(tenant, job.request_id, reason, node))
+                self.admission.finish(ran.job, now)
+                aborts.append(Abort(tenant, ran.job.request_id, reason, ran.node))
         for a in aborts:
             self._ended((tenant, a.request_id))
             self._outcomes[(tenant, a.request_id)] = Outcome(

@@ -1,6 +1,8 @@
 """The pool's Prometheus metrics (``GET /metrics`` on the operator's listener).
 
-Per tenant: its prefills by outcome (handed back by a noticed node among them), queued tokens,
+Per tenant: its prefills by outcome (handed back by a noticed node among them), its charge
+corrections (a done prefill whose node found more or less of its prompt than expected: refunded
+or surcharged the difference), queued tokens,
 running prefills, expected queueing, entitled and attainable shares, whether it is revoked, and
 per group what the nodes' prefix stores hold for it (entries, bytes, quota, tokens found and
 looked up: ``pool.tenant_prefixes``); per node group: its nodes by state; the front door's epoch
@@ -27,6 +29,9 @@ from prfaas.pool.driver import PlacementDriver
 OUTCOMES = ("accepted", "placed", "done", "failed", "aborted", "handed_back")
 """The driver's per-tenant counters, in the order a prefill meets them (``handed_back``: each
 time a noticed node gave one back: queued again and placed again, or failed after too many)."""
+CORRECTIONS = ("refunded", "surcharged")
+"""The driver's per-tenant counts of charge true-ups at a done outcome, by direction (the node
+found more of the prompt than the placement expected: refunded; less: surcharged)."""
 
 
 class PoolCollector(Collector):
@@ -43,6 +48,12 @@ class PoolCollector(Collector):
             "Prefills of a tenant by what happened to them, since the front door started",
             labels=["tenant", "outcome"],
         )
+        corrections = CounterMetricFamily(
+            "prfaas_pool_tenant_charge_corrections",
+            "Done prefills of a tenant whose fair-share charge was trued up to what their node "
+            "really computed (it found more of the prompt: refunded; less: surcharged)",
+            labels=["tenant", "direction"],
+        )
         gauges = {
             name: GaugeMetricFamily(f"prfaas_pool_tenant_{name}", text, labels=["tenant"])
             for name, text in (
@@ -58,6 +69,8 @@ class PoolCollector(Collector):
         for tenant, counts in sorted(driver.counters.items()):
             for outcome in OUTCOMES:
                 prefills.add_metric([tenant, outcome], counts[outcome])
+            for direction in CORRECTIONS:
+                corrections.add_metric([tenant, direction], counts[direction])
             fb = door.feedback(tenant, now)
             values = {
                 "queued_tokens": fb.queued_tokens,
@@ -70,6 +83,7 @@ class PoolCollector(Collector):
             for name, value in values.items():
                 gauges[name].add_metric([tenant], value)
         yield prefills
+        yield corrections
         yield from gauges.values()
         yield from self._prefixes()
         nodes = GaugeMetricFamily(

@@ -5,8 +5,9 @@ signed API v1 (``pool.app``) and an open ``/health``; ``front_door.control_port`
 own listener, signed with the pool's internal key (``serve.auth_middleware``): the nodes register
 and heartbeat there (``/internal/register``, ``/internal/heartbeat``, as they do at a gateway),
 and the operator reads ``/internal/tenants`` (per-tenant counters, handed-back prefills among
-them, accepted key ids, each tenant's link: the rate it told, the nodes' reading, and what the
-nodes' prefix stores hold for it per group; not reachable with a tenant's key),
+them, the charge corrections at done outcomes, accepted key ids, each tenant's link: the rate
+it told, the nodes' reading, and what the nodes' prefix stores hold for it per group; not
+reachable with a tenant's key),
 ``/internal/nodes`` (each node's group, process, liveness, draining and what it runs) and, open
 for Prometheus, ``/metrics`` (``pool.metrics``: the counters per tenant and per group). The
 ``PlacementDriver`` runs in the same event loop. SIGHUP reloads the tenant list and keys
@@ -45,7 +46,7 @@ from prfaas.pool.app import TenantKeys, create_app
 from prfaas.pool.client import MAX_CONNECTIONS as TENANT_CONNECTIONS
 from prfaas.pool.driver import PlacementDriver
 from prfaas.pool.frontdoor import FrontDoor
-from prfaas.pool.metrics import OUTCOMES, pool_registry
+from prfaas.pool.metrics import CORRECTIONS, OUTCOMES, pool_registry
 from prfaas.pool.prefix_hits import PrefixHits
 from prfaas.pool.resolved import internal_psk, load_resolved, tenant_keys
 from prfaas.pool.tenant_links import link_json
@@ -226,6 +227,7 @@ def _operator_app(driver: PlacementDriver, ring: Any, reload: TenantReload) -> F
             fb = driver.door.feedback(name, now)
             out[name] = {
                 **{k: counts[k] for k in OUTCOMES},
+                "charge_corrections": {k: counts[k] for k in CORRECTIONS},
                 "queued_tokens": fb.queued_tokens,
                 "running": fb.running,
                 "attainable_share": fb.attainable_share,

@@ -19,13 +19,17 @@ reads a PrfaaS site's link.
 
 ``PoolNodeClient`` is the dispatcher's ``NodeClient``: a prefill for the ``pool`` node is a signed
 submit (tokens, sampling, the decode node as registered receiver, the prefill's request id as the
-session its KV goes to), then the outcome is awaited; the KV goes from the pool node straight to
-the decode node; a request whose client goes away is aborted at the pool (``POST /v1/abort``).
-A refusal, an unreachable or silent pool, a changed epoch, or a failed or aborted
-prefill (a lost pool node, a lost lease) fails the attempt, and the dispatcher's retry prefills
-locally; each such fallback is counted by reason (``prfaas_pool_fallbacks_total{reason}``), each
-offload that completed in ``prfaas_pool_offloads_total{outcome}``. Every other call goes to the
-tenant's own nodes through the wrapped client.
+session its KV goes to), then the outcome is awaited (a done one's ``kv_bytes_sent`` and
+``cached_tokens``, the prompt tokens the pool's node found in the tenant's prefixes there, are
+the node outcome's: the gateway's route log and the ``pool`` site's prefix hit rate count them as
+a PrfaaS node's, and the gateway, which mirrors no pool store, counts no stale mirror for it);
+the KV goes from the pool node straight to the decode node; a request whose client goes away is
+aborted at the pool (``POST /v1/abort``). A refusal, an unreachable or silent pool, a changed
+epoch, or a failed or aborted prefill (a lost pool node, a lost lease) fails the attempt, and the
+dispatcher's retry prefills locally; each such fallback is counted by reason
+(``prfaas_pool_fallbacks_total{reason}``), each offload that completed in
+``prfaas_pool_offloads_total{outcome}``. Every other call goes to the tenant's own nodes through
+the wrapped client.
 """
 
 from __future__ import annotations
@@ -251,7 +255,11 @@ class TenantPoolLink:
             if state == "done":
                 self.offloads.labels(outcome="done").inc()
                 sent = int(out.get("kv_bytes_sent") or 0)  # an older door: not said
-                return PrefillOutcome(request_id=rid, ok=True, kv_bytes_sent=sent)
+                # What the pool's node found in the tenant's prefixes there: the route log and
+                # the pool site's prefix hit rate count it as a PrfaaS node's own outcome.
+                cached = int(out.get("cached_tokens") or 0)
+                return PrefillOutcome(request_id=rid, ok=True, kv_bytes_sent=sent,
+                                      num_cached_tokens=cached)  # fmt: skip
             if state in ("failed", "aborted"):
                 reason = str(out.get("reason") or state).split(":")[0]
                 raise self._fail(f"failed:{reason}", "rejected", f"pool: {state} {out['reason']}")

@@ -23,7 +23,10 @@ not modelled.
 The pool's prefix stores, as live (``sim/pool_prefixes.py``: the live node's store's code, its
 namespaces and quotas): a prefill is placed by ``policy.pool_placement.dispatch_cached``, the
 live front door's placement, on the free node holding the longest prefix of its prompt for its
-tenant, charged what that node computes, and its node runs that long.
+tenant, charged what that node computes, and its node runs that long; it ends by
+``policy.pool_placement.settle_cached``, the live door's end, which trues the charge up when the
+node found other than its placement expected: never here (the hints are the stores themselves,
+read at the same instant as the node's own lookup), so a zero correction.
 
 The profiles' plumbing terms (``perf.plumbing``), each charged to the process that pays it, from
 that process's profile, as ``sim/plumbing.py`` does in the single-deployment simulator, and
@@ -68,7 +71,7 @@ from prfaas.policy.pool_admission import (
     prefill_node_s,
 )
 from prfaas.policy.pool_coordination import NOTHING_SAID, PoolSaid
-from prfaas.policy.pool_placement import dispatch_cached
+from prfaas.policy.pool_placement import dispatch_cached, settle_cached
 from prfaas.policy.pool_session import Fallback, PoolSession
 from prfaas.policy.pool_tenant_route import (
     KEPT_FOR_LINK,
@@ -342,7 +345,8 @@ class PoolSimulator:
             self.egress.add(EgressFlow(job.tenant, req, float(job.kv_bytes), self.now, end))
             adm = self.admission  # the epoch that placed it is the one to tell
             flow = self.egress.flows[-1]
-            self._running[group][(job.tenant, job.request_id)] = (job, end, adm, flow, node)
+            ran = (job, end, adm, flow, node, placed, cached)
+            self._running[group][(job.tenant, job.request_id)] = ran
             self._push(end, _DONE, lambda j=job, g=group, a=adm: self._pool_done(j, g, a))
 
     def _release(self, group: str, node: str) -> None:
@@ -355,7 +359,9 @@ class PoolSimulator:
         ran = self._running[group].pop((job.tenant, job.request_id), None)
         if ran is None:
             return  # its node was lost mid-prefill (``_node_lost``)
-        admission.finish(job, self.now)
+        placed, found = ran[5], ran[6]
+        # The live door's end: the charge trued up to what the node found (exact hints: 0).
+        settle_cached(admission, job, self.now, placed, found, self.prefixes)
         self._release(group, ran[4])
         self.egress.changed()
         self._dispatch_all()
@@ -415,7 +421,7 @@ class PoolSimulator:
         free = self._free[group]
         if running:  # the oldest running prefill fails with its node, and its KV stream
             key = next(iter(running))
-            job, end, admission, flow, node = running.pop(key)
+            job, end, admission, flow, node, _, _ = running.pop(key)
             admission.finish(job, self.now)
             run = self.tenants[job.tenant]
             lo, hi = self._window

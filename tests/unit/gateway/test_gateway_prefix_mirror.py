@@ -206,3 +206,28 @@ async def test_an_engine_reusing_more_than_the_mirrors_blocks_is_no_mismatch() -
         nodes.script(node).cached_tokens = BLOCK_TOKENS + 4
     [e async for e in d.generate(request("r2", 40))]
     assert _mismatches(d, "prefill") == 1
+
+
+@pytest.mark.parametrize("pool", [False, True], ids=["prfaas_site", "pool"])
+async def test_a_prefix_the_pool_found_is_logged_and_no_stale_mirror(
+    pool: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An offload's outcome says what its PrfaaS node found: the route log and the site's hit
+    rate count it. The gateway mirrors a PrfaaS site's store, so a hit it did not know of is a
+    stale mirror; it mirrors no store of a pool's (the pool's front door places by them: the
+    ``pool`` node, here the fakes' ``pf0`` under that name), so its hit is news, not a mismatch."""
+    import prfaas.serve.gateway.dispatcher as dispatcher
+
+    if pool:
+        monkeypatch.setattr(dispatcher, "POOL_NODE", "pf0")
+        monkeypatch.setattr(dispatcher, "POOL_SITE", "remote")
+    nodes = FakeNodes()
+    d, _ = make_dispatcher(nodes)
+    nodes.script("pf0").cached_tokens = 4 * BLOCK_TOKENS
+    [e async for e in d.generate(request("r", 100))]  # over the threshold: offloaded
+    record = d.book.records[-1]
+    assert (record.prefill_node, record.offloaded) == ("pf0", True)
+    assert record.num_cached_tokens == 4 * BLOCK_TOKENS
+    rate = d.metrics.registry.get_sample_value("prfaas_prefix_hit_rate", {"site": "remote"})
+    assert rate == pytest.approx(4 * BLOCK_TOKENS / 100)
+    assert _mismatches(d, "prefill") == (0 if pool else 1)

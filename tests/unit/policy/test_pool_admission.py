@@ -282,3 +282,90 @@ def test_a_computed_prefill_frees_its_node_once_and_keeps_its_charge_to_the_end(
     assert again is not None and again.request_id == "r1"
     adm.computed(PrefillJob("a", "r9", "m", 1, 1.0, 1), 3.0)  # never started: nothing
     assert adm.feedback("a", 3.0).running == 1
+
+
+def _placed(adm: PoolAdmission, tenant: str, expected_s: float, now: float = 0.0) -> PrefillJob:
+    """``tenant``'s next prefill, started on a node expected to compute ``expected_s``."""
+    job = adm.dispatch("g", now, FREE, lambda j: expected_s)
+    assert job is not None and job.tenant == tenant
+    return job
+
+
+@pytest.mark.parametrize(
+    ("real_s", "sign"),
+    [(0.5, -1), (2.5, 1), (1.5, 0)],
+    ids=["found_more_refunded", "found_less_surcharged", "found_as_expected"],
+)
+def test_a_done_prefill_is_charged_what_its_node_really_computed(real_s: float, sign: int) -> None:
+    """The start charged the node's expected compute (1.5 s on 2 nodes: 0.75); the outcome's real
+    compute trues the counter up by exactly the difference of the two charges, at the weight of
+    the start (a reload to 4 meanwhile changes nothing): a node that found more of the prompt
+    refunds, less surcharges, as expected changes nothing."""
+    adm = PoolAdmission(_shape(TenantShare("a", 2.0)))
+    adm.submit(_job("a", 1), 0.0)
+    job = _placed(adm, "a", 1.5)
+    assert adm.counter_of("a") == pytest.approx(1.5 / 2 / 2)
+    adm.set_tenant(TenantShare("a", 4.0), 0.5)
+    delta = adm.finish(job, 1.0, compute_s=real_s)
+    assert delta == pytest.approx((real_s - 1.5) / 2 / 2)
+    assert math.copysign(1, delta) == sign or (sign == 0 and delta == 0.0)
+    assert adm.counter_of("a") == pytest.approx(real_s / 2 / 2)  # as if charged so at its start
+    assert adm.finish(job, 2.0, compute_s=0.1) == 0.0  # ended: nothing more to correct
+    assert adm.counter_of("a") == pytest.approx(real_s / 2 / 2)
+
+
+def test_a_failed_or_handed_back_prefill_is_not_corrected_twice() -> None:
+    """A failed prefill keeps its start's charge (``finish`` without ``compute_s``); a requeue
+    refunds the whole start (its outcome's true-up, if one comes late, finds nothing held), and
+    its new start is trued up once."""
+    adm = PoolAdmission(_shape(TenantShare("a")))
+    adm.submit(_job("a", 1), 0.0)
+    adm.submit(_job("a", 2), 0.0)
+    failed = _placed(adm, "a", 1.0)
+    assert adm.finish(failed, 1.0) == 0.0
+    assert adm.counter_of("a") == pytest.approx(0.5)  # kept
+    back = _placed(adm, "a", 1.0, 1.0)
+    adm.requeue(back, 2.0)
+    assert adm.counter_of("a") == pytest.approx(0.5)  # refunded its whole start
+    assert adm.finish(back, 2.0, compute_s=0.2) == 0.0  # a late outcome: nothing held
+    assert adm.counter_of("a") == pytest.approx(0.5)
+    again = _placed(adm, "a", 1.0, 3.0)
+    assert adm.finish(again, 4.0, compute_s=0.2) == pytest.approx(-0.4)
+    assert adm.counter_of("a") == pytest.approx(0.5 + 0.1)
+
+
+def _lifted(real_s: float | None) -> PoolAdmission:
+    """a's prefill (expected 2.0 s on 2 nodes: a's counter 1.0) is computed: its node is free,
+    its KV on its way, a idle. b starts one of 10.0 s (b's counter 5.0); a comes back and is
+    lifted to 5.0 (VTC), and its next prefill starts (0.5 more). Then the first one's outcome:
+    done in ``real_s`` (None: handed back instead)."""
+    adm = PoolAdmission(_shape(TenantShare("a"), TenantShare("b")))
+    adm.submit(_job("a", 1), 0.0)
+    first = _placed(adm, "a", 2.0)
+    adm.computed(first, 1.0)
+    adm.submit(_job("b", 1), 1.0)
+    _placed(adm, "b", 10.0, 1.0)
+    adm.submit(_job("a", 2), 2.0)
+    assert adm.counter_of("a") == pytest.approx(5.0)  # lifted from 1.0
+    _placed(adm, "a", 1.0, 2.0)
+    if real_s is None:
+        adm.requeue(first, 3.0)
+    else:
+        adm.finish(first, 3.0, compute_s=real_s)
+    return adm
+
+
+@pytest.mark.parametrize("real_s", [0.0, 4.0, 14.0])
+def test_a_true_up_after_a_lift_is_as_if_made_at_the_start(real_s: float) -> None:
+    """The counter is what it would be had the start been charged the real compute: max(1.0 +
+    the correction, the lift's 5.0) + the later start's 0.5. A refund does not take a below its
+    lift (the lift already forgave more), a surcharge the lift's gap covers adds nothing, a
+    larger one what is left (real 14: 1.0 + 6.0 = 7.0 > 5.0)."""
+    adm = _lifted(real_s)
+    assert adm.counter_of("a") == pytest.approx(max(1.0 + (real_s - 2.0) / 2, 5.0) + 0.5)
+
+
+def test_a_requeue_after_a_lift_refunds_nothing_the_lift_gave() -> None:
+    """A handed-back prefill's refund is the same correction (to nothing): after a lift that
+    already covered it, the counter stays where the lift and the later start put it."""
+    assert _lifted(None).counter_of("a") == pytest.approx(5.5)

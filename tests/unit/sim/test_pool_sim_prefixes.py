@@ -87,6 +87,27 @@ def test_a_tenants_repeated_prefix_hits_and_its_charge_drops() -> None:
     assert out["hit_tokens"] == 2 * PREFIX and out["lookup_tokens"] == 3 * TOKENS
 
 
+def test_the_simulators_prefills_end_as_the_live_doors_with_a_zero_true_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each simulated pool prefill ends by the live door's ``settle_cached``, with what its node
+    really found; the simulator's hints are its stores read at the node's own lookup, so the
+    expectation is the truth and no charge is corrected, hits or not."""
+    import prfaas.sim.pool_sim as pool_sim
+
+    ends: list[tuple[int, int | None, float]] = []
+    settle = pool_sim.settle_cached
+
+    def spy(adm, job, now, placed, found, hints):  # type: ignore[no-untyped-def]
+        delta = settle(adm, job, now, placed, found, hints)
+        ends.append((placed.pick.cached_tokens, found, delta))
+        return delta
+
+    monkeypatch.setattr(pool_sim, "settle_cached", spy)
+    _run({"a": [_prompt(0.0, 1, 1), _prompt(30.0, 1, 2), _prompt(60.0, 1, 3)]})
+    assert ends == [(0, 0, 0.0), (PREFIX, PREFIX, 0.0), (PREFIX, PREFIX, 0.0)]
+
+
 def test_without_hashes_nothing_hits_and_the_charge_is_the_submitted_one() -> None:
     sim = _run({"a": [_prompt(0.0, 1, 1), _prompt(30.0, 2, 2)]})  # two different prefixes
     assert sim.tenants["a"].pool_hit_tokens == 0

@@ -42,6 +42,7 @@ from prometheus_client import Counter
 
 from prfaas.core import NodeRole, RequestLifecycle, RequestState, SiteId, can_transition
 from prfaas.policy import Router, least_loaded
+from prfaas.policy.pool_tenant_route import POOL_NODE, POOL_SITE
 from prfaas.policy.waiting_room import WaitingRoom, WaitVerdict
 from prfaas.serve.api.metrics import GatewayMetrics
 from prfaas.serve.backend import GenerationError, GenerationRequest, ModelInfo, TokenEvent
@@ -580,7 +581,10 @@ class _Relay:
         # The mirror knows block-aligned prefixes only; an engine with its own, finer cache
         # (vLLM's 128-token blocks) may reuse more than that, which is no stale mirror.
         reused = outcome.num_cached_tokens // self.d.block_tokens * self.d.block_tokens
-        if reused != decision.num_cached_tokens and not move_failed:
+        # The gateway mirrors no store of a PrfaaS pool's: its front door places by the pool
+        # nodes' prefixes, so what the ``pool`` node found is news, not a stale mirror.
+        unmirrored = node == POOL_NODE and decision.prefill_site == POOL_SITE
+        if reused != decision.num_cached_tokens and not move_failed and not unmirrored:
             # A failed cache move is counted as such; anything else is a stale mirror.
             self.d.prefix_mismatch.labels(side="prefill").inc()
         self.d.book.prefill_done(
