@@ -96,10 +96,15 @@ class Settings:
     """Up to the batches a run reaches (a burst of 40 decodes 30-40 at once): a fit over 1-8
     extrapolated to 32 at 2,048 tokens each read 6.7 ms per step where 13.0 ms was measured."""
     profile_contexts: tuple[int, ...] = (512, 4096)
-    profile_repeats: int = 3
-    plumbing_requests: int = 16
+    profile_repeats: int = 5
+    """Timed passes per profile point (median). Five, not the command's default three: the same
+    seed's capacity ratio moved 0.94 -> 1.12 between two profiles taken 20 minutes apart
+    (2026-12-05), whose terms differed by more than their runs (``shared_core_overhead`` 0.115
+    vs 0.074; over five profiles that day 0.079-0.146); each of the three settings here costs
+    seconds."""
+    plumbing_requests: int = 32
     """Requests per class of the profiles' plumbing measurement (``prfaas profile``)."""
-    sharing_rounds: int = 3
+    sharing_rounds: int = 9
     """Rounds of the profiles' ``shared_core_overhead`` measurement (``prfaas profile``)."""
     profile_cpus: str | None = None
     """``taskset -c`` list for the profiles instead of each one's core (``--quick``: both cores,
@@ -1143,7 +1148,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES))
     p.add_argument("--seeds", type=int, default=3, help="fresh seeds per shape")
     p.add_argument("--seed-list", type=int, nargs="+", help="these seeds instead (a rerun)")
-    p.add_argument("--requests", type=int, default=60, help="requests per run")
+    p.add_argument(
+        "--requests", type=int, default=180,
+        help="requests per run (the capacity steps: --capacity-requests); 60 let two live repeats "
+        "at 50%% differ by 1.30x in P50, 180 by 1.05x (2026-12-05)",
+    )  # fmt: skip
     p.add_argument("--mean-output", type=int, default=47, help="mean output tokens")
     p.add_argument("--live-repeats", type=int, default=2, help="live runs per load point")
     p.add_argument(
