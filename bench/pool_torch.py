@@ -260,7 +260,7 @@ class Files:
 
 
 def write_files(workdir: Path, model: Path, prof: Path, s: Settings, rate_rps: float) -> Files:
-    from prfaas.serve.launcher import free_port
+    from prfaas.serve.launch_resolved import free_port
 
     name = model.name
     door, control = free_port(), free_port()

@@ -20,7 +20,8 @@ from prfaas.config import load_deployment
 from prfaas.serve.control_client import ControlClient
 from prfaas.serve.elastic.local import LocalGroup, LocalProvider
 from prfaas.serve.elastic.provider import NodePhase
-from prfaas.serve.launcher import RESOLVED_NAME, Launcher, RestartPolicy
+from prfaas.serve.launch_resolved import RESOLVED_NAME
+from prfaas.serve.launcher import Launcher, RestartPolicy
 
 pytestmark = pytest.mark.timeout(180)
 STARTUP_S = 6.0

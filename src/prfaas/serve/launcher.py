@@ -22,34 +22,39 @@ Every child runs in its own session (process group): stopping kills each group, 
 SIGKILL after a grace period, so nothing is left behind even if a child spawned helpers; a
 namespaced testbed (``netns: true``, ``serve.launch_netns``) is torn down. Each child's
 stdout/stderr goes through a pipe into a size-capped, rotated ``NAME.log`` (``serve.childlog``).
+
+Owns the desired set, its bookkeeping and the life cycle; its parts: the resolved file
+(``serve.launch_resolved``), a child's command line and start (``serve.launch_child``), the
+start-up waits (``serve.launch_wait``).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import httpx
-import yaml
-
 from prfaas.config import DeploymentConfig
 from prfaas.serve.childlog import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, LogPump, RotatingLog
-from prfaas.serve.control_client import ControlClient, GatewayUnreachable
-from prfaas.serve.keyring import LAUNCHED_BY_UP_ENV
+from prfaas.serve.control_client import ControlClient
+from prfaas.serve.launch_child import Child, serve_command, spawn
 from prfaas.serve.launch_errors import LaunchCancelled, LaunchError
-from prfaas.serve.launch_netns import namespaced, namespaced_argv
+from prfaas.serve.launch_netns import namespaced
+from prfaas.serve.launch_resolved import (
+    RESOLVED_NAME,
+    free_port,
+    resolve_ports,
+    with_node,
+    without_node,
+    write_resolved,
+)
+from prfaas.serve.launch_wait import Progress, wait_gateway, wait_nodes, wait_ready
 from prfaas.serve.leftovers import sweep_dead_run
 from prfaas.serve.process_group import ChildGroup, terminate
 from prfaas.serve.processes_file import write_processes_file
@@ -71,44 +76,7 @@ VLLM_READY_MARGIN_S = 30.0
 """On top of ``engine.vllm.startup_timeout_s``: the gateway, registration, the first reports."""
 WATCH_PERIOD_S = 0.1
 POLL_PERIOD_S = 0.1
-RESOLVED_NAME = "deployment.resolved.yaml"
 log = logging.getLogger("prfaas.launcher")
-
-
-def node_host(gateway_host: str) -> str | None:
-    """Where ``prfaas up``'s nodes listen when not the default 127.0.0.1: the gateway's address
-    when it names one (a PD site whose KV receivers a pool on another machine must reach). A
-    wildcard (0.0.0.0, ::) is where to listen, not an address to advertise: the nodes stay on
-    loopback."""
-    import ipaddress
-
-    try:
-        ip = ipaddress.ip_address(gateway_host)
-    except ValueError:
-        return None  # a name (localhost, a host name): the default
-    return None if ip.is_loopback or ip.is_unspecified else gateway_host
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Child:
-    """One supervised member as it is now: its current process (a restart replaces it)."""
-
-    name: str
-    proc: subprocess.Popen[bytes]
-    log: RotatingLog
-
-    @property
-    def log_path(self) -> Path:
-        return self.log.path
-
-    def log_tail(self, lines: int = 15) -> str:
-        return self.log.tail(lines)
 
 
 class Launcher:
@@ -125,7 +93,7 @@ class Launcher:
         if deployment.netns:
             # The PrfaaS site in its own namespace behind a shaped veth (``serve.launch_netns``).
             self.testbed, deployment = namespaced(deployment)
-        self.deployment = _resolved(deployment)
+        self.deployment = resolve_ports(deployment)
         self.workdir = workdir
         self.process_per_node = process_per_node
         """Every site's nodes one per process (else only torch sites': see ``groups``)."""
@@ -186,7 +154,7 @@ class Launcher:
         """Start everything and return once every node is in rotation and ``/ready`` says so.
         A child that dies meanwhile is a ``LaunchError`` with its log tail (no restarts yet).
         With vLLM sites the wait is at least their ``startup_timeout_s`` (and a margin)."""
-        say = _Progress(progress)
+        say = Progress(progress)
         deadline = time.monotonic() + max(ready_timeout_s, self._vllm_ready_s())
         self.workdir.mkdir(parents=True, exist_ok=True)
         for line in sweep_dead_run(self.workdir, self.config_path):
@@ -240,11 +208,7 @@ class Launcher:
             raise LaunchCancelled("start-up cancelled")
 
     def _write_resolved(self) -> None:
-        # The file holds the key: readable by this user only.
-        fd = os.open(self.config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(yaml.safe_dump(self.deployment.model_dump(mode="json")))
-        os.chmod(self.config_path, 0o600)
+        write_resolved(self.config_path, self.deployment)
 
     def _add(self, name: str, args: list[str]) -> None:
         with self._lock:
@@ -253,43 +217,17 @@ class Launcher:
 
     def _spawn(self, name: str) -> ChildGroup:
         """Start (or restart) member ``name``: the same arguments, the resolved file."""
-        args = self._args[name]
-        cmd = [sys.executable, "-m", "prfaas.cli", "serve", "--config", str(self.config_path)]
-        if self.testbed is not None and name != "gateway":
-            cmd, args = namespaced_argv(self.testbed, self.deployment, cmd, args)
-        elif name != "gateway" and (host := node_host(self.deployment.gateway.host)) is not None:
-            args = [*args, "--host", host]
+        cmd, args = serve_command(
+            self.config_path, self.deployment, self.testbed, name, self._args[name]
+        )
         log_ = self._logs.get(name)
         if log_ is None:
             log_ = self._logs[name] = RotatingLog(self.workdir / f"{name}.log", *self._log_cap)
         log_.write(f"--- prfaas launcher: starting {name}: {' '.join(args)}\n".encode())
-        # Workers log warnings, not transformers' notes about missing GPU kernels; unbuffered, so
-        # a crash's last lines reach the log before the process is gone.
-        env = {
-            **os.environ,
-            "TRANSFORMERS_VERBOSITY": "error",
-            "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-            "PYTHONUNBUFFERED": "1",
-            LAUNCHED_BY_UP_ENV: "1",  # a placeholder key: `prfaas up` warned about it already
-        }
-        read_fd, write_fd = os.pipe()
-        try:
-            proc = subprocess.Popen(
-                cmd + args,
-                stdout=write_fd,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                env=env,
-            )
-        except BaseException:
-            os.close(read_fd)
-            raise
-        finally:
-            os.close(write_fd)
-        handle = self._procs[name] = ChildGroup(proc)
+        handle, pump = spawn(cmd + args, log_, name)
+        self._procs[name] = handle
         self._pumps = [p for p in self._pumps if not p.join(0)]
-        self._pumps.append(LogPump(read_fd, log_, name))
+        self._pumps.append(pump)
         return handle
 
     def _check_alive(self) -> None:
@@ -302,19 +240,11 @@ class Launcher:
                         f"(log {self._logs[name].path}):\n" + self._logs[name].tail()
                     )
 
-    def _wait_gateway(self, deadline: float, say: _Progress) -> None:
-        say(f"starting the gateway at {self.url}")
-        while time.monotonic() < deadline:
-            self._check_alive()
-            try:
-                # Any answer will do (503 while no node has registered): the process serves.
-                if httpx.get(f"{self.url}/health", timeout=1.0).status_code in (200, 503):
-                    say(f"gateway answering at {self.url}; starting {len(self.groups())} workers")
-                    return
-            except httpx.HTTPError:
-                pass
-            self._pause()
-        raise LaunchError(f"gateway did not answer at {self.url} in time")
+    def _wait_gateway(self, deadline: float, say: Progress) -> None:
+        def workers() -> int:
+            return len(self.groups())
+
+        wait_gateway(self.url, workers, deadline, say, self._check_alive, self._pause)
 
     def nodes(self) -> list[dict[str, Any]]:
         """``GET /internal/nodes`` (signed, on the control listener)."""
@@ -326,39 +256,21 @@ class Launcher:
 
     def wait_nodes(self, timeout_s: float, names: list[str] | None = None) -> None:
         """Until the named nodes (default: all) are registered and in rotation."""
-        self._wait_nodes(time.monotonic() + timeout_s, names, _Progress(None))
+        self._wait_nodes(time.monotonic() + timeout_s, names, Progress(None))
 
-    def _wait_nodes(self, deadline: float, names: list[str] | None, say: _Progress) -> None:
+    def _wait_nodes(self, deadline: float, names: list[str] | None, say: Progress) -> None:
         wanted = set(names or [n.name for s in self.deployment.sites for n in s.nodes])
-        serving: set[str] = set()
-        while time.monotonic() < deadline:
-            if self._watcher is None:
-                self._check_alive()  # during start-up a death is fatal
-            try:
-                serving = {str(n["node"]) for n in self.nodes() if _serving(n)}
-            except (GatewayUnreachable, httpx.HTTPError):
-                serving = set()
-            if wanted <= serving:
-                return
-            say(f"{len(wanted & serving)}/{len(wanted)} nodes in rotation; waiting for "
-                + ", ".join(sorted(wanted - serving)))  # fmt: skip
-            self._pause()
-        missing = ", ".join(sorted(wanted - serving))
-        raise LaunchError(f"nodes {missing} did not come into rotation in time")
+        wait_nodes(self.nodes, wanted, deadline, say, self._check_alive_in_start_up, self._pause)
 
-    def _wait_ready(self, deadline: float, say: _Progress) -> None:
-        reason: str | None = "no answer"
-        while time.monotonic() < deadline:
-            self._check_alive()
-            try:
-                reason = self.control.ready()
-            except GatewayUnreachable as exc:
-                reason = str(exc)
-            if reason is None:
-                return
-            say(f"gateway not ready yet: {reason}")
-            self._pause()
-        raise LaunchError(f"gateway {self.url}/ready still says: {reason}")
+    def _check_alive_in_start_up(self) -> None:
+        if self._watcher is None:
+            self._check_alive()  # during start-up a death is fatal
+
+    def _wait_ready(self, deadline: float, say: Progress) -> None:
+        def ready() -> str | None:
+            return self.control.ready()
+
+        wait_ready(ready, self.url, deadline, say, self._check_alive, self._pause)
 
     # -- supervision -----------------------------------------------------------------------------
     def _watch(self) -> None:
@@ -419,21 +331,8 @@ class Launcher:
         """Add a node to ``site`` at run time (an elastic pool's provider): it joins the resolved
         file (a free port, like every node the file leaves at 0) and the desired set as a process
         of its own; ``remove(name)`` takes it out again."""
-        from prfaas.config import NodeConfig
-
         with self._lock:
-            d = self.deployment
-            if any(n.name == name for s in d.sites for n in s.nodes):
-                raise LaunchError(f"a node named {name!r} exists already")
-            sites = [
-                s.model_copy(update={"nodes": [*s.nodes, NodeConfig(name=name, role=role)]})
-                if s.name == site
-                else s
-                for s in d.sites
-            ]
-            if sites == list(d.sites):
-                raise LaunchError(f"no site named {site!r}")
-            self.deployment = d.model_copy(update={"sites": sites})
+            self.deployment = with_node(self.deployment, site, name, role)
             self._write_resolved()
         self._add(name, ["--role", "node", "--node", name])
 
@@ -445,13 +344,9 @@ class Launcher:
         with self._lock:
             proc, events = self.supervisor.remove(name, time.monotonic())
             self._report(events)
-            d = self.deployment
-            sites = [
-                s.model_copy(update={"nodes": [n for n in s.nodes if n.name != name]})
-                for s in d.sites
-            ]
-            if sites != list(d.sites):
-                self.deployment = d.model_copy(update={"sites": sites})
+            left = without_node(self.deployment, name)
+            if left is not None:
+                self.deployment = left
                 self._write_resolved()
         if proc is not None:
             assert isinstance(proc, ChildGroup)
@@ -492,38 +387,6 @@ class Launcher:
         self.stop()
 
 
-def _resolved(d: DeploymentConfig) -> DeploymentConfig:
-    """Real ports for the ones the file leaves at 0: what every child (and a restarted one) reads.
-    A file without ``psk`` got a random key when it was loaded; the resolved file carries it, so
-    this launcher's children share it."""
-    gw = d.gateway
-    update: dict[str, int] = {}
-    if gw.port == 0:
-        update["port"] = free_port(gw.host)
-    if gw.control_port == 0:
-        update["control_port"] = free_port(gw.host)
-    if update:
-        d = d.model_copy(update={"gateway": gw.model_copy(update=update)})
-    return d
-
-
-def _serving(node: dict[str, Any]) -> bool:
-    return bool(node.get("in_rotation", node.get("healthy")))
-
-
-class _Progress:
-    """Says a progress line when it differs from the last one (polls repeat themselves)."""
-
-    def __init__(self, sink: Callable[[str], None] | None) -> None:
-        self._sink = sink
-        self._last = ""
-
-    def __call__(self, message: str) -> None:
-        if self._sink is not None and message != self._last:
-            self._last = message
-            self._sink(message)
-
-
 __all__ = [
     "Child",
     "LaunchCancelled",
@@ -531,5 +394,5 @@ __all__ = [
     "Launcher",
     "MemberState",
     "RestartPolicy",
-    "free_port",
+    "free_port",  # its home is serve.launch_resolved; pool/launcher.py imports it from here
 ]

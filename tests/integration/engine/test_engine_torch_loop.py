@@ -23,7 +23,7 @@ from prfaas.engine import (
     SamplingParams,
     TokenEvent,
 )
-from prfaas.engine.torch import LoadedModel, TorchEngine
+from prfaas.engine.torch import LoadedModel, TorchEngine, decode_step
 from prfaas.engine.torch import engine as engine_module
 
 Loaded = Callable[[str, str], LoadedModel]
@@ -169,7 +169,9 @@ async def test_a_request_whose_sampling_raises_fails_alone(
             raise RuntimeError("injected sampling fault")
         return real_choose(logits, params, token_index, *args)
 
-    monkeypatch.setattr(engine_module, "choose", choose)
+    # A prefill's first token is sampled in the engine, a decode step's in ``decode_step``.
+    for module in (engine_module, decode_step):
+        monkeypatch.setattr(module, "choose", choose)
     poisoned = SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True, seed=13)
     with TorchEngine(model) as engine:
         tokens: dict[str, list[int]] = {}

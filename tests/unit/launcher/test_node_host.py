@@ -1,10 +1,10 @@
-"""Where ``prfaas up``'s node processes listen (``serve.launcher.node_host``)."""
+"""Where ``prfaas up``'s node processes listen (``serve.launch_child.node_host``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from prfaas.serve.launcher import node_host
+from prfaas.serve.launch_child import node_host
 
 pytestmark = pytest.mark.timeout(30)
 

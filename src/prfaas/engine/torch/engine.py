@@ -11,16 +11,18 @@ Holds three tables (under one lock, shared by the caller's thread and the engine
 prefilled here and not yet decoding (``held``: exportable, or started locally), allocations waiting
 for an incoming transfer, and the running decode batch. A decode step combines the running
 requests' caches into one batch, runs one forward, splits the caches back and samples one token
-per request; requests join (``start``/``install``) and leave (finish, ``release``) between steps.
-KV is accounted in bytes against a budget: a request reserves what its cache will weigh at its
-last token, or is refused before anything is allocated.
+per request (``decode_step.py``); requests join (``start``/``install``) and leave (finish,
+``release``) between steps. KV is accounted in bytes against a budget: a request reserves what its
+cache will weigh at its last token, or is refused before anything is allocated.
+
+Owns the tables, their lock, the budget and the public ``Engine`` calls; the work the thread runs
+is in ``tasks.py`` (a step, a prefill's chunks), the step itself in ``decode_step.py``, an
+unsampled install's rewind in ``unsampled.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
 import itertools
 import threading
 import weakref
@@ -47,11 +49,21 @@ from prfaas.engine.budget import KvBudget
 from prfaas.engine.errors import EngineDead, EngineError, PromptTooLong, UnknownRequest
 from prfaas.engine.manifest_check import check_manifest
 from prfaas.engine.torch import hf_cache
-from prfaas.engine.torch.core import EngineFault, EngineLoop, Task
+from prfaas.engine.torch.core import EngineLoop, Task
+from prfaas.engine.torch.decode_step import (
+    Running,
+    Stepped,
+    finish_reason,
+    forward_step,
+    isolate,
+    sample_tokens,
+)
 from prfaas.engine.torch.export import export_cache, import_cache, split_layer_buffer
 from prfaas.engine.torch.loader import LoadedModel, load_model
 from prfaas.engine.torch.prefill import PrefillJob
 from prfaas.engine.torch.sampling import choose, seen_mask
+from prfaas.engine.torch.tasks import PrefillTask, StepTask
+from prfaas.engine.torch.unsampled import before_last_token
 from prfaas.spec import CacheLayout, CacheSpec, DType
 
 DEFAULT_KV_BUDGET_BYTES = 4 << 30
@@ -66,70 +78,6 @@ _names = itertools.count()
 class _Held:
     cache: hf_cache.RequestCache
     prompt_token_ids: tuple[int, ...]
-
-
-@dataclass(slots=True)
-class _Running:
-    cache: hf_cache.RequestCache
-    sampling: SamplingParams
-    stop_ids: frozenset[int]
-    last_token: int
-    num_generated: int
-    seen: torch.Tensor | None
-    """``bool [vocab]`` of prompt + output ids, kept only for a repetition penalty."""
-
-
-def _resolve(future: concurrent.futures.Future[Any], value: object) -> None:
-    # InvalidStateError: the waiter cancelled, nobody wants the value.
-    with contextlib.suppress(concurrent.futures.InvalidStateError):
-        future.set_result(value)
-
-
-class _StepTask(Task):
-    is_step = True
-
-    def __init__(self, step: Callable[[], tuple[TokenEvent, ...]]) -> None:
-        super().__init__()
-        self._step = step
-
-    def run_slice(self) -> bool:
-        _resolve(self.future, self._step())
-        return True
-
-
-class _PrefillTask(Task):
-    def __init__(
-        self,
-        make: Callable[[], PrefillJob],
-        finish: Callable[[_PrefillTask, PrefillJob], PrefillResult],
-        forget: Callable[[str], None],
-        request_id: str,
-        split: Callable[[], bool],
-    ) -> None:
-        super().__init__()
-        self._make, self._finish, self._forget = make, finish, forget
-        self.request_id = request_id
-        self._split = split
-        self._job: PrefillJob | None = None
-
-    def run_slice(self) -> bool:
-        if self._job is None:
-            self._job = self._make()
-        self._job.run_chunk(split=self._split())
-        if not self._job.done:
-            return False
-        _resolve(self.future, self._finish(self, self._job))
-        return True
-
-    def dropped(self) -> None:
-        self._job = None  # frees its cache now
-        self._forget(self.request_id)
-        self.fail(EngineError(f"request {self.request_id}: prefill cancelled"))
-
-    def fail(self, exc: BaseException) -> None:
-        self._job = None
-        self._forget(self.request_id)
-        super().fail(exc)
 
 
 class TorchEngine:
@@ -154,7 +102,7 @@ class TorchEngine:
         self._held: dict[str, _Held] = {}
         self._prefilling: set[str] = set()
         self._allocs: dict[str, Allocation] = {}
-        self._running: dict[str, _Running] = {}
+        self._running: dict[str, Running] = {}
         self._loop = EngineLoop(f"prfaas-engine-{next(_names)}")
         # The loop thread holds no reference to this engine: once nobody does, stop it.
         weakref.finalize(self, self._loop.stop_soon)
@@ -247,7 +195,7 @@ class TorchEngine:
 
     def _prefill_task(
         self, req: PrefillRequest, on_layer: Callable[[LayerOutput], None] | None, keep: bool
-    ) -> _PrefillTask:
+    ) -> PrefillTask:
         """Check ``req`` here (a refusal is immediate) and make its task for the engine thread."""
         rid = req.request_id
         self._check_length(rid, req.num_tokens, req.sampling.max_new_tokens)
@@ -265,7 +213,7 @@ class TorchEngine:
                 self._loaded, req, self.max_context_tokens, self.prefill_chunk_tokens, on_layer
             )
 
-        def finish(task: _PrefillTask, job: PrefillJob) -> PrefillResult:
+        def finish(task: PrefillTask, job: PrefillJob) -> PrefillResult:
             out = job.result()
             seen = self._seen(req.sampling, req.token_ids)
             first = choose(out.last_logits, req.sampling, 0, self._stop_ids(req.sampling), seen)
@@ -275,7 +223,7 @@ class TorchEngine:
                     self._held[rid] = _Held(out.cache, req.token_ids)
             return PrefillResult(rid, first, req.num_tokens, req.num_cached_tokens, out.checkpoints)
 
-        return _PrefillTask(make, finish, self._forget_prefill, rid, self._decoding)
+        return PrefillTask(make, finish, self._forget_prefill, rid, self._decoding)
 
     def _decoding(self) -> bool:
         """Cut prefills into chunks only while requests decode here (there are streams to keep
@@ -328,7 +276,7 @@ class TorchEngine:
             if not finished:
                 self._abandon(task, keep)
 
-    def _abandon(self, task: _PrefillTask, keep: bool) -> None:
+    def _abandon(self, task: PrefillTask, keep: bool) -> None:
         with self._lock:
             task.cancel()
             future = task.future
@@ -407,7 +355,7 @@ class TorchEngine:
             raise
         if first_token < 0:  # the sender sampled none (a vLLM prefill server): compute it here
             try:
-                cache, last = _before_last_token(cache, layout, prompt_token_ids, rid)
+                cache, last = before_last_token(cache, layout, prompt_token_ids, rid)
             except BaseException:
                 self.release(rid)
                 raise
@@ -430,8 +378,8 @@ class TorchEngine:
         seen = self._seen(sampling, prompt_token_ids)
         if seen is not None and 0 <= first < seen.shape[0]:
             seen[first] = True
-        run = _Running(cache, sampling, self._stop_ids(sampling), first, 1, seen)
-        reason = self._finish_reason(run, first)
+        run = Running(cache, sampling, self._stop_ids(sampling), first, 1, seen)
+        reason = finish_reason(run, first)
         if reason is None:
             self._running[rid] = run
         else:
@@ -451,19 +399,11 @@ class TorchEngine:
         (as vLLM's own decode server does with a remote prefill). No token out yet."""
         seen = self._seen(sampling, prompt_token_ids)
         stop = self._stop_ids(sampling)
-        self._running[rid] = _Running(cache, sampling, stop, last_prompt_token, 0, seen)
+        self._running[rid] = Running(cache, sampling, stop, last_prompt_token, 0, seen)
         return TokenEvent(rid, ())
 
     def _reserve_bytes(self, num_tokens: int, sampling: SamplingParams) -> int:
         return self.cache_spec.bytes_for(num_tokens + sampling.max_new_tokens)
-
-    @staticmethod
-    def _finish_reason(run: _Running, token: int) -> FinishReason | None:
-        if token in run.stop_ids:
-            return FinishReason.STOP
-        if run.num_generated >= run.sampling.max_new_tokens:
-            return FinishReason.LENGTH
-        return None
 
     def release(self, request_id: str) -> None:
         """Drop whatever this engine holds for ``request_id`` (held, allocated or running)."""
@@ -476,12 +416,12 @@ class TorchEngine:
     # -- decode ---------------------------------------------------------------------------------
     def step(self) -> tuple[TokenEvent, ...]:
         """One decode step (on the engine thread) for up to ``max_batch`` running requests."""
-        events: tuple[TokenEvent, ...] = self._wait(_StepTask(self._step_now))
+        events: tuple[TokenEvent, ...] = self._wait(StepTask(self._step_now))
         return events
 
     async def step_async(self) -> tuple[TokenEvent, ...]:
         """``step`` awaited from the event loop: it runs between two prefill chunks."""
-        task = _StepTask(self._step_now)
+        task = StepTask(self._step_now)
         self._submit(task)
         events: tuple[TokenEvent, ...] = await asyncio.wrap_future(task.future)
         return events
@@ -499,27 +439,10 @@ class TorchEngine:
             return ()
         runs = [run for _, run in batch]
         try:
-            stepped: list[tuple[hf_cache.RequestCache, torch.Tensor] | Exception] = list(
-                self._forward_step(runs)
-            )
+            stepped: list[Stepped | Exception] = list(self._forward_step(runs))
         except Exception as exc:
-            stepped = self._isolate(runs, exc)
-        events: list[TokenEvent] = []
-        for (rid, run), out in zip(batch, stepped, strict=True):
-            if isinstance(out, Exception):
-                events.append(_error_event(rid, "decode step", out))
-                continue
-            run.cache, logits = out
-            try:
-                token = choose(logits, run.sampling, run.num_generated, run.stop_ids, run.seen)
-            except Exception as exc:
-                events.append(_error_event(rid, "sampling", exc))
-                continue
-            run.num_generated += 1
-            run.last_token = token
-            if run.seen is not None and 0 <= token < run.seen.shape[0]:
-                run.seen[token] = True
-            events.append(TokenEvent(rid, (token,), self._finish_reason(run, token)))
+            stepped = isolate(self._forward_step, runs, exc)
+        events = sample_tokens(batch, stepped)
         with self._lock:
             live = []
             for (rid, run), event in zip(batch, events, strict=True):
@@ -531,45 +454,10 @@ class TorchEngine:
                 live.append(event)
         return tuple(live)
 
-    def _forward_step(
-        self, runs: list[_Running]
-    ) -> list[tuple[hf_cache.RequestCache, torch.Tensor]]:
-        """One batched decode forward: per request, its advanced cache and last logits."""
-        rows = runs
-        if len(rows) == 1 and self._loaded.batch_invariant:
-            rows = rows * 2  # a one-row step takes another GEMM kernel (see hf_cache)
-        cache, max_tokens = hf_cache.build_cache(self._model, self.cmap, [r.cache for r in rows])
-        lengths = [r.cache.num_tokens for r in rows]
-        # Left-padded batch: request b's tokens end at index max_tokens; mask the padding.
-        mask = torch.zeros((len(rows), max_tokens + 1), dtype=torch.long)
-        for b, n in enumerate(lengths):
-            mask[b, max_tokens - n :] = 1
-        input_ids = torch.tensor([[r.last_token] for r in rows], dtype=torch.long)
-        positions = torch.tensor([[n] for n in lengths], dtype=torch.long)
-        with self._loaded.forward_lock, torch.inference_mode():
-            logits = hf_cache.forward(self._model, input_ids, cache, positions, mask)
-        caches = hf_cache.split_cache(cache, self.cmap, [n + 1 for n in lengths])
-        return [(caches[b], logits[b, -1]) for b in range(len(runs))]
-
-    def _isolate(
-        self, runs: list[_Running], exc: Exception
-    ) -> list[tuple[hf_cache.RequestCache, torch.Tensor] | Exception]:
-        """A batched step raised: step each request alone, so only the requests that fail
-        alone fail. If every one of several fails alone too, it is the engine: stop it."""
-        if len(runs) == 1:
-            return [exc]
-        out: list[tuple[hf_cache.RequestCache, torch.Tensor] | Exception] = []
-        for run in runs:
-            try:
-                out.extend(self._forward_step([run]))
-            except Exception as alone:
-                out.append(alone)
-        if all(isinstance(o, Exception) for o in out):
-            raise EngineFault(
-                f"a decode step of {len(runs)} requests failed, each one alone too: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
-        return out
+    def _forward_step(self, runs: list[Running]) -> list[Stepped]:
+        """One batched decode forward (``decode_step.forward_step``): a method of its own, the
+        one place a step reaches the model (tests break it here)."""
+        return forward_step(self._loaded, self.cmap, runs)
 
     # -- convenience ----------------------------------------------------------------------------
     def generate(self, req: PrefillRequest) -> list[int]:
@@ -583,44 +471,6 @@ class TorchEngine:
                         raise EngineError(ev.error)
                     tokens.extend(ev.token_ids)
         return tokens
-
-
-def _before_last_token(
-    cache: hf_cache.RequestCache,
-    layout: CacheLayout,
-    prompt_token_ids: Sequence[int],
-    request_id: str,
-) -> tuple[hf_cache.RequestCache, int]:
-    """An installed cache whose first token the sender did not sample (END carried none: a vLLM
-    prefill server samples after its KV has left), as the cache before the last prompt token and
-    that token, to run as a decode step. A cache of the whole prompt loses its last row (only
-    full-attention layers can: a state or a window cannot be rewound); one of all but the last
-    token (a hybrid vLLM server sends the states before it) is taken as it is."""
-    n, m = len(prompt_token_ids), cache.num_tokens
-    if n == 0:
-        raise EngineError(f"request {request_id}: the KV came without a first token and no prompt")
-    if m == n - 1:
-        return cache, int(prompt_token_ids[-1])
-    if m != n:
-        raise EngineError(
-            f"request {request_id}: the KV covers {m} tokens of a {n}-token prompt "
-            "and came without a first token"
-        )
-    fixed = [seg.kind.value for seg in layout.segments if not seg.kind.grows_with_length]
-    if fixed:
-        raise EngineError(
-            f"request {request_id}: the KV came without a first token and covers the whole "
-            f"prompt; this model's {fixed[0]} layers cannot drop the last token to recompute it"
-        )
-    # Attention tensors are [1, heads, tokens, dim]: drop the last token's row.
-    layers = [{name: t[..., : m - 1, :] for name, t in layer.items()} for layer in cache.layers]
-    return hf_cache.RequestCache(m - 1, layers), int(prompt_token_ids[-1])
-
-
-def _error_event(request_id: str, what: str, exc: Exception) -> TokenEvent:
-    return TokenEvent(
-        request_id, (), FinishReason.ERROR, error=f"{what}: {type(exc).__name__}: {exc}"
-    )
 
 
 def _conforms(engine: TorchEngine) -> Engine:
