@@ -986,8 +986,14 @@ def score_seed(
         return run_live(deployment, at_rate(specs, rate), s.workdir / f"run{next(runs)}",
                         args.shared_live)  # fmt: skip
 
-    burst = at_rate(specs, 1e6)
-    live_burst = summarize(live(1e6, "burst"))["throughput_rps"]
+    # The burst is the runs' first --burst-requests: all at once, more would queue past the KV
+    # receivers' 30 s stall timeout (180 at once on lognormal prompts: 116 retried attempts).
+    burst_specs = gen(seed, args.burst_requests, args.mean_output)
+    burst = at_rate(burst_specs, 1e6)
+    say(f"{shape} seed {seed}: live burst of {len(burst_specs)}")
+    live_burst = summarize(
+        run_live(deployment, burst, s.workdir / f"run{next(runs)}", args.shared_live)
+    )["throughput_rps"]
     row: dict[str, Any] = {"shape": shape, "seed": seed, "requests": len(specs),
                            "prompt_tokens_mean": statistics.mean(sp.num_prompt_tokens
                                                                  for sp in specs),
@@ -1153,6 +1159,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="requests per run (the capacity steps: --capacity-requests); 60 let two live repeats "
         "at 50%% differ by 1.30x in P50, 180 by 1.05x (2026-12-05)",
     )  # fmt: skip
+    p.add_argument(
+        "--burst-requests", type=int, default=60,
+        help="the burst's requests, all at once (the runs' first ones)",
+    )  # fmt: skip
     p.add_argument("--mean-output", type=int, default=47, help="mean output tokens")
     p.add_argument("--live-repeats", type=int, default=2, help="live runs per load point")
     p.add_argument(
@@ -1180,6 +1190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fields: dict[str, Any] = dict(QUICK) if args.quick else {}
     if args.quick:
         args.requests, args.seeds, args.mean_output = 6, 1, 4
+        args.burst_requests = args.requests
         args.capacity_requests = args.requests
         args.live_repeats, args.shapes = 1, ["lognormal"]
     fields = {k: v for k, v in fields.items() if k != "max_prompt_tokens"}
@@ -1225,8 +1236,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     def report() -> dict[str, Any]:
         return {
             "seeds": seeds, "shapes": args.shapes, "threshold_tokens": t,
-            "requests": args.requests, "mean_output": args.mean_output,
-            "live_repeats": args.live_repeats, "start_step": args.start_step,
+            "requests": args.requests, "burst_requests": args.burst_requests,
+            "mean_output": args.mean_output, "live_repeats": args.live_repeats,
+            "start_step": args.start_step,
             "capacity_requests": args.capacity_requests, "speed_probe": speed,
             "capacity_rule": "one", "loads": s.loads,
             "deployment": str(deployment),
@@ -1255,7 +1267,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.shared_live is not None:
             args.shared_live.close()
     say(f"machine load after: {machine_load()['loadavg_1_5_15']}")
-    print(f"seeds: {' '.join(map(str, seeds))}; t = {t}; {args.requests} requests per run; "
+    print(f"seeds: {' '.join(map(str, seeds))}; t = {t}; {args.requests} requests per run "
+          f"(the burst: the first {args.burst_requests}); "
           f"live repeats {args.live_repeats}; capacity by prfaas bench --find-max-rate's rule "
           f"from {args.start_step} x burst, {args.capacity_requests} requests a step; "
           f"loads {s.loads} "

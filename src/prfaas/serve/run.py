@@ -22,7 +22,7 @@ from prfaas.errors import UsageError
 from prfaas.serve.backend import ModelInfo
 from prfaas.serve.control_tls import control_tls
 from prfaas.serve.key_reload import install_sighup_reload
-from prfaas.serve.listeners import PortRouter, UnverifiedConnections, bind, serve
+from prfaas.serve.listeners import MAX_UNVERIFIED, PortRouter, UnverifiedConnections, bind, serve
 from prfaas.serve.node.sigterm_notice import notice_on_sigterm
 
 log = logging.getLogger("prfaas.serve")
@@ -138,8 +138,9 @@ def run_worker(
         notice_s = _spot_notice_s(d, site, node_names)
         on_sigterm = None if notice_s is None else notice_on_sigterm(app, notice_s)
         await serve(
-            app, [sock], unverified=UnverifiedConnections(), tls=secure, on_sigterm=on_sigterm
-        )
+            app, [sock], unverified=UnverifiedConnections(node_connection_quota(d)), tls=secure,
+            on_sigterm=on_sigterm,
+        )  # fmt: skip
 
     asyncio.run(main())
 
@@ -166,3 +167,17 @@ def pin_process(cores: frozenset[int], field: str) -> None:
         raise UsageError(
             f"{field}: cannot run on cores {sorted(cores)} (this host allows {have}): {exc}"
         ) from None
+
+
+GATEWAY_CONNECTIONS_PER_REQUEST = 2
+"""Connections one request the gateway holds may have open to one node at once (its decode
+stream and a prefill or cache-move call)."""
+
+
+def node_connection_quota(d: DeploymentConfig) -> int:
+    """A node's quota of connections not yet verified (``serve.listeners``): the flood margin
+    plus every connection its own gateway may open at once. A burst reaches a busy node as that
+    many new connections before its event loop has read one head: with the bare 64, 180 requests
+    at once on a torch decode node had 128 of its gateway's connections cut (ReadErrors, 116
+    retried attempts; the fidelity bench, 2026-12-05)."""
+    return MAX_UNVERIFIED + GATEWAY_CONNECTIONS_PER_REQUEST * d.gateway.max_inflight

@@ -379,3 +379,26 @@ async def test_sighup_reloads_the_keyring_from_the_config_file(tmp_path: Path) -
         assert holder.ring.signing_key == NEW and holder.ring.key(key_id_of(OLD)) is None
     finally:
         asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+
+
+def test_a_nodes_quota_holds_every_connection_its_gateway_opens_at_once(tmp_path: Path) -> None:
+    """A burst reaches a busy node as new connections before it has read one head: the node's
+    quota leaves room for all its gateway may open (2 per request in flight) beside the flood
+    margin (the bare 64 cut 128 of a gateway's connections under 180 requests at once)."""
+    from prfaas.config import load_deployment
+    from prfaas.serve.listeners import MAX_UNVERIFIED
+    from prfaas.serve.run import node_connection_quota
+
+    path = tmp_path / "d.yaml"
+    raw = {"sites": [{"name": "pd", "kind": "pd", "nodes": [{"name": "d0", "role": "decode"}]}],
+           "gateway": {"max_inflight": 180}}  # fmt: skip
+    path.write_text(yaml.safe_dump(raw))
+    quota = UnverifiedConnections(node_connection_quota(load_deployment(path)))
+    conns = [_Conn(f"c{i}") for i in range(2 * 180)]
+    for c in conns:
+        quota.admit(c)  # type: ignore[arg-type]
+    assert not any(c.closed for c in conns) and quota.num_cut == 0
+    flood = [_Conn(f"f{i}") for i in range(MAX_UNVERIFIED + 1)]
+    for c in flood:
+        quota.admit(c)  # type: ignore[arg-type]
+    assert quota.num_cut == 1 and conns[0].closed  # a flood beyond it still cuts the oldest
