@@ -25,8 +25,10 @@ profile's own forward-pass times where a node computes:
   could not (``split_decode_overhead``); with neither, the per-step term is left missing;
 - ``prefill_per_token_s`` and ``prefill_per_request_s``: the slope and intercept of a
   least-squares line (``perf.plumbing.line_fit``, each class weighted by the noise of the
-  passes it is read against) through the prefill node's CPU beyond its profiled prefill in the
-  one-token classes (short, a middle class of 1,024-token prompts, long):
+  passes it is read against) through the prefill node's CPU beyond its forward passes in the
+  one-token classes (short, a middle class of 1,024-token prompts, long), on CPU timed in this
+  process just before and after each class (``passes_s``; the machine's speed drifts between the
+  curve and the classes), else the profile's curve:
   the engine's work around its passes (its cache and checkpoint copies, the layers handed out)
   and the KV stream's; two classes alone traded the terms off between profiles;
 - ``decode_per_request_s``: the decode node's
@@ -412,8 +414,8 @@ def with_plumbing(pf: Any, args: argparse.Namespace) -> Any:
     passes_s = None
     if args.device == "cpu":
         # The classes are read against their passes timed beside them, on these cores (the nodes
-        # inherit this process's). On a GPU the drift is not seen, and a third copy of a large
-        # model beside the nodes' would not fit: against the curve there.
+        # inherit this process's). On a GPU, against the curve: a third copy of a large model
+        # beside the nodes' two may not fit.
         from prfaas.commands.profile_passes import PassTimer
         from prfaas.engine.torch.loader import load_model
 
