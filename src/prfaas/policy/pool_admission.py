@@ -27,9 +27,8 @@ start expected is charged what it really computed (``finish(..., compute_s=)``: 
 the two charges, at the weight its start was charged with, refunded or surcharged), as if its
 start had been charged so; a requeue's refund is the same correction (to nothing). "As if at its
 start": a VTC lift since then (the tenant went idle while the prefill's KV was still on its way,
-and came back) absorbs it: the counter is the lifts' max-plus of the charges, and the correction
-changes only the terms that held the charge (``_Tenant.terms``), so a refund never takes a lifted
-tenant below the lift, nor does a surcharge add what the lift already added. A
+and came back) absorbs it (``policy.vtc_counter``): a refund never takes a lifted tenant below
+the lift, nor does a surcharge add what the lift already added. A
 prefill's compute is priced by ``prefill_node_s``:
 the forward pass and the node process's fixed per-request CPU (the profile's measured
 ``prefill_per_request_s``), the node-seconds it really holds its node for; the live front door and
@@ -47,6 +46,7 @@ from dataclasses import dataclass, field, replace
 
 from prfaas.perf import CostModel
 from prfaas.policy.pool_shares import PoolShape, TenantShare, waterfill
+from prfaas.policy.vtc_counter import LiftedCounter
 
 REFUSAL_REASONS = (
     "unknown_tenant",
@@ -156,25 +156,12 @@ class _Charge:
 
 
 @dataclass(slots=True)
-class _Term:
-    """One term of a tenant's counter (its max-plus form under VTC lifts): where it started
-    (``since``: the admission's sequence at the lift, -1 for the tenant's own start) and its
-    value now (that start, plus every charge and correction since)."""
-
-    since: int
-    value: float
-
-
-@dataclass(slots=True)
 class _Tenant:
     share: TenantShare
     order: int
-    counter: float = 0.0
-    """The max of ``terms``: what the fair-share order reads."""
-    terms: list[_Term] = field(default_factory=lambda: [_Term(-1, 0.0)])
-    """The counter as lifts made it: ``max(start + charges, lift_1 + charges since, ...)``. A
-    correction of a held charge changes the terms that started before it (as if its start had
-    been charged so); one term when nothing is held."""
+    vtc: LiftedCounter = field(default_factory=LiftedCounter)
+    """Its virtual counter (``policy.vtc_counter``: corrections of held charges as if at their
+    starts, lifts absorbing them)."""
     queues: dict[str, deque[PrefillJob]] = field(default_factory=dict)
     running: dict[str, int] = field(default_factory=dict)
     queued_tokens: int = 0
@@ -191,34 +178,9 @@ class _Tenant:
     def active(self) -> bool:
         return self.backlogged() or any(self.running.values())
 
-    def add(self, amount: float, before: int | None = None) -> None:
-        """Add ``amount`` to the terms that started before ``before`` (None: to all: a charge
-        now), and read the counter again."""
-        for t in self.terms:
-            if before is None or t.since < before:
-                t.value += amount
-        self.counter = max(t.value for t in self.terms)
-
-    def lift(self, to: float, seq: int) -> None:
-        """VTC: the counter becomes ``max(counter, to)``, as a term of its own."""
-        self.terms.append(_Term(seq, to))
-        self.counter = max(self.counter, to)
-
-    def reset(self, to: float, seq: int) -> None:
-        self.terms = [_Term(seq, to)]
-        self.counter = to
-
-    def prune(self, held: list[int]) -> None:
-        """Merge the terms no held charge (its start ``seq``) separates: they take the same
-        corrections from here on, so only their max matters."""
-        merged: list[_Term] = []
-        for t in sorted(self.terms, key=lambda t: t.since):
-            last = merged[-1] if merged else None
-            if last is not None and not any(last.since < s <= t.since for s in held):
-                last.value = max(last.value, t.value)
-            else:
-                merged.append(_Term(t.since, t.value))
-        self.terms = merged
+    @property
+    def counter(self) -> float:
+        return self.vtc.value
 
 
 class PoolAdmission:
@@ -328,8 +290,8 @@ class PoolAdmission:
             # moment does not wipe it).
             active = [o.counter for o in self._tenants.values() if o is not tn and o.active()]
             if active:
-                tn.lift(min(active), self._next_seq())
-                tn.prune(self._held(tn.share.name))
+                tn.vtc.lift(min(active), self._next_seq())
+                tn.vtc.prune(self._held(tn.share.name))
         self._note_demand(tn, self.dominant_cost(job), now)
         expected = now + self._wait_s(tn, group.name, now)
         tn.queues[group.name].append(job)
@@ -378,7 +340,7 @@ class PoolAdmission:
         job = best.queues[group].popleft()
         compute_s = None if compute_s_of is None else compute_s_of(job)
         charge = self.dominant_cost(job, compute_s) / best.share.weight
-        best.add(charge)
+        best.vtc.add(charge)
         self._charged[(job.tenant, job.request_id)] = _Charge(
             charge, best.share.weight, self._next_seq()
         )
@@ -498,7 +460,7 @@ class PoolAdmission:
                 tn.running[g.name] = 0
                 tn.queued_compute_s[g.name] = 0.0
             active = [o.counter for o in self._tenants.values() if o.active()]
-            tn.reset(min(active, default=0.0), self._next_seq())
+            tn.vtc.reset(min(active, default=0.0), self._next_seq())
             self._tenants[share.name] = tn
         else:
             tn.share = share
@@ -542,8 +504,8 @@ class PoolAdmission:
         charge = self._charged.pop(key)
         tn = self._tenants[key[0]]
         if delta != 0.0:
-            tn.add(delta, before=charge.seq)
-        tn.prune(self._held(key[0]))
+            tn.vtc.add(delta, before=charge.seq)
+        tn.vtc.prune(self._held(key[0]))
 
     def _held(self, tenant: str) -> list[int]:
         """The starts (sequence) of ``tenant``'s charges held now."""
