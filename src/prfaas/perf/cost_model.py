@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from prfaas.perf.curves import PiecewiseLinearCurve, PolynomialCurve
 from prfaas.perf.plumbing import NO_PLUMBING, PlumbingCosts
+from prfaas.perf.prefill_fit import PrefillFit
 from prfaas.perf.profile_read import find_profile
 from prfaas.perf.profiles import DecodeFit, Profile
 from prfaas.perf.roofline import Roofline
@@ -53,15 +54,15 @@ class CostModel:
     """``T(0)`` of the prefill curve, computed once: a cached prefix's suffix pays it (the same
     call on the same argument, so the same float; it saved a curve evaluation per cache hit)."""
 
-    _prefill_attention_s: float | None = field(default=None, init=False, repr=False, compare=False)
-    """``profile.prefill_attention_s``, looked up once."""
+    _prefill_fit: PrefillFit | None = field(default=None, init=False, repr=False, compare=False)
+    """``profile.prefill_fit``, looked up once."""
 
     def __post_init__(self) -> None:
         curve = self.profile.prefill if self.profile is not None else None
         object.__setattr__(self, "_prefill_curve", curve)
         object.__setattr__(self, "_prefill_t0", curve(0) if curve is not None else 0.0)
-        attention = self.profile.prefill_attention_s if self.profile is not None else None
-        object.__setattr__(self, "_prefill_attention_s", attention)
+        fit = self.profile.prefill_fit if self.profile is not None else None
+        object.__setattr__(self, "_prefill_fit", fit)
 
     @property
     def roofline(self) -> Roofline:
@@ -97,11 +98,12 @@ class CostModel:
     def prefill_s(self, num_new_tokens: int, num_cached_tokens: int = 0) -> float:
         """Seconds one instance takes to prefill ``num_new_tokens`` after a cached prefix.
 
-        From a profile ``T(l)`` (measured on uncached prompts) that also measured cached
-        prefills: ``T(n) + gamma * n * c``, the suffix's own cost and its attention over the
-        prefix (``gamma``, ``perf.prefill_attention``). Without cached points:
-        ``T(c + n) - T(c) + T(0)``: the suffix pays its share of the longer attention, the fixed
-        overhead ``T(0)`` is paid once. With ``c = 0`` either is exactly ``T(n)``.
+        From a profile that knows the engine's passes (``--pass-tokens``): its fit per pass,
+        per token and per attended pair (``perf.prefill_fit``), in the passes the engine runs
+        for this prefill. From any other profile ``T(l)`` (measured on uncached prompts): ``T(n)``
+        uncached; after a prefix, ``T(n) + gamma * n * c`` where the profile also measured
+        cached prefills (``gamma`` the fitted attention), else ``T(c + n) - T(c) + T(0)``: the
+        suffix pays its share of the longer attention, the fixed overhead ``T(0)`` once.
         """
         if num_new_tokens <= 0:
             raise ValueError(f"num_new_tokens must be > 0, got {num_new_tokens}")
@@ -110,11 +112,13 @@ class CostModel:
         curve = self._prefill_curve
         if curve is None:
             return self.roofline.prefill_s(num_new_tokens, num_cached_tokens)
+        fit = self._prefill_fit
+        if fit is not None and fit.pass_tokens is not None:
+            return fit.seconds(num_new_tokens, num_cached_tokens)
         if num_cached_tokens == 0:
             return curve(num_new_tokens)
-        attention_s = self._prefill_attention_s
-        if attention_s is not None:
-            return curve(num_new_tokens) + attention_s * num_new_tokens * num_cached_tokens
+        if fit is not None:
+            return curve(num_new_tokens) + fit.attention_s * num_new_tokens * num_cached_tokens
         t0 = self._prefill_t0
         return curve(num_cached_tokens + num_new_tokens) - curve(num_cached_tokens) + t0
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from prfaas.perf.curves import PiecewiseLinearCurve, PolynomialCurve
 from prfaas.perf.plumbing import NO_PLUMBING, PlumbingCosts
-from prfaas.perf.prefill_attention import fit_attention_s
+from prfaas.perf.prefill_fit import fit_prefill
 from prfaas.perf.profiles import DecodeFit, DecodeProfile, Profile
 from prfaas.spec.cache_spec import CacheSpec
 from prfaas.spec.hardware import HardwareSpec
@@ -73,8 +73,8 @@ class PrefillSection:
     curve: str
     """``piecewise-linear`` through the uncached points' medians, or ``polynomial``."""
     points: tuple[PrefillPoint, ...] = ()
-    """Every measured point; cached ones measure what a prefix adds (``perf.prefill_attention``:
-    the cost model's cached rule is fitted over all of them)."""
+    """Every measured point; cached ones measure what a prefix adds (``perf.prefill_fit``: the
+    cost model's fit per pass, per token and per attended pair is over all of them)."""
     coefficients: tuple[float, ...] = ()
     """``polynomial`` only: seconds = c0 + c1*l + c2*l^2 ..."""
 
@@ -134,10 +134,10 @@ class ProfileFile:
 
     def to_profile(self, label: str | None = None) -> Profile:
         """The ``Profile`` the cost model reads; ``label`` None keeps the built-in naming."""
-        attention_s = None
+        fit = None
         if self.prefill is not None and self.prefill.curve == "piecewise-linear":
             passes = dict(self.measured_with).get("pass_tokens")
-            attention_s = fit_attention_s(self.prefill.points, int(passes) if passes else None)
+            fit = fit_prefill(self.prefill.points, int(passes) if passes else None)
         return Profile(
             self.model.name,
             self.hardware.name,
@@ -145,7 +145,7 @@ class ProfileFile:
             decode_model(self.decode) if self.decode is not None else None,
             self.note,
             label,
-            attention_s,
+            fit,
         )
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from prfaas.perf.curves import PiecewiseLinearCurve, PolynomialCurve
+from prfaas.perf.prefill_fit import PrefillFit
 
 SHIPPED_PROFILE_NAMES: tuple[str, ...] = ("paper-1t@h200", "paper-1t@h20")
 """The files under ``perf/data``: ``prfaas profile --preset NAME`` writes one of them."""
@@ -55,10 +56,10 @@ class Profile:
     source: str | None = None
     """What a cost model built on it reports (e.g. ``profile-file:<path>``); None: the built-in
     ``profile:<model>@<hardware>``."""
-    prefill_attention_s: float | None = None
-    """Seconds per pair of a new token and a cached token it attends to
-    (``perf.prefill_attention``): a suffix of ``n`` after ``c`` cached tokens costs
-    ``prefill(n) + this * n * c``. None (nothing measured cached prefills): the curve's rule."""
+    prefill_fit: PrefillFit | None = None
+    """The prefill's cost per pass, per token and per attended pair fitted over the measured
+    points (``perf.prefill_fit``): it prices every prefill where the profile knows its passes,
+    a cached prefix's attention otherwise. None: the curve alone (its rule for a prefix)."""
 
 
 def shipped_profile_text(name: str) -> str:
