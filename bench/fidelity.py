@@ -47,7 +47,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -295,6 +295,48 @@ def write_unsplit(deployment: Path) -> Path:
     return path
 
 
+def speed_path(deployment: Path) -> Path:
+    return deployment.with_name(f"{deployment.stem}-speed{deployment.suffix}")
+
+
+def write_speed(deployment: Path, factor: float) -> Path:
+    """The deployment file again, every time its profiles measured (prefill and decode points,
+    the plumbing's seconds; not ``shared_core_overhead``, a ratio) times ``factor``, the speed
+    probe's now over at the start: the variant that says how much of a gap is the machine's
+    drift since the profiles were measured rather than the model. The probe runs on the PD core
+    only; both sites' profiles are scaled by it. Written under a name of the factor's own (the
+    simulator's scenario is cached per file)."""
+    from prfaas.perf.profile_read import load_profile_file
+    from prfaas.perf.profile_write import dump_profile_file
+
+    def times(x: float | None) -> float | None:
+        return None if x is None else x * factor
+
+    tag = f"{factor:.4f}"
+    data = yaml.safe_load(deployment.read_text())
+    for site in data["sites"]:
+        src = deployment.parent / site["hardware"]
+        pf = load_profile_file(src)
+        prefill = pf.prefill and replace(pf.prefill, points=tuple(
+            replace(pt, median_s=pt.median_s * factor, spread_s=times(pt.spread_s))
+            for pt in pf.prefill.points))  # fmt: skip
+        decode = pf.decode and replace(pf.decode, step_s=times(pf.decode.step_s), points=tuple(
+            replace(pt, median_s=pt.median_s * factor, spread_s=times(pt.spread_s))
+            for pt in pf.decode.points))  # fmt: skip
+        p = pf.plumbing
+        plumbing = replace(p, **{
+            f.name: getattr(p, f.name) * factor for f in fields(p)
+            if f.name.endswith("_s") and isinstance(getattr(p, f.name), float)
+        })  # fmt: skip
+        out = src.with_name(f"{src.stem}-speed{tag}{src.suffix}")
+        dump_profile_file(replace(pf, prefill=prefill, decode=decode, plumbing=plumbing), out)
+        site["hardware"] = out.name
+    path = deployment.with_name(f"{deployment.stem}-speed{tag}{deployment.suffix}")
+    path.write_text(f"# bench/fidelity.py: the profiles' times x {factor:.4f} (a variant)\n"
+                    + yaml.safe_dump(data))  # fmt: skip
+    return path
+
+
 def balanced_t(specs: Sequence[Any], prfaas: Any, local: Any) -> int:
     """The threshold that splits the prompts' prefill time most evenly between the two prefill
     cores (both from the profiles, prefix reuse ignored). The planner's ``t`` balances node pools
@@ -446,6 +488,9 @@ def run_sim(
     if UNSPLIT in plumbing_off:
         deployment = unsplit_path(deployment)
         plumbing_off = tuple(t for t in plumbing_off if t != UNSPLIT)
+    if SPEED in plumbing_off:
+        deployment = SPEED_DEPLOYMENT.get(deployment, deployment)
+        plumbing_off = tuple(t for t in plumbing_off if t != SPEED)
     sc = _scenario(deployment, deployment.stat().st_mtime_ns)
     if NOPAD in plumbing_off:
         sc = replace(sc, sites=tuple(replace(x, decode_pads_batch=False) for x in sc.sites))
@@ -766,6 +811,11 @@ SHAPES = ("sessions", "lognormal")
 LOADS = (0.5, 0.9)
 UNSPLIT = "unsplit"
 """A pseudo-term in a variant: simulate the ``-unsplit`` deployment file (``write_unsplit``)."""
+SPEED = "speed"
+"""A pseudo-term in a variant: simulate the deployment whose profiles' times are scaled by the
+speed probe's drift since the start (``write_speed``; the file of the current seed)."""
+SPEED_DEPLOYMENT: dict[Path, Path] = {}
+"""The deployment file -> its ``write_speed`` copy for the seed being scored."""
 NOPAD = "nopad"
 """A pseudo-term in a variant: decode steps priced at the batch's summed context, not padded to
 its longest (``simulation.decode_pads_batch: false``)."""
@@ -773,6 +823,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "all terms": (),
     "all terms, step charged per token": (UNSPLIT,),
     "all terms, decode batch not padded": (NOPAD,),
+    "all terms, profiles x the machine's drift": (SPEED,),
     "no terms": PLUMBING_TERMS_ALL,
     **{f"without {t.removesuffix('_s')}": (t,) for t in PLUMBING_TERMS_ALL},
 }
@@ -1259,6 +1310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"speed probe before seed {seed}: {probe_s * 1e3:.2f} ms "
                 f"({probe_s / speed['at_start_s'] - 1:+.1%} against the start)"
             )
+            SPEED_DEPLOYMENT[deployment] = write_speed(deployment, probe_s / speed["at_start_s"])
             for shape in args.shapes:
                 rows.append(score_seed(shape, seed, deployment, s, args, runs))
                 if args.json:  # after every seed: a run cut short keeps what it measured
