@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -40,6 +39,7 @@ from prfaas.pool.resolved import (
 )
 from prfaas.pool_sections import PoolFileConfig
 from prfaas.serve.childlog import LogPump, RotatingLog
+from prfaas.serve.launch_child import spawn
 from prfaas.serve.launch_errors import LaunchCancelled, LaunchError
 from prfaas.serve.launcher import STOP_GRACE_S, free_port
 from prfaas.serve.process_group import ChildGroup, terminate
@@ -153,25 +153,11 @@ class PoolLauncher:
         if log_ is None:
             log_ = self._logs[name] = RotatingLog(self.workdir / f"{name}.log")
         log_.write(f"--- prfaas pool launcher: starting {name}\n".encode())
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        read_fd, write_fd = os.pipe()
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, *self._args[name]],
-                stdout=write_fd,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                env=env,
-            )
-        except BaseException:
-            os.close(read_fd)
-            raise
-        finally:
-            os.close(write_fd)
-        handle = self._procs[name] = ChildGroup(proc)
+        # No extra environment: the pool's children are not `prfaas serve` (``UP_CHILD_ENV``).
+        handle, pump = spawn([sys.executable, *self._args[name]], log_, name, extra_env={})
+        self._procs[name] = handle
         self._pumps = [p for p in self._pumps if not p.join(0)]
-        self._pumps.append(LogPump(read_fd, log_, name))
+        self._pumps.append(pump)
         return handle
 
     def _check_alive(self) -> None:

@@ -4,7 +4,8 @@ A child is ``prfaas serve --config RESOLVED`` with its role's arguments, run ins
 namespace for a ``netns: true`` deployment (``serve.launch_netns``) or listening on the gateway's
 address when that names one (``node_host``); it starts in a session of its own (so its whole
 process group can be stopped) with stdout and stderr through a pipe into its rotated log
-(``serve.childlog``). Owns no bookkeeping: which children run, and restarts, are the launcher's
+(``serve.childlog``); ``spawn`` is also how the pool launcher (``pool.launcher``) starts its
+children. Owns no bookkeeping: which children run, and restarts, are the launcher's
 and ``serve.supervisor``'s.
 """
 
@@ -13,8 +14,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from prfaas.config import DeploymentConfig
@@ -66,17 +69,28 @@ def serve_command(
     return cmd, args
 
 
-def spawn(argv: list[str], log: RotatingLog, name: str) -> tuple[ChildGroup, LogPump]:
-    """Start ``argv`` in a session of its own, its output pumped into ``log``."""
-    # Workers log warnings, not transformers' notes about missing GPU kernels; unbuffered, so
-    # a crash's last lines reach the log before the process is gone.
-    env = {
-        **os.environ,
+UP_CHILD_ENV: Mapping[str, str] = MappingProxyType(
+    {
+        # Workers log warnings, not transformers' notes about missing GPU kernels.
         "TRANSFORMERS_VERBOSITY": "error",
         "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-        "PYTHONUNBUFFERED": "1",
         LAUNCHED_BY_UP_ENV: "1",  # a placeholder key: `prfaas up` warned about it already
     }
+)
+"""What ``prfaas up`` adds to its children's environment (``spawn``'s ``extra_env``). The pool
+launcher (``pool.launcher``) adds none of it: its children are not ``prfaas serve`` (the only
+reader of ``LAUNCHED_BY_UP_ENV``) and their key is a fresh random one, never a placeholder."""
+
+
+def spawn(
+    argv: list[str], log: RotatingLog, name: str, *, extra_env: Mapping[str, str]
+) -> tuple[ChildGroup, LogPump]:
+    """Start ``argv`` in a session of its own (so its whole process group can be stopped), its
+    stdout and stderr through a pipe pumped into ``log``; its environment is this process's,
+    unbuffered, plus ``extra_env``. The one place ``prfaas up`` and the pool launcher start a
+    child."""
+    # Unbuffered, so a crash's last lines reach the log before the process is gone.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **extra_env}
     read_fd, write_fd = os.pipe()
     try:
         proc = subprocess.Popen(
@@ -91,5 +105,6 @@ def spawn(argv: list[str], log: RotatingLog, name: str) -> tuple[ChildGroup, Log
         os.close(read_fd)
         raise
     finally:
+        # The child holds its own copy; ours closed, the pump sees EOF when the child exits.
         os.close(write_fd)
     return ChildGroup(proc), LogPump(read_fd, log, name)

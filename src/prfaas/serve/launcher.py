@@ -43,7 +43,7 @@ from typing import Any
 from prfaas.config import DeploymentConfig
 from prfaas.serve.childlog import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, LogPump, RotatingLog
 from prfaas.serve.control_client import ControlClient
-from prfaas.serve.launch_child import Child, serve_command, spawn
+from prfaas.serve.launch_child import UP_CHILD_ENV, Child, serve_command, spawn
 from prfaas.serve.launch_errors import LaunchCancelled, LaunchError
 from prfaas.serve.launch_netns import namespaced
 from prfaas.serve.launch_resolved import (
@@ -224,7 +224,7 @@ class Launcher:
         if log_ is None:
             log_ = self._logs[name] = RotatingLog(self.workdir / f"{name}.log", *self._log_cap)
         log_.write(f"--- prfaas launcher: starting {name}: {' '.join(args)}\n".encode())
-        handle, pump = spawn(cmd + args, log_, name)
+        handle, pump = spawn(cmd + args, log_, name, extra_env=UP_CHILD_ENV)
         self._procs[name] = handle
         self._pumps = [p for p in self._pumps if not p.join(0)]
         self._pumps.append(pump)

@@ -19,7 +19,7 @@ from prfaas.engine.api import CachedPrefix
 from prfaas.engine.torch import LoadedModel, TorchEngine
 from prfaas.engine.torch.export import export_cache
 from prfaas.engine.torch.prefill import PrefilledCache, PrefillJob
-from prfaas.serve.node.worker import _pieces_for_receiver
+from prfaas.serve.node.kv_pieces import pieces_for_receiver
 from prfaas.spec import CacheLayout
 from prfaas.transfer import Link, Manifest, Receiver, TransferConfig
 
@@ -58,7 +58,7 @@ def _assemble(
     written = [bytearray(seg.num_bytes) for seg in layout.segments]
     for out in outs:
         target = layout.segments[out.position]
-        for offset, view in _pieces_for_receiver(out, cached, target, layout.num_cached_tokens):
+        for offset, view in pieces_for_receiver(out, cached, target, layout.num_cached_tokens):
             end = offset + view.nbytes
             assert not any(written[out.position][offset:end]), f"layer {out.position}: overlap"
             bufs[out.position][offset:end] = view

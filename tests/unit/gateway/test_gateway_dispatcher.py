@@ -176,7 +176,7 @@ async def test_prefill_answer_after_the_last_token_is_still_booked(
 ) -> None:
     # A busy prefill host can answer after the decode node streamed every token (seen as a
     # route missing from the log under load): the answer is booked when it lands, not dropped.
-    monkeypatch.setattr("prfaas.serve.gateway.dispatcher.ABORT_TIMEOUT_S", 0.01)
+    monkeypatch.setattr("prfaas.serve.gateway.relay.ABORT_TIMEOUT_S", 0.01)
     nodes = FakeNodes({"pf0": Script(prefill="late")})
     d, reg = make_dispatcher(nodes)
     events = await collect(d, n=100)
@@ -196,7 +196,7 @@ async def test_prefill_answer_after_the_last_token_is_still_booked(
 async def test_closing_the_gateway_aborts_a_late_prefill_answer(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("prfaas.serve.gateway.dispatcher.ABORT_TIMEOUT_S", 0.01)
+    monkeypatch.setattr("prfaas.serve.gateway.relay.ABORT_TIMEOUT_S", 0.01)
     nodes = FakeNodes({"pf0": Script(prefill="late")})
     d, reg = make_dispatcher(nodes)
     await collect(d, n=100)

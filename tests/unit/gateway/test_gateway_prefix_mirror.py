@@ -216,11 +216,11 @@ async def test_a_prefix_the_pool_found_is_logged_and_no_stale_mirror(
     rate count it. The gateway mirrors a PrfaaS site's store, so a hit it did not know of is a
     stale mirror; it mirrors no store of a pool's (the pool's front door places by them: the
     ``pool`` node, here the fakes' ``pf0`` under that name), so its hit is news, not a mismatch."""
-    import prfaas.serve.gateway.dispatcher as dispatcher
+    import prfaas.serve.gateway.relay as relay
 
     if pool:
-        monkeypatch.setattr(dispatcher, "POOL_NODE", "pf0")
-        monkeypatch.setattr(dispatcher, "POOL_SITE", "remote")
+        monkeypatch.setattr(relay, "POOL_NODE", "pf0")
+        monkeypatch.setattr(relay, "POOL_SITE", "remote")
     nodes = FakeNodes()
     d, _ = make_dispatcher(nodes)
     nodes.script("pf0").cached_tokens = 4 * BLOCK_TOKENS

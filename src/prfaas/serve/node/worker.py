@@ -14,6 +14,10 @@ Failures stay with their request: whatever the engine or the transfer raises, a 
 no failure: a KV session its sender aborts ``HANDED_BACK`` (a pool node's spot notice, with a
 command that said another node will send the same session) frees that attempt's buffers and the
 decode node keeps expecting the request; a prefill node sends that code only for such a command.
+
+Which bytes of a layer cross to the receiver is ``serve.node.kv_pieces``'s; the translations
+between wire messages and the engine's types (sampling, token events) are
+``serve.node.engine_messages``'s.
 """
 
 from __future__ import annotations
@@ -24,7 +28,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 from prfaas.core import NodeRole
 from prfaas.engine import (
@@ -32,26 +35,25 @@ from prfaas.engine import (
     CachedPrefix,
     Engine,
     EngineError,
-    FinishReason,
     LayerOutput,
     PrefillRequest,
     PrefillResult,
     SamplingParams,
     TokenEvent,
 )
+from prfaas.serve.node.engine_messages import decode_event_of, sampling_from
+from prfaas.serve.node.kv_pieces import pieces_for_receiver
 from prfaas.serve.node.messages import (
     DecodeCommand,
     DecodeEvent,
     NodeReport,
     PrefillCommand,
     PrefillOutcome,
-    SamplingMsg,
     unpack_tokens,
 )
 from prfaas.serve.node.notice import NoticeDesk
 from prfaas.serve.node.prefill_meter import PrefillMeter
 from prfaas.serve.node.prefix_store import PrefixStore
-from prfaas.spec import LayerSegment
 from prfaas.transfer import (
     AbortCode,
     Manifest,
@@ -65,21 +67,6 @@ from prfaas.transfer import Link as TransferLink
 log = logging.getLogger(__name__)
 STEP_FAILURE_BACKOFF_S = 0.05
 """After a decode step fails as a whole, wait this long before the next (never a hot loop)."""
-
-
-def sampling_from(msg: SamplingMsg) -> SamplingParams:
-    """The engine's parameters; ``ValueError`` naming the field if they cannot be honoured."""
-    return SamplingParams(
-        max_new_tokens=msg.max_new_tokens,
-        temperature=msg.temperature,
-        top_p=msg.top_p,
-        seed=msg.seed,
-        stop_token_ids=tuple(msg.stop_token_ids),
-        ignore_eos=msg.ignore_eos,
-        top_k=msg.top_k,
-        min_tokens=msg.min_tokens,
-        repetition_penalty=msg.repetition_penalty,
-    )
 
 
 def _reason(exc: BaseException) -> str:
@@ -287,7 +274,7 @@ class Node:
                                 unsent = manifest.num_bytes
                                 self._unsent_kv_bytes += unsent
                         target = full.segments[out.position]
-                        for offset, view in _pieces_for_receiver(
+                        for offset, view in pieces_for_receiver(
                             out, cached, target, receiver_tokens
                         ):
                             await session.send(out.position, offset, view)
@@ -413,20 +400,9 @@ class Node:
         exp = self._expected.get(event.request_id)
         if exp is None:
             return
-        if event.finish_reason is FinishReason.ERROR:  # the engine failed this request alone
-            exp.events.put_nowait(DecodeEvent(kind="error", error=f"engine: {event.error}"))
-            return
-        tokens = list(event.token_ids)
-        reason: Literal["stop", "length"] | None = None
-        if event.finish_reason is FinishReason.STOP:
-            reason = "stop"
-            if tokens:
-                tokens.pop()  # the stop token / EOS itself is not returned to the client
-        elif event.finish_reason is FinishReason.LENGTH:
-            reason = "length"
-        if not tokens and reason is None:
-            return  # installed with the first token still to compute (the sender sampled none)
-        exp.events.put_nowait(DecodeEvent(kind="tokens", token_ids=tokens, finish_reason=reason))
+        message = decode_event_of(event)
+        if message is not None:
+            exp.events.put_nowait(message)
 
     async def decode_loop(self) -> None:
         """Steps the running batch while there is one; sleeps until a request joins. A step that
@@ -499,69 +475,3 @@ class Node:
             self._expected.pop(rid, None)
             if not finished:
                 self.engine.release(rid)  # aborted: free the KV and leave the batch
-
-
-def _pieces_for_receiver(
-    out: LayerOutput,
-    cached: CachedPrefix | None,
-    target: LayerSegment,
-    receiver_tokens: int,
-) -> list[tuple[int, memoryview]]:
-    """``(offset, view)`` pieces of one layer as the receiver needs it: full-attention rows from
-    ``receiver_tokens`` on (it holds the rows before), taken from this node's stored prefix and the
-    new rows (no copy); SWA windows and linear states are whole already. Scaled (timed) payloads,
-    whose per-tensor rounding does not split by rows, are padded or cut to the manifest's sizes."""
-    computed_from = 0 if cached is None else cached.num_tokens
-    if not out.segment.kind.grows_with_length or computed_from == receiver_tokens:
-        return list(out.pieces())
-    if out.rows is not None:
-        return _row_pieces(out, cached, target, receiver_tokens)
-    pieces: list[tuple[int, memoryview]] = []
-    offset = 0
-    new_rows = out.segment.num_token_rows
-    for i, tensor in enumerate(target.tensors):
-        tail = out.buffers[i]
-        row = tail.nbytes // new_rows if new_rows else 0
-        if receiver_tokens > computed_from:  # the receiver holds some of what was computed here
-            parts = [tail[(receiver_tokens - computed_from) * row :]]
-        else:  # send stored prefix rows [receiver_tokens, computed_from) first
-            assert cached is not None
-            head = cached.layers[out.position].buffers[i]
-            parts = [head[receiver_tokens * row :], tail]
-        if row * new_rows == tail.nbytes and sum(p.nbytes for p in parts) == tensor.num_bytes:
-            for part in parts:
-                pieces.append((offset, part))
-                offset += part.nbytes
-            continue
-        data = b"".join(bytes(p) for p in parts)[: tensor.num_bytes]
-        pieces.append((offset, memoryview(data.ljust(tensor.num_bytes, b"\0"))))
-        offset += tensor.num_bytes
-    return pieces
-
-
-def _row_pieces(
-    out: LayerOutput,
-    cached: CachedPrefix | None,
-    target: LayerSegment,
-    receiver_tokens: int,
-) -> list[tuple[int, memoryview]]:
-    """One prefill pass's KV rows ``out.rows`` of a layer, placed in the receiver's segment: rows
-    the receiver holds are dropped, and the first pass's part also carries this node's stored
-    prefix rows ``[receiver_tokens, computed_from)`` the receiver lacks (no copy)."""
-    assert out.rows is not None
-    start, end = out.rows
-    computed_from = out.segment.first_token
-    pieces: list[tuple[int, memoryview]] = []
-    base = 0
-    for i, tensor in enumerate(target.tensors):
-        row = out.buffers[i].nbytes // (end - start)
-        if start == computed_from and receiver_tokens < computed_from:
-            assert cached is not None
-            head = cached.layers[out.position].buffers[i]
-            pieces.append((base, head[receiver_tokens * row : computed_from * row]))
-        lo = max(start, receiver_tokens)
-        if lo < end:
-            tail = out.buffers[i][(lo - start) * row :]
-            pieces.append((base + (lo - receiver_tokens) * row, tail))
-        base += tensor.num_bytes
-    return pieces
