@@ -47,7 +47,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -268,6 +268,33 @@ def write_deployment(workdir: Path, model: Path, threshold_tokens: int, s: Setti
     return path
 
 
+def plumbing_of(deployment: Path) -> dict[str, dict[str, float]]:
+    """Each site's plumbing terms in ``deployment``'s profiles (the JSON's record of them)."""
+    from prfaas.perf.profile_costs import cost_model_from_profile_file
+
+    data = yaml.safe_load(deployment.read_text())
+    out = {}
+    for site in data["sites"]:
+        cm = cost_model_from_profile_file(deployment.parent / site["hardware"])
+        out[site["name"]] = {n: getattr(cm.plumbing, n) for n in PLUMBING_TERMS_ALL}
+    return out
+
+
+def profile_seed(model: Path, threshold_tokens: int, seed: int, s: Settings) -> Path:
+    """Both cores profiled afresh for ``seed`` (``--profile-per-seed``) and the deployment file
+    (``t`` the run's, fixed) that simulates its runs, in ``seed-SEED/`` of the work folder (the
+    live runs launch it too: the same nodes, only the profiles differ)."""
+    folder = s.workdir / f"seed-{seed}"
+    folder.mkdir(exist_ok=True)
+    say(f"seed {seed}: profiling both cores again (--profile-per-seed)")
+    outs = {PD_CORE: folder / f"pd-core{PD_CORE}.yaml",
+            PRFAAS_CORE: folder / f"prfaas-core{PRFAAS_CORE}.yaml"}  # fmt: skip
+    profile_cores(model, outs, replace(s, workdir=folder))
+    deployment = write_deployment(folder, model, threshold_tokens, s)
+    write_unsplit(deployment)
+    return deployment
+
+
 def unsplit_path(deployment: Path) -> Path:
     return deployment.with_name(f"{deployment.stem}-unsplit{deployment.suffix}")
 
@@ -291,48 +318,6 @@ def write_unsplit(deployment: Path) -> Path:
         site["hardware"] = out.name
     path = unsplit_path(deployment)
     path.write_text("# bench/fidelity.py: the per-step term charged per token (a variant)\n"
-                    + yaml.safe_dump(data))  # fmt: skip
-    return path
-
-
-def speed_path(deployment: Path) -> Path:
-    return deployment.with_name(f"{deployment.stem}-speed{deployment.suffix}")
-
-
-def write_speed(deployment: Path, factor: float) -> Path:
-    """The deployment file again, every time its profiles measured (prefill and decode points,
-    the plumbing's seconds; not ``shared_core_overhead``, a ratio) times ``factor``, the speed
-    probe's now over at the start: the variant that says how much of a gap is the machine's
-    drift since the profiles were measured rather than the model. The probe runs on the PD core
-    only; both sites' profiles are scaled by it. Written under a name of the factor's own (the
-    simulator's scenario is cached per file)."""
-    from prfaas.perf.profile_read import load_profile_file
-    from prfaas.perf.profile_write import dump_profile_file
-
-    def times(x: float | None) -> float | None:
-        return None if x is None else x * factor
-
-    tag = f"{factor:.4f}"
-    data = yaml.safe_load(deployment.read_text())
-    for site in data["sites"]:
-        src = deployment.parent / site["hardware"]
-        pf = load_profile_file(src)
-        prefill = pf.prefill and replace(pf.prefill, points=tuple(
-            replace(pt, median_s=pt.median_s * factor, spread_s=times(pt.spread_s))
-            for pt in pf.prefill.points))  # fmt: skip
-        decode = pf.decode and replace(pf.decode, step_s=times(pf.decode.step_s), points=tuple(
-            replace(pt, median_s=pt.median_s * factor, spread_s=times(pt.spread_s))
-            for pt in pf.decode.points))  # fmt: skip
-        p = pf.plumbing
-        plumbing = replace(p, **{
-            f.name: getattr(p, f.name) * factor for f in fields(p)
-            if f.name.endswith("_s") and isinstance(getattr(p, f.name), float)
-        })  # fmt: skip
-        out = src.with_name(f"{src.stem}-speed{tag}{src.suffix}")
-        dump_profile_file(replace(pf, prefill=prefill, decode=decode, plumbing=plumbing), out)
-        site["hardware"] = out.name
-    path = deployment.with_name(f"{deployment.stem}-speed{tag}{deployment.suffix}")
-    path.write_text(f"# bench/fidelity.py: the profiles' times x {factor:.4f} (a variant)\n"
                     + yaml.safe_dump(data))  # fmt: skip
     return path
 
@@ -488,9 +473,6 @@ def run_sim(
     if UNSPLIT in plumbing_off:
         deployment = unsplit_path(deployment)
         plumbing_off = tuple(t for t in plumbing_off if t != UNSPLIT)
-    if SPEED in plumbing_off:
-        deployment = SPEED_DEPLOYMENT.get(deployment, deployment)
-        plumbing_off = tuple(t for t in plumbing_off if t != SPEED)
     sc = _scenario(deployment, deployment.stat().st_mtime_ns)
     if NOPAD in plumbing_off:
         sc = replace(sc, sites=tuple(replace(x, decode_pads_batch=False) for x in sc.sites))
@@ -811,11 +793,6 @@ SHAPES = ("sessions", "lognormal")
 LOADS = (0.5, 0.9)
 UNSPLIT = "unsplit"
 """A pseudo-term in a variant: simulate the ``-unsplit`` deployment file (``write_unsplit``)."""
-SPEED = "speed"
-"""A pseudo-term in a variant: simulate the deployment whose profiles' times are scaled by the
-speed probe's drift since the start (``write_speed``; the file of the current seed)."""
-SPEED_DEPLOYMENT: dict[Path, Path] = {}
-"""The deployment file -> its ``write_speed`` copy for the seed being scored."""
 NOPAD = "nopad"
 """A pseudo-term in a variant: decode steps priced at the batch's summed context, not padded to
 its longest (``simulation.decode_pads_batch: false``)."""
@@ -823,7 +800,6 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "all terms": (),
     "all terms, step charged per token": (UNSPLIT,),
     "all terms, decode batch not padded": (NOPAD,),
-    "all terms, profiles x the machine's drift": (SPEED,),
     "no terms": PLUMBING_TERMS_ALL,
     **{f"without {t.removesuffix('_s')}": (t,) for t in PLUMBING_TERMS_ALL},
 }
@@ -1229,6 +1205,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--threshold-tokens", type=int, help="the router's t [balanced_t]")
     p.add_argument("--fresh-profiles", action="store_true", help="profile again even if present")
+    p.add_argument(
+        "--profile-per-seed", action=argparse.BooleanOptionalAction, default=True,
+        help="profile both cores again before each seed after the first, its runs simulated from "
+        "them (seed-SEED/ in the work folder; ~2 min a seed): this machine's speed drifts by "
+        "10-25%% within the hour (2026-12-05), a profile an hour old misprices by as much",
+    )  # fmt: skip
     p.add_argument("--render", type=Path, help="print the table of a saved --json (a cut run)")
     args = p.parse_args(argv)
     if args.render is not None:
@@ -1244,6 +1226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.burst_requests = args.requests
         args.capacity_requests = args.requests
         args.live_repeats, args.shapes = 1, ["lognormal"]
+        args.profile_per_seed = False
     fields = {k: v for k, v in fields.items() if k != "max_prompt_tokens"}
     fields.setdefault("loads", LOADS)
     s = Settings(workdir=args.workdir, max_prompt_tokens=6000, **fields)
@@ -1310,9 +1293,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"speed probe before seed {seed}: {probe_s * 1e3:.2f} ms "
                 f"({probe_s / speed['at_start_s'] - 1:+.1%} against the start)"
             )
-            SPEED_DEPLOYMENT[deployment] = write_speed(deployment, probe_s / speed["at_start_s"])
+            scored = deployment
+            if args.profile_per_seed and seed != seeds[0]:  # the first: the profiles just made
+                scored = profile_seed(model, t, seed, s)
             for shape in args.shapes:
-                rows.append(score_seed(shape, seed, deployment, s, args, runs))
+                rows.append(score_seed(shape, seed, scored, s, args, runs))
+                rows[-1]["deployment"] = str(scored)
+                rows[-1]["plumbing"] = plumbing_of(scored)
                 if args.json:  # after every seed: a run cut short keeps what it measured
                     args.json.write_text(json.dumps(report(), indent=2))
     finally:

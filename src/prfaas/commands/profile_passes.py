@@ -1,6 +1,6 @@
 """The profile's prefill passes, timed in this process: the one definition of what a profiled
 prefill point measures (``prfaas profile --engine torch``'s curve, ``commands.profile``) and of the
-passes the plumbing measurement reads its prefill classes against, timed beside each class
+passes the plumbing measurement reads its prefill classes against, timed between their requests
 (``commands.profile_plumbing``).
 
 A prefill of ``new`` tokens after ``cached`` ones is ``engine.torch``'s passes
@@ -14,7 +14,6 @@ Not pure (torch, the clock): a command's helper.
 from __future__ import annotations
 
 import random
-import statistics
 import time
 from typing import Any
 
@@ -81,6 +80,3 @@ class PassTimer:
             if cached_tokens:
                 self.prefill(cache, 0, cached_tokens)
             return self.timed(self.prefill, cache, cached_tokens, new_tokens)
-
-    def median_prefill_s(self, new_tokens: int, repeats: int) -> float:
-        return statistics.median(self.prefill_s(new_tokens) for _ in range(repeats))

@@ -27,8 +27,8 @@ profile's own forward-pass times where a node computes:
   least-squares line (``perf.plumbing.line_fit``, each class weighted by the noise of the
   passes it is read against) through the prefill node's CPU beyond its forward passes in the
   one-token classes (short, a middle class of 1,024-token prompts, long), on CPU timed in this
-  process just before and after each class (``passes_s``; the machine's speed drifts between the
-  curve and the classes), else the profile's curve:
+  process between every ``BESIDE_EVERY`` requests of each class (``passes_s``; the machine's speed
+  drifts between the curve and the classes, and within a class), else the profile's curve:
   the engine's work around its passes (its cache and checkpoint copies, the layers handed out)
   and the KV stream's; two classes alone traded the terms off between profiles;
 - ``decode_per_request_s``: the decode node's
@@ -69,8 +69,12 @@ TICK_S = 0.01
 """A CPU clock tick (``/proc`` counts in ticks)."""
 STEP_LONG_CONTEXT = 1024
 """The longer context the engine's decode step overhead is measured at (``context_cost``)."""
-BESIDE_REPEATS = 3
-"""Timed passes (median) before and after each one-token class, beside it."""
+BESIDE_EVERY = 4
+"""A one-token class times one prefill of its prompt length in this process before every this
+many of its requests, and once after (the class is read against their median): the machine's
+speed drifts within a class too. Three passes before and three after read one 1,024-token class
+57.5 and 53.6 ms (2026-12-05), a 7% swing against the ~5 ms per request the terms measure, and
+the fitted ``prefill_per_token_s`` ranged 0.36-5.8 us over six profiles."""
 PROCESSES = ("gateway", "p0", "d0")
 IDLE_S = 2.0
 
@@ -188,20 +192,25 @@ def measure(
         idle_wall = time.perf_counter() - t0
         idle = {n: (process_cpu_s(p) - cpu0[n]) / idle_wall for n, p in pids.items()}
 
-        passes_beside: dict[int, tuple[float, float]] = {}
+        passes_beside: dict[int, list[float]] = {}
 
         def cls(prompt: int, output: int) -> ClassCpu:
             say(f"plumbing: {requests} requests of {prompt} prompt, {output} output tokens")
-            before = passes_s(prompt) if passes_s is not None and output == 1 else None
+            beside = passes_s if output == 1 else None
             w0, c0 = time.perf_counter(), {n: process_cpu_s(p) for n, p in pids.items()}
-            send(prompt, output, requests, url)
+            if beside is None:
+                send(prompt, output, requests, url)
+            else:  # the nodes idle while a pass is timed: their idle rate is removed below
+                timed = passes_beside[prompt] = []
+                for start in range(0, requests, BESIDE_EVERY):
+                    timed.append(beside(prompt))
+                    send(prompt, output, min(BESIDE_EVERY, requests - start), url)
+                timed.append(beside(prompt))
             wall = time.perf_counter() - w0
             per = {
                 n: max(0.0, process_cpu_s(p) - c0[n] - idle[n] * wall) / requests
                 for n, p in pids.items()
             }
-            if passes_s is not None and before is not None:
-                passes_beside[prompt] = (before, passes_s(prompt))
             return ClassCpu(prompt, output, per)
 
         def decode_steps() -> int:
@@ -299,7 +308,7 @@ def measure(
     # The prefill node: its CPU beyond its forward passes (timed beside the class, else the
     # profile's curve), per request and per prompt token, fitted over the one-token classes.
     def passes_of(n: int) -> float:
-        return statistics.fmean(passes_beside[n]) if n in passes_beside else cm.prefill_s(n)
+        return statistics.median(passes_beside[n]) if n in passes_beside else cm.prefill_s(n)
 
     beyond = {c.prompt_tokens: c.per_process_s["p0"] - passes_of(c.prompt_tokens)
               for c in (short, mid, long) if c is not None}  # fmt: skip
@@ -329,11 +338,12 @@ def measure(
     def passes_how(n: int) -> str:
         if n not in passes_beside:
             return f"passes {cm.prefill_s(n) * 1e3:.4g} ms, the curve's"
-        before, after = passes_beside[n]
-        return (f"passes {before * 1e3:.4g} ms before, {after * 1e3:.4g} after; "
-                f"the curve {cm.prefill_s(n) * 1e3:.4g}")  # fmt: skip
+        timed = passes_beside[n]
+        return (f"passes {passes_of(n) * 1e3:.4g} ms, the median of {len(timed)} timed between its "
+                f"requests ({min(timed) * 1e3:.4g}-{max(timed) * 1e3:.4g}); the model "
+                f"{cm.prefill_s(n) * 1e3:.4g}")  # fmt: skip
 
-    where = "timed beside each class in this process" if passes_beside else "profiled"
+    where = "timed between each class's requests in this process" if passes_beside else "profiled"
     prefill_fit_how = (
         "a least-squares line (each class weighted by its passes' noise, "
         f"{PASS_NOISE:.0%} of them or a clock tick) over the one-token classes' CPU beyond "
@@ -423,7 +433,7 @@ def with_plumbing(pf: Any, args: argparse.Namespace) -> Any:
                           pass_tokens=args.pass_tokens, seed=args.seed + 4)  # fmt: skip
 
         def passes_s(n: int) -> float:
-            return timer.median_prefill_s(n, BESIDE_REPEATS)
+            return timer.prefill_s(n)
 
     with tempfile.TemporaryDirectory(prefix="prfaas-plumbing-") as tmp:
         scratch = Path(tmp) / "forward.yaml"
