@@ -227,8 +227,14 @@ def deployment_dict(model: Path, threshold_tokens: int, s: Settings) -> dict[str
             "block_tokens": BLOCK_TOKENS, "checkpoint_every_blocks": 1, "threads": 1,
             "prefix_store_mib": 256, "kv_budget_mib": 1024,
         },
+        # The gateway pinned to the PrfaaS core, which the simulator then charges with its CPU
+        # (``SharedCores``). Unpinned, the kernel put it on either core (its CPU split about
+        # evenly in a lognormal burst), which no model can follow: the simulator gave it a core
+        # of its own, and read that burst's throughput 5.55 req/s where it ran at 4.96-5.25;
+        # pinned and charged, 4.59 against 4.59 and 4.73 (2026-12-05).
         "gateway": {"port": 0, "control_port": 0, "request_timeout_s": 600,
-                    "max_inflight": 1024, "max_queued": 4096, "route_log_size": 100000},
+                    "max_inflight": 1024, "max_queued": 4096, "route_log_size": 100000,
+                    "cpus": str(PRFAAS_CORE)},
         "policy": {
             "router": "prfaas", "threshold_tokens": threshold_tokens,
             # t stays the file's on both sides: the live torch gateway has no cost model to
@@ -505,7 +511,7 @@ def run_sim(
 # -- 4. live -------------------------------------------------------------------------------------
 NODES = ("pf0", "p0", "d0")
 MEASURED = (*NODES, "gateway")
-"""Processes whose CPU each live run reads (the gateway is not pinned: on either core)."""
+"""Processes whose CPU each live run reads (the gateway's on the PrfaaS core, ``gateway.cpus``)."""
 SIM_NODE = {"pf0": "prfaas/p0", "p0": "pd/p0", "d0": "pd/d0"}
 """The live nodes' names in the simulator (which numbers each site's nodes by role)."""
 LAST_SIM_BUSY_S: dict[str, float] = {}

@@ -232,6 +232,13 @@ class GatewayConfig(_Strict):
     route_log_size: int = Field(
         10_000, ge=1, description="routes kept for /internal/routes (the newest; a ring)"
     )
+    cpus: str | None = Field(
+        None,
+        pattern=CPUS_PATTERN,
+        description="the cores the gateway process runs on (e.g. '1'). Within a site's "
+        "engine.cpus, the simulator takes the gateway's CPU from that site's nodes; None: "
+        "wherever the OS puts it (the simulator gives it a core of its own)",
+    )
     control_port: int = Field(
         8001,
         ge=0,
@@ -407,6 +414,10 @@ class DeploymentConfig(_Strict):
         if eng.kind == "vllm":
             return cpu_set(eng.vllm.cpu_bind)
         return None if eng.cpus is None else cpu_set(eng.cpus)
+
+    def gateway_cores(self) -> frozenset[int] | None:
+        """The cores the gateway process is pinned to (``gateway.cpus``); None: not pinned."""
+        return None if self.gateway.cpus is None else cpu_set(self.gateway.cpus)
 
     def require_one_pd_site(self) -> None:
         """The live system serves one PD site per gateway; files with more are for the

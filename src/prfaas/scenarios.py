@@ -231,10 +231,12 @@ def planner_for(d: DeploymentConfig, **overrides: Any) -> Planner:
     )
 
 
-def _shared_cores(d: DeploymentConfig, site: str) -> dict[str, int]:
+def _shared_cores(d: DeploymentConfig, site: str) -> dict[str, Any]:
     """A site whose node processes are pinned to the same cores shares them (``engine.cpus``, a
-    vLLM site's ``cpu_bind``). Timed nodes sleep their modelled times rather than compute, so
-    their cores are never the limit."""
+    vLLM site's ``cpu_bind``), with the gateway where ``gateway.cpus`` lies within them (one
+    overlapping two sites' cores, or only part of one, is not modelled: a core of its own).
+    Timed nodes sleep their modelled times rather than compute, so their cores are never the
+    limit."""
     cores = d.cores_of_site(site)
     eng = d.engine_for(site)
     if cores is None or eng.kind == "timed":
@@ -242,7 +244,19 @@ def _shared_cores(d: DeploymentConfig, site: str) -> dict[str, int]:
     # A torch node computes on its ``threads``; a vLLM server binds its OpenMP threads to all
     # its cores.
     threads = eng.threads if eng.kind == "torch" else len(cores)
-    return {"shared_cores": len(cores), "threads_per_node": threads}
+    gateway = d.gateway_cores()
+    hosts = gateway is not None and gateway <= cores and _first_host(d, gateway) == site
+    return {"shared_cores": len(cores), "threads_per_node": threads, "hosts_gateway": hosts}
+
+
+def _first_host(d: DeploymentConfig, gateway: frozenset[int]) -> str | None:
+    """The first site whose pinned cores hold all of ``gateway``'s (two sites on the same
+    cores: the gateway is charged once, to the first)."""
+    for s in d.sites:
+        cores = d.cores_of_site(s.name)
+        if cores is not None and d.engine_for(s.name).kind != "timed" and gateway <= cores:
+            return s.name
+    return None
 
 
 def sim_scenario(

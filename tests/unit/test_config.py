@@ -87,3 +87,25 @@ def test_a_node_process_on_cores_the_host_lacks_is_a_usage_error() -> None:
         UsageError, match=r"sites\[pd\]\.engine\.cpus: cannot run on cores \[4096\]"
     ):
         pin_process(frozenset({4096}), "sites[pd].engine.cpus")
+
+
+def test_the_gateway_is_charged_to_the_site_whose_cores_hold_its_own(tmp_path: Path) -> None:
+    """``gateway.cpus`` within a torch site's ``engine.cpus``: the simulator takes the gateway's
+    CPU from that site's cores; across two sites' cores, or unpinned: a core of its own."""
+    from prfaas.scenarios import sim_scenario
+
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["engine"] = {"kind": "torch", "model": "paper-1t", "model_path": "/m", "cpus": "0"}
+    data["sites"][0]["engine"] = {"cpus": "1"}
+
+    def hosts(cpus: str | None) -> dict[str, bool]:
+        data["gateway"]["cpus"] = cpus
+        sc = sim_scenario(load_deployment(_write(tmp_path, data)))
+        return {s.name: s.hosts_gateway for s in sc.sites}
+
+    assert hosts("1") == {"prfaas": True, "pd": False}
+    assert hosts("0") == {"prfaas": False, "pd": True}
+    assert hosts("0-1") == hosts(None) == {"prfaas": False, "pd": False}
+    data["gateway"]["cpus"] = "one"
+    with pytest.raises(UsageError, match=r"gateway\.cpus"):
+        load_deployment(_write(tmp_path, data))

@@ -80,6 +80,9 @@ def run_gateway(d: DeploymentConfig, config_path: Path | None = None) -> None:
     """``config_path``: the file SIGHUP re-reads the keys from (``serve.key_reload``)."""
     from prfaas.serve.gateway.app import create_cluster_gateway
 
+    gateway_cores = d.gateway_cores()
+    if gateway_cores is not None:
+        pin_process(gateway_cores, "gateway.cpus")
     tokenizer, model = gateway_tokenizer_and_model(d)
     apps = create_cluster_gateway(d, tokenizer, model)
     g = d.gateway

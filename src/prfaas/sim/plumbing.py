@@ -2,9 +2,10 @@
 
 ``charged_cost_model`` is the cost model the simulated nodes run on: the profile's, with the
 terms ``simulation.plumbing`` switches off set to 0 and the decode node's per-token relay folded
-into its decode step. ``GatewayCpu`` is the gateway process: one FIFO server on a core of its
-own (the live gateway is not pinned; ``docs/profiles.md``), whose per-request and per-output-token
-CPU delays each arrival's routing. Where each other term is charged (all as extra service time
+into its decode step. ``GatewayCpu`` is the gateway process: one FIFO server whose per-request
+and per-output-token CPU delays each arrival's routing, on a core of its own, or, pinned to a
+site's shared cores (``gateway.cpus``), taking its ``share`` of them (``processor.SharedCores``;
+``docs/profiles.md``). Where each other term is charged (all as extra service time
 in existing events, never an event per byte or token):
 
 - ``prefill_per_request_s`` and ``prefill_per_token_s`` (per uncached token): added to the
@@ -22,10 +23,14 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from prfaas.perf import CostModel
+
+if TYPE_CHECKING:
+    from prfaas.sim.nodes import DecodeNode
 
 
 def charged_cost_model(cm: CostModel, off: Iterable[str] = ()) -> CostModel:
@@ -50,15 +55,47 @@ class GatewayCpu:
     block: in a burst of 40 requests the last was routed ~1.6 s late in the simulator and ~0.3 s
     live, and the late routing let it find prefixes live could not.)"""
 
-    __slots__ = ("free_at_s", "per_output_token_s", "per_request_s", "route_free_at_s")
+    __slots__ = ("decode_nodes", "free_at_s", "num_routed", "output_tokens_routed",
+                 "per_output_token_s", "per_request_s", "route_free_at_s")  # fmt: skip
 
-    def __init__(self, per_request_s: float, per_output_token_s: float) -> None:
+    def __init__(
+        self, per_request_s: float, per_output_token_s: float,
+        decode_nodes: Callable[[], Iterable[DecodeNode]] | None = None,
+    ) -> None:  # fmt: skip
+        """``decode_nodes``: its home site's decode nodes now, whose tokens it relays (what
+        ``share`` reads; None: it shares no node's cores)."""
         self.per_request_s = per_request_s
         self.per_output_token_s = per_output_token_s
+        self.decode_nodes = decode_nodes
         self.route_free_at_s = 0.0
         self.free_at_s = 0.0
+        self.num_routed = 0
+        self.output_tokens_routed = 0
+
+    def share(self) -> float:
+        """The CPU it uses now, a fraction of one core: its relay, ``per_output_token_s`` for
+        each token its home's decode nodes emit per second (their current batches and step
+        times), and its routing, ``per_request_s`` spread over the mean output of the requests
+        routed so far (in a steady state the routing rate is the token rate over the mean
+        output). A rate, not its instants: a burst's first routing, before anything decodes,
+        is not charged here (the routing FIFO still delays it)."""
+        if self.decode_nodes is None:
+            return 0.0
+        tokens_per_s = 0.0
+        for dec in self.decode_nodes():
+            span_s = dec.tick_s - dec.span_start_s
+            if dec.members and dec.tick_steps > 0 and 0.0 < span_s < float("inf"):
+                tokens_per_s += dec.span_batch * dec.tick_steps / span_s
+        if tokens_per_s == 0.0:
+            return 0.0
+        per_token = self.per_output_token_s
+        if self.output_tokens_routed:
+            per_token += self.per_request_s * self.num_routed / self.output_tokens_routed
+        return per_token * tokens_per_s
 
     def route_at(self, arrival_s: float, num_output_tokens: int) -> float:
+        self.num_routed += 1
+        self.output_tokens_routed += num_output_tokens
         start = arrival_s if arrival_s > self.route_free_at_s else self.route_free_at_s
         at = start + self.per_request_s
         self.route_free_at_s = at

@@ -44,6 +44,10 @@ class SimSite:
     its own hardware, as its timings were measured."""
     threads_per_node: int = 1
     """Cores one busy node computes on (with ``shared_cores``)."""
+    hosts_gateway: bool = False
+    """The gateway process is pinned to these shared cores (``gateway.cpus`` within the site's
+    ``engine.cpus``): it takes its share of them (``SharedCores``); else it has a core of its
+    own."""
     decode_pads_batch: bool = False
     """The decode nodes' engine pads a batch to its longest context (``engine.torch``: the
     batch's caches are left-padded into one), so a step costs what ``batch x longest`` context
@@ -129,6 +133,8 @@ class SimScenario:
                 raise ScenarioError(f"site {s.name}: a prfaas site has no decode nodes")
             if s.cache_bytes_per_node < 0:
                 raise ScenarioError(f"site {s.name}: negative cache size")
+            if s.hosts_gateway and s.shared_cores is None:
+                raise ScenarioError(f"site {s.name}: hosts_gateway needs shared_cores")
             if (s.shared_cores is not None and s.shared_cores < 1) or s.threads_per_node < 1:
                 raise ScenarioError(
                     f"site {s.name}: shared_cores and threads_per_node must be >= 1"

@@ -100,6 +100,7 @@ class Simulator:
         self._cache_by_id = dict(zip(w.site_ids, self._caches, strict=True))
         # Each home site's gateway CPU (``sim.plumbing``): None when no gateway term is charged.
         self._gateways = tuple(w.gateway_cpu(h) for h in self._home_sites)
+        w.pin_gateways(dict(zip(self._home_sites, self._gateways, strict=True)))
         self.gateways: dict[int, GatewayCpu] = {
             h: g for h, g in zip(self._home_sites, self._gateways, strict=True) if g is not None
         }

@@ -9,6 +9,7 @@ site, the links and the prefix caches; it is built from a ``SimScenario``. The s
 
 from __future__ import annotations
 
+import functools
 import heapq
 from collections.abc import Callable
 
@@ -114,6 +115,25 @@ class World:
             return None
         overhead = self.node_cost_model(site.hardware).plumbing.shared_core_overhead
         return SharedCores(site.shared_cores, site.threads_per_node, overhead)
+
+    def pin_gateways(self, gateways: dict[int, GatewayCpu | None]) -> None:
+        """Charge each home site's gateway (``gateway_cpu``) to the shared cores of the sites
+        that host it (``SimSite.hosts_gateway``): their nodes share what it leaves."""
+        hosts = [i for i, s in enumerate(self.sc.sites) if s.hosts_gateway]
+        pinned = [(h, g) for h, g in gateways.items() if g is not None]
+        if not hosts or not pinned:
+            return
+        for home, gateway in pinned:
+            gateway.decode_nodes = functools.partial(self.decode_nodes_of, home)
+        shares = tuple(g.share for _, g in pinned)
+
+        def total() -> float:  # several homes' gateways on one site's cores (simulator only)
+            return sum(f() for f in shares)
+
+        for i in hosts:
+            shared = self.shared[i]
+            assert shared is not None  # SimScenario.validate
+            shared.gateway_share = shares[0] if len(shares) == 1 else total
 
     def gateway_cpu(self, site: int) -> GatewayCpu | None:
         """The gateway of home site ``site`` (its plumbing terms from that site's profile), or

@@ -27,9 +27,10 @@ from prfaas.perf.profile_file import (
 )
 from prfaas.perf.profile_read import load_profile_file
 from prfaas.perf.profile_write import dump_profile_file
-from prfaas.sim import SimScenario, SimSite, Simulator
+from prfaas.sim import LinkConfig, SimScenario, SimSite, Simulator
 from prfaas.sim.kv_bytes import KvBytes
 from prfaas.sim.processor import SharedCores
+from prfaas.sim.scenario import ScenarioError
 from prfaas.spec import get_model
 from prfaas.workload import SimRequestSpec
 
@@ -266,3 +267,78 @@ def test_the_deployment_switches_name_the_terms() -> None:
     assert PlumbingSwitches(shared_core_overhead=False).off() == ("shared_core_overhead",)
     switches = {t.removesuffix("_s"): False for t in PLUMBING_TERMS}  # one per term
     assert set(PlumbingSwitches(**switches).off()) == set(PLUMBING_TERMS)
+
+
+def test_a_gateway_pinned_to_shared_cores_takes_its_share_first() -> None:
+    """The nodes share what the gateway leaves of the cores (its pieces run as they wake), and
+    the sharing overhead only while nodes time-share; a runaway share is capped."""
+    cores = SharedCores(1, 1, 0.1)
+    share = [0.2]
+    cores.gateway_share = lambda: share[0]
+    cores.busy = 1
+    assert cores.slowdown() == pytest.approx(1 / 0.8)
+    cores.busy = 2
+    assert cores.slowdown() == pytest.approx(2 / 0.8 * 1.1)
+    share[0] = 5.0
+    cores.busy = 1
+    assert cores.slowdown() == pytest.approx(1 / (1 - 0.9))
+    two = SharedCores(2, 1)
+    two.gateway_share = lambda: 0.5
+    two.busy = 1
+    assert two.slowdown() == 1.0  # the gateway has the other core's spare time
+    two.busy = 2
+    assert two.slowdown() == pytest.approx(2 / 1.5)
+
+
+def test_the_gateways_share_is_its_relay_and_routing_at_the_decode_token_rate() -> None:
+    """Per token its home's decode nodes emit now: the relay, and the routing spread over the
+    mean output of the requests routed so far; nothing decoding, nothing charged."""
+    from types import SimpleNamespace
+
+    from prfaas.sim.plumbing import GatewayCpu
+
+    dec = SimpleNamespace(members=[1], tick_steps=10, span_start_s=1.0, tick_s=1.5, span_batch=4)
+    idle = SimpleNamespace(members=[], tick_steps=0, span_start_s=0.0, tick_s=float("inf"),
+                           span_batch=0)  # fmt: skip
+    g = GatewayCpu(0.006, 0.0007, lambda: [dec, idle])  # type: ignore[arg-type, list-item]
+    assert g.share() == pytest.approx(0.0007 * 80)  # 4 x 10 tokens in 0.5 s; nothing routed
+    g.route_at(0.0, 30)
+    g.route_at(0.0, 10)
+    assert g.share() == pytest.approx((0.0007 + 0.006 * 2 / 40) * 80)
+    dec.members = []
+    assert g.share() == 0.0
+    assert GatewayCpu(0.006, 0.0007).share() == 0.0  # not pinned to any node's cores
+
+
+def test_a_gateway_on_the_prefill_cores_slows_their_prefills(tmp_path: Path) -> None:
+    """A PrfaaS site's core shared by its prefill node and the gateway (``hosts_gateway``): the
+    offloaded prefills take longer while the PD site decodes (the gateway relays its tokens),
+    by the gateway's share; with both gateway terms off, as if it had a core of its own."""
+    path = _write(tmp_path, _profile(), "gwcores.yaml")
+
+    def prefills(hosts: bool, off: tuple[str, ...] = ()) -> list[float]:
+        sc = SimScenario(
+            sites=(SimSite("prfaas", "prfaas", str(path), 1, shared_cores=1, hosts_gateway=hosts),
+                   SimSite("pd", "pd", str(path), 1, 1)),
+            links=(LinkConfig("prfaas", "pd", 100.0, 1.0),), model="tiny", policy="threshold",
+            threshold_tokens=0, prefix_cache=False, duration_s=1e6, prefill_token_budget=1,
+            plumbing_off=off,
+        )  # fmt: skip
+        specs = [SimRequestSpec(i, 0.25 * i, 2000, 400) for i in range(12)]
+        sim = Simulator(sc, iter(specs))
+        done: dict[int, float] = {}
+        sim.on_finish = lambda r: done.__setitem__(r.index, r.prefill_end_s - r.prefill_start_s)
+        sim.run()
+        assert len(done) == len(specs)
+        assert {str(r) for r in sim.world.prefill_by_id} == {"prfaas/p0", "pd/p0"}
+        return [done[i] for i in range(len(specs))]
+
+    own, pinned = prefills(False), prefills(True)
+    assert pinned[0] == pytest.approx(own[0])  # nothing decodes yet: nothing taken
+    # Later ones, while one request decodes (batch 1: a step of 0.0025 s plus the charged
+    # plumbing per step): slowed by 1 / (1 - share), share = per-token CPU x tokens per s.
+    assert all(p > 1.02 * o for p, o in zip(pinned[3:], own[3:], strict=True))
+    gw_off = ("gateway_per_request_s", "gateway_per_output_token_s")
+    assert prefills(True, gw_off) == pytest.approx(prefills(False, gw_off))
+    with pytest.raises(ScenarioError, match="hosts_gateway needs shared_cores"):
+        SimScenario(sites=(SimSite("pd", "pd", "h20", 1, 1, hosts_gateway=True),)).validate()
