@@ -463,7 +463,7 @@ def sim_work_s(deployment: Path, specs: Sequence[Any]) -> dict[str, float]:
     from prfaas.sim.simulator import Simulator
 
     sc = _scenario(deployment, deployment.stat().st_mtime_ns)
-    sites = tuple(replace(site, shared_cores=None) for site in sc.sites)
+    sites = tuple(replace(site, shared_cores=None, hosts_gateway=False) for site in sc.sites)
     sc = replace(sc, sites=sites, duration_s=specs[-1].arrival_s + 1e-6, warmup_s=0.0)
     sim = Simulator(sc, iter(specs))
     sim.run()
@@ -996,6 +996,8 @@ def load_point(
         }
     for name, off in VARIANTS.items():
         sim = run_sim(deployment, specs, off)
+        if not off:  # all terms: each request on both sides, in the JSON
+            out["per_request"] = per_request(specs, live_runs[0], sim)
         simmed = summarize(sim)
         out["variants"][name] = {
             "ttft_p50_ratio": _ratio(simmed["ttft_p50_s"], live["ttft_p50_s"]),
