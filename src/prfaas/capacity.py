@@ -94,6 +94,11 @@ def left_out_by_eqs(d: DeploymentConfig, sc: SimScenario) -> tuple[str, ...]:
                     f"nodes ({site.threads_per_node} thread(s) each) run on {site.shared_cores} "
                     "core(s); Eqs. 3-5 give each node its own machine"
                 )
+        if site.hosts_gateway:
+            out.append(
+                f"the gateway on site {site.name}'s cores (gateway.cpus): its CPU is taken from "
+                "that site's nodes; Eqs. 3-5 charge the gateway nothing"
+            )
     if sc.prefill_token_budget < 32768:
         out.append(
             f"prefill batching: batches of at most {sc.prefill_token_budget} uncached tokens "

@@ -104,6 +104,10 @@ def test_the_gateway_is_charged_to_the_site_whose_cores_hold_its_own(tmp_path: P
         return {s.name: s.hosts_gateway for s in sc.sites}
 
     assert hosts("1") == {"prfaas": True, "pd": False}
+    from prfaas.capacity import left_out_by_eqs
+
+    d = load_deployment(_write(tmp_path, data))
+    assert any("gateway on site prfaas's cores" in x for x in left_out_by_eqs(d, sim_scenario(d)))
     assert hosts("0") == {"prfaas": False, "pd": True}
     assert hosts("0-1") == hosts(None) == {"prfaas": False, "pd": False}
     data["gateway"]["cpus"] = "one"
