@@ -113,3 +113,17 @@ def test_the_gateway_is_charged_to_the_site_whose_cores_hold_its_own(tmp_path: P
     data["gateway"]["cpus"] = "one"
     with pytest.raises(UsageError, match=r"gateway\.cpus"):
         load_deployment(_write(tmp_path, data))
+
+
+def test_up_refuses_cores_this_host_lacks_before_starting_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["gateway"]["cpus"] = "4096"
+    assert main(["up", str(_write(tmp_path, data)), "--workdir", str(tmp_path / "w")]) == 2
+    assert "gateway.cpus: cores [4096] are not among this host's" in capsys.readouterr().err
+    del data["gateway"]["cpus"]
+    data["sites"][1]["engine"] = {"cpus": "0,4095"}
+    assert main(["up", str(_write(tmp_path, data)), "--workdir", str(tmp_path / "w")]) == 2
+    assert "sites[pd]'s cores: cores [4095]" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()

@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prfaas.commands.common import check_api_key_env
 from prfaas.errors import UsageError
+
+if TYPE_CHECKING:
+    from prfaas.config import DeploymentConfig
 
 
 def register(subparsers: Any) -> None:
@@ -70,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         _say(check_tenant_pool(d))
     check_api_key_env()
     d.require_one_pd_site()
+    check_cores_here(d)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="prfaas-up-"))
     policy = None if args.no_restart else RestartPolicy(max_deaths=args.max_deaths)
     try:
@@ -136,6 +141,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"prfaas up: error: the gateway kept dying ({gateway_lost[0]})", file=sys.stderr)
         return 1
     return 0
+
+
+def check_cores_here(d: DeploymentConfig) -> None:
+    """Every core the file pins a process to (``gateway.cpus``, a site's ``engine.cpus`` or
+    vLLM ``cpu_bind``) is one this host lets ``prfaas up`` use: refused before anything starts
+    (a child would exit with the same error, after its siblings had started)."""
+    have = os.sched_getaffinity(0)
+    pinned = [("gateway.cpus", d.gateway_cores())]
+    pinned += [(f"sites[{s.name}]'s cores", d.cores_of_site(s.name)) for s in d.sites]
+    for field, cores in pinned:
+        if cores is not None and not cores <= have:
+            raise UsageError(
+                f"{field}: cores {sorted(cores - have)} are not among this host's {sorted(have)}"
+            )
 
 
 def _warn_placeholder_key(path: Path, psk: str, accept_psks: list[str]) -> None:
