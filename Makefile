@@ -60,7 +60,7 @@ lint: $(STAMP)
 
 # Strict mypy on every package and top-level module (pydantic models via the pydantic plugin).
 TYPED := core spec perf analytic workload cache policy sim transfer netlab testbed engine serve commands integrations k8s pool \
-	config.py scenarios.py capacity.py deployment_sections.py deployment_autoscale.py cli.py errors.py pool_file.py pool_sections.py
+	config.py scenarios.py capacity.py deployment_sections.py deployment_autoscale.py deployment_gateway.py cli.py errors.py pool_file.py pool_sections.py
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy $(addprefix src/prfaas/,$(TYPED))
