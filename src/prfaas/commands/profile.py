@@ -88,7 +88,12 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--api-key", default=None, help="--endpoint: the server's bearer key [$PRFAAS_API_KEY]"
     )
-    p.add_argument("--seed", type=int, default=0, help="prompt token seed")
+    p.add_argument(
+        "--seed", type=int, default=None,
+        help="prompt token seed [--engine torch: 0; --endpoint: a fresh one per run, recorded in "
+        "the file: a server's prefix cache still holds an earlier run's prompts, and the same "
+        "seed again would time its cache hits]",
+    )  # fmt: skip
     p.set_defaults(run=run)
 
 
@@ -274,9 +279,13 @@ class _Endpoint:
         self._client.close()
 
     def stream(self, prompt: list[int], max_tokens: int) -> list[float]:
-        """Seconds from sending to each streamed chunk that carries choices."""
+        """Seconds from sending to each streamed chunk that carries choices. The prompt tokens
+        the server found cached, where it says (vLLM with ``--enable-prompt-tokens-details``,
+        ``prfaas up``), land in ``last_cached_tokens`` (None: not said)."""
         body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens,
-                "stream": True, "temperature": 0.0}  # fmt: skip
+                "stream": True, "temperature": 0.0,
+                "stream_options": {"include_usage": True}}  # fmt: skip
+        self.last_cached_tokens: int | None = None
         from prfaas.serve.http_lines import iter_lines
 
         where = f"endpoint {self.url}"
@@ -303,6 +312,8 @@ class _Endpoint:
                         ) from None
                     if isinstance(chunk, dict) and chunk.get("choices"):
                         stamps.append(time.perf_counter() - t0)
+                    elif isinstance(chunk, dict) and isinstance(chunk.get("usage"), dict):
+                        self.last_cached_tokens = _cached_tokens(chunk["usage"])
         except self._httpx.TransportError as exc:
             raise UsageError(f"cannot reach {where}: {exc or type(exc).__name__}") from None
         if not stamps:
@@ -310,6 +321,27 @@ class _Endpoint:
                 f"{where} answered oddly: no streamed completion chunk (is it OpenAI-compatible?)"
             )
         return stamps
+
+
+def _cached_tokens(usage: dict[str, Any]) -> int | None:
+    details = usage.get("prompt_tokens_details")
+    value = details.get("cached_tokens") if isinstance(details, dict) else None
+    return value if isinstance(value, int) else None
+
+
+def _check_no_stale_hit(client: _Endpoint, new: int, cached: int, seed: int) -> None:
+    """A point's new tokens must be computed: a server that reports most of them cached beyond
+    the point's shared prefix timed its cache instead (its prefix cache held these prompts: an
+    earlier run with the same ``--seed``; 2026-12-05, a re-run read 4,096 tokens of vLLM in 26
+    ms where they take 273). Half, not one: a token-granular cache (SGLang's radix tree) finds a
+    random prompt's first token or two in an earlier one."""
+    hit = client.last_cached_tokens
+    if hit is not None and hit > cached + new // 2:
+        raise UsageError(
+            f"endpoint {client.url} had {hit} of a point's {cached + new} prompt tokens cached "
+            f"where about {cached} should be: its prefix cache holds these prompts (--seed "
+            f"{seed} profiled on it before?); restart the server or give another --seed"
+        )
 
 
 def _profile_endpoint(args: argparse.Namespace) -> Any:
@@ -330,7 +362,8 @@ def _profile_endpoint(args: argparse.Namespace) -> Any:
         if args.model_spec
         else ModelSection(args.model)
     )
-    rng = random.Random(args.seed)
+    seed = random.SystemRandom().randrange(1, 1 << 31) if args.seed is None else args.seed
+    rng = random.Random(seed)
 
     def prompt(n: int) -> list[int]:
         # Byte-range ids: valid in any tokenizer of 256+ tokens; random, so no prefix hits.
@@ -352,6 +385,7 @@ def _profile_endpoint(args: argparse.Namespace) -> Any:
                     if c:
                         client.stream(prefix, 1)  # now cached (if the server caches prefixes)
                     samples.append(client.stream(prefix + prompt(n), 1)[0])
+                    _check_no_stale_hit(client, n, c, seed)
                 prefill_points.append(PrefillPoint(n, c, *_median_spread(samples), args.repeats))
                 bar.step(f"TTFT {n} new after {c} cached")
             for b, ctx in decode_grid:
@@ -368,7 +402,12 @@ def _profile_endpoint(args: argparse.Namespace) -> Any:
         HardwareSection(args.hardware or "endpoint", args.memory_bytes),
         PrefillSection("piecewise-linear", tuple(prefill_points)),
         DecodeSection("linear", points=tuple(decode_points)),
-        (("source", "endpoint"), ("endpoint", args.endpoint), ("served_model", args.model)),
+        (
+            ("source", "endpoint"),
+            ("endpoint", args.endpoint),
+            ("served_model", args.model),
+            ("seed", str(seed)),
+        ),
         "TTFT of streamed max_tokens=1 completions; decode = median inter-token latency at "
         f"concurrency; {args.repeats} repeats per point",
     )
@@ -418,6 +457,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote the shipped profile {args.preset} to {args.output}")
         return 0
     _check_grid(args)
+    if args.engine == "torch" and args.seed is None:  # in-process caches start empty
+        args.seed = 0
     pf = _profile_torch(args) if args.engine == "torch" else _profile_endpoint(args)
     if args.engine == "torch" and not args.no_plumbing:
         from prfaas.commands.profile_plumbing import with_plumbing

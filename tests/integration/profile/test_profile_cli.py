@@ -150,14 +150,34 @@ class _Backend:
             yield TokenEvent((ord("a"),), "length" if last else None, None)
 
 
-@pytest.fixture
-def endpoint() -> Iterator[str]:
+class _CachingBackend(_Backend):
+    """Reports as cached the longest prefix a prompt shares with any earlier one (a prefix
+    cache that never evicts), as vLLM does with ``--enable-prompt-tokens-details``."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, ...]] = []
+
+    async def generate(self, req: Any) -> AsyncIterator[Any]:
+        from prfaas.serve.backend import TokenEvent
+
+        prompt = tuple(req.prompt_token_ids)
+        hit = 0
+        for old in self.seen:
+            n = next((i for i, (a, b) in enumerate(zip(old, prompt, strict=False)) if a != b),
+                     min(len(old), len(prompt)))  # fmt: skip
+            hit = max(hit, min(n, len(prompt) - 1))
+        self.seen.append(prompt)
+        async for event in super().generate(req):
+            yield TokenEvent(event.token_ids, event.finish_reason, hit)
+
+
+def _serve(backend: Any) -> Iterator[str]:
     pytest.importorskip("uvicorn")
     import uvicorn
 
     from prfaas.serve.api import ByteTokenizer, GatewayHTTPConfig, create_gateway_app
 
-    app = create_gateway_app(_Backend(), ByteTokenizer(), GatewayHTTPConfig())
+    app = create_gateway_app(backend, ByteTokenizer(), GatewayHTTPConfig())
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
@@ -173,6 +193,35 @@ def endpoint() -> Iterator[str]:
         server.should_exit = True
         thread.join(timeout=10)
         sock.close()
+
+
+@pytest.fixture
+def endpoint() -> Iterator[str]:
+    yield from _serve(_Backend())
+
+
+@pytest.fixture
+def caching_endpoint() -> Iterator[str]:
+    yield from _serve(_CachingBackend())
+
+
+@pytest.mark.timeout(60)
+def test_a_rerun_never_times_the_servers_prefix_cache(
+    caching_endpoint: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each run draws its own prompts (recorded); the same --seed again on the same server
+    would time its cache hits, and is refused naming them, writing nothing."""
+    argv = ["profile", "--endpoint", caching_endpoint, "--model", "fake", *SMALL_GRID]
+    seeds = []
+    for k in range(2):
+        out = tmp_path / f"fresh{k}.yaml"
+        assert main([*argv, "-o", str(out)]) == 0
+        seeds.append(dict(load_profile_file(out).measured_with)["seed"])
+    assert seeds[0] != seeds[1]
+    assert main([*argv, "--seed", seeds[0], "-o", str(tmp_path / "again.yaml")]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "prefix cache holds these prompts" in last and f"--seed {seeds[0]}" in last, last
+    assert not (tmp_path / "again.yaml").exists()
 
 
 @pytest.mark.timeout(60)

@@ -26,3 +26,23 @@ def test_the_prefill_command_says_a_vllm_decode_node_recomputes_the_last_token(
     assert plan.decision.offloaded
     _, prefill = d.planner.commands(req, (), plan)
     assert prefill.decode_recomputes_last_token is (pd_engine is not None)
+
+
+@pytest.mark.parametrize("seed", [None, 7, 2**63 + 5])
+def test_only_a_clients_seed_reaches_the_nodes(seed: int | None) -> None:
+    """No seed from the client: none in the commands, and a vLLM server samples unseeded (vLLM
+    0.32.0 on CPU kills its engine on a seeded sampled prompt of several prefill chunks; the
+    gateway used to send seed 0 with every request, so every long sampled prompt did it);
+    engine.torch and the timed engine seed with 0 as before."""
+    from dataclasses import replace
+
+    from prfaas.serve.node.engine_messages import sampling_from
+    from prfaas.serve.vllm.node import sampling_body
+
+    d, _ = make_dispatcher(FakeNodes())
+    req = replace(request("a", num_prompt_tokens=100), seed=seed)
+    decode, prefill = d.planner.commands(req, (), d.planner.plan(req, (), 1, False))
+    want = None if seed is None else seed % 2**63
+    assert decode.sampling.seed == prefill.sampling.seed == want
+    assert sampling_body(decode.sampling)["seed"] == want
+    assert sampling_from(decode.sampling).seed == (0 if seed is None else want)

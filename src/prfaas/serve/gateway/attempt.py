@@ -137,7 +137,7 @@ class AttemptPlanner:
             max_new_tokens=req.max_tokens,
             temperature=req.temperature,
             top_p=req.top_p,
-            seed=(req.seed or 0) % SEED_MODULUS,
+            seed=None if req.seed is None else req.seed % SEED_MODULUS,
             stop_token_ids=list(req.stop_token_ids),
             ignore_eos=req.ignore_eos,
             top_k=max(req.top_k, -1),

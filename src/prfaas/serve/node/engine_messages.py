@@ -20,7 +20,7 @@ def sampling_from(msg: SamplingMsg) -> SamplingParams:
         max_new_tokens=msg.max_new_tokens,
         temperature=msg.temperature,
         top_p=msg.top_p,
-        seed=msg.seed,
+        seed=0 if msg.seed is None else msg.seed,
         stop_token_ids=tuple(msg.stop_token_ids),
         ignore_eos=msg.ignore_eos,
         top_k=msg.top_k,

@@ -42,7 +42,11 @@ class SamplingMsg(_Msg):
     max_new_tokens: int = Field(ge=1)
     temperature: float = Field(0.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
-    seed: int = 0
+    seed: int | None = None
+    """The client's seed; None: it gave none (engine.torch and the timed engine then seed with
+    0, as before; a vLLM server samples unseeded: vLLM 0.32.0's CPU backend kills its engine
+    on a seeded sampled request whose prompt is prefilled in more than one chunk, "CPU Generator
+    does not use offset", so a seed the client never asked for must not reach it)."""
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
     top_k: int = Field(-1, ge=-1)

@@ -1,0 +1,214 @@
+"""bench/fidelity.py's vLLM nodes (``--engine vllm``): what differs from its torch nodes.
+
+- The model: the tiny llama vLLM's CPU backend loads (``make-tiny --arch llama --for-vllm``),
+  8,192 positions (the lognormal shape's prompts reach 6,000 tokens).
+- The profiles: per core, a plain vLLM OpenAI server of the same model (no PrfaasConnector, the
+  deployment's other flags the same) pinned to that core as the deployment's server will be
+  (``taskset`` and ``VLLM_CPU_OMP_THREADS_BIND``), measured by ``prfaas profile --endpoint``
+  (issue 20 item 4). Both cores at once, as the torch profiles are. TTFT and ITL are what a
+  client sees of that server (its HTTP included); no plumbing term is measured this way, so the
+  simulator charges none (the profile says so).
+- The deployment: ``engine.kind: vllm``, one server per site (the PD site's prefill and decode
+  nodes share its server, as ``examples/vllm-tiny.yaml``), each site's server on its core
+  (``cpu_bind``), the gateway pinned to the PrfaaS core as with torch nodes.
+- What a run's CPU is read from: each launched process with every descendant (a site's sidecar
+  and its vLLM server's API, engine core and worker processes).
+
+Not importable as ``prfaas``: a bench script's helper, loaded by path from fidelity.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+MAX_MODEL_LEN = 8192
+KV_CACHE_GIB = 1
+"""Each server's KV cache (``VLLM_CPU_KVCACHE_SPACE``): 1 GiB holds 500K tokens of the tiny
+llama (2 KiB a token), far above any run's."""
+STARTUP_TIMEOUT_S = 300.0
+PROCESSES = ("prfaas", "pd")
+"""The launcher's node processes: one sidecar (and vLLM server) per site, named by the site."""
+SIM_NODES = {"prfaas": ("prfaas/p0",), "pd": ("pd/p0", "pd/d0")}
+"""A process's nodes in the simulator (the PD site's server runs both of its nodes)."""
+
+
+def make_model(out: Path) -> Path:
+    from prfaas.engine.torch.tiny import make_tiny, vllm_variant
+
+    if (out / "config.json").is_file():
+        return out
+    overrides, dtype = vllm_variant("llama")
+    overrides = {**overrides, "max_position_embeddings": MAX_MODEL_LEN}
+    return make_tiny("llama", out, overrides=overrides, **({"dtype": dtype} if dtype else {}))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def server_argv(model: Path, served: str, port: int) -> list[str]:
+    """A plain vLLM OpenAI server of ``model``: the flags the deployment's sidecar gives its
+    server (``serve/vllm/server.server_spec``) less the connector and the KV events."""
+    from prfaas.deployment_sections import default_vllm_python
+
+    return [
+        default_vllm_python(), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model), "--served-model-name", served, "--dtype", "float32",
+        "--max-model-len", str(MAX_MODEL_LEN), "--host", "127.0.0.1", "--port", str(port),
+        "--enable-prompt-tokens-details",
+    ]  # fmt: skip
+
+
+@contextlib.contextmanager
+def plain_servers(
+    model: Path, served: str, cores: Sequence[int], logs: Path
+) -> Iterator[dict[int, str]]:
+    """One plain vLLM server per core in ``cores``, started together and pinned there; yields
+    core -> base URL once every one answers ``/health``; stops each whole process group after."""
+    from prfaas.serve.process_group import die_with_parent
+
+    procs: dict[int, subprocess.Popen[bytes]] = {}
+    urls: dict[int, str] = {}
+    try:
+        for core in cores:
+            port = _free_port()
+            env = {
+                **os.environ, "VLLM_CPU_OMP_THREADS_BIND": str(core),
+                "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB), "PYTHONUNBUFFERED": "1",
+            }  # fmt: skip
+            log = (logs / f"plain-vllm-core{core}.log").open("wb")
+            procs[core] = subprocess.Popen(
+                ["taskset", "-c", str(core), *server_argv(model, served, port)],
+                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                preexec_fn=die_with_parent,
+            )  # fmt: skip
+            log.close()
+            urls[core] = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        waiting = dict(urls)
+        while waiting:
+            for core, url in list(waiting.items()):
+                if procs[core].poll() is not None:
+                    log = logs / f"plain-vllm-core{core}.log"
+                    raise SystemExit(f"the plain vLLM server on core {core} exited "
+                                     f"({procs[core].returncode}): see {log}")  # fmt: skip
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(f"{url}/health", timeout=2, trust_env=False).status_code == 200:
+                        del waiting[core]
+            if waiting and time.monotonic() > deadline:
+                raise SystemExit(f"plain vLLM servers on cores {sorted(waiting)} did not answer "
+                                 f"in {STARTUP_TIMEOUT_S:g} s (logs in {logs})")  # fmt: skip
+            time.sleep(1.0)
+        yield urls
+    finally:
+        for proc in procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def profile_command(url: str, served: str, model: Path, out: Path, core: int, s: Any) -> list[str]:
+    """``prfaas profile --endpoint`` of the server on ``core``: the torch profiles' grid, the
+    cached points shortened to fit the context (``--cached-tokens`` + the longest new prompt)."""
+    longest = max(s.profile_new_tokens)
+    cached = [c for c in s.profile_cached_tokens if c + longest < MAX_MODEL_LEN]
+    memory = KV_CACHE_GIB * (1 << 30)
+    return [
+        sys.executable, "-m", "prfaas.cli", "profile", "--endpoint", url, "--model", served,
+        "--model-spec", str(model), "-o", str(out), "--hardware", f"cpu-core{core}",
+        "--memory-bytes", str(memory), "--repeats", str(s.profile_repeats),
+        "--new-tokens", *map(str, s.profile_new_tokens),
+        "--cached-tokens", *map(str, cached or [0]),
+        "--batch-sizes", *map(str, s.profile_batches),
+        "--contexts", *map(str, s.profile_contexts),
+    ]  # fmt: skip
+
+
+def profile_cores(model: Path, served: str, outs: dict[int, Path], s: Any, say: Any) -> None:
+    """Each core's plain server profiled, both at once (the profile clients unpinned)."""
+    todo = {core: out for core, out in outs.items() if not out.is_file()}
+    if not todo:
+        return
+    say(f"starting plain vLLM servers on cores {sorted(todo)} for the profiles")
+    with plain_servers(model, served, sorted(todo), s.workdir) as urls:
+        procs = {
+            core: subprocess.Popen(profile_command(urls[core], served, model, out, core, s),
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for core, out in todo.items()
+        }  # fmt: skip
+        failed = []
+        try:
+            for core, proc in procs.items():
+                stdout, stderr = proc.communicate(timeout=3600)
+                if proc.returncode != 0:
+                    failed.append(f"core {core} ({proc.returncode}):\n{stderr[-2000:]}")
+                for line in stdout.splitlines():
+                    say(f"  core {core}: {line.strip()}")
+        finally:
+            for proc in procs.values():
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+    if failed:
+        raise SystemExit("prfaas profile --endpoint failed on " + "\n".join(failed))
+
+
+def engine_section(model: Path, served: str) -> dict[str, Any]:
+    return {
+        "kind": "vllm", "model": served, "model_path": str(model), "dtype": "float32",
+        "vllm": {"max_model_len": MAX_MODEL_LEN, "kv_cache_space_gib": KV_CACHE_GIB,
+                 "startup_timeout_s": STARTUP_TIMEOUT_S},
+    }  # fmt: skip
+
+
+def site_engine(core: int) -> dict[str, Any]:
+    return {"vllm": {"cpu_bind": str(core)}}
+
+
+def simulation_section() -> dict[str, Any]:
+    """The simulator as the file's engine kind runs it: vLLM's own prefill batching (the kind's
+    default token budget) and prefix cache (its KV cache)."""
+    return {"prefix_cache": True, "cache_bytes_per_node": KV_CACHE_GIB * (1 << 30),
+            "tune": False, "drain_s": 3600}  # fmt: skip
+
+
+def tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and every live descendant (all their threads)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    cpu: dict[int, float] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone since the listing
+        p = int(entry.name)
+        children.setdefault(int(fields[1]), []).append(p)
+        cpu[p] = (int(fields[11]) + int(fields[12])) / tick
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        total += cpu.get(p, 0.0)
+        todo += children.get(p, [])
+    return total
