@@ -4,10 +4,10 @@
   8,192 positions (the lognormal shape's prompts reach 6,000 tokens).
 - The profiles: per core, a plain vLLM OpenAI server of the same model (no PrfaasConnector, the
   deployment's other flags the same) pinned to that core as the deployment's server will be
-  (``taskset`` and ``VLLM_CPU_OMP_THREADS_BIND``), measured by ``prfaas profile --endpoint``
-  (issue 20 item 4). Both cores at once, as the torch profiles are. TTFT and ITL are what a
-  client sees of that server (its HTTP included); no plumbing term is measured this way, so the
-  simulator charges none (the profile says so).
+  (its process tree's affinity and ``VLLM_CPU_OMP_THREADS_BIND``: ``testbed.vllm_servers``),
+  measured by ``prfaas profile --endpoint`` (issue 20 item 4). Both cores at once, as the torch
+  profiles are. TTFT and ITL are what a client sees of that server (its HTTP included); no
+  plumbing term is measured this way, so the simulator charges none (the profile says so).
 - The deployment: ``engine.kind: vllm``, one server per site (the PD site's prefill and decode
   nodes share its server, as ``examples/vllm-tiny.yaml``), each site's server on its core
   (``cpu_bind``), the gateway pinned to the PrfaaS core as with torch nodes.
@@ -19,23 +19,18 @@ Not importable as ``prfaas``: a bench script's helper, loaded by path from fidel
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 MAX_MODEL_LEN = 8192
 KV_CACHE_GIB = 1
-"""Each server's KV cache (``VLLM_CPU_KVCACHE_SPACE``): 1 GiB holds 500K tokens of the tiny
-llama (2 KiB a token), far above any run's."""
+"""Each server's KV cache (``VLLM_CPU_KVCACHE_SPACE``, the plain servers' too:
+``testbed.vllm_servers.vllm_env``): 1 GiB holds 500K tokens of the tiny llama (2 KiB a token),
+far above any run's."""
 STARTUP_TIMEOUT_S = 300.0
 PROCESSES = ("prfaas", "pd")
 """The launcher's node processes: one sidecar (and vLLM server) per site, named by the site."""
@@ -53,77 +48,16 @@ def make_model(out: Path) -> Path:
     return make_tiny("llama", out, overrides=overrides, **({"dtype": dtype} if dtype else {}))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def plain_server(model: Path, served: str, core: int, logs: Path) -> Any:
+    """A plain vLLM OpenAI server of ``model`` on ``core`` (its whole process tree pinned): the
+    flags the deployment's sidecar gives its server (``serve/vllm/server.server_spec``) less the
+    connector and the KV events."""
+    from prfaas.testbed import vllm_servers
 
-
-def server_argv(model: Path, served: str, port: int) -> list[str]:
-    """A plain vLLM OpenAI server of ``model``: the flags the deployment's sidecar gives its
-    server (``serve/vllm/server.server_spec``) less the connector and the KV events."""
-    from prfaas.deployment_sections import default_vllm_python
-
-    return [
-        default_vllm_python(), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model), "--served-model-name", served, "--dtype", "float32",
-        "--max-model-len", str(MAX_MODEL_LEN), "--host", "127.0.0.1", "--port", str(port),
-        "--enable-prompt-tokens-details",
-    ]  # fmt: skip
-
-
-@contextlib.contextmanager
-def plain_servers(
-    model: Path, served: str, cores: Sequence[int], logs: Path
-) -> Iterator[dict[int, str]]:
-    """One plain vLLM server per core in ``cores``, started together and pinned there; yields
-    core -> base URL once every one answers ``/health``; stops each whole process group after."""
-    from prfaas.serve.process_group import die_with_parent
-
-    procs: dict[int, subprocess.Popen[bytes]] = {}
-    urls: dict[int, str] = {}
-    try:
-        for core in cores:
-            port = _free_port()
-            env = {
-                **os.environ, "VLLM_CPU_OMP_THREADS_BIND": str(core),
-                "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB), "PYTHONUNBUFFERED": "1",
-            }  # fmt: skip
-            log = (logs / f"plain-vllm-core{core}.log").open("wb")
-            procs[core] = subprocess.Popen(
-                ["taskset", "-c", str(core), *server_argv(model, served, port)],
-                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                preexec_fn=die_with_parent,
-            )  # fmt: skip
-            log.close()
-            urls[core] = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        waiting = dict(urls)
-        while waiting:
-            for core, url in list(waiting.items()):
-                if procs[core].poll() is not None:
-                    log = logs / f"plain-vllm-core{core}.log"
-                    raise SystemExit(f"the plain vLLM server on core {core} exited "
-                                     f"({procs[core].returncode}): see {log}")  # fmt: skip
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(f"{url}/health", timeout=2, trust_env=False).status_code == 200:
-                        del waiting[core]
-            if waiting and time.monotonic() > deadline:
-                raise SystemExit(f"plain vLLM servers on cores {sorted(waiting)} did not answer "
-                                 f"in {STARTUP_TIMEOUT_S:g} s (logs in {logs})")  # fmt: skip
-            time.sleep(1.0)
-        yield urls
-    finally:
-        for proc in procs.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs.values():
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    return vllm_servers.start(
+        f"plain-vllm-core{core}", model, core, logs, max_model_len=MAX_MODEL_LEN, served=served,
+        extra_args=("--enable-prompt-tokens-details",), pin=True,
+    )  # fmt: skip
 
 
 def profile_command(url: str, served: str, model: Path, out: Path, core: int, s: Any) -> list[str]:
@@ -148,8 +82,12 @@ def profile_cores(model: Path, served: str, outs: dict[int, Path], s: Any, say: 
     todo = {core: out for core, out in outs.items() if not out.is_file()}
     if not todo:
         return
+    from prfaas.testbed import vllm_servers
+
     say(f"starting plain vLLM servers on cores {sorted(todo)} for the profiles")
-    with plain_servers(model, served, sorted(todo), s.workdir) as urls:
+    starts = [functools.partial(plain_server, model, served, core, s.workdir) for core in todo]
+    with vllm_servers.running(starts, STARTUP_TIMEOUT_S) as servers:
+        urls = {core: server.url for core, server in zip(todo, servers, strict=True)}
         procs = {
             core: subprocess.Popen(profile_command(urls[core], served, model, out, core, s),
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -119,10 +119,11 @@ def vllm_argv(
     kv_config: Mapping[str, Any] | None = None,
     extra_args: Sequence[str] = (),
     python: str | None = None,
+    served: str = SERVED_MODEL,
 ) -> list[str]:
     argv = [
         python or default_vllm_python(), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model), "--served-model-name", SERVED_MODEL, "--dtype", dtype,
+        "--model", str(model), "--served-model-name", served, "--dtype", dtype,
         "--max-model-len", str(max_model_len), "--host", host, "--port", str(port),
     ]  # fmt: skip
     if kv_config is not None:
@@ -197,10 +198,13 @@ def start(
     psk: str | None = None,
     pace_gbps: float | None = None,
     max_model_len: int = 2048,
+    served: str = SERVED_MODEL,
+    pin: bool = False,
 ) -> ServerProcess:
-    """One server on 127.0.0.1 with its OpenMP threads on ``core``; with ``psk`` it runs
-    ``PrfaasConnector`` (receiver on a free port, agent socket in ``log_dir``, cross-site sends
-    paced at ``pace_gbps``)."""
+    """One server on 127.0.0.1 with its OpenMP threads on ``core`` (``pin``: its whole process
+    tree, as a deployment's ``cpu_bind`` does); with ``psk`` it runs ``PrfaasConnector``
+    (receiver on a free port, agent socket in ``log_dir``, cross-site sends paced at
+    ``pace_gbps``)."""
     host, port = "127.0.0.1", free_port()
     agent, kv_port, kv_config = "", 0, None
     if psk is not None:
@@ -214,9 +218,10 @@ def start(
         max_model_len=max_model_len,
         kv_config=kv_config,
         extra_args=extra_args,
+        served=served,
     )
     log = log_dir / f"{name}.log"
-    proc = launch(argv, vllm_env(core, psk, **(extra_env or {})), log)
+    proc = launch(argv, vllm_env(core, psk, **(extra_env or {})), log, core if pin else None)
     return ServerProcess(name, host, port, proc, log, agent, kv_port)
 
 
