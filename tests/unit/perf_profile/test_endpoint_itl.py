@@ -1,12 +1,12 @@
 """How `prfaas profile --endpoint` reads a decode step from concurrent streams
-(`commands.profile._itl_round`): only while every stream decodes, not while the server still
-prefills the later ones (scripted streams, no server, no clock asserted)."""
+(`commands.profile_endpoint._itl_round`): only while every stream decodes, not while the server
+still prefills the later ones (scripted streams, no server, no clock asserted)."""
 
 from __future__ import annotations
 
 import pytest
 
-from prfaas.commands.profile import _itl_round
+from prfaas.commands.profile_endpoint import _itl_round
 from prfaas.errors import UsageError
 
 pytestmark = pytest.mark.timeout(10)
