@@ -195,11 +195,30 @@ def profile_command(model: Path, out: Path, core: int, s: Settings) -> list[str]
     ]  # fmt: skip
 
 
+def wait_profiles(procs: dict[int, subprocess.Popen[str]]) -> list[str]:
+    """Each core's profile process waited for, its output said; the failures, named by core.
+    Interrupted (SIGTERM, a timeout): none is left running."""
+    failed = []
+    try:
+        for core, proc in procs.items():
+            stdout, stderr = proc.communicate(timeout=3600)
+            if proc.returncode != 0:
+                failed.append(f"core {core} ({proc.returncode}):\n{stderr[-2000:]}")
+            for line in stdout.splitlines():
+                say(f"  core {core}: {line.strip()}")
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return failed
+
+
 def profile_cores(model: Path, outs: dict[int, Path], s: Settings) -> None:
     """Profile each core at once, each in its own pinned process: as in the live runs, both
     cores are busy together (shared caches and memory bandwidth), and it takes half the time."""
     if s.engine == "vllm":
-        _vllm().profile_cores(model, MODEL_NAME, outs, s, say)
+        _vllm().profile_cores(model, MODEL_NAME, outs, s, say, wait_profiles)
         return
     env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     procs = {}
@@ -220,19 +239,7 @@ def profile_cores(model: Path, outs: dict[int, Path], s: Settings) -> None:
 
     start_wall = time.perf_counter()
     start_cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
-    failed = []
-    try:
-        for core, proc in procs.items():
-            stdout, stderr = proc.communicate(timeout=3600)
-            if proc.returncode != 0:
-                failed.append(f"core {core} ({proc.returncode}):\n{stderr[-2000:]}")
-            for line in stdout.splitlines():
-                say(f"  core {core}: {line.strip()}")
-    finally:  # interrupted (SIGTERM, a timeout): no profile is left running
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    failed = wait_profiles(procs)
     if procs:
         end = resource.getrusage(resource.RUSAGE_CHILDREN)
         used = end.ru_utime + end.ru_stime - start_cpu.ru_utime - start_cpu.ru_stime

@@ -77,8 +77,11 @@ def profile_command(url: str, served: str, model: Path, out: Path, core: int, s:
     ]  # fmt: skip
 
 
-def profile_cores(model: Path, served: str, outs: dict[int, Path], s: Any, say: Any) -> None:
-    """Each core's plain server profiled, both at once (the profile clients unpinned)."""
+def profile_cores(
+    model: Path, served: str, outs: dict[int, Path], s: Any, say: Any, wait: Any
+) -> None:
+    """Each core's plain server profiled, both at once (the profile clients unpinned; ``wait``:
+    fidelity.py's ``wait_profiles``)."""
     todo = {core: out for core, out in outs.items() if not out.is_file()}
     if not todo:
         return
@@ -93,19 +96,7 @@ def profile_cores(model: Path, served: str, outs: dict[int, Path], s: Any, say: 
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for core, out in todo.items()
         }  # fmt: skip
-        failed = []
-        try:
-            for core, proc in procs.items():
-                stdout, stderr = proc.communicate(timeout=3600)
-                if proc.returncode != 0:
-                    failed.append(f"core {core} ({proc.returncode}):\n{stderr[-2000:]}")
-                for line in stdout.splitlines():
-                    say(f"  core {core}: {line.strip()}")
-        finally:
-            for proc in procs.values():
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+        failed = wait(procs)
     if failed:
         raise SystemExit("prfaas profile --endpoint failed on " + "\n".join(failed))
 
