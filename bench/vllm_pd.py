@@ -68,6 +68,7 @@ import httpx
 
 from prfaas.integrations.vllm.trace import TRACE_ENV, Trace
 from prfaas.netlab.netns import TwoSiteTestbed, unavailable_reason
+from prfaas.serve.vllm.server import RPC_DIR_ENV
 from prfaas.testbed import vllm_servers as V
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,6 +147,8 @@ def start_server(
     host = tb.ip_a if site == "a" else tb.ip_b
     port = V.free_port()
     trace = {TRACE_ENV: str(tmp / f"trace-{config}.jsonl")}  # the connector's timestamped events
+    rpc = V.rpc_folder()  # vLLM's IPC sockets, removed with the server (V.stop)
+    trace[RPC_DIR_ENV] = str(rpc)
     env = V.vllm_env(core, PSK if config == "prfaas" else None, **trace)
     kv_cfg: dict[str, Any] | None = None
     agent, kv_port = "", 0
@@ -179,7 +182,7 @@ def start_server(
     log = tmp / f"{config}-{name}.log"
     proc = V.launch(tb.netns_argv(site, argv), env, log, core if pin_tree else None)
     near = netns_thread(tb.ns_a) if site == "a" else None
-    return Server(name, host, port, proc, log, agent, kv_port, near)
+    return Server(name, host, port, proc, log, agent, kv_port, rpc_dir=rpc, near=near)
 
 
 def netns_thread(ns: str) -> ThreadPoolExecutor:

@@ -66,3 +66,13 @@ def test_vllm_loads_and_answers(arch: str, servers: dict[str, V.ServerProcess]) 
     answer = httpx.post(servers[arch].url + "/v1/completions", json=body, timeout=60.0)
     assert answer.status_code == 200, answer.text
     assert len(answer.json()["choices"][0]["token_ids"]) == 4
+
+
+def test_vllm_puts_its_ipc_sockets_in_the_servers_own_folder(
+    servers: dict[str, V.ServerProcess],
+) -> None:
+    """VLLM_RPC_BASE_PATH is honoured: the sockets vLLM never removes are in the folder
+    ``V.stop`` removes, not in /tmp (where one ``make test`` once left 77)."""
+    for server in servers.values():
+        assert server.rpc_dir is not None
+        assert any(p.is_socket() for p in server.rpc_dir.iterdir()), server.name

@@ -247,6 +247,40 @@ def test_a_long_chunked_prompt_remote_matches_local(live: Launcher, long_prompt:
     assert len(remote) == MAX_TOKENS and remote == local
 
 
+def test_a_clients_seed_on_a_long_sampled_prompt_harms_no_cpu_server(
+    live: Launcher, long_prompt: str
+) -> None:
+    """vLLM's CPU build kills its engine on a seeded sampled prompt prefilled in chunks (here 4
+    of CHUNK_TOKENS; docs/vllm.md, Seeds), and every request it holds with it: the sidecars
+    leave such a seed out, so the request completes at its first attempt on both routes and no
+    server restarts."""
+    client = _client(live)
+    starts = {n: _vllm_of(live, n)["starts"] for n in ("pf0", "d0")}
+
+    def sampled(first_word: str) -> dict[str, Any]:
+        # a prompt of its own: no server holds its prefix, so it is prefilled whole, in chunks
+        assert long_prompt.startswith("the ")
+        prompt = first_word + long_prompt[3:]
+        before = len(live.routes())
+        r = client.completions.create(
+            model="tiny", prompt=prompt, max_tokens=MAX_TOKENS, temperature=1.0, seed=1234,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        assert r.usage.completion_tokens == MAX_TOKENS
+        return _last_route(live, before)
+
+    route = sampled("dog")
+    assert route["offloaded"] and route["attempts"] == 1, route
+    live.control.drain("pf0")  # the PD site's own server prefills it, in chunks
+    try:
+        route = sampled("fox")
+    finally:
+        live.control.resume("pf0")
+    assert not route["offloaded"] and route["attempts"] == 1, route
+    time.sleep(2)  # a dead server is noticed within the sidecar's 1 s look
+    assert {n: _vllm_of(live, n)["starts"] for n in starts} == starts
+
+
 def test_a_killed_prfaas_server_mid_request_completes_locally_and_comes_back(
     live: Launcher, prompts: tuple[str, str]
 ) -> None:

@@ -35,7 +35,9 @@ def _fake(name: str, tmp: Path, mode: str = "serve") -> V.ServerProcess:
     port = V.free_port()
     log = tmp / f"{name}.log"
     proc = V.launch([sys.executable, "-c", FAKE, str(port), mode], {}, log)
-    return V.ServerProcess(name, "127.0.0.1", port, proc, log)
+    rpc = V.rpc_folder()
+    (rpc / "0b1e4a52-9f6e-4c2a-8d57-3f0c7f1d2e11").touch()  # what vLLM leaves there
+    return V.ServerProcess(name, "127.0.0.1", port, proc, log, rpc_dir=rpc)
 
 
 def test_running_waits_for_all_and_stops_them(tmp_path: Path) -> None:
@@ -43,7 +45,9 @@ def test_running_waits_for_all_and_stops_them(tmp_path: Path) -> None:
     with V.running(starts, 30) as servers:
         assert [s.name for s in servers] == ["a", "b"]
         assert all(s.proc.poll() is None for s in servers)
+        assert all(s.rpc_dir is not None and s.rpc_dir.is_dir() for s in servers)
     assert all(s.proc.returncode is not None for s in servers)
+    assert not any(s.rpc_dir is not None and s.rpc_dir.exists() for s in servers)
 
 
 def test_a_server_that_dies_is_named_with_its_log_and_the_others_stopped(tmp_path: Path) -> None:

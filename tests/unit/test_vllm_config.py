@@ -134,7 +134,9 @@ def test_the_server_command_line_follows_the_contract(tmp_path: Path) -> None:
         listen_host="10.0.0.2", listen_port=7001, agent_socket="/run/x/agent.sock",
         kv_budget_mib=512, pace_gbps=0.5, link_gbps=10.0, link="pf->pd",
     )  # fmt: skip
-    spec = server_spec(eng, settings, host="127.0.0.1", port=9100, psk=PSK, owner="o")
+    spec = server_spec(
+        eng, settings, host="127.0.0.1", port=9100, psk=PSK, owner="o", rpc_dir=tmp_path / "rpc"
+    )
     argv = list(spec.argv)
     assert argv[:3] == [str(exe), "-m", "vllm.entrypoints.openai.api_server"]
     flag = {a: argv[i + 1] for i, a in enumerate(argv[:-1]) if a.startswith("--")}
@@ -157,6 +159,7 @@ def test_the_server_command_line_follows_the_contract(tmp_path: Path) -> None:
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert env[PSK_ENV] == PSK and env[OWNER_ENV] == "o" and env["PATH"] == "/bin"
     assert env["PYTHONUNBUFFERED"] == "1"
+    assert env["VLLM_RPC_BASE_PATH"] == str(tmp_path / "rpc")  # not /tmp, where they would stay
     assert not any(PSK in a for a in argv), "the key must never be on the command line"
     assert spec.cpus == frozenset({1})  # the whole server tree is pinned, not only OpenMP
 

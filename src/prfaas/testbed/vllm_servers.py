@@ -19,6 +19,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ import httpx
 from prfaas.deployment_sections import default_vllm_python
 from prfaas.integrations.vllm.settings import ConnectorSettings
 from prfaas.serve.process_group import ChildGroup, terminate
-from prfaas.serve.vllm.server import PSK_ENV, kv_transfer_config
+from prfaas.serve.vllm.server import PSK_ENV, RPC_DIR_ENV, kv_transfer_config
 
 SERVED_MODEL = "tiny"
 STOP_GRACE_S = 30.0
@@ -143,6 +144,13 @@ def vllm_env(core: int, psk: str | None = None, **extra: str) -> dict[str, str]:
     return env
 
 
+def rpc_folder() -> Path:
+    """A private folder for one server's IPC sockets (``RPC_DIR_ENV``: vLLM leaves them behind
+    in ``/tmp`` otherwise), removed by ``stop``. Under the temporary folder, not the log folder:
+    a socket's path must stay under 108 bytes."""
+    return Path(tempfile.mkdtemp(prefix="prfaas-vllm-rpc-"))
+
+
 def launch(
     argv: Sequence[str], env: Mapping[str, str], log: Path, pin_core: int | None = None
 ) -> subprocess.Popen[bytes]:
@@ -171,6 +179,8 @@ class ServerProcess:
     """The connector's agent socket ("" without PrfaasConnector)."""
     kv_port: int = 0
     """The connector's receiver port."""
+    rpc_dir: Path | None = None
+    """Its ``rpc_folder`` (None: vLLM's default, ``/tmp``), removed by ``stop``."""
 
     @property
     def url(self) -> str:
@@ -221,8 +231,14 @@ def start(
         served=served,
     )
     log = log_dir / f"{name}.log"
-    proc = launch(argv, vllm_env(core, psk, **(extra_env or {})), log, core if pin else None)
-    return ServerProcess(name, host, port, proc, log, agent, kv_port)
+    rpc = rpc_folder()
+    env = vllm_env(core, psk, **{RPC_DIR_ENV: str(rpc)}, **(extra_env or {}))
+    try:
+        proc = launch(argv, env, log, core if pin else None)
+    except BaseException:
+        shutil.rmtree(rpc, ignore_errors=True)
+        raise
+    return ServerProcess(name, host, port, proc, log, agent, kv_port, rpc)
 
 
 class Running(Protocol):
@@ -231,14 +247,18 @@ class Running(Protocol):
     name: str
     proc: subprocess.Popen[bytes]
     log: Path
+    rpc_dir: Path | None
 
     @property
     def url(self) -> str: ...
 
 
 def stop(server: Running, grace_s: float = STOP_GRACE_S) -> None:
-    """SIGTERM the server's group, SIGKILL what is left after ``grace_s``, reap it."""
+    """SIGTERM the server's group, SIGKILL what is left after ``grace_s``, reap it; remove its
+    ``rpc_dir`` with the sockets vLLM left there."""
     terminate([ChildGroup(server.proc)], grace_s)
+    if server.rpc_dir is not None:
+        shutil.rmtree(server.rpc_dir, ignore_errors=True)
 
 
 def wait_healthy(servers: Sequence[Running], timeout_s: float) -> None:

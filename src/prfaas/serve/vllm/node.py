@@ -60,16 +60,24 @@ class VllmEndpoint:
         self.cached_tokens: Callable[[Sequence[int], int], int] = lambda hashes, n: 0
         """The prefix of a prompt (its block hashes, its length) the server's cache holds, per
         its KV cache events (``serve/vllm/kv_events.py``; 0 without them)."""
+        self.seeded_sampling = True
+        """Whether a sampled request may carry its seed to the server: not to vLLM's CPU build,
+        whose engine dies on a seeded sampled prompt prefilled in several chunks (its CPU
+        generator has no offset to rewind: docs/vllm.md "Seeds"), taking every request it holds
+        with it. There the seed is dropped, as OpenAI's ``seed`` allows (best effort)."""
 
 
-def sampling_body(s: SamplingMsg) -> dict[str, Any]:
-    """The client's sampling parameters in vLLM's completion fields."""
+def sampling_body(s: SamplingMsg, seeded_sampling: bool = True) -> dict[str, Any]:
+    """The client's sampling parameters in vLLM's completion fields; a sampled request's seed
+    left out where ``seeded_sampling`` is off (``VllmEndpoint.seeded_sampling``). Greedy ones
+    keep it: nothing is drawn from their generator."""
+    drop_seed = not seeded_sampling and s.temperature > 0
     return {
         "max_tokens": s.max_new_tokens,
         "temperature": s.temperature,
         "top_p": s.top_p,
         "top_k": s.top_k,
-        "seed": s.seed,
+        "seed": None if drop_seed else s.seed,
         "stop_token_ids": s.stop_token_ids,
         "ignore_eos": s.ignore_eos,
         "min_tokens": s.min_tokens,
@@ -238,7 +246,7 @@ class VllmNode:
             "prompt": list(unpack_tokens(cmd.prompt_tokens)),
             "stream": True,
             "return_token_ids": True,
-            **sampling_body(cmd.sampling),
+            **sampling_body(cmd.sampling, self.server.seeded_sampling),
         }
         if not local:
             body["kv_transfer_params"] = {

