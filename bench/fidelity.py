@@ -66,6 +66,11 @@ MODEL_OVERRIDES: dict[str, Any] = {"max_position_embeddings": 16384}
 """Over ``make_tiny``'s Qwen3-Next (hidden 64, 4 layers, 3 linear : 1 full): longer contexts."""
 BLOCK_TOKENS = 512
 """The trace's block size (a hash id is 512 tokens), the gateway's and the simulator's."""
+VLLM_BLOCK_TOKENS = 128
+"""With ``--engine vllm``: vLLM's own prefix-cache block on CPU (``platforms/cpu.py`` of 0.32.0
+sets 128 where the command line gives none), the deployment's ``engine.block_tokens`` and the
+workload's hash-id size. At 512, live reused every 128-token block of a turn's earlier prompt
+while the simulator, counting whole 512-token blocks, recomputed up to 511 tokens more a turn."""
 PROFILE_SEED = 7919
 """Random prompt ids of the profile runs: unrelated to the runs' prompts (PromptSynth seed 0)."""
 PRFAAS_CORE, PD_CORE = 1, 0
@@ -119,6 +124,12 @@ class Settings:
     profiling; the two sites then share one profile, as if both cores were alike)."""
     scenarios: tuple[str, ...] = ("trace", "burst")
     engine: str = "torch"
+
+    @property
+    def block_tokens(self) -> int:
+        """The workload's and the deployment's block (the engine's prefix-cache block)."""
+        return VLLM_BLOCK_TOKENS if self.engine == "vllm" else BLOCK_TOKENS
+
     """The nodes: ``torch`` (engine.torch, profiled in-process) or ``vllm`` (vLLM servers,
     profiled with ``prfaas profile --endpoint``: bench/fidelity_vllm.py)."""
 
@@ -258,7 +269,7 @@ def profile_cores(model: Path, outs: dict[int, Path], s: Settings) -> None:
 def deployment_dict(model: Path, threshold_tokens: int, s: Settings) -> dict[str, Any]:
     vllm = s.engine == "vllm"
     return {
-        "engine": _vllm().engine_section(model, MODEL_NAME) if vllm else {
+        "engine": _vllm().engine_section(model, MODEL_NAME, s.block_tokens) if vllm else {
             "kind": "torch", "model": MODEL_NAME, "model_path": str(model),
             "block_tokens": BLOCK_TOKENS, "checkpoint_every_blocks": 1, "threads": 1,
             "prefix_store_mib": 256, "kv_budget_mib": 1024,
@@ -635,7 +646,8 @@ def drive_live(
                      sp.block_hashes)
         for sp in specs
     ]  # fmt: skip
-    synth = PromptSynth(seed=prompt_seed, vocab_size=256)
+    block = launcher.deployment.engine.block_tokens
+    synth = PromptSynth(seed=prompt_seed, vocab_size=256, block_tokens=block)
     vllm = launcher.deployment.engine.kind == "vllm"
     measured = (*_vllm().PROCESSES, "gateway") if vllm else MEASURED
     read_cpu = _vllm().tree_cpu_s if vllm else cpu_s  # a sidecar's server is its descendant
@@ -874,7 +886,9 @@ def output_tokens(rng: random.Random, mean: int) -> int:
     return rng.randint(max(1, mean // 3), max(1, 5 * mean // 3))
 
 
-def session_specs(seed: int, n: int, mean_output: int) -> list[Any]:
+def session_specs(
+    seed: int, n: int, mean_output: int, block_tokens: int = BLOCK_TOKENS
+) -> list[Any]:
     """Multi-turn sessions sharing their prefixes: each turn's prompt extends the last one's
     (prompts 50-3,000 tokens); sessions start as a Poisson process of 1/s, turns follow 0.5-3 s
     apart (the whole list is rescaled per rate, order kept)."""
@@ -889,7 +903,7 @@ def session_specs(seed: int, n: int, mean_output: int) -> list[Any]:
         length = int(min(1500, max(50, rng.lognormvariate(math.log(400), 0.8))))
         at = t
         for _turn in range(rng.randint(1, 5)):
-            blocks = tuple(base + k for k in range(-(-length // BLOCK_TOKENS)))
+            blocks = tuple(base + k for k in range(-(-length // block_tokens)))
             items.append((at, length, output_tokens(rng, mean_output), blocks))
             at += rng.uniform(0.5, 3.0)
             length = min(3000, length + rng.randint(60, 600))
@@ -1068,7 +1082,11 @@ def score_seed(
     shape: str, seed: int, deployment: Path, s: Settings, args: argparse.Namespace,
     runs: Any,
 ) -> dict[str, Any]:  # fmt: skip
-    gen = session_specs if shape == "sessions" else lognormal_specs
+    def gen(seed: int, n: int, mean_output: int) -> list[Any]:
+        if shape == "sessions":
+            return session_specs(seed, n, mean_output, s.block_tokens)
+        return lognormal_specs(seed, n, mean_output)
+
     specs = gen(seed, args.requests, args.mean_output)
 
     def live(rate: float, label: str) -> list[Outcome]:

@@ -101,9 +101,11 @@ def profile_cores(
         raise SystemExit("prfaas profile --endpoint failed on " + "\n".join(failed))
 
 
-def engine_section(model: Path, served: str) -> dict[str, Any]:
+def engine_section(model: Path, served: str, block_tokens: int) -> dict[str, Any]:
+    """``block_tokens``: the server's own prefix-cache block (fidelity.VLLM_BLOCK_TOKENS)."""
     return {
         "kind": "vllm", "model": served, "model_path": str(model), "dtype": "float32",
+        "block_tokens": block_tokens,
         "vllm": {"max_model_len": MAX_MODEL_LEN, "kv_cache_space_gib": KV_CACHE_GIB,
                  "startup_timeout_s": STARTUP_TIMEOUT_S},
     }  # fmt: skip

@@ -88,7 +88,13 @@ def left_out_by_eqs(d: DeploymentConfig, sc: SimScenario) -> tuple[str, ...]:
     for site in sc.sites:
         if site.shared_cores is not None:
             demand = (site.num_prefill + site.num_decode) * site.threads_per_node
-            if demand > site.shared_cores:
+            if site.mixed_steps:
+                out.append(
+                    f"mixed steps: site {site.name}'s prefill and decode node are one engine "
+                    f"on {site.shared_cores} core(s), each step a prefill chunk and the decode "
+                    "batch; Eqs. 3-5 give each node its own machine"
+                )
+            elif demand > site.shared_cores:
                 out.append(
                     f"shared cores: site {site.name}'s {site.num_prefill + site.num_decode} "
                     f"nodes ({site.threads_per_node} thread(s) each) run on {site.shared_cores} "

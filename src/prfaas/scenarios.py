@@ -246,7 +246,14 @@ def _shared_cores(d: DeploymentConfig, site: str) -> dict[str, Any]:
     threads = eng.threads if eng.kind == "torch" else len(cores)
     gateway = d.gateway_cores()
     hosts = gateway is not None and gateway <= cores and _first_host(d, gateway) == site
-    return {"shared_cores": len(cores), "threads_per_node": threads, "hosts_gateway": hosts}
+    # `prfaas up` runs one vLLM server per vLLM site: its prefill and decode node are one
+    # engine, whose steps carry both (sim.processor, mixed steps).
+    config = next(s for s in d.sites if s.name == site)
+    mixed = eng.kind == "vllm" and _counts(config) == (1, 1)
+    return {
+        "shared_cores": len(cores), "threads_per_node": threads, "hosts_gateway": hosts,
+        "mixed_steps": mixed,
+    }  # fmt: skip
 
 
 def _first_host(d: DeploymentConfig, gateway: frozenset[int]) -> str | None:

@@ -152,6 +152,15 @@ class CostModel:
             self._decode_cache[batch_size] = parts
         return parts
 
+    def decode_step_fixed_s(self) -> float:
+        """The part of a decode step that grows with neither its batch nor its context (a
+        measured fit's ``base_s``; 0 from other profiles): what a step pays once when one engine
+        runs a prefill chunk and the decode batch in it (``sim.processor``, mixed steps)."""
+        decode = self.profile.decode if self.profile is not None else None
+        if isinstance(decode, DecodeFit):
+            return max(0.0, decode.base_s)
+        return 0.0
+
     def decode_step_s(self, batch_size: int, context_tokens: int) -> float:
         """One decode step for ``batch_size`` requests whose contexts sum to ``context_tokens``."""
         fixed_s, per_token_s = self._decode_parts(batch_size)

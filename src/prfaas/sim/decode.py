@@ -181,9 +181,15 @@ class DecodeStage:
         steps = members[0][0] - dec.step
         dec.tick_steps = steps
         shared = self._shared[dec.site]
-        factor = 1.0 if shared is None else shared.slowdown()
+        span_s = dec.cm.decode_span_s(b, dec.span_ctx, steps)
+        if shared is None:
+            factor = 1.0
+        elif shared.mixed_steps and steps > 0:
+            factor = shared.decode_slowdown(span_s / steps, dec.cm.decode_step_fixed_s())
+        else:
+            factor = shared.slowdown()
         dec.span_factor = factor
-        dec.tick_s = start_s + dec.cm.decode_span_s(b, dec.span_ctx, steps) * factor
+        dec.tick_s = start_s + span_s * factor
         dec.tick_version += 1
         heapq.heappush(
             self._heap, (dec.tick_s, _DECODE_TICK, next(self._seq), dec, dec.tick_version)

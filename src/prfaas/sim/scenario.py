@@ -48,6 +48,9 @@ class SimSite:
     """The gateway process is pinned to these shared cores (``gateway.cpus`` within the site's
     ``engine.cpus``): it takes its share of them (``SharedCores``); else it has a core of its
     own."""
+    mixed_steps: bool = False
+    """The site's one prefill and one decode node are one engine that runs both in each step
+    (a vLLM server: ``processor.SharedCores``, mixed steps); needs ``shared_cores``."""
     decode_pads_batch: bool = False
     """The decode nodes' engine pads a batch to its longest context (``engine.torch``: the
     batch's caches are left-padded into one), so a step costs what ``batch x longest`` context
@@ -133,6 +136,12 @@ class SimScenario:
                 raise ScenarioError(f"site {s.name}: a prfaas site has no decode nodes")
             if s.cache_bytes_per_node < 0:
                 raise ScenarioError(f"site {s.name}: negative cache size")
+            one_each = (s.num_prefill, s.num_decode) == (1, 1)
+            if s.mixed_steps and (s.shared_cores is None or not one_each):
+                raise ScenarioError(
+                    f"site {s.name}: mixed_steps needs shared_cores and one prefill and one "
+                    "decode node"
+                )
             if s.hosts_gateway and s.shared_cores is None:
                 raise ScenarioError(f"site {s.name}: hosts_gateway needs shared_cores")
             if (s.shared_cores is not None and s.shared_cores < 1) or s.threads_per_node < 1:

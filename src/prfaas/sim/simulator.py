@@ -341,21 +341,26 @@ class Simulator:
         now = w.now
         node.busy = True
         start = self._start_transfer
-        shared = w.shared[node.site]
-        if shared is not None and not continuing:  # the site's shared cores get busier
-            shared.busy += 1
-            self.decode.respan_site(node.site, now, node)
-        factor = 1.0 if shared is None else shared.slowdown()
-        if len(batch) == 1:  # most batches (no generator, no list: hot path)
-            req = batch[0]
-            work = req.work_s
-            duration = work * factor
-            handoffs: tuple[Handoff, ...] = (start(req, node, duration, now),)
+        if len(batch) == 1:  # most batches (no loop: hot path)
+            work = batch[0].work_s
         else:
             work = 0.0
             for req in batch:
                 work += req.work_s
-            duration = work * factor
+        shared = w.shared[node.site]
+        if shared is None:
+            factor = 1.0
+        else:
+            if shared.mixed_steps:  # the decode's steps now carry this batch's chunks
+                shared.chunk_s = work / self._prefill_steps(batch)
+            if not continuing or shared.mixed_steps:  # the site's shared cores get busier
+                shared.busy += 0 if continuing else 1
+                self.decode.respan_site(node.site, now, node)
+            factor = shared.prefill_slowdown()
+        duration = work * factor
+        if len(batch) == 1:
+            handoffs: tuple[Handoff, ...] = (start(batch[0], node, duration, now),)
+        else:
             handoffs = tuple([start(req, node, duration, now) for req in batch])
         node.busy_s += duration
         node.batch = handoffs
@@ -367,6 +372,14 @@ class Simulator:
             q.heap,
             (now + duration, _PREFILL_DONE, next(q.seq), node, handoffs),
         )
+
+    def _prefill_steps(self, batch: list[SimRequest]) -> int:
+        """The engine steps a batch's uncached tokens take at ``prefill_token_budget`` a step
+        (the chunks a mixed-step engine cuts it into)."""
+        tokens = 0
+        for req in batch:
+            tokens += req.num_prompt - req.num_cached
+        return max(1, -(-tokens // self.batcher.token_budget))
 
     def _start_transfer(
         self, req: SimRequest, node: PrefillNode, duration: float, now: float
@@ -399,7 +412,7 @@ class Simulator:
         the speed it started with: its link flow was paced by it (``_start_transfer``)."""
         shared = self.world.shared[site]
         assert shared is not None
-        factor = shared.slowdown()
+        factor = shared.prefill_slowdown()
         q = self._q
         for node in self.world.prefill_nodes_of(site):
             if node is changed or not node.busy or not node.batch_retimable:

@@ -114,7 +114,7 @@ class World:
         if site.shared_cores is None:
             return None
         overhead = self.node_cost_model(site.hardware).plumbing.shared_core_overhead
-        return SharedCores(site.shared_cores, site.threads_per_node, overhead)
+        return SharedCores(site.shared_cores, site.threads_per_node, overhead, site.mixed_steps)
 
     def pin_gateways(self, gateways: dict[int, GatewayCpu | None]) -> None:
         """Charge each home site's gateway (``gateway_cpu``) to the shared cores of the sites

@@ -52,8 +52,13 @@ class PromptSynth:
     seed: int = 0
     vocab_size: int = 256
     prompt_format: str = "tokens"
+    block_tokens: int = BLOCK_TOKENS
+    """Tokens one hash id stands for (the trace's 512; a workload of its own may use the
+    engine's prefix-cache block, so prompts share exactly what that cache can reuse)."""
 
     def __post_init__(self) -> None:
+        if self.block_tokens < 1:
+            raise ValueError(f"block_tokens must be >= 1, got {self.block_tokens}")
         if self.vocab_size < 2:
             raise ValueError(f"vocab_size must be >= 2, got {self.vocab_size}")
         if self.prompt_format not in PROMPT_FORMATS:
@@ -64,10 +69,11 @@ class PromptSynth:
     def token_ids(self, req: BenchRequest) -> list[int]:
         n = req.num_prompt_tokens
         parts: list[np.ndarray] = []
-        for h in req.block_hashes[: -(-n // BLOCK_TOKENS)]:
+        block = self.block_tokens
+        for h in req.block_hashes[: -(-n // block)]:
             rng = np.random.default_rng([self.seed, 0, h])
-            parts.append(rng.integers(0, self.vocab_size, BLOCK_TOKENS))
-        have = len(parts) * BLOCK_TOKENS
+            parts.append(rng.integers(0, self.vocab_size, block))
+        have = len(parts) * block
         if have < n:  # no (or too few) hash ids: tokens unique to this request
             rng = np.random.default_rng([self.seed, 1, req.index])
             parts.append(rng.integers(0, self.vocab_size, n - have))

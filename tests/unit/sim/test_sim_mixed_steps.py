@@ -1,0 +1,134 @@
+"""A vLLM site's prefill and decode node are one server whose steps carry both (``SharedCores``
+with ``mixed_steps``): while both compute, a decode step takes the prefill's chunk plus what its
+batch adds beyond the step's fixed part, and the prefill is slowed by that addition per chunk,
+instead of the two time-sharing the core as two processes would."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from prfaas.config import load_deployment
+from prfaas.perf.plumbing import PLUMBING_TERMS, PlumbingCosts
+from prfaas.perf.profile_file import (
+    DecodePoint,
+    DecodeSection,
+    HardwareSection,
+    ModelSection,
+    PrefillPoint,
+    PrefillSection,
+    ProfileFile,
+)
+from prfaas.perf.profile_write import dump_profile_file
+from prfaas.scenarios import sim_scenario
+from prfaas.sim import SimScenario, SimSite, Simulator
+from prfaas.sim.processor import SharedCores
+from prfaas.sim.scenario import ScenarioError
+from prfaas.spec import get_model
+from prfaas.workload import SimRequestSpec
+
+pytestmark = pytest.mark.timeout(60)
+
+BASE_S, PER_REQUEST_S = 0.008, 0.0005
+"""The decode fit's fixed part per step and per request of the batch."""
+BUDGET = 2048
+
+
+def test_both_computing_a_decode_step_carries_the_chunk_and_a_prefill_the_batch() -> None:
+    cores = SharedCores(1, mixed_steps=True)
+    cores.chunk_s = 0.080
+    cores.busy = 1  # the decode alone: its own speed, its addition recorded
+    assert cores.decode_slowdown(0.012, 0.008) == 1.0
+    assert cores.decode_extra_s == pytest.approx(0.004)
+    cores.busy = 2  # both: one server, not two processes on one core
+    assert cores.slowdown() == 1.0
+    assert cores.decode_slowdown(0.012, 0.008) == pytest.approx((0.080 + 0.004) / 0.012)
+    assert cores.prefill_slowdown() == pytest.approx(1 + 0.004 / 0.080)
+    # A fixed part the fit puts below zero is none; a chunk shorter than the step slows nothing.
+    assert cores.decode_slowdown(0.012, -0.001) == pytest.approx((0.080 + 0.012) / 0.012)
+    cores.chunk_s = 0.0
+    assert cores.decode_slowdown(0.012, 0.008) == 1.0
+    # Time-shared, as before: both at half speed.
+    plain = SharedCores(1)
+    plain.busy = 2
+    assert plain.prefill_slowdown() == plain.decode_slowdown(0.012, 0.008) == 2.0
+
+
+def _profile(tmp_path: Path) -> Path:
+    spec = get_model("paper-1t")
+    prefill = tuple(PrefillPoint(n, 0, 0.002 + 4e-5 * n) for n in (64, 512, 2048, 8192))
+    decode = tuple(
+        DecodePoint(b, ctx, BASE_S + PER_REQUEST_S * b) for b in (1, 4, 16) for ctx in (128, 4096)
+    )
+    none = PlumbingCosts(0, 0, 0, 0, 0, 0, 0, 0, missing=())
+    pf = ProfileFile(
+        ModelSection("tiny", spec.cache, 1e6, 1e6, 64, 4, 16, 4.0, 8192),
+        HardwareSection("cpu-test", 8e9),
+        PrefillSection("piecewise-linear", prefill),
+        DecodeSection("linear", points=decode),
+        (("source", "endpoint"),),
+        "test",
+        plumbing=none,
+        plumbing_how=tuple((n, "test") for n in PLUMBING_TERMS),
+    )
+    path = tmp_path / "cpu.yaml"
+    dump_profile_file(pf, path)
+    return path
+
+
+def _run(path: Path, mixed: bool, specs: list[SimRequestSpec]) -> dict[int, tuple[float, float]]:
+    site = SimSite("pd", "pd", str(path), 1, 1, shared_cores=1, mixed_steps=mixed)
+    sc = SimScenario(
+        sites=(site,), model="tiny", policy="local_only", prefix_cache=False,
+        local_fabric_gbps=1e9, duration_s=1e6, prefill_token_budget=BUDGET,
+    )  # fmt: skip
+    sim = Simulator(sc, iter(specs))
+    done: dict[int, tuple[float, float]] = {}
+    sim.on_finish = lambda req: done.__setitem__(req.index, (req.kv_ready_s, req.finish_s))
+    sim.run()
+    assert len(done) == len(specs)
+    return done
+
+
+def test_a_long_prefill_beside_a_decode_as_one_server_runs_them(tmp_path: Path) -> None:
+    """A request decoding 200 tokens, and a 6,144-token prompt (3 chunks of 2,048) arriving as
+    its decode starts: the decode's steps each wait for a chunk while the prefill lasts, the
+    prefill pays only the decode's addition per chunk; time-shared, both ran at half speed."""
+    path = _profile(tmp_path)
+    first = SimRequestSpec(0, 0.0, 256, 200)
+    alone = _run(path, False, [first])
+    kv_ready_s = alone[0][0]
+    long = SimRequestSpec(1, kv_ready_s, 6144, 1)
+    long_alone_s = _run(path, False, [SimRequestSpec(0, 0.0, 6144, 1)])[0][0]
+    mixed = _run(path, True, [first, long])
+    shared = _run(path, False, [first, long])
+    extra_s = PER_REQUEST_S  # a batch of one adds this to a step
+    chunk_s = long_alone_s / 3
+    # The prefill: its own work, each of its 3 chunks carrying the decode batch.
+    assert mixed[1][0] - kv_ready_s == pytest.approx(long_alone_s + 3 * extra_s, rel=0.01)
+    # The decode: three steps as long as a chunk (and its addition), the rest at its own speed;
+    # the step in progress when the prefill ends finishes at the speed it began with (the
+    # simulator re-times a decode at its step boundaries), so a fourth may be long too.
+    step_s = BASE_S + PER_REQUEST_S
+    longer_s = chunk_s + extra_s - step_s
+    decode_s = mixed[0][1] - kv_ready_s
+    decode_alone_s = alone[0][1] - kv_ready_s
+    assert decode_alone_s + 3 * longer_s - 1e-6 <= decode_s <= decode_alone_s + 4 * longer_s + 1e-6
+    # Time-shared, the server would have done the decode's whole steps and the prefill in turn.
+    assert shared[1][0] > mixed[1][0] and shared[0][1] - kv_ready_s < decode_s
+
+
+def test_a_vllm_file_with_one_prefill_and_one_decode_node_per_site_gets_mixed_steps(
+    tmp_path: Path,
+) -> None:
+    root = Path(__file__).resolve().parents[3]
+    d = load_deployment(root / "examples" / "vllm-tiny.yaml")
+    sites = {s.name: s for s in sim_scenario(d).sites}
+    pd = next(s for s in sites.values() if s.kind == "pd")
+    assert pd.mixed_steps and pd.shared_cores is not None
+    assert not any(s.mixed_steps for s in sites.values() if s.kind == "prfaas")
+    with pytest.raises(ScenarioError, match="mixed_steps needs shared_cores"):
+        SimScenario(
+            sites=(SimSite("pd", "pd", "h20", 2, 1, shared_cores=1, mixed_steps=True),)
+        ).validate()
