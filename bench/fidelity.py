@@ -510,7 +510,11 @@ def sim_work_s(deployment: Path, specs: Sequence[Any]) -> dict[str, float]:
     from prfaas.sim.simulator import Simulator
 
     sc = _scenario(deployment, deployment.stat().st_mtime_ns)
-    sites = tuple(replace(site, shared_cores=None, hosts_gateway=False) for site in sc.sites)
+    # (A vLLM site's mixed steps go too: its two nodes' own work, summed below for its server.)
+    sites = tuple(
+        replace(site, shared_cores=None, hosts_gateway=False, mixed_steps=False)
+        for site in sc.sites
+    )
     sc = replace(sc, sites=sites, duration_s=specs[-1].arrival_s + 1e-6, warmup_s=0.0)
     sim = Simulator(sc, iter(specs))
     sim.run()
