@@ -543,6 +543,9 @@ def run_sim(
     if NOPAD in plumbing_off:
         sc = replace(sc, sites=tuple(replace(x, decode_pads_batch=False) for x in sc.sites))
         plumbing_off = tuple(t for t in plumbing_off if t != NOPAD)
+    if TIMESHARED in plumbing_off:
+        sc = replace(sc, sites=tuple(replace(x, mixed_steps=False) for x in sc.sites))
+        plumbing_off = tuple(t for t in plumbing_off if t != TIMESHARED)
     sc = replace(sc, duration_s=specs[-1].arrival_s + 1e-6, warmup_s=0.0, plumbing_off=plumbing_off)
     sim = Simulator(sc, iter(specs))
     site_of_node = {str(n.node_id): str(n.site_id) for n in sim.world.nodes}
@@ -866,6 +869,9 @@ UNSPLIT = "unsplit"
 NOPAD = "nopad"
 """A pseudo-term in a variant: decode steps priced at the batch's summed context, not padded to
 its longest (``simulation.decode_pads_batch: false``)."""
+TIMESHARED = "timeshared"
+"""A pseudo-term in a variant: a vLLM site's prefill and decode node simulated as two processes
+time-sharing its cores, not one server's mixed steps (``SimSite.mixed_steps`` off)."""
 VARIANTS: dict[str, tuple[str, ...]] = {
     "all terms": (),
     "all terms, step charged per token": (UNSPLIT,),
@@ -878,11 +884,18 @@ VARIANTS: dict[str, tuple[str, ...]] = {
 to its per-token term, paid per request of a batch), from the same measurements."""
 
 
+VLLM_VARIANTS: dict[str, tuple[str, ...]] = {
+    "all terms": (),
+    "all terms, PD server time-shared": (TIMESHARED,),
+}
+"""For vLLM nodes: their profiles (``prfaas profile --endpoint``) measure no plumbing term, so
+every switch would simulate the same run; what differs is how the PD site's one server runs
+its two nodes (mixed steps, or two processes time-sharing the core as before 2026-12-06)."""
+
+
 def variants_of(deployment: Path) -> dict[str, tuple[str, ...]]:
-    """The variants worth simulating: every one, but only "all terms" for vLLM nodes (their
-    profiles, by ``prfaas profile --endpoint``, measure no plumbing term: every switch would
-    simulate the same run)."""
-    return {"all terms": ()} if _is_vllm(deployment) else VARIANTS
+    """The variants worth simulating for the file's engine."""
+    return VLLM_VARIANTS if _is_vllm(deployment) else VARIANTS
 
 
 def output_tokens(rng: random.Random, mean: int) -> int:
@@ -1067,19 +1080,86 @@ def load_point(
             "ttft_p50_ratio": _ratio(again["ttft_p50_s"], live["ttft_p50_s"]),
             "ttft_p90_ratio": _ratio(again["ttft_p90_s"], live["ttft_p90_s"]),
         }
+    simulate_load_point(out, deployment, specs, live_runs[0])
+    return out
+
+
+def simulate_load_point(
+    out: dict[str, Any], deployment: Path, specs: Sequence[Any], live: Sequence[Outcome]
+) -> None:
+    """A load point's simulated side, every variant, against its first live run ``live``:
+    ``out["variants"]`` and (all terms) ``out["per_request"]``."""
+    live_sum = out["live"]
     for name, off in variants_of(deployment).items():
         sim = run_sim(deployment, specs, off)
         if not off:  # all terms: each request on both sides, in the JSON
-            out["per_request"] = per_request(specs, live_runs[0], sim)
+            out["per_request"] = per_request(specs, live, sim)
         simmed = summarize(sim)
         out["variants"][name] = {
-            "ttft_p50_ratio": _ratio(simmed["ttft_p50_s"], live["ttft_p50_s"]),
-            "ttft_p90_ratio": _ratio(simmed["ttft_p90_s"], live["ttft_p90_s"]),
-            "per_request_error": per_request_error(sim, live_runs[0]),
-            "sim_optimistic": sim_optimistic(sim, live_runs[0]),
-            "route_agreement": route_agreement(live_runs[0], sim),
+            "ttft_p50_ratio": _ratio(simmed["ttft_p50_s"], live_sum["ttft_p50_s"]),
+            "ttft_p90_ratio": _ratio(simmed["ttft_p90_s"], live_sum["ttft_p90_s"]),
+            "per_request_error": per_request_error(sim, live),
+            "sim_optimistic": sim_optimistic(sim, live),
+            "route_agreement": route_agreement(live, sim),
         }
-    return out
+
+
+def simulate_burst_and_capacity(
+    row: dict[str, Any], deployment: Path, burst: Sequence[Any], cap_specs: Sequence[Any],
+    start_step: float, search: bool,
+) -> None:  # fmt: skip
+    """A row's simulated burst throughput and capacity, every variant: the same search as live,
+    from the simulator's own burst throughput (no live figure used)."""
+    for name, off in variants_of(deployment).items():
+        sim_burst = summarize(run_sim(deployment, burst, off))["throughput_rps"]
+        row["burst"]["sim_rps"][name] = sim_burst
+        sim_cap, sim_tried = one_rule_capacity(
+            lambda paced, off=off: run_sim(deployment, paced, off), cap_specs, sim_burst,
+            start_step, search,
+        )  # fmt: skip
+        row["capacity"]["sim_rps"][name] = sim_cap
+        row["capacity"]["sim_steps"][name] = sim_tried
+
+
+def workload_specs(shape: str, seed: int, n: int, mean_output: int, engine: str) -> list[Any]:
+    """A scored shape's requests (the sessions' blocks at the engine's prefix-cache block)."""
+    if shape == "sessions":
+        block = VLLM_BLOCK_TOKENS if engine == "vllm" else BLOCK_TOKENS
+        return session_specs(seed, n, mean_output, block)
+    return lognormal_specs(seed, n, mean_output)
+
+
+def resimulate(saved: dict[str, Any]) -> dict[str, Any]:
+    """A saved run's simulated side again with this code's simulator and variants, against the
+    live figures the run measured (each load point's first live run, per request): no live run.
+    Its profiles and deployment files must still be where the run wrote them."""
+    engine = saved.get("engine", "torch")
+    for row in saved["rows"]:
+        deployment = Path(row["deployment"])
+
+        def gen(n: int, row: dict[str, Any] = row) -> list[Any]:
+            return workload_specs(row["shape"], row["seed"], n, saved["mean_output"], engine)
+
+        say(f"{row['shape']} seed {row['seed']}: simulating again")
+        row["burst"]["sim_rps"] = {}
+        row["capacity"].update(sim_rps={}, sim_steps={})
+        cap_n = max(saved["requests"], saved["capacity_requests"])
+        simulate_burst_and_capacity(
+            row, deployment, at_rate(gen(saved["burst_requests"]), 1e6), gen(cap_n),
+            saved["start_step"], saved.get("capacity_search", True),
+        )  # fmt: skip
+        specs = gen(saved["requests"])
+        for pt in row["loads"].values():
+            pts = at_rate(specs, pt["rate_rps"])
+            live = [
+                Outcome(r["index"], r["live"]["ttft_s"] is not None, sp.arrival_s,
+                        r["live"]["ttft_s"], r["live"]["finish_s"], r["live"]["offloaded"], None,
+                        r["prompt_tokens"], r["live"]["cached"])
+                for r, sp in zip(pt["per_request"], pts, strict=True)
+            ]  # fmt: skip
+            pt["variants"] = {}
+            simulate_load_point(pt, deployment, pts, live)
+    return saved
 
 
 def score_seed(
@@ -1087,9 +1167,7 @@ def score_seed(
     runs: Any,
 ) -> dict[str, Any]:  # fmt: skip
     def gen(seed: int, n: int, mean_output: int) -> list[Any]:
-        if shape == "sessions":
-            return session_specs(seed, n, mean_output, s.block_tokens)
-        return lognormal_specs(seed, n, mean_output)
+        return workload_specs(shape, seed, n, mean_output, s.engine)
 
     specs = gen(seed, args.requests, args.mean_output)
 
@@ -1114,8 +1192,6 @@ def score_seed(
                            "burst": {"live_rps": live_burst, "sim_rps": {}}}  # fmt: skip
     row["burst"]["live_cpu_s"] = dict(LAST_LIVE_CPU_S)
     row["burst"]["sim_work_s"] = sim_work_s(deployment, burst)
-    for name, off in variants_of(deployment).items():
-        row["burst"]["sim_rps"][name] = summarize(run_sim(deployment, burst, off))["throughput_rps"]
 
     def live_step(paced: Sequence[Any]) -> list[Outcome]:
         rate = (len(paced) - 1) / paced[-1].arrival_s
@@ -1135,14 +1211,7 @@ def score_seed(
         "sim_rps": {},
         "sim_steps": {},
     }
-    for name, off in variants_of(deployment).items():
-        # The same search from the simulator's own burst throughput (no live figure used).
-        sim_cap, sim_tried = one_rule_capacity(
-            lambda paced, off=off: run_sim(deployment, paced, off), cap_specs,
-            row["burst"]["sim_rps"][name], args.start_step, search,
-        )  # fmt: skip
-        row["capacity"]["sim_rps"][name] = sim_cap
-        row["capacity"]["sim_steps"][name] = sim_tried
+    simulate_burst_and_capacity(row, deployment, burst, cap_specs, args.start_step, search)
     row["loads"] = {}
     for load in s.loads:
         rate = load * cap
@@ -1303,7 +1372,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "10-25%% within the hour (2026-12-05), a profile an hour old misprices by as much",
     )  # fmt: skip
     p.add_argument("--render", type=Path, help="print the table of a saved --json (a cut run)")
+    p.add_argument(
+        "--resimulate", type=Path, metavar="JSON",
+        help="simulate a saved --json run again with this code (every variant, against the live "
+        "figures it measured; no live run), print its table (and write it to --json)",
+    )  # fmt: skip
     args = p.parse_args(argv)
+    if args.resimulate is not None:
+        saved = resimulate(json.loads(args.resimulate.read_text()))
+        if args.json is not None:
+            args.json.write_text(json.dumps(saved, indent=1))
+        print(render_scored(saved["rows"]))
+        return 0
     if args.render is not None:
         saved = json.loads(args.render.read_text())
         print(f"seeds: {' '.join(map(str, saved['seeds']))}; t = {saved['threshold_tokens']}; "
@@ -1375,7 +1455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "seeds": seeds, "shapes": args.shapes, "threshold_tokens": t,
             "requests": args.requests, "burst_requests": args.burst_requests,
             "mean_output": args.mean_output, "live_repeats": args.live_repeats,
-            "start_step": args.start_step,
+            "start_step": args.start_step, "capacity_search": not args.quick,
             "capacity_requests": args.capacity_requests, "speed_probe": speed,
             "capacity_rule": "one", "loads": s.loads, "engine": s.engine,
             "deployment": str(deployment),

@@ -106,8 +106,8 @@ def main() -> int:
     print("| shape | seed | charging | burst sim/live | capacity sim/live | TTFT sim/live |")
     print("|---|---|---|---|---|---|")
     for row in saved["rows"]:
-        gen = fid.session_specs if row["shape"] == "sessions" else fid.lognormal_specs
-        specs = gen(row["seed"], saved["requests"], saved["mean_output"])
+        specs = fid.workload_specs(row["shape"], row["seed"], saved["requests"],
+                                   saved["mean_output"], saved.get("engine", "torch"))  # fmt: skip
         for name, deployment in sides.items():
 
             def sim(rate: float, d: Path = deployment, sp: Any = specs) -> Any:

@@ -191,3 +191,14 @@ def test_tiny_run_end_to_end(tmp_path: Path) -> None:
     assert dict(pf.measured_with)["pass_tokens"] == str(d.engine.block_tokens)
     assert pf.plumbing.missing == ()
     assert "### lognormal (seeds 99" in stdout and "| all terms |" in stdout
+    # The saved run simulated again (no live run): the same simulator side, every variant.
+    again = subprocess.run(
+        [sys.executable, str(BENCH), "--resimulate", str(out), "--json", str(tmp_path / "re.json")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    (redone,) = json.loads((tmp_path / "re.json").read_text())["rows"]
+    assert redone["burst"]["sim_rps"] == row["burst"]["sim_rps"]
+    assert redone["capacity"]["sim_rps"] == row["capacity"]["sim_rps"]
+    (re_point,) = redone["loads"].values()
+    assert re_point["variants"] == point["variants"] and re_point["live"] == point["live"]
