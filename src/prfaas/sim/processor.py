@@ -9,6 +9,11 @@ share of them first: its work comes in short pieces that the kernel runs as soon
 (a sleeper's priority), so the nodes share what it leaves, ``cores - share``; the share is read
 whenever a speed is set (a batch starts, the busy count changes, a decode span begins).
 
+The simulator counts busy nodes here and scales work by ``slowdown`` as it goes: a decode node's
+span and a prefill batch whose KV stays on its site are re-timed whenever the count changes (at
+the decode's next step boundary; the prefill from that instant); a prefill whose KV crosses to
+another site keeps the speed it started with (its link flow is paced by it).
+
 Mixed steps (``mixed_steps``): a site whose one prefill and one decode node are one engine (a
 vLLM server serves both roles: ``prfaas up`` runs one per vLLM site) does not time-share two
 processes. Each of its steps carries the whole decode batch and a chunk of the prefill (vLLM's
@@ -18,10 +23,6 @@ every step pays once, ``CostModel.decode_step_fixed_s``), and the prefill is slo
 same addition per chunk. Time-shared, the fixed part would be paid twice and each role would
 wait for the other's whole steps (measured: the simulated PD work of a vLLM site 1.3-1.8x the
 server's CPU; docs/fidelity.md).
-The simulator counts busy nodes here and scales work by ``slowdown`` as it goes: a decode node's
-span and a prefill batch whose KV stays on its site are re-timed whenever the count changes (at
-the decode's next step boundary; the prefill from that instant); a prefill whose KV crosses to
-another site keeps the speed it started with (its link flow is paced by it).
 
 Pure: no clock, no I/O; the simulator owns the counts' transitions.
 """

@@ -353,8 +353,9 @@ class Simulator:
         else:
             if shared.mixed_steps:  # the decode's steps now carry this batch's chunks
                 shared.chunk_s = work / self._prefill_steps(batch)
-            if not continuing or shared.mixed_steps:  # the site's shared cores get busier
-                shared.busy += 0 if continuing else 1
+            if not continuing:  # the site's shared cores get busier
+                shared.busy += 1
+            if not continuing or shared.mixed_steps:
                 self.decode.respan_site(node.site, now, node)
             factor = shared.prefill_slowdown()
         duration = work * factor
