@@ -589,15 +589,22 @@ async def test_an_orphan_of_an_earlier_sidecar_is_killed_before_its_server_start
     deployment: Callable[..., DeploymentConfig],
 ) -> None:
     """A sidecar SIGKILLed leaves vLLM's EngineCore and Worker behind (only the API server dies
-    with it): the next sidecar of that process finds them by their owner tag and kills them."""
+    with it): the next sidecar of that process finds them by their owner tag and kills them,
+    and removes the private folder the dead sidecar gave them (its sockets and vLLM's)."""
+    import shutil
     import subprocess
+    import tempfile
 
-    from prfaas.serve.vllm.server import OWNER_ENV, owner_tag
+    from prfaas.serve.vllm.server import OWNER_ENV, RPC_DIR_ENV, owner_tag
 
     d = deployment(9)
     host = VllmHost(d, ["pf0"], d.control_url)
-    env = {**os.environ, OWNER_ENV: owner_tag(host.process_name, PSK, d.control_url)}
-    stranger = {**os.environ, OWNER_ENV: owner_tag("another-process", PSK, d.control_url)}
+    left, kept = (Path(tempfile.mkdtemp(prefix="prfaas-vllm-")) for _ in range(2))
+    (left / "agent.sock").touch()
+    env = {**os.environ, OWNER_ENV: owner_tag(host.process_name, PSK, d.control_url),
+           RPC_DIR_ENV: str(left)}  # fmt: skip
+    stranger = {**os.environ, OWNER_ENV: owner_tag("another-process", PSK, d.control_url),
+                RPC_DIR_ENV: str(kept)}  # fmt: skip
     # the same process and key of another deployment (another gateway) on this host
     elsewhere = {**os.environ, OWNER_ENV: owner_tag(host.process_name, PSK, "http://10.9.9.9:1")}
     sleep = [sys.executable, "-c", "import time; time.sleep(120)"]
@@ -608,10 +615,13 @@ async def test_an_orphan_of_an_earlier_sidecar_is_killed_before_its_server_start
         await host.start(1)
         await until(lambda: orphan.poll() is not None, "the orphan killed")
         assert orphan.returncode == -signal.SIGKILL
+        assert not left.exists()
         # another sidecar's server, and another deployment's, are left alone
-        assert other.poll() is None and another.poll() is None
+        assert other.poll() is None and another.poll() is None and kept.is_dir()
     finally:
         await host.stop()
+        for folder in (left, kept):
+            shutil.rmtree(folder, ignore_errors=True)
         for proc in (orphan, other, another):
             if proc.poll() is None:
                 proc.kill()

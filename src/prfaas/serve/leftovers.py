@@ -9,7 +9,8 @@ resolved file every child was started with (``serve --config PATH``). A member i
 its pid is still a process whose command line names that resolved file (a reused pid is left
 alone); a vLLM server only if its environment carries the owner tag of one of the run's sidecars
 (``vllm.server.owner_tag``: process name, key, the old run's control address, which a run with
-``control_port: 0`` does not share with the next one). Nothing is touched while the old launcher
+``control_port: 0`` does not share with the next one), and with it the private folder its dead
+sidecar gave it (``vllm.server.private_folder_of``). Nothing is touched while the old launcher
 still lives (another ``prfaas up`` in the same workdir), or when the old run stopped cleanly.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 from pathlib import Path
 from typing import Any
@@ -44,9 +46,14 @@ def sweep_dead_run(workdir: Path, config_path: Path) -> list[str]:
         pid = m.get("pid")
         if isinstance(pid, int) and str(config_path) in _cmdline(pid) and _kill_group(pid):
             stopped.append(f"{m.get('name')} (pid {pid})")
+    from prfaas.serve.vllm.server import private_folder_of
+
     for name, pid in _vllm_servers(members, config_path):
+        folder = private_folder_of(pid)  # its dead sidecar's sockets
         if _kill_group(pid):
             stopped.append(f"{name}'s vLLM server (pid {pid})")
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
     return stopped
 
 

@@ -31,7 +31,12 @@ import httpx
 from prfaas.deployment_sections import default_vllm_python
 from prfaas.integrations.vllm.settings import ConnectorSettings
 from prfaas.serve.process_group import ChildGroup, terminate
-from prfaas.serve.vllm.server import PSK_ENV, RPC_DIR_ENV, kv_transfer_config
+from prfaas.serve.vllm.server import (
+    PRIVATE_FOLDER_PREFIX,
+    PSK_ENV,
+    RPC_DIR_ENV,
+    kv_transfer_config,
+)
 
 SERVED_MODEL = "tiny"
 STOP_GRACE_S = 30.0
@@ -148,7 +153,7 @@ def rpc_folder() -> Path:
     """A private folder for one server's IPC sockets (``RPC_DIR_ENV``: vLLM leaves them behind
     in ``/tmp`` otherwise), removed by ``stop``. Under the temporary folder, not the log folder:
     a socket's path must stay under 108 bytes."""
-    return Path(tempfile.mkdtemp(prefix="prfaas-vllm-rpc-"))
+    return Path(tempfile.mkdtemp(prefix=f"{PRIVATE_FOLDER_PREFIX}rpc-"))
 
 
 def launch(

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ import yaml
 from prfaas.config import DeploymentConfig
 from prfaas.serve.leftovers import sweep_dead_run
 from prfaas.serve.processes_file import PROCESSES_NAME
-from prfaas.serve.vllm.server import OWNER_ENV, owner_tag
+from prfaas.serve.vllm.server import OWNER_ENV, PRIVATE_FOLDER_PREFIX, RPC_DIR_ENV, owner_tag
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 SLEEP = "import time; time.sleep(120)"
@@ -96,7 +97,9 @@ def test_a_dead_runs_members_and_vllm_servers_are_stopped(
     gateway = _start(procs, "serve", "--config", str(config))
     sidecar = _start(procs, "serve", "--config", str(config))
     stranger = _start(procs, "serve", "--config", str(tmp_path / "other.yaml"))  # pid reused
-    mine = {OWNER_ENV: owner_tag("p0+d0", d.psk, d.control_url)}
+    # the dead sidecar's private folder, named in its server's environment: removed with it
+    folder = Path(tempfile.mkdtemp(prefix=PRIVATE_FOLDER_PREFIX))
+    mine = {OWNER_ENV: owner_tag("p0+d0", d.psk, d.control_url), RPC_DIR_ENV: str(folder)}
     server = _start(procs, env=mine)
     theirs = {OWNER_ENV: owner_tag("p0+d0", d.psk, "http://127.0.0.1:9999")}
     other_server = _start(procs, env=theirs)  # another deployment's, same names and key
@@ -109,6 +112,7 @@ def test_a_dead_runs_members_and_vllm_servers_are_stopped(
     for pid in (gateway, sidecar, server):
         assert _gone(by_pid[pid]), pid
     assert by_pid[stranger].poll() is None and by_pid[other_server].poll() is None
+    assert not folder.exists()
     assert sweep_dead_run(tmp_path, config) == []  # nothing left
 
 

@@ -67,6 +67,7 @@ from prfaas.serve.vllm.metrics import (
 )
 from prfaas.serve.vllm.node import VllmEndpoint, VllmNode
 from prfaas.serve.vllm.server import (
+    PRIVATE_FOLDER_PREFIX,
     KvEventsEndpoints,
     ServerSpec,
     VllmServer,
@@ -364,7 +365,7 @@ class VllmHost:
         self.http_port = http_port
         wanted = max(self._deployment.node(n).transfer_port for n in self._nodes)
         self.transfer_port = wanted or free_port(self.host)
-        self._agent_dir = Path(tempfile.mkdtemp(prefix="prfaas-vllm-"))  # mode 0700
+        self._agent_dir = Path(tempfile.mkdtemp(prefix=PRIVATE_FOLDER_PREFIX))  # mode 0700
         self.agent.path = str(self._agent_dir / "agent.sock")
         self.server = VllmServer(self.spec())
         self._endpoint.base_url = self.server.spec.base_url

@@ -19,9 +19,11 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -322,8 +324,11 @@ class VllmServer:
     def _start(self) -> None:
         for pid in find_orphans(self.spec.owner):
             log.warning("killing an orphaned vLLM server of this sidecar (pid %d)", pid)
+            folder = private_folder_of(pid)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(os.getpgid(pid), signal.SIGKILL)
+            if folder is not None and str(folder) != dict(self.spec.env).get(RPC_DIR_ENV):
+                shutil.rmtree(folder, ignore_errors=True)  # the dead sidecar's sockets
         proc = subprocess.Popen(
             self.spec.argv,
             env=self.spec.environment(os.environ),
@@ -430,6 +435,29 @@ def find_orphans(owner: str) -> list[int]:
         if needle in env.split(b"\0"):
             found.append(int(entry.name))
     return found
+
+
+PRIVATE_FOLDER_PREFIX = "prfaas-vllm-"
+"""The sidecar's private folder (``tempfile.mkdtemp`` under the temporary folder; the test and
+bench servers' ``rpc_folder`` too): its agent and event sockets and vLLM's IPC sockets."""
+
+
+def private_folder_of(pid: int) -> Path | None:
+    """The private folder server ``pid`` was given (its ``RPC_DIR_ENV``), if it is one of
+    prfaas's: what a sidecar killed outright left behind with its server. Read before the server
+    is killed (its environment goes with it); anything else it names is never touched."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    key = RPC_DIR_ENV.encode() + b"="
+    for item in env:
+        if item.startswith(key):
+            folder = Path(item[len(key) :].decode(errors="replace"))
+            tmp = Path(tempfile.gettempdir())
+            if folder.parent == tmp and folder.name.startswith(PRIVATE_FOLDER_PREFIX):
+                return folder
+    return None
 
 
 def _preexec(cpus: frozenset[int] | None) -> Callable[[], None] | None:
