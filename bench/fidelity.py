@@ -71,6 +71,13 @@ VLLM_BLOCK_TOKENS = 128
 sets 128 where the command line gives none), the deployment's ``engine.block_tokens`` and the
 workload's hash-id size. At 512, live reused every 128-token block of a turn's earlier prompt
 while the simulator, counting whole 512-token blocks, recomputed up to 511 tokens more a turn."""
+
+
+def block_tokens_for(engine: str) -> int:
+    """The workload's and the deployment's block: the engine's prefix-cache block."""
+    return VLLM_BLOCK_TOKENS if engine == "vllm" else BLOCK_TOKENS
+
+
 PROFILE_SEED = 7919
 """Random prompt ids of the profile runs: unrelated to the runs' prompts (PromptSynth seed 0)."""
 PRFAAS_CORE, PD_CORE = 1, 0
@@ -124,14 +131,12 @@ class Settings:
     profiling; the two sites then share one profile, as if both cores were alike)."""
     scenarios: tuple[str, ...] = ("trace", "burst")
     engine: str = "torch"
+    """The nodes: ``torch`` (engine.torch, profiled in-process) or ``vllm`` (vLLM servers,
+    profiled with ``prfaas profile --endpoint``: bench/fidelity_vllm.py)."""
 
     @property
     def block_tokens(self) -> int:
-        """The workload's and the deployment's block (the engine's prefix-cache block)."""
-        return VLLM_BLOCK_TOKENS if self.engine == "vllm" else BLOCK_TOKENS
-
-    """The nodes: ``torch`` (engine.torch, profiled in-process) or ``vllm`` (vLLM servers,
-    profiled with ``prfaas profile --endpoint``: bench/fidelity_vllm.py)."""
+        return block_tokens_for(self.engine)
 
 
 QUICK = {
@@ -1124,8 +1129,7 @@ def simulate_burst_and_capacity(
 def workload_specs(shape: str, seed: int, n: int, mean_output: int, engine: str) -> list[Any]:
     """A scored shape's requests (the sessions' blocks at the engine's prefix-cache block)."""
     if shape == "sessions":
-        block = VLLM_BLOCK_TOKENS if engine == "vllm" else BLOCK_TOKENS
-        return session_specs(seed, n, mean_output, block)
+        return session_specs(seed, n, mean_output, block_tokens_for(engine))
     return lognormal_specs(seed, n, mean_output)
 
 
