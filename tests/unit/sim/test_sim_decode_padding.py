@@ -9,21 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from prfaas.perf.plumbing import PlumbingCosts
-from prfaas.perf.profile_file import (
-    DecodePoint,
-    DecodeSection,
-    HardwareSection,
-    ModelSection,
-    PrefillPoint,
-    PrefillSection,
-    ProfileFile,
-)
-from prfaas.perf.profile_write import dump_profile_file
+from prfaas.perf.profile_file import DecodePoint, PrefillPoint
 from prfaas.sim import SimScenario, SimSite, Simulator
 from prfaas.sim.nodes import DecodeNode
-from prfaas.spec import get_model
 from prfaas.workload import SimRequestSpec
+from profile_helpers import write_profile
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -35,15 +25,7 @@ def hardware(tmp_path_factory: pytest.TempPathFactory) -> str:
     prefill = tuple(PrefillPoint(n, 0, 0.01 + 1e-5 * n) for n in (64, 1024, 32768))
     decode = tuple(DecodePoint(b, ctx, 0.002 + 0.0005 * b + 1e-8 * b * ctx)
                    for b in (1, 2, 4) for ctx in (128, 8192))  # fmt: skip
-    pf = ProfileFile(
-        ModelSection("tiny", get_model("paper-1t").cache, 1e6, 1e6, 64, 4, 16, 4.0, 65536),
-        HardwareSection("cpu-test", 64e9), PrefillSection("piecewise-linear", prefill),
-        DecodeSection("linear", points=decode), (("source", "torch"),), "test",
-        plumbing=PlumbingCosts(missing=()),
-    )  # fmt: skip
-    path = tmp_path_factory.mktemp("padding") / "tiny.yaml"
-    dump_profile_file(pf, path)
-    return str(path)
+    return write_profile(tmp_path_factory.mktemp("padding") / "tiny.yaml", prefill, decode)
 
 
 def _run(

@@ -10,23 +10,13 @@ from pathlib import Path
 import pytest
 
 from prfaas.config import load_deployment
-from prfaas.perf.plumbing import PLUMBING_TERMS, PlumbingCosts
-from prfaas.perf.profile_file import (
-    DecodePoint,
-    DecodeSection,
-    HardwareSection,
-    ModelSection,
-    PrefillPoint,
-    PrefillSection,
-    ProfileFile,
-)
-from prfaas.perf.profile_write import dump_profile_file
+from prfaas.perf.profile_file import DecodePoint, PrefillPoint
 from prfaas.scenarios import sim_scenario
 from prfaas.sim import SimScenario, SimSite, Simulator
 from prfaas.sim.processor import SharedCores
 from prfaas.sim.scenario import ScenarioError
-from prfaas.spec import get_model
 from prfaas.workload import SimRequestSpec
+from profile_helpers import write_profile
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -56,25 +46,14 @@ def test_both_computing_a_decode_step_carries_the_chunk_and_a_prefill_the_batch(
 
 
 def _profile(tmp_path: Path) -> Path:
-    spec = get_model("paper-1t")
     prefill = tuple(PrefillPoint(n, 0, 0.002 + 4e-5 * n) for n in (64, 512, 2048, 8192))
     decode = tuple(
         DecodePoint(b, ctx, BASE_S + PER_REQUEST_S * b) for b in (1, 4, 16) for ctx in (128, 4096)
     )
-    none = PlumbingCosts(0, 0, 0, 0, 0, 0, 0, 0, missing=())
-    pf = ProfileFile(
-        ModelSection("tiny", spec.cache, 1e6, 1e6, 64, 4, 16, 4.0, 8192),
-        HardwareSection("cpu-test", 8e9),
-        PrefillSection("piecewise-linear", prefill),
-        DecodeSection("linear", points=decode),
-        (("source", "endpoint"),),
-        "test",
-        plumbing=none,
-        plumbing_how=tuple((n, "test") for n in PLUMBING_TERMS),
-    )
-    path = tmp_path / "cpu.yaml"
-    dump_profile_file(pf, path)
-    return path
+    return Path(
+        write_profile(tmp_path / "cpu.yaml", prefill, decode, max_context_tokens=8192,
+                      memory_bytes=8e9, source="endpoint")
+    )  # fmt: skip
 
 
 def _run(path: Path, mixed: bool, specs: list[SimRequestSpec]) -> dict[int, tuple[float, float]]:
