@@ -54,6 +54,11 @@ class PrefillBatcher:
             count += 1
         return PrefillBatch(count, total)
 
+    def steps(self, num_tokens: int) -> int:
+        """Engine steps a batch of ``num_tokens`` uncached tokens takes at the budget a step
+        (the chunks an engine that mixes prefill and decode in its steps cuts it into)."""
+        return max(1, -(-num_tokens // self.token_budget))
+
 
 @dataclass(frozen=True, slots=True)
 class DecodeAdmission:

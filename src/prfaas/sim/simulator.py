@@ -327,14 +327,15 @@ class Simulator:
         queue = node.queue
         if len(queue) == 1:  # the batcher's rule for a lone request: it goes, alone
             batch = [queue.popleft()]
-            node.queued_tokens -= batch[0].num_prompt - batch[0].num_cached
+            tokens = batch[0].num_prompt - batch[0].num_cached
         else:
             # Lazily: the batcher reads as far as the batch goes (on the Mooncake case 5 of the
             # 30 requests a list of the lookahead computed; on the paper's, 1.4 of 10).
             ahead = itertools.islice(queue, PREFILL_LOOKAHEAD)
             batch_plan = self.batcher.next_batch(r.num_prompt - r.num_cached for r in ahead)
             batch = [queue.popleft() for _ in range(batch_plan.num_requests)]
-            node.queued_tokens -= batch_plan.num_tokens
+            tokens = batch_plan.num_tokens
+        node.queued_tokens -= tokens
         node.cached_load = None
         w.site_queued[node.site] -= len(batch)
         # Sum of per-request times == CostModel.batch_prefill_s for the shipped profiles.
@@ -352,7 +353,7 @@ class Simulator:
             factor = 1.0
         else:
             if shared.mixed_steps:  # the decode's steps now carry this batch's chunks
-                shared.chunk_s = work / self._prefill_steps(batch)
+                shared.chunk_s = work / self.batcher.steps(tokens)
             if not continuing:  # the site's shared cores get busier
                 shared.busy += 1
             if not continuing or shared.mixed_steps:
@@ -373,14 +374,6 @@ class Simulator:
             q.heap,
             (now + duration, _PREFILL_DONE, next(q.seq), node, handoffs),
         )
-
-    def _prefill_steps(self, batch: list[SimRequest]) -> int:
-        """The engine steps a batch's uncached tokens take at ``prefill_token_budget`` a step
-        (the chunks a mixed-step engine cuts it into)."""
-        tokens = 0
-        for req in batch:
-            tokens += req.num_prompt - req.num_cached
-        return max(1, -(-tokens // self.batcher.token_budget))
 
     def _start_transfer(
         self, req: SimRequest, node: PrefillNode, duration: float, now: float

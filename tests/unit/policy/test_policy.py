@@ -152,3 +152,10 @@ def test_rebalancer_moves_a_skewed_split_to_three_five() -> None:
         c.src_role is NodeRole.PREFILL and c.dst_role is NodeRole.DECODE for c in plan_.changes
     )
     assert reb.plan(_view(), 200.0, _window()) is None  # 3/5 is already balanced
+
+
+def test_a_batch_takes_a_step_per_budget_of_its_tokens() -> None:
+    """The chunks a mixed-step engine cuts a batch into (``sim.processor``): at least one."""
+    batcher = PrefillBatcher(2048)
+    assert [batcher.steps(n) for n in (1, 2048, 2049, 6144, 6145)] == [1, 1, 2, 3, 4]
+    assert batcher.steps(0) == 1
