@@ -68,7 +68,7 @@ import httpx
 
 from prfaas.integrations.vllm.trace import TRACE_ENV, Trace
 from prfaas.netlab.netns import TwoSiteTestbed, unavailable_reason
-from prfaas.serve.vllm.server import RPC_DIR_ENV
+from prfaas.serve.vllm.server import private_folder_env
 from prfaas.testbed import vllm_servers as V
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,7 +148,7 @@ def start_server(
     port = V.free_port()
     trace = {TRACE_ENV: str(tmp / f"trace-{config}.jsonl")}  # the connector's timestamped events
     rpc = V.rpc_folder()  # vLLM's IPC sockets, removed with the server (V.stop)
-    trace[RPC_DIR_ENV] = str(rpc)
+    trace.update(private_folder_env(rpc))
     env = V.vllm_env(core, PSK if config == "prfaas" else None, **trace)
     kv_cfg: dict[str, Any] | None = None
     agent, kv_port = "", 0

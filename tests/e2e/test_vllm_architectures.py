@@ -71,8 +71,10 @@ def test_vllm_loads_and_answers(arch: str, servers: dict[str, V.ServerProcess]) 
 def test_vllm_puts_its_ipc_sockets_in_the_servers_own_folder(
     servers: dict[str, V.ServerProcess],
 ) -> None:
-    """VLLM_RPC_BASE_PATH is honoured: the sockets vLLM never removes are in the folder
-    ``V.stop`` removes, not in /tmp (where one ``make test`` once left 77)."""
+    """VLLM_RPC_BASE_PATH and TMPDIR are honoured: the sockets and the workers' rendezvous
+    file vLLM never removes are in the folder ``V.stop`` removes, not in /tmp (where one ``make
+    test`` once left 77 sockets, and a day of runs 179 ``vllm_dist_*`` files)."""
     for server in servers.values():
         assert server.rpc_dir is not None
         assert any(p.is_socket() for p in server.rpc_dir.iterdir()), server.name
+        assert any(p.name.startswith("vllm_dist_") for p in server.rpc_dir.iterdir()), server.name

@@ -160,6 +160,9 @@ def test_the_server_command_line_follows_the_contract(tmp_path: Path) -> None:
     assert env[PSK_ENV] == PSK and env[OWNER_ENV] == "o" and env["PATH"] == "/bin"
     assert env["PYTHONUNBUFFERED"] == "1"
     assert env["VLLM_RPC_BASE_PATH"] == str(tmp_path / "rpc")  # not /tmp, where they would stay
+    assert env["TMPDIR"] == str(tmp_path / "rpc")  # the workers' rendezvous file too
+    # ... but torch's compile cache stays where a restart finds it
+    assert env["TORCHINDUCTOR_CACHE_DIR"] != str(tmp_path / "rpc")
     assert not any(PSK in a for a in argv), "the key must never be on the command line"
     assert spec.cpus == frozenset({1})  # the whole server tree is pinned, not only OpenMP
 

@@ -34,8 +34,8 @@ from prfaas.serve.process_group import ChildGroup, terminate
 from prfaas.serve.vllm.server import (
     PRIVATE_FOLDER_PREFIX,
     PSK_ENV,
-    RPC_DIR_ENV,
     kv_transfer_config,
+    private_folder_env,
 )
 
 SERVED_MODEL = "tiny"
@@ -150,9 +150,10 @@ def vllm_env(core: int, psk: str | None = None, **extra: str) -> dict[str, str]:
 
 
 def rpc_folder() -> Path:
-    """A private folder for one server's IPC sockets (``RPC_DIR_ENV``: vLLM leaves them behind
-    in ``/tmp`` otherwise), removed by ``stop``. Under the temporary folder, not the log folder:
-    a socket's path must stay under 108 bytes."""
+    """A private folder for one server's IPC sockets and temporary files
+    (``private_folder_env``: vLLM leaves them behind in ``/tmp`` otherwise), removed by
+    ``stop``. Under the temporary folder, not the log folder: a socket's path must stay under
+    108 bytes."""
     return Path(tempfile.mkdtemp(prefix=f"{PRIVATE_FOLDER_PREFIX}rpc-"))
 
 
@@ -237,7 +238,7 @@ def start(
     )
     log = log_dir / f"{name}.log"
     rpc = rpc_folder()
-    env = vllm_env(core, psk, **{RPC_DIR_ENV: str(rpc)}, **(extra_env or {}))
+    env = vllm_env(core, psk, **private_folder_env(rpc), **(extra_env or {}))
     try:
         proc = launch(argv, env, log, core if pin else None)
     except BaseException:

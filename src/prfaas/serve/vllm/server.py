@@ -48,6 +48,11 @@ RPC_DIR_ENV = "VLLM_RPC_BASE_PATH"
 """Where vLLM puts its ZMQ IPC sockets (API server <-> EngineCore), each ``<dir>/<uuid>``. It
 never removes them: left in ``/tmp`` (the default), every server start leaves a few behind (77
 after one ``make test``). Pointed at a folder its owner removes when the server stops."""
+TMPDIR_ENV = "TMPDIR"
+"""Where a server's temporary files go: vLLM's CPU worker rendezvous through a torch file store
+``<tmp>/vllm_dist_<uuid>`` it never removes (179 left in ``/tmp`` after a day of tests and
+benches, 2026-12-06), so it goes to the private folder too."""
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 CONNECTOR_MODULE = "prfaas.integrations.vllm.connector"
 STOP_GRACE_S = 10.0
 """vLLM's own shutdown (API server, then EngineCore and Worker) takes a few seconds."""
@@ -239,7 +244,7 @@ def server_spec(
         (PSK_ENV, psk),
         ("PYTHONUNBUFFERED", "1"),
         (OWNER_ENV, owner),
-        *(() if rpc_dir is None else ((RPC_DIR_ENV, str(rpc_dir)),)),
+        *(() if rpc_dir is None else private_folder_env(rpc_dir).items()),
     )
     return ServerSpec(
         tuple(argv), env, host, port, v.startup_timeout_s, owner, cpu_set(v.cpu_bind), kv_events
@@ -440,6 +445,27 @@ def find_orphans(owner: str) -> list[int]:
 PRIVATE_FOLDER_PREFIX = "prfaas-vllm-"
 """The sidecar's private folder (``tempfile.mkdtemp`` under the temporary folder; the test and
 bench servers' ``rpc_folder`` too): its agent and event sockets and vLLM's IPC sockets."""
+
+
+def private_folder_env(folder: Path) -> dict[str, str]:
+    """A server's environment for its private ``folder`` (removed when it stops): vLLM's IPC
+    sockets (``RPC_DIR_ENV``) and its temporary files (``TMPDIR_ENV``) go there; torch's compile
+    cache stays where it was (``INDUCTOR_CACHE_ENV``, under the temporary folder by default), so
+    the next start still finds it."""
+    inductor = os.environ.get(INDUCTOR_CACHE_ENV) or str(
+        Path(tempfile.gettempdir()) / f"torchinductor_{_user()}"
+    )
+    return {RPC_DIR_ENV: str(folder), TMPDIR_ENV: str(folder), INDUCTOR_CACHE_ENV: inductor}
+
+
+def _user() -> str:
+    """torch's name for the default compile cache's owner (``getpass.getuser``, else the uid)."""
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())
 
 
 def private_folder_of(pid: int) -> Path | None:
