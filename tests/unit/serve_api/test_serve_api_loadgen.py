@@ -88,3 +88,49 @@ def test_summary_counts_and_percentiles() -> None:
     assert s["ttft_s"]["p50"] == pytest.approx(0.55) and s["ttft_s"]["max"] == pytest.approx(1.0)
     assert s["tpot_s"]["p90"] == pytest.approx(0.1) and s["itl_s"]["count"] == 40
     assert summarize([], 1.0, {})["ttft_s"]["p50"] is None
+
+
+def _streamed(*chunks: dict[str, object]) -> list[RequestResult]:
+    """``stream_completion`` against a server answering these SSE chunks, then [DONE]."""
+    import asyncio
+
+    import httpx
+
+    from prfaas.serve.loadgen.client import stream_completion
+
+    body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
+
+    async def go() -> RequestResult:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+            return await stream_completion(
+                client, url="http://x/v1/completions", body={}, index=0, num_prompt_tokens=64,
+                sent_s=0.0, timeout_s=5.0,
+            )  # fmt: skip
+
+    return [asyncio.run(go())]
+
+
+def test_a_token_that_decodes_to_no_text_still_answers_the_request() -> None:
+    """A sampled special token (ignore_eos on a tiny model: ids 0 and 1 decode to "") arrives
+    in the finishing chunk with empty text: the request was answered, with its one token (the
+    plumbing measurement failed a request "no_tokens" this way, 2026-12-06)."""
+    (r,) = _streamed({"choices": [{"index": 0, "text": "", "finish_reason": "length"}]})
+    assert r.ok and r.num_output_tokens == 1 and r.ttft_s is not None
+    (r,) = _streamed(
+        {"choices": [{"index": 0, "text": "", "finish_reason": "length"}]},
+        {"choices": [], "usage": {"prompt_tokens": 64, "completion_tokens": 1}},
+    )
+    assert r.ok and r.num_output_tokens == 1
+    # Text then an empty finishing chunk: the tokens are the text chunks, as before.
+    (r,) = _streamed(
+        {"choices": [{"index": 0, "text": "a", "finish_reason": None}]},
+        {"choices": [{"index": 0, "text": "b", "finish_reason": None}]},
+        {"choices": [{"index": 0, "text": "", "finish_reason": "length"}]},
+    )
+    assert r.ok and r.num_output_tokens == 2
+    # A stream that finished nothing and carried no token is still a failure.
+    (r,) = _streamed({"choices": [{"index": 0, "text": ""}]})
+    assert not r.ok and r.reason == "no_tokens"

@@ -94,11 +94,17 @@ async def _read_stream(
     gaps: list[float] = []
     num_chunks = 0
     usage_tokens: int | None = None
+    finished_at: float | None = None
     async for line in aiter_lines(resp):  # on \n only: U+2028 may be in a token
         if not line.startswith("data:"):
             continue
         data = line[5:].strip()
         if data == "[DONE]":
+            if (first is None or last is None) and finished_at is not None:
+                # Every token decoded to no text (a special token, sampled with ignore_eos: ids
+                # 0 and 1 of a tiny model's vocabulary): the chunk that finished carried them.
+                first = last = finished_at
+                num_chunks = 1
             if first is None or last is None:
                 return _failure(index, n, sent_s, "no_tokens", 200, "stream ended without tokens")
             num_tokens = usage_tokens if usage_tokens is not None else num_chunks
@@ -122,7 +128,10 @@ async def _read_stream(
             return _failure(index, n, sent_s, "stream_error", 200, _message(data))
         if obj.get("usage"):
             usage_tokens = obj["usage"].get("completion_tokens")
-        if any(_has_token(choice) for choice in obj.get("choices") or ()):
+        choices = obj.get("choices") or ()
+        if finished_at is None and any(c.get("finish_reason") for c in choices):
+            finished_at = time.perf_counter()
+        if any(_has_token(choice) for choice in choices):
             now = time.perf_counter()
             if first is None:
                 first = now
