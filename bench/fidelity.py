@@ -326,6 +326,11 @@ def write_deployment(workdir: Path, model: Path, threshold_tokens: int, s: Setti
     return path
 
 
+def _has_plumbing(profile: Path) -> bool:
+    """Whether ``profile`` holds measured plumbing terms (a kept vLLM profile already has them)."""
+    return "plumbing" in (yaml.safe_load(profile.read_text()) or {})
+
+
 def plumbing_of(deployment: Path) -> dict[str, dict[str, float]]:
     """Each site's plumbing terms in ``deployment``'s profiles (the JSON's record of them)."""
     from prfaas.perf.profile_costs import cost_model_from_profile_file
@@ -349,6 +354,8 @@ def profile_seed(model: Path, threshold_tokens: int, seed: int, s: Settings) -> 
             PRFAAS_CORE: folder / f"prfaas-core{PRFAAS_CORE}.yaml"}  # fmt: skip
     profile_cores(model, outs, replace(s, workdir=folder))
     deployment = write_deployment(folder, model, threshold_tokens, s)
+    if s.engine == "vllm":
+        _vllm().measure_plumbing(deployment, outs[PD_CORE], say)
     write_unsplit(deployment)
     return deployment
 
@@ -889,13 +896,19 @@ VARIANTS: dict[str, tuple[str, ...]] = {
 to its per-token term, paid per request of a batch), from the same measurements."""
 
 
+GATEWAY_TERMS = ("gateway_per_request_s", "gateway_per_output_token_s", "gateway_per_step_s")
+SIDECAR_TERMS = ("prefill_per_request_s", "decode_per_output_token_s", "decode_per_step_s")
 VLLM_VARIANTS: dict[str, tuple[str, ...]] = {
     "all terms": (),
+    "no terms": PLUMBING_TERMS_ALL,
+    "without the gateway's terms": GATEWAY_TERMS,
+    "without the sidecar's terms": SIDECAR_TERMS,
     "all terms, PD server time-shared": (TIMESHARED,),
 }
-"""For vLLM nodes: their profiles (``prfaas profile --endpoint``) measure no plumbing term, so
-every switch would simulate the same run; what differs is how the PD site's one server runs
-its two nodes (mixed steps, or two processes time-sharing the core as before 2026-12-06)."""
+"""For vLLM nodes: the terms ``prfaas profile --plumbing-of`` measures (the gateway's and the PD
+site's sidecar's; ``bench/fidelity_vllm.measure_plumbing``), and how the PD site's one server
+runs its two nodes (mixed steps, or two processes time-sharing the core as before
+2026-12-06)."""
 
 
 def variants_of(deployment: Path) -> dict[str, tuple[str, ...]]:
@@ -1437,6 +1450,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         probe = [sp for g in (session_specs, lognormal_specs) for sp in g(PROFILE_SEED, 200, 47)]
         t = balanced_t(probe, remote_cm, local_cm)
     deployment = write_deployment(s.workdir, model, t, s)
+    if s.engine == "vllm" and not _has_plumbing(profiles["pd"]):
+        _vllm().measure_plumbing(deployment, profiles["pd"], say)
     write_unsplit(deployment)
     say(f"deployment {deployment} (router prfaas, t = {t} tokens)")
     rows: list[dict[str, Any]] = []

@@ -6,8 +6,9 @@
   deployment's other flags the same) pinned to that core as the deployment's server will be
   (its process tree's affinity and ``VLLM_CPU_OMP_THREADS_BIND``: ``testbed.vllm_servers``),
   measured by ``prfaas profile --endpoint`` (issue 20 item 4). Both cores at once, as the torch
-  profiles are. TTFT and ITL are what a client sees of that server (its HTTP included); no
-  plumbing term is measured this way, so the simulator charges none (the profile says so).
+  profiles are. TTFT and ITL are what a client sees of that server (its HTTP included). Then,
+  the plain servers stopped, ``prfaas profile --plumbing-of`` the deployment adds the gateway's
+  and the PD site's sidecar's terms to the PD profile (``measure_plumbing``).
 - The deployment: ``engine.kind: vllm``, one server per site (the PD site's prefill and decode
   nodes share its server, as ``examples/vllm-tiny.yaml``), each site's server on its core
   (``cpu_bind``), the gateway pinned to the PrfaaS core as with torch nodes.
@@ -99,6 +100,18 @@ def profile_cores(
         failed = wait(procs)
     if failed:
         raise SystemExit("prfaas profile --endpoint failed on " + "\n".join(failed))
+
+
+def measure_plumbing(deployment: Path, pd_profile: Path, say: Any) -> None:
+    """``prfaas profile --plumbing-of`` the deployment, into its PD site's profile (the gateway's
+    and the sidecar's terms; the plain servers are stopped by now). The PrfaaS site's profile
+    keeps none: its sidecar's remote-path costs are not measured (docs/vllm.md)."""
+    say(f"measuring the deployment's plumbing terms into {pd_profile.name} (--plumbing-of)")
+    cmd = [sys.executable, "-m", "prfaas.cli", "profile", "--plumbing-of", str(deployment),
+           "-o", str(pd_profile)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"prfaas profile --plumbing-of failed:\n{done.stderr[-2000:]}")
 
 
 def engine_section(model: Path, served: str, block_tokens: int) -> dict[str, Any]:

@@ -144,8 +144,9 @@ def plumbing_bounds(d: DeploymentConfig, sc: SimScenario) -> tuple[PlumbingBound
     - the gateway, one process on at most one core: ``rate x (per request + per output token x
       L_out) <= 1``;
     - the decode nodes: ``rate x (per request + per KV byte x E[S_kv] + per output token x L_out)
-      <= N_d`` (each node's own CPU, on top of its batched steps; ``decode_per_step_s`` is left
-      out, its share per request depends on the batch: the simulator charges it per step);
+      <= N_d`` (each node's own CPU, on top of its batched steps; ``decode_per_step_s`` and
+      ``gateway_per_step_s`` are left out, their share per request depends on the batch: the
+      simulator charges them per step);
     - every prefill node pays its costs beyond its passes: ``rate x (per request + per token x
       E[L]) <= N_prefill`` (every prompt token counted: no prefix hits assumed).
     Empty when nothing is measured (all 0.0)."""

@@ -450,3 +450,20 @@ def test_the_gateway_measures_the_vllm_sites_link_after_link_rate(
     except AssertionError as exc:
         raise AssertionError(f"{exc}; its last state: {last}") from None
     assert 0.6 * pace <= state["capacity_bytes_per_s"] <= pace, (state, pace)
+
+
+def test_the_decode_node_reports_its_servers_steps(live: Launcher) -> None:
+    """A vLLM site's decode node reports its server's engine steps (``vllm:iteration_tokens_total``
+    's count), as a torch decode node reports its own: ``prfaas profile --plumbing-of`` splits
+    the relay's per-step cost by them."""
+    live.wait_nodes(60, ["pf0", "p0", "d0"])
+
+    def steps() -> int:
+        return sum(int(r["decode_steps"]) for r in live.nodes() if r["node"] == "d0")
+
+    before = steps()
+    assert len(_complete(live, "count the steps of this short answer", stream=False)) == MAX_TOKENS
+    # Each token past the first is a step of its own (one request decoding); the report lags a
+    # heartbeat and a poll of the server's /metrics.
+    _until(lambda: steps() >= before + MAX_TOKENS - 1, "the steps in d0's report", 30)
+    assert all(r["decode_steps"] == 0 for r in live.nodes() if r["role"] == "prefill")

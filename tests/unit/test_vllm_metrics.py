@@ -31,7 +31,7 @@ def test_the_real_page_parses() -> None:
     load = vllm_load(PAGE)
     assert load == VllmLoad(
         num_running=0, num_waiting=0, kv_cache_usage=0.0,
-        num_blocks=4096, block_tokens=128, kv_cache_bytes=1 << 30,
+        num_blocks=4096, block_tokens=128, kv_cache_bytes=1 << 30, num_steps=27,
     )  # fmt: skip
     names = {s.name for s in parse_samples(PAGE)}
     assert {"vllm:num_requests_running", "vllm:prefix_cache_queries_total"} <= names
@@ -41,8 +41,10 @@ def test_load_figures_land_in_their_fields() -> None:
     page = _with(PAGE, "vllm:num_requests_running", "3.0")
     page = _with(page, "vllm:num_requests_waiting", "7.0")
     page = _with(page, "vllm:kv_cache_usage_perc", "0.25")
+    page = _with(page, "vllm:iteration_tokens_total_count", "1234.0")  # the engine's steps
     load = vllm_load(page)
     assert (load.num_running, load.num_waiting, load.kv_cache_usage) == (3, 7, 0.25)
+    assert load.num_steps == 1234
     capacity = kv_capacity_bytes(load, 0, 9)
     assert capacity == 1 << 30  # as the server says, not the configured 9 GiB
     assert int(load.kv_cache_usage * capacity) == 1 << 28

@@ -35,6 +35,12 @@ def register(subparsers: Any) -> None:
     src.add_argument("--engine", choices=["torch"], help="profile engine.torch in-process")
     src.add_argument("--endpoint", metavar="URL", help="profile an OpenAI-compatible server")
     src.add_argument("--preset", metavar="MODEL@HARDWARE", help="write a shipped profile")
+    src.add_argument(
+        "--plumbing-of", type=Path, metavar="FILE",
+        help="measure a vLLM deployment's plumbing terms (gateway, sidecar) on FILE's home PD "
+        "site launched alone, and write the profile that site names with them added (-o may be "
+        "that file); stop the plain server the profile was measured on first",
+    )  # fmt: skip
     p.add_argument("-o", "--output", type=Path, required=True, help="profile file to write")
     p.add_argument("--model-path", type=Path, help="--engine torch: the model folder")
     p.add_argument("--device", default="cpu", help="--engine torch: cpu, cuda, cuda:1 ...")
@@ -66,7 +72,7 @@ def register(subparsers: Any) -> None:
     )  # fmt: skip
     p.add_argument(
         "--plumbing-requests", type=int, default=16, metavar="N",
-        help="--engine torch: requests per class of the plumbing measurement",
+        help="--engine torch, --plumbing-of: requests per class of the plumbing measurement",
     )  # fmt: skip
     p.add_argument(
         "--sharing-rounds", type=int, default=3, metavar="N",
@@ -249,7 +255,43 @@ def run(args: argparse.Namespace) -> int:
         args.output.write_text(text, encoding="utf-8")
         print(f"wrote the shipped profile {args.preset} to {args.output}")
         return 0
-    _check_grid(args)
+    if args.plumbing_of is not None:
+        from prfaas.commands.profile_deployment import run_plumbing_of
+
+        pf = run_plumbing_of(args)
+    else:
+        _check_grid(args)
+        pf = _measure(args)
+    if args.engine == "torch" and not args.no_plumbing:
+        from prfaas.commands.profile_plumbing import with_plumbing
+
+        pf = with_plumbing(pf, args)
+    dump_profile_file(pf, args.output)
+    if pf.prefill is not None and pf.decode is not None:
+        print(f"wrote {args.output}: {len(pf.prefill.points)} prefill and "
+              f"{len(pf.decode.points)} decode points")  # fmt: skip
+    else:
+        print(f"wrote {args.output}")
+    from prfaas.perf.plumbing import PLUMBING_TERMS
+
+    for name in PLUMBING_TERMS:
+        if name not in pf.plumbing.missing:
+            print(f"  plumbing {name}: {getattr(pf.plumbing, name):.4g}")
+    try:
+        cost = cost_model_from(load_profile_text(args.output.read_text(), str(args.output)))
+    except ProfileFileError as exc:  # e.g. an endpoint profile without --model-spec
+        print(f"note: not usable as it stands: {exc}")
+        return 0
+    for p in pf.prefill.points if pf.prefill is not None and args.plumbing_of is None else ():
+        if p.cached_tokens:  # the cost model's cached rule against what was measured
+            model_s = cost.prefill_s(p.new_tokens, p.cached_tokens)
+            print(f"  {p.new_tokens} new after {p.cached_tokens} cached: measured "
+                  f"{p.median_s * 1e3:.2f} ms, cost model {model_s * 1e3:.2f} ms")  # fmt: skip
+    return 0
+
+
+def _measure(args: argparse.Namespace) -> Any:
+    """The profile of ``--engine torch`` or ``--endpoint`` (its plumbing terms added after)."""
     if args.engine == "torch" and args.seed is None:  # in-process caches start empty
         args.seed = 0
     if args.engine == "torch":
@@ -266,26 +308,4 @@ def run(args: argparse.Namespace) -> int:
             else ModelSection(args.model)
         )
         pf = profile_endpoint(args, section)
-    if args.engine == "torch" and not args.no_plumbing:
-        from prfaas.commands.profile_plumbing import with_plumbing
-
-        pf = with_plumbing(pf, args)
-    dump_profile_file(pf, args.output)
-    print(f"wrote {args.output}: {len(pf.prefill.points)} prefill and "
-          f"{len(pf.decode.points)} decode points")  # fmt: skip
-    from prfaas.perf.plumbing import PLUMBING_TERMS
-
-    for name in PLUMBING_TERMS:
-        if name not in pf.plumbing.missing:
-            print(f"  plumbing {name}: {getattr(pf.plumbing, name):.4g}")
-    try:
-        cost = cost_model_from(load_profile_text(args.output.read_text(), str(args.output)))
-    except ProfileFileError as exc:  # e.g. an endpoint profile without --model-spec
-        print(f"note: not usable as it stands: {exc}")
-        return 0
-    for p in pf.prefill.points:
-        if p.cached_tokens:  # the cost model's cached rule against what was measured
-            model_s = cost.prefill_s(p.new_tokens, p.cached_tokens)
-            print(f"  {p.new_tokens} new after {p.cached_tokens} cached: measured "
-                  f"{p.median_s * 1e3:.2f} ms, cost model {model_s * 1e3:.2f} ms")  # fmt: skip
-    return 0
+    return pf

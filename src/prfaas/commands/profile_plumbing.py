@@ -11,7 +11,9 @@ its idle rate measured beforehand, divided by the requests, gives per process an
 one request costs; the terms are differences of classes (or a line through them), less the
 profile's own forward-pass times where a node computes:
 
-- ``gateway_per_output_token_s``: the gateway's CPU, (K class - short class) / (K - 1);
+- ``gateway_per_output_token_s`` and ``gateway_per_step_s``: the gateway's CPU, (K class - short
+  class) / (K - 1), one token's relay and one wake-up of its event loop at batch 1, split by its
+  CPU in the batched class below (``split_relay``: a wake-up relays a whole step's tokens);
 - ``gateway_per_request_s``: the gateway's CPU of the short class, less one token's;
 - ``decode_per_kv_byte_s``: the decode node's CPU, (long class - short class) over the KV bytes
   between them (it runs no forward pass for a one-token request: the prefill sampled it);
@@ -94,6 +96,90 @@ class ClassCpu:
     per_process_s: dict[str, float]
 
 
+class Sender:
+    """Sends a class of requests through a deployment's gateway and checks each answered in full
+    (``ignore_eos``: exactly the tokens asked for); fresh random prompts (no prefix hits)."""
+
+    def __init__(self, url: str, model: str, seed: int) -> None:
+        from prfaas.serve.loadgen import PromptSynth
+
+        self.url, self.model = url, model
+        self._synth = PromptSynth(seed=seed, vocab_size=256)
+        self._index = iter(range(1, 1 << 30))
+
+    def __call__(self, prompt: int, output: int, count: int, concurrency: int = 1) -> None:
+        from prfaas.serve.loadgen import BenchRequest, run_workload
+
+        reqs = [BenchRequest(next(self._index), 0.0, prompt, output) for _ in range(count)]
+        results, _ = asyncio.run(
+            run_workload(reqs, base_url=self.url, model=self.model, synth=self._synth,
+                         concurrency=concurrency, timeout_s=300,
+                         extra_body={"ignore_eos": True})
+        )  # fmt: skip
+        bad = [r for r in results if not r.ok]
+        if bad:
+            raise UsageError(f"plumbing measurement: a request failed: {bad[0].reason}")
+        short = [r for r in results if r.num_output_tokens != output]
+        if short:
+            raise UsageError(
+                f"plumbing measurement: asked for {output} tokens, got {short[0].num_output_tokens}"
+            )
+
+
+def idle_rates(pids: dict[str, int]) -> dict[str, float]:
+    """Each process's CPU seconds per second while nothing is sent (``IDLE_S`` of it): its
+    heartbeats and polling, taken out of every class's figure."""
+    t0, cpu0 = time.perf_counter(), {n: process_cpu_s(p) for n, p in pids.items()}
+    time.sleep(IDLE_S)
+    wall = time.perf_counter() - t0
+    return {n: (process_cpu_s(p) - cpu0[n]) / wall for n, p in pids.items()}
+
+
+def class_cpu(
+    pids: dict[str, int], idle: dict[str, float], requests: int, send: Callable[[], None]
+) -> dict[str, float]:
+    """Each process's CPU seconds per request while ``send()`` sends ``requests`` requests, its
+    idle rate removed (a negative figure, noise, read as 0)."""
+    w0, c0 = time.perf_counter(), {n: process_cpu_s(p) for n, p in pids.items()}
+    send()
+    wall = time.perf_counter() - w0
+    return {
+        n: max(0.0, process_cpu_s(p) - c0[n] - idle[n] * wall) / requests for n, p in pids.items()
+    }
+
+
+def reported_steps(launcher: Any, heartbeat_s: float) -> int:
+    """The decode nodes' step counts summed, once their reports have caught up (a vLLM site's
+    server reports its engine steps: ``serve.vllm.metrics``)."""
+    time.sleep(3 * heartbeat_s + 0.3)
+    return sum(int(r.get("decode_steps", 0)) for r in launcher.nodes() if r.get("role") == "decode")
+
+
+def split_relay(
+    per_request_s: float, per_token_s: float, batched_cpu_s: float,
+    num_requests: int, num_steps: int, num_tokens: int,
+) -> tuple[Any, str]:  # fmt: skip
+    """A relaying process's per-token CPU at batch 1 (``per_token_s``: one wake-up and one
+    token, each token its own step there) split into per step and per token
+    (``perf.plumbing.split_decode_live``) with its CPU in a batched class: ``num_requests``
+    requests, each its fixed cost (``per_request_s``), whose ``num_tokens`` tokens came in
+    ``num_steps`` steps. ``(DecodeSplit, how)``; None where the class made no batch (no more
+    tokens than steps)."""
+    from prfaas.perf.plumbing import split_decode_live
+
+    if not num_tokens > num_steps > 0:
+        return None, ""
+    beyond_s = batched_cpu_s - num_requests * per_request_s
+    split = split_decode_live(per_token_s, beyond_s, num_steps, num_tokens)
+    how = (
+        f"; split from the batch-1 figure {per_token_s:.4g} s by its CPU with {BATCH} requests at "
+        f"once ({num_requests} requests, {num_tokens} tokens in {num_steps} steps, "
+        f"{batched_cpu_s:.4g} CPU s): per step {split.per_step_s:.4g} s, per token "
+        f"{split.per_output_token_s:.4g} s"
+    ) + "".join(f"; {c}" for c in split.clipped)
+    return split, how
+
+
 def deployment_text(model_name: str, model_path: Path, profile: Path, threads: int) -> str:
     d = {
         "engine": {
@@ -147,32 +233,12 @@ def measure(
     from prfaas.perf.profile_read import load_profile_file
     from prfaas.serve.launch_errors import LaunchError
     from prfaas.serve.launcher import Launcher
-    from prfaas.serve.loadgen import BenchRequest, PromptSynth, run_workload
 
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "plumbing-deployment.yaml"
     path.write_text(deployment_text(model_name, model_path, profile, threads), encoding="utf-8")
     d = load_deployment(path)  # a UsageError naming the field
     cm = cost_model_from_profile_file(profile)
-    synth = PromptSynth(seed=seed, vocab_size=256)
-    extra = {"ignore_eos": True}
-    index = iter(range(1, 1 << 30))
-
-    def send(prompt: int, output: int, count: int, url: str, concurrency: int = 1) -> None:
-        reqs = [BenchRequest(next(index), 0.0, prompt, output) for _ in range(count)]
-        results, _ = asyncio.run(
-            run_workload(reqs, base_url=url, model=model_name, synth=synth,
-                         concurrency=concurrency, timeout_s=300, extra_body=extra)
-        )  # fmt: skip
-        bad = [r for r in results if not r.ok]
-        if bad:
-            raise UsageError(f"plumbing measurement: a request failed: {bad[0].reason}")
-        short = [r for r in results if r.num_output_tokens != output]
-        if short:
-            raise UsageError(
-                f"plumbing measurement: asked for {output} tokens, got {short[0].num_output_tokens}"
-            )
-
     say("plumbing: starting a one-site deployment (gateway, prefill node, decode node)")
     launcher = Launcher(d, workdir / "plumbing-run")
     try:
@@ -183,41 +249,33 @@ def measure(
             f"plumbing measurement: the deployment did not start ({first}); --no-plumbing skips it"
         ) from None
     try:  # start() stops what it started when it fails; stop() the rest
-        url = launcher.url
+        send = Sender(launcher.url, model_name, seed)
         pids = {name: launcher.child(name).proc.pid for name in PROCESSES}
-        send(SHORT_PROMPT_TOKENS, 2, 2, url)  # warm-up: first passes allocate, load lazily
-        send(long_prompt_tokens, 1, 1, url)
-        t0, cpu0 = time.perf_counter(), {n: process_cpu_s(p) for n, p in pids.items()}
-        time.sleep(IDLE_S)
-        idle_wall = time.perf_counter() - t0
-        idle = {n: (process_cpu_s(p) - cpu0[n]) / idle_wall for n, p in pids.items()}
+        send(SHORT_PROMPT_TOKENS, 2, 2)  # warm-up: first passes allocate, load lazily
+        send(long_prompt_tokens, 1, 1)
+        idle = idle_rates(pids)
 
         passes_beside: dict[int, list[float]] = {}
 
         def cls(prompt: int, output: int) -> ClassCpu:
             say(f"plumbing: {requests} requests of {prompt} prompt, {output} output tokens")
             beside = passes_s if output == 1 else None
-            w0, c0 = time.perf_counter(), {n: process_cpu_s(p) for n, p in pids.items()}
-            if beside is None:
-                send(prompt, output, requests, url)
-            else:  # the nodes idle while a pass is timed: their idle rate is removed below
+
+            def run() -> None:
+                if beside is None:
+                    send(prompt, output, requests)
+                    return
+                # the nodes idle while a pass is timed: their idle rate is removed
                 timed = passes_beside[prompt] = []
                 for start in range(0, requests, BESIDE_EVERY):
                     timed.append(beside(prompt))
-                    send(prompt, output, min(BESIDE_EVERY, requests - start), url)
+                    send(prompt, output, min(BESIDE_EVERY, requests - start))
                 timed.append(beside(prompt))
-            wall = time.perf_counter() - w0
-            per = {
-                n: max(0.0, process_cpu_s(p) - c0[n] - idle[n] * wall) / requests
-                for n, p in pids.items()
-            }
-            return ClassCpu(prompt, output, per)
+
+            return ClassCpu(prompt, output, class_cpu(pids, idle, requests, run))
 
         def decode_steps() -> int:
-            """The decode node's step count, once its reports have caught up."""
-            time.sleep(2 * d.heartbeat_interval_s + 0.3)
-            rows = [r for r in launcher.nodes() if r.get("node") == "d0"]
-            return int(rows[0].get("decode_steps", 0)) if rows else 0
+            return reported_steps(launcher, d.heartbeat_interval_s)
 
         steps_at = decode_steps()
         short = cls(SHORT_PROMPT_TOKENS, 1)
@@ -230,10 +288,11 @@ def measure(
         num_batched = max(requests, 2 * BATCH)
         say(f"plumbing: {num_batched} requests, {BATCH} at once, {OUTPUT_TOKENS} output tokens")
         steps_at = decode_steps()
-        w0, c0_d = time.perf_counter(), process_cpu_s(pids["d0"])
-        send(SHORT_PROMPT_TOKENS, OUTPUT_TOKENS, num_batched, url, concurrency=BATCH)
-        wall = time.perf_counter() - w0
-        batched_cpu_s = max(0.0, process_cpu_s(pids["d0"]) - c0_d - idle["d0"] * wall)
+        batched = class_cpu(
+            {n: pids[n] for n in ("d0", "gateway")}, idle, 1,
+            lambda: send(SHORT_PROMPT_TOKENS, OUTPUT_TOKENS, num_batched, concurrency=BATCH),
+        )  # fmt: skip
+        batched_cpu_s = batched["d0"]
         batched_steps = decode_steps() - steps_at
     finally:
         launcher.stop()
@@ -249,6 +308,14 @@ def measure(
     g_s, g_k = short.per_process_s["gateway"], tokens.per_process_s["gateway"]
     gw_tok = floor0("gateway_per_output_token_s", (g_k - g_s) / (OUTPUT_TOKENS - 1))
     gw_req = floor0("gateway_per_request_s", g_s - gw_tok)
+    # The gateway relays each first token as it comes from the prefill node, the rest a decode
+    # step at a time.
+    gw_split, gw_how = split_relay(
+        gw_req, gw_tok, batched["gateway"], num_batched,
+        batched_steps + num_batched, num_batched * OUTPUT_TOKENS,
+    )  # fmt: skip
+    if gw_split is not None:
+        gw_tok = gw_split.per_output_token_s
     kv_short, kv_long = cm.kv_bytes(SHORT_PROMPT_TOKENS), cm.kv_bytes(long_prompt_tokens)
     d_s, d_k, d_l = (c.per_process_s["d0"] for c in (short, tokens, long))
     per_byte = floor0("decode_per_kv_byte_s", (d_l - d_s) / (kv_long - kv_short))
@@ -332,7 +399,9 @@ def measure(
     costs = PlumbingCosts(
         floor0("prefill_per_request_s", prefill_req), floor0("decode_per_request_s", decode_req),
         per_byte, per_tok, gw_req, gw_tok, per_step, prefill_per_token_s=prefill_tok,
-        decode_per_context_token_s=per_ctx_copy, missing=(*missing, *ctx_missing),
+        decode_per_context_token_s=per_ctx_copy,
+        gateway_per_step_s=gw_split.per_step_s if gw_split is not None else 0.0,
+        missing=(*missing, *ctx_missing, *(() if gw_split else ("gateway_per_step_s",))),
     )  # fmt: skip
 
     def passes_how(n: int) -> str:
@@ -367,8 +436,11 @@ def measure(
         f"tokens, less the profile's {OUTPUT_TOKENS - 1} decode steps ({steps_s:.4g} s)"
         f"{split_how}",
         "gateway_per_request_s": f"{common}; gateway process",
-        "gateway_per_output_token_s": f"{common}; gateway, {OUTPUT_TOKENS} vs 1 output tokens",
+        "gateway_per_output_token_s": f"{common}; gateway, {OUTPUT_TOKENS} vs 1 output tokens"
+        f"{gw_how}",
     }
+    if gw_split is not None:
+        how["gateway_per_step_s"] = f"{common}; gateway{gw_how}"
     if engine_overhead_s is not None:
         how["decode_per_step_s"] = (
             f"engine.torch's decode step less its forward pass at batch sizes "

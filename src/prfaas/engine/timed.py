@@ -308,7 +308,10 @@ class TimedEngine:
         plan = self.batcher.next_batch(head)
         jobs = [queue.popleft() for _ in range(plan.num_requests)]
         self._prefill_members_left = len(jobs)
-        duration = sum(j.work_s for j in jobs)  # == CostModel.batch_prefill_s (shipped profiles)
+        # One step's fixed cost paid once, as the simulator charges it (in modelled seconds:
+        # work_s is clock seconds, time_scale of them).
+        scale = self.config.time_scale
+        duration = self.cost_model.batched_prefill_s([j.work_s / scale for j in jobs]) * scale
         start = self._start_s(self._prefill_free_at_s)
         self._prefill_free_at_s = start + duration
         batch = PrefillBatchStart(tuple(j.request_id for j in jobs), start, duration)

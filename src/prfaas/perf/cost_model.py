@@ -123,8 +123,22 @@ class CostModel:
         return curve(num_cached_tokens + num_new_tokens) - curve(num_cached_tokens) + t0
 
     def batch_prefill_s(self, items: Sequence[tuple[int, int]]) -> float:
-        """A batch of (num_new, num_cached) prefills: the sum of their times (compute-bound)."""
-        return sum(self.prefill_s(n, c) for n, c in items)
+        """A batch of (num_new, num_cached) prefills: the sum of their times (compute-bound),
+        less what one step pays once (``batched_prefill_s``)."""
+        return self.batched_prefill_s([self.prefill_s(n, c) for n, c in items])
+
+    def batched_prefill_s(self, each_s: Sequence[float]) -> float:
+        """Prefills of ``each_s`` seconds alone, run as one batch: their sum, less the step's
+        fixed cost (``decode_step_fixed_s``) for all but one of them. Each was profiled alone,
+        one engine step paying it; in one batch they share a step (vLLM schedules them into one
+        forward pass), so it is paid once. Never below the longest alone. 0 saved from profiles
+        without a measured decode fit, and for the torch engine, which prefills one at a time
+        (batches of one)."""
+        total = sum(each_s)
+        if len(each_s) < 2:
+            return total
+        shared = (len(each_s) - 1) * self.decode_step_fixed_s()
+        return max(total - shared, max(each_s))
 
     # -- decode --------------------------------------------------------------------------------
     def _engine_parts(self, batch_size: int) -> tuple[float, float]:

@@ -29,6 +29,7 @@ PLUMBING_TERMS = (
     "shared_core_overhead",
     "prefill_per_token_s",
     "decode_per_context_token_s",
+    "gateway_per_step_s",
 )
 
 
@@ -75,6 +76,12 @@ class PlumbingCosts:
     ``hf_cache.build_cache`` / ``split_cache``). Measured in the profiling process as the engine
     step's overhead beyond the forward pass at two contexts (``commands.profile_step``);
     charged in each step like the context term of the forward pass itself."""
+    gateway_per_step_s: float = 0.0
+    """Gateway CPU seconds per decode step of its home's decode nodes, beyond the per-token
+    relay: one wake-up of its event loop relays every token a step emitted, so the relay of a
+    batch of ``b`` streams costs this once plus ``b`` times ``gateway_per_output_token_s``.
+    Measured with a batched class beside the sequential ones (``split_decode_live``); a profile
+    without it measured the gateway's relay at batch 1, where both are one token's."""
     missing: tuple[str, ...] = PLUMBING_TERMS
     """The terms the profile did not measure (each 0.0 here)."""
     approximated: tuple[str, ...] = ()

@@ -56,42 +56,53 @@ class GatewayCpu:
     live, and the late routing let it find prefixes live could not.)"""
 
     __slots__ = ("decode_nodes", "free_at_s", "num_routed", "output_tokens_routed",
-                 "per_output_token_s", "per_request_s", "route_free_at_s")  # fmt: skip
+                 "per_output_token_s", "per_request_s", "per_step_s",
+                 "route_free_at_s")  # fmt: skip
 
     def __init__(
         self, per_request_s: float, per_output_token_s: float,
         decode_nodes: Callable[[], Iterable[DecodeNode]] | None = None,
+        per_step_s: float = 0.0,
     ) -> None:  # fmt: skip
         """``decode_nodes``: its home site's decode nodes now, whose tokens it relays (what
-        ``share`` reads; None: it shares no node's cores)."""
+        ``share`` reads; None: it shares no node's cores). ``per_step_s``: its relay's cost
+        once per decode step of those nodes (``gateway_per_step_s``)."""
         self.per_request_s = per_request_s
         self.per_output_token_s = per_output_token_s
+        self.per_step_s = per_step_s
         self.decode_nodes = decode_nodes
         self.route_free_at_s = 0.0
         self.free_at_s = 0.0
         self.num_routed = 0
         self.output_tokens_routed = 0
 
+    def _rates(self) -> tuple[float, float]:
+        """(tokens, steps) per second its home's decode nodes emit now (their current batches
+        and step times)."""
+        tokens_per_s = steps_per_s = 0.0
+        for dec in self.decode_nodes() if self.decode_nodes is not None else ():
+            span_s = dec.tick_s - dec.span_start_s
+            if dec.members and dec.tick_steps > 0 and 0.0 < span_s < float("inf"):
+                steps_per_s += dec.tick_steps / span_s
+                tokens_per_s += dec.span_batch * dec.tick_steps / span_s
+        return tokens_per_s, steps_per_s
+
     def share(self) -> float:
         """The CPU it uses now, a fraction of one core: its relay, ``per_output_token_s`` for
-        each token its home's decode nodes emit per second (their current batches and step
-        times), and its routing, ``per_request_s`` spread over the mean output of the requests
+        each token its home's decode nodes emit per second and ``per_step_s`` for each of their
+        steps, and its routing, ``per_request_s`` spread over the mean output of the requests
         routed so far (in a steady state the routing rate is the token rate over the mean
         output). A rate, not its instants: a burst's first routing, before anything decodes,
         is not charged here (the routing FIFO still delays it)."""
         if self.decode_nodes is None:
             return 0.0
-        tokens_per_s = 0.0
-        for dec in self.decode_nodes():
-            span_s = dec.tick_s - dec.span_start_s
-            if dec.members and dec.tick_steps > 0 and 0.0 < span_s < float("inf"):
-                tokens_per_s += dec.span_batch * dec.tick_steps / span_s
+        tokens_per_s, steps_per_s = self._rates()
         if tokens_per_s == 0.0:
             return 0.0
         per_token = self.per_output_token_s
         if self.output_tokens_routed:
             per_token += self.per_request_s * self.num_routed / self.output_tokens_routed
-        return per_token * tokens_per_s
+        return per_token * tokens_per_s + self.per_step_s * steps_per_s
 
     def route_at(self, arrival_s: float, num_output_tokens: int) -> float:
         self.num_routed += 1
@@ -100,7 +111,14 @@ class GatewayCpu:
         at = start + self.per_request_s
         self.route_free_at_s = at
         busy = self.free_at_s if self.free_at_s > arrival_s else arrival_s
-        self.free_at_s = busy + self.per_request_s + self.per_output_token_s * num_output_tokens
+        relay_s = self.per_output_token_s * num_output_tokens
+        if self.per_step_s > 0.0:
+            # Its share of the steps that will carry its tokens: the decode batches' now (each
+            # token its own step while nothing decodes, the dearest case).
+            tokens_per_s, steps_per_s = self._rates()
+            ratio = steps_per_s / tokens_per_s if tokens_per_s > 0.0 else 1.0
+            relay_s += self.per_step_s * num_output_tokens * ratio
+        self.free_at_s = busy + self.per_request_s + relay_s
         return at
 
     def backlog_s(self, now_s: float) -> float:

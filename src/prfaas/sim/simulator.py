@@ -338,16 +338,13 @@ class Simulator:
         node.queued_tokens -= tokens
         node.cached_load = None
         w.site_queued[node.site] -= len(batch)
-        # Sum of per-request times == CostModel.batch_prefill_s for the shipped profiles.
         now = w.now
         node.busy = True
         start = self._start_transfer
         if len(batch) == 1:  # most batches (no loop: hot path)
             work = batch[0].work_s
-        else:
-            work = 0.0
-            for req in batch:
-                work += req.work_s
+        else:  # one step's fixed cost paid once (CostModel.batched_prefill_s)
+            work = node.cm.batched_prefill_s([req.work_s for req in batch])
         shared = w.shared[node.site]
         if shared is None:
             factor = 1.0

@@ -137,11 +137,17 @@ class World:
 
     def gateway_cpu(self, site: int) -> GatewayCpu | None:
         """The gateway of home site ``site`` (its plumbing terms from that site's profile), or
-        None when neither gateway term is charged."""
+        None when no gateway term is charged."""
         p = self.node_cost_model(self.sc.sites[site].hardware).plumbing
-        if p.gateway_per_request_s <= 0 and p.gateway_per_output_token_s <= 0:
+        if (
+            p.gateway_per_request_s <= 0
+            and p.gateway_per_output_token_s <= 0
+            and (p.gateway_per_step_s <= 0)
+        ):
             return None
-        return GatewayCpu(p.gateway_per_request_s, p.gateway_per_output_token_s)
+        return GatewayCpu(
+            p.gateway_per_request_s, p.gateway_per_output_token_s, per_step_s=p.gateway_per_step_s
+        )
 
     def decode_kv_capacity(self, cm: CostModel) -> int:
         """A decode instance's KV budget: a fraction of its HBM."""

@@ -38,7 +38,7 @@ pytestmark = pytest.mark.timeout(60)
 
 PLUMBING = PlumbingCosts(
     0.004, 0.003, 2e-9, 0.0003, 0.002, 0.0001, 0.0007, 0.05, prefill_per_token_s=3e-6,
-    decode_per_context_token_s=2e-7, missing=(),
+    decode_per_context_token_s=2e-7, gateway_per_step_s=5e-4, missing=(),
 )  # fmt: skip
 
 
@@ -203,7 +203,7 @@ def test_each_term_is_charged_where_it_is_paid_and_switched_off(tmp_path: Path) 
         elif term == "decode_per_context_token_s":
             assert ttft_off == pytest.approx(ttft)
             assert decode_off - base_decode == pytest.approx(steps * per_step_and_token, rel=1e-6)
-        elif term in ("gateway_per_output_token_s", "shared_core_overhead"):
+        elif term in ("gateway_per_output_token_s", "gateway_per_step_s", "shared_core_overhead"):
             # A lone request never waits on the relay; these nodes have cores of their own.
             assert (ttft_off, decode_off) == pytest.approx((ttft, decode))
         else:
@@ -228,7 +228,10 @@ def test_the_gateway_routes_requests_in_arrival_order(tmp_path: Path) -> None:
     assert starts[1] - starts[0] == pytest.approx(gap)
     assert starts[2] - starts[1] == pytest.approx(gap)
     (gateway,) = sim.gateways.values()
-    each = PLUMBING.gateway_per_request_s + OUTPUT * PLUMBING.gateway_per_output_token_s
+    # Routed before anything decodes: each token its own step.
+    each = PLUMBING.gateway_per_request_s + OUTPUT * (
+        PLUMBING.gateway_per_output_token_s + PLUMBING.gateway_per_step_s
+    )
     assert gateway.backlog_s(0.0) == pytest.approx(3 * each)
     assert gateway.backlog_s(3 * each) == 0.0
 
@@ -310,10 +313,29 @@ def test_the_gateways_share_is_its_relay_and_routing_at_the_decode_token_rate() 
     assert GatewayCpu(0.006, 0.0007).share() == 0.0  # not pinned to any node's cores
 
 
+def test_the_gateways_relay_pays_once_per_decode_step_and_per_token() -> None:
+    """``gateway_per_step_s``: one event-loop wake-up relays a whole step's tokens, so the relay
+    of a batch of 4 costs it once a step (20 steps/s here), not per token; a request's booked
+    relay takes its tokens' share of those steps (a quarter of a step each), and each token a
+    whole step while nothing decodes."""
+    from types import SimpleNamespace
+
+    from prfaas.sim.plumbing import GatewayCpu
+
+    dec = SimpleNamespace(members=[1], tick_steps=10, span_start_s=1.0, tick_s=1.5, span_batch=4)
+    g = GatewayCpu(0.0, 0.0007, lambda: [dec], per_step_s=0.002)  # type: ignore[arg-type, list-item]
+    assert g.share() == pytest.approx(0.0007 * 80 + 0.002 * 20)
+    g.route_at(0.0, 8)
+    assert g.backlog_s(0.0) == pytest.approx(8 * 0.0007 + 0.002 * 8 / 4)
+    dec.members = []
+    g.route_at(0.0, 8)  # nothing decoding: each token its own step
+    assert g.backlog_s(0.0) == pytest.approx(2 * 8 * 0.0007 + 0.002 * (8 / 4 + 8))
+
+
 def test_a_gateway_on_the_prefill_cores_slows_their_prefills(tmp_path: Path) -> None:
     """A PrfaaS site's core shared by its prefill node and the gateway (``hosts_gateway``): the
     offloaded prefills take longer while the PD site decodes (the gateway relays its tokens),
-    by the gateway's share; with both gateway terms off, as if it had a core of its own."""
+    by the gateway's share; with the gateway's terms off, as if it had a core of its own."""
     path = _write(tmp_path, _profile(), "gwcores.yaml")
 
     def prefills(hosts: bool, off: tuple[str, ...] = ()) -> list[float]:
@@ -338,7 +360,7 @@ def test_a_gateway_on_the_prefill_cores_slows_their_prefills(tmp_path: Path) -> 
     # Later ones, while one request decodes (batch 1: a step of 0.0025 s plus the charged
     # plumbing per step): slowed by 1 / (1 - share), share = per-token CPU x tokens per s.
     assert all(p > 1.02 * o for p, o in zip(pinned[3:], own[3:], strict=True))
-    gw_off = ("gateway_per_request_s", "gateway_per_output_token_s")
+    gw_off = ("gateway_per_request_s", "gateway_per_output_token_s", "gateway_per_step_s")
     assert prefills(True, gw_off) == pytest.approx(prefills(False, gw_off))
     with pytest.raises(ScenarioError, match="hosts_gateway needs shared_cores"):
         SimScenario(sites=(SimSite("pd", "pd", "h20", 1, 1, hosts_gateway=True),)).validate()

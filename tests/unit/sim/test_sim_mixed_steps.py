@@ -111,3 +111,37 @@ def test_a_vllm_file_with_one_prefill_and_one_decode_node_per_site_gets_mixed_st
         SimScenario(
             sites=(SimSite("pd", "pd", "h20", 2, 1, shared_cores=1, mixed_steps=True),)
         ).validate()
+
+
+def test_prefills_batched_into_one_step_pay_its_fixed_cost_once(tmp_path: Path) -> None:
+    """Each profiled prefill paid an engine step's fixed cost (the decode fit's ``base_s``); a
+    batch of several shares one step (vLLM puts them into one forward pass), so it pays that
+    once, never below its longest member; a profile without a measured decode fit saves
+    nothing. The simulator's batch takes exactly that long."""
+    from prfaas.perf import cost_model_for
+    from prfaas.perf.profile_costs import cost_model_from_profile_file
+
+    cm = cost_model_from_profile_file(_profile(tmp_path))
+    assert cm.decode_step_fixed_s() == pytest.approx(BASE_S)
+    alone = [cm.prefill_s(n) for n in (64, 300, 700)]
+    assert cm.batch_prefill_s([(64, 0), (300, 0), (700, 0)]) == pytest.approx(
+        sum(alone) - 2 * BASE_S
+    )
+    assert cm.batched_prefill_s([0.009, 0.001]) == pytest.approx(0.009)  # its longest
+    assert cm.batched_prefill_s([0.02]) == 0.02
+    preset = cost_model_for("paper-1t", "h20")
+    assert preset.batched_prefill_s([0.1, 0.2]) == pytest.approx(0.3)
+    # Three short prompts arriving together: the first starts alone on the idle node, the
+    # other two (1,000 tokens, within the budget) share the next step.
+    site = SimSite("pd", "pd", str(_profile(tmp_path)), 1, 1)
+    sc = SimScenario(
+        sites=(site,), model="tiny", policy="local_only", prefix_cache=False,
+        local_fabric_gbps=1e9, duration_s=1e6, prefill_token_budget=BUDGET,
+    )  # fmt: skip
+    specs = [SimRequestSpec(i, 0.0, n, 1) for i, n in enumerate((64, 300, 700))]
+    sim = Simulator(sc, iter(specs))
+    ends: dict[int, float] = {}
+    sim.on_finish = lambda req: ends.__setitem__(req.index, req.prefill_end_s)
+    sim.run()
+    assert ends[0] == pytest.approx(alone[0])
+    assert ends[1] == ends[2] == pytest.approx(sum(alone) - BASE_S)

@@ -280,6 +280,8 @@ class VllmHost:
                     handshake_failures=stats.handshake_failures,
                     prefilled_tokens=node.meter.prefilled_tokens,
                     prefill_busy_s=node.meter.busy_s(time.monotonic()),
+                    # The server's steps, each running its decode batch (a restart counts anew).
+                    decode_steps=load.num_steps if node.role is NodeRole.DECODE else 0,
                 )
             )
         return out

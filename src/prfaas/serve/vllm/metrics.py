@@ -91,12 +91,16 @@ class VllmLoad:
     kv_cache_bytes: int = 0
     """The cache's size as the server says it (``kv_cache_memory_bytes``: set on CPU servers
     from ``VLLM_CPU_KVCACHE_SPACE``; 0: not said)."""
+    num_steps: int = 0
+    """Engine steps since the server started (``vllm:iteration_tokens_total``'s count: one
+    sample per step, each running the decode batch beside any prefill chunk)."""
 
 
 def vllm_load(text: str) -> VllmLoad:
     running = waiting = 0.0
     usage: list[float] = []
     num_blocks = block_tokens = cache_bytes = 0
+    steps = 0.0
     for s in parse_samples(text):
         if math.isnan(s.value):
             continue
@@ -106,6 +110,8 @@ def vllm_load(text: str) -> VllmLoad:
             waiting += s.value
         elif s.name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
             usage.append(s.value)
+        elif s.name == "vllm:iteration_tokens_total_count":
+            steps += s.value
         elif s.name == "vllm:cache_config_info":
             labels = dict(s.labels)
             num_blocks += _int(labels.get("num_gpu_blocks"))
@@ -118,6 +124,7 @@ def vllm_load(text: str) -> VllmLoad:
         num_blocks=num_blocks,
         block_tokens=block_tokens,
         kv_cache_bytes=cache_bytes,
+        num_steps=int(steps),
     )
 
 

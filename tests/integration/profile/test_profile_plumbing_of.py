@@ -1,0 +1,116 @@
+"""``prfaas profile --plumbing-of FILE``: which files it measures (a vLLM site's, with a profile
+file), the one-site deployment it launches, and the measurement itself run through a real
+gateway and node process. The measurement is engine-agnostic past the file check (process CPU
+of the gateway and the site's node process, steps from the nodes' reports), so it is run here on
+an emulated site (timed nodes, seconds); the vLLM sidecar's step count it reads is covered by
+``tests/unit/test_vllm_metrics.py`` and ``tests/e2e/test_vllm_live.py``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from prfaas.cli import main
+from prfaas.commands.profile_deployment import MISSING, Target, measure, one_site_deployment
+from prfaas.perf.plumbing import PLUMBING_TERMS
+
+
+def _files(tmp_path: Path, engine: dict[str, object], name: str = "deploy.yaml") -> Path:
+    """A two-site deployment file whose PD site names a profile file (the shipped H20's)."""
+    assert main(["profile", "--preset", "paper-1t@h20", "-o", str(tmp_path / "pd.yaml")]) == 0
+    (tmp_path / "model").mkdir(exist_ok=True)
+    d = {
+        "engine": engine,
+        "gateway": {"port": 8123, "cpus": "0", "api_keys": ["k" * 20]},
+        "policy": {"router": "prfaas", "threshold_tokens": 4096},
+        "sites": [
+            {"name": "pf", "kind": "prfaas", "hardware": "h200",
+             "nodes": [{"name": "pf0", "role": "prefill"}]},
+            {"name": "pd", "kind": "pd", "hardware": "pd.yaml",
+             "engine": {"vllm": {"cpu_bind": "0"}} if engine["kind"] == "vllm" else {},
+             "nodes": [{"name": "p0", "role": "prefill"}, {"name": "d0", "role": "decode"}]},
+        ],
+        "links": [{"src": "pf", "dst": "pd", "gbps": 10}],
+        "psk": "p" * 32,
+    }  # fmt: skip
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(d), encoding="utf-8")
+    return path
+
+
+VLLM = {"kind": "vllm", "model": "tiny", "model_path": "model"}
+
+
+@pytest.mark.timeout(60)
+def test_the_home_pd_site_alone_is_what_it_launches(tmp_path: Path) -> None:
+    target = one_site_deployment(_files(tmp_path, VLLM))
+    d = yaml.safe_load(target.text)
+    assert target.site == "pd" and target.profile == (tmp_path / "pd.yaml").resolve()
+    assert [s["name"] for s in d["sites"]] == ["pd"] and "links" not in d
+    assert d["sites"][0]["hardware"] == str(target.profile)  # absolute: the file moves
+    assert d["sites"][0]["engine"] == {"vllm": {"cpu_bind": "0"}}
+    assert d["policy"]["router"] == "local_only"
+    # The gateway keeps its cores, not its port or keys (the requests carry none).
+    assert d["gateway"] == {"cpus": "0", "port": 0, "control_port": 0, "request_timeout_s": 600}
+    assert d["engine"] == VLLM and d["psk"] != "p" * 32
+
+
+@pytest.mark.timeout(60)
+def test_files_it_cannot_measure_exit_2_naming_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    timed = _files(tmp_path, {"kind": "timed", "model": "paper-1t"}, "timed.yaml")
+    preset = tmp_path / "preset.yaml"
+    data = yaml.safe_load(_files(tmp_path, VLLM).read_text())
+    data["sites"][1]["hardware"] = "h20"
+    preset.write_text(yaml.safe_dump(data), encoding="utf-8")
+    out = str(tmp_path / "out.yaml")
+    cases = [
+        (timed, "runs engine kind 'timed'"),
+        (preset, "hardware 'h20' is a preset, not a profile file"),
+        (tmp_path / "none.yaml", "no deployment file"),
+    ]
+    for path, message in cases:
+        assert main(["profile", "--plumbing-of", str(path), "-o", out]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and "\n" not in err, err
+    argv = ["profile", "--plumbing-of", str(timed), "-o", out, "--plumbing-requests", "1"]
+    assert main(argv) == 2
+    assert "--plumbing-requests must be >= 2" in capsys.readouterr().err
+    assert not Path(out).exists()  # nothing half-written
+
+
+@pytest.mark.timeout(120)
+def test_the_measurement_through_a_live_gateway_and_node_process(tmp_path: Path) -> None:
+    """Every term it stores is a figure of this run (the gateway's CPU per request is never 0),
+    the per-step terms split from a batched class whose steps the decode node reported, and
+    what it cannot see is named missing."""
+    timed = yaml.safe_load(_files(tmp_path, {"kind": "timed", "model": "paper-1t"}).read_text())
+    timed["engine"]["time_scale"] = 0.05
+    timed["sites"] = timed["sites"][1:]
+    timed["sites"][0]["hardware"] = str(tmp_path / "pd.yaml")
+    timed.update(policy={"router": "local_only"}, links=[],
+                 gateway={"port": 0, "control_port": 0})  # fmt: skip
+    target = Target(yaml.safe_dump(timed), tmp_path / "pd.yaml", "pd")
+    costs, how = measure(target, tmp_path / "work", requests=4, seed=3)
+    assert costs.gateway_per_request_s > 0
+    assert set(costs.missing) == set(MISSING)  # both per-step terms split
+    described = dict(how)
+    assert set(described) == set(PLUMBING_TERMS) - set(MISSING)
+    assert "steps" in described["gateway_per_step_s"]
+    assert "the sidecar (not its server)" in described["decode_per_step_s"]
+    # The deployment it launched is stopped, every process of it.
+    processes = json.loads((tmp_path / "work" / "plumbing-run" / "processes.json").read_text())
+    assert processes["stopped"] is True and processes["processes"]
+    work = str(tmp_path / "work").encode()
+    alive = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if work in cmdline.read_bytes():
+                alive.append(cmdline.parent.name)
+        except OSError:
+            continue  # gone since the listing
+    assert not alive
