@@ -100,6 +100,12 @@ def left_out_by_eqs(d: DeploymentConfig, sc: SimScenario) -> tuple[str, ...]:
                     f"nodes ({site.threads_per_node} thread(s) each) run on {site.shared_cores} "
                     "core(s); Eqs. 3-5 give each node its own machine"
                 )
+        if site.decode_max_batch is not None and site.num_decode:
+            out.append(
+                f"decode batch: site {site.name}'s engine holds up to {site.decode_max_batch} "
+                "requests a step whatever the step takes (simulation.decode_max_batch); Eqs. 5-6 "
+                "size it by the TPOT SLO (BS_max)"
+            )
         if site.hosts_gateway:
             out.append(
                 f"the gateway on site {site.name}'s cores (gateway.cpus): its CPU is taken from "

@@ -50,7 +50,8 @@ class ControlLoop:
         if isinstance(node, PrefillNode):
             adm = w.admission.get(site)
             if adm is None:
-                adm = w.admission[site] = DecodeAdmission(cm.max_decode_batch)
+                bs = w.sc.sites[site].decode_max_batch or cm.max_decode_batch
+                adm = w.admission[site] = DecodeAdmission(bs)
             new = DecodeNode(node.node_id, node.index, site, node.site_id, cm,
                              adm.max_batch, w.decode_kv_capacity(cm),
                              w.sc.sites[site].decode_pads_batch)  # fmt: skip

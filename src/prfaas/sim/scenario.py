@@ -51,6 +51,10 @@ class SimSite:
     mixed_steps: bool = False
     """The site's one prefill and one decode node are one engine that runs both in each step
     (a vLLM server: ``processor.SharedCores``, mixed steps); needs ``shared_cores``."""
+    decode_max_batch: int | None = None
+    """The most requests one of its decode steps holds (the engine's own cap,
+    ``ENGINE_DECODE_MAX_BATCH``); None: the batch whose step meets the decode SLO (the cost
+    model's ``max_decode_batch``)."""
     decode_pads_batch: bool = False
     """The decode nodes' engine pads a batch to its longest context (``engine.torch``: the
     batch's caches are left-padded into one), so a step costs what ``batch x longest`` context
@@ -144,6 +148,10 @@ class SimScenario:
                 )
             if s.hosts_gateway and s.shared_cores is None:
                 raise ScenarioError(f"site {s.name}: hosts_gateway needs shared_cores")
+            if s.decode_max_batch is not None and s.decode_max_batch < 1:
+                raise ScenarioError(
+                    f"site {s.name}: decode_max_batch must be >= 1, got {s.decode_max_batch}"
+                )
             if (s.shared_cores is not None and s.shared_cores < 1) or s.threads_per_node < 1:
                 raise ScenarioError(
                     f"site {s.name}: shared_cores and threads_per_node must be >= 1"

@@ -161,7 +161,7 @@ class World:
                 self.add_node(PrefillNode(NodeId(f"{s.name}/p{k}"), len(self.nodes), i, sid, cm))
             if s.kind != "pd":
                 continue
-            bs = cm.max_decode_batch
+            bs = s.decode_max_batch or cm.max_decode_batch
             if bs <= 0:
                 raise ScenarioError(f"site {s.name}: {s.hardware} cannot meet the decode SLO")
             self.admission[i] = DecodeAdmission(bs)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from prfaas.config import load_deployment
 from prfaas.perf.profile_file import DecodePoint, PrefillPoint
@@ -145,3 +146,51 @@ def test_prefills_batched_into_one_step_pay_its_fixed_cost_once(tmp_path: Path) 
     sim.run()
     assert ends[0] == pytest.approx(alone[0])
     assert ends[1] == ends[2] == pytest.approx(sum(alone) - BASE_S)
+
+
+def test_a_vllm_site_decodes_as_many_as_its_server_admits(tmp_path: Path) -> None:
+    """A vLLM server admits up to its max_num_seqs whatever a step takes (128 by default on
+    CPU); the simulator's decode batch follows the file's engine kind (the SLO's batch for the
+    timed and torch kinds), ``simulation.decode_max_batch`` overriding, and ``plan`` says so."""
+    from prfaas.capacity import left_out_by_eqs
+
+    root = Path(__file__).resolve().parents[3]
+    d = load_deployment(root / "examples" / "vllm-tiny.yaml")
+    pd = next(s for s in sim_scenario(d).sites if s.kind == "pd")
+    assert pd.decode_max_batch == 128
+    assert any("decode batch: site" in line for line in left_out_by_eqs(d, sim_scenario(d)))
+    raw = yaml.safe_load((root / "examples" / "vllm-tiny.yaml").read_text())
+    raw.setdefault("simulation", {})["decode_max_batch"] = 256
+    given = tmp_path / "given.yaml"
+    given.write_text(yaml.safe_dump(raw))
+    given_sites = sim_scenario(load_deployment(given)).sites
+    assert next(s for s in given_sites if s.kind == "pd").decode_max_batch == 256
+    timed = load_deployment(root / "examples" / "two-site.yaml")
+    assert all(s.decode_max_batch is None for s in sim_scenario(timed).sites)
+    # 40 requests of 64 tokens decoding 30 tokens each: one wave at the server's cap, four at a
+    # cap of 10 (the SLO's batch on a slower profile); memory for all of their KV.
+    prefill = tuple(PrefillPoint(n, 0, 0.002 + 4e-5 * n) for n in (64, 512, 2048))
+    decode = tuple(
+        DecodePoint(b, ctx, BASE_S + PER_REQUEST_S * b) for b in (1, 4, 16) for ctx in (128, 4096)
+    )
+    path = write_profile(tmp_path / "big.yaml", prefill, decode, max_context_tokens=8192,
+                         memory_bytes=1e13, source="endpoint")  # fmt: skip
+    specs = [SimRequestSpec(i, 0.0, 64, 30) for i in range(40)]
+
+    def drain_s(cap: int | None) -> float:
+        site = SimSite("pd", "pd", path, 1, 1, decode_max_batch=cap)
+        sc = SimScenario(
+            sites=(site,), model="tiny", policy="local_only", prefix_cache=False,
+            local_fabric_gbps=1e9, duration_s=1e6, prefill_token_budget=BUDGET,
+        )  # fmt: skip
+        sim = Simulator(sc, iter(specs))
+        ends: list[float] = []
+        sim.on_finish = lambda req: ends.append(req.finish_s)
+        sim.run()
+        assert len(ends) == len(specs)
+        return max(ends)
+
+    # One wave of ~29 steps of 40 (28 ms) against four of 10 (13 ms).
+    assert drain_s(128) < 0.6 * drain_s(10)
+    with pytest.raises(ScenarioError, match="decode_max_batch must be >= 1"):
+        SimScenario(sites=(SimSite("pd", "pd", "h20", 1, 1, decode_max_batch=0),)).validate()
