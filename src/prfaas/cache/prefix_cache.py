@@ -127,6 +127,12 @@ class HybridPrefixCache:
                 k -= 1
         return k
 
+    def may_extend(self, block_hashes: Sequence[int], num_tokens: int) -> bool:
+        """Whether a prefix longer than ``num_tokens`` (a whole number of blocks) may be stored:
+        the block after it is (one lookup; ``cached_tokens`` then says how long)."""
+        k = num_tokens // self._block_tokens
+        return k < len(block_hashes) and block_hashes[k] in self._blocks
+
     def cached_tokens(self, block_hashes: Sequence[int], max_tokens: int | None = None) -> int:
         return self.match_blocks(block_hashes, max_tokens) * self._block_tokens
 

@@ -57,12 +57,15 @@ class NodeBase:
 class PrefillNode(NodeBase):
     __slots__ = ("batch", "batch_end_s", "batch_factor", "batch_left_s", "batch_mark_s",
                  "batch_retimable", "busy", "free_at_s", "per_token_s", "queue",
-                 "queued_tokens")  # fmt: skip
+                 "queued_tokens", "step_fixed_s")  # fmt: skip
 
     def __init__(self, node_id: NodeId, index: int, site: int, site_id: SiteId, cm: CostModel):
         super().__init__(node_id, index, site, site_id, NodeRole.PREFILL, cm)
         self.per_token_s = cm.plumbing.prefill_per_token_s
         """The node process's cost per uncached token beyond the forward passes."""
+        self.step_fixed_s = cm.decode_step_fixed_s()
+        """What a batch of prefills pays once (``CostModel.batched_prefill_s``; 0 from profiles
+        without a measured decode fit: the sum then)."""
         self.queue: deque[SimRequest] = deque()
         self.busy = False
         self.free_at_s = 0.0

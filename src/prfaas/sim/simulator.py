@@ -352,8 +352,12 @@ class Simulator:
         start = self._start_transfer
         if len(batch) == 1:  # most batches (no loop: hot path)
             work = batch[0].work_s
-        else:  # one step's fixed cost paid once (CostModel.batched_prefill_s)
-            work = node.cm.batched_prefill_s([req.work_s for req in batch])
+        else:
+            work = 0.0
+            for req in batch:
+                work += req.work_s
+            if node.step_fixed_s:  # paid once by the batch (CostModel.batched_prefill_s)
+                work = node.cm.batched_prefill_s([req.work_s for req in batch])
         shared = w.shared[node.site]
         if shared is None:
             factor = 1.0
@@ -392,8 +396,8 @@ class Simulator:
         gained = 0
         for req in batch:
             hashes = req.block_hashes
-            if not hashes:
-                continue
+            if not hashes or not cache.may_extend(hashes, req.num_cached):
+                continue  # most requests (hot path): nothing stored past what they found
             found = cache.cached_tokens(hashes, req.num_prompt - 1)
             if found > req.num_cached:
                 cache.num_hit_tokens += found - req.num_cached  # the hit rate counts it
