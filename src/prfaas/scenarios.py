@@ -282,6 +282,7 @@ def sim_scenario(
             s.name, s.kind, s.hardware, *_counts(s), cache_bytes_per_node=cache_bytes,
             decode_pads_batch=sim.decode_pads_batch_for(d.engine_for(s.name).kind),
             decode_max_batch=sim.decode_max_batch_for(d.engine_for(s.name).kind),
+            lookup_at_start=d.engine_for(s.name).kind == "vllm",
             **_shared_cores(d, s.name),
         )
         for s in d.sites

@@ -51,6 +51,10 @@ class SimSite:
     mixed_steps: bool = False
     """The site's one prefill and one decode node are one engine that runs both in each step
     (a vLLM server: ``processor.SharedCores``, mixed steps); needs ``shared_cores``."""
+    lookup_at_start: bool = False
+    """The site's engine looks its prefix cache up when it schedules a prefill (a vLLM server),
+    so a request finds what was stored while it queued; False: it uses what it found when routed
+    (prfaas's own nodes take the gateway's ``use_cached_tokens``)."""
     decode_max_batch: int | None = None
     """The most requests one of its decode steps holds (the engine's own cap,
     ``ENGINE_DECODE_MAX_BATCH``); None: the batch whose step meets the decode SLO (the cost

@@ -47,6 +47,7 @@ from prfaas.sim.homes import build_homes
 from prfaas.sim.metrics import Metrics
 from prfaas.sim.nodes import PrefillNode, SimNode
 from prfaas.sim.plumbing import GatewayCpu
+from prfaas.sim.prefill_work import found_since_routed, service_s
 from prfaas.sim.request import SimRequest
 from prfaas.sim.scenario import SimScenario
 from prfaas.sim.world import World
@@ -78,16 +79,6 @@ def _advance(req: SimRequest, state: RequestState) -> None:
     req.state = state
 
 
-def _service_s(req: SimRequest, node: PrefillNode) -> float:
-    """``req``'s prefill on ``node`` alone: its uncached tokens after its cached prefix, and the
-    node process's costs around the passes (per request, per uncached token)."""
-    uncached = req.num_prompt - req.num_cached
-    svc = node.cm.prefill_s(uncached, req.num_cached) + node.per_request_s
-    if node.per_token_s:
-        svc += node.per_token_s * uncached
-    return svc
-
-
 class Simulator:
     def __init__(self, scenario: SimScenario, requests: Iterator[SimRequestSpec] | None = None):
         scenario.validate()
@@ -108,6 +99,9 @@ class Simulator:
         # insert call it directly (``GlobalKVManager.use`` / ``store`` inline: a call saved each).
         self._caches = tuple(w.kv.cache(sid) for sid in w.site_ids)
         self._cache_by_id = dict(zip(w.site_ids, self._caches, strict=True))
+        self._lookup_at_start = tuple(
+            s.lookup_at_start and scenario.prefix_cache for s in scenario.sites
+        )
         # Each home site's gateway CPU (``sim.plumbing``): None when no gateway term is charged.
         self._gateways = tuple(w.gateway_cpu(h) for h in self._home_sites)
         w.pin_gateways(dict(zip(self._home_sites, self._gateways, strict=True)))
@@ -314,7 +308,7 @@ class Simulator:
     def _assign(self, req: SimRequest, node: PrefillNode, site: int) -> None:
         w = self.world
         uncached = req.num_prompt - req.num_cached
-        svc = req.work_s = _service_s(req, node)
+        svc = req.work_s = service_s(req, node)
         now = w.now
         node.free_at_s = (node.free_at_s if node.free_at_s > now else now) + svc
         node.queue.append(req)
@@ -343,8 +337,8 @@ class Simulator:
             batch = [queue.popleft() for _ in range(batch_plan.num_requests)]
             tokens = batch_plan.num_tokens
         node.queued_tokens -= tokens  # as _assign counted them
-        if w.sc.prefix_cache:
-            tokens -= self._found_since_routed(batch, node)
+        if self._lookup_at_start[node.site]:
+            tokens -= found_since_routed(batch, node, self._caches[node.site])
         node.cached_load = None
         w.site_queued[node.site] -= len(batch)
         now = w.now
@@ -384,27 +378,6 @@ class Simulator:
             q.heap,
             (now + duration, _PREFILL_DONE, next(q.seq), node, handoffs),
         )
-
-    def _found_since_routed(self, batch: list[SimRequest], node: PrefillNode) -> int:
-        """The prefix tokens ``batch``'s members find cached as their prefill starts beyond what
-        they found when routed: an engine looks its cache up when it schedules a prompt, so a
-        turn queued behind its session's previous turn reuses what that prefill has stored since
-        (in a 90-request burst of multi-turn sessions a vLLM server did 1.8x less prefill work
-        than routing-time hits gave, 2026-12-06). Their cached counts and work are updated; the
-        tokens no longer computed are returned."""
-        cache = self._caches[node.site]
-        gained = 0
-        for req in batch:
-            hashes = req.block_hashes
-            if not hashes or not cache.may_extend(hashes, req.num_cached):
-                continue  # most requests (hot path): nothing stored past what they found
-            found = cache.cached_tokens(hashes, req.num_prompt - 1)
-            if found > req.num_cached:
-                cache.num_hit_tokens += found - req.num_cached  # the hit rate counts it
-                gained += found - req.num_cached
-                req.num_cached = found
-                req.work_s = _service_s(req, node)
-        return gained
 
     def _start_transfer(
         self, req: SimRequest, node: PrefillNode, duration: float, now: float

@@ -157,7 +157,7 @@ def test_a_vllm_site_decodes_as_many_as_its_server_admits(tmp_path: Path) -> Non
     root = Path(__file__).resolve().parents[3]
     d = load_deployment(root / "examples" / "vllm-tiny.yaml")
     pd = next(s for s in sim_scenario(d).sites if s.kind == "pd")
-    assert pd.decode_max_batch == 128
+    assert pd.decode_max_batch == 128 and pd.lookup_at_start
     assert any("decode batch: site" in line for line in left_out_by_eqs(d, sim_scenario(d)))
     raw = yaml.safe_load((root / "examples" / "vllm-tiny.yaml").read_text())
     raw.setdefault("simulation", {})["decode_max_batch"] = 256
@@ -166,7 +166,8 @@ def test_a_vllm_site_decodes_as_many_as_its_server_admits(tmp_path: Path) -> Non
     given_sites = sim_scenario(load_deployment(given)).sites
     assert next(s for s in given_sites if s.kind == "pd").decode_max_batch == 256
     timed = load_deployment(root / "examples" / "two-site.yaml")
-    assert all(s.decode_max_batch is None for s in sim_scenario(timed).sites)
+    assert all(s.decode_max_batch is None and not s.lookup_at_start
+               for s in sim_scenario(timed).sites)  # fmt: skip
     # 40 requests of 64 tokens decoding 30 tokens each: one wave at the server's cap, four at a
     # cap of 10 (the SLO's batch on a slower profile); memory for all of their KV.
     prefill = tuple(PrefillPoint(n, 0, 0.002 + 4e-5 * n) for n in (64, 512, 2048))

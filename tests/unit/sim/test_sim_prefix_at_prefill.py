@@ -1,6 +1,8 @@
-"""An engine looks its prefix cache up when it schedules a prompt, not when the gateway routed
-it: a session's next turn queued behind its previous turn reuses the blocks that prefill stored
-meanwhile (``Simulator._found_since_routed``). Routing still sees what was cached at arrival."""
+"""A vLLM server looks its prefix cache up when it schedules a prompt, not when the gateway
+routed it: a session's next turn queued behind its previous turn reuses the blocks that prefill
+stored meanwhile (``SimSite.lookup_at_start``, ``Simulator._found_since_routed``). prfaas's own
+nodes use what the gateway found when it routed (``use_cached_tokens``), and so does their
+simulation. Routing sees what was cached at arrival either way."""
 
 from __future__ import annotations
 
@@ -19,8 +21,10 @@ pytestmark = pytest.mark.timeout(60)
 BLOCK = 512  # the simulator's prefix-cache block (the trace's)
 
 
-def _run(path: str, specs: list[SimRequestSpec]) -> dict[int, tuple[float, float, int]]:
-    site = SimSite("pd", "pd", path, 1, 1)
+def _run(
+    path: str, specs: list[SimRequestSpec], at_start: bool = True
+) -> dict[int, tuple[float, float, int]]:
+    site = SimSite("pd", "pd", path, 1, 1, lookup_at_start=at_start)
     sc = SimScenario(
         sites=(site,), model="tiny", policy="local_only", prefix_cache=True,
         local_fabric_gbps=1e9, duration_s=1e6, prefill_token_budget=1,
@@ -50,6 +54,11 @@ def test_a_turn_queued_behind_its_previous_turn_reuses_its_blocks(tmp_path: Path
     took = done[1][1] - done[1][0]
     assert took == pytest.approx(cm.prefill_s(2 * BLOCK, 4 * BLOCK))
     assert took < 0.5 * cm.prefill_s(6 * BLOCK)
+    # A torch or timed site: what the gateway found, nothing more.
+    routed = _run(path, [SimRequestSpec(0, 0.0, 4 * BLOCK, 1, first),
+                         SimRequestSpec(1, 0.0, 6 * BLOCK, 1, second)], at_start=False)  # fmt: skip
+    assert routed[1][2] == 0
+    assert routed[1][1] - routed[1][0] == pytest.approx(cm.prefill_s(6 * BLOCK))
     # Unrelated prompts find nothing, queued or not.
     other = _run(path, [SimRequestSpec(0, 0.0, 4 * BLOCK, 1, first),
                         SimRequestSpec(1, 0.0, 6 * BLOCK, 1, (7, 8, 9, 10, 11, 12))])  # fmt: skip
