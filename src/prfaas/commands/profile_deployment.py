@@ -57,6 +57,7 @@ from prfaas.commands.profile_plumbing import (
     Sender,
     class_cpu,
     idle_rates,
+    launch_failure,
     reported_steps,
     split_relay,
 )
@@ -137,8 +138,9 @@ def measure(target: Target, workdir: Path, *, requests: int, seed: int) -> tuple
     try:
         launcher.start()
     except LaunchError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise UsageError(f"--plumbing-of: the deployment did not start ({first})") from None
+        raise UsageError(
+            f"--plumbing-of: the deployment did not start ({launch_failure(exc)})"
+        ) from None
     try:  # start() stops what it started when it fails; stop() the rest
         send = Sender(launcher.url, d.engine.model, seed)
         pids = {"gateway": launcher.child("gateway").proc.pid,

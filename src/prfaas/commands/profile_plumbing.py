@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import secrets
 import statistics
 import time
@@ -148,6 +149,18 @@ def class_cpu(
     }
 
 
+def launch_failure(exc: BaseException) -> str:
+    """One line for a deployment that did not start: what failed and the error its log ended
+    with (the log is in a scratch folder removed on the way out, so it is named, not pointed
+    at)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    what = re.sub(r"\s*\(log [^)]*\):?$", "", lines[0])
+    errors = [line for line in lines[1:] if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", line)]
+    return f"{what}: {errors[-1]}" if errors else what
+
+
 def reported_steps(launcher: Any, heartbeat_s: float) -> int:
     """The decode nodes' step counts summed, once their reports have caught up (a vLLM site's
     server reports its engine steps: ``serve.vllm.metrics``)."""
@@ -244,9 +257,9 @@ def measure(
     try:
         launcher.start()
     except LaunchError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UsageError(
-            f"plumbing measurement: the deployment did not start ({first}); --no-plumbing skips it"
+            f"plumbing measurement: the deployment did not start ({launch_failure(exc)}); "
+            "--no-plumbing skips it"
         ) from None
     try:  # start() stops what it started when it fails; stop() the rest
         send = Sender(launcher.url, model_name, seed)

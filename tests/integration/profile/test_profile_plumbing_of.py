@@ -114,3 +114,26 @@ def test_the_measurement_through_a_live_gateway_and_node_process(tmp_path: Path)
         except OSError:
             continue  # gone since the listing
     assert not alive
+
+
+@pytest.mark.timeout(90)
+def test_a_deployment_that_does_not_start_says_why_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its logs are in a scratch folder removed on the way out: the error its log ended with is
+    in the message, not a pointer to a log that is gone (an empty model folder: no tokenizer)."""
+    from prfaas.commands.profile_plumbing import launch_failure
+
+    out = tmp_path / "out.yaml"
+    empty = {**VLLM, "model_path": str(tmp_path / "model")}  # a folder, with nothing in it
+    assert main(["profile", "--plumbing-of", str(_files(tmp_path, empty)), "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "the deployment did not start (process gateway exit status 1 during start-up: " in err
+    assert "Error: " in err and "(log " not in err, err
+    assert not out.exists()
+    tail = ("process p0 exit status 1 during start-up (log /x/p0.log):\n  File \"a.py\", line 1\n"
+            "    raise OSError('no')\nOSError: no model here\n  some later line")  # fmt: skip
+    assert launch_failure(RuntimeError(tail)) == (
+        "process p0 exit status 1 during start-up: OSError: no model here"
+    )
+    assert launch_failure(RuntimeError("")) == "RuntimeError"
