@@ -127,3 +127,30 @@ def test_up_refuses_cores_this_host_lacks_before_starting_anything(
     assert main(["up", str(_write(tmp_path, data)), "--workdir", str(tmp_path / "w")]) == 2
     assert "sites[pd]'s cores: cores [4095]" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()
+
+
+def test_up_and_serve_refuse_a_model_folder_that_is_not_here(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not left to Hugging Face's loader, which takes a missing folder for a Hub repository and
+    spends ~45 s failing to download it; the file still loads (k8s and sim read files written
+    for other hosts)."""
+    monkeypatch.chdir(tmp_path)
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["engine"].update(kind="torch", model_path="tiny-model")
+    path = _write(tmp_path, data)
+    load_deployment(path)  # reading it is fine
+    assert main(["up", str(path), "--workdir", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err
+    said = "engine.model_path: 'tiny-model' is not a folder here (a relative path is read from"
+    assert f"{said} {tmp_path})" in err
+    assert not (tmp_path / "w").exists()  # refused before anything started
+    (tmp_path / "tiny-model").mkdir()
+    data["sites"][0]["engine"] = {"model_path": str(tmp_path / "tiny-model")}
+    data["engine"]["model_path"] = str(tmp_path)  # the PD site's: a folder, no config.json
+    data["psk"] = "a-secret-of-at-least-16-chars"
+    path = _write(tmp_path, data)
+    assert main(["serve", "--role", "prefill", "--config", str(path), "--node", "pf0"]) == 2
+    assert "sites[prfaas].engine.model_path: " in capsys.readouterr().err
+    assert main(["serve", "--role", "gateway", "--config", str(path)]) == 2
+    assert f"engine.model_path: {str(tmp_path)!r} has no config.json" in capsys.readouterr().err

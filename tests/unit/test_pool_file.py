@@ -342,3 +342,19 @@ def test_a_pool_node_on_cores_the_host_lacks_is_a_usage_error_naming_the_group(
     with pytest.raises(UsageError, match=r"groups\.1\.cpus: cannot run on cores \[4096\]"):
         pin_to_group_cores(d, pool, "g-qwen")
     assert os.sched_getaffinity(0) == before
+
+
+def test_up_refuses_a_pool_group_whose_model_folder_is_not_here(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As for a deployment's sites (``test_config.py``): named before anything starts, not
+    left to Hugging Face's loader, which takes the path for a Hub repository."""
+    from prfaas.cli import main
+
+    def torch_group(raw: dict) -> None:
+        raw["groups"][0].update(kind="torch", model_path=str(tmp_path / "no-such-model"))
+
+    assert main(["up", str(_pool_with(tmp_path, torch_group))]) == 2
+    err = capsys.readouterr().err
+    assert f"groups.0.model_path: {str(tmp_path / 'no-such-model')!r} is not a folder here" in err
+    assert "Traceback" not in err

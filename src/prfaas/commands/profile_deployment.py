@@ -50,16 +50,16 @@ from typing import Any
 
 import yaml
 
-from prfaas.commands.profile_plumbing import (
+from prfaas.commands.plumbing_classes import (
     BATCH,
     OUTPUT_TOKENS,
     SHORT_PROMPT_TOKENS,
     Sender,
     class_cpu,
     idle_rates,
-    launch_failure,
     reported_steps,
     split_relay,
+    started,
 )
 from prfaas.errors import UsageError
 
@@ -121,10 +121,9 @@ def one_site_deployment(path: Path) -> Target:
 
 def measure(target: Target, workdir: Path, *, requests: int, seed: int) -> tuple[Any, Any]:
     """``(PlumbingCosts, how)`` measured on ``target``'s deployment (launched in ``workdir``)."""
+    from prfaas.commands.up import check_model_folders
     from prfaas.config import load_deployment
     from prfaas.perf.plumbing import PlumbingCosts
-    from prfaas.serve.launch_errors import LaunchError
-    from prfaas.serve.launcher import Launcher
 
     def say(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
@@ -133,15 +132,10 @@ def measure(target: Target, workdir: Path, *, requests: int, seed: int) -> tuple
     path = workdir / "plumbing-deployment.yaml"
     path.write_text(target.text, encoding="utf-8")
     d = load_deployment(path)
+    check_model_folders(d)
     say(f"plumbing: starting site {target.site} alone (gateway, sidecar, vLLM server)")
-    launcher = Launcher(d, workdir / "plumbing-run")
-    try:
-        launcher.start()
-    except LaunchError as exc:
-        raise UsageError(
-            f"--plumbing-of: the deployment did not start ({launch_failure(exc)})"
-        ) from None
-    try:  # start() stops what it started when it fails; stop() the rest
+    launcher = started(d, workdir / "plumbing-run", "--plumbing-of")
+    try:  # started() stopped what it started if it failed; stop() the rest here
         send = Sender(launcher.url, d.engine.model, seed)
         pids = {"gateway": launcher.child("gateway").proc.pid,
                 "sidecar": launcher.child(target.site).proc.pid}  # fmt: skip

@@ -44,12 +44,8 @@ class; a difference that comes out negative (noise) is stored as 0 and said so i
 from __future__ import annotations
 
 import argparse
-import asyncio
-import os
-import re
 import secrets
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,13 +53,20 @@ from typing import Any
 
 import yaml
 
+from prfaas.commands.plumbing_classes import (
+    BATCH,
+    OUTPUT_TOKENS,
+    SHORT_PROMPT_TOKENS,
+    Sender,
+    class_cpu,
+    idle_rates,
+    reported_steps,
+    split_relay,
+    started,
+)
 from prfaas.errors import UsageError
 
-SHORT_PROMPT_TOKENS = 64
 LONG_PROMPT_TOKENS = 4096
-OUTPUT_TOKENS = 32
-BATCH = 8
-"""Requests decoding at once in the batched class (the split of the decode node's terms)."""
 PASS_NOISE = 0.03
 """How closely a profiled prefill pass repeats, relative (the torch profiles' ``spread_s`` over
 ``median_s`` at 1,024-8,192 tokens: 2-6%, 2026-12-05): the uncertainty of a class's CPU beyond
@@ -79,13 +82,6 @@ speed drifts within a class too. Three passes before and three after read one 1,
 57.5 and 53.6 ms (2026-12-05), a 7% swing against the ~5 ms per request the terms measure, and
 the fitted ``prefill_per_token_s`` ranged 0.36-5.8 us over six profiles."""
 PROCESSES = ("gateway", "p0", "d0")
-IDLE_S = 2.0
-
-
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (all its threads)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,102 +91,6 @@ class ClassCpu:
     prompt_tokens: int
     output_tokens: int
     per_process_s: dict[str, float]
-
-
-class Sender:
-    """Sends a class of requests through a deployment's gateway and checks each answered in full
-    (``ignore_eos``: exactly the tokens asked for); fresh random prompts (no prefix hits)."""
-
-    def __init__(self, url: str, model: str, seed: int) -> None:
-        from prfaas.serve.loadgen import PromptSynth
-
-        self.url, self.model = url, model
-        self._synth = PromptSynth(seed=seed, vocab_size=256)
-        self._index = iter(range(1, 1 << 30))
-
-    def __call__(self, prompt: int, output: int, count: int, concurrency: int = 1) -> None:
-        from prfaas.serve.loadgen import BenchRequest, run_workload
-
-        reqs = [BenchRequest(next(self._index), 0.0, prompt, output) for _ in range(count)]
-        results, _ = asyncio.run(
-            run_workload(reqs, base_url=self.url, model=self.model, synth=self._synth,
-                         concurrency=concurrency, timeout_s=300,
-                         extra_body={"ignore_eos": True})
-        )  # fmt: skip
-        bad = [r for r in results if not r.ok]
-        if bad:
-            raise UsageError(f"plumbing measurement: a request failed: {bad[0].reason}")
-        short = [r for r in results if r.num_output_tokens != output]
-        if short:
-            raise UsageError(
-                f"plumbing measurement: asked for {output} tokens, got {short[0].num_output_tokens}"
-            )
-
-
-def idle_rates(pids: dict[str, int]) -> dict[str, float]:
-    """Each process's CPU seconds per second while nothing is sent (``IDLE_S`` of it): its
-    heartbeats and polling, taken out of every class's figure."""
-    t0, cpu0 = time.perf_counter(), {n: process_cpu_s(p) for n, p in pids.items()}
-    time.sleep(IDLE_S)
-    wall = time.perf_counter() - t0
-    return {n: (process_cpu_s(p) - cpu0[n]) / wall for n, p in pids.items()}
-
-
-def class_cpu(
-    pids: dict[str, int], idle: dict[str, float], requests: int, send: Callable[[], None]
-) -> dict[str, float]:
-    """Each process's CPU seconds per request while ``send()`` sends ``requests`` requests, its
-    idle rate removed (a negative figure, noise, read as 0)."""
-    w0, c0 = time.perf_counter(), {n: process_cpu_s(p) for n, p in pids.items()}
-    send()
-    wall = time.perf_counter() - w0
-    return {
-        n: max(0.0, process_cpu_s(p) - c0[n] - idle[n] * wall) / requests for n, p in pids.items()
-    }
-
-
-def launch_failure(exc: BaseException) -> str:
-    """One line for a deployment that did not start: what failed and the error its log ended
-    with (the log is in a scratch folder removed on the way out, so it is named, not pointed
-    at)."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    if not lines:
-        return type(exc).__name__
-    what = re.sub(r"\s*\(log [^)]*\):?$", "", lines[0])
-    errors = [line for line in lines[1:] if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", line)]
-    return f"{what}: {errors[-1]}" if errors else what
-
-
-def reported_steps(launcher: Any, heartbeat_s: float) -> int:
-    """The decode nodes' step counts summed, once their reports have caught up (a vLLM site's
-    server reports its engine steps: ``serve.vllm.metrics``)."""
-    time.sleep(3 * heartbeat_s + 0.3)
-    return sum(int(r.get("decode_steps", 0)) for r in launcher.nodes() if r.get("role") == "decode")
-
-
-def split_relay(
-    per_request_s: float, per_token_s: float, batched_cpu_s: float,
-    num_requests: int, num_steps: int, num_tokens: int,
-) -> tuple[Any, str]:  # fmt: skip
-    """A relaying process's per-token CPU at batch 1 (``per_token_s``: one wake-up and one
-    token, each token its own step there) split into per step and per token
-    (``perf.plumbing.split_decode_live``) with its CPU in a batched class: ``num_requests``
-    requests, each its fixed cost (``per_request_s``), whose ``num_tokens`` tokens came in
-    ``num_steps`` steps. ``(DecodeSplit, how)``; None where the class made no batch (no more
-    tokens than steps)."""
-    from prfaas.perf.plumbing import split_decode_live
-
-    if not num_tokens > num_steps > 0:
-        return None, ""
-    beyond_s = batched_cpu_s - num_requests * per_request_s
-    split = split_decode_live(per_token_s, beyond_s, num_steps, num_tokens)
-    how = (
-        f"; split from the batch-1 figure {per_token_s:.4g} s by its CPU with {BATCH} requests at "
-        f"once ({num_requests} requests, {num_tokens} tokens in {num_steps} steps, "
-        f"{batched_cpu_s:.4g} CPU s): per step {split.per_step_s:.4g} s, per token "
-        f"{split.per_output_token_s:.4g} s"
-    ) + "".join(f"; {c}" for c in split.clipped)
-    return split, how
 
 
 def deployment_text(model_name: str, model_path: Path, profile: Path, threads: int) -> str:
@@ -244,8 +144,6 @@ def measure(
     )
     from prfaas.perf.profile_costs import cost_model_from_profile_file
     from prfaas.perf.profile_read import load_profile_file
-    from prfaas.serve.launch_errors import LaunchError
-    from prfaas.serve.launcher import Launcher
 
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "plumbing-deployment.yaml"
@@ -253,15 +151,10 @@ def measure(
     d = load_deployment(path)  # a UsageError naming the field
     cm = cost_model_from_profile_file(profile)
     say("plumbing: starting a one-site deployment (gateway, prefill node, decode node)")
-    launcher = Launcher(d, workdir / "plumbing-run")
-    try:
-        launcher.start()
-    except LaunchError as exc:
-        raise UsageError(
-            f"plumbing measurement: the deployment did not start ({launch_failure(exc)}); "
-            "--no-plumbing skips it"
-        ) from None
-    try:  # start() stops what it started when it fails; stop() the rest
+    launcher = started(
+        d, workdir / "plumbing-run", "plumbing measurement", "; --no-plumbing skips it"
+    )
+    try:  # started() stopped what it started if it failed; stop() the rest here
         send = Sender(launcher.url, model_name, seed)
         pids = {name: launcher.child(name).proc.pid for name in PROCESSES}
         send(SHORT_PROMPT_TOKENS, 2, 2)  # warm-up: first passes allocate, load lazily

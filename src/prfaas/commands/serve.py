@@ -36,6 +36,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import logging
 
+    from prfaas.commands.up import check_model_folders
     from prfaas.config import load_deployment
     from prfaas.serve.run import run_gateway, run_worker
 
@@ -48,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         if args.node:
             raise UsageError("--node is for node processes, not the gateway")
         _refuse_placeholder_key(args.config, d.psk, d.accept_psks)
+        check_model_folders(d, [d.home_site.name])  # the gateway's tokenizer
         run_gateway(d, config_path=args.config)
         return 0
     if not args.node:
@@ -65,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     if len(sites) > 1:
         raise UsageError(f"one process hosts nodes of one site, got {sorted(sites)}")
     _refuse_placeholder_key(args.config, d.psk, d.accept_psks)
+    check_model_folders(d, sites)
     run_worker(d, args.node, host=args.host, config_path=args.config)
     return 0
 

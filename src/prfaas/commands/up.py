@@ -18,6 +18,8 @@ from prfaas.commands.common import check_api_key_env
 from prfaas.errors import UsageError
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from prfaas.config import DeploymentConfig
 
 
@@ -75,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     check_api_key_env()
     d.require_one_pd_site()
     check_cores_here(d)
+    check_model_folders(d)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="prfaas-up-"))
     policy = None if args.no_restart else RestartPolicy(max_deaths=args.max_deaths)
     try:
@@ -155,6 +158,35 @@ def check_cores_here(d: DeploymentConfig) -> None:
             raise UsageError(
                 f"{field}: cores {sorted(cores - have)} are not among this host's {sorted(have)}"
             )
+
+
+def check_model_folders(d: DeploymentConfig, sites: Iterable[str] | None = None) -> None:
+    """Every torch or vLLM site among ``sites`` (None: all) names a model folder that is here
+    (``check_model_folder``). Checked at launch, not when the file is read: ``prfaas k8s`` and
+    ``prfaas sim`` read files written for other hosts."""
+    names = set(sites) if sites is not None else {s.name for s in d.sites}
+    for site in d.sites:
+        path = d.engine_for(site.name).model_path
+        if site.name not in names or d.engine_for(site.name).kind == "timed" or path is None:
+            continue
+        own = site.engine is not None and site.engine.model_path is not None
+        field = f"sites[{site.name}].engine.model_path" if own else "engine.model_path"
+        check_model_folder(path, field)
+
+
+def check_model_folder(path: str, field: str) -> None:
+    """``path`` (the value of ``field``) is a Hugging Face model folder here, or a ``UsageError``
+    says so before anything starts. Otherwise Hugging Face's loader takes the path for a Hub
+    repository, and the children spend ~45 s failing to download it (no network here) before
+    they die with a traceback."""
+    folder = Path(path)
+    where = "" if folder.is_absolute() else f" (a relative path is read from {Path.cwd()})"
+    if not folder.is_dir():
+        raise UsageError(f"{field}: {path!r} is not a folder here{where}")
+    if not (folder / "config.json").is_file():
+        raise UsageError(
+            f"{field}: {path!r} has no config.json: not a Hugging Face model folder{where}"
+        )
 
 
 def _warn_placeholder_key(path: Path, psk: str, accept_psks: list[str]) -> None:

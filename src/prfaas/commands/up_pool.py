@@ -29,6 +29,7 @@ def _warn(message: str) -> None:
 
 
 def run_pool(args: argparse.Namespace) -> int:
+    from prfaas.commands.up import check_model_folder
     from prfaas.pool.launcher import PoolLauncher
     from prfaas.pool.reload_result import write_reload_result
     from prfaas.pool.resolved import KEY_NAME, POOL_NAME, tenant_keys
@@ -37,6 +38,9 @@ def run_pool(args: argparse.Namespace) -> int:
     from prfaas.serve.supervisor import RestartPolicy
 
     pool = load_pool(args.deployment)
+    for i, group in enumerate(pool.groups):
+        if group.kind != "timed" and group.model_path is not None:
+            check_model_folder(group.model_path, f"groups.{i}.model_path")
     in_clear = plaintext_warnings(pool)
     if in_clear and not pool.front_door.allow_plaintext:
         # TLS by default: tenants may be other organisations across a WAN.

@@ -122,10 +122,14 @@ def test_a_deployment_that_does_not_start_says_why_in_one_line(
 ) -> None:
     """Its logs are in a scratch folder removed on the way out: the error its log ended with is
     in the message, not a pointer to a log that is gone (an empty model folder: no tokenizer)."""
-    from prfaas.commands.profile_plumbing import launch_failure
+    from prfaas.commands.plumbing_classes import launch_failure
 
     out = tmp_path / "out.yaml"
     empty = {**VLLM, "model_path": str(tmp_path / "model")}  # a folder, with nothing in it
+    assert main(["profile", "--plumbing-of", str(_files(tmp_path, empty)), "-o", str(out)]) == 2
+    err = capsys.readouterr().err  # refused before anything starts (commands.up)
+    assert "engine.model_path: " in err and "has no config.json" in err, err
+    (tmp_path / "model" / "config.json").write_text("{}")  # a config; still no tokenizer
     assert main(["profile", "--plumbing-of", str(_files(tmp_path, empty)), "-o", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "the deployment did not start (process gateway exit status 1 during start-up: " in err
