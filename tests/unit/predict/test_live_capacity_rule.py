@@ -104,3 +104,21 @@ def test_extra_body_and_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PRFAAS_API_KEY", "k" * 24)
     assert api_key_of(args) == "k" * 24
     assert api_key_of(argparse.Namespace(api_key="mine")) == "mine"
+
+
+def test_a_backlog_the_latency_trend_misses_fails_the_step() -> None:
+    """A server that shares every step among all it holds can finish nothing until the sending
+    stops: every request then ends at about the same time, the latencies fall with the send time
+    (a negative trend) while the requests in flight pile up. Measured live on a vLLM server
+    (119 in flight at D / 2, 232 of 240 at D, slope -0.30): the trend alone passed it."""
+    rate, n = 24.8, 240
+    window = (n - 1) / rate
+    piled = [RequestResult(i, 100, True, None, 200, i / rate, 0.05,
+                           window + 1.0 + 0.01 * i - i / rate, 10, ())
+             for i in range(n)]  # fmt: skip
+    step = judge_step(piled, rate, window, LiveRule())
+    assert step.latency_trend is not None and step.latency_trend < 0
+    assert not step.passed and "requests in flight grew from 120 to 240" in step.why, step.why
+    # A step that keeps up is untouched: the FIFO server well below its capacity.
+    results, w = _fifo_server(0.1, num_requests=240)(5.0)
+    assert judge_step(results, 5.0, w, LiveRule()).passed
