@@ -108,13 +108,13 @@ def judge_step(
     sent_since_half = sum(window_s / 2 < r.sent_s <= window_s for r in results)
     if completed < len(results):
         why = f"{len(results) - completed} of {len(results)} failed"
+    elif trend is not None and trend > rule.max_trend:
+        why = f"latency grew {trend:.3f} s per s of sending (> {rule.max_trend:g})"
     elif end - half > max(5, rule.max_in_flight_growth * sent_since_half):
         why = (
             f"requests in flight grew from {half} to {end} while {sent_since_half} were sent "
             f"(> {rule.max_in_flight_growth:.0%} of them)"
         )
-    elif trend is not None and trend > rule.max_trend:
-        why = f"latency grew {trend:.3f} s per s of sending (> {rule.max_trend:g})"
     elif rule.slo_tpot_s is not None and p90 is not None and p90 > rule.slo_tpot_s:
         why = f"TPOT P90 {p90 * 1e3:.1f} ms > SLO {rule.slo_tpot_s * 1e3:.1f} ms"
     return LiveStep(rate_rps, not why, why or "ok", half, end, window_s, completed, len(results),
