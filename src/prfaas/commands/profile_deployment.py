@@ -121,7 +121,7 @@ def one_site_deployment(path: Path) -> Target:
 
 def measure(target: Target, workdir: Path, *, requests: int, seed: int) -> tuple[Any, Any]:
     """``(PlumbingCosts, how)`` measured on ``target``'s deployment (launched in ``workdir``)."""
-    from prfaas.commands.up import check_model_folders
+    from prfaas.commands.launch_checks import check_model_folders
     from prfaas.config import load_deployment
     from prfaas.perf.plumbing import PlumbingCosts
 

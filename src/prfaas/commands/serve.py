@@ -36,7 +36,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import logging
 
-    from prfaas.commands.up import check_model_folders
+    from prfaas.commands.launch_checks import check_model_folders
     from prfaas.config import load_deployment
     from prfaas.serve.run import run_gateway, run_worker
 

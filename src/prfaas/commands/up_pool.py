@@ -29,7 +29,7 @@ def _warn(message: str) -> None:
 
 
 def run_pool(args: argparse.Namespace) -> int:
-    from prfaas.commands.up import check_model_folder
+    from prfaas.commands.launch_checks import check_model_folder
     from prfaas.pool.launcher import PoolLauncher
     from prfaas.pool.reload_result import write_reload_result
     from prfaas.pool.resolved import KEY_NAME, POOL_NAME, tenant_keys
