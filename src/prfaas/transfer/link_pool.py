@@ -44,7 +44,7 @@ from prfaas.transfer.config import DEFAULT_NUM_CONNECTIONS, TransferConfig
 from prfaas.transfer.errors import ConnectError
 from prfaas.transfer.link_readings import SenderEstimate, SenderLinkEstimator
 from prfaas.transfer.monitor import LinkMonitor
-from prfaas.transfer.pacing import CappedPacer, Pacer, TokenBucket
+from prfaas.transfer.pacing import CappedPacer, Pacer, TokenBucket, link_burst_bytes
 from prfaas.transfer.sender import Link, pacer
 
 log = logging.getLogger("prfaas.transfer")
@@ -157,7 +157,10 @@ class LinkPool:
         if pace_bytes_per_s is None:
             r.bucket = None
         elif r.bucket is not None:
-            r.bucket.set_rate(pace_bytes_per_s, asyncio.get_running_loop().time())
+            r.bucket.set_rate(
+                pace_bytes_per_s, link_burst_bytes(pace_bytes_per_s),
+                asyncio.get_running_loop().time(),
+            )  # fmt: skip
         r.pacer = None  # made again (below, or at the next connect) around the bucket in force
         for dest, link in self._links.items():
             if dest.route == route:

@@ -16,6 +16,17 @@ from __future__ import annotations
 
 from typing import Protocol
 
+LINK_BURST_S = 0.01
+"""A link's pacing burst, in seconds of its rate (``link_burst_bytes``)."""
+MIN_LINK_BURST_BYTES = 16 << 10
+
+
+def link_burst_bytes(rate_bytes_per_s: float) -> float:
+    """The burst a link paces with: 10 ms of its rate, at least 16 KiB. Debt-based, a larger chunk
+    still goes (after waiting); a burst of a whole chunk (1 MiB) would let every transfer under a
+    chunk leave unpaced after idle (at 10 Mbit/s, 0.8 s of the rate for free)."""
+    return max(MIN_LINK_BURST_BYTES, rate_bytes_per_s * LINK_BURST_S)
+
 
 class Pacer(Protocol):
     """What a link's writers ask of their pacer."""
@@ -76,11 +87,16 @@ class TokenBucket:
             self._debt.note(now_s, now_s + wait_s)
         return wait_s
 
-    def set_rate(self, rate_bytes_per_s: float, now_s: float) -> None:
-        if rate_bytes_per_s <= 0:
-            raise ValueError(f"rate must be > 0, got {rate_bytes_per_s}")
+    def set_rate(self, rate_bytes_per_s: float, burst_bytes: float, now_s: float) -> None:
+        """A new rate and its burst from ``now_s``: tokens saved at the old rate beyond the new
+        burst are dropped (a bucket re-rated from 10 Gbit/s to 8 Mbit/s would otherwise let its
+        12.5 MB burst, 12 s of the new rate, leave unpaced)."""
+        if rate_bytes_per_s <= 0 or burst_bytes <= 0:
+            raise ValueError(f"rate {rate_bytes_per_s} and burst {burst_bytes} must be > 0")
         self._refill(now_s)
         self.rate_bytes_per_s = rate_bytes_per_s
+        self.burst_bytes = burst_bytes
+        self._tokens = min(self._tokens, burst_bytes)
         if self._tokens < 0:  # the debt now clears at the new rate
             self._debt.until_s = max(now_s, self._debt.from_s)
             self._debt.note(now_s, now_s - self._tokens / rate_bytes_per_s)

@@ -43,7 +43,7 @@ from prfaas.transfer.config import TransferConfig
 from prfaas.transfer.errors import AbortCode, ConnectError, LocalProtocolError, SessionAborted
 from prfaas.transfer.manifest import Manifest
 from prfaas.transfer.outbound import OpenSession, OutboundSession, _Item
-from prfaas.transfer.pacing import Pacer, TokenBucket
+from prfaas.transfer.pacing import Pacer, TokenBucket, link_burst_bytes
 from prfaas.transfer.session_state import SessionState, advance
 from prfaas.transfer.waiting import Signal, wait_until
 
@@ -266,7 +266,7 @@ class Link:
                 self._pacer_closed_s += self._bucket.throttled_s(now)
             self._bucket = None
         elif isinstance(self._bucket, TokenBucket):
-            self._bucket.set_rate(rate_bytes_per_s, now)
+            self._bucket.set_rate(rate_bytes_per_s, link_burst_bytes(rate_bytes_per_s), now)
         else:  # none, or a shared one: this link gets its own
             if self._bucket is not None:
                 self._pacer_closed_s += self._bucket.throttled_s(now)
@@ -452,7 +452,5 @@ _BATCH_BYTES = 4 << 20
 
 
 def pacer(rate_bytes_per_s: float, now_s: float) -> TokenBucket:
-    """The token bucket a link paces with: a burst of 10 ms of rate (at least 16 KiB). Debt-based,
-    a larger chunk still goes (after waiting); a burst of a whole chunk (1 MiB) would let every
-    transfer under a chunk leave unpaced after idle (at 10 Mbit/s, 0.8 s of the rate for free)."""
-    return TokenBucket(rate_bytes_per_s, max(16 << 10, rate_bytes_per_s * 0.01), now_s)
+    """The token bucket a link paces with (``pacing.link_burst_bytes``)."""
+    return TokenBucket(rate_bytes_per_s, link_burst_bytes(rate_bytes_per_s), now_s)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from jumping_clock import run_virtual
 from prfaas.spec import CacheSpec, DType, LayerCache
 from prfaas.transfer import Link, LinkCounters, Manifest, Receiver, TransferConfig
-from prfaas.transfer.pacing import TokenBucket
+from prfaas.transfer.pacing import TokenBucket, link_burst_bytes
 from transfer_helpers import KEY, Allocator
 
 pytestmark = pytest.mark.timeout(60)
@@ -149,5 +149,18 @@ def test_throttled_time_is_the_union_of_the_waits(
 def test_a_rate_change_moves_the_end_of_the_debt() -> None:
     bucket = TokenBucket(rate_bytes_per_s=1000.0, burst_bytes=100.0, now_s=0.0)
     assert bucket.reserve(1100, 0.0) == pytest.approx(1.0)
-    bucket.set_rate(2000.0, 0.5)  # 500 bytes of debt left: it clears in 0.25 s now
+    bucket.set_rate(2000.0, 100.0, 0.5)  # 500 bytes of debt left: it clears in 0.25 s now
     assert bucket.throttled_s(10.0) == pytest.approx(0.75)
+
+
+def test_a_rate_change_takes_the_new_rates_burst() -> None:
+    """A bucket idle at 10 Gbit/s holds its 12.5 MB burst; re-rated to 8 Mbit/s it keeps only the
+    new burst: 2 MB then wait ~2 s of the new rate, not leave at once (found live: a link
+    re-paced by ``/link/rate`` let the next 3.6 MB out unpaced)."""
+    fast = 10e9 / 8
+    bucket = TokenBucket(fast, link_burst_bytes(fast), now_s=0.0)
+    slow = 8e6 / 8
+    bucket.set_rate(slow, link_burst_bytes(slow), 1.0)
+    wait = bucket.reserve(2_000_000, 1.0)
+    assert wait == pytest.approx((2_000_000 - link_burst_bytes(slow)) / slow)
+    assert bucket.throttled_s(1.0 + wait) == pytest.approx(wait)
