@@ -467,3 +467,13 @@ def test_the_decode_node_reports_its_servers_steps(live: Launcher) -> None:
     # heartbeat and a poll of the server's /metrics.
     _until(lambda: steps() >= before + MAX_TOKENS - 1, "the steps in d0's report", 30)
     assert all(r["decode_steps"] == 0 for r in live.nodes() if r["role"] == "prefill")
+
+
+def test_each_sidecar_runs_on_its_servers_cores(live: Launcher) -> None:
+    """A vLLM site's sidecar pins itself to its server's ``cpu_bind`` cores (the simulator
+    charges the sidecar's terms there); unpinned, it went wherever the kernel put it."""
+    for site, core in (("pf", 1), ("pd", 0)):
+        sidecar = live.child(site).proc.pid
+        assert os.sched_getaffinity(sidecar) == {core}, site
+        tasks = os.listdir(f"/proc/{sidecar}/task")  # every thread, not only the main one
+        assert all(os.sched_getaffinity(int(t)) == {core} for t in tasks), site

@@ -117,8 +117,13 @@ def run_worker(
 
     site = d.site_of(node_names[0]).name
     cores = d.cores_of_site(site)
-    if cores is not None and d.engine_for(site).kind != "vllm":  # a vLLM server pins itself
-        pin_process(cores, f"sites[{site}].engine.cpus")
+    if cores is not None:
+        # A vLLM sidecar runs on its server's cores (``cpu_bind``; the server pins its own tree),
+        # as a torch node does on ``engine.cpus``: the simulator charges the sidecar's terms to
+        # the site's cores, and an unpinned sidecar went wherever the kernel put it (measured:
+        # 41% of its CPU on its server's core, 59% on the other, docs/fidelity.md).
+        vllm = d.engine_for(site).kind == "vllm"
+        pin_process(cores, f"sites[{site}].engine." + ("vllm.cpu_bind" if vllm else "cpus"))
 
     async def main() -> None:
         worker: NodeHost
