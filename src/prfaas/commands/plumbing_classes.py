@@ -1,8 +1,8 @@
 """The pieces both plumbing measurements share (``commands.profile_plumbing``: a torch
 deployment's; ``commands.profile_deployment``: a vLLM one's): a deployment started for them, the
 classes of requests sent through its gateway, each process's CPU per request of a class, the
-decode nodes' step count, and the split of a relay's batch-1 per-token CPU into per step and per
-token.
+decode nodes' step count, and a relay's CPU split into per request, per step and per token
+(``relay_terms``).
 
 Not pure (processes, HTTP, ``/proc``, the clock): the command helpers' own helper.
 """
@@ -10,6 +10,7 @@ Not pure (processes, HTTP, ``/proc``, the clock): the command helpers' own helpe
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import re
 import time
@@ -23,6 +24,9 @@ SHORT_PROMPT_TOKENS = 64
 OUTPUT_TOKENS = 32
 BATCH = 8
 """Requests decoding at once in the batched class (the split of the decode node's terms)."""
+RELAY_BATCHES = (BATCH, 32)
+"""Requests decoding at once in the batched classes the relays' terms are fitted over
+(``relay_terms``): one size put the whole split on one class."""
 IDLE_S = 2.0
 
 
@@ -100,6 +104,24 @@ def class_cpu(
     }
 
 
+def batched_classes(
+    send: Sender, pids: dict[str, int], idle: dict[str, float], requests: int,
+    steps: Callable[[], int], say: Callable[[str], None],
+) -> dict[int, tuple[int, int, dict[str, float]]]:  # fmt: skip
+    """Per batch size of ``RELAY_BATCHES``: (requests, the steps ``steps()`` counted over them,
+    each process's CPU seconds) of a class of short prompts with ``OUTPUT_TOKENS`` tokens, that
+    many decoding at once (a new one starts as one ends), at least twice the batch of them."""
+    out = {}
+    for batch in RELAY_BATCHES:
+        n = max(requests, 2 * batch)
+        say(f"plumbing: {n} requests, {batch} at once, {OUTPUT_TOKENS} output tokens")
+        at = steps()
+        run = functools.partial(send, SHORT_PROMPT_TOKENS, OUTPUT_TOKENS, n, concurrency=batch)
+        cpu = class_cpu(pids, idle, 1, run)
+        out[batch] = (n, steps() - at, cpu)
+    return out
+
+
 def launch_failure(exc: BaseException) -> str:
     """One line for a deployment that did not start: what failed and the error its log ended
     with (the log is in a scratch folder removed on the way out, so it is named, not pointed
@@ -119,26 +141,22 @@ def reported_steps(launcher: Any, heartbeat_s: float) -> int:
     return sum(int(r.get("decode_steps", 0)) for r in launcher.nodes() if r.get("role") == "decode")
 
 
-def split_relay(
-    per_request_s: float, per_token_s: float, batched_cpu_s: float,
-    num_requests: int, num_steps: int, num_tokens: int,
-) -> tuple[Any, str]:  # fmt: skip
-    """A relaying process's per-token CPU at batch 1 (``per_token_s``: one wake-up and one
-    token, each token its own step there) split into per step and per token
-    (``perf.plumbing.split_decode_live``) with its CPU in a batched class: ``num_requests``
-    requests, each its fixed cost (``per_request_s``), whose ``num_tokens`` tokens came in
-    ``num_steps`` steps. ``(DecodeSplit, how)``; None where the class made no batch (no more
-    tokens than steps)."""
-    from prfaas.perf.plumbing import split_decode_live
+def relay_terms(
+    process: str, classes: list[tuple[int, int, int, dict[str, float]]]
+) -> tuple[float, float, float | None, str]:
+    """``process``'s relay terms (per request, per output token, per step or None, how) from
+    ``classes``: ``(requests, steps, tokens, CPU seconds per process)``, the first two one
+    request at a time with 1 and ``OUTPUT_TOKENS`` tokens, then the batched ones
+    (``perf.relay_fit``: least squares over all of them). Where the batched classes made no
+    batch (no more tokens than steps) the two sequential classes give the per-request figure
+    and one wake-up plus one token, per step left None."""
+    from prfaas.perf.relay_fit import RelayClass, fit_relay
 
-    if not num_tokens > num_steps > 0:
-        return None, ""
-    beyond_s = batched_cpu_s - num_requests * per_request_s
-    split = split_decode_live(per_token_s, beyond_s, num_steps, num_tokens)
-    how = (
-        f"; split from the batch-1 figure {per_token_s:.4g} s by its CPU with {BATCH} requests at "
-        f"once ({num_requests} requests, {num_tokens} tokens in {num_steps} steps, "
-        f"{batched_cpu_s:.4g} CPU s): per step {split.per_step_s:.4g} s, per token "
-        f"{split.per_output_token_s:.4g} s"
-    ) + "".join(f"; {c}" for c in split.clipped)
-    return split, how
+    rows = [RelayClass(n, max(1, s), t, max(0.0, cpu[process])) for n, s, t, cpu in classes]
+    try:
+        fit = fit_relay(rows)
+    except ValueError:
+        (n1, _, _, one), (nk, _, _, many) = classes[:2]
+        tok = (many[process] / nk - one[process] / n1) / (OUTPUT_TOKENS - 1)
+        return one[process] / n1 - tok, tok, None, "; no batched class made a batch: not split"
+    return fit.per_request_s, fit.per_output_token_s, fit.per_step_s, "; " + fit.describe(rows)

@@ -7,20 +7,19 @@ the server's own HTTP, scheduling and steps, and nothing of prfaas. A deployment
 node process that calls its server and relays its tokens). Both are measured here as
 ``commands.profile_plumbing`` measures a torch deployment's: FILE's home PD site alone (its
 engine and nodes, its own profile as hardware, ``router: local_only``) is launched with
-``serve.Launcher``, and requests go through the gateway, fresh random prompts, in three
+``serve.Launcher``, and requests go through the gateway, fresh random prompts, in four
 classes: short prompts with one output token and with ``K``, one at a time; then ``K`` tokens,
-``BATCH`` at once, the server's engine steps counted (the decode node reports them,
-``serve.vllm.metrics``). Each process's own CPU time (``/proc``, idle rate removed; the
-sidecar's without its server's, a process of its own) per request of a class gives:
+8 and 32 at once (``RELAY_BATCHES``), the server's engine steps counted over each class (the
+decode node reports them, ``serve.vllm.metrics``). Each process's own CPU time (``/proc``, idle
+rate removed; the sidecar's without its server's, a process of its own) over the classes is
+split by least squares (``perf.relay_fit``: per request, per step of the server, per token):
 
-- ``gateway_per_request_s``: the gateway's short class, less one token's;
-- ``prefill_per_request_s``: the sidecar's short class, less one token's. A vLLM site serves a
-  local request with one call to its server, prefill and decode in it; the simulator charges the
-  call's cost at the prefill, where the client waits for it;
-- ``gateway_per_output_token_s`` and ``gateway_per_step_s``, ``decode_per_output_token_s`` and
-  ``decode_per_step_s``: the gateway's and the sidecar's (K class - short class) / (K - 1), one
-  token's relay and one wake-up at batch 1, split by the batched class
-  (``commands.profile_plumbing.split_relay``): one wake-up relays a whole step's tokens.
+- ``gateway_per_request_s``, ``gateway_per_step_s``, ``gateway_per_output_token_s``: the
+  gateway's;
+- ``prefill_per_request_s``, ``decode_per_step_s``, ``decode_per_output_token_s``: the
+  sidecar's. A vLLM site serves a local request with one call to its server, prefill and decode
+  in it; the simulator charges the call's fixed cost at the prefill, where the client waits for
+  it, and the relay's per step and per token at the decode.
 
 Zero by construction, said so in ``how``: ``decode_per_request_s`` (in ``prefill_per_request_s``)
 and ``decode_per_context_token_s`` (the server's whole step is in the endpoint profile's
@@ -51,14 +50,15 @@ from typing import Any
 import yaml
 
 from prfaas.commands.plumbing_classes import (
-    BATCH,
     OUTPUT_TOKENS,
+    RELAY_BATCHES,
     SHORT_PROMPT_TOKENS,
     Sender,
+    batched_classes,
     class_cpu,
     idle_rates,
+    relay_terms,
     reported_steps,
-    split_relay,
     started,
 )
 from prfaas.errors import UsageError
@@ -141,24 +141,25 @@ def measure(target: Target, workdir: Path, *, requests: int, seed: int) -> tuple
                 "sidecar": launcher.child(target.site).proc.pid}  # fmt: skip
         send(SHORT_PROMPT_TOKENS, 2, 2)  # warm-up: the server's first passes, lazy imports
         idle = idle_rates(pids)
-        per_class = {}
+
+        def steps() -> int:
+            return reported_steps(launcher, d.heartbeat_interval_s)
+
+        # (requests, the server's steps, tokens, CPU seconds per process) per class: one at a
+        # time with 1 and K tokens, then K tokens at each batch size.
+        classes = []
         for output in (1, OUTPUT_TOKENS):
             say(f"plumbing: {requests} requests of {SHORT_PROMPT_TOKENS} prompt, {output} output "
                 "tokens")  # fmt: skip
+            at = steps()
             run = functools.partial(send, SHORT_PROMPT_TOKENS, output, requests)
-            per_class[output] = class_cpu(pids, idle, requests, run)
-        # The batched class: BATCH requests decoding at once, the server's steps counted.
-        num_batched = max(requests, 2 * BATCH)
-        say(f"plumbing: {num_batched} requests, {BATCH} at once, {OUTPUT_TOKENS} output tokens")
-        steps_at = reported_steps(launcher, d.heartbeat_interval_s)
-        run = functools.partial(
-            send, SHORT_PROMPT_TOKENS, OUTPUT_TOKENS, num_batched, concurrency=BATCH
-        )
-        batched = class_cpu(pids, idle, 1, run)
-        num_steps = reported_steps(launcher, d.heartbeat_interval_s) - steps_at
+            per_request = class_cpu(pids, idle, requests, run)
+            cpu = {p: v * requests for p, v in per_request.items()}
+            classes.append((requests, steps() - at, requests * output, cpu))
+        for n, num_steps, cpu in batched_classes(send, pids, idle, requests, steps, say).values():
+            classes.append((n, num_steps, n * OUTPUT_TOKENS, cpu))
     finally:
         launcher.stop()
-    one, many = per_class[1], per_class[OUTPUT_TOKENS]
     notes: dict[str, str] = {}
 
     def floor0(name: str, value: float) -> float:
@@ -167,22 +168,16 @@ def measure(target: Target, workdir: Path, *, requests: int, seed: int) -> tuple
             return 0.0
         return value
 
-    split_how: dict[str, str] = {}
+    fit_how: dict[str, str] = {}
 
     def terms(process: str, per_request: str, per_token: str, per_step: str) -> tuple[float, ...]:
-        """(per request, per output token, per step) of ``process``: the classes' difference
-        per token, the 1-token class less one token's, and the per-token figure split by the
-        batched class (every token, the first too, comes out of one of the server's steps);
-        per step None where the server's steps were not counted."""
-        tok = floor0(per_token, (many[process] - one[process]) / (OUTPUT_TOKENS - 1))
-        req = floor0(per_request, one[process] - tok)
-        split, how = split_relay(
-            req, tok, batched[process], num_batched, num_steps, num_batched * OUTPUT_TOKENS
-        )
-        if split is None:
-            return req, tok, -1.0
-        split_how[per_token] = split_how[per_step] = how
-        return req, split.per_output_token_s, split.per_step_s
+        """(per request, per output token, per step) of ``process``, fitted over the classes
+        (every token, the first too, comes out of one of the server's steps); per step -1
+        where no class made a batch."""
+        req, tok, step, how = relay_terms(process, classes)
+        for name in (per_request, per_token, per_step):
+            fit_how[name] = how
+        return floor0(per_request, req), floor0(per_token, tok), -1.0 if step is None else step
 
     gw_req, gw_tok, gw_step = terms(
         "gateway", "gateway_per_request_s", "gateway_per_output_token_s", "gateway_per_step_s"
@@ -199,25 +194,28 @@ def measure(target: Target, workdir: Path, *, requests: int, seed: int) -> tuple
         missing=(*MISSING, *unsplit),
     )  # fmt: skip
     common = (
-        f"process CPU (/proc, idle rate removed) of site {target.site} deployed alone, "
-        f"{requests} sequential requests per class of {SHORT_PROMPT_TOKENS}-token prompts"
+        f"process CPU (/proc, idle rate removed) of site {target.site} deployed alone, classes "
+        f"of {SHORT_PROMPT_TOKENS}-token prompts: {requests} one at a time with 1 and "
+        f"{OUTPUT_TOKENS} output tokens, then {OUTPUT_TOKENS} tokens "
+        f"{' and '.join(map(str, RELAY_BATCHES))} at once, the server's steps counted by the "
+        "decode node"
     )
+    sidecar = "the sidecar (not its server)"
     how = {
         **ZERO_HOW,
-        "gateway_per_request_s": f"{common}; gateway, the 1-token class less one token's",
-        "gateway_per_output_token_s": f"{common}; gateway, {OUTPUT_TOKENS} vs 1 output tokens",
+        "gateway_per_request_s": f"{common}; gateway",
+        "gateway_per_output_token_s": f"{common}; gateway",
         "gateway_per_step_s": f"{common}; gateway",
-        "prefill_per_request_s": f"{common}; the sidecar (not its server), the 1-token class "
-        "less one token's: the call to its server, prefill and decode",
-        "decode_per_output_token_s": f"{common}; the sidecar (not its server), {OUTPUT_TOKENS} vs "
-        "1 output tokens",
-        "decode_per_step_s": f"{common}; the sidecar (not its server): its relay's wake-ups, the "
-        "server's own step being in the endpoint profile's inter-token latency",
+        "prefill_per_request_s": f"{common}; {sidecar}: the call to its server, prefill and decode",
+        "decode_per_output_token_s": f"{common}; {sidecar}",
+        "decode_per_step_s": f"{common}; {sidecar}: its relay's wake-ups, the server's own step "
+        "being in the endpoint profile's inter-token latency",
     }
     for name in unsplit:
         del how[name]
-    for name, note in (*split_how.items(), *notes.items()):
-        how[name] += note
+    for name, note in (*fit_how.items(), *notes.items()):
+        if name in how:
+            how[name] += note
     return costs, tuple(how.items())
 
 

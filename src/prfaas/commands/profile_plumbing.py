@@ -6,15 +6,16 @@ process, ``router: local_only``) is launched on this host with ``serve.Launcher`
 through its HTTP API one at a time (nothing queued), in four classes: short prompts with one
 output token, short prompts with ``K`` output tokens, long and middle-sized prompts with one
 output token (fresh random prompts, so no prefix hits); then short prompts with ``K`` tokens,
-``BATCH`` at once. Each process's CPU time (user + system, all threads, from ``/proc``), less
-its idle rate measured beforehand, divided by the requests, gives per process and class the CPU
-one request costs; the terms are differences of classes (or a line through them), less the
-profile's own forward-pass times where a node computes:
+8 and 32 at once (``RELAY_BATCHES``). Each process's CPU time (user + system, all threads, from
+``/proc``), less its idle rate measured beforehand, divided by the requests, gives per process
+and class the CPU one request costs; the terms are differences of classes (or a line or a
+least-squares fit through them), less the profile's own forward-pass times where a node
+computes:
 
-- ``gateway_per_output_token_s`` and ``gateway_per_step_s``: the gateway's CPU, (K class - short
-  class) / (K - 1), one token's relay and one wake-up of its event loop at batch 1, split by its
-  CPU in the batched class below (``split_relay``: a wake-up relays a whole step's tokens);
-- ``gateway_per_request_s``: the gateway's CPU of the short class, less one token's;
+- ``gateway_per_request_s``, ``gateway_per_step_s`` and ``gateway_per_output_token_s``: the
+  gateway's CPU over the short, K and batched classes (K tokens, 8 and 32 at once:
+  ``RELAY_BATCHES``), split by least squares (``perf.relay_fit``; its wake-ups: one per request
+  for the first token, one per decode step the node counted);
 - ``decode_per_kv_byte_s``: the decode node's CPU, (long class - short class) over the KV bytes
   between them (it runs no forward pass for a one-token request: the prefill sampled it);
 - ``decode_per_output_token_s`` and ``decode_per_step_s``: the decode node's CPU, (K class -
@@ -58,10 +59,11 @@ from prfaas.commands.plumbing_classes import (
     OUTPUT_TOKENS,
     SHORT_PROMPT_TOKENS,
     Sender,
+    batched_classes,
     class_cpu,
     idle_rates,
+    relay_terms,
     reported_steps,
-    split_relay,
     started,
 )
 from prfaas.errors import UsageError
@@ -190,16 +192,13 @@ def measure(
         long = cls(long_prompt_tokens, 1)
         # A third size between them for the prefill node's two terms (least squares).
         mid = cls(mid_prompt_tokens, 1) if mid_prompt_tokens else None
-        # The batched class: BATCH requests decoding at once (a new one starts as one ends).
-        num_batched = max(requests, 2 * BATCH)
-        say(f"plumbing: {num_batched} requests, {BATCH} at once, {OUTPUT_TOKENS} output tokens")
-        steps_at = decode_steps()
-        batched = class_cpu(
-            {n: pids[n] for n in ("d0", "gateway")}, idle, 1,
-            lambda: send(SHORT_PROMPT_TOKENS, OUTPUT_TOKENS, num_batched, concurrency=BATCH),
-        )  # fmt: skip
-        batched_cpu_s = batched["d0"]
-        batched_steps = decode_steps() - steps_at
+        # The batched classes: K tokens, 8 and 32 decoding at once; the decode node's split
+        # reads the class of BATCH.
+        batched = batched_classes(
+            send, {n: pids[n] for n in ("d0", "gateway")}, idle, requests, decode_steps, say
+        )
+        num_batched, batched_steps, batched_cpu = batched[BATCH]
+        batched_cpu_s = batched_cpu["d0"]
     finally:
         launcher.stop()
     notes: dict[str, str] = {}
@@ -211,17 +210,17 @@ def measure(
             return 0.0
         return value
 
-    g_s, g_k = short.per_process_s["gateway"], tokens.per_process_s["gateway"]
-    gw_tok = floor0("gateway_per_output_token_s", (g_k - g_s) / (OUTPUT_TOKENS - 1))
-    gw_req = floor0("gateway_per_request_s", g_s - gw_tok)
     # The gateway relays each first token as it comes from the prefill node, the rest a decode
-    # step at a time.
-    gw_split, gw_how = split_relay(
-        gw_req, gw_tok, batched["gateway"], num_batched,
-        batched_steps + num_batched, num_batched * OUTPUT_TOKENS,
-    )  # fmt: skip
-    if gw_split is not None:
-        gw_tok = gw_split.per_output_token_s
+    # step at a time: its wake-ups are the decode node's steps and one a request.
+    gw_classes = [
+        (requests, requests, requests, {"gateway": short.per_process_s["gateway"] * requests}),
+        (requests, steps_batch1 + requests, requests * OUTPUT_TOKENS,
+         {"gateway": tokens.per_process_s["gateway"] * requests}),
+        *((n, s + n, n * OUTPUT_TOKENS, cpu) for n, s, cpu in batched.values()),
+    ]  # fmt: skip
+    gw_req, gw_tok, gw_step_or_none, gw_how = relay_terms("gateway", gw_classes)
+    gw_req = floor0("gateway_per_request_s", gw_req)
+    gw_tok = floor0("gateway_per_output_token_s", gw_tok)
     kv_short, kv_long = cm.kv_bytes(SHORT_PROMPT_TOKENS), cm.kv_bytes(long_prompt_tokens)
     d_s, d_k, d_l = (c.per_process_s["d0"] for c in (short, tokens, long))
     per_byte = floor0("decode_per_kv_byte_s", (d_l - d_s) / (kv_long - kv_short))
@@ -306,8 +305,9 @@ def measure(
         floor0("prefill_per_request_s", prefill_req), floor0("decode_per_request_s", decode_req),
         per_byte, per_tok, gw_req, gw_tok, per_step, prefill_per_token_s=prefill_tok,
         decode_per_context_token_s=per_ctx_copy,
-        gateway_per_step_s=gw_split.per_step_s if gw_split is not None else 0.0,
-        missing=(*missing, *ctx_missing, *(() if gw_split else ("gateway_per_step_s",))),
+        gateway_per_step_s=gw_step_or_none or 0.0,
+        missing=(*missing, *ctx_missing,
+                 *(() if gw_step_or_none is not None else ("gateway_per_step_s",))),
     )  # fmt: skip
 
     def passes_how(n: int) -> str:
@@ -341,11 +341,10 @@ def measure(
         "decode_per_output_token_s": f"{common}; decode node, {OUTPUT_TOKENS} vs 1 output "
         f"tokens, less the profile's {OUTPUT_TOKENS - 1} decode steps ({steps_s:.4g} s)"
         f"{split_how}",
-        "gateway_per_request_s": f"{common}; gateway process",
-        "gateway_per_output_token_s": f"{common}; gateway, {OUTPUT_TOKENS} vs 1 output tokens"
-        f"{gw_how}",
+        "gateway_per_request_s": f"{common}; gateway process{gw_how}",
+        "gateway_per_output_token_s": f"{common}; gateway{gw_how}",
     }
-    if gw_split is not None:
+    if gw_step_or_none is not None:
         how["gateway_per_step_s"] = f"{common}; gateway{gw_how}"
     if engine_overhead_s is not None:
         how["decode_per_step_s"] = (
