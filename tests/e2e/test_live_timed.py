@@ -3,6 +3,7 @@ both routes through the official openai client, a client that disconnects frees 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,6 +62,17 @@ def test_models_and_metrics(live: Launcher) -> None:
     assert "prfaas_route_decisions_total" in text and "prfaas_ttft_seconds_bucket" in text
     for family in ("prfaas_prefix_hit_rate", "prfaas_link_utilisation", "prfaas_stage_queue_depth"):
         assert family in text, family
+    # Where the requests served above spent their time, state by state (each left once at
+    # least: three requests finished; a long one's KV crossed, so it was transferring or
+    # decoding when its prefill answered).
+    counts = {
+        m[0]: float(m[1])
+        for m in re.findall(
+            r'^prfaas_request_state_seconds_count\{state="(\w+)"\} (\S+)', text, re.M
+        )
+    }
+    for state in ("queued", "routed", "prefilling", "decoding"):
+        assert counts.get(state, 0) >= 3, (state, counts)
     bad = httpx.post(
         f"{live.url}/v1/completions", json={"model": "gpt-9", "prompt": "hi"}, timeout=5
     )

@@ -45,6 +45,23 @@ def test_lifecycle_happy_path_and_retry_counts_attempts() -> None:
     assert r.is_terminal and r.num_attempts == 2 and r.since_s == 0.9
 
 
+def test_lifecycle_tells_each_state_left_and_its_time() -> None:
+    """The gateway's per-state histogram: every state left, once per stay, with its seconds (a
+    retry's second stay in ROUTED counts again); a refused move tells nothing."""
+    left: list[tuple[RequestState, float]] = []
+    r = RequestLifecycle("r1", 0.0, lambda state, s: left.append((state, round(s, 9))))
+    for state, at in ((RequestState.ROUTED, 0.1), (RequestState.PREFILLING, 0.3),
+                      (RequestState.ROUTED, 0.35), (RequestState.PREFILLING, 0.4),
+                      (RequestState.DECODING, 0.5), (RequestState.FINISHED, 0.9)):  # fmt: skip
+        r.advance(state, at)
+    with pytest.raises(InvalidTransition):
+        r.advance(RequestState.QUEUED, 1.0)
+    assert left == [
+        (RequestState.QUEUED, 0.1), (RequestState.ROUTED, 0.2), (RequestState.PREFILLING, 0.05),
+        (RequestState.ROUTED, 0.05), (RequestState.PREFILLING, 0.1), (RequestState.DECODING, 0.4),
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("src", "dst"),
     [

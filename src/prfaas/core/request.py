@@ -17,6 +17,7 @@ reads (times are passed in). Imports nothing but the standard library.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 
 
 class RequestState(enum.StrEnum):
@@ -82,10 +83,18 @@ class RequestLifecycle:
     clock) and how many times it was routed. Mutable: one per request, owned by the dispatcher's
     ``generate``."""
 
-    __slots__ = ("num_attempts", "path", "request_id", "since_s", "state")
+    __slots__ = ("num_attempts", "on_leave", "path", "request_id", "since_s", "state")
 
-    def __init__(self, request_id: str, now_s: float) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        now_s: float,
+        on_leave: Callable[[RequestState, float], None] | None = None,
+    ) -> None:
+        """``on_leave(state, seconds)``: told of each state left and the time spent in it (the
+        gateway's per-state histogram: where a request's time goes, hop by hop)."""
         self.request_id = request_id
+        self.on_leave = on_leave
         self.state = RequestState.QUEUED
         self.since_s = now_s
         self.num_attempts = 0
@@ -99,8 +108,11 @@ class RequestLifecycle:
 
     def advance(self, state: RequestState, now_s: float) -> None:
         """Move to ``state`` from ``now_s`` on; ``InvalidTransition`` if the table forbids it."""
+        left, spent_s = self.state, now_s - self.since_s
         self.state = advance(self.request_id, self.state, state)
         self.since_s = now_s
+        if self.on_leave is not None:
+            self.on_leave(left, spent_s)
         self.path.append(state)
         if state is RequestState.ROUTED:
             self.num_attempts += 1

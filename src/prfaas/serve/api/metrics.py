@@ -50,6 +50,15 @@ class GatewayMetrics:
             "request_latency_seconds", "Arrival to last token of a completed request",
             namespace=ns, registry=r, buckets=LATENCY_BUCKETS_S,
         )  # fmt: skip
+        self.request_state_seconds = Histogram(
+            "request_state_seconds",
+            "Seconds a request spent in each state it left at the gateway (queued: admitted to "
+            "routed; routed: the decode node's ready and any cache move; prefilling: the prefill "
+            "call to the prefill's answer or the first token; transferring: the prefill's answer "
+            "to the first token; decoding: the first token to the last); a retried request "
+            "counts each attempt",
+            ["state"], namespace=ns, registry=r, buckets=TTFT_BUCKETS_S,
+        )  # fmt: skip
         self.prompt_tokens = Counter(
             "prompt_tokens", "Prompt tokens of admitted requests", namespace=ns, registry=r
         )

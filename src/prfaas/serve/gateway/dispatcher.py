@@ -194,9 +194,12 @@ class ClusterDispatcher:
         log.warning("request %s: no prefill answer within %.0f s of its last token",
                     request_id, LATE_ANSWER_TIMEOUT_S)  # fmt: skip
 
+    def _state_left(self, state: RequestState, seconds: float) -> None:
+        self.metrics.request_state_seconds.labels(state=state.value).observe(seconds)
+
     # -- the Backend contract ---------------------------------------------------------------------
     async def generate(self, req: GenerationRequest) -> AsyncIterator[TokenEvent]:
-        life = RequestLifecycle(req.request_id, time.monotonic())
+        life = RequestLifecycle(req.request_id, time.monotonic(), self._state_left)
         self.lifecycles[req.request_id] = life
         try:
             async with contextlib.aclosing(self._generate(req, life)) as events:
