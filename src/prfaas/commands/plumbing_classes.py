@@ -64,9 +64,15 @@ class Sender:
         self._index = iter(range(1, 1 << 30))
 
     def __call__(self, prompt: int, output: int, count: int, concurrency: int = 1) -> None:
+        self.at_times([(0.0, prompt, output)] * count, concurrency)
+
+    def at_times(self, requests: list[tuple[float, int, int]], concurrency: int = 1) -> list[Any]:
+        """Sends ``(arrival offset s, prompt tokens, output tokens)`` requests at their offsets;
+        their ``RequestResult``s in order (each checked whole)."""
         from prfaas.serve.loadgen import BenchRequest, run_workload
 
-        reqs = [BenchRequest(next(self._index), 0.0, prompt, output) for _ in range(count)]
+        reqs = [BenchRequest(next(self._index), at, prompt, output)
+                for at, prompt, output in requests]  # fmt: skip
         results, _ = asyncio.run(
             run_workload(reqs, base_url=self.url, model=self.model, synth=self._synth,
                          concurrency=concurrency, timeout_s=300,
@@ -75,11 +81,12 @@ class Sender:
         bad = [r for r in results if not r.ok]
         if bad:
             raise UsageError(f"plumbing measurement: a request failed: {bad[0].reason}")
-        short = [r for r in results if r.num_output_tokens != output]
-        if short:
-            raise UsageError(
-                f"plumbing measurement: asked for {output} tokens, got {short[0].num_output_tokens}"
-            )
+        for r, (_, _, output) in zip(results, requests, strict=True):
+            if r.num_output_tokens != output:
+                raise UsageError(
+                    f"plumbing measurement: asked for {output} tokens, got {r.num_output_tokens}"
+                )
+        return results
 
 
 def idle_rates(pids: dict[str, int]) -> dict[str, float]:

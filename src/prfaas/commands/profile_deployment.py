@@ -19,7 +19,9 @@ split by least squares (``perf.relay_fit``: per request, per step of the server,
 - ``prefill_per_request_s``, ``decode_per_step_s``, ``decode_per_output_token_s``: the
   sidecar's. A vLLM site serves a local request with one call to its server, prefill and decode
   in it; the simulator charges the call's fixed cost at the prefill, where the client waits for
-  it, and the relay's per step and per token at the decode.
+  it, and the relay's per step and per token at the decode;
+- ``first_token_wait_per_decoding_s``: probes sent while batches decode, against the simulator
+  with the terms above (``commands.profile_first_token``).
 
 Zero by construction, said so in ``how``: ``decode_per_request_s`` (in ``prefill_per_request_s``)
 and ``decode_per_context_token_s`` (the server's whole step is in the endpoint profile's
@@ -61,6 +63,8 @@ from prfaas.commands.plumbing_classes import (
     reported_steps,
     started,
 )
+from prfaas.commands.profile_first_token import TERM as FIRST_TOKEN
+from prfaas.commands.profile_first_token import fit_first_token_wait, probe_live
 from prfaas.errors import UsageError
 
 ZERO_HOW = {
@@ -124,6 +128,7 @@ def measure(target: Target, workdir: Path, *, requests: int, seed: int) -> tuple
     from prfaas.commands.launch_checks import check_model_folders
     from prfaas.config import load_deployment
     from prfaas.perf.plumbing import PlumbingCosts
+    from prfaas.perf.profile_read import load_profile_file
 
     def say(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
@@ -158,6 +163,7 @@ def measure(target: Target, workdir: Path, *, requests: int, seed: int) -> tuple
             classes.append((requests, steps() - at, requests * output, cpu))
         for n, num_steps, cpu in batched_classes(send, pids, idle, requests, steps, say).values():
             classes.append((n, num_steps, n * OUTPUT_TOKENS, cpu))
+        probes = probe_live(send, say)
     finally:
         launcher.stop()
     notes: dict[str, str] = {}
@@ -191,8 +197,16 @@ def measure(target: Target, workdir: Path, *, requests: int, seed: int) -> tuple
         prefill_per_request_s=car_req, decode_per_output_token_s=car_tok,
         gateway_per_request_s=gw_req, gateway_per_output_token_s=gw_tok,
         decode_per_step_s=max(0.0, car_step), gateway_per_step_s=max(0.0, gw_step),
-        missing=(*MISSING, *unsplit),
+        missing=(*MISSING, *unsplit, FIRST_TOKEN),
     )  # fmt: skip
+    say("plumbing: the probes against the simulator")
+    pf = dataclasses.replace(load_profile_file(target.profile), plumbing=costs)
+    wait_s, wait_how = fit_first_token_wait(d, pf, probes)
+    if wait_s is not None:
+        costs = dataclasses.replace(
+            costs, first_token_wait_per_decoding_s=wait_s,
+            missing=tuple(t for t in costs.missing if t != FIRST_TOKEN),
+        )  # fmt: skip
     common = (
         f"process CPU (/proc, idle rate removed) of site {target.site} deployed alone, classes "
         f"of {SHORT_PROMPT_TOKENS}-token prompts: {requests} one at a time with 1 and "
@@ -211,6 +225,10 @@ def measure(target: Target, workdir: Path, *, requests: int, seed: int) -> tuple
         "decode_per_step_s": f"{common}; {sidecar}: its relay's wake-ups, the server's own step "
         "being in the endpoint profile's inter-token latency",
     }
+    if wait_s is not None:
+        how[FIRST_TOKEN] = wait_how
+    else:
+        say(f"plumbing: {FIRST_TOKEN} not measured: {wait_how}")
     for name in unsplit:
         del how[name]
     for name, note in (*fit_how.items(), *notes.items()):

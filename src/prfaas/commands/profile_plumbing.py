@@ -36,7 +36,10 @@ computes:
   and the KV stream's; two classes alone traded the terms off between profiles;
 - ``decode_per_request_s``: the decode node's
   CPU of the short class less its KV bytes' (it runs no forward pass for a one-token request).
-  The simulator charges each on its node.
+  The simulator charges each on its node;
+- ``first_token_wait_per_decoding_s``: probes sent while batches decode, against the simulator
+  with every other term (``commands.profile_first_token``), once ``shared_core_overhead`` is
+  known (``with_plumbing``).
 
 CPU is counted in clock ticks (10 ms): the figures are means over ``requests`` requests per
 class; a difference that comes out negative (noise) is stored as 0 and said so in ``how``.
@@ -45,6 +48,7 @@ class; a difference that comes out negative (noise) is stored as 0 and said so i
 from __future__ import annotations
 
 import argparse
+import os
 import secrets
 import statistics
 from collections.abc import Callable
@@ -66,6 +70,8 @@ from prfaas.commands.plumbing_classes import (
     reported_steps,
     started,
 )
+from prfaas.commands.profile_first_token import TERM as FIRST_TOKEN
+from prfaas.commands.profile_first_token import ProbeClass, fit_first_token_wait, probe_live
 from prfaas.errors import UsageError
 
 LONG_PROMPT_TOKENS = 4096
@@ -96,15 +102,21 @@ class ClassCpu:
 
 
 def deployment_text(model_name: str, model_path: Path, profile: Path, threads: int) -> str:
+    """The one-site deployment measured. Its processes run on this process's cores (they
+    inherit its affinity: ``taskset -c 0 prfaas profile`` puts all three on core 0), which the
+    file says (the site's and the gateway's ``cpus``), so that the simulator the probes are read
+    against (``commands.profile_first_token``) shares those cores among them as they did."""
+    cores = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
     d = {
         "engine": {
             "kind": "torch", "model": model_name, "model_path": str(model_path.resolve()),
             "threads": threads,
         },
-        "gateway": {"port": 0, "control_port": 0, "request_timeout_s": 600},
+        "gateway": {"port": 0, "control_port": 0, "request_timeout_s": 600, "cpus": cores},
         "policy": {"router": "local_only", "tune_min_samples": 1_000_000},
         "sites": [{
             "name": "pd", "kind": "pd", "hardware": str(profile.resolve()),
+            "engine": {"cpus": cores},
             "nodes": [{"name": "p0", "role": "prefill"}, {"name": "d0", "role": "decode"}],
         }],
         "psk": secrets.token_hex(16),
@@ -112,6 +124,18 @@ def deployment_text(model_name: str, model_path: Path, profile: Path, threads: i
     return "# Written by prfaas profile: the deployment its plumbing terms are measured on.\n" + (
         yaml.safe_dump(d, sort_keys=False)
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """What ``measure`` measured: the terms and how, and the probe classes for
+    ``first_token_wait_per_decoding_s``, fitted once every other term is known, on the
+    deployment ``deployment`` (``commands.profile_first_token``)."""
+
+    costs: Any
+    how: tuple[tuple[str, str], ...]
+    probes: tuple[ProbeClass, ...]
+    deployment: Any
 
 
 def measure(
@@ -129,8 +153,8 @@ def measure(
     engine_overhead_s: dict[int, float] | None = None,
     decode_per_context_token_s: float | None = None,
     passes_s: Callable[[int], float] | None = None,
-) -> tuple[Any, tuple[tuple[str, str], ...]]:
-    """``(PlumbingCosts, how)`` measured on a deployment whose nodes' hardware is ``profile``
+) -> Measured:
+    """The terms measured on a deployment whose nodes' hardware is ``profile``
     (the forward-pass profile just measured). ``engine_overhead_s``: the engine's decode step
     overhead beyond its forward pass per batch size (``profile_step``), to split the decode
     node's per-token figure; None leaves ``decode_per_step_s`` missing.
@@ -199,6 +223,7 @@ def measure(
         )
         num_batched, batched_steps, batched_cpu = batched[BATCH]
         batched_cpu_s = batched_cpu["d0"]
+        probes = probe_live(send, say)
     finally:
         launcher.stop()
     notes: dict[str, str] = {}
@@ -358,7 +383,7 @@ def measure(
         )
     for name, note in notes.items():
         how[name] += f"; {note}"
-    return costs, tuple(how.items())
+    return Measured(costs, tuple(how.items()), probes, d)
 
 
 def with_plumbing(pf: Any, args: argparse.Namespace) -> Any:
@@ -416,30 +441,42 @@ def with_plumbing(pf: Any, args: argparse.Namespace) -> Any:
         scratch = Path(tmp) / "forward.yaml"
         # Zeros, none missing: the forward passes only, without the missing-terms warning.
         dump_profile_file(dataclasses.replace(pf, plumbing=PlumbingCosts(missing=())), scratch)
-        costs, how = measure(
+        measured = measure(
             pf.model.name, args.model_path, scratch, Path(tmp), requests=args.plumbing_requests,
             threads=args.threads, seed=args.seed + 1, long_prompt_tokens=min(4096, limit // 2),
             mid_prompt_tokens=min(1024, limit // 8) if limit // 8 > SHORT_PROMPT_TOKENS else None,
             say=say, engine_overhead_s=engine_overhead_s, decode_per_context_token_s=per_context,
             passes_s=passes_s,
         )  # fmt: skip
-    how = (*how, ("decode_per_context_token_s", context_how))
-    if args.device == "cpu" and args.sharing_rounds > 0:
-        from prfaas.commands.profile_sharing import measure_shared_core_overhead
+        costs, how = measured.costs, (*measured.how, ("decode_per_context_token_s", context_how))
+        if args.device == "cpu" and args.sharing_rounds > 0:
+            from prfaas.commands.profile_sharing import measure_shared_core_overhead
 
-        say("plumbing: the CPU a node loses to a second busy process on its core")
-        try:
-            overhead, sharing_how = measure_shared_core_overhead(
-                args.model_path, pass_tokens=args.pass_tokens or 512, seed=args.seed + 3,
-                rounds=args.sharing_rounds,
-            )  # fmt: skip
-        except (RuntimeError, OSError) as exc:  # the second process did not start: say so
-            say(f"plumbing: shared_core_overhead not measured ({exc}); charged as 0")
-        else:
-            costs = dataclasses.replace(costs, shared_core_overhead=overhead)
-            how = (*how, ("shared_core_overhead", sharing_how))
-    if "shared_core_overhead" not in dict(how):
-        # Not measured (a GPU's kernels do not time-share a core this way, --sharing-rounds 0,
-        # or the measurement failed): missing, charged as 0.
-        costs = dataclasses.replace(costs, missing=(*costs.missing, "shared_core_overhead"))
+            say("plumbing: the CPU a node loses to a second busy process on its core")
+            try:
+                overhead, sharing_how = measure_shared_core_overhead(
+                    args.model_path, pass_tokens=args.pass_tokens or 512, seed=args.seed + 3,
+                    rounds=args.sharing_rounds,
+                )  # fmt: skip
+            except (RuntimeError, OSError) as exc:  # the second process did not start: say so
+                say(f"plumbing: shared_core_overhead not measured ({exc}); charged as 0")
+            else:
+                costs = dataclasses.replace(costs, shared_core_overhead=overhead)
+                how = (*how, ("shared_core_overhead", sharing_how))
+        if "shared_core_overhead" not in dict(how):
+            # Not measured (a GPU's kernels do not time-share a core this way, --sharing-rounds
+            # 0, or the measurement failed): missing, charged as 0.
+            costs = dataclasses.replace(costs, missing=(*costs.missing, "shared_core_overhead"))
+        # Last: the probes against the simulator with every other term (the deployment reads
+        # the scratch profile, so inside this folder).
+        say("plumbing: the probes against the simulator")
+        wait_s, wait_how = fit_first_token_wait(
+            measured.deployment, dataclasses.replace(pf, plumbing=costs), measured.probes
+        )
+    if wait_s is None:
+        say(f"plumbing: {FIRST_TOKEN} not measured: {wait_how}")
+        costs = dataclasses.replace(costs, missing=(*costs.missing, FIRST_TOKEN))
+    else:
+        costs = dataclasses.replace(costs, first_token_wait_per_decoding_s=wait_s)
+        how = (*how, (FIRST_TOKEN, wait_how))
     return dataclasses.replace(pf, plumbing=costs, plumbing_how=how)

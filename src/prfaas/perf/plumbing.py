@@ -30,6 +30,7 @@ PLUMBING_TERMS = (
     "prefill_per_token_s",
     "decode_per_context_token_s",
     "gateway_per_step_s",
+    "first_token_wait_per_decoding_s",
 )
 
 
@@ -82,6 +83,17 @@ class PlumbingCosts:
     batch of ``b`` streams costs this once plus ``b`` times ``gateway_per_output_token_s``.
     Measured with a batched class beside the sequential ones (``split_decode_live``); a profile
     without it measured the gateway's relay at batch 1, where both are one token's."""
+    first_token_wait_per_decoding_s: float = 0.0
+    """Seconds a request's first token waits, per request already decoding at its decode node,
+    beyond the steps the cost model times: a latency, not CPU (the per-token terms charge the
+    CPU). A new request's first token leaves through the processes that relay every stream's
+    tokens (a vLLM server's API process, the sidecar, the gateway), each working through the
+    batch's tokens of a step before it, on cores the steps keep busy: live, a 256-token
+    prompt's TTFT grew ~3 ms per request decoding beside it (4 to 16 requests), the model's
+    mixed step ~0.6 ms (issue 20, docs/fidelity.md). Measured with probes sent while batches
+    of several sizes decode, against the simulator with every other term
+    (``commands.profile_first_token``); charged on the TTFT only (the decode's own timing is
+    the steps'). Last, so positional construction keeps the older terms' order."""
     missing: tuple[str, ...] = PLUMBING_TERMS
     """The terms the profile did not measure (each 0.0 here)."""
     approximated: tuple[str, ...] = ()

@@ -16,7 +16,9 @@ in existing events, never an event per byte or token):
   pauses for it, on the decode node's core (slowed like its steps when the site's cores are
   shared);
 - ``decode_per_step_s``: each decode step, once (whatever its batch);
-- ``decode_per_output_token_s``: each decode step, per request of the batch.
+- ``decode_per_output_token_s``: each decode step, per request of the batch;
+- ``first_token_wait_per_decoding_s``: a latency, not work: added to a request's first token
+  (its TTFT) per request decoding at its decode node when its KV is ready there.
 
 Pure: no I/O, no clock.
 """

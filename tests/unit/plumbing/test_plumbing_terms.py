@@ -203,11 +203,42 @@ def test_each_term_is_charged_where_it_is_paid_and_switched_off(tmp_path: Path) 
         elif term == "decode_per_context_token_s":
             assert ttft_off == pytest.approx(ttft)
             assert decode_off - base_decode == pytest.approx(steps * per_step_and_token, rel=1e-6)
-        elif term in ("gateway_per_output_token_s", "gateway_per_step_s", "shared_core_overhead"):
-            # A lone request never waits on the relay; these nodes have cores of their own.
+        elif term in ("gateway_per_output_token_s", "gateway_per_step_s", "shared_core_overhead",
+                      "first_token_wait_per_decoding_s"):  # fmt: skip
+            # A lone request never waits on the relay or a decoding batch; these nodes have
+            # cores of their own.
             assert (ttft_off, decode_off) == pytest.approx((ttft, decode))
         else:
             assert ttft_off < ttft - 1e-6 and decode_off == pytest.approx(decode)
+
+
+def test_a_first_token_waits_per_request_decoding_beside_it(tmp_path: Path) -> None:
+    """``first_token_wait_per_decoding_s`` is a latency on the TTFT alone: a request whose KV is
+    ready while 3 others decode on its node waits 3 times it; nothing else moves (the decode's
+    steps, the others' TTFT), and its switch takes it off."""
+    wait_s = 0.002
+    path = _write(tmp_path, _profile(replace(PLUMBING, first_token_wait_per_decoding_s=wait_s)))
+    specs = [SimRequestSpec(i, 0.001 * i, 64, 1000) for i in range(3)]
+    specs.append(SimRequestSpec(3, 1.0, 256, 2))
+
+    def run(off: tuple[str, ...]) -> dict[int, tuple[float, float]]:
+        sc = SimScenario(
+            sites=(SimSite("pd", "pd", str(path), 1, 1),), model="tiny", policy="local_only",
+            prefix_cache=False, duration_s=2.0, prefill_token_budget=1, plumbing_off=off,
+        )  # fmt: skip
+        sim = Simulator(sc, iter(specs))
+        done: dict[int, tuple[float, float]] = {}
+        sim.on_finish = lambda r: done.__setitem__(
+            r.index, (r.kv_ready_s - r.arrival_s, r.finish_s)
+        )
+        sim.run()
+        return done
+
+    on, off = run(()), run(("first_token_wait_per_decoding_s",))
+    assert on[3][0] - off[3][0] == pytest.approx(3 * wait_s, rel=1e-6)
+    # The first request found nobody decoding; the next found 1 and 2.
+    assert [on[i][0] - off[i][0] for i in range(3)] == pytest.approx([0.0, wait_s, 2 * wait_s])
+    assert [on[i][1] for i in range(4)] == pytest.approx([off[i][1] for i in range(4)])
 
 
 def test_the_gateway_routes_requests_in_arrival_order(tmp_path: Path) -> None:

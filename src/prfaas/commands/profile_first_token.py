@@ -1,0 +1,143 @@
+"""``first_token_wait_per_decoding_s`` (``perf.plumbing``): how much longer a new request's first
+token takes, per request decoding beside it, than the simulator says with every other term.
+
+Measured on the one-site deployment a plumbing measurement launched (``commands.profile_plumbing``
+for torch, ``commands.profile_deployment`` for vLLM), after its classes: for each size ``B`` of
+``PROBE_BATCHES``, ``B`` background requests (short prompts, ``BACKGROUND_OUTPUT_TOKENS`` each)
+start together and ``PROBES`` probes (``PROBE_PROMPT_TOKENS``-token prompts, 2 output tokens)
+follow one at a time while they decode; each probe's TTFT is read at the client
+(``probe_live``). The same requests at the same offsets are then simulated on the deployment
+with the profile just measured (every other term), twice: with the term at 0 and at 1 ms, which
+gives each probe's simulated TTFT and the number of requests decoding at its decode node when
+its KV was ready (the term's multiplier, the simulator's own count). The term is the slope of
+the probes' live-minus-simulated TTFT over that count, least squares with an intercept (the
+intercept, the gap with nothing decoding, is reported, not charged); 0 when negative; missing
+when no probe met a decode batch (the background finished first: a fast engine).
+
+A class of the profile, not the workload being predicted: synthetic prompts, fixed sizes.
+
+Not pure (HTTP, the simulator run on files, the clock): a command's helper.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PROBE_BATCHES = (0, 8, 16)
+PROBES = 6
+PROBE_PROMPT_TOKENS = 256
+BACKGROUND_PROMPT_TOKENS = 64
+BACKGROUND_OUTPUT_TOKENS = 600
+PROBE_START_S = 0.5
+"""The first probe's offset: the background's prefills are done, its decode batch whole."""
+PROBE_GAP_S = 0.25
+"""Between probes: each is alone with the background (a probe's prefill takes tens of ms)."""
+TERM = "first_token_wait_per_decoding_s"
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeClass:
+    """One background size's requests, ``(offset s, prompt tokens, output tokens)``, the
+    background first, and each request's live TTFT (seconds)."""
+
+    batch: int
+    requests: tuple[tuple[float, int, int], ...]
+    ttft_s: tuple[float, ...]
+
+
+def probe_requests(batch: int) -> list[tuple[float, int, int]]:
+    background = [(0.0, BACKGROUND_PROMPT_TOKENS, BACKGROUND_OUTPUT_TOKENS)] * batch
+    probes = [(PROBE_START_S + k * PROBE_GAP_S, PROBE_PROMPT_TOKENS, 2) for k in range(PROBES)]
+    return background + probes
+
+
+def probe_live(send: Any, say: Callable[[str], None]) -> tuple[ProbeClass, ...]:
+    """The probe classes sent through ``send`` (a ``plumbing_classes.Sender``)."""
+    out = []
+    for batch in PROBE_BATCHES:
+        say(f"plumbing: {PROBES} probes of {PROBE_PROMPT_TOKENS} prompt tokens while {batch} "
+            f"requests decode ({BACKGROUND_OUTPUT_TOKENS} tokens each)")  # fmt: skip
+        reqs = probe_requests(batch)
+        results = send.at_times(reqs, concurrency=len(reqs))
+        out.append(ProbeClass(batch, tuple(reqs), tuple(float(r.ttft_s) for r in results)))
+    return tuple(out)
+
+
+def _simulated_ttft_s(
+    d: Any, profile: Path, requests: Sequence[tuple[float, int, int]]
+) -> list[float]:
+    """Each request's TTFT in the simulator: deployment ``d`` with ``profile`` as every site's
+    hardware."""
+    from prfaas import scenarios
+    from prfaas.sim.simulator import Simulator
+    from prfaas.workload.requests import SimRequestSpec
+
+    sc = scenarios.sim_scenario(d)
+    sites = tuple(dataclasses.replace(s, hardware=str(profile)) for s in sc.sites)
+    last = max(at for at, _, _ in requests)
+    sc = dataclasses.replace(sc, sites=sites, duration_s=last + 1e-6, warmup_s=0.0)
+    order = sorted(range(len(requests)), key=lambda i: requests[i][0])  # the simulator's order
+    specs = [SimRequestSpec(n, requests[i][0], requests[i][1], requests[i][2])
+             for n, i in enumerate(order)]  # fmt: skip
+    sim = Simulator(sc, iter(specs))
+    ttft: dict[int, float] = {}
+    sim.on_finish = lambda req: ttft.__setitem__(order[req.index], req.kv_ready_s - req.arrival_s)
+    sim.run()
+    if len(ttft) != len(requests):
+        raise RuntimeError(f"the simulator finished {len(ttft)} of {len(requests)} probe requests")
+    return [ttft[i] for i in range(len(requests))]
+
+
+def fit_first_token_wait(
+    d: Any, pf: Any, classes: Sequence[ProbeClass]
+) -> tuple[float | None, str]:
+    """``(first_token_wait_per_decoding_s or None, how)`` from the live ``classes`` against the
+    simulator on deployment ``d`` with profile ``pf`` (its other terms measured, this one 0)."""
+    from prfaas.perf.profile_write import dump_profile_file
+
+    xs: list[float] = []
+    gaps: list[float] = []
+    per_class = []
+    with tempfile.TemporaryDirectory(prefix="prfaas-first-token-") as tmp:
+        paths = {}
+        for name, value in (("zero", 0.0), ("unit", 1e-3)):
+            costs = dataclasses.replace(pf.plumbing, **{TERM: value})
+            costs = dataclasses.replace(costs, missing=())  # scratch: charged as 0, unsaid
+            paths[name] = Path(tmp) / f"{name}.yaml"
+            dump_profile_file(dataclasses.replace(pf, plumbing=costs), paths[name])
+        for c in classes:
+            zero = _simulated_ttft_s(d, paths["zero"], c.requests)
+            unit = _simulated_ttft_s(d, paths["unit"], c.requests)
+            probes = range(c.batch, len(c.requests))
+            live_ms = [c.ttft_s[i] * 1e3 for i in probes]
+            sim_ms = [zero[i] * 1e3 for i in probes]
+            decoding = [round((unit[i] - zero[i]) / 1e-3) for i in probes]
+            xs.extend(decoding)
+            gaps.extend((c.ttft_s[i] - zero[i]) for i in probes)
+            per_class.append(
+                f"{c.batch} decoding: live {np.median(live_ms):.1f} ms, simulated "
+                f"{np.median(sim_ms):.1f} ms, {np.median(decoding):.0f} decoding at the KV"
+            )
+    what = (
+        f"{PROBES} probes of {PROBE_PROMPT_TOKENS} prompt tokens while {list(PROBE_BATCHES)} "
+        f"requests decode ({BACKGROUND_PROMPT_TOKENS}-token prompts, "
+        f"{BACKGROUND_OUTPUT_TOKENS} tokens), TTFT live against the simulator with every other "
+        "term (medians: " + "; ".join(per_class) + ")"
+    )
+    if max(xs) == min(xs):
+        return None, f"{what}: no spread in the requests decoding at the probes' KV; not measured"
+    slope, intercept = np.polyfit(np.asarray(xs, float), np.asarray(gaps, float), 1)
+    how = (
+        f"{what}; live minus simulated over the requests decoding, least squares: "
+        f"{slope * 1e3:.3g} ms each, {intercept * 1e3:.3g} ms with none (not charged)"
+    )
+    if slope < 0:
+        return 0.0, f"{how}; measured {slope:.3g}, stored 0 (below the noise)"
+    return float(slope), how
