@@ -23,7 +23,7 @@ import pytest
 import yaml
 from control_helpers import PSK, Cluster, _wait, cluster, deployment_dict, spawn, stop
 
-from prfaas.serve.auth import SignedAuth, signed_headers
+from prfaas.serve.auth import START_SKEW_S, SignedAuth, signed_headers
 from prfaas.serve.keyring import key_id_of
 from prfaas.serve.listeners import MAX_UNVERIFIED
 
@@ -138,9 +138,13 @@ def test_a_call_captured_before_a_restart_is_refused_after_it(tmp_path: Path) ->
     url = f"http://127.0.0.1:{config['gateway']['control_port']}/internal/control"
     host = url.split("/")[2]
     with _gateway(config, path, tmp_path / "first.log"):
+        captured_at = time.time()
         captured = signed_headers(PSK.encode(), "GET", host, "/internal/control", b"",
-                                  time.time())  # fmt: skip
+                                  captured_at)  # fmt: skip
         assert httpx.get(url, headers=captured, timeout=5).status_code == 200
+    # Calls signed up to START_SKEW_S before a start pass (clock skew): a restart on an idle
+    # machine took less than that (a fresh-clone CI run, 2026-12-06), and the replay passed.
+    time.sleep(max(0.0, captured_at + START_SKEW_S + 0.2 - time.time()))
     # The supervisor restarts it: its nonce memory starts empty.
     with _gateway(config, path, tmp_path / "second.log"):
         replayed = httpx.get(url, headers=captured, timeout=5)
