@@ -63,8 +63,7 @@ from prfaas.commands.plumbing_classes import (
     reported_steps,
     started,
 )
-from prfaas.commands.profile_first_token import TERM as FIRST_TOKEN
-from prfaas.commands.profile_first_token import fit_first_token_wait, probe_live
+from prfaas.commands.profile_first_token import probe_live, with_first_token_wait
 from prfaas.errors import UsageError
 
 ZERO_HOW = {
@@ -197,16 +196,8 @@ def measure(target: Target, workdir: Path, *, requests: int, seed: int) -> tuple
         prefill_per_request_s=car_req, decode_per_output_token_s=car_tok,
         gateway_per_request_s=gw_req, gateway_per_output_token_s=gw_tok,
         decode_per_step_s=max(0.0, car_step), gateway_per_step_s=max(0.0, gw_step),
-        missing=(*MISSING, *unsplit, FIRST_TOKEN),
+        missing=(*MISSING, *unsplit),
     )  # fmt: skip
-    say("plumbing: the probes against the simulator")
-    pf = dataclasses.replace(load_profile_file(target.profile), plumbing=costs)
-    wait_s, wait_how = fit_first_token_wait(d, pf, probes)
-    if wait_s is not None:
-        costs = dataclasses.replace(
-            costs, first_token_wait_per_decoding_s=wait_s,
-            missing=tuple(t for t in costs.missing if t != FIRST_TOKEN),
-        )  # fmt: skip
     common = (
         f"process CPU (/proc, idle rate removed) of site {target.site} deployed alone, classes "
         f"of {SHORT_PROMPT_TOKENS}-token prompts: {requests} one at a time with 1 and "
@@ -225,16 +216,17 @@ def measure(target: Target, workdir: Path, *, requests: int, seed: int) -> tuple
         "decode_per_step_s": f"{common}; {sidecar}: its relay's wake-ups, the server's own step "
         "being in the endpoint profile's inter-token latency",
     }
-    if wait_s is not None:
-        how[FIRST_TOKEN] = wait_how
-    else:
-        say(f"plumbing: {FIRST_TOKEN} not measured: {wait_how}")
     for name in unsplit:
         del how[name]
     for name, note in (*fit_how.items(), *notes.items()):
         if name in how:
             how[name] += note
-    return costs, tuple(how.items())
+    # Last, read against the simulator with every term above.
+    pf = dataclasses.replace(
+        load_profile_file(target.profile), plumbing=costs, plumbing_how=tuple(how.items())
+    )
+    pf = with_first_token_wait(pf, d, probes, say)
+    return pf.plumbing, pf.plumbing_how
 
 
 def run_plumbing_of(args: argparse.Namespace) -> Any:

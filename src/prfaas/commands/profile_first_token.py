@@ -141,3 +141,19 @@ def fit_first_token_wait(
     if slope < 0:
         return 0.0, f"{how}; measured {slope:.3g}, stored 0 (below the noise)"
     return float(slope), how
+
+
+def with_first_token_wait(
+    pf: Any, d: Any, classes: Sequence[ProbeClass], say: Callable[[str], None]
+) -> Any:
+    """``pf`` (every other term measured) with ``first_token_wait_per_decoding_s`` fitted
+    (``fit_first_token_wait``) and said in its ``plumbing_how``, or named missing."""
+    say("plumbing: the probes against the simulator")
+    wait_s, how = fit_first_token_wait(d, pf, classes)
+    others = tuple(t for t in pf.plumbing.missing if t != TERM)
+    if wait_s is None:
+        say(f"plumbing: {TERM} not measured: {how}")
+        return dataclasses.replace(pf, plumbing=dataclasses.replace(
+            pf.plumbing, **{TERM: 0.0}, missing=(*others, TERM)))  # fmt: skip
+    costs = dataclasses.replace(pf.plumbing, **{TERM: wait_s}, missing=others)
+    return dataclasses.replace(pf, plumbing=costs, plumbing_how=(*pf.plumbing_how, (TERM, how)))

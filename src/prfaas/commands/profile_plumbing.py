@@ -70,8 +70,7 @@ from prfaas.commands.plumbing_classes import (
     reported_steps,
     started,
 )
-from prfaas.commands.profile_first_token import TERM as FIRST_TOKEN
-from prfaas.commands.profile_first_token import ProbeClass, fit_first_token_wait, probe_live
+from prfaas.commands.profile_first_token import ProbeClass, probe_live, with_first_token_wait
 from prfaas.errors import UsageError
 
 LONG_PROMPT_TOKENS = 4096
@@ -467,16 +466,7 @@ def with_plumbing(pf: Any, args: argparse.Namespace) -> Any:
             # Not measured (a GPU's kernels do not time-share a core this way, --sharing-rounds
             # 0, or the measurement failed): missing, charged as 0.
             costs = dataclasses.replace(costs, missing=(*costs.missing, "shared_core_overhead"))
-        # Last: the probes against the simulator with every other term (the deployment reads
-        # the scratch profile, so inside this folder).
-        say("plumbing: the probes against the simulator")
-        wait_s, wait_how = fit_first_token_wait(
-            measured.deployment, dataclasses.replace(pf, plumbing=costs), measured.probes
-        )
-    if wait_s is None:
-        say(f"plumbing: {FIRST_TOKEN} not measured: {wait_how}")
-        costs = dataclasses.replace(costs, missing=(*costs.missing, FIRST_TOKEN))
-    else:
-        costs = dataclasses.replace(costs, first_token_wait_per_decoding_s=wait_s)
-        how = (*how, (FIRST_TOKEN, wait_how))
-    return dataclasses.replace(pf, plumbing=costs, plumbing_how=how)
+        # Last, read against the simulator with every other term (the deployment reads the
+        # scratch profile: inside this folder).
+        out = dataclasses.replace(pf, plumbing=costs, plumbing_how=how)
+        return with_first_token_wait(out, measured.deployment, measured.probes, say)
