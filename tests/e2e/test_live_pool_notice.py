@@ -305,10 +305,18 @@ def test_through_a_tenant_gateway_a_noticed_pool_node_sends_nothing_local(
             g = live.deployment.gateway
             url = f"http://{g.host}:{g.port}"
             reasons = asyncio.run(_chat_under_notice(pool, url, 6))
-            metrics = httpx.get(f"{url}/metrics", trust_env=False).text
             auth = SignedAuth(pool.internal_key.encode())
-            rows = httpx.get(f"{pool.control_url}/internal/tenants", auth=auth, trust_env=False)
-            row = rows.json()["tenants"]["tenant-a"]
+            # The pool books a prefill's outcome when its node's answer lands, which can be
+            # after the client's last token (a fresh-clone CI run read done 5 of 6, 2026-12-06).
+            deadline = time.monotonic() + 20
+            while True:
+                rows = httpx.get(f"{pool.control_url}/internal/tenants", auth=auth,
+                                 trust_env=False)  # fmt: skip
+                row = rows.json()["tenants"]["tenant-a"]
+                if row["done"] + row["failed"] >= 6 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            metrics = httpx.get(f"{url}/metrics", trust_env=False).text  # booked by now too
         except BaseException:
             print(pool.log_tail())
             raise
