@@ -33,8 +33,6 @@ def _skip_reason() -> str | None:
 
 
 pytestmark = [
-    # Token and content checks only, nothing timed: run in the back stream (`make test`).
-    pytest.mark.behind,
     pytest.mark.timeout(300),
     pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or ""),
 ]

@@ -54,8 +54,6 @@ TIE_NATS = 0.05
 reference's best log-prob there: a near tie; a wrong or zeroed state moves log-probs by nats."""
 
 pytestmark = [
-    # Token and content checks only, nothing timed: run in the back stream (`make test`).
-    pytest.mark.behind,
     pytest.mark.e2e,
     pytest.mark.timeout(300),
     pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or ""),

@@ -61,8 +61,6 @@ def _skip_reason() -> str | None:
 
 
 pytestmark = [
-    # Token and content checks only, nothing timed: run in the back stream (`make test`).
-    pytest.mark.behind,
     pytest.mark.e2e,
     pytest.mark.timeout(600),
     pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or ""),

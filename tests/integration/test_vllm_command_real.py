@@ -16,8 +16,6 @@ from prfaas.serve.demo_vllm import vllm_unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [
-    # Token and content checks only, nothing timed: run in the back stream (`make test`).
-    pytest.mark.behind,
     pytest.mark.timeout(180),
     pytest.mark.skipif(vllm_unavailable() is not None, reason=vllm_unavailable() or ""),
 ]

@@ -21,8 +21,6 @@ from prfaas.serve.vllm.kv_events import KvEventSubscriber
 from prfaas.serve.vllm.server import KvEventsEndpoints
 
 pytestmark = [
-    # Token and content checks only, nothing timed: run in the back stream (`make test`).
-    pytest.mark.behind,
     pytest.mark.timeout(120),
     pytest.mark.skipif(not VLLM_PYTHON.exists(), reason=f"no {VLLM_PYTHON}"),
 ]
