@@ -904,10 +904,11 @@ VLLM_VARIANTS: dict[str, tuple[str, ...]] = {
     "without the gateway's terms": GATEWAY_TERMS,
     "without the sidecar's terms": SIDECAR_TERMS,
     "without first_token_wait_per_decoding": ("first_token_wait_per_decoding_s",),
+    "without first_token_wait": ("first_token_wait_s",),
     "all terms, PD server time-shared": (TIMESHARED,),
 }
 """For vLLM nodes: the terms ``prfaas profile --plumbing-of`` measures (the gateway's and the PD
-site's sidecar's, the first token's wait behind a decoding batch;
+site's sidecar's, the first token's waits alone and behind a decoding batch;
 ``bench/fidelity_vllm.measure_plumbing``), and how the PD site's one server
 runs its two nodes (mixed steps, or two processes time-sharing the core as before
 2026-12-06)."""

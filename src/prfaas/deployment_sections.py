@@ -89,6 +89,7 @@ class PlumbingSwitches(_Strict):
     decode_per_context_token: bool = True
     gateway_per_step: bool = True
     first_token_wait_per_decoding: bool = True
+    first_token_wait: bool = True
     node_per_request: bool = True
     """Files written before the prefill and decode nodes' fixed terms were measured apart: off
     switches both (``prefill_per_request`` and ``decode_per_request``)."""

@@ -20,8 +20,8 @@ split by least squares (``perf.relay_fit``: per request, per step of the server,
   sidecar's. A vLLM site serves a local request with one call to its server, prefill and decode
   in it; the simulator charges the call's fixed cost at the prefill, where the client waits for
   it, and the relay's per step and per token at the decode;
-- ``first_token_wait_per_decoding_s``: probes sent while batches decode, against the simulator
-  with the terms above (``commands.profile_first_token``).
+- ``first_token_wait_s`` and ``first_token_wait_per_decoding_s``: probes sent while batches
+  decode, against the simulator with the terms above (``commands.profile_first_token``).
 
 Zero by construction, said so in ``how``: ``decode_per_request_s`` (in ``prefill_per_request_s``)
 and ``decode_per_context_token_s`` (the server's whole step is in the endpoint profile's

@@ -1,5 +1,6 @@
-"""``first_token_wait_per_decoding_s`` (``perf.plumbing``): how much longer a new request's first
-token takes, per request decoding beside it, than the simulator says with every other term.
+"""``first_token_wait_s`` and ``first_token_wait_per_decoding_s`` (``perf.plumbing``): how much
+longer a new request's first token takes than the simulator says with every other term, alone and
+per request decoding beside it.
 
 Measured on the one-site deployment a plumbing measurement launched (``commands.profile_plumbing``
 for torch, ``commands.profile_deployment`` for vLLM), after its classes: for each size ``B`` of
@@ -9,10 +10,11 @@ follow one at a time while they decode; each probe's TTFT is read at the client
 (``probe_live``). The same requests at the same offsets are then simulated on the deployment
 with the profile just measured (every other term), twice: with the term at 0 and at 1 ms, which
 gives each probe's simulated TTFT and the number of requests decoding at its decode node when
-its KV was ready (the term's multiplier, the simulator's own count). The term is the slope of
-the probes' live-minus-simulated TTFT over that count, least squares with an intercept (the
-intercept, the gap with nothing decoding, is reported, not charged); 0 when negative; missing
-when no probe met a decode batch (the background finished first: a fast engine).
+its KV was ready (the term's multiplier, the simulator's own count). The probes'
+live-minus-simulated TTFT over that count is a line (``perf.first_token_fit``, non-negative):
+its slope is ``first_token_wait_per_decoding_s``, its intercept (the gap with nothing decoding)
+``first_token_wait_s``. Both missing when no probe met a decode batch (the background finished
+first: a fast engine), since the line then has one point.
 
 A class of the profile, not the workload being predicted: synthetic prompts, fixed sizes.
 
@@ -30,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from prfaas.perf.first_token_fit import fit_first_token_waits
+
 PROBE_BATCHES = (0, 8, 16)
 PROBES = 6
 PROBE_PROMPT_TOKENS = 256
@@ -40,6 +44,8 @@ PROBE_START_S = 0.5
 PROBE_GAP_S = 0.25
 """Between probes: each is alone with the background (a probe's prefill takes tens of ms)."""
 TERM = "first_token_wait_per_decoding_s"
+FIXED_TERM = "first_token_wait_s"
+TERMS = (FIXED_TERM, TERM)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,9 +103,10 @@ def _simulated_ttft_s(
 
 def fit_first_token_wait(
     d: Any, pf: Any, classes: Sequence[ProbeClass]
-) -> tuple[float | None, str]:
-    """``(first_token_wait_per_decoding_s or None, how)`` from the live ``classes`` against the
-    simulator on deployment ``d`` with profile ``pf`` (its other terms measured, this one 0)."""
+) -> tuple[tuple[float, float] | None, str]:
+    """``((first_token_wait_s, first_token_wait_per_decoding_s) or None, how)`` from the live
+    ``classes`` against the simulator on deployment ``d`` with profile ``pf`` (its other terms
+    measured, these two 0)."""
     from prfaas.perf.profile_write import dump_profile_file
 
     xs: list[float] = []
@@ -108,7 +115,7 @@ def fit_first_token_wait(
     with tempfile.TemporaryDirectory(prefix="prfaas-first-token-") as tmp:
         paths = {}
         for name, value in (("zero", 0.0), ("unit", 1e-3)):
-            costs = dataclasses.replace(pf.plumbing, **{TERM: value})
+            costs = dataclasses.replace(pf.plumbing, **{FIXED_TERM: 0.0, TERM: value})
             costs = dataclasses.replace(costs, missing=())  # scratch: charged as 0, unsaid
             paths[name] = Path(tmp) / f"{name}.yaml"
             dump_profile_file(dataclasses.replace(pf, plumbing=costs), paths[name])
@@ -133,27 +140,25 @@ def fit_first_token_wait(
     )
     if max(xs) == min(xs):
         return None, f"{what}: no spread in the requests decoding at the probes' KV; not measured"
-    slope, intercept = np.polyfit(np.asarray(xs, float), np.asarray(gaps, float), 1)
-    how = (
-        f"{what}; live minus simulated over the requests decoding, least squares: "
-        f"{slope * 1e3:.3g} ms each, {intercept * 1e3:.3g} ms with none (not charged)"
-    )
-    if slope < 0:
-        return 0.0, f"{how}; measured {slope:.3g}, stored 0 (below the noise)"
-    return float(slope), how
+    waits = fit_first_token_waits(xs, gaps)
+    how = f"{what}; live minus simulated over the requests decoding, {waits.how}"
+    return (waits.alone_s, waits.per_decoding_s), how
 
 
 def with_first_token_wait(
     pf: Any, d: Any, classes: Sequence[ProbeClass], say: Callable[[str], None]
 ) -> Any:
-    """``pf`` (every other term measured) with ``first_token_wait_per_decoding_s`` fitted
-    (``fit_first_token_wait``) and said in its ``plumbing_how``, or named missing."""
+    """``pf`` (every other term measured) with ``first_token_wait_s`` and
+    ``first_token_wait_per_decoding_s`` fitted (``fit_first_token_wait``) and said in its
+    ``plumbing_how``, or both named missing."""
     say("plumbing: the probes against the simulator")
-    wait_s, how = fit_first_token_wait(d, pf, classes)
-    others = tuple(t for t in pf.plumbing.missing if t != TERM)
-    if wait_s is None:
-        say(f"plumbing: {TERM} not measured: {how}")
+    fitted, how = fit_first_token_wait(d, pf, classes)
+    others = tuple(t for t in pf.plumbing.missing if t not in TERMS)
+    if fitted is None:
+        say(f"plumbing: {FIXED_TERM} and {TERM} not measured: {how}")
         return dataclasses.replace(pf, plumbing=dataclasses.replace(
-            pf.plumbing, **{TERM: 0.0}, missing=(*others, TERM)))  # fmt: skip
-    costs = dataclasses.replace(pf.plumbing, **{TERM: wait_s}, missing=others)
-    return dataclasses.replace(pf, plumbing=costs, plumbing_how=(*pf.plumbing_how, (TERM, how)))
+            pf.plumbing, **dict.fromkeys(TERMS, 0.0), missing=(*others, *TERMS)))  # fmt: skip
+    fixed, slope = fitted
+    costs = dataclasses.replace(pf.plumbing, **{FIXED_TERM: fixed, TERM: slope}, missing=others)
+    how_each = ((FIXED_TERM, f"the intercept of {TERM}'s line (its probes)"), (TERM, how))
+    return dataclasses.replace(pf, plumbing=costs, plumbing_how=(*pf.plumbing_how, *how_each))

@@ -37,9 +37,9 @@ computes:
 - ``decode_per_request_s``: the decode node's
   CPU of the short class less its KV bytes' (it runs no forward pass for a one-token request).
   The simulator charges each on its node;
-- ``first_token_wait_per_decoding_s``: probes sent while batches decode, against the simulator
-  with every other term (``commands.profile_first_token``), once ``shared_core_overhead`` is
-  known (``with_plumbing``).
+- ``first_token_wait_s`` and ``first_token_wait_per_decoding_s``: probes sent while batches
+  decode, against the simulator with every other term (``commands.profile_first_token``), once
+  ``shared_core_overhead`` is known (``with_plumbing``).
 
 CPU is counted in clock ticks (10 ms): the figures are means over ``requests`` requests per
 class; a difference that comes out negative (noise) is stored as 0 and said so in ``how``.

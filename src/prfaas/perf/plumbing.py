@@ -31,6 +31,7 @@ PLUMBING_TERMS = (
     "decode_per_context_token_s",
     "gateway_per_step_s",
     "first_token_wait_per_decoding_s",
+    "first_token_wait_s",
 )
 
 
@@ -69,7 +70,7 @@ class PlumbingCosts:
     the engine's work around them (the prefill job's cache and checkpoint copies, each layer's
     KV handed out, the KV stream's framing and MACs). Measured with long against short prompts
     on the live node (``commands.profile_plumbing``); charged with ``prefill_per_request_s``
-    (``prefill_overhead_s``). Last, so positional construction keeps the older terms' order."""
+    (``prefill_overhead_s``)."""
     decode_per_context_token_s: float = 0.0
     """Decode node CPU seconds per decode step per context token of its batch, beyond the
     profiled forward pass: the engine gathers its batch's caches into one (left-padded) and
@@ -93,7 +94,14 @@ class PlumbingCosts:
     mixed step ~0.6 ms (issue 20, docs/fidelity.md). Measured with probes sent while batches
     of several sizes decode, against the simulator with every other term
     (``commands.profile_first_token``); charged on the TTFT only (the decode's own timing is
-    the steps'). Last, so positional construction keeps the older terms' order."""
+    the steps')."""
+    first_token_wait_s: float = 0.0
+    """Seconds a request's first token waits beyond the cost model with nothing decoding beside
+    it: a latency, not CPU, per request (the hops between the processes a request crosses that
+    no CPU term holds: the server's API process to its engine, the sidecar, the gateway's relay
+    wake-ups). The intercept of the same probes' fit as ``first_token_wait_per_decoding_s``
+    (non-negative least squares over both), so the two together are the probes' line; charged
+    with it on the TTFT only. Last, so positional construction keeps the older terms' order."""
     missing: tuple[str, ...] = PLUMBING_TERMS
     """The terms the profile did not measure (each 0.0 here)."""
     approximated: tuple[str, ...] = ()

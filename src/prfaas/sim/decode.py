@@ -69,10 +69,12 @@ class DecodeStage:
             # The first token goes out once the KV is installed (the install itself is
             # charged to the node's batch when the request joins it).
             req.kv_ready_s += self._install_s(dec, req)
-        if dec.first_token_wait_s:
-            # Its first token leaves behind the tokens of the batch decoding here (a latency:
-            # the relays' CPU is in the step's per-token terms).
-            req.kv_ready_s += dec.first_token_wait_s * len(dec.members)
+        if dec.first_token_waits:
+            # Its first token crosses the processes' hops, behind the tokens of the batch
+            # decoding here (a latency: the relays' CPU is in the step's per-token terms).
+            req.kv_ready_s += dec.first_token_wait_s + dec.first_token_wait_per_decoding_s * len(
+                dec.members
+            )
         dec.reserved -= 1
         dec.cached_load = None
         if not dec.waiting and self._admission[dec.site].admit_fast(

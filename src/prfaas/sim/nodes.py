@@ -117,10 +117,11 @@ class PrefillNode(NodeBase):
 
 
 class DecodeNode(NodeBase):
-    __slots__ = ("ctx_sum", "ctx_tops", "first_token_wait_s", "install_per_byte_s", "installs",
-                 "kv_capacity", "kv_used", "max_batch", "members", "pads_batch", "reserved", "seq",
-                 "slot_s", "span_batch", "span_ctx", "span_factor", "span_start_s", "step",
-                 "tick_s", "tick_steps", "tick_version", "waiting")  # fmt: skip
+    __slots__ = ("ctx_sum", "ctx_tops", "first_token_wait_per_decoding_s", "first_token_wait_s",
+                 "first_token_waits", "install_per_byte_s", "installs", "kv_capacity", "kv_used",
+                 "max_batch", "members", "pads_batch", "reserved", "seq", "slot_s", "span_batch",
+                 "span_ctx", "span_factor", "span_start_s", "step", "tick_s", "tick_steps",
+                 "tick_version", "waiting")  # fmt: skip
 
     def __init__(
         self, node_id: NodeId, index: int, site: int, site_id: SiteId, cm: CostModel,
@@ -161,8 +162,14 @@ class DecodeNode(NodeBase):
         """Receiving, verifying and installing one KV byte (``sim.plumbing``)."""
         self.installs = self.per_request_s > 0 or self.install_per_byte_s > 0
         """Taking a request in costs this node time (one test on the hot path)."""
-        self.first_token_wait_s = cm.plumbing.first_token_wait_per_decoding_s
+        self.first_token_wait_s = cm.plumbing.first_token_wait_s
+        """A first token's wait here with nothing decoding (``sim.plumbing``): TTFT only."""
+        self.first_token_wait_per_decoding_s = cm.plumbing.first_token_wait_per_decoding_s
         """A first token's wait per request decoding here (``sim.plumbing``): TTFT only."""
+        self.first_token_waits = (
+            self.first_token_wait_s > 0 or self.first_token_wait_per_decoding_s > 0
+        )
+        """A first token waits here (one test on the hot path)."""
 
     def is_idle(self) -> bool:
         return not (self.members or self.waiting or self.reserved)

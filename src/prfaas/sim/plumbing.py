@@ -17,8 +17,9 @@ in existing events, never an event per byte or token):
   shared);
 - ``decode_per_step_s``: each decode step, once (whatever its batch);
 - ``decode_per_output_token_s``: each decode step, per request of the batch;
-- ``first_token_wait_per_decoding_s``: a latency, not work: added to a request's first token
-  (its TTFT) per request decoding at its decode node when its KV is ready there.
+- ``first_token_wait_s`` and ``first_token_wait_per_decoding_s``: latencies, not work: added to
+  a request's first token (its TTFT) when its KV is ready at its decode node, once and per
+  request decoding there.
 
 Pure: no I/O, no clock.
 """

@@ -38,7 +38,8 @@ pytestmark = pytest.mark.timeout(60)
 
 PLUMBING = PlumbingCosts(
     0.004, 0.003, 2e-9, 0.0003, 0.002, 0.0001, 0.0007, 0.05, prefill_per_token_s=3e-6,
-    decode_per_context_token_s=2e-7, gateway_per_step_s=5e-4, missing=(),
+    decode_per_context_token_s=2e-7, gateway_per_step_s=5e-4, first_token_wait_s=0.0015,
+    missing=(),
 )  # fmt: skip
 
 
@@ -186,23 +187,35 @@ def test_each_term_is_charged_where_it_is_paid_and_switched_off(tmp_path: Path) 
     p = PLUMBING
     # Gateway, prefill node, decode node (fixed + per KV byte) before the first token.
     extra = (p.gateway_per_request_s + p.prefill_per_request_s + p.prefill_per_token_s * PROMPT
-             + p.decode_per_request_s + p.decode_per_kv_byte_s * kv)  # fmt: skip
+             + p.decode_per_request_s + p.decode_per_kv_byte_s * kv
+             + p.first_token_wait_s)  # fmt: skip
     assert ttft - base_ttft == pytest.approx(extra, rel=1e-6)
+    # The first token's wait is a latency on the TTFT alone: the decode ends when it did, so
+    # the span from the first token to the last is that much shorter.
+    wait = p.first_token_wait_s
     per_step_and_token = p.decode_per_output_token_s + p.decode_per_step_s  # at batch 1
     # OUTPUT - 1 steps (the prefill sampled the first token) and the engine's copies: each
     # step's context (the prompt and the tokens so far).
     steps = OUTPUT - 1
     copies = p.decode_per_context_token_s * sum(PROMPT + k for k in range(steps))
-    assert decode - base_decode == pytest.approx(steps * per_step_and_token + copies, rel=1e-3)
+    assert decode - base_decode + wait == pytest.approx(
+        steps * per_step_and_token + copies, rel=1e-3
+    )
     for term in PLUMBING_TERMS:  # each switch removes its own term only
         ttft_off, decode_off = _isolated(tmp_path, (term,))
         if term in ("decode_per_output_token_s", "decode_per_step_s"):
             other = per_step_and_token - getattr(p, term)
             assert ttft_off == pytest.approx(ttft)
-            assert decode_off - base_decode == pytest.approx(steps * other + copies, rel=1e-3)
+            assert decode_off - base_decode + wait == pytest.approx(
+                steps * other + copies, rel=1e-3
+            )
         elif term == "decode_per_context_token_s":
             assert ttft_off == pytest.approx(ttft)
-            assert decode_off - base_decode == pytest.approx(steps * per_step_and_token, rel=1e-6)
+            assert decode_off - base_decode + wait == pytest.approx(
+                steps * per_step_and_token, rel=1e-6
+            )
+        elif term == "first_token_wait_s":
+            assert (ttft_off, decode_off) == pytest.approx((ttft - wait, decode + wait))
         elif term in ("gateway_per_output_token_s", "gateway_per_step_s", "shared_core_overhead",
                       "first_token_wait_per_decoding_s"):  # fmt: skip
             # A lone request never waits on the relay or a decoding batch; these nodes have
@@ -214,10 +227,12 @@ def test_each_term_is_charged_where_it_is_paid_and_switched_off(tmp_path: Path) 
 
 def test_a_first_token_waits_per_request_decoding_beside_it(tmp_path: Path) -> None:
     """``first_token_wait_per_decoding_s`` is a latency on the TTFT alone: a request whose KV is
-    ready while 3 others decode on its node waits 3 times it; nothing else moves (the decode's
-    steps, the others' TTFT), and its switch takes it off."""
-    wait_s = 0.002
-    path = _write(tmp_path, _profile(replace(PLUMBING, first_token_wait_per_decoding_s=wait_s)))
+    ready while 3 others decode on its node waits 3 times it, on top of ``first_token_wait_s``,
+    which every request waits once; nothing else moves (the decode's steps, the others' TTFT),
+    and each switch takes its own term off."""
+    wait_s, alone_s = 0.002, 0.0007
+    plumbing = replace(PLUMBING, first_token_wait_per_decoding_s=wait_s, first_token_wait_s=alone_s)
+    path = _write(tmp_path, _profile(plumbing))
     specs = [SimRequestSpec(i, 0.001 * i, 64, 1000) for i in range(3)]
     specs.append(SimRequestSpec(3, 1.0, 256, 2))
 
@@ -234,11 +249,17 @@ def test_a_first_token_waits_per_request_decoding_beside_it(tmp_path: Path) -> N
         sim.run()
         return done
 
-    on, off = run(()), run(("first_token_wait_per_decoding_s",))
+    on = run(())
+    off = run(("first_token_wait_per_decoding_s",))
+    alone_off = run(("first_token_wait_s",))
+    neither = run(("first_token_wait_s", "first_token_wait_per_decoding_s"))
     assert on[3][0] - off[3][0] == pytest.approx(3 * wait_s, rel=1e-6)
     # The first request found nobody decoding; the next found 1 and 2.
     assert [on[i][0] - off[i][0] for i in range(3)] == pytest.approx([0.0, wait_s, 2 * wait_s])
-    assert [on[i][1] for i in range(4)] == pytest.approx([off[i][1] for i in range(4)])
+    assert [on[i][0] - alone_off[i][0] for i in range(4)] == pytest.approx([alone_s] * 4)
+    assert [off[i][0] - neither[i][0] for i in range(4)] == pytest.approx([alone_s] * 4)
+    for other in (off, alone_off, neither):
+        assert [on[i][1] for i in range(4)] == pytest.approx([other[i][1] for i in range(4)])
 
 
 def test_the_gateway_routes_requests_in_arrival_order(tmp_path: Path) -> None:
