@@ -11,10 +11,10 @@ follow one at a time while they decode; each probe's TTFT is read at the client
 with the profile just measured (every other term), twice: with the term at 0 and at 1 ms, which
 gives each probe's simulated TTFT and the number of requests decoding at its decode node when
 its KV was ready (the term's multiplier, the simulator's own count). The probes'
-live-minus-simulated TTFT over that count is a line (``perf.first_token_fit``, non-negative):
-its slope is ``first_token_wait_per_decoding_s``, its intercept (the gap with nothing decoding)
-``first_token_wait_s``. Both missing when no probe met a decode batch (the background finished
-first: a fast engine), since the line then has one point.
+live-minus-simulated TTFT gives both terms (``perf.first_token_fit``, on each class's medians):
+``first_token_wait_s`` from the class with nobody decoding, ``first_token_wait_per_decoding_s``
+from the others. Both missing when no class met a decode batch (the background finished first:
+a fast engine) or none met nobody.
 
 A class of the profile, not the workload being predicted: synthetic prompts, fixed sizes.
 
@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from prfaas.perf.first_token_fit import fit_first_token_waits
+from prfaas.perf.first_token_fit import ProbeGaps, fit_first_token_waits
 
 PROBE_BATCHES = (0, 8, 16)
 PROBES = 6
@@ -109,8 +109,7 @@ def fit_first_token_wait(
     measured, these two 0)."""
     from prfaas.perf.profile_write import dump_profile_file
 
-    xs: list[float] = []
-    gaps: list[float] = []
+    gaps: list[ProbeGaps] = []
     per_class = []
     with tempfile.TemporaryDirectory(prefix="prfaas-first-token-") as tmp:
         paths = {}
@@ -125,9 +124,8 @@ def fit_first_token_wait(
             probes = range(c.batch, len(c.requests))
             live_ms = [c.ttft_s[i] * 1e3 for i in probes]
             sim_ms = [zero[i] * 1e3 for i in probes]
-            decoding = [round((unit[i] - zero[i]) / 1e-3) for i in probes]
-            xs.extend(decoding)
-            gaps.extend((c.ttft_s[i] - zero[i]) for i in probes)
+            decoding = tuple(round((unit[i] - zero[i]) / 1e-3) for i in probes)
+            gaps.append(ProbeGaps(decoding, tuple(c.ttft_s[i] - zero[i] for i in probes)))
             per_class.append(
                 f"{c.batch} decoding: live {np.median(live_ms):.1f} ms, simulated "
                 f"{np.median(sim_ms):.1f} ms, {np.median(decoding):.0f} decoding at the KV"
@@ -138,10 +136,11 @@ def fit_first_token_wait(
         f"{BACKGROUND_OUTPUT_TOKENS} tokens), TTFT live against the simulator with every other "
         "term (medians: " + "; ".join(per_class) + ")"
     )
-    if max(xs) == min(xs):
-        return None, f"{what}: no spread in the requests decoding at the probes' KV; not measured"
-    waits = fit_first_token_waits(xs, gaps)
-    how = f"{what}; live minus simulated over the requests decoding, {waits.how}"
+    try:
+        waits = fit_first_token_waits(gaps)
+    except ValueError as e:
+        return None, f"{what}: {e}"
+    how = f"{what}; live minus simulated, {waits.how}"
     return (waits.alone_s, waits.per_decoding_s), how
 
 
