@@ -159,5 +159,6 @@ def with_first_token_wait(
             pf.plumbing, **dict.fromkeys(TERMS, 0.0), missing=(*others, *TERMS)))  # fmt: skip
     fixed, slope = fitted
     costs = dataclasses.replace(pf.plumbing, **{FIXED_TERM: fixed, TERM: slope}, missing=others)
-    how_each = ((FIXED_TERM, f"the intercept of {TERM}'s line (its probes)"), (TERM, how))
+    alone = f"from {TERM}'s probes (its how): those sent with nobody decoding"
+    how_each = ((FIXED_TERM, alone), (TERM, how))
     return dataclasses.replace(pf, plumbing=costs, plumbing_how=(*pf.plumbing_how, *how_each))

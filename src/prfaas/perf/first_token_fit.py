@@ -9,10 +9,9 @@ medians: the class with the fewest decoding (nobody, where the probes are alone)
 ``v`` is the least-squares slope through that anchor of the other classes' median gaps over their
 median counts, and ``w`` the anchor's gap less ``v`` times its count (its gap itself where nobody
 decoded). A line through every probe instead let one class's slow probes set both: on torch nodes
-sharing a core,
-probes read 9.9, 87 and 40 ms beyond the simulator with 0, 8 and 16 decoding, and the free line
-put 48 ms on every request where those alone waited 10 (2026-12-06). Neither can be negative: a
-negative reading is stored as 0 and ``how`` says what it read.
+sharing a core, probes read 9.9, 87 and 40 ms beyond the simulator with 0, 8 and 16 decoding, and
+the free line put 48 ms on every request where those alone waited 10 (2026-12-06). Neither can be
+negative: a negative reading is stored as 0 and ``how`` says what it read.
 
 Pure: no I/O, no clock; imports nothing from prfaas.
 """

@@ -99,9 +99,9 @@ class PlumbingCosts:
     """Seconds a request's first token waits beyond the cost model with nothing decoding beside
     it: a latency, not CPU, per request (the hops between the processes a request crosses that
     no CPU term holds: the server's API process to its engine, the sidecar, the gateway's relay
-    wake-ups). The intercept of the same probes' fit as ``first_token_wait_per_decoding_s``
-    (non-negative least squares over both), so the two together are the probes' line; charged
-    with it on the TTFT only. Last, so positional construction keeps the older terms' order."""
+    wake-ups). Measured with ``first_token_wait_per_decoding_s``, from the same probes: the
+    median gap of those sent with nobody decoding (``perf.first_token_fit``); charged with it on
+    the TTFT only. Last, so positional construction keeps the older terms' order."""
     missing: tuple[str, ...] = PLUMBING_TERMS
     """The terms the profile did not measure (each 0.0 here)."""
     approximated: tuple[str, ...] = ()
