@@ -145,11 +145,19 @@ def fit_first_token_wait(
 
 
 def with_first_token_wait(
-    pf: Any, d: Any, classes: Sequence[ProbeClass], say: Callable[[str], None]
+    pf: Any,
+    d: Any,
+    classes: Sequence[ProbeClass],
+    say: Callable[[str], None],
+    *,
+    alone: bool = True,
 ) -> Any:
-    """``pf`` (every other term measured) with ``first_token_wait_s`` and
-    ``first_token_wait_per_decoding_s`` fitted (``fit_first_token_wait``) and said in its
-    ``plumbing_how``, or both named missing."""
+    """``pf`` (every other term measured) with ``first_token_wait_per_decoding_s`` and, with
+    ``alone``, ``first_token_wait_s`` fitted (``fit_first_token_wait``) and said in its
+    ``plumbing_how``, or named missing. Without ``alone`` (``prfaas profile --engine torch``,
+    whose one-site deployment runs its gateway on its nodes' cores, where a deployment's
+    gateway need not be) the wait alone is said in the how and left missing: it is the hops of
+    that measurement's own layout, not of the deployment's."""
     say("plumbing: the probes against the simulator")
     fitted, how = fit_first_token_wait(d, pf, classes)
     others = tuple(t for t in pf.plumbing.missing if t not in TERMS)
@@ -158,7 +166,13 @@ def with_first_token_wait(
         return dataclasses.replace(pf, plumbing=dataclasses.replace(
             pf.plumbing, **dict.fromkeys(TERMS, 0.0), missing=(*others, *TERMS)))  # fmt: skip
     fixed, slope = fitted
+    if not alone:
+        how += f"; {FIXED_TERM} not stored: this deployment's gateway shares its nodes' cores"
+        costs = dataclasses.replace(
+            pf.plumbing, **{FIXED_TERM: 0.0, TERM: slope}, missing=(*others, FIXED_TERM)
+        )
+        return dataclasses.replace(pf, plumbing=costs, plumbing_how=(*pf.plumbing_how, (TERM, how)))
     costs = dataclasses.replace(pf.plumbing, **{FIXED_TERM: fixed, TERM: slope}, missing=others)
-    alone = f"from {TERM}'s probes (its how): those sent with nobody decoding"
-    how_each = ((FIXED_TERM, alone), (TERM, how))
+    read_alone = f"from {TERM}'s probes (its how): those sent with nobody decoding"
+    how_each = ((FIXED_TERM, read_alone), (TERM, how))
     return dataclasses.replace(pf, plumbing=costs, plumbing_how=(*pf.plumbing_how, *how_each))
