@@ -20,6 +20,7 @@ from prfaas.serve.vllm.server import (
     OWNER_ENV,
     PSK_ENV,
     owner_tag,
+    private_folder_env,
     server_spec,
 )
 
@@ -161,8 +162,10 @@ def test_the_server_command_line_follows_the_contract(tmp_path: Path) -> None:
     assert env["PYTHONUNBUFFERED"] == "1"
     assert env["VLLM_RPC_BASE_PATH"] == str(tmp_path / "rpc")  # not /tmp, where they would stay
     assert env["TMPDIR"] == str(tmp_path / "rpc")  # the workers' rendezvous file too
-    # ... but torch's compile cache stays where a restart finds it
+    # ... but torch's compile cache stays where a restart finds it, through the path that
+    # loads it (vLLM 0.32's AOT artifact does not load back: off unless the environment says)
     assert env["TORCHINDUCTOR_CACHE_DIR"] != str(tmp_path / "rpc")
+    assert env["VLLM_USE_AOT_COMPILE"] == "0"
     assert not any(PSK in a for a in argv), "the key must never be on the command line"
     assert spec.cpus == frozenset({1})  # the whole server tree is pinned, not only OpenMP
 
@@ -251,3 +254,14 @@ def test_a_hybrid_model_gets_its_server_with_prefix_caching_off(tmp_path: Path) 
     (tmp_path / "model" / "config.json").write_text(json.dumps({"max_position_embeddings": 9}))
     argv = list(server_spec(d.engine, settings, host="h", port=1, psk=PSK, owner="o").argv)
     assert "--no-enable-prefix-caching" not in argv
+
+
+@pytest.mark.parametrize(("given", "used"), [(None, "0"), ("1", "1"), ("0", "0")])
+def test_the_aot_compile_cache_is_off_unless_the_environment_says(
+    given: str | None, used: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if given is None:
+        monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_USE_AOT_COMPILE", given)
+    assert private_folder_env(tmp_path)["VLLM_USE_AOT_COMPILE"] == used

