@@ -42,7 +42,7 @@ the forward pass alone, as a live router does); each tenant's gateway is a ``Gat
 it. ``gateway_per_output_token_s`` is booked per output token, and the pool simulator has no
 output tokens: it changes nothing here (in neither simulator does the relay hold a routing back).
 The decode terms (``decode_per_request_s``, ``decode_per_kv_byte_s``, ``decode_per_step_s``,
-``decode_per_output_token_s``, ``first_token_wait_per_decoding_s``) are not charged: no decode
+``decode_per_output_token_s``, both ``first_token_wait`` terms) are not charged: no decode
 is modelled, and TTFT ends when the KV
 has arrived (a decode node's install would add ``decode_per_request_s`` and
 ``decode_per_kv_byte_s`` x the KV bytes after that). ``shared_core_overhead`` is not charged:
