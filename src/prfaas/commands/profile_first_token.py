@@ -150,28 +150,28 @@ def with_first_token_wait(
     classes: Sequence[ProbeClass],
     say: Callable[[str], None],
     *,
-    alone: bool = True,
+    store: bool = True,
 ) -> Any:
-    """``pf`` (every other term measured) with ``first_token_wait_per_decoding_s`` and, with
-    ``alone``, ``first_token_wait_s`` fitted (``fit_first_token_wait``) and said in its
-    ``plumbing_how``, or named missing. Without ``alone`` (``prfaas profile --engine torch``,
+    """``pf`` (every other term measured) with ``first_token_wait_s`` and
+    ``first_token_wait_per_decoding_s`` fitted (``fit_first_token_wait``) and said in its
+    ``plumbing_how``, or named missing. Without ``store`` (``prfaas profile --engine torch``,
     whose one-site deployment runs its gateway on its nodes' cores, where a deployment's
-    gateway need not be) the wait alone is said in the how and left missing: it is the hops of
-    that measurement's own layout, not of the deployment's."""
+    gateway need not be) both are said in the per-decoding term's how and left missing: they
+    are the waits of that measurement's own layout, not of the deployment's."""
     say("plumbing: the probes against the simulator")
     fitted, how = fit_first_token_wait(d, pf, classes)
     others = tuple(t for t in pf.plumbing.missing if t not in TERMS)
-    if fitted is None:
-        say(f"plumbing: {FIXED_TERM} and {TERM} not measured: {how}")
-        return dataclasses.replace(pf, plumbing=dataclasses.replace(
-            pf.plumbing, **dict.fromkeys(TERMS, 0.0), missing=(*others, *TERMS)))  # fmt: skip
-    fixed, slope = fitted
-    if not alone:
-        how += f"; {FIXED_TERM} not stored: this deployment's gateway shares its nodes' cores"
+    if fitted is None or not store:
+        if fitted is None:
+            say(f"plumbing: {FIXED_TERM} and {TERM} not measured: {how}")
+        else:
+            how += "; neither stored: this deployment's gateway shares its nodes' cores"
         costs = dataclasses.replace(
-            pf.plumbing, **{FIXED_TERM: 0.0, TERM: slope}, missing=(*others, FIXED_TERM)
+            pf.plumbing, **dict.fromkeys(TERMS, 0.0), missing=(*others, *TERMS)
         )
-        return dataclasses.replace(pf, plumbing=costs, plumbing_how=(*pf.plumbing_how, (TERM, how)))
+        said = ((TERM, how),) if fitted is not None else ()
+        return dataclasses.replace(pf, plumbing=costs, plumbing_how=(*pf.plumbing_how, *said))
+    fixed, slope = fitted
     costs = dataclasses.replace(pf.plumbing, **{FIXED_TERM: fixed, TERM: slope}, missing=others)
     read_alone = f"from {TERM}'s probes (its how): those sent with nobody decoding"
     how_each = ((FIXED_TERM, read_alone), (TERM, how))

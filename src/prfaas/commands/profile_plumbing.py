@@ -37,10 +37,10 @@ computes:
 - ``decode_per_request_s``: the decode node's
   CPU of the short class less its KV bytes' (it runs no forward pass for a one-token request).
   The simulator charges each on its node;
-- ``first_token_wait_per_decoding_s``: probes sent while batches decode, against the simulator
-  with every other term (``commands.profile_first_token``), once ``shared_core_overhead`` is
-  known (``with_plumbing``); ``first_token_wait_s`` is said in its how and left missing (the
-  measurement's gateway shares its nodes' core, a deployment's need not).
+- ``first_token_wait_s`` and ``first_token_wait_per_decoding_s``: probes sent while batches
+  decode, against the simulator with every other term (``commands.profile_first_token``), once
+  ``shared_core_overhead`` is known (``with_plumbing``); said in the how and both left missing
+  (the measurement's gateway shares its nodes' core, a deployment's need not).
 
 CPU is counted in clock ticks (10 ms): the figures are means over ``requests`` requests per
 class; a difference that comes out negative (noise) is stored as 0 and said so in ``how``.
@@ -468,9 +468,9 @@ def with_plumbing(pf: Any, args: argparse.Namespace) -> Any:
             # 0, or the measurement failed): missing, charged as 0.
             costs = dataclasses.replace(costs, missing=(*costs.missing, "shared_core_overhead"))
         # Last, read against the simulator with every other term (the deployment reads the
-        # scratch profile: inside this folder). Not the wait alone: this deployment's gateway
+        # scratch profile: inside this folder), said and not stored: this deployment's gateway
         # shares its nodes' core, and on torch nodes whose deployment pinned the gateway apart
-        # that wait (17-30 ms here) made every simulated TTFT too long (docs/fidelity.md,
-        # fifteenth round).
+        # the waits read here (17-30 ms alone, 0.5-2.3 ms per request decoding) made the
+        # simulated TTFT longer than live (docs/fidelity.md, fifteenth round and its re-run).
         out = dataclasses.replace(pf, plumbing=costs, plumbing_how=how)
-        return with_first_token_wait(out, measured.deployment, measured.probes, say, alone=False)
+        return with_first_token_wait(out, measured.deployment, measured.probes, say, store=False)
