@@ -219,51 +219,18 @@ def stop_server(server: Server) -> None:
 def tree_cpu_s(root_pid: int) -> float:
     """utime + stime of ``root_pid`` and every live descendant (the api server, EngineCore,
     Worker and their helpers), in seconds."""
-    parent: dict[int, int] = {}
-    cpu: dict[int, float] = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            stat = (d / "stat").read_text()
-            rest = stat[stat.rindex(")") + 2 :].split()
-            pid = int(d.name)
-            parent[pid] = int(rest[1])
-            cpu[pid] = (int(rest[11]) + int(rest[12])) / CLK_TCK
-    total = 0.0
-    for pid, c in cpu.items():
-        p = pid
-        while p > 1:
-            if p == root_pid:
-                total += c
-                break
-            p = parent.get(p, 0)
-    return total
+    from prfaas.commands.plumbing_classes import process_cpu_s, process_tree
 
-
-def _tree_pids(root_pid: int) -> list[int]:
-    """``root_pid`` and its live descendants."""
-    parent: dict[int, int] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                stat = (d / "stat").read_text()
-                parent[int(d.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
-    out = []
-    for pid in parent:
-        p = pid
-        while p > 1 and p != root_pid:
-            p = parent.get(p, 0)
-        if p == root_pid:
-            out.append(pid)
-    return out
+    return process_cpu_s(process_tree(root_pid))
 
 
 def thread_cpu_s(root_pid: int) -> dict[str, float]:
     """utime + stime per thread of ``root_pid``'s tree, keyed ``pid/tid/name`` (to see what a
     request's CPU went to: the forward pass, the connector's transfer thread, ...)."""
     out: dict[str, float] = {}
-    for pid in _tree_pids(root_pid):
+    from prfaas.commands.plumbing_classes import process_tree
+
+    for pid in process_tree(root_pid):
         with contextlib.suppress(OSError):
             for t in (Path("/proc") / str(pid) / "task").iterdir():
                 with contextlib.suppress(OSError, ValueError, IndexError):

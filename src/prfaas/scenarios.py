@@ -248,12 +248,17 @@ def _shared_cores(d: DeploymentConfig, site: str) -> dict[str, Any]:
     hosts = gateway is not None and gateway <= cores and _first_host(d, gateway) == site
     # `prfaas up` runs one vLLM server per vLLM site: its prefill and decode node are one
     # engine, whose steps carry both (sim.processor, mixed steps).
-    config = next(s for s in d.sites if s.name == site)
-    mixed = eng.kind == "vllm" and _counts(config) == (1, 1)
+    mixed = _one_engine(d, next(s for s in d.sites if s.name == site))
     return {
         "shared_cores": len(cores), "threads_per_node": threads, "hosts_gateway": hosts,
         "mixed_steps": mixed,
     }  # fmt: skip
+
+
+def _one_engine(d: DeploymentConfig, site: SiteConfig) -> bool:
+    """``prfaas up`` runs one vLLM server per vLLM site: its one prefill and one decode node
+    are one engine, with one KV cache."""
+    return d.engine_for(site.name).kind == "vllm" and _counts(site) == (1, 1)
 
 
 def _first_host(d: DeploymentConfig, gateway: frozenset[int]) -> str | None:
@@ -283,6 +288,7 @@ def sim_scenario(
             decode_pads_batch=sim.decode_pads_batch_for(d.engine_for(s.name).kind),
             decode_max_batch=sim.decode_max_batch_for(d.engine_for(s.name).kind),
             lookup_at_start=d.engine_for(s.name).kind == "vllm",
+            local_kv_in_place=_one_engine(d, s),
             **_shared_cores(d, s.name),
         )
         for s in d.sites

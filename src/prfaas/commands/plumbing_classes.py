@@ -10,11 +10,12 @@ Not pure (processes, HTTP, ``/proc``, the clock): the command helpers' own helpe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +47,19 @@ def started(d: Any, workdir: Path, what: str, hint: str = "") -> Any:
     return launcher
 
 
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (all its threads)."""
+Pids = int | tuple[int, ...]
+"""A process, or a group of processes counted together (a vLLM server and its engine core)."""
+
+
+def process_cpu_s(pid: Pids) -> float:
+    """User + system CPU seconds of process ``pid`` (or of each of a group, those still alive)
+    so far (all its threads)."""
+    if isinstance(pid, tuple):
+        total = 0.0
+        for p in pid:
+            with contextlib.suppress(OSError):  # gone since it was listed
+                total += process_cpu_s(p)
+        return total
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
@@ -89,7 +101,27 @@ class Sender:
         return results
 
 
-def idle_rates(pids: dict[str, int]) -> dict[str, float]:
+def process_tree(pid: int) -> tuple[int, ...]:
+    """``pid`` and every live descendant (a vLLM site's sidecar, its server's API, engine core
+    and worker processes)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int(Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            continue  # gone since the listing
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return tuple(out)
+
+
+def idle_rates(pids: Mapping[str, Pids]) -> dict[str, float]:
     """Each process's CPU seconds per second while nothing is sent (``IDLE_S`` of it): its
     heartbeats and polling, taken out of every class's figure."""
     t0, cpu0 = time.perf_counter(), {n: process_cpu_s(p) for n, p in pids.items()}
@@ -99,7 +131,7 @@ def idle_rates(pids: dict[str, int]) -> dict[str, float]:
 
 
 def class_cpu(
-    pids: dict[str, int], idle: dict[str, float], requests: int, send: Callable[[], None]
+    pids: Mapping[str, Pids], idle: dict[str, float], requests: int, send: Callable[[], None]
 ) -> dict[str, float]:
     """Each process's CPU seconds per request while ``send()`` sends ``requests`` requests, its
     idle rate removed (a negative figure, noise, read as 0)."""
@@ -112,7 +144,7 @@ def class_cpu(
 
 
 def batched_classes(
-    send: Sender, pids: dict[str, int], idle: dict[str, float], requests: int,
+    send: Sender, pids: Mapping[str, Pids], idle: dict[str, float], requests: int,
     steps: Callable[[], int], say: Callable[[str], None],
 ) -> dict[int, tuple[int, int, dict[str, float]]]:  # fmt: skip
     """Per batch size of ``RELAY_BATCHES``: (requests, the steps ``steps()`` counted over them,

@@ -45,12 +45,16 @@ class DecodeStage:
         self._decode_pools = world.pools.decode
         self._shared = world.shared
         self._kv_bytes = world.kv_bytes
+        self._local_kv_in_place = tuple(s.local_kv_in_place for s in world.sc.sites)
 
     def _install_s(self, dec: DecodeNode, req: SimRequest) -> float:
         """The decode node's work to take ``req`` in (``sim.plumbing``): its fixed per-request
-        cost and the KV bytes it received (over the link, or a local prefill's whole prompt),
-        verified and installed; on shared cores, slowed as its steps are."""
-        nbytes = req.transfer_bytes or self._kv_bytes.total(req.num_prompt)
+        cost and the KV bytes it received (over the link, or a local prefill's whole prompt
+        where the site's prefill node is another engine), verified and installed; on shared
+        cores, slowed as its steps are."""
+        nbytes = req.transfer_bytes
+        if not nbytes and not self._local_kv_in_place[dec.site]:
+            nbytes = self._kv_bytes.total(req.num_prompt)
         work_s = dec.per_request_s + dec.install_per_byte_s * nbytes
         shared = self._shared[dec.site]
         return work_s if shared is None else work_s * shared.slowdown()

@@ -141,3 +141,116 @@ def test_a_deployment_that_does_not_start_says_why_in_one_line(
         "process p0 exit status 1 during start-up: OSError: no model here"
     )
     assert launch_failure(RuntimeError("")) == "RuntimeError"
+
+
+# -- --remote-output: the remote path's terms --------------------------------------------------
+def _two_profiles(tmp_path: Path, engine: dict[str, object]) -> Path:
+    """``_files`` with the PrfaaS site's hardware a profile file too (the shipped H200's)."""
+    path = _files(tmp_path, engine)
+    assert main(["profile", "--preset", "paper-1t@h200", "-o", str(tmp_path / "pf.yaml")]) == 0
+    data = yaml.safe_load(path.read_text())
+    data["sites"][0]["hardware"] = "pf.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+@pytest.mark.timeout(60)
+def test_the_remote_path_launches_the_prfaas_site_and_its_home_offloading_all(
+    tmp_path: Path,
+) -> None:
+    from prfaas.commands.profile_remote_path import THRESHOLD_TOKENS, two_site_deployment
+
+    target = two_site_deployment(_two_profiles(tmp_path, VLLM))
+    d = yaml.safe_load(target.text)
+    assert (target.prfaas_site, target.pd_site) == ("pf", "pd")
+    assert target.prfaas_profile == (tmp_path / "pf.yaml").resolve()
+    assert [s["name"] for s in d["sites"]] == ["pf", "pd"]
+    assert [s["hardware"] for s in d["sites"]] == [
+        str((tmp_path / n).resolve()) for n in ("pf.yaml", "pd.yaml")
+    ]
+    assert d["links"] == [{"src": "pf", "dst": "pd", "gbps": 10}]
+    assert d["policy"] == {"router": "prfaas", "threshold_tokens": THRESHOLD_TOKENS,
+                           "tune_min_samples": 1_000_000}  # fmt: skip
+    assert d["psk"] != "p" * 32
+
+
+@pytest.mark.timeout(60)
+def test_remote_output_refusals_exit_2_naming_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, remote = tmp_path / "out.yaml", tmp_path / "remote.yaml"
+    one_profile = _files(tmp_path, VLLM)  # its PrfaaS site's hardware is a preset
+    cases = [
+        (["--endpoint", "http://127.0.0.1:1"], "--remote-output goes with --plumbing-of"),
+        (["--plumbing-of", str(one_profile)], "site pf's hardware 'h200' is a preset"),
+    ]
+    for source, message in cases:
+        assert main(["profile", *source, "-o", str(out), "--remote-output", str(remote)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and "\n" not in err, err
+    assert not out.exists() and not remote.exists()
+
+
+@pytest.mark.timeout(60)
+def test_the_remote_terms_are_lines_through_the_classes(tmp_path: Path) -> None:
+    """The PrfaaS site's CPU beyond its profile's prefill is a line in the prompt's tokens, the
+    PD site's a line in the KV bytes it received: both recovered from classes made on them,
+    and written into the profiles as measured (no longer missing), each said."""
+    from prfaas.commands.profile_remote_path import (
+        remote_terms,
+        two_site_deployment,
+        with_remote_path,
+    )
+    from prfaas.perf.profile_costs import cost_model_from_profile_file
+    from prfaas.perf.profile_read import load_profile_file
+    from prfaas.sim.kv_bytes import KvBytes
+
+    target = two_site_deployment(_two_profiles(tmp_path, VLLM))
+    pf_cost = cost_model_from_profile_file(target.prfaas_profile)
+    kv = KvBytes(cost_model_from_profile_file(tmp_path / "pd.yaml").model.cache)
+    cpu = {
+        n: {"pf": pf_cost.prefill_s(n, 0) + 0.003 + 1e-6 * n, "pd": 0.0045 + 3e-9 * kv.total(n)}
+        for n in (256, 1024, 4096)
+    }  # fmt: skip
+    terms = remote_terms(target, tmp_path / "pd.yaml", cpu, requests=4)
+    assert terms.prfaas_per_request_s == pytest.approx(0.003)
+    assert terms.prfaas_per_token_s == pytest.approx(1e-6)
+    assert terms.pd_per_kv_byte_s == pytest.approx(3e-9)
+    assert "4096 tokens" in terms.prfaas_how and "intercept 4.5 ms" in terms.pd_how
+    pd, prfaas = with_remote_path(
+        load_profile_file(tmp_path / "pd.yaml"), load_profile_file(target.prfaas_profile), terms
+    )
+    assert pd.plumbing.decode_per_kv_byte_s == pytest.approx(3e-9)
+    assert "decode_per_kv_byte_s" not in pd.plumbing.missing
+    assert dict(pd.plumbing_how)["decode_per_kv_byte_s"] == terms.pd_how
+    assert (prfaas.plumbing.prefill_per_request_s, prfaas.plumbing.prefill_per_token_s) == (
+        pytest.approx(0.003),
+        pytest.approx(1e-6),
+    )
+    assert not {"prefill_per_request_s", "prefill_per_token_s"} & set(prfaas.plumbing.missing)
+
+
+@pytest.mark.timeout(120)
+def test_the_remote_path_measured_through_live_sites(tmp_path: Path) -> None:
+    """The measurement end to end on emulated sites (seconds): every class offloaded (it refuses
+    otherwise), each process's CPU read, the deployment stopped."""
+    from prfaas.commands.profile_remote_path import RemoteTarget, measure_remote_path
+
+    timed = {"kind": "timed", "model": "paper-1t"}
+    data = yaml.safe_load(_two_profiles(tmp_path, timed).read_text())
+    data["engine"]["time_scale"] = 0.05
+    for s in data["sites"]:
+        s["hardware"] = str(tmp_path / s["hardware"])
+    data.update(policy={"router": "prfaas", "threshold_tokens": 128, "tune_min_samples": 10**6},
+                gateway={"port": 0, "control_port": 0})  # fmt: skip
+    target = RemoteTarget(yaml.safe_dump(data), "pf", tmp_path / "pf.yaml", "pd")
+    said: list[str] = []
+    terms = measure_remote_path(
+        target, tmp_path / "pd.yaml", tmp_path / "work", requests=3, seed=5, say=said.append
+    )
+    assert sum("offloaded" in line for line in said) == 3  # a class per prompt size
+    assert terms.prfaas_per_request_s >= 0 and terms.prfaas_per_token_s >= 0
+    assert terms.pd_per_kv_byte_s >= 0
+    assert "256 tokens" in terms.prfaas_how and "MB" in terms.pd_how
+    processes = json.loads((tmp_path / "work" / "remote-path-run" / "processes.json").read_text())
+    assert processes["stopped"] is True and processes["processes"]

@@ -163,12 +163,16 @@ def test_a_bad_plumbing_term_is_named(tmp_path: Path) -> None:
 PROMPT, OUTPUT = 1000, 20
 
 
-def _isolated(tmp_path: Path, off: tuple[str, ...]) -> tuple[float, float]:
-    """TTFT and decode span of one request on an idle PD site (the first of two far apart)."""
+def _isolated(
+    tmp_path: Path, off: tuple[str, ...], one_engine: bool = False
+) -> tuple[float, float]:
+    """TTFT and decode span of one request on an idle PD site (the first of two far apart);
+    ``one_engine``: the site's prefill and decode node are one engine (a vLLM server)."""
     path = _write(tmp_path, _profile(), "charged.yaml")
+    site = SimSite("pd", "pd", str(path), 1, 1, local_kv_in_place=one_engine)
     sc = SimScenario(
-        sites=(SimSite("pd", "pd", str(path), 1, 1),), model="tiny", policy="local_only",
-        prefix_cache=False, duration_s=1e6, prefill_token_budget=1, plumbing_off=off,
+        sites=(site,), model="tiny", policy="local_only", prefix_cache=False, duration_s=1e6,
+        prefill_token_budget=1, plumbing_off=off,
     )  # fmt: skip
     specs = [SimRequestSpec(i, 100.0 * i, PROMPT, OUTPUT) for i in range(2)]
     sim = Simulator(sc, iter(specs))
@@ -223,6 +227,44 @@ def test_each_term_is_charged_where_it_is_paid_and_switched_off(tmp_path: Path) 
             assert (ttft_off, decode_off) == pytest.approx((ttft, decode))
         else:
             assert ttft_off < ttft - 1e-6 and decode_off == pytest.approx(decode)
+
+
+def test_one_engines_local_prefill_installs_no_kv(tmp_path: Path) -> None:
+    """A vLLM server's local prefill leaves its KV where its decode runs: only the fixed
+    per-request cost is taken in, not ``decode_per_kv_byte_s`` on the prompt's KV (a link's KV
+    is: ``test_a_remote_requests_kv_is_installed_per_byte_it_crossed``)."""
+    ttft, decode = _isolated(tmp_path, ())
+    ttft_one, decode_one = _isolated(tmp_path, (), one_engine=True)
+    kv = KvBytes(get_model("paper-1t").cache).total(PROMPT)
+    assert ttft - ttft_one == pytest.approx(PLUMBING.decode_per_kv_byte_s * kv, rel=1e-6)
+    assert decode_one == pytest.approx(decode)
+
+
+def test_a_remote_requests_kv_is_installed_per_byte_it_crossed(tmp_path: Path) -> None:
+    """Offloaded to a PrfaaS site, a request's KV crosses the link and is installed at the
+    decode node per byte, one engine or not; its prefill node's terms are the PrfaaS site's."""
+    path = _write(tmp_path, _profile(), "charged.yaml")
+    kv = KvBytes(get_model("paper-1t").cache).total(PROMPT)
+
+    def ttft(off: tuple[str, ...], one_engine: bool) -> float:
+        sites = (SimSite("prfaas", "prfaas", str(path), 1),
+                 SimSite("pd", "pd", str(path), 1, 1, local_kv_in_place=one_engine))  # fmt: skip
+        sc = SimScenario(
+            sites=sites, links=(LinkConfig("prfaas", "pd", 100.0),), model="tiny",
+            policy="prfaas", threshold_tokens=1, prefix_cache=False, duration_s=1e6,
+            prefill_token_budget=1, plumbing_off=off,
+        )  # fmt: skip
+        sim = Simulator(sc, iter([SimRequestSpec(0, 0.0, PROMPT, OUTPUT)]))
+        out: list[tuple[float, str]] = []
+        sim.on_finish = lambda r: out.append((r.kv_ready_s - r.arrival_s, r.prefill_node))
+        sim.run()
+        ((t, node),) = out
+        assert node.startswith("prfaas/")
+        return t
+
+    for one_engine in (False, True):
+        paid = ttft((), one_engine) - ttft(("decode_per_kv_byte_s",), one_engine)
+        assert paid == pytest.approx(PLUMBING.decode_per_kv_byte_s * kv, rel=1e-6)
 
 
 def test_a_first_token_waits_per_request_decoding_beside_it(tmp_path: Path) -> None:
