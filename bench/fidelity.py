@@ -355,7 +355,7 @@ def profile_seed(model: Path, threshold_tokens: int, seed: int, s: Settings) -> 
     profile_cores(model, outs, replace(s, workdir=folder))
     deployment = write_deployment(folder, model, threshold_tokens, s)
     if s.engine == "vllm":
-        _vllm().measure_plumbing(deployment, outs[PD_CORE], outs[PRFAAS_CORE], say)
+        _vllm().measure_plumbing(deployment, outs[PD_CORE], say)
     write_unsplit(deployment)
     return deployment
 
@@ -898,7 +898,7 @@ to its per-token term, paid per request of a batch), from the same measurements.
 
 GATEWAY_TERMS = ("gateway_per_request_s", "gateway_per_output_token_s", "gateway_per_step_s")
 SIDECAR_TERMS = ("prefill_per_request_s", "decode_per_output_token_s", "decode_per_step_s")
-KV_PATH_TERMS = ("prefill_per_token_s", "decode_per_kv_byte_s")
+REMOTE_PATH_TERMS = ("decode_per_request_s", "decode_per_kv_byte_s")
 VLLM_VARIANTS: dict[str, tuple[str, ...]] = {
     "all terms": (),
     "no terms": PLUMBING_TERMS_ALL,
@@ -906,13 +906,12 @@ VLLM_VARIANTS: dict[str, tuple[str, ...]] = {
     "without the sidecar's terms": SIDECAR_TERMS,
     "without first_token_wait_per_decoding": ("first_token_wait_per_decoding_s",),
     "without first_token_wait": ("first_token_wait_s",),
-    "without the KV path's terms": KV_PATH_TERMS,
+    "without the remote path's terms": REMOTE_PATH_TERMS,
     "all terms, PD server time-shared": (TIMESHARED,),
 }
 """For vLLM nodes: the terms ``prfaas profile --plumbing-of`` measures (the gateway's and the PD
 site's sidecar's, the first token's waits alone and behind a decoding batch, and with
-``--remote-output`` the KV path's: the PrfaaS server's per prompt token, the PD server's per KV
-byte;
+``--remote-path`` what an offloaded request pays beyond them, per request and per KV byte;
 ``bench/fidelity_vllm.measure_plumbing``), and how the PD site's one server
 runs its two nodes (mixed steps, or two processes time-sharing the core as before
 2026-12-06)."""
@@ -1458,7 +1457,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         t = balanced_t(probe, remote_cm, local_cm)
     deployment = write_deployment(s.workdir, model, t, s)
     if s.engine == "vllm" and not _has_plumbing(profiles["pd"]):
-        _vllm().measure_plumbing(deployment, profiles["pd"], profiles["prfaas"], say)
+        _vllm().measure_plumbing(deployment, profiles["pd"], say)
     write_unsplit(deployment)
     say(f"deployment {deployment} (router prfaas, t = {t} tokens)")
     rows: list[dict[str, Any]] = []

@@ -8,10 +8,8 @@
   measured by ``prfaas profile --endpoint`` (issue 20 item 4). Both cores at once, as the torch
   profiles are. TTFT and ITL are what a client sees of that server (its HTTP included). Then,
   the plain servers stopped, ``prfaas profile --plumbing-of`` the deployment adds the gateway's
-  and the PD site's sidecar's terms to the PD profile and, with ``--remote-output``, the KV
-  path's: what the PD server pays per KV byte received to the PD profile, what the PrfaaS
-  server pays per request and prompt token to send it to the PrfaaS profile
-  (``measure_plumbing``).
+  and the PD site's sidecar's terms to the PD profile and, with ``--remote-path``, what an
+  offloaded request pays beyond them, per request and per KV byte (``measure_plumbing``).
 - The deployment: ``engine.kind: vllm``, one server per site (the PD site's prefill and decode
   nodes share its server, as ``examples/vllm-tiny.yaml``), each site's server on its core
   (``cpu_bind``), the gateway pinned to the PrfaaS core as with torch nodes.
@@ -104,14 +102,14 @@ def profile_cores(
         raise SystemExit("prfaas profile --endpoint failed on " + "\n".join(failed))
 
 
-def measure_plumbing(deployment: Path, pd_profile: Path, prfaas_profile: Path, say: Any) -> None:
+def measure_plumbing(deployment: Path, pd_profile: Path, say: Any) -> None:
     """``prfaas profile --plumbing-of`` the deployment, into its PD site's profile (the gateway's
-    and the sidecar's terms, and the KV the server receives), with ``--remote-output`` into the
-    PrfaaS site's (the KV its server sends); the plain servers are stopped by now."""
-    say(f"measuring the deployment's plumbing terms into {pd_profile.name} and the remote "
-        f"path's into {prfaas_profile.name} (--plumbing-of, --remote-output)")  # fmt: skip
+    and the sidecar's terms and, ``--remote-path``, what an offloaded request pays beyond them;
+    the plain servers are stopped by now). The PrfaaS site's profile keeps none (docs/vllm.md)."""
+    say(f"measuring the deployment's plumbing terms into {pd_profile.name} (--plumbing-of "
+        "--remote-path)")  # fmt: skip
     cmd = [sys.executable, "-m", "prfaas.cli", "profile", "--plumbing-of", str(deployment),
-           "-o", str(pd_profile), "--remote-output", str(prfaas_profile)]  # fmt: skip
+           "-o", str(pd_profile), "--remote-path"]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"prfaas profile --plumbing-of failed:\n{done.stderr[-2000:]}")

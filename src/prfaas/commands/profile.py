@@ -43,11 +43,10 @@ def register(subparsers: Any) -> None:
     )  # fmt: skip
     p.add_argument("-o", "--output", type=Path, required=True, help="profile file to write")
     p.add_argument(
-        "--remote-output", type=Path, metavar="PATH",
-        help="--plumbing-of: also measure the remote path (FILE's first PrfaaS site and its home "
-        "launched together, every request offloaded): write that PrfaaS site's profile with its "
-        "server's KV-sending terms added to PATH (may be that file), and add the PD server's "
-        "KV-receiving term to -o's; stop the plain servers first",
+        "--remote-path", action="store_true",
+        help="--plumbing-of: also measure what an offloaded request pays beyond the other terms "
+        "(FILE's first PrfaaS site and its home launched together, every request offloaded, TTFT "
+        "against the simulator) into -o's decode_per_request_s and decode_per_kv_byte_s",
     )  # fmt: skip
     p.add_argument("--model-path", type=Path, help="--engine torch: the model folder")
     p.add_argument("--device", default="cpu", help="--engine torch: cpu, cuda, cuda:1 ...")
@@ -254,11 +253,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.output.parent.is_dir():
         raise UsageError(f"-o: folder {args.output.parent} does not exist")
-    if args.remote_output is not None:
-        if args.plumbing_of is None:
-            raise UsageError("--remote-output goes with --plumbing-of FILE (the deployment)")
-        if not args.remote_output.parent.is_dir():
-            raise UsageError(f"--remote-output: folder {args.remote_output.parent} does not exist")
+    if args.remote_path and args.plumbing_of is None:
+        raise UsageError("--remote-path goes with --plumbing-of FILE (the deployment)")
     if args.preset is not None:
         try:
             text = shipped_profile_text(args.preset)

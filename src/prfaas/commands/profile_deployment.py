@@ -27,9 +27,9 @@ Zero by construction, said so in ``how``: ``decode_per_request_s`` (in ``prefill
 and ``decode_per_context_token_s`` (the server's whole step is in the endpoint profile's
 inter-token latency). Left missing, charged as 0 with the loader's warning:
 ``decode_per_kv_byte_s`` (the remote path's KV, moved by PrfaasConnector inside the servers; a
-one-site deployment sends none: with ``--remote-output``, ``commands.profile_remote_path``
-measures it on FILE's two sites, and the PrfaaS site's sending terms), ``prefill_per_token_s``
-and ``shared_core_overhead``.
+one-site deployment sends none), ``prefill_per_token_s`` and ``shared_core_overhead``. With
+``--remote-path``, ``commands.profile_remote_path`` measures ``decode_per_request_s`` and
+``decode_per_kv_byte_s`` on FILE's two sites (an offloaded request's TTFT beyond the others).
 
 The server must be the only one on its cores and accelerator: stop the plain server the
 endpoint profile was measured on first (a GPU holds one of them, and two on a core time-share
@@ -232,45 +232,34 @@ def measure(target: Target, workdir: Path, *, requests: int, seed: int) -> tuple
 
 def run_plumbing_of(args: argparse.Namespace) -> Any:
     """The profile FILE's home PD site names, with the plumbing terms measured on FILE; with
-    ``--remote-output``, the remote path's too, and its PrfaaS site's profile written there."""
+    ``--remote-path``, the remote path's two terms too (``commands.profile_remote_path``)."""
+    from prfaas.perf.profile_file import ProfileFileError
+    from prfaas.perf.profile_read import load_profile_file
+
     if args.plumbing_requests < 2:
         raise UsageError(f"--plumbing-requests must be >= 2, got {args.plumbing_requests}")
     if not args.plumbing_of.is_file():
         raise UsageError(f"--plumbing-of: no deployment file {args.plumbing_of}")
     target = one_site_deployment(args.plumbing_of)
-    pf = _loaded(target.profile, f"--plumbing-of {args.plumbing_of}")
+    try:
+        pf = load_profile_file(target.profile)
+    except ProfileFileError as exc:
+        raise UsageError(f"--plumbing-of {args.plumbing_of}: {exc}") from None
     remote = None
-    if args.remote_output is not None:
+    if args.remote_path:
         from prfaas.commands.profile_remote_path import two_site_deployment
 
         remote = two_site_deployment(args.plumbing_of)  # refused before anything starts
-        remote_pf = _loaded(remote.prfaas_profile, "--remote-output")
     seed = args.seed if args.seed is not None else 0  # a fresh server: no prompt is cached
     with tempfile.TemporaryDirectory(prefix="prfaas-plumbing-") as tmp:
         costs, how = measure(target, Path(tmp), requests=args.plumbing_requests, seed=seed)
         pf = dataclasses.replace(pf, plumbing=costs, plumbing_how=how)
         if remote is None:
             return pf
-        from prfaas.commands.profile_remote_path import measure_remote_path, with_remote_path
-        from prfaas.perf.profile_write import dump_profile_file
+        from prfaas.commands.profile_remote_path import probe_remote_path, with_remote_path
 
-        terms = measure_remote_path(
-            remote, target.profile, Path(tmp) / "remote", requests=args.plumbing_requests,
-            seed=seed + 1, say=lambda m: print(m, file=sys.stderr, flush=True),
+        d, classes = probe_remote_path(
+            remote, Path(tmp) / "remote", requests=args.plumbing_requests, seed=seed + 1,
+            say=lambda m: print(m, file=sys.stderr, flush=True),
         )  # fmt: skip
-    pf, remote_pf = with_remote_path(pf, remote_pf, terms)
-    dump_profile_file(remote_pf, args.remote_output)
-    print(f"wrote {args.remote_output}: site {remote.prfaas_site}'s profile with "
-          f"prefill_per_request_s {terms.prfaas_per_request_s:.4g}, prefill_per_token_s "
-          f"{terms.prfaas_per_token_s:.4g}")  # fmt: skip
-    return pf
-
-
-def _loaded(path: Path, what: str) -> Any:
-    from prfaas.perf.profile_file import ProfileFileError
-    from prfaas.perf.profile_read import load_profile_file
-
-    try:
-        return load_profile_file(path)
-    except ProfileFileError as exc:
-        raise UsageError(f"{what}: {exc}") from None
+    return with_remote_path(pf, d, classes, remote)

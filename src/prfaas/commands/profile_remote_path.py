@@ -1,28 +1,33 @@
-"""``prfaas profile --plumbing-of FILE --remote-output PATH``: the remote path's terms of a vLLM
-deployment, which the one-site measurement (``commands.profile_deployment``) cannot see.
+"""``prfaas profile --plumbing-of FILE --remote-path``: what an offloaded request pays on a vLLM
+deployment's remote path beyond the simulator's other terms, which the one-site measurement
+(``commands.profile_deployment``) never sends.
 
 An offloaded request's KV is moved by PrfaasConnector inside both vLLM servers: the PrfaaS
 site's server copies each layer out of its cache, frames, MACs and sends it; the PD site's server
-receives, verifies and installs it. Neither shows in an endpoint profile (a plain server), and
-both sit on the servers' cores. Measured here on FILE's home PD site and its first PrfaaS site
-(the one with a link to the home) launched together, ``router: prfaas`` at a threshold below
-every class (each request offloads; the route log checks it) and the tuner off, with classes of
-fresh random prompts of ``CLASS_PROMPT_TOKENS`` tokens (capped by the model's context), one
-output token, one at a time. Each class's CPU per request (``/proc``, idle rate removed) of:
+receives, verifies and installs it, then recomputes the prompt's last token and decodes. Neither
+is in a plain server's endpoint profile. Measured here on FILE's home PD site and its first
+PrfaaS site (the one with a link to the home) launched together, ``router: prfaas`` at a
+threshold below every class (each request offloads: the route log is checked) and the tuner off,
+with classes of fresh random prompts of ``CLASS_PROMPT_TOKENS`` tokens (those the context holds),
+one output token, one at a time. Each class's live TTFT (median) against the simulator's for the
+same prompt on the same deployment with every other term (the PD profile as just measured, these
+two at 0): the gap is a line in the KV bytes the request carried (``sim.kv_bytes.KvBytes``, the
+simulator's own count; ``perf.plumbing.line_fit``), whose intercept and slope are the PD
+profile's ``decode_per_request_s`` and ``decode_per_kv_byte_s``, charged where the simulator
+charges a decode node's install (a vLLM site's only on KV that came over a link:
+``SimSite.local_kv_in_place``).
 
-- the PrfaaS site's sidecar and its server (every process of it: API server, engine core), less the
-  PrfaaS profile's own prefill time for the prompt (the plain server's): a line in the prompt's
-  tokens (``perf.plumbing.line_fit``) gives that profile's ``prefill_per_request_s`` (its
-  intercept) and ``prefill_per_token_s`` (its slope), written to ``PATH``;
-- the PD site's server and sidecar: a line in the KV bytes the request carried
-  (``sim.kv_bytes.KvBytes``, the simulator's own count) gives ``decode_per_kv_byte_s``, added to
-  the PD site's profile (``-o``); its intercept (the decode's own step, the sidecar's call) is
-  said, not stored (``prefill_per_request_s`` holds a local request's call).
+Why latency, not CPU: a vLLM server whose request waits for remote KV steps its engine without
+pause, so the PD server's CPU over an offloaded request is the request's whole wall time (here
+21.6, 32.4 and 183.5 ms at 256, 1,024 and 4,096 tokens: the PrfaaS server's prefill, not the
+install). Each site's CPU (its node process and every descendant) is still read and said in the
+``how``. Where the gap is spent along the path (the PrfaaS server's sending or the PD server's
+receiving) a TTFT cannot tell: it is charged at the decode node, where the KV lands.
 
 The servers must be the only ones on their cores: stop the plain servers first.
 
-Not pure (processes, HTTP, ``/proc``, the clock): a command's helper; ``commands/profile.py``
-owns the command and its flags.
+Not pure (processes, HTTP, ``/proc``, the clock, the simulator run on files): a command's helper;
+``commands/profile.py`` owns the command and its flags.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import secrets
+import statistics
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -47,32 +54,31 @@ from prfaas.commands.plumbing_classes import (
 from prfaas.errors import UsageError
 
 CLASS_PROMPT_TOKENS = (256, 1024, 4096)
-"""The classes' prompts: the long one pins the per-token slope, the short one the intercept."""
+"""The classes' prompts: the long one pins the per-byte slope, the short one the intercept."""
 THRESHOLD_TOKENS = 128
 """The router's ``t``: below every class, so each request offloads."""
-PRFAAS_TERMS = ("prefill_per_request_s", "prefill_per_token_s")
-PD_TERM = "decode_per_kv_byte_s"
+TERMS = ("decode_per_request_s", "decode_per_kv_byte_s")
+APART_S = 30.0
+"""The simulated requests' spacing: each alone, as the live ones were sent."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RemoteTarget:
-    """The two-site deployment ``measure_remote_path`` launches and the profiles it adds to."""
+    """The two-site deployment ``measure_remote_path`` launches."""
 
     text: str
     prfaas_site: str
-    prfaas_profile: Path
     pd_site: str
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class RemoteTerms:
-    """What was measured: the PrfaaS profile's two terms, the PD profile's one, each said."""
+class RemoteClass:
+    """One class as measured live: the prompt's tokens, each request's TTFT, each site's CPU
+    seconds per request (idle rate removed)."""
 
-    prfaas_per_request_s: float
-    prfaas_per_token_s: float
-    pd_per_kv_byte_s: float
-    prfaas_how: str
-    pd_how: str
+    prompt_tokens: int
+    ttft_s: tuple[float, ...]
+    cpu_s: dict[str, float]
 
 
 def two_site_deployment(path: Path) -> RemoteTarget:
@@ -87,17 +93,17 @@ def two_site_deployment(path: Path) -> RemoteTarget:
     remote = next((s for s in d.sites if s.kind == "prfaas" and s.name in linked), None)
     if remote is None:
         raise UsageError(
-            f"--remote-output: {path} has no PrfaaS site with a link to its home {home.name}"
+            f"--remote-path: {path} has no PrfaaS site with a link to its home {home.name}"
         )
     for s in (remote, home):
         if d.engine_for(s.name).kind != "vllm":
             raise UsageError(
-                f"--remote-output: site {s.name} runs engine kind "
+                f"--remote-path: site {s.name} runs engine kind "
                 f"{d.engine_for(s.name).kind!r}; it measures vLLM servers' KV path"
             )
         if not is_profile_file(s.hardware):
             raise UsageError(
-                f"--remote-output: site {s.name}'s hardware {s.hardware!r} is a preset, not a "
+                f"--remote-path: site {s.name}'s hardware {s.hardware!r} is a preset, not a "
                 "profile file: profile its server first (`prfaas profile --endpoint`)"
             )
     raw = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -110,14 +116,13 @@ def two_site_deployment(path: Path) -> RemoteTarget:
         "gateway": {**gateway, "port": 0, "control_port": 0, "request_timeout_s": 600},
         "policy": {"router": "prfaas", "threshold_tokens": THRESHOLD_TOKENS,
                    "tune_min_samples": 1_000_000},
+        "simulation": {"tune": False},
         "sites": sites,
         "links": [link],
         "psk": secrets.token_hex(16),
     }  # fmt: skip
-    text = "# Written by prfaas profile --remote-output: the deployment it measures.\n"
-    return RemoteTarget(
-        text + yaml.safe_dump(out, sort_keys=False), remote.name, Path(remote.hardware), home.name
-    )
+    text = "# Written by prfaas profile --remote-path: the deployment it measures.\n"
+    return RemoteTarget(text + yaml.safe_dump(out, sort_keys=False), remote.name, home.name)
 
 
 def class_lengths(max_prompt_tokens: int | None) -> tuple[int, ...]:
@@ -127,17 +132,16 @@ def class_lengths(max_prompt_tokens: int | None) -> tuple[int, ...]:
     fit = tuple(n for n in CLASS_PROMPT_TOKENS if n < max_prompt_tokens)
     if len(fit) < 2:
         raise UsageError(
-            f"--remote-output: the model's context ({max_prompt_tokens} tokens) holds fewer "
+            f"--remote-path: the model's context ({max_prompt_tokens} tokens) holds fewer "
             f"than two of the classes' prompts {list(CLASS_PROMPT_TOKENS)}"
         )
     return fit
 
 
-def measure_remote_path(
-    target: RemoteTarget, pd_profile: Path, workdir: Path, *, requests: int, seed: int,
-    say: Callable[[str], None],
-) -> RemoteTerms:  # fmt: skip
-    """The remote path's terms, measured on ``target``'s deployment (launched in ``workdir``)."""
+def probe_remote_path(
+    target: RemoteTarget, workdir: Path, *, requests: int, seed: int, say: Callable[[str], None]
+) -> tuple[Any, tuple[RemoteClass, ...]]:
+    """The deployment (loaded) and its classes, measured live (launched in ``workdir``)."""
     from prfaas.commands.launch_checks import check_model_folders
     from prfaas.config import load_deployment
     from prfaas.scenarios import model_context_tokens
@@ -148,9 +152,8 @@ def measure_remote_path(
     d = load_deployment(path)
     check_model_folders(d)
     lengths = class_lengths(model_context_tokens(d))
-    say(f"remote path: starting sites {target.prfaas_site} and {target.pd_site} (gateway, "
-        "sidecars, vLLM servers)")  # fmt: skip
-    launcher = started(d, workdir / "remote-path-run", "--remote-output")
+    say(f"remote path: starting sites {target.prfaas_site} and {target.pd_site} together")
+    launcher = started(d, workdir / "remote-path-run", "--remote-path")
     try:  # started() stopped what it started if it failed; stop() the rest here
         send = Sender(launcher.url, d.engine.model, seed)
         # Each site's node process with its descendants: a vLLM site's sidecar and its server.
@@ -158,84 +161,112 @@ def measure_remote_path(
                 for site in (target.prfaas_site, target.pd_site)}  # fmt: skip
         for site, tree in pids.items():
             if d.engine_for(site).kind == "vllm" and len(tree) < 2:
-                raise UsageError(f"--remote-output: site {site}'s vLLM server not found")
+                raise UsageError(f"--remote-path: site {site}'s vLLM server not found")
         send(SHORT_PROMPT_TOKENS + THRESHOLD_TOKENS, 2, 2)  # warm-up: first passes, imports
         for n in lengths:
             send(n, 1, 1)  # each size's first pass (a compiled server's shapes)
         routed = len(launcher.control.routes())
         idle = idle_rates(pids)
-        cpu: dict[int, dict[str, float]] = {}
+        classes = []
         for n in lengths:
             say(f"remote path: {requests} requests of {n} prompt tokens, offloaded")
-            cpu[n] = class_cpu(pids, idle, requests, functools.partial(send, n, 1, requests))
+            results: list[Any] = []
+            run = functools.partial(_send_into, results, send, n, requests)
+            cpu = class_cpu(pids, idle, requests, run)
+            classes.append(RemoteClass(n, tuple(float(r.ttft_s) for r in results), cpu))
         routes = launcher.control.routes()[routed:]
     finally:
         launcher.stop()
     offloaded = sum(1 for r in routes if r.get("offloaded"))
     if offloaded != len(lengths) * requests:
         raise UsageError(
-            f"--remote-output: {offloaded} of {len(lengths) * requests} requests offloaded "
+            f"--remote-path: {offloaded} of {len(lengths) * requests} requests offloaded "
             "(the router kept the rest home): nothing measured"
         )
-    return remote_terms(target, pd_profile, cpu, requests)
+    return d, tuple(classes)
 
 
-def remote_terms(
-    target: RemoteTarget, pd_profile: Path, cpu: dict[int, dict[str, float]], requests: int
-) -> RemoteTerms:
-    """The terms from each class's CPU seconds per request (``cpu[prompt tokens][process]``)."""
+def _send_into(results: list[Any], send: Sender, prompt_tokens: int, count: int) -> None:
+    """``count`` requests of ``prompt_tokens`` tokens and 1 output token, one at a time; their
+    results appended to ``results``."""
+    results.extend(send.at_times([(0.0, prompt_tokens, 1)] * count))
+
+
+def simulated_ttft_s(d: Any, pd_profile: Path, prompt_tokens: int) -> float:
+    """One request of ``prompt_tokens`` alone on deployment ``d`` (offloaded: its ``t`` is below
+    it), the PD site's hardware ``pd_profile``: its TTFT in the simulator."""
+    from prfaas import scenarios
+    from prfaas.sim.simulator import Simulator
+    from prfaas.workload.requests import SimRequestSpec
+
+    sc = scenarios.sim_scenario(d)
+    home = d.home_site.name
+    sites = tuple(
+        dataclasses.replace(s, hardware=str(pd_profile)) if s.name == home else s for s in sc.sites
+    )
+    specs = [SimRequestSpec(k, APART_S * k, prompt_tokens, 1) for k in range(2)]
+    sc = dataclasses.replace(sc, sites=sites, duration_s=APART_S * 2, warmup_s=0.0)
+    sim = Simulator(sc, iter(specs))
+    out: dict[int, tuple[float, bool]] = {}
+    sim.on_finish = lambda req: out.__setitem__(
+        req.index, (req.kv_ready_s - req.arrival_s, req.transfer_bytes > 0)
+    )
+    sim.run()
+    ttft, remote = out[1]  # the second: the first pays nothing the second does not
+    if not remote:
+        raise RuntimeError(f"the simulator kept a {prompt_tokens}-token request home")
+    return ttft
+
+
+def fit_remote_path(
+    d: Any, pd: Any, classes: tuple[RemoteClass, ...], prfaas_site: str, pd_site: str
+) -> tuple[tuple[float, float], str]:
+    """``((decode_per_request_s, decode_per_kv_byte_s), how)`` from the live ``classes``
+    against the simulator on ``d`` with the PD profile ``pd`` (every other term measured)."""
+    from prfaas.perf import cost_model_for_hardware
     from prfaas.perf.plumbing import line_fit
-    from prfaas.perf.profile_costs import cost_model_from_profile_file
+    from prfaas.perf.profile_write import dump_profile_file
     from prfaas.sim.kv_bytes import KvBytes
 
-    pf_cost = cost_model_from_profile_file(target.prfaas_profile)
-    pd_cost = cost_model_from_profile_file(pd_profile)
-    kv = KvBytes(pd_cost.model.cache)
-    pf, pd = target.prfaas_site, target.pd_site
-
-    beyond = {n: c[pf] - pf_cost.prefill_s(n, 0) for n, c in cpu.items()}
-    per_request, per_token = line_fit(beyond)
-    note = "; a slope below 0 (noise): stored 0, the mean as the intercept" if not per_token else ""
-    if per_request < 0:
-        note += f"; intercept {per_request * 1e3:.3g} ms stored 0 (noise)"
-        per_request = 0.0
-    classes = ", ".join(
-        f"{n} tokens {c[pf] * 1e3:.1f} ms against {pf_cost.prefill_s(n, 0) * 1e3:.1f} ms"
-        for n, c in cpu.items()
+    with tempfile.TemporaryDirectory(prefix="prfaas-remote-path-") as tmp:
+        scratch = Path(tmp) / "pd.yaml"
+        costs = dataclasses.replace(pd.plumbing, **dict.fromkeys(TERMS, 0.0))
+        dump_profile_file(dataclasses.replace(pd, plumbing=costs), scratch)
+        simulated = {c.prompt_tokens: simulated_ttft_s(d, scratch, c.prompt_tokens)
+                     for c in classes}  # fmt: skip
+        kv = KvBytes(cost_model_for_hardware(d.engine.model, str(scratch)).model.cache)
+    live = {c.prompt_tokens: statistics.median(c.ttft_s) for c in classes}
+    gaps = {kv.total(n): live[n] - simulated[n] for n in live}
+    fixed, per_byte = line_fit(gaps)
+    notes = "; a slope below 0 (noise): stored 0, the mean as the intercept" if not per_byte else ""
+    if fixed < 0:
+        notes += f"; intercept {fixed * 1e3:.3g} ms stored 0 (noise)"
+        fixed = 0.0
+    described = "; ".join(
+        f"{c.prompt_tokens} tokens ({kv.total(c.prompt_tokens) / 1e6:.2f} MB of KV): live "
+        f"{live[c.prompt_tokens] * 1e3:.1f} ms, simulated {simulated[c.prompt_tokens] * 1e3:.1f} "
+        f"ms; CPU a request {c.cpu_s[prfaas_site] * 1e3:.1f} ms at {prfaas_site}, "
+        f"{c.cpu_s[pd_site] * 1e3:.1f} ms at {pd_site}"
+        for c in classes
     )
-    common = (f"process CPU (/proc, idle rate removed) per request, {requests} requests a class "
-              "one at a time, 1 output token, each offloaded")  # fmt: skip
-    prfaas_how = (
-        f"{common}; site {pf}'s sidecar and server against this profile's prefill: {classes}; "
-        f"least squares in the prompt's tokens{note}"
+    how = (
+        f"FILE's sites {prfaas_site} and {pd_site} launched together, {len(classes[0].ttft_s)} "
+        "requests a class one at a time, 1 output token, each offloaded; TTFT (medians) against "
+        f"the simulator with every other term: {described}; live minus simulated, least squares "
+        f"in the KV bytes: {fixed * 1e3:.3g} ms a request, {per_byte * 1e9:.3g} ns a byte{notes}"
     )
-    carried = {kv.total(n): c[pd] for n, c in cpu.items()}
-    pd_fixed, per_byte = line_fit(carried)
-    pd_classes = ", ".join(f"{b / 1e6:.2f} MB {s * 1e3:.1f} ms" for b, s in carried.items())
-    pd_how = (
-        f"{common}; site {pd}'s sidecar and server by the KV bytes received: {pd_classes}; "
-        f"least squares in the bytes (intercept {pd_fixed * 1e3:.3g} ms a request: the decode's "
-        "own step and the sidecar's call, not stored)"
-        + ("; a slope below 0 (noise): stored 0" if not per_byte else "")
+    return (fixed, per_byte), how
+
+
+def with_remote_path(
+    pd: Any, d: Any, classes: tuple[RemoteClass, ...], target: RemoteTarget
+) -> Any:
+    """The PD profile ``pd`` with the remote path's two terms measured and said (no longer
+    missing)."""
+    (fixed, per_byte), how = fit_remote_path(d, pd, classes, target.prfaas_site, target.pd_site)
+    values = dict(zip(TERMS, (fixed, per_byte), strict=True))
+    costs = dataclasses.replace(
+        pd.plumbing, **values, missing=tuple(t for t in pd.plumbing.missing if t not in TERMS)
     )
-    return RemoteTerms(per_request, per_token, per_byte, prfaas_how, pd_how)
-
-
-def with_remote_path(pd: Any, prfaas: Any, terms: RemoteTerms) -> tuple[Any, Any]:
-    """The PD profile with ``decode_per_kv_byte_s`` and the PrfaaS profile with its two terms,
-    each measured and said (no longer missing)."""
-
-    def added(pf: Any, values: dict[str, float], how: str) -> Any:
-        missing = tuple(t for t in pf.plumbing.missing if t not in values)
-        costs = dataclasses.replace(pf.plumbing, **values, missing=missing)
-        said = tuple((t, h) for t, h in pf.plumbing_how if t not in values)
-        return dataclasses.replace(
-            pf, plumbing=costs, plumbing_how=(*said, *((t, how) for t in values))
-        )
-
-    prfaas_values = dict(zip(PRFAAS_TERMS, (terms.prfaas_per_request_s,
-                                            terms.prfaas_per_token_s), strict=True))  # fmt: skip
-    return (
-        added(pd, {PD_TERM: terms.pd_per_kv_byte_s}, terms.pd_how),
-        added(prfaas, prfaas_values, terms.prfaas_how),
-    )
+    said = tuple((t, h) for t, h in pd.plumbing_how if t not in TERMS)
+    return dataclasses.replace(pd, plumbing=costs, plumbing_how=(*said, *((t, how) for t in TERMS)))

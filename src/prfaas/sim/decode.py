@@ -50,10 +50,13 @@ class DecodeStage:
     def _install_s(self, dec: DecodeNode, req: SimRequest) -> float:
         """The decode node's work to take ``req`` in (``sim.plumbing``): its fixed per-request
         cost and the KV bytes it received (over the link, or a local prefill's whole prompt
-        where the site's prefill node is another engine), verified and installed; on shared
+        where the site's prefill node is another engine: at one engine's site a local prefill's
+        KV is where its decode runs, nothing to take in), verified and installed; on shared
         cores, slowed as its steps are."""
         nbytes = req.transfer_bytes
-        if not nbytes and not self._local_kv_in_place[dec.site]:
+        if not nbytes:
+            if self._local_kv_in_place[dec.site]:
+                return 0.0
             nbytes = self._kv_bytes.total(req.num_prompt)
         work_s = dec.per_request_s + dec.install_per_byte_s * nbytes
         shared = self._shared[dec.site]

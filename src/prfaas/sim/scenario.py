@@ -53,9 +53,10 @@ class SimSite:
     (a vLLM server: ``processor.SharedCores``, mixed steps); needs ``shared_cores``."""
     local_kv_in_place: bool = False
     """The site's one prefill and one decode node are one engine with one KV cache (a vLLM
-    server): a local prefill's KV is already where its decode runs, so only KV that came over a
-    link is installed (``decode_per_kv_byte_s``); False: every request's is (prfaas's own
-    nodes hand a local prefill's KV from the prefill node to the decode node)."""
+    server): a local prefill's KV is already where its decode runs, so only a request whose KV
+    came over a link is installed (``decode_per_request_s``, ``decode_per_kv_byte_s``); False:
+    every request is (prfaas's own nodes hand a local prefill's KV from the prefill node to the
+    decode node)."""
     lookup_at_start: bool = False
     """The site's engine looks its prefix cache up when it schedules a prefill (a vLLM server),
     so a request finds what was stored while it queued; False: it uses what it found when routed

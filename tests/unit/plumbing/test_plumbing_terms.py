@@ -229,20 +229,20 @@ def test_each_term_is_charged_where_it_is_paid_and_switched_off(tmp_path: Path) 
             assert ttft_off < ttft - 1e-6 and decode_off == pytest.approx(decode)
 
 
-def test_one_engines_local_prefill_installs_no_kv(tmp_path: Path) -> None:
-    """A vLLM server's local prefill leaves its KV where its decode runs: only the fixed
-    per-request cost is taken in, not ``decode_per_kv_byte_s`` on the prompt's KV (a link's KV
-    is: ``test_a_remote_requests_kv_is_installed_per_byte_it_crossed``)."""
+def test_one_engines_local_prefill_installs_nothing(tmp_path: Path) -> None:
+    """A vLLM server's local prefill leaves its KV where its decode runs: neither install term
+    is charged on it (a link's KV is: ``test_a_remote_requests_kv_is_installed``)."""
     ttft, decode = _isolated(tmp_path, ())
     ttft_one, decode_one = _isolated(tmp_path, (), one_engine=True)
     kv = KvBytes(get_model("paper-1t").cache).total(PROMPT)
-    assert ttft - ttft_one == pytest.approx(PLUMBING.decode_per_kv_byte_s * kv, rel=1e-6)
+    install = PLUMBING.decode_per_request_s + PLUMBING.decode_per_kv_byte_s * kv
+    assert ttft - ttft_one == pytest.approx(install, rel=1e-6)
     assert decode_one == pytest.approx(decode)
 
 
-def test_a_remote_requests_kv_is_installed_per_byte_it_crossed(tmp_path: Path) -> None:
+def test_a_remote_requests_kv_is_installed(tmp_path: Path) -> None:
     """Offloaded to a PrfaaS site, a request's KV crosses the link and is installed at the
-    decode node per byte, one engine or not; its prefill node's terms are the PrfaaS site's."""
+    decode node, per request and per byte, one engine or not."""
     path = _write(tmp_path, _profile(), "charged.yaml")
     kv = KvBytes(get_model("paper-1t").cache).total(PROMPT)
 
@@ -265,6 +265,8 @@ def test_a_remote_requests_kv_is_installed_per_byte_it_crossed(tmp_path: Path) -
     for one_engine in (False, True):
         paid = ttft((), one_engine) - ttft(("decode_per_kv_byte_s",), one_engine)
         assert paid == pytest.approx(PLUMBING.decode_per_kv_byte_s * kv, rel=1e-6)
+        paid = ttft((), one_engine) - ttft(("decode_per_request_s",), one_engine)
+        assert paid == pytest.approx(PLUMBING.decode_per_request_s, rel=1e-6)
 
 
 def test_a_first_token_waits_per_request_decoding_beside_it(tmp_path: Path) -> None:
