@@ -14,7 +14,8 @@ in existing events, never an event per byte or token):
 - ``decode_per_kv_byte_s``: the KV install on the decode node, per byte received (the transfer's
   bytes; a local prefill's whole prompt KV), before the request joins its batch: the batch
   pauses for it, on the decode node's core (slowed like its steps when the site's cores are
-  shared);
+  shared). At a site whose prefill and decode node are one engine (``SimSite.
+  local_kv_in_place``) a local prefill installs nothing: neither install term is charged;
 - ``decode_per_step_s``: each decode step, once (whatever its batch);
 - ``decode_per_output_token_s``: each decode step, per request of the batch;
 - ``first_token_wait_s`` and ``first_token_wait_per_decoding_s``: latencies, not work: added to
