@@ -17,12 +17,13 @@ profile's ``decode_per_request_s`` and ``decode_per_kv_byte_s``, charged where t
 charges a decode node's install (a vLLM site's only on KV that came over a link:
 ``SimSite.local_kv_in_place``).
 
-Why latency, not CPU: a vLLM server whose request waits for remote KV steps its engine without
-pause, so the PD server's CPU over an offloaded request is the request's whole wall time (here
-21.6, 32.4 and 183.5 ms at 256, 1,024 and 4,096 tokens: the PrfaaS server's prefill, not the
-install). Each site's CPU (its node process and every descendant) is still read and said in the
-``how``. Where the gap is spent along the path (the PrfaaS server's sending or the PD server's
-receiving) a TTFT cannot tell: it is charged at the decode node, where the KV lands.
+Why latency, not CPU: the PD server keeps its core busy while its request waits for the KV
+(here 27.0, 36.3 and 185.1 ms of CPU at 256, 1,024 and 4,096 tokens, tracking the PrfaaS
+server's prefill, while its own counters show one token computed per request: no recompute), so
+a CPU line would charge that wait as an install. Each site's CPU (its node process and every
+descendant) is still read and said in the ``how``. Where the gap is spent along the path (the
+PrfaaS server's sending or the PD server's receiving) a TTFT cannot tell: it is charged at the
+decode node, where the KV lands.
 
 The servers must be the only ones on their cores: stop the plain servers first.
 
