@@ -152,7 +152,10 @@ def plumbing_bounds(d: DeploymentConfig, sc: SimScenario) -> tuple[PlumbingBound
     - the decode nodes: ``rate x (per request + per KV byte x E[S_kv] + per output token x L_out)
       <= N_d`` (each node's own CPU, on top of its batched steps; ``decode_per_step_s`` and
       ``gateway_per_step_s`` are left out, their share per request depends on the batch: the
-      simulator charges them per step);
+      simulator charges them per step). Where the site's prefill and decode node are one engine
+      (``SimSite.local_kv_in_place``) only an offloaded request installs: the install terms
+      are weighted by the prompts over ``t`` (none under ``local_only``; prefix hits not
+      counted);
     - every prefill node pays its costs beyond its passes: ``rate x (per request + per token x
       E[L]) <= N_prefill`` (every prompt token counted: no prefix hits assumed).
     Empty when nothing is measured (all 0.0)."""
@@ -165,13 +168,26 @@ def plumbing_bounds(d: DeploymentConfig, sc: SimScenario) -> tuple[PlumbingBound
     p = cm.plumbing
     out_tokens = sc.output_tokens
     n_prfaas, n_p, n_d = home_roles(d)
-    mean_tokens = mean(workload_lengths(d).lengths)
+    lengths = workload_lengths(d).lengths
+    mean_tokens = mean(lengths)
     kv = float(cm.kv_bytes(max(1, round(mean_tokens))))
+    installs = p.decode_per_request_s + p.decode_per_kv_byte_s * kv
+    home = next(s for s in sc.sites if s.name == d.home_site.name)
+    if home.local_kv_in_place:
+
+        def install_s(n: float) -> float:
+            return p.decode_per_request_s + p.decode_per_kv_byte_s * cm.kv_bytes(max(1, round(n)))
+
+        installs = (
+            0.0
+            if sc.policy == "local_only"
+            else lengths.partial_expect(install_s, sc.threshold_tokens, lengths.max_tokens)
+        )
     candidates = (
         ("gateway CPU (one process)", p.gateway_per_request_s
          + p.gateway_per_output_token_s * out_tokens, 1),
-        ("decode nodes' CPU beyond their steps", p.decode_per_request_s
-         + p.decode_per_kv_byte_s * kv + p.decode_per_output_token_s * out_tokens, n_d),
+        ("decode nodes' CPU beyond their steps",
+         installs + p.decode_per_output_token_s * out_tokens, n_d),
         ("prefill nodes' CPU beyond their passes", p.prefill_overhead_s(round(mean_tokens)),
          n_p + n_prfaas),
     )  # fmt: skip

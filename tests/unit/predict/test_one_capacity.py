@@ -112,3 +112,14 @@ def test_measured_plumbing_puts_ceilings_on_the_capacity(
     assert bounds["prefill nodes' CPU beyond their passes"] == pytest.approx(
         1 / (0.01 + 4e-6 * 1000)
     )
+    # One engine at the site (a vLLM server): a local prefill installs nothing, so under
+    # local_only the decode ceiling is its relay alone; over t, every prompt installs again.
+    one = dataclasses.replace(sc, sites=(dataclasses.replace(sc.sites[0], local_kv_in_place=True),))
+    decode = "decode nodes' CPU beyond their steps"
+    assert {b.what: b.rate_rps for b in plumbing_bounds(d, one)}[decode] == pytest.approx(
+        2 / (0.001 * 100)
+    )
+    offloading = dataclasses.replace(one, policy="prfaas", threshold_tokens=500)
+    assert {b.what: b.rate_rps for b in plumbing_bounds(d, offloading)}[decode] == pytest.approx(
+        2 / decode_s
+    )
