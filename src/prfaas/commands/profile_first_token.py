@@ -76,29 +76,35 @@ def probe_live(send: Any, say: Callable[[str], None]) -> tuple[ProbeClass, ...]:
     return tuple(out)
 
 
-def _simulated_ttft_s(
+def simulated_first_tokens(
     d: Any, profile: Path, requests: Sequence[tuple[float, int, int]]
-) -> list[float]:
-    """Each request's TTFT in the simulator: deployment ``d`` with ``profile`` as every site's
-    hardware."""
+) -> list[tuple[float, bool]]:
+    """Each request's ``(TTFT, offloaded)`` in the simulator: deployment ``d`` with ``profile``
+    as its home site's hardware (the plumbing measurements' deployments: one site, or the
+    remote path's two)."""
     from prfaas import scenarios
     from prfaas.sim.simulator import Simulator
     from prfaas.workload.requests import SimRequestSpec
 
     sc = scenarios.sim_scenario(d)
-    sites = tuple(dataclasses.replace(s, hardware=str(profile)) for s in sc.sites)
+    home = d.home_site.name
+    sites = tuple(
+        dataclasses.replace(s, hardware=str(profile)) if s.name == home else s for s in sc.sites
+    )
     last = max(at for at, _, _ in requests)
     sc = dataclasses.replace(sc, sites=sites, duration_s=last + 1e-6, warmup_s=0.0)
     order = sorted(range(len(requests)), key=lambda i: requests[i][0])  # the simulator's order
     specs = [SimRequestSpec(n, requests[i][0], requests[i][1], requests[i][2])
              for n, i in enumerate(order)]  # fmt: skip
     sim = Simulator(sc, iter(specs))
-    ttft: dict[int, float] = {}
-    sim.on_finish = lambda req: ttft.__setitem__(order[req.index], req.kv_ready_s - req.arrival_s)
+    out: dict[int, tuple[float, bool]] = {}
+    sim.on_finish = lambda req: out.__setitem__(
+        order[req.index], (req.kv_ready_s - req.arrival_s, req.transfer_bytes > 0)
+    )
     sim.run()
-    if len(ttft) != len(requests):
-        raise RuntimeError(f"the simulator finished {len(ttft)} of {len(requests)} probe requests")
-    return [ttft[i] for i in range(len(requests))]
+    if len(out) != len(requests):
+        raise RuntimeError(f"the simulator finished {len(out)} of {len(requests)} probe requests")
+    return [out[i] for i in range(len(requests))]
 
 
 def fit_first_token_wait(
@@ -119,8 +125,8 @@ def fit_first_token_wait(
             paths[name] = Path(tmp) / f"{name}.yaml"
             dump_profile_file(dataclasses.replace(pf, plumbing=costs), paths[name])
         for c in classes:
-            zero = _simulated_ttft_s(d, paths["zero"], c.requests)
-            unit = _simulated_ttft_s(d, paths["unit"], c.requests)
+            zero = [t for t, _ in simulated_first_tokens(d, paths["zero"], c.requests)]
+            unit = [t for t, _ in simulated_first_tokens(d, paths["unit"], c.requests)]
             probes = range(c.batch, len(c.requests))
             live_ms = [c.ttft_s[i] * 1e3 for i in probes]
             sim_ms = [zero[i] * 1e3 for i in probes]

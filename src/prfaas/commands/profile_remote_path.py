@@ -196,25 +196,13 @@ def _send_into(results: list[Any], send: Sender, prompt_tokens: int, count: int)
 def simulated_ttft_s(d: Any, pd_profile: Path, prompt_tokens: int) -> float:
     """One request of ``prompt_tokens`` alone on deployment ``d`` (offloaded: its ``t`` is below
     it), the PD site's hardware ``pd_profile``: its TTFT in the simulator."""
-    from prfaas import scenarios
-    from prfaas.sim.simulator import Simulator
-    from prfaas.workload.requests import SimRequestSpec
+    from prfaas.commands.profile_first_token import simulated_first_tokens
 
-    sc = scenarios.sim_scenario(d)
-    home = d.home_site.name
-    sites = tuple(
-        dataclasses.replace(s, hardware=str(pd_profile)) if s.name == home else s for s in sc.sites
+    # The second of two far apart: the first pays nothing the second does not.
+    _, (ttft, offloaded) = simulated_first_tokens(
+        d, pd_profile, [(0.0, prompt_tokens, 1), (APART_S, prompt_tokens, 1)]
     )
-    specs = [SimRequestSpec(k, APART_S * k, prompt_tokens, 1) for k in range(2)]
-    sc = dataclasses.replace(sc, sites=sites, duration_s=APART_S * 2, warmup_s=0.0)
-    sim = Simulator(sc, iter(specs))
-    out: dict[int, tuple[float, bool]] = {}
-    sim.on_finish = lambda req: out.__setitem__(
-        req.index, (req.kv_ready_s - req.arrival_s, req.transfer_bytes > 0)
-    )
-    sim.run()
-    ttft, remote = out[1]  # the second: the first pays nothing the second does not
-    if not remote:
+    if not offloaded:
         raise RuntimeError(f"the simulator kept a {prompt_tokens}-token request home")
     return ttft
 
