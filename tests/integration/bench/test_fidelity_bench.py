@@ -139,6 +139,33 @@ def test_capacity_is_found_by_the_one_rule(fid: ModuleType) -> None:
     assert fid.one_rule_capacity(server, specs, 4.0, search=False) == (4.0, [])
 
 
+@pytest.mark.timeout(30)
+def test_live_capacity_is_the_median_of_independent_searches(fid: ModuleType) -> None:
+    """Each search runs whole (its own steps, kept); the scored capacity is their median and the
+    second over the first is the capacity's noise; one search has no noise to read."""
+    found = {0: (10.0, [{"rate_rps": 8.0}]), 1: (12.0, [{"rate_rps": 9.0}]),
+             2: (11.0, [{"rate_rps": 7.0}])}  # fmt: skip
+    calls: list[int] = []
+
+    def search(k: int) -> tuple[float, list[dict[str, float]]]:
+        calls.append(k)
+        return found[k]
+
+    three = fid.repeated_capacity(search, 3)
+    assert calls == [0, 1, 2]
+    assert three["live_rps"] == 11.0 and three["live_repeats_rps"] == [10.0, 12.0, 11.0]
+    assert three["noise"] == pytest.approx(1.2)
+    assert three["live_steps"] == [{"rate_rps": 8.0}]
+    assert three["live_repeat_steps"] == [[{"rate_rps": 9.0}], [{"rate_rps": 7.0}]]
+    one = fid.repeated_capacity(search, 1)
+    assert one["live_rps"] == 10.0 and one["noise"] is None and one["live_repeat_steps"] == []
+    with pytest.raises(ValueError, match="got 0"):
+        fid.repeated_capacity(search, 0)
+    row = {"seed": 5, "capacity": three}
+    assert fid._searches(row) == " (median of 10.00, 12.00, 11.00)"
+    assert fid._searches({"seed": 5, "capacity": one}) == ""
+
+
 @pytest.mark.behind  # ~50 s of torch CPU, no figure asserted: off make test's critical path
 @pytest.mark.timeout(600)
 def test_tiny_run_end_to_end(tmp_path: Path) -> None:
