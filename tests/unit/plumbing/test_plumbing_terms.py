@@ -460,3 +460,36 @@ def test_a_gateway_on_the_prefill_cores_slows_their_prefills(tmp_path: Path) -> 
     assert prefills(True, gw_off) == pytest.approx(prefills(False, gw_off))
     with pytest.raises(ScenarioError, match="hosts_gateway needs shared_cores"):
         SimScenario(sites=(SimSite("pd", "pd", "h20", 1, 1, hosts_gateway=True),)).validate()
+
+
+def test_the_profiles_own_deployment_simulates_with_the_batch_its_engine_ran(
+    tmp_path: Path,
+) -> None:
+    """A profile whose decode step misses the SLO (a slow or loaded machine: 40 ms at batch 1)
+    still has its probes simulated: the deployment `prfaas profile` measures on says the torch
+    engine's own decode batch; the SLO's batch, the simulator's default for torch, is 0 there
+    (`prfaas profile` died on it with a traceback after measuring, on a loaded 2-core machine)."""
+    import dataclasses
+
+    import yaml
+
+    from prfaas import scenarios
+    from prfaas.commands.profile_first_token import simulated_first_tokens
+    from prfaas.commands.profile_plumbing import deployment_text
+    from prfaas.config import DeploymentConfig
+    from prfaas.engine.torch.engine import DEFAULT_MAX_BATCH
+
+    slow = tuple(DecodePoint(b, ctx, 0.04 + 0.0005 * b) for b in (1, 2, 4) for ctx in (128, 1024))
+    path = _write(
+        tmp_path, dataclasses.replace(_profile(), decode=DecodeSection("linear", points=slow))
+    )
+    raw = yaml.safe_load(deployment_text("tiny", tmp_path, path, 1))
+    assert raw["simulation"]["decode_max_batch"] == DEFAULT_MAX_BATCH
+    d = DeploymentConfig.model_validate(raw)
+    probes = [(0.0, 64, 4), (0.01, 256, 4), (0.02, 64, 4)]
+    out = simulated_first_tokens(d, path, probes)
+    assert len(out) == 3 and all(ttft > 0 and not offloaded for ttft, offloaded in out)
+    # the same file without the engine's batch: the SLO's batch is 0, nothing can be simulated
+    del raw["simulation"]
+    with pytest.raises(ScenarioError, match="cannot meet the decode SLO"):
+        Simulator(scenarios.sim_scenario(DeploymentConfig.model_validate(raw)), iter([]))
