@@ -17,6 +17,7 @@ from prfaas.cache import GlobalKVManager, HybridPrefixCache, sizing_for
 from prfaas.core.ids import NodeId, SiteId, link_id_for
 from prfaas.core.topology import SiteKind
 from prfaas.perf import CostModel, ProfileFileError, cost_model_for_hardware
+from prfaas.perf.cost_model import DEFAULT_DECODE_CONTEXT_TOKENS, DEFAULT_DECODE_STEP_BUDGET_S
 from prfaas.policy import DecodeAdmission
 from prfaas.sim.events import EventKind, EventQueue
 from prfaas.sim.kv_bytes import KvBytes
@@ -163,7 +164,14 @@ class World:
                 continue
             bs = s.decode_max_batch or cm.max_decode_batch
             if bs <= 0:
-                raise ScenarioError(f"site {s.name}: {s.hardware} cannot meet the decode SLO")
+                step_ms = cm.decode_step_s(1, DEFAULT_DECODE_CONTEXT_TOKENS) * 1e3
+                raise ScenarioError(
+                    f"site {s.name}: {s.hardware} cannot meet the decode SLO (one request's "
+                    f"step at {DEFAULT_DECODE_CONTEXT_TOKENS} tokens of context takes "
+                    f"{step_ms:.1f} ms, over {DEFAULT_DECODE_STEP_BUDGET_S * 1e3:g} ms); an "
+                    "engine that decodes whatever its steps take: give its batch as "
+                    "simulation.decode_max_batch"
+                )
             self.admission[i] = DecodeAdmission(bs)
             kv_cap = self.decode_kv_capacity(cm)
             for k in range(s.num_decode):
