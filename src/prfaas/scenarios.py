@@ -224,9 +224,13 @@ def planner_for(d: DeploymentConfig, **overrides: Any) -> Planner:
 
     remote = next((s for s in d.sites if s.kind == "prfaas"), None)
     local = cost_model_for_hardware(d.engine.model, d.home_site.hardware)
+    # No PrfaaS site: nothing offloads and the remote side is never priced; the home's model
+    # stands in (the planner's preset fallback refuses a profiled model's own name).
     return Planner(
         plan_scenario(d, profiles_ok=True, **overrides),
-        remote=None if remote is None else cost_model_for_hardware(d.engine.model, remote.hardware),
+        remote=local
+        if remote is None
+        else cost_model_for_hardware(d.engine.model, remote.hardware),
         local=local,
     )
 

@@ -496,3 +496,20 @@ def test_the_profiles_own_deployment_simulates_with_the_batch_its_engine_ran(
         match=r"cannot meet the decode SLO \(.* takes \d+\.\d ms, over 25 ms.*decode_max_batch",
     ):
         Simulator(scenarios.sim_scenario(DeploymentConfig.model_validate(raw)), iter([]))
+
+
+def test_a_one_site_file_with_a_profiled_model_is_planned_without_a_preset(tmp_path: Path) -> None:
+    """`prfaas sim` of a file with no PrfaaS site whose model is a profile's own name (not a
+    preset) died with a traceback (`unknown model`): the planner looked the absent remote side
+    up among the presets. Found by hand, 2026-12-07."""
+    from prfaas import scenarios
+    from prfaas.config import DeploymentConfig
+
+    path = _write(tmp_path, _profile())
+    d = DeploymentConfig.model_validate({
+        "engine": {"kind": "torch", "model": "tiny", "model_path": str(tmp_path)},
+        "sites": [{"name": "pd", "kind": "pd", "hardware": str(path),
+                   "nodes": [{"name": "p0", "role": "prefill"}, {"name": "d0", "role": "decode"}]}],
+    })  # fmt: skip
+    planner = scenarios.planner_for(d, n_local=2)
+    assert planner.evaluate(None, 0, 1, 1).lambda_max_exact > 0
