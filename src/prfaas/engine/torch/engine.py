@@ -68,12 +68,12 @@ from prfaas.spec import CacheLayout, CacheSpec, DType
 
 DEFAULT_KV_BUDGET_BYTES = 4 << 30
 DEFAULT_PREFILL_CHUNK_TOKENS = 512
-DEFAULT_MAX_BATCH = 64
-"""Requests one decode step holds; more running ones take turns (round robin). Whatever the
-steps take: this engine admits by its KV budget, not by a decode SLO."""
 """Longest prefill pass while requests decode on the engine: a decode step of the running batch
 waits at most one such pass. Smaller costs prefill speed (more, shorter passes) for smoother
 streams; None runs a prompt in one pass. With nothing decoding, passes are not cut."""
+DEFAULT_MAX_BATCH = 64
+"""Requests one decode step holds; more running ones take turns (round robin). Whatever the
+steps take: this engine admits by its KV budget, not by a decode SLO."""
 _names = itertools.count()
 
 
