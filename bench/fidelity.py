@@ -1189,11 +1189,14 @@ def resimulate(saved: dict[str, Any]) -> dict[str, Any]:
             return workload_specs(row["shape"], row["seed"], n, saved["mean_output"], engine)
 
         say(f"{row['shape']} seed {row['seed']}: simulating again")
+        burst = at_rate(gen(saved["burst_requests"]), 1e6)
+        if "sim_work_s" in row["burst"]:
+            row["burst"]["sim_work_s"] = sim_work_s(deployment, burst)
         row["burst"]["sim_rps"] = {}
         row["capacity"].update(sim_rps={}, sim_steps={})
         cap_n = max(saved["requests"], saved["capacity_requests"])
         simulate_burst_and_capacity(
-            row, deployment, at_rate(gen(saved["burst_requests"]), 1e6), gen(cap_n),
+            row, deployment, burst, gen(cap_n),
             saved["start_step"], saved.get("capacity_search", True),
         )  # fmt: skip
         specs = gen(saved["requests"])

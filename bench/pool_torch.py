@@ -89,6 +89,11 @@ PLUMBING_IN_POOL_SIM = {
         "with prefill_per_request_s, per uncached token (plumbing.prefill_overhead_s): in each "
         "pool prefill's compute_s and each local prefill's time",
     ),
+    "prefill_in_service_excess": (
+        True,
+        "with prefill_per_request_s, on the passes' seconds (plumbing.prefill_overhead_s): in "
+        "each pool prefill's compute_s and each local prefill's time",
+    ),
     "decode_per_request_s": (
         False,
         "nowhere: the pool simulator models no decode (its TTFT ends when the last KV byte "
@@ -866,7 +871,7 @@ def report(files: Files, sim: dict[str, Any], live: dict[str, Any] | None, cost:
     else:
         print("  (checked now: every term charged below is named in "
               + ", ".join(POOL_SIM_SOURCES) + ")")  # fmt: skip
-    from prfaas.perf.plumbing import PLUMBING_TERMS
+    from prfaas.perf.plumbing import PLUMBING_TERMS, RATIO_TERMS
 
     p = cost.plumbing
     untold = [t for t in PLUMBING_TERMS if t not in PLUMBING_IN_POOL_SIM]
@@ -874,7 +879,7 @@ def report(files: Files, sim: dict[str, Any], live: dict[str, Any] | None, cost:
         print(f"  NOTE: the table below says nothing of {untold}: it is stale")
     for term, (charged, where) in PLUMBING_IN_POOL_SIM.items():
         said = "charged" if charged else "NOT charged"
-        unit = "" if term == "shared_core_overhead" else " s"  # the one ratio
+        unit = "" if term in RATIO_TERMS else " s"
         print(f"  {term:28} {getattr(p, term):.3g}{unit}  {said}: {where}")
     extra = p.prefill_per_request_s / cost.prefill_s(s.prompt_tokens)
     print(

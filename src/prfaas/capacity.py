@@ -156,8 +156,9 @@ def plumbing_bounds(d: DeploymentConfig, sc: SimScenario) -> tuple[PlumbingBound
       (``SimSite.local_kv_in_place``) only an offloaded request installs: the install terms
       are weighted by the prompts over ``t`` (none under ``local_only``; prefix hits not
       counted);
-    - every prefill node pays its costs beyond its passes: ``rate x (per request + per token x
-      E[L]) <= N_prefill`` (every prompt token counted: no prefix hits assumed).
+    - every prefill node pays its costs beyond its curve: ``rate x (per request + per token x
+      E[L] + in-service excess x T(E[L])) <= N_prefill`` (every prompt token counted: no prefix
+      hits assumed; the excess on the mean prompt's passes, the curve being near-linear).
     Empty when nothing is measured (all 0.0)."""
     from prfaas.analytic.lengths import mean
     from prfaas.scenarios import home_roles, site_cost_model, workload_lengths
@@ -188,7 +189,8 @@ def plumbing_bounds(d: DeploymentConfig, sc: SimScenario) -> tuple[PlumbingBound
          + p.gateway_per_output_token_s * out_tokens, 1),
         ("decode nodes' CPU beyond their steps",
          installs + p.decode_per_output_token_s * out_tokens, n_d),
-        ("prefill nodes' CPU beyond their passes", p.prefill_overhead_s(round(mean_tokens)),
+        ("prefill nodes' CPU beyond their curve",
+         p.prefill_overhead_s(round(mean_tokens), cm.prefill_s(max(1, round(mean_tokens)))),
          n_p + n_prfaas),
     )  # fmt: skip
     return tuple(

@@ -90,14 +90,17 @@ class PlumbingSwitches(_Strict):
     gateway_per_step: bool = True
     first_token_wait_per_decoding: bool = True
     first_token_wait: bool = True
+    prefill_in_service_excess: bool = True
     node_per_request: bool = True
     """Files written before the prefill and decode nodes' fixed terms were measured apart: off
     switches both (``prefill_per_request`` and ``decode_per_request``)."""
 
     def off(self) -> tuple[str, ...]:
         """The ``PlumbingCosts`` field names switched off (each a switch's name with ``_s``, but
-        the one ratio, ``shared_core_overhead``, and ``node_per_request``, both nodes' terms)."""
+        the ratios, ``shared_core_overhead`` and ``prefill_in_service_excess``, and
+        ``node_per_request``, both nodes' terms)."""
         names = {"shared_core_overhead": ("shared_core_overhead",),
+                 "prefill_in_service_excess": ("prefill_in_service_excess",),
                  "node_per_request": ("prefill_per_request_s", "decode_per_request_s")}  # fmt: skip
         off = (n for k, on in self.model_dump().items() if not on
                for n in names.get(k, (f"{k}_s",)))  # fmt: skip

@@ -23,9 +23,10 @@ split by least squares (``perf.relay_fit``: per request, per step of the server,
 - ``first_token_wait_s`` and ``first_token_wait_per_decoding_s``: probes sent while batches
   decode, against the simulator with the terms above (``commands.profile_first_token``).
 
-Zero by construction, said so in ``how``: ``decode_per_request_s`` (in ``prefill_per_request_s``)
-and ``decode_per_context_token_s`` (the server's whole step is in the endpoint profile's
-inter-token latency). Left missing, charged as 0 with the loader's warning:
+Zero by construction, said so in ``how``: ``decode_per_request_s`` (in ``prefill_per_request_s``),
+``decode_per_context_token_s`` (the server's whole step is in the endpoint profile's
+inter-token latency) and ``prefill_in_service_excess`` (the endpoint profile's prefills are the
+server's in service). Left missing, charged as 0 with the loader's warning:
 ``decode_per_kv_byte_s`` (the remote path's KV, moved by PrfaasConnector inside the servers; a
 one-site deployment sends none), ``prefill_per_token_s`` and ``shared_core_overhead``. With
 ``--remote-path``, ``commands.profile_remote_path`` measures ``decode_per_request_s`` and
@@ -72,6 +73,8 @@ ZERO_HOW = {
     "with one call to its server, whose cost is prefill_per_request_s",
     "decode_per_context_token_s": "0 by construction: the server's whole decode step is in the "
     "endpoint profile's inter-token latency",
+    "prefill_in_service_excess": "0 by construction: the endpoint profile times the server's "
+    "prefills through its own API, one at a time, as it serves them",
 }
 MISSING = ("decode_per_kv_byte_s", "prefill_per_token_s", "shared_core_overhead")
 """Not measured on a one-site vLLM deployment: the remote path's KV (moved inside the server)

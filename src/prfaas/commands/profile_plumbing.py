@@ -34,6 +34,9 @@ computes:
   drifts between the curve and the classes, and within a class), else the profile's curve:
   the engine's work around its passes (its cache and checkpoint copies, the layers handed out)
   and the KV stream's; two classes alone traded the terms off between profiles;
+- ``prefill_in_service_excess``: those passes timed beside the classes over the profile's curve
+  for them, summed over the classes, less 1 (``in_service_excess``): what the two terms above
+  are read beyond, charged nowhere else;
 - ``decode_per_request_s``: the decode node's
   CPU of the short class less its KV bytes' (it runs no forward pass for a one-token request).
   The simulator charges each on its node;
@@ -322,6 +325,9 @@ def measure(
     if prefill_tok == 0.0:
         notes["prefill_per_token_s"] = "the fitted slope was negative (noise): stored 0"
     decode_req = d_s - per_byte * kv_short
+    excess, excess_how = in_service_excess(
+        {n: passes_beside[n] for n in beyond if n in passes_beside}, cm.prefill_s
+    )
     prefill_points = load_profile_file(profile).prefill
     smallest = min((pt.new_tokens for pt in prefill_points.points if pt.cached_tokens == 0),
                    default=None) if prefill_points is not None else None  # fmt: skip
@@ -337,8 +343,10 @@ def measure(
         per_byte, per_tok, gw_req, gw_tok, per_step, prefill_per_token_s=prefill_tok,
         decode_per_context_token_s=per_ctx_copy,
         gateway_per_step_s=gw_step_or_none or 0.0,
+        prefill_in_service_excess=floor0("prefill_in_service_excess", excess or 0.0),
         missing=(*missing, *ctx_missing,
-                 *(() if gw_step_or_none is not None else ("gateway_per_step_s",))),
+                 *(() if gw_step_or_none is not None else ("gateway_per_step_s",)),
+                 *(() if excess is not None else ("prefill_in_service_excess",))),
     )  # fmt: skip
 
     def passes_how(n: int) -> str:
@@ -377,6 +385,8 @@ def measure(
     }
     if gw_step_or_none is not None:
         how["gateway_per_step_s"] = f"{common}; gateway{gw_how}"
+    if excess is not None:
+        how["prefill_in_service_excess"] = excess_how
     if engine_overhead_s is not None:
         how["decode_per_step_s"] = (
             f"engine.torch's decode step less its forward pass at batch sizes "
@@ -390,6 +400,30 @@ def measure(
     for name, note in notes.items():
         how[name] += f"; {note}"
     return Measured(costs, tuple(how.items()), probes, d)
+
+
+def in_service_excess(
+    timed_s: dict[int, list[float]], priced_s: Callable[[int], float]
+) -> tuple[float | None, str]:
+    """``prefill_in_service_excess`` and how it was read: the passes timed between the one-token
+    classes' requests (``timed_s[n]``, per prompt length, one at a time on the prefill node's
+    core while the deployment serves) over the profile's price for them (``priced_s``, its
+    curve, timed back to back minutes before), summed over the classes (each class's median;
+    the long class weighs most, as its passes are the least noisy), less 1. None: nothing timed
+    beside the classes (a GPU profile reads its classes against the curve)."""
+    if not timed_s:
+        return None, ""
+    medians = {n: statistics.median(v) for n, v in sorted(timed_s.items())}
+    ratio = sum(medians.values()) / sum(priced_s(n) for n in medians)
+    each = ", ".join(f"{n} tokens {m * 1e3:.4g} vs {priced_s(n) * 1e3:.4g} ms"
+                     for n, m in medians.items())  # fmt: skip
+    return ratio - 1.0, (
+        f"the prefill node's core: passes timed between the one-token classes' requests of a "
+        f"live one-site torch deployment (the median of each class's), over the profile's "
+        f"curve (timed back to back before), summed over the classes: {each}; {ratio:.3f}x. "
+        "On a machine whose speed drifts this is as much the curve's moment as a cost of "
+        "serving: the two are not told apart"
+    )
 
 
 def with_plumbing(pf: Any, args: argparse.Namespace) -> Any:

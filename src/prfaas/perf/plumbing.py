@@ -32,7 +32,10 @@ PLUMBING_TERMS = (
     "gateway_per_step_s",
     "first_token_wait_per_decoding_s",
     "first_token_wait_s",
+    "prefill_in_service_excess",
 )
+RATIO_TERMS = ("shared_core_overhead", "prefill_in_service_excess")
+"""The terms that are fractions of other work, not seconds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +67,7 @@ class PlumbingCosts:
     (cache and context-switch losses), as a fraction of that work (0.05: 5% more): charged on
     shared cores only (``engine.cpus``, ``sim.processor.SharedCores``), on top of ``cores /
     demand``. Measured with a second pinned process running the same passes
-    (``commands.profile_sharing``). Not seconds: the one term that is a ratio."""
+    (``commands.profile_sharing``). Not seconds: a ratio."""
     prefill_per_token_s: float = 0.0
     """Prefill node CPU seconds per uncached prompt token beyond the profile's forward passes:
     the engine's work around them (the prefill job's cache and checkpoint copies, each layer's
@@ -101,7 +104,16 @@ class PlumbingCosts:
     no CPU term holds: the server's API process to its engine, the sidecar, the gateway's relay
     wake-ups). Measured with ``first_token_wait_per_decoding_s``, from the same probes: the
     median gap of those sent with nobody decoding (``perf.first_token_fit``); charged with it on
-    the TTFT only. Last, so positional construction keeps the older terms' order."""
+    the TTFT only. After the older terms, so positional construction keeps their order."""
+    prefill_in_service_excess: float = 0.0
+    """How much more a prefill node's forward passes cost in service than the profile's curve
+    prices them, as a fraction of the curve (0.4: 40% more): the passes timed on the node's
+    core between the live deployment's requests, one at a time as a serving node runs them,
+    against the curve's passes timed back to back (``commands.profile_plumbing``; on the slower
+    machine of 2026-12-06 1.2-1.4x, 1.9x at 64 tokens). ``prefill_per_request_s`` and
+    ``prefill_per_token_s`` are read beyond those in-service passes, so without this the
+    difference is charged nowhere. Charged on the prefill node with them, on the passes' seconds
+    (``prefill_overhead_s``). Not seconds: a ratio, like ``shared_core_overhead``."""
     missing: tuple[str, ...] = PLUMBING_TERMS
     """The terms the profile did not measure (each 0.0 here)."""
     approximated: tuple[str, ...] = ()
@@ -118,10 +130,12 @@ class PlumbingCosts:
             if unknown:
                 raise ValueError(f"unknown plumbing terms in {field}: {sorted(unknown)}")
 
-    def prefill_overhead_s(self, num_new_tokens: int) -> float:
-        """The prefill node's CPU around the forward passes of one prefill of
-        ``num_new_tokens`` uncached tokens: its per-request and per-token terms."""
-        return self.prefill_per_request_s + self.prefill_per_token_s * num_new_tokens
+    def prefill_overhead_s(self, num_new_tokens: int, passes_s: float) -> float:
+        """The prefill node's CPU beyond the profile's price of one prefill of
+        ``num_new_tokens`` uncached tokens whose forward passes the curve prices at
+        ``passes_s``: its per-request and per-token terms and the passes' in-service excess."""
+        return (self.prefill_per_request_s + self.prefill_per_token_s * num_new_tokens
+                + self.prefill_in_service_excess * passes_s)  # fmt: skip
 
 
 LEGACY_TERMS = {"node_per_request_s": ("prefill_per_request_s", "decode_per_request_s")}

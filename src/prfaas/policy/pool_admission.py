@@ -60,10 +60,12 @@ def prefill_node_s(cost: CostModel, num_new: int, num_cached: int = 0) -> float:
     """What a pool prefill costs its node, in node-seconds (its ``PrefillJob.compute_s``): the
     group profile's forward pass and the node process's CPU around it
     (``plumbing.prefill_overhead_s``: per request, its HTTP call, the KV session's set-up, the
-    first token; per uncached token, the engine's work around its passes), paid on that node.
+    first token; per uncached token, the engine's work around its passes; the passes' own
+    in-service excess over the profile's curve), paid on that node.
     Both the live front door's price (``pool/service.py``) and the pool simulator's (which also
     runs its nodes for this long)."""
-    return cost.prefill_s(num_new, num_cached) + cost.plumbing.prefill_overhead_s(num_new)
+    passes_s = cost.prefill_s(num_new, num_cached)
+    return passes_s + cost.plumbing.prefill_overhead_s(num_new, passes_s)
 
 
 @dataclass(frozen=True, slots=True)

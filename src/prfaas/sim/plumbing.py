@@ -9,7 +9,8 @@ site's shared cores (``gateway.cpus``), taking its ``share`` of them (``processo
 in existing events, never an event per byte or token):
 
 - ``prefill_per_request_s`` and ``prefill_per_token_s`` (per uncached token): added to the
-  request's prefill service time on its prefill node (``simulator._assign``);
+  request's prefill service time on its prefill node (``simulator._assign``), whose forward
+  passes are priced at ``1 + prefill_in_service_excess`` times the curve;
 - ``decode_per_request_s``: added to its KV install on its decode node (``decode.DecodeStage``);
 - ``decode_per_kv_byte_s``: the KV install on the decode node, per byte received (the transfer's
   bytes; a local prefill's whole prompt KV), before the request joins its batch: the batch

@@ -32,8 +32,8 @@ The profiles' plumbing terms (``perf.plumbing``), each charged to the process th
 that process's profile, as ``sim/plumbing.py`` does in the single-deployment simulator, and
 switched off as there (a scenario's ``plumbing_off``: the tenant file's ``simulation.plumbing``
 for a tenant's processes, the pool file's for a group's nodes): a pool node's
-``prefill_per_request_s`` and ``prefill_per_token_s`` (its group's profile) are in each pool
-prefill's node-seconds
+``prefill_per_request_s``, ``prefill_per_token_s`` and ``prefill_in_service_excess`` (its group's
+profile) are in each pool prefill's node-seconds
 (``policy.pool_admission.prefill_node_s``, which the live front door prices with too, so the
 admission's fair share and expected start count them); a tenant's local prefill node's (its PD
 site's profile) are added to each local prefill's service time (the tenant's router still reads
@@ -137,8 +137,7 @@ class PoolSimulator:
                 window=LengthWindow(sc.window_size),
             )
             p = charged_cost_model(t.local_cost, t.plumbing_off).plumbing
-            run.prefill_per_request_s = p.prefill_per_request_s
-            run.prefill_per_token_s = p.prefill_per_token_s
+            run.local_plumbing = p
             if p.gateway_per_request_s > 0 or p.gateway_per_output_token_s > 0:
                 run.gateway = GatewayCpu(p.gateway_per_request_s, p.gateway_per_output_token_s)
             stop = sc.duration_s if t.stop_s is None else min(t.stop_s, sc.duration_s)
@@ -300,7 +299,7 @@ class PoolSimulator:
             req = run.local_queue.popleft()
             run.local_free -= 1
             work = run.spec.local_cost.prefill_s(req.num_tokens)  # what _local counted
-            dur = work + run.prefill_per_request_s + run.prefill_per_token_s * req.num_tokens
+            dur = work + run.local_plumbing.prefill_overhead_s(req.num_tokens, work)
             self._push(
                 self.now + dur, _DONE, lambda r=run, q=req, w=work: self._local_done(r, q, w)
             )

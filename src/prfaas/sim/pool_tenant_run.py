@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from prfaas.perf.plumbing import NO_PLUMBING, PlumbingCosts
 from prfaas.policy.pool_session import PoolSession
 from prfaas.policy.pool_tenant_route import GateReading
 from prfaas.policy.router import Router
@@ -67,10 +68,9 @@ class TenantRun:
     num_completed: int = 0
     compute_s_in_window: dict[str, float] = field(default_factory=dict)
     threshold_updates: list[tuple[float, int]] = field(default_factory=list)
-    prefill_per_request_s: float = 0.0
-    """The local prefill nodes' fixed CPU per request (``sim.plumbing``), charged on each."""
-    prefill_per_token_s: float = 0.0
-    """And per uncached prompt token, beyond the forward passes."""
+    local_plumbing: PlumbingCosts = NO_PLUMBING
+    """The local prefill nodes' terms as charged (``sim.plumbing``): each local prefill pays
+    ``prefill_overhead_s`` beyond its forward passes, on its node."""
     gateway: GatewayCpu | None = None
     """The tenant's gateway CPU (None: no gateway term charged): routes its arrivals in order."""
     router: Router | None = None

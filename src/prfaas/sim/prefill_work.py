@@ -14,9 +14,11 @@ from prfaas.sim.request import SimRequest
 
 def service_s(req: SimRequest, node: PrefillNode) -> float:
     """``req``'s prefill on ``node`` alone: its uncached tokens after its cached prefix, and the
-    node process's costs around the passes (per request, per uncached token)."""
+    node process's costs around the passes (per request, per uncached token, the passes' own
+    in-service excess over the curve)."""
     uncached = req.num_prompt - req.num_cached
-    svc = node.cm.prefill_s(uncached, req.num_cached) + node.per_request_s
+    passes_s = node.cm.prefill_s(uncached, req.num_cached)
+    svc = passes_s * node.pass_factor + node.per_request_s
     if node.per_token_s:
         svc += node.per_token_s * uncached
     return svc

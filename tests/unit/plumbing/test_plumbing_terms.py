@@ -39,7 +39,7 @@ pytestmark = pytest.mark.timeout(60)
 PLUMBING = PlumbingCosts(
     0.004, 0.003, 2e-9, 0.0003, 0.002, 0.0001, 0.0007, 0.05, prefill_per_token_s=3e-6,
     decode_per_context_token_s=2e-7, gateway_per_step_s=5e-4, first_token_wait_s=0.0015,
-    missing=(),
+    prefill_in_service_excess=0.25, missing=(),
 )  # fmt: skip
 
 
@@ -189,10 +189,15 @@ def test_each_term_is_charged_where_it_is_paid_and_switched_off(tmp_path: Path) 
     ttft, decode = _isolated(tmp_path, ())
     kv = KvBytes(get_model("paper-1t").cache).total(PROMPT)
     p = PLUMBING
-    # Gateway, prefill node, decode node (fixed + per KV byte) before the first token.
-    extra = (p.gateway_per_request_s + p.prefill_per_request_s + p.prefill_per_token_s * PROMPT
+    # Gateway, prefill node (its passes' in-service excess over the curve too), decode node
+    # (fixed + per KV byte) before the first token.
+    passes_s = 0.01 + 1e-5 * PROMPT  # the profile's (linear) curve
+    extra = (p.gateway_per_request_s + p.prefill_overhead_s(PROMPT, passes_s)
              + p.decode_per_request_s + p.decode_per_kv_byte_s * kv
              + p.first_token_wait_s)  # fmt: skip
+    assert p.prefill_overhead_s(PROMPT, passes_s) == pytest.approx(
+        p.prefill_per_request_s + p.prefill_per_token_s * PROMPT + 0.25 * passes_s
+    )
     assert ttft - base_ttft == pytest.approx(extra, rel=1e-6)
     # The first token's wait is a latency on the TTFT alone: the decode ends when it did, so
     # the span from the first token to the last is that much shorter.
@@ -364,6 +369,7 @@ def test_the_deployment_switches_name_the_terms() -> None:
     both = PlumbingSwitches(node_per_request=False, prefill_per_request=False).off()
     assert both == ("prefill_per_request_s", "decode_per_request_s")  # a file before the split
     assert PlumbingSwitches(shared_core_overhead=False).off() == ("shared_core_overhead",)
+    assert PlumbingSwitches(prefill_in_service_excess=False).off() == ("prefill_in_service_excess",)
     switches = {t.removesuffix("_s"): False for t in PLUMBING_TERMS}  # one per term
     assert set(PlumbingSwitches(**switches).off()) == set(PLUMBING_TERMS)
 
@@ -513,3 +519,22 @@ def test_a_one_site_file_with_a_profiled_model_is_planned_without_a_preset(tmp_p
     })  # fmt: skip
     planner = scenarios.planner_for(d, n_local=2)
     assert planner.evaluate(None, 0, 1, 1).lambda_max_exact > 0
+
+
+def test_the_in_service_excess_is_the_passes_beside_the_classes_over_the_curve() -> None:
+    """``prefill_in_service_excess`` from the passes timed between the classes' requests: each
+    class's median, summed, over the curve's price summed, less 1; said per class in ``how``."""
+    from prfaas.commands.profile_plumbing import in_service_excess
+
+    def curve(n: int) -> float:
+        return 0.01 + 1e-4 * n
+
+    timed = {64: [0.030, 0.020, 0.021], 1024: [0.150, 0.140, 0.160, 0.900]}
+    excess, how = in_service_excess(timed, curve)
+    # medians 0.021 and 0.155 (one slow pass moves neither) against 0.0164 and 0.1124
+    assert excess == pytest.approx((0.021 + 0.155) / (0.0164 + 0.1124) - 1)
+    assert "64 tokens 21 vs 16.4 ms" in how and "1024 tokens 155 vs 112.4 ms" in how
+    assert excess > 0.36  # the classes' passes ran slower than the curve: charged, not lost
+    assert in_service_excess({}, curve) == (None, "")  # nothing timed beside (a GPU): missing
+    faster, _ = in_service_excess({1024: [0.09]}, curve)
+    assert faster < 0  # the caller stores it as 0 and says so (its floor0), like the others

@@ -95,7 +95,15 @@ def test_measured_plumbing_puts_ceilings_on_the_capacity(
     assert plumbing_bounds(d, sc) == ()  # nothing measured: no ceiling
     real = scenarios.site_cost_model
     terms = PlumbingCosts(
-        0.01, 0.005, 1e-9, 0.001, 0.02, 0.0002, prefill_per_token_s=4e-6, missing=()
+        0.01,
+        0.005,
+        1e-9,
+        0.001,
+        0.02,
+        0.0002,
+        prefill_per_token_s=4e-6,
+        prefill_in_service_excess=0.5,
+        missing=(),
     )
 
     def measured(dep, site):  # type: ignore[no-untyped-def]
@@ -109,8 +117,9 @@ def test_measured_plumbing_puts_ceilings_on_the_capacity(
     assert bounds["gateway CPU (one process)"] == pytest.approx(1 / (0.02 + 0.0002 * 100))
     decode_s = 0.005 + 1e-9 * kv + 0.001 * 100
     assert bounds["decode nodes' CPU beyond their steps"] == pytest.approx(2 / decode_s)
-    assert bounds["prefill nodes' CPU beyond their passes"] == pytest.approx(
-        1 / (0.01 + 4e-6 * 1000)
+    passes_s = real(d, d.home_site).prefill_s(1000)  # type: ignore[union-attr]
+    assert bounds["prefill nodes' CPU beyond their curve"] == pytest.approx(
+        1 / (0.01 + 4e-6 * 1000 + 0.5 * passes_s)
     )
     # One engine at the site (a vLLM server): a local prefill installs nothing, so under
     # local_only the decode ceiling is its relay alone; over t, every prompt installs again.
