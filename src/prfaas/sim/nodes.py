@@ -56,15 +56,11 @@ class NodeBase:
 
 class PrefillNode(NodeBase):
     __slots__ = ("batch", "batch_end_s", "batch_factor", "batch_left_s", "batch_mark_s",
-                 "batch_retimable", "busy", "free_at_s", "pass_factor", "per_token_s", "queue",
+                 "batch_retimable", "busy", "free_at_s", "queue",
                  "queued_tokens", "step_fixed_s")  # fmt: skip
 
     def __init__(self, node_id: NodeId, index: int, site: int, site_id: SiteId, cm: CostModel):
         super().__init__(node_id, index, site, site_id, NodeRole.PREFILL, cm)
-        self.per_token_s = cm.plumbing.prefill_per_token_s
-        """The node process's cost per uncached token beyond the forward passes."""
-        self.pass_factor = 1.0 + cm.plumbing.prefill_in_service_excess
-        """What its forward passes cost in service per second the curve prices them."""
         self.step_fixed_s = cm.decode_step_fixed_s()
         """What a batch of prefills pays once (``CostModel.batched_prefill_s``; 0 from profiles
         without a measured decode fit: the sum then)."""

@@ -18,10 +18,7 @@ def service_s(req: SimRequest, node: PrefillNode) -> float:
     in-service excess over the curve)."""
     uncached = req.num_prompt - req.num_cached
     passes_s = node.cm.prefill_s(uncached, req.num_cached)
-    svc = passes_s * node.pass_factor + node.per_request_s
-    if node.per_token_s:
-        svc += node.per_token_s * uncached
-    return svc
+    return passes_s + node.cm.plumbing.prefill_overhead_s(uncached, passes_s)
 
 
 def found_since_routed(batch: list[SimRequest], node: PrefillNode, cache: HybridPrefixCache) -> int:
