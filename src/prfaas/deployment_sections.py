@@ -134,8 +134,8 @@ class SimulationConfig(_Strict):
         ge=1,
         description="the most requests a decode step holds; None: the engine kind's own "
         "(ENGINE_DECODE_MAX_BATCH: vllm 128 = a vLLM OpenAI server's max_num_seqs on CPU; give "
-        "256 for a GPU server, or its --max-num-seqs; timed and torch: the batch whose step "
-        "meets slo_tpot_s at 8K context, the paper's BS_max)",
+        "256 for a GPU server, or its --max-num-seqs; torch 64 = engine.torch's batch; timed: "
+        "the batch whose step meets slo_tpot_s at 8K context, the paper's BS_max)",
     )
     decode_kv_fraction: float = Field(0.25, gt=0, le=1)
     slo_ttft_s: float = Field(10.0, gt=0)
@@ -162,13 +162,21 @@ class SimulationConfig(_Strict):
         return ENGINE_DECODE_PADS_BATCH[engine_kind]
 
 
-ENGINE_DECODE_MAX_BATCH: dict[str, int | None] = {"timed": None, "torch": None, "vllm": 128}
+TORCH_DECODE_MAX_BATCH = 64
+"""Requests one ``engine.torch`` decode step holds (its ``DEFAULT_MAX_BATCH``), whatever its steps
+take: it admits by its KV budget, not by a decode SLO, and more running requests take turns."""
+
+ENGINE_DECODE_MAX_BATCH: dict[str, int | None] = {
+    "timed": None, "torch": TORCH_DECODE_MAX_BATCH, "vllm": 128,
+}  # fmt: skip
 """The most requests one decode step of each engine kind holds, in the simulator (None: the
 batch whose step meets ``slo_tpot_s`` at 8K context, the cost model's ``max_decode_batch``, the
 paper's BS_max, which the timed engine admits too). A vLLM server admits up to ``max_num_seqs``
 (128 by default for its OpenAI server on CPU, 256 on GPU) whatever its steps take: capped at the
 SLO's batch (10 on the tiny model here), the simulator decoded a 90-request burst in nine waves
-and drained it in 3.0 s where the server took 1.3 s (2026-12-06)."""
+and drained it in 3.0 s where the server took 1.3 s (2026-12-06). ``engine.torch`` likewise holds
+64 (since 2026-12-07; before, the SLO's batch: 10-20 on the tiny model, and none at all, the
+simulator refusing the file, where a loaded machine's profile missed the SLO at batch 1)."""
 
 ENGINE_PREFILL_TOKEN_BUDGET = {"timed": 32768, "torch": 1, "vllm": 2048}
 """How each engine kind batches prefills, in the simulator's terms (uncached tokens per batch; the

@@ -108,12 +108,8 @@ def deployment_text(model_name: str, model_path: Path, profile: Path, threads: i
     """The one-site deployment measured. Its processes run on this process's cores (they
     inherit its affinity: ``taskset -c 0 prfaas profile`` puts all three on core 0), which the
     file says (the site's and the gateway's ``cpus``), so that the simulator the probes are read
-    against (``commands.profile_first_token``) shares those cores among them as they did, and its
-    decode batch is the one the engine ran (``simulation.decode_max_batch``): the SLO's batch,
-    the simulator's default for torch, is 0 where the profiled step at 8K context misses the
-    SLO (a slow or loaded machine), and the probes could not be simulated at all."""
-    from prfaas.engine.torch.engine import DEFAULT_MAX_BATCH
-
+    against (``commands.profile_first_token``) shares those cores among them as they did; its
+    decode batch is the torch engine kind's, the engine's own (``ENGINE_DECODE_MAX_BATCH``)."""
     cores = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
     d = {
         "engine": {
@@ -122,7 +118,6 @@ def deployment_text(model_name: str, model_path: Path, profile: Path, threads: i
         },
         "gateway": {"port": 0, "control_port": 0, "request_timeout_s": 600, "cpus": cores},
         "policy": {"router": "local_only", "tune_min_samples": 1_000_000},
-        "simulation": {"decode_max_batch": DEFAULT_MAX_BATCH},
         "sites": [{
             "name": "pd", "kind": "pd", "hardware": str(profile.resolve()),
             "engine": {"cpus": cores},

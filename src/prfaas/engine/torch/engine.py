@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from prfaas.deployment_sections import TORCH_DECODE_MAX_BATCH
 from prfaas.engine.api import (
     Allocation,
     CachedPrefix,
@@ -71,9 +72,10 @@ DEFAULT_PREFILL_CHUNK_TOKENS = 512
 """Longest prefill pass while requests decode on the engine: a decode step of the running batch
 waits at most one such pass. Smaller costs prefill speed (more, shorter passes) for smoother
 streams; None runs a prompt in one pass. With nothing decoding, passes are not cut."""
-DEFAULT_MAX_BATCH = 64
+DEFAULT_MAX_BATCH = TORCH_DECODE_MAX_BATCH
 """Requests one decode step holds; more running ones take turns (round robin). Whatever the
-steps take: this engine admits by its KV budget, not by a decode SLO."""
+steps take: this engine admits by its KV budget, not by a decode SLO. Defined beside the
+simulator's engine kinds (``deployment_sections``), which model this engine with it."""
 _names = itertools.count()
 
 
