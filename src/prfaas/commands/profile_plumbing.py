@@ -35,8 +35,8 @@ computes:
   the engine's work around its passes (its cache and checkpoint copies, the layers handed out)
   and the KV stream's; two classes alone traded the terms off between profiles;
 - ``prefill_in_service_excess``: those passes timed beside the classes over the profile's curve
-  for them, summed over the classes, less 1 (``in_service_excess``): what the two terms above
-  are read beyond, charged nowhere else;
+  for them, summed over the classes, less 1 (``perf.plumbing.in_service_excess``): what the two
+  terms above are read beyond, charged nowhere else;
 - ``decode_per_request_s``: the decode node's
   CPU of the short class less its KV bytes' (it runs no forward pass for a one-token request).
   The simulator charges each on its node;
@@ -168,6 +168,7 @@ def measure(
     from prfaas.config import load_deployment
     from prfaas.perf.plumbing import (
         PlumbingCosts,
+        in_service_excess,
         line_fit,
         split_decode_live,
         split_decode_overhead,
@@ -395,30 +396,6 @@ def measure(
     for name, note in notes.items():
         how[name] += f"; {note}"
     return Measured(costs, tuple(how.items()), probes, d)
-
-
-def in_service_excess(
-    timed_s: dict[int, list[float]], priced_s: Callable[[int], float]
-) -> tuple[float | None, str]:
-    """``prefill_in_service_excess`` and how it was read: the passes timed between the one-token
-    classes' requests (``timed_s[n]``, per prompt length, one at a time on the prefill node's
-    core while the deployment serves) over the profile's price for them (``priced_s``, its
-    curve, timed back to back minutes before), summed over the classes (each class's median;
-    the long class weighs most, as its passes are the least noisy), less 1. None: nothing timed
-    beside the classes (a GPU profile reads its classes against the curve)."""
-    if not timed_s:
-        return None, ""
-    medians = {n: statistics.median(v) for n, v in sorted(timed_s.items())}
-    ratio = sum(medians.values()) / sum(priced_s(n) for n in medians)
-    each = ", ".join(f"{n} tokens {m * 1e3:.4g} vs {priced_s(n) * 1e3:.4g} ms"
-                     for n, m in medians.items())  # fmt: skip
-    return ratio - 1.0, (
-        f"the prefill node's core: passes timed between the one-token classes' requests of a "
-        f"live one-site torch deployment (the median of each class's), over the profile's "
-        f"curve (timed back to back before), summed over the classes: {each}; {ratio:.3f}x. "
-        "On a machine whose speed drifts this is as much the curve's moment as a cost of "
-        "serving: the two are not told apart"
-    )
 
 
 def with_plumbing(pf: Any, args: argparse.Namespace) -> Any:

@@ -14,6 +14,8 @@ Pure: no I/O, no clock; imports nothing from prfaas.
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -277,3 +279,27 @@ def context_cost(overhead_s: dict[tuple[int, int], float]) -> float:
     if den == 0.0:
         raise ValueError("no batch size measured at two contexts")
     return max(0.0, num / den)
+
+
+def in_service_excess(
+    timed_s: dict[int, list[float]], priced_s: Callable[[int], float]
+) -> tuple[float | None, str]:
+    """``prefill_in_service_excess`` and how it was read: the passes timed between the one-token
+    classes' requests (``timed_s[n]``, per prompt length, one at a time on the prefill node's
+    core while the deployment serves) over the profile's price for them (``priced_s``, its
+    curve, timed back to back minutes before), summed over the classes (each class's median;
+    the long class weighs most, as its passes are the least noisy), less 1. None: nothing timed
+    beside the classes (a GPU profile reads its classes against the curve)."""
+    if not timed_s:
+        return None, ""
+    medians = {n: statistics.median(v) for n, v in sorted(timed_s.items())}
+    ratio = sum(medians.values()) / sum(priced_s(n) for n in medians)
+    each = ", ".join(f"{n} tokens {m * 1e3:.4g} vs {priced_s(n) * 1e3:.4g} ms"
+                     for n, m in medians.items())  # fmt: skip
+    return ratio - 1.0, (
+        f"the prefill node's core: passes timed between the one-token classes' requests of a "
+        f"live one-site torch deployment (the median of each class's), over the profile's "
+        f"curve (timed back to back before), summed over the classes: {each}; {ratio:.3f}x. "
+        "On a machine whose speed drifts this is as much the curve's moment as a cost of "
+        "serving: the two are not told apart"
+    )

@@ -528,7 +528,7 @@ def test_a_one_site_file_with_a_profiled_model_is_planned_without_a_preset(tmp_p
 def test_the_in_service_excess_is_the_passes_beside_the_classes_over_the_curve() -> None:
     """``prefill_in_service_excess`` from the passes timed between the classes' requests: each
     class's median, summed, over the curve's price summed, less 1; said per class in ``how``."""
-    from prfaas.commands.profile_plumbing import in_service_excess
+    from prfaas.perf.plumbing import in_service_excess
 
     def curve(n: int) -> float:
         return 0.01 + 1e-4 * n
