@@ -36,7 +36,8 @@ computes:
   and the KV stream's; two classes alone traded the terms off between profiles;
 - ``prefill_in_service_excess``: those passes timed beside the classes over the profile's curve
   for them, summed over the classes, less 1 (``perf.plumbing.in_service_excess``): what the two
-  terms above are read beyond, charged nowhere else;
+  terms above are read beyond, charged nowhere else; stored below 0 too (not floored like the
+  seconds terms: a ratio under 1 is a measurement, the passes ran faster beside the classes);
 - ``decode_per_request_s``: the decode node's
   CPU of the short class less its KV bytes' (it runs no forward pass for a one-token request).
   The simulator charges each on its node;
@@ -339,7 +340,7 @@ def measure(
         per_byte, per_tok, gw_req, gw_tok, per_step, prefill_per_token_s=prefill_tok,
         decode_per_context_token_s=per_ctx_copy,
         gateway_per_step_s=gw_step_or_none or 0.0,
-        prefill_in_service_excess=floor0("prefill_in_service_excess", excess or 0.0),
+        prefill_in_service_excess=excess or 0.0,  # signed: below 0 is a measurement too
         missing=(*missing, *ctx_missing,
                  *(() if gw_step_or_none is not None else ("gateway_per_step_s",)),
                  *(() if excess is not None else ("prefill_in_service_excess",))),

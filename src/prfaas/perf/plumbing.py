@@ -38,6 +38,10 @@ PLUMBING_TERMS = (
 )
 RATIO_TERMS = ("shared_core_overhead", "prefill_in_service_excess")
 """The terms that are fractions of other work, not seconds."""
+SIGNED_TERMS = ("prefill_in_service_excess",)
+"""The terms that may be below 0, down to (not including) -1: a ratio of two timings of the same
+work less 1, below 0 where the work ran faster in service than at the profile's curve (the price
+stays ``1 + excess`` times the curve, above 0). Every other term is a cost: >= 0."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,10 +116,12 @@ class PlumbingCosts:
     prices them, as a fraction of the curve (0.4: 40% more): the passes timed on the node's
     core between the live deployment's requests, one at a time as a serving node runs them,
     against the curve's passes timed back to back (``commands.profile_plumbing``; on the slower
-    machine of 2026-12-06 1.2-1.4x, 1.9x at 64 tokens). ``prefill_per_request_s`` and
-    ``prefill_per_token_s`` are read beyond those in-service passes, so without this the
-    difference is charged nowhere. Charged on the prefill node with them, on the passes' seconds
-    (``prefill_overhead_s``). Not seconds: a ratio, like ``shared_core_overhead``."""
+    machine of 2026-12-06 1.2-1.4x, 1.9x at 64 tokens; 0.91-0.93x on 2026-12-07).
+    ``prefill_per_request_s`` and ``prefill_per_token_s`` are read beyond those in-service
+    passes, so without this the difference is charged nowhere. Charged on the prefill node with
+    them, on the passes' seconds (``prefill_overhead_s``). Not seconds: a ratio, like
+    ``shared_core_overhead``; unlike it, below 0 where the passes ran faster in service than at
+    the curve (``SIGNED_TERMS``: above -1)."""
     missing: tuple[str, ...] = PLUMBING_TERMS
     """The terms the profile did not measure (each 0.0 here)."""
     approximated: tuple[str, ...] = ()
@@ -125,7 +131,10 @@ class PlumbingCosts:
     def __post_init__(self) -> None:
         for name in PLUMBING_TERMS:
             value = getattr(self, name)
-            if not value >= 0.0:
+            if name in SIGNED_TERMS:
+                if not -1.0 < value < float("inf"):
+                    raise ValueError(f"plumbing term {name} must be above -1, got {value!r}")
+            elif not value >= 0.0:
                 raise ValueError(f"plumbing cost {name} must be >= 0, got {value!r}")
         for field in ("missing", "approximated"):
             unknown = set(getattr(self, field)) - set(PLUMBING_TERMS)
@@ -135,7 +144,8 @@ class PlumbingCosts:
     def prefill_overhead_s(self, num_new_tokens: int, passes_s: float) -> float:
         """The prefill node's CPU beyond the profile's price of one prefill of
         ``num_new_tokens`` uncached tokens whose forward passes the curve prices at
-        ``passes_s``: its per-request and per-token terms and the passes' in-service excess."""
+        ``passes_s``: its per-request and per-token terms and the passes' in-service excess.
+        Below 0 where that excess is (a refund on the curve), never below ``-passes_s``."""
         return (self.prefill_per_request_s + self.prefill_per_token_s * num_new_tokens
                 + self.prefill_in_service_excess * passes_s)  # fmt: skip
 

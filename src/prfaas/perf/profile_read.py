@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from prfaas.perf.plumbing import LEGACY_TERMS, PLUMBING_TERMS, PlumbingCosts
+from prfaas.perf.plumbing import LEGACY_TERMS, PLUMBING_TERMS, SIGNED_TERMS, PlumbingCosts
 from prfaas.perf.profile_file import (
     DECODE_MODELS,
     PREFILL_CURVES,
@@ -63,11 +63,18 @@ class _Reader:
             raise self._fail(key, f"must be {names}, got {value!r}")
         return value
 
-    def number(self, key: str, required: bool = True, positive: bool = True) -> float | None:
+    def number(
+        self, key: str, required: bool = True, positive: bool = True, above: float | None = None
+    ) -> float | None:
+        """``key``'s number: positive, else (``positive=False``) non-negative, else (``above``)
+        greater than ``above``; finite always."""
         value = self.get(key, (int, float), required)
         if value is None:
             return None
-        if not math.isfinite(value) or (value <= 0 if positive else value < 0):
+        if above is not None:
+            if not math.isfinite(value) or value <= above:
+                raise self._fail(key, f"must be a finite number above {above:g}, got {value!r}")
+        elif not math.isfinite(value) or (value <= 0 if positive else value < 0):
             raise self._fail(key, f"must be a {'positive' if positive else 'non-negative'} "
                              f"finite number, got {value!r}")  # fmt: skip
         return float(value)
@@ -227,7 +234,8 @@ def profile_file_from_dict(data: Any, origin: str) -> ProfileFile:
 
 def _read_plumbing(r: _Reader | None) -> tuple[PlumbingCosts, tuple[tuple[str, str], ...]]:
     """The ``plumbing`` section: each term a non-negative number of seconds (per request, per
-    KV byte or per output token); a term left out (or the whole section) is missing. An older
+    KV byte or per output token) or a ratio (``RATIO_TERMS``; a ``SIGNED_TERMS`` one above -1);
+    a term left out (or the whole section) is missing. An older
     profile's term (``LEGACY_TERMS``) gives the terms that replaced it its value, unless the
     file has them too; they are ``approximated``."""
     if r is None:
@@ -236,7 +244,9 @@ def _read_plumbing(r: _Reader | None) -> tuple[PlumbingCosts, tuple[tuple[str, s
     if unknown:
         raise ProfileFileError(f"{r.where}{unknown[0]}: unknown plumbing term (known: "
                                f"{', '.join(PLUMBING_TERMS)})")  # fmt: skip
-    values = {n: r.number(n, required=False, positive=False) for n in PLUMBING_TERMS}
+    values = {n: r.number(n, required=False, positive=False,
+                          above=-1.0 if n in SIGNED_TERMS else None)
+              for n in PLUMBING_TERMS}  # fmt: skip
     measured = {n: v for n, v in values.items() if v is not None}
     approximated: list[str] = []
     for old, new in LEGACY_TERMS.items():

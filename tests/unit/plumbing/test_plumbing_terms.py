@@ -158,17 +158,31 @@ def test_a_bad_plumbing_term_is_named(tmp_path: Path) -> None:
     bad.write_text(yaml.safe_dump(data))
     with pytest.raises(ProfileFileError, match=r"plumbing\.decode_per_kv_byte_s: must be a non"):
         load_profile_file(bad)
+    # The one signed term: a ratio less 1, below 0 where the passes ran faster in service than
+    # at the curve, but never -1 or below (the passes would cost nothing).
+    data["plumbing"] = {"prefill_in_service_excess": -0.08}
+    bad.write_text(yaml.safe_dump(data))
+    assert load_profile_file(bad).plumbing.prefill_in_service_excess == -0.08
+    data["plumbing"] = {"prefill_in_service_excess": -1}
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(ProfileFileError, match=r"in_service_excess: must be a finite number above"):
+        load_profile_file(bad)
+    with pytest.raises(ValueError, match="shared_core_overhead must be >= 0"):
+        PlumbingCosts(shared_core_overhead=-0.1)  # the other ratio is a cost
 
 
 PROMPT, OUTPUT = 1000, 20
 
 
 def _isolated(
-    tmp_path: Path, off: tuple[str, ...], one_engine: bool = False
+    tmp_path: Path,
+    off: tuple[str, ...],
+    one_engine: bool = False,
+    plumbing: PlumbingCosts = PLUMBING,
 ) -> tuple[float, float]:
     """TTFT and decode span of one request on an idle PD site (the first of two far apart);
     ``one_engine``: the site's prefill and decode node are one engine (a vLLM server)."""
-    path = _write(tmp_path, _profile(), "charged.yaml")
+    path = _write(tmp_path, _profile(plumbing), "charged.yaml")
     site = SimSite("pd", "pd", str(path), 1, 1, local_kv_in_place=one_engine)
     sc = SimScenario(
         sites=(site,), model="tiny", policy="local_only", prefix_cache=False, duration_s=1e6,
@@ -232,6 +246,17 @@ def test_each_term_is_charged_where_it_is_paid_and_switched_off(tmp_path: Path) 
             assert (ttft_off, decode_off) == pytest.approx((ttft, decode))
         else:
             assert ttft_off < ttft - 1e-6 and decode_off == pytest.approx(decode)
+
+
+def test_passes_faster_in_service_than_at_the_curve_are_refunded(tmp_path: Path) -> None:
+    """A negative ``prefill_in_service_excess`` (the classes' passes ran faster than the curve)
+    prices the prefill's passes below the curve, by that fraction of them."""
+    faster = replace(PLUMBING, prefill_in_service_excess=-0.2)
+    ttft, decode = _isolated(tmp_path, (), plumbing=faster)
+    ttft_off, decode_off = _isolated(tmp_path, ("prefill_in_service_excess",), plumbing=faster)
+    passes_s = 0.01 + 1e-5 * PROMPT
+    assert ttft - ttft_off == pytest.approx(-0.2 * passes_s, rel=1e-6)
+    assert decode == pytest.approx(decode_off)
 
 
 def test_one_engines_local_prefill_installs_nothing(tmp_path: Path) -> None:
@@ -541,4 +566,4 @@ def test_the_in_service_excess_is_the_passes_beside_the_classes_over_the_curve()
     assert excess > 0.36  # the classes' passes ran slower than the curve: charged, not lost
     assert in_service_excess({}, curve) == (None, "")  # nothing timed beside (a GPU): missing
     faster, _ = in_service_excess({1024: [0.09]}, curve)
-    assert faster < 0  # the caller stores it as 0 and says so (its floor0), like the others
+    assert faster == pytest.approx(0.09 / 0.1124 - 1)  # below 0: stored as measured (signed)
