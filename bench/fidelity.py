@@ -1210,6 +1210,8 @@ def resimulate(saved: dict[str, Any]) -> dict[str, Any]:
             ]  # fmt: skip
             pt["variants"] = {}
             simulate_load_point(pt, deployment, pts, live)
+            if "sim_work_s" in pt:
+                pt["sim_work_s"] = sim_work_s(deployment, pts)
     return saved
 
 
@@ -1272,8 +1274,16 @@ def score_seed(
     for load in s.loads:
         rate = load * cap
         pts = at_rate(specs, rate)
-        live_runs = [live(rate, f"{load:.0%} repeat {k + 1}") for k in range(args.live_repeats)]
-        row["loads"][f"{load:.0%}"] = load_point(deployment, pts, rate, live_runs)
+        live_runs, live_cpu = [], []
+        for k in range(args.live_repeats):
+            live_runs.append(live(rate, f"{load:.0%} repeat {k + 1}"))
+            live_cpu.append(dict(LAST_LIVE_CPU_S))
+        row["loads"][f"{load:.0%}"] = pt = load_point(deployment, pts, rate, live_runs)
+        # Each repeat's CPU beside the simulator's work for the same paced requests: the
+        # repeats' spread is the machine's speed from one run to the next, the gap to the
+        # simulated work what the profile's moment misprices (a diagnostic, not scored).
+        pt["live_cpu_s"] = live_cpu
+        pt["sim_work_s"] = sim_work_s(deployment, pts)
     return row
 
 
@@ -1325,7 +1335,8 @@ def render_scored(rows: Sequence[dict[str, Any]]) -> str:
             f"seed {r['seed']}: capacity {r['capacity']['live_rps']:.2f} rps{_searches(r)}, burst "
             f"{r['burst']['live_rps']:.2f} rps" for r in mine), ""]  # fmt: skip
         lines += [*_verdicts(mine), ""]
-        lines += [_burst_work(r) for r in mine if "sim_work_s" in r["burst"]] + [""]
+        lines += [_burst_work(r) for r in mine if "sim_work_s" in r["burst"]]
+        lines += [line for r in mine for line in _load_work(r)] + [""]
         routes = [r["loads"][k]["variants"]["all terms"]["route_agreement"] for r in mine
                   for k in loads]  # fmt: skip
         lines += ["By construction (not scored): routes agree "
@@ -1348,6 +1359,23 @@ def _burst_work(row: dict[str, Any]) -> str:
     gateway = f"; gateway {live['gateway']:.2f} CPU s" if "gateway" in live else ""
     return (f"- seed {row['seed']} burst work, live CPU s / simulated s: " + ", ".join(parts)
             + gateway)  # fmt: skip
+
+
+def _load_work(row: dict[str, Any]) -> list[str]:
+    """One seed's load points: each node's live CPU over the simulator's work for the same
+    paced requests, per live repeat (runs from before 2026-12-07 did not record it)."""
+    out = []
+    for load, pt in row["loads"].items():
+        if "sim_work_s" not in pt:
+            continue
+        sim = pt["sim_work_s"]
+        parts = [
+            f"{n} " + ", ".join(f"{cpu.get(n, 0.0) / sim[n]:.2f}" for cpu in pt["live_cpu_s"])
+            for n in sim if sim[n] > 0
+        ]  # fmt: skip
+        out.append(f"- seed {row['seed']} {load}: live CPU / simulated work, each repeat: "
+                   + "; ".join(parts))  # fmt: skip
+    return out
 
 
 def _mw(values: Sequence[float | None], err: bool = False) -> str:

@@ -199,6 +199,10 @@ def test_tiny_run_end_to_end(tmp_path: Path) -> None:
     n = report["requests"]
     assert point["live"]["completed"] == n
     assert point["variants"]["all terms"]["route_agreement"]["compared"] == n
+    # each live repeat's CPU beside the simulated work of the same paced requests, per node
+    assert len(point["live_cpu_s"]) == report["live_repeats"]
+    assert set(point["sim_work_s"]) == {"pf0", "p0", "d0"} <= set(point["live_cpu_s"][0])
+    assert "live CPU / simulated work, each repeat: " in stdout
     deployment = Path(report["deployment"])
     from prfaas.config import load_deployment
     from prfaas.perf.profile_costs import cost_model_for_hardware
