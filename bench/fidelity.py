@@ -532,11 +532,29 @@ def sim_work_s(deployment: Path, specs: Sequence[Any]) -> dict[str, float]:
     sim = Simulator(sc, iter(specs))
     sim.run()
     by_sim = {str(n.node_id): n.busy_s for n in sim.world.nodes}
+    return {
+        name: sum(by_sim.get(n, 0.0) for n in ids) for name, ids in _sim_nodes(deployment).items()
+    }
+
+
+def _sim_nodes(deployment: Path) -> dict[str, tuple[str, ...]]:
+    """Each live process's nodes in the simulator."""
     if _is_vllm(deployment):
-        nodes = _vllm().SIM_NODES
-    else:
-        nodes = {name: (SIM_NODE[name],) for name in NODES}
-    return {name: sum(by_sim.get(n, 0.0) for n in ids) for name, ids in nodes.items()}
+        return dict(_vllm().SIM_NODES)
+    return {name: (SIM_NODE[name],) for name in NODES}
+
+
+def prefill_work_s(deployment: Path, specs: Sequence[Any]) -> dict[str, float]:
+    """``sim_work_s`` of the processes that only prefill: their work is the same whatever the
+    pacing (one prompt at a time), where a decode node's depends on how its batches form, which
+    on a core of its own (``sim_work_s``) is not how they form on the shared core."""
+    # The simulator names a site's nodes by role: "pd/p0" prefills, "pd/d0" decodes.
+    prefill_only = {
+        name
+        for name, ids in _sim_nodes(deployment).items()
+        if all(i.split("/")[1].startswith("p") for i in ids)
+    }
+    return {n: v for n, v in sim_work_s(deployment, specs).items() if n in prefill_only}
 
 
 @functools.lru_cache(maxsize=8)
@@ -1211,7 +1229,7 @@ def resimulate(saved: dict[str, Any]) -> dict[str, Any]:
             pt["variants"] = {}
             simulate_load_point(pt, deployment, pts, live)
             if "sim_work_s" in pt:
-                pt["sim_work_s"] = sim_work_s(deployment, pts)
+                pt["sim_work_s"] = prefill_work_s(deployment, pts)
     return saved
 
 
@@ -1279,11 +1297,12 @@ def score_seed(
             live_runs.append(live(rate, f"{load:.0%} repeat {k + 1}"))
             live_cpu.append(dict(LAST_LIVE_CPU_S))
         row["loads"][f"{load:.0%}"] = pt = load_point(deployment, pts, rate, live_runs)
-        # Each repeat's CPU beside the simulator's work for the same paced requests: the
-        # repeats' spread is the machine's speed from one run to the next, the gap to the
-        # simulated work what the profile's moment misprices (a diagnostic, not scored).
+        # Each repeat's CPU beside the simulator's work for the same paced requests, on the
+        # prefill-only processes: the repeats' spread is the machine's speed from one run to
+        # the next, the gap to the simulated work what the profile's moment misprices (a
+        # diagnostic read from the run it describes: not scored, never fed back).
         pt["live_cpu_s"] = live_cpu
-        pt["sim_work_s"] = sim_work_s(deployment, pts)
+        pt["sim_work_s"] = prefill_work_s(deployment, pts)
     return row
 
 
@@ -1362,8 +1381,9 @@ def _burst_work(row: dict[str, Any]) -> str:
 
 
 def _load_work(row: dict[str, Any]) -> list[str]:
-    """One seed's load points: each node's live CPU over the simulator's work for the same
-    paced requests, per live repeat (runs from before 2026-12-07 did not record it)."""
+    """One seed's load points: each prefill-only process's live CPU over the simulator's work
+    for the same paced requests, per live repeat (``prefill_work_s``; runs from before
+    2026-12-07 did not record it)."""
     out = []
     for load, pt in row["loads"].items():
         if "sim_work_s" not in pt:

@@ -199,9 +199,10 @@ def test_tiny_run_end_to_end(tmp_path: Path) -> None:
     n = report["requests"]
     assert point["live"]["completed"] == n
     assert point["variants"]["all terms"]["route_agreement"]["compared"] == n
-    # each live repeat's CPU beside the simulated work of the same paced requests, per node
+    # each live repeat's CPU beside the simulated work of the same paced requests, for the
+    # prefill-only processes (a decode node's work depends on its batches, not compared)
     assert len(point["live_cpu_s"]) == report["live_repeats"]
-    assert set(point["sim_work_s"]) == {"pf0", "p0", "d0"} <= set(point["live_cpu_s"][0])
+    assert set(point["sim_work_s"]) == {"pf0", "p0"} < set(point["live_cpu_s"][0])
     assert "live CPU / simulated work, each repeat: " in stdout
     deployment = Path(report["deployment"])
     from prfaas.config import load_deployment
