@@ -178,9 +178,18 @@ def fit_decode(points: Sequence[DecodePoint]) -> DecodeFit:
     scale = 1.0 / y
     coef, _ = nnls(rows * scale[:, None], y * scale)
     base, per_request, per_token = (float(c) for c in coef)
+    note = f"least-squares fit over {len(points)} points"
+    if base + per_request <= 0:
+        # Few or noisy points (a --quick grid on a loaded core: CI, 2026-12-07) can be fitted by
+        # the context term alone, a step with no fixed cost: wrong for any engine, and the
+        # cost model's closed forms need a one-request step above 0. Fit without that term.
+        coef, _ = nnls(rows[:, :2] * scale[:, None], y * scale)
+        base, per_request, per_token = float(coef[0]), float(coef[1]), 0.0
+        note += (" without the context term (with it the fit gave a one-request step no fixed "
+                 "cost: too few or too noisy points)")  # fmt: skip
     if base + per_request <= 0:
         raise ProfileFileError("decode.points: the fitted step time of one request is 0")
-    return DecodeFit(base, per_request, per_token, f"least-squares fit over {len(points)} points")
+    return DecodeFit(base, per_request, per_token, note)
 
 
 def decode_model(section: DecodeSection) -> DecodeProfile | DecodeFit:
