@@ -61,7 +61,11 @@ def test_tbf_lowered_underneath_is_measured_and_the_tuner_follows(tmp_path: Any)
         pytest.skip(reason)
     rng = random.Random(11)
     # One mix for every measured wave (its own prompts each time: no prefix reuse), so the
-    # offloaded shares compare t's, not draws; two long prompts first: they offload under any t.
+    # offloaded shares compare t's, not draws; two long prompts first: they offload under any t
+    # below the window's longest. A t at or above it keeps every request off the link; then the
+    # senders' estimate, with nothing crossing, steps up every 10 s of quiet (core.link_estimate)
+    # until t lets some through again (without that step a host loaded enough to under-read the
+    # degraded link left t at 120,000 and the link unused for good: fresh-clone CI, 2026-12-07).
     mix = [120_000, 110_000]
     mix += [int(min(100_000, rng.lognormvariate(9.9, 1.0))) + 200 for _ in range(38)]
     half = len(mix) // 2

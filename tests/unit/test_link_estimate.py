@@ -86,6 +86,33 @@ def test_idle_holds_the_estimate_and_light_load_does_not_lower_it() -> None:
     assert caps[-1] == pytest.approx(500, rel=0.02)
 
 
+def test_a_link_that_carries_nothing_is_probed_up_toward_the_configured_rate() -> None:
+    """A measured estimate below the configured rate on a link that carries nothing (the tuner's
+    threshold, set by that low estimate, keeps every request off it) steps up by ``probe_gain``
+    each ``probe_after_s`` of quiet, to the configured rate at most; the first link-limited span
+    after a step measures the link again; traffic below the estimate holds it (no step)."""
+    cfg = EstimatorConfig(window_s=1.0, probe_after_s=5.0, probe_gain=2.0)
+    est = CapacityEstimator(1000.0, cfg)
+    # 1 s offered at 300 B/s to a 100 B/s link (its 200 B queue drains by 3 s), then 22 s of
+    # nothing crossing (0.1 s observations).
+    caps = _run(est, [(30.0, 100.0)] * 10 + [(0.0, 100.0)] * 240)
+    assert caps[9] == pytest.approx(100, rel=0.02)
+    assert caps[75] == pytest.approx(100, rel=0.02)  # under 5 s of quiet: held
+    assert caps[85] == pytest.approx(200, rel=0.02)  # one step (at 8 s)
+    assert caps[135] == pytest.approx(400, rel=0.02)  # the next, 5 s later
+    assert caps[-1] == pytest.approx(1000)  # 800, then capped at the configured rate
+    # The link is still at 100 B/s: the load that the stepped-up estimate lets through queues
+    # and the first link-limited spans past the window read 100 again.
+    est = CapacityEstimator(1000.0, cfg)
+    caps = _run(est, [(30.0, 100.0)] * 10 + [(0.0, 100.0)] * 80 + [(30.0, 100.0)] * 20)
+    assert caps[85] == pytest.approx(200, rel=0.02)
+    assert caps[-1] == pytest.approx(100, rel=0.02)
+    # Light traffic that crosses (below the estimate) is no quiet: held, never stepped.
+    est = CapacityEstimator(1000.0, cfg)
+    caps = _run(est, [(30.0, 100.0)] * 10 + [(2.0, 100.0)] * 200)
+    assert caps[-1] == pytest.approx(100, rel=0.02)
+
+
 def test_links_appearing_and_replaced_count_only_their_known_bytes() -> None:
     est = CapacityEstimator(10.0, EstimatorConfig(window_s=10.0))
     est.observe(0.0, {"a": LinkReading(1000, 50)})
@@ -112,7 +139,14 @@ def test_configured_rate_change_stands_until_measured_only() -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"window_s": 0}, {"busy_queue_bytes": 0}, {"min_interval_s": 0}]
+    "kwargs",
+    [
+        {"window_s": 0},
+        {"busy_queue_bytes": 0},
+        {"min_interval_s": 0},
+        {"probe_after_s": 2.0},
+        {"probe_gain": 1.0},
+    ],
 )
 def test_bad_config(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError, match=next(iter(kwargs))):

@@ -10,6 +10,7 @@ writes a shipped profile. Every point is a median over ``--repeats`` with its sp
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 from pathlib import Path
 from typing import Any
@@ -270,6 +271,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         _check_grid(args)
         pf = _measure(args)
+        for warning in _falling_prefill(pf):
+            print(f"warning: {warning}")
     if args.engine == "torch" and not args.no_plumbing:
         from prfaas.commands.profile_plumbing import with_plumbing
 
@@ -296,6 +299,22 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {p.new_tokens} new after {p.cached_tokens} cached: measured "
                   f"{p.median_s * 1e3:.2f} ms, cost model {model_s * 1e3:.2f} ms")  # fmt: skip
     return 0
+
+
+def _falling_prefill(pf: Any) -> list[str]:
+    """Where an uncached prompt timed faster than a shorter one: a prefill costs more the more
+    tokens it has, so the core was busy (noise), and the curve extended past its points carries
+    the error to every length beyond them (it priced a 4,096-token prompt below 0 s once, in
+    fresh-clone CI: a --quick profile on a loaded core)."""
+    if pf.prefill is None:
+        return []
+    points = sorted((p.new_tokens, p.median_s) for p in pf.prefill.points if not p.cached_tokens)
+    return [
+        f"prefill of {n1} tokens timed {s1 * 1e3:.3g} ms, of {n0} tokens {s0 * 1e3:.3g} ms: the "
+        "core was likely busy; profile again on a quiet core"
+        for (n0, s0), (n1, s1) in itertools.pairwise(points)
+        if s1 < s0
+    ]
 
 
 def _measure(args: argparse.Namespace) -> Any:

@@ -382,7 +382,7 @@ def measure(
     }
     if gw_step_or_none is not None:
         how["gateway_per_step_s"] = f"{common}; gateway{gw_how}"
-    if excess is not None:
+    if excess_how:  # measured, or why not
         how["prefill_in_service_excess"] = excess_how
     if engine_overhead_s is not None:
         how["decode_per_step_s"] = (

@@ -32,7 +32,14 @@ the max is the tightest lower bound the window holds). Only link-limited spans l
 estimate; an app-limited span says only that the link carried at least that much, so it enters
 the filter only when it is above the estimate (the link proved faster than believed, e.g. after
 it recovered while the queue stayed empty). With nothing in the window the last estimate is held:
-an idle link is not assumed to have changed.
+an idle link is not assumed to have changed, with one exception. A measured estimate below the
+configured rate on a link that has carried nothing for ``probe_after_s`` steps up by
+``probe_gain`` (at most to the configured rate), and again after each further such stretch: with
+nothing crossing, nothing can show the link recovered, and the threshold tuned to the low estimate
+may be what keeps every request off it (fresh-clone CI, 2026-12-07: the tbf rate lowered and
+restored, the tuner's ``t`` above every prompt in the window, the estimate stuck at a quarter of
+the lowered rate for two waves). A step that overshoots costs little: the requests it lets
+through queue on the link and the first link-limited span measures it again.
 Until the first sample enters the filter the estimate is the ``configured`` rate (basis
 ``"configured"``); from then on it is ``"measured"``.
 
@@ -106,6 +113,12 @@ class EstimatorConfig:
     busy_fraction: float = 0.9
     """Share of a span the link must have held the sender back for it to be link-limited: not 1,
     as a paced sender's debt clears for an instant whenever its writers catch up."""
+    probe_after_s: float = 10.0
+    """How long a link whose measured estimate is below the configured rate may carry nothing
+    before the estimate steps up (and between steps): at least ``window_s``, so the filter has
+    emptied and only the quiet is left to go on."""
+    probe_gain: float = 2.0
+    """Each step multiplies the estimate by this (capped at the configured rate)."""
 
     def __post_init__(self) -> None:
         if not self.window_s > 0:
@@ -116,6 +129,12 @@ class EstimatorConfig:
             raise ValueError(f"min_interval_s must be > 0, got {self.min_interval_s}")
         if not 0 < self.busy_fraction <= 1:
             raise ValueError(f"busy_fraction must be in (0, 1], got {self.busy_fraction}")
+        if not self.probe_after_s >= self.window_s:
+            raise ValueError(
+                f"probe_after_s must be >= window_s ({self.window_s}), got {self.probe_after_s}"
+            )
+        if not self.probe_gain > 1:
+            raise ValueError(f"probe_gain must be > 1, got {self.probe_gain}")
 
 
 class CapacityEstimator:
@@ -133,6 +152,8 @@ class CapacityEstimator:
         self._history: deque[tuple[float, dict[Hashable, LinkReading], int]] = deque()
         self._samples: deque[tuple[float, float]] = deque()  # (at_s, goodput), goodput descending
         self._measured: float | None = None
+        self._carried_s: float | None = None
+        """The latest span that carried bytes, or the latest probe step (the quiet since)."""
         self.latest = CapacityEstimate(configured_bytes_per_s, "configured")
 
     def set_configured(self, configured_bytes_per_s: float) -> None:
@@ -179,6 +200,10 @@ class CapacityEstimator:
             self._expire(now_s)
             if busy or goodput > self._current():
                 self._push(now_s, goodput)
+            if acked > 0:
+                self._carried_s = now_s
+        if self._carried_s is None:
+            self._carried_s = now_s  # the first call: the quiet is counted from here
         net_queue = sum(
             max(0, r.queue_bytes if r.network_queue_bytes is None else r.network_queue_bytes)
             for r in readings.values()
@@ -186,6 +211,7 @@ class CapacityEstimator:
         hist.append((now_s, dict(readings), net_queue))
         if self._samples:
             self._measured = self._samples[0][1]
+        self._probe(now_s)
         measured = self._measured
         self.latest = CapacityEstimate(
             capacity_bytes_per_s=measured if measured is not None else self.configured_bytes_per_s,
@@ -202,6 +228,20 @@ class CapacityEstimator:
 
     def _current(self) -> float:
         return self._measured if self._measured is not None else self.configured_bytes_per_s
+
+    def _probe(self, now_s: float) -> None:
+        """Step a measured estimate up after ``probe_after_s`` with nothing carried (see the
+        module's docstring)."""
+        cfg, measured, quiet_since = self.config, self._measured, self._carried_s
+        if measured is None or quiet_since is None or measured >= self.configured_bytes_per_s:
+            return
+        if now_s - quiet_since < cfg.probe_after_s:
+            return
+        self._expire(now_s)
+        if self._samples:  # only when the filter holds nothing: a sample there is evidence
+            return
+        self._measured = min(self.configured_bytes_per_s, measured * cfg.probe_gain)
+        self._carried_s = now_s
 
     def _expire(self, now_s: float) -> None:
         horizon = now_s - self.config.window_s

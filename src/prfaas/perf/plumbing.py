@@ -299,10 +299,21 @@ def in_service_excess(
     core while the deployment serves) over the profile's price for them (``priced_s``, its
     curve, timed back to back minutes before), summed over the classes (each class's median;
     the long class weighs most, as its passes are the least noisy), less 1. None: nothing timed
-    beside the classes (a GPU profile reads its classes against the curve)."""
+    beside the classes (a GPU profile reads its classes against the curve), or no price to
+    read them against: the curve prices a class at 0 s or less (a noisy profile's end segment
+    extended past its points), said in the how."""
     if not timed_s:
         return None, ""
     medians = {n: statistics.median(v) for n, v in sorted(timed_s.items())}
+    unpriced = {n: priced_s(n) for n in medians if priced_s(n) <= 0.0}
+    if unpriced:
+        # A ratio over such a price is no measurement (fresh-clone CI read -38 from a --quick
+        # profile on a loaded core): missing, charged as 0.
+        return None, (
+            "not measured: the profile's curve prices "
+            + ", ".join(f"{n} tokens at {s * 1e3:.4g} ms" for n, s in unpriced.items())
+            + " (at or below 0: noise extended past its points); profile again on a quiet core"
+        )
     ratio = sum(medians.values()) / sum(priced_s(n) for n in medians)
     each = ", ".join(f"{n} tokens {m * 1e3:.4g} vs {priced_s(n) * 1e3:.4g} ms"
                      for n, m in medians.items())  # fmt: skip

@@ -159,3 +159,23 @@ def test_unreadable_and_not_yaml(tmp_path: Path) -> None:
     bad.write_text("- 1\n- 2\n", encoding="utf-8")
     with pytest.raises(ProfileFileError, match="not a profile file"):
         load_profile_file(bad)
+
+
+def test_profile_warns_where_a_longer_prompt_timed_faster() -> None:
+    """``prfaas profile`` names each pair of uncached lengths where the longer one timed faster
+    (a busy core: the curve extended past its points would carry it to every longer prompt);
+    cached points and rising pairs are not named."""
+    from types import SimpleNamespace
+
+    from prfaas.commands.profile import _falling_prefill
+
+    def point(new: int, cached: int, s: float) -> SimpleNamespace:
+        return SimpleNamespace(new_tokens=new, cached_tokens=cached, median_s=s)
+
+    pf = SimpleNamespace(prefill=SimpleNamespace(points=(
+        point(128, 0, 0.020), point(1024, 0, 0.010), point(2048, 0, 0.030),
+        point(64, 512, 0.001),
+    )))  # fmt: skip
+    (warning,) = _falling_prefill(pf)
+    assert warning.startswith("prefill of 1024 tokens timed 10 ms, of 128 tokens 20 ms")
+    assert _falling_prefill(SimpleNamespace(prefill=None)) == []

@@ -567,3 +567,20 @@ def test_the_in_service_excess_is_the_passes_beside_the_classes_over_the_curve()
     assert in_service_excess({}, curve) == (None, "")  # nothing timed beside (a GPU): missing
     faster, _ = in_service_excess({1024: [0.09]}, curve)
     assert faster == pytest.approx(0.09 / 0.1124 - 1)  # below 0: stored as measured (signed)
+
+
+def test_no_excess_is_read_against_a_curve_priced_at_or_below_zero() -> None:
+    """A noisy profile's curve (a long length timed faster than a short one, its end segment
+    extended past its points) can price a class at 0 s or less: the ratio over it is no
+    measurement (fresh-clone CI read -38 and the profile command died on a traceback). The term
+    is left missing and the how says which class had no price."""
+    from prfaas.perf.plumbing import in_service_excess
+
+    def falling(n: int) -> float:  # 20 ms at 128 tokens, 10 at 1,024: negative by 4,096
+        return 0.02 - (0.01 / 896) * (n - 128)
+
+    timed = {64: [0.010], 1024: [0.015], 4096: [0.060]}
+    excess, how = in_service_excess(timed, falling)
+    assert excess is None
+    assert how.startswith("not measured") and "4096 tokens at -24.29 ms" in how
+    assert "64 tokens" not in how  # the classes the curve did price are not named
