@@ -13,7 +13,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from prfaas.errors import UsageError
+from prfaas.errors import MeasurementError, UsageError
 
 # Subcommand modules, in the order `prfaas --help` lists them. Add one line per new command.
 COMMANDS: tuple[str, ...] = (
@@ -58,6 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"prfaas {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except MeasurementError as exc:
+        print(f"prfaas {args.command}: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"prfaas {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -17,7 +17,7 @@ from typing import Any
 
 from prfaas.commands.profile_passes import PassTimer
 from prfaas.commands.profile_points import PointProgress, median_spread
-from prfaas.errors import UsageError
+from prfaas.errors import MeasurementError, UsageError
 
 
 def register(subparsers: Any) -> None:
@@ -264,19 +264,28 @@ def run(args: argparse.Namespace) -> int:
         args.output.write_text(text, encoding="utf-8")
         print(f"wrote the shipped profile {args.preset} to {args.output}")
         return 0
-    if args.plumbing_of is not None:
-        from prfaas.commands.profile_deployment import run_plumbing_of
-
-        pf = run_plumbing_of(args)
-    else:
+    if args.plumbing_of is None:
         _check_grid(args)
-        pf = _measure(args)
-        for warning in _falling_prefill(pf):
-            print(f"warning: {warning}")
-    if args.engine == "torch" and not args.no_plumbing:
-        from prfaas.commands.profile_plumbing import with_plumbing
+    try:
+        if args.plumbing_of is not None:
+            from prfaas.commands.profile_deployment import run_plumbing_of
 
-        pf = with_plumbing(pf, args)
+            pf = run_plumbing_of(args)
+        else:
+            pf = _measure(args)
+            for warning in _falling_prefill(pf):
+                print(f"warning: {warning}")
+        if args.engine == "torch" and not args.no_plumbing:
+            from prfaas.commands.profile_plumbing import with_plumbing
+
+            pf = with_plumbing(pf, args)
+    except ProfileFileError as exc:
+        # What was measured does not make a profile (its fits refuse it): on this machine, a
+        # busy core's noise (a --quick profile in fresh-clone CI).
+        raise MeasurementError(
+            f"the measured profile is not usable: {exc}; nothing written to {args.output}: "
+            "profile again on a quiet core (or with more --repeats)"
+        ) from None
     dump_profile_file(pf, args.output)
     if pf.prefill is not None and pf.decode is not None:
         print(f"wrote {args.output}: {len(pf.prefill.points)} prefill and "

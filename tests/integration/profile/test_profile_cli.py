@@ -304,3 +304,26 @@ def _my_sharing_children() -> list[str]:
         if ppid == os.getpid() and b"prfaas.commands.profile_sharing" in cmdline:
             found.append(proc.name)
     return found
+
+
+@pytest.mark.timeout(60)
+def test_a_measurement_its_fits_refuse_is_one_line_exit_1_and_nothing_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Measured points the profile's fits refuse (fresh-clone CI: a --quick profile on a loaded
+    core whose decode fit had no fixed cost) end ``prfaas profile`` in one line and exit 1, not a
+    traceback, and leave no file behind."""
+    from prfaas.commands import profile
+    from prfaas.perf.profile_file import ProfileFileError
+
+    def refused(args: Any) -> Any:
+        raise ProfileFileError("decode.points: the fitted step time of one request is 0")
+
+    monkeypatch.setattr(profile, "_measure", refused)
+    out = tmp_path / "x.yaml"
+    assert main(["profile", "--endpoint", "http://127.0.0.1:9", "--model", "m", "-o", str(out),
+                 *SMALL_GRID]) == 1  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("prfaas profile: error: the measured profile is not usable: decode.")
+    assert "Traceback" not in err and len(err.splitlines()) == 1
+    assert not out.exists()
