@@ -515,11 +515,13 @@ def _scenario(deployment: Path, mtime_ns: int) -> Any:
     return scenarios.sim_scenario(load_deployment(deployment))
 
 
-def sim_work_s(deployment: Path, specs: Sequence[Any]) -> dict[str, float]:
-    """Seconds of work the simulator charges each node for ``specs`` (all terms): its busy time
-    with every node on a core of its own (on shared cores busy time is stretched by the
-    sharing). Beside the live processes' CPU seconds it says whether a gap is work the cost
-    model misses or time the sharing model gets wrong."""
+def sim_work_s(
+    deployment: Path, specs: Sequence[Any], plumbing_off: tuple[str, ...] = ()
+) -> dict[str, float]:
+    """Seconds of work the simulator charges each node for ``specs`` (all terms, less those in
+    ``plumbing_off``): its busy time with every node on a core of its own (on shared cores busy
+    time is stretched by the sharing). Beside the live processes' CPU seconds it says whether a
+    gap is work the cost model misses or time the sharing model gets wrong."""
     from prfaas.sim.simulator import Simulator
 
     sc = _scenario(deployment, deployment.stat().st_mtime_ns)
@@ -528,7 +530,8 @@ def sim_work_s(deployment: Path, specs: Sequence[Any]) -> dict[str, float]:
         replace(site, shared_cores=None, hosts_gateway=False, mixed_steps=False)
         for site in sc.sites
     )
-    sc = replace(sc, sites=sites, duration_s=specs[-1].arrival_s + 1e-6, warmup_s=0.0)
+    sc = replace(sc, sites=sites, duration_s=specs[-1].arrival_s + 1e-6, warmup_s=0.0,
+                 plumbing_off=plumbing_off)  # fmt: skip
     sim = Simulator(sc, iter(specs))
     sim.run()
     by_sim = {str(n.node_id): n.busy_s for n in sim.world.nodes}
@@ -544,17 +547,21 @@ def _sim_nodes(deployment: Path) -> dict[str, tuple[str, ...]]:
     return {name: (SIM_NODE[name],) for name in NODES}
 
 
-def prefill_work_s(deployment: Path, specs: Sequence[Any]) -> dict[str, float]:
+def prefill_work_s(
+    deployment: Path, specs: Sequence[Any], plumbing_off: tuple[str, ...] = ()
+) -> dict[str, float]:
     """``sim_work_s`` of the processes that only prefill: their work is the same whatever the
     pacing (one prompt at a time), where a decode node's depends on how its batches form, which
-    on a core of its own (``sim_work_s``) is not how they form on the shared core."""
+    on a core of its own (``sim_work_s``) is not how they form on the shared core. With every
+    term in ``plumbing_off``: their forward passes alone, as the profile's curve prices them."""
     # The simulator names a site's nodes by role: "pd/p0" prefills, "pd/d0" decodes.
     prefill_only = {
         name
         for name, ids in _sim_nodes(deployment).items()
         if all(i.split("/")[1].startswith("p") for i in ids)
     }
-    return {n: v for n, v in sim_work_s(deployment, specs).items() if n in prefill_only}
+    work = sim_work_s(deployment, specs, plumbing_off)
+    return {n: v for n, v in work.items() if n in prefill_only}
 
 
 @functools.lru_cache(maxsize=8)
@@ -612,6 +619,14 @@ LAST_SIM_BUSY_S: dict[str, float] = {}
 """Busy seconds of each simulated node in the last ``run_sim`` (its cost model's work)."""
 LAST_LIVE_CPU_S: dict[str, float] = {}
 """CPU seconds each live node process used during the last ``run_live``'s measured requests."""
+LAST_LIVE_ENGINE_CPU_S: dict[str, float] = {}
+"""Of those, what each torch node's engine thread spent in forward passes (its ``engine_cpu_s``
+report; empty for vLLM nodes)."""
+
+
+def engine_cpu_s(launcher: Any) -> dict[str, float]:
+    """Each node's ``engine_cpu_s`` as the gateway last heard it (``/internal/nodes``)."""
+    return {str(n["node"]): float(n.get("engine_cpu_s", 0.0)) for n in launcher.nodes()}
 
 
 def cpu_s(pid: int) -> float:
@@ -691,12 +706,21 @@ def drive_live(
     read_cpu = _vllm().tree_cpu_s if vllm else cpu_s  # a sidecar's server is its descendant
     pids = {name: launcher.child(name).proc.pid for name in measured}
     before = {name: read_cpu(pid) for name, pid in pids.items()}
+    engine_before = {} if vllm else engine_cpu_s(launcher)
     results, _ = asyncio.run(
         run_workload(reqs, base_url=launcher.url, model=MODEL_NAME, synth=synth,
                      concurrency=4096, timeout_s=600, extra_body=LIVE_EXTRA)
     )  # fmt: skip
     LAST_LIVE_CPU_S.clear()
     LAST_LIVE_CPU_S.update({name: read_cpu(pid) - before[name] for name, pid in pids.items()})
+    LAST_LIVE_ENGINE_CPU_S.clear()
+    if engine_before:
+        # Reports come with heartbeats: two intervals after the last answer carry every pass.
+        time.sleep(2 * launcher.deployment.heartbeat_interval_s + 0.1)
+        after = engine_cpu_s(launcher)
+        LAST_LIVE_ENGINE_CPU_S.update(
+            {n: after[n] - engine_before[n] for n in NODES if n in after and n in engine_before}
+        )
     routes = launcher.routes()
     matched = match_routes(reqs, results, routes, synth)
     reasons = _route_reasons(decisions)
@@ -1230,6 +1254,8 @@ def resimulate(saved: dict[str, Any]) -> dict[str, Any]:
             simulate_load_point(pt, deployment, pts, live)
             if "sim_work_s" in pt:
                 pt["sim_work_s"] = prefill_work_s(deployment, pts)
+            if "sim_pass_work_s" in pt:
+                pt["sim_pass_work_s"] = prefill_work_s(deployment, pts, PLUMBING_TERMS_ALL)
     return saved
 
 
@@ -1292,10 +1318,11 @@ def score_seed(
     for load in s.loads:
         rate = load * cap
         pts = at_rate(specs, rate)
-        live_runs, live_cpu = [], []
+        live_runs, live_cpu, live_engine = [], [], []
         for k in range(args.live_repeats):
             live_runs.append(live(rate, f"{load:.0%} repeat {k + 1}"))
             live_cpu.append(dict(LAST_LIVE_CPU_S))
+            live_engine.append(dict(LAST_LIVE_ENGINE_CPU_S))
         row["loads"][f"{load:.0%}"] = pt = load_point(deployment, pts, rate, live_runs)
         # Each repeat's CPU beside the simulator's work for the same paced requests, on the
         # prefill-only processes: the repeats' spread is the machine's speed from one run to
@@ -1303,6 +1330,11 @@ def score_seed(
         # diagnostic read from the run it describes: not scored, never fed back).
         pt["live_cpu_s"] = live_cpu
         pt["sim_work_s"] = prefill_work_s(deployment, pts)
+        if any(live_engine):
+            # The same split in two: the engine threads' passes against the simulator's passes
+            # alone (every term off), the rest of each process against the terms' charge.
+            pt["live_engine_cpu_s"] = live_engine
+            pt["sim_pass_work_s"] = prefill_work_s(deployment, pts, PLUMBING_TERMS_ALL)
     return row
 
 
@@ -1395,7 +1427,24 @@ def _load_work(row: dict[str, Any]) -> list[str]:
         ]  # fmt: skip
         out.append(f"- seed {row['seed']} {load}: live CPU / simulated work, each repeat: "
                    + "; ".join(parts))  # fmt: skip
+        if "sim_pass_work_s" in pt:
+            out.append("  - of which the passes (engine thread / the curve) and the rest "
+                       "(the process less its passes / the terms), each repeat: "
+                       + "; ".join(_split_work(pt, n) for n in sim if sim[n] > 0))  # fmt: skip
     return out
+
+
+def _split_work(pt: dict[str, Any], node: str) -> str:
+    """``node``'s passes and rest, live over simulated, per repeat ("-": nothing simulated)."""
+    passes = pt["sim_pass_work_s"].get(node, 0.0)
+    rest = pt["sim_work_s"][node] - passes
+    each = []
+    for cpu, engine in zip(pt["live_cpu_s"], pt["live_engine_cpu_s"], strict=True):
+        mine = engine.get(node, 0.0)
+        live_rest = cpu.get(node, 0.0) - mine
+        each.append(f"{_fmt(_ratio(mine, passes or None), '{:.2f}')}/"
+                    f"{_fmt(_ratio(live_rest, rest or None), '{:.2f}')}")  # fmt: skip
+    return f"{node} " + ", ".join(each)
 
 
 def _mw(values: Sequence[float | None], err: bool = False) -> str:

@@ -81,6 +81,8 @@ def test_soak_emulated_nodes(tmp_path: Path) -> None:
     with launched(deployment, tmp_path, process_per_node=True, restart=RestartPolicy()) as live:
         result = run_soak(live.url, config, midway=lambda: kill(live, "d0"))
         check(result, live, config.num_requests, greedy=False)
+        # the timed engine's passes are sleeps: no engine CPU reported
+        assert all(n["engine_cpu_s"] == 0.0 for n in settled(live)[1])
 
 
 def _torch_deployment(model_dir: Path) -> DeploymentConfig:
@@ -117,3 +119,6 @@ def test_soak_tiny_torch_nodes(tmp_path: Path) -> None:
     with launched(_torch_deployment(model_dir), tmp_path / "live", restart=RestartPolicy()) as live:
         result = run_soak(live.url, config, midway=lambda: kill(live, "d1"))
         check(result, live, config.num_requests)
+        # each torch node reports its engine thread's CPU in passes (d1 restarted: from then on)
+        cpu = {n["node"]: n["engine_cpu_s"] for n in settled(live)[1]}
+        assert cpu["pf0"] > 0 and cpu["p0"] > 0 and cpu["d0"] > 0, cpu

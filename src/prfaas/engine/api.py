@@ -294,6 +294,10 @@ class Engine(Protocol):
     def fault(self) -> str:
         """Non-empty when the engine can serve nothing more (its engine thread died): why."""
         ...
+    @property
+    def engine_cpu_s(self) -> float:
+        """CPU seconds spent in forward passes since it started (0: none run on a CPU here)."""
+        ...
 
     def layout(self, num_tokens: int, num_cached_tokens: int = 0) -> CacheLayout:
         """What crosses for such a request (the wire manifest is built from it)."""

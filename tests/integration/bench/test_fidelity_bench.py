@@ -204,6 +204,12 @@ def test_tiny_run_end_to_end(tmp_path: Path) -> None:
     assert len(point["live_cpu_s"]) == report["live_repeats"]
     assert set(point["sim_work_s"]) == {"pf0", "p0"} < set(point["live_cpu_s"][0])
     assert "live CPU / simulated work, each repeat: " in stdout
+    # and split: each torch node's engine thread in passes against the simulated passes alone
+    assert len(point["live_engine_cpu_s"]) == report["live_repeats"]
+    assert all(run["pf0"] > 0 and run["p0"] > 0 for run in point["live_engine_cpu_s"])
+    assert set(point["sim_pass_work_s"]) == {"pf0", "p0"}
+    assert all(0 < point["sim_pass_work_s"][n] <= point["sim_work_s"][n] for n in ("pf0", "p0"))
+    assert "of which the passes (engine thread / the curve)" in stdout
     deployment = Path(report["deployment"])
     from prfaas.config import load_deployment
     from prfaas.perf.profile_costs import cost_model_for_hardware

@@ -21,6 +21,7 @@ import concurrent.futures
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from typing import Any
 
@@ -76,6 +77,16 @@ class EngineLoop:
         self._stopped = False
         self._steps: deque[Task] = deque()
         self._prefills: deque[Task] = deque()
+        # Written by the loop thread only; a float read elsewhere is whole under the GIL.
+        self._slice_cpu_s = 0.0
+
+    @property
+    def slice_cpu_s(self) -> float:
+        """CPU seconds this thread has spent in its slices (decode steps, prefill chunks) so far
+        (``time.thread_time``: its own CPU only, so torch's intra-op threads, where there are
+        more than one, are not in it; on a GPU, the launching only). Beside the process's whole
+        CPU it splits the engine's passes (what a profile's curves price) from the rest."""
+        return self._slice_cpu_s
 
     @property
     def fault(self) -> str:
@@ -150,6 +161,7 @@ class EngineLoop:
 
     def _slice(self, tasks: deque[Task]) -> None:
         task = tasks[0]
+        started = time.thread_time()
         try:
             finished = task.run_slice()
         except EngineFault:
@@ -158,6 +170,8 @@ class EngineLoop:
             tasks.popleft()
             task.fail(exc)
             return
+        finally:
+            self._slice_cpu_s += time.thread_time() - started
         if finished:
             tasks.popleft()
 

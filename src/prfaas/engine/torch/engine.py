@@ -129,6 +129,12 @@ class TorchEngine:
         """Why the engine thread stopped ("" while it serves)."""
         return self._loop.fault
 
+    @property
+    def engine_cpu_s(self) -> float:
+        """CPU seconds the engine thread has spent in forward passes (with their sampling and
+        layer hand-off) since it started (``core.EngineLoop.slice_cpu_s``)."""
+        return self._loop.slice_cpu_s
+
     def close(self) -> None:
         """Stop the engine thread and join it; pending calls fail with ``EngineDead``."""
         self._loop.close()

@@ -207,6 +207,10 @@ class NodeReport(_Msg):
     """Wall seconds this node spent computing prefills, since it started (overlapping prefills
     count once): with ``prefilled_tokens``, its measured prefill speed (0: none measured; a vLLM
     sidecar does not report it)."""
+    engine_cpu_s: float = Field(0.0, ge=0)
+    """CPU seconds this node's engine thread has spent in forward passes since it started (torch
+    engines; 0 for the timed engine, whose passes are sleeps, and a vLLM sidecar): beside the
+    process's CPU, what its passes cost against everything else it does."""
 
 
 class NodeEndpoint(_Msg):

@@ -149,6 +149,7 @@ class Node:
             decode_steps=self.num_decode_steps,
             prefilled_tokens=self.meter.prefilled_tokens,
             prefill_busy_s=self.meter.busy_s(time.monotonic()),
+            engine_cpu_s=self.engine.engine_cpu_s,
         )
 
     @property
