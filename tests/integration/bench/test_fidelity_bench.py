@@ -206,9 +206,10 @@ def test_tiny_run_end_to_end(tmp_path: Path) -> None:
     assert "live CPU / simulated work, each repeat: " in stdout
     # and split: each torch node's engine thread in passes against the simulated passes alone
     assert len(point["live_engine_cpu_s"]) == report["live_repeats"]
-    assert all(run["pf0"] > 0 and run["p0"] > 0 for run in point["live_engine_cpu_s"])
-    assert set(point["sim_pass_work_s"]) == {"pf0", "p0"}
-    assert all(0 < point["sim_pass_work_s"][n] <= point["sim_work_s"][n] for n in ("pf0", "p0"))
+    # (p0 prefills every short prompt on both sides; pf0 what offloads, here some of it too; the
+    # passes alone can exceed all terms: a negative in-service excess refunds part of them)
+    assert all(run["p0"] > 0 and run["pf0"] >= 0 for run in point["live_engine_cpu_s"])
+    assert set(point["sim_pass_work_s"]) == {"pf0", "p0"} and point["sim_pass_work_s"]["p0"] > 0
     assert "of which the passes (engine thread / the curve)" in stdout
     deployment = Path(report["deployment"])
     from prfaas.config import load_deployment
