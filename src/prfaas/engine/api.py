@@ -294,6 +294,7 @@ class Engine(Protocol):
     def fault(self) -> str:
         """Non-empty when the engine can serve nothing more (its engine thread died): why."""
         ...
+
     @property
     def engine_cpu_s(self) -> float:
         """CPU seconds spent in forward passes since it started (0: none run on a CPU here)."""
