@@ -1426,12 +1426,24 @@ def _load_work(row: dict[str, Any]) -> list[str]:
             for n in sim if sim[n] > 0
         ]  # fmt: skip
         out.append(f"- seed {row['seed']} {load}: live CPU / simulated work, each repeat: "
-                   + "; ".join(parts))  # fmt: skip
+                   + "; ".join(parts) + _sharing(row))  # fmt: skip
         if "sim_pass_work_s" in pt:
             out.append("  - of which the passes (engine thread / the curve) and the rest "
                        "(the process less its passes / the terms), each repeat: "
                        + "; ".join(_split_work(pt, n) for n in sim if sim[n] > 0))  # fmt: skip
     return out
+
+
+def _sharing(row: dict[str, Any]) -> str:
+    """The profiles' ``shared_core_overhead`` per site: live, each prefill node shares its core
+    (p0 with d0, pf0 with the gateway) and its CPU carries that loss, which the work-only
+    simulation (each node on a core of its own) leaves out: read each ratio against 1 + it."""
+    sites = row.get("plumbing") or {}
+    each = [f"{site} {terms['shared_core_overhead']:.2f}" for site, terms in sites.items()
+            if "shared_core_overhead" in terms]  # fmt: skip
+    if not each:
+        return ""
+    return " (the profiles' shared_core_overhead, left out of this work: " + ", ".join(each) + ")"
 
 
 def _split_work(pt: dict[str, Any], node: str) -> str:
