@@ -173,6 +173,13 @@ def launch_failure(exc: BaseException) -> str:
     return f"{what}: {errors[-1]}" if errors else what
 
 
+def reported_engine_cpu_s(launcher: Any, heartbeat_s: float, node: str) -> float:
+    """``node``'s ``engine_cpu_s`` (its engine thread's CPU in forward slices), once its reports
+    have caught up."""
+    time.sleep(3 * heartbeat_s + 0.3)
+    return sum(float(r.get("engine_cpu_s", 0.0)) for r in launcher.nodes() if r.get("node") == node)
+
+
 def reported_steps(launcher: Any, heartbeat_s: float) -> int:
     """The decode nodes' step counts summed, once their reports have caught up (a vLLM site's
     server reports its engine steps: ``serve.vllm.metrics``)."""

@@ -72,6 +72,7 @@ from prfaas.commands.plumbing_classes import (
     class_cpu,
     idle_rates,
     relay_terms,
+    reported_engine_cpu_s,
     reported_steps,
     started,
 )
@@ -194,6 +195,10 @@ def measure(
         idle = idle_rates(pids)
 
         passes_beside: dict[int, list[float]] = {}
+        # The prefill node's own engine thread in forward slices per request, per one-token
+        # class (beside the passes timed between its requests): said in the excess's how, not
+        # stored, so a profile's split of the work compares with a run's (bench/fidelity.py).
+        engine_per_request_s: dict[int, float] = {}
 
         def cls(prompt: int, output: int) -> ClassCpu:
             say(f"plumbing: {requests} requests of {prompt} prompt, {output} output tokens")
@@ -210,7 +215,13 @@ def measure(
                     send(prompt, output, min(BESIDE_EVERY, requests - start))
                 timed.append(beside(prompt))
 
-            return ClassCpu(prompt, output, class_cpu(pids, idle, requests, run))
+            if beside is None:
+                return ClassCpu(prompt, output, class_cpu(pids, idle, requests, run))
+            at = reported_engine_cpu_s(launcher, d.heartbeat_interval_s, "p0")
+            cpu = class_cpu(pids, idle, requests, run)
+            engine = reported_engine_cpu_s(launcher, d.heartbeat_interval_s, "p0") - at
+            engine_per_request_s[prompt] = engine / requests
+            return ClassCpu(prompt, output, cpu)
 
         def decode_steps() -> int:
             return reported_steps(launcher, d.heartbeat_interval_s)
@@ -383,7 +394,9 @@ def measure(
     if gw_step_or_none is not None:
         how["gateway_per_step_s"] = f"{common}; gateway{gw_how}"
     if excess_how:  # measured, or why not
-        how["prefill_in_service_excess"] = excess_how
+        how["prefill_in_service_excess"] = excess_how + _engine_how(
+            engine_per_request_s, cm, threads
+        )
     if engine_overhead_s is not None:
         how["decode_per_step_s"] = (
             f"engine.torch's decode step less its forward pass at batch sizes "
@@ -397,6 +410,30 @@ def measure(
     for name, note in notes.items():
         how[name] += f"; {note}"
     return Measured(costs, tuple(how.items()), probes, d)
+
+
+def _engine_how(engine_per_request_s: dict[int, float], cm: Any, threads: int) -> str:
+    """The prefill node's engine thread per request in service against the curve, per class and
+    summed (said, not stored: its slices also hand each layer's KV out and copy checkpoints,
+    which the terms beyond the curve carry). With more than one intra-op thread per node the
+    engine thread times only its own share of the passes: then no ratio is said. (A curve timed
+    on more cores than the nodes get reads high against it: the fidelity bench's --quick
+    profile, both cores, read the engine at 0.44x its curve.)"""
+    if not engine_per_request_s:
+        return ""
+    each = ", ".join(f"{n} tokens {s * 1e3:.4g} ms" for n, s in engine_per_request_s.items())
+    priced = sum(cm.prefill_s(n) for n in engine_per_request_s)
+    if threads > 1:
+        ratio = f"; with {threads} intra-op threads, the engine thread's share only"
+    elif priced > 0:
+        ratio = f"; {sum(engine_per_request_s.values()) / priced:.3f}x the curve"
+    else:
+        ratio = ""
+    return (
+        f". The prefill node's own engine thread in service (engine_cpu_s), per request: {each}"
+        f"{ratio} (its slices also hand each layer's KV out and copy checkpoints: the terms "
+        "beyond the curve carry that)"
+    )
 
 
 def with_plumbing(pf: Any, args: argparse.Namespace) -> Any:

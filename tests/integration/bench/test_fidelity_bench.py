@@ -241,6 +241,8 @@ def test_tiny_run_end_to_end(tmp_path: Path) -> None:
     else:
         assert set(pf.plumbing.missing) == waits
         assert "over the profile's curve" in excess_how
+    # beside it, the prefill node's own engine thread per request in service (said, not stored)
+    assert "own engine thread in service (engine_cpu_s), per request: 64 tokens" in excess_how
     per_decoding_how = dict(pf.plumbing_how)["first_token_wait_per_decoding_s"]
     assert "neither stored" in per_decoding_how
     assert "### lognormal (seeds 99" in stdout and "| all terms |" in stdout
