@@ -170,6 +170,7 @@ def measure(
     from prfaas.config import load_deployment
     from prfaas.perf.plumbing import (
         PlumbingCosts,
+        engine_in_service_how,
         in_service_excess,
         line_fit,
         split_decode_live,
@@ -394,8 +395,8 @@ def measure(
     if gw_step_or_none is not None:
         how["gateway_per_step_s"] = f"{common}; gateway{gw_how}"
     if excess_how:  # measured, or why not
-        how["prefill_in_service_excess"] = excess_how + _engine_how(
-            engine_per_request_s, cm, threads
+        how["prefill_in_service_excess"] = excess_how + engine_in_service_how(
+            engine_per_request_s, cm.prefill_s, threads
         )
     if engine_overhead_s is not None:
         how["decode_per_step_s"] = (
@@ -410,30 +411,6 @@ def measure(
     for name, note in notes.items():
         how[name] += f"; {note}"
     return Measured(costs, tuple(how.items()), probes, d)
-
-
-def _engine_how(engine_per_request_s: dict[int, float], cm: Any, threads: int) -> str:
-    """The prefill node's engine thread per request in service against the curve, per class and
-    summed (said, not stored: its slices also hand each layer's KV out and copy checkpoints,
-    which the terms beyond the curve carry). With more than one intra-op thread per node the
-    engine thread times only its own share of the passes: then no ratio is said. (A curve timed
-    on more cores than the nodes get reads high against it: the fidelity bench's --quick
-    profile, both cores, read the engine at 0.44x its curve.)"""
-    if not engine_per_request_s:
-        return ""
-    each = ", ".join(f"{n} tokens {s * 1e3:.4g} ms" for n, s in engine_per_request_s.items())
-    priced = sum(cm.prefill_s(n) for n in engine_per_request_s)
-    if threads > 1:
-        ratio = f"; with {threads} intra-op threads, the engine thread's share only"
-    elif priced > 0:
-        ratio = f"; {sum(engine_per_request_s.values()) / priced:.3f}x the curve"
-    else:
-        ratio = ""
-    return (
-        f". The prefill node's own engine thread in service (engine_cpu_s), per request: {each}"
-        f"{ratio} (its slices also hand each layer's KV out and copy checkpoints: the terms "
-        "beyond the curve carry that)"
-    )
 
 
 def with_plumbing(pf: Any, args: argparse.Namespace) -> Any:

@@ -324,3 +324,30 @@ def in_service_excess(
         "On a machine whose speed drifts this is as much the curve's moment as a cost of "
         "serving: the two are not told apart"
     )
+
+
+def engine_in_service_how(
+    engine_per_request_s: dict[int, float], priced_s: Callable[[int], float], threads: int
+) -> str:
+    """What ``prefill_in_service_excess``'s how adds (said, not stored): the prefill node's own
+    engine thread per request in service (``engine_cpu_s``) per one-token class, and summed over
+    the curve's price (``priced_s``). Its slices also hand each layer's KV out and copy
+    checkpoints, which the terms beyond the curve carry. With more than one intra-op thread per
+    node the engine thread times only its own share of the passes: then no ratio is said. (A
+    curve timed on more cores than the nodes get reads high against it: the fidelity bench's
+    --quick profile, both cores, read the engine at 0.44x its curve.)"""
+    if not engine_per_request_s:
+        return ""
+    each = ", ".join(f"{n} tokens {s * 1e3:.4g} ms" for n, s in engine_per_request_s.items())
+    priced = sum(priced_s(n) for n in engine_per_request_s)
+    if threads > 1:
+        ratio = f"; with {threads} intra-op threads, the engine thread's share only"
+    elif priced > 0:
+        ratio = f"; {sum(engine_per_request_s.values()) / priced:.3f}x the curve"
+    else:
+        ratio = ""
+    return (
+        f". The prefill node's own engine thread in service (engine_cpu_s), per request: {each}"
+        f"{ratio} (its slices also hand each layer's KV out and copy checkpoints: the terms "
+        "beyond the curve carry that)"
+    )

@@ -584,3 +584,19 @@ def test_no_excess_is_read_against_a_curve_priced_at_or_below_zero() -> None:
     assert excess is None
     assert how.startswith("not measured") and "4096 tokens at -24.29 ms" in how
     assert "64 tokens" not in how  # the classes the curve did price are not named
+
+
+def test_the_excess_how_says_the_engine_thread_in_service() -> None:
+    """Beside the excess, the prefill node's own engine thread per request per class and over the
+    curve; with more than one torch thread per node no ratio (the thread times its share only)."""
+    from prfaas.perf.plumbing import engine_in_service_how
+
+    def curve(n: int) -> float:
+        return 0.01 + 1e-4 * n
+
+    engine = {64: 0.020, 1024: 0.150}
+    said = engine_in_service_how(engine, curve, threads=1)
+    assert "per request: 64 tokens 20 ms, 1024 tokens 150 ms; 1.320x the curve" in said
+    assert "x the curve" not in engine_in_service_how(engine, curve, threads=2)
+    assert "the engine thread's share only" in engine_in_service_how(engine, curve, threads=2)
+    assert engine_in_service_how({}, curve, threads=1) == ""
