@@ -90,3 +90,21 @@ def test_prefill_flops_have_linear_and_quadratic_parts() -> None:
         assert prefill_flops(m, 2 * n) - 2 * prefill_flops(m, n) == pytest.approx(expected)
     swa = get_model("mimo-v2-flash")
     assert prefill_flops(swa, 4096, 4096) < prefill_flops(swa, 8192)
+
+
+def test_a_noisy_curve_never_prices_a_prefill_below_zero() -> None:
+    """A --quick profile on a loaded core timed 1,024 tokens faster than 128: its curve, extended,
+    goes below 0 s by 4,096 tokens, and the simulator charged negative passes (fresh-clone CI).
+    The cost model prices such a prefill at 0 s; inside the points it is as measured."""
+    from dataclasses import replace
+
+    from prfaas.perf import cost_model_for
+    from prfaas.perf.curves import PiecewiseLinearCurve
+
+    cm = cost_model_for("paper-1t", "h20")
+    assert cm.profile is not None
+    falling = PiecewiseLinearCurve.of([(128, 0.020), (1024, 0.010)])
+    noisy = replace(cm, profile=replace(cm.profile, prefill=falling, prefill_fit=None))
+    assert falling(4096) < 0 and noisy.prefill_s(4096) == 0.0
+    assert noisy.prefill_s(512) == pytest.approx(falling(512))
+    assert noisy.prefill_s(4096, 1024) >= 0.0

@@ -116,11 +116,16 @@ class CostModel:
         if fit is not None and fit.pass_tokens is not None:
             return fit.seconds(num_new_tokens, num_cached_tokens)
         if num_cached_tokens == 0:
-            return curve(num_new_tokens)
-        if fit is not None:
-            return curve(num_new_tokens) + fit.attention_s * num_new_tokens * num_cached_tokens
-        t0 = self._prefill_t0
-        return curve(num_cached_tokens + num_new_tokens) - curve(num_cached_tokens) + t0
+            seconds = curve(num_new_tokens)
+        elif fit is not None:
+            seconds = curve(num_new_tokens) + fit.attention_s * num_new_tokens * num_cached_tokens
+        else:
+            t0 = self._prefill_t0
+            seconds = curve(num_cached_tokens + num_new_tokens) - curve(num_cached_tokens) + t0
+        # Never below 0 s: a noisy curve (a longer prompt timed faster) extended past its points
+        # goes negative, and the simulator charged -7.6 s of passes (fresh-clone CI, a --quick
+        # profile on a loaded core). A sane curve never gets here below 0.
+        return max(0.0, seconds)
 
     def batch_prefill_s(self, items: Sequence[tuple[int, int]]) -> float:
         """A batch of (num_new, num_cached) prefills: the sum of their times (compute-bound),
