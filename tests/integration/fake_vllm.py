@@ -309,7 +309,12 @@ async def main() -> None:
     fake.link_gbps = extra.get("link_gbps")
     fake.link = extra.get("link", "cross-site")
     agent = await serve_agent(fake, extra["agent_socket"])
-    config = uvicorn.Config(make_app(fake), host=args.host, port=args.port, log_level="warning")
+    # A stop cuts what is still in flight after 1 s (a slow prefill sleeps 30 s): without it the
+    # sidecar's SIGKILL fallback waited out its 10 s grace in every test that left one running.
+    config = uvicorn.Config(
+        make_app(fake), host=args.host, port=args.port, log_level="warning",
+        timeout_graceful_shutdown=1,
+    )  # fmt: skip
     replay = asyncio.create_task(events.serve_replay()) if events is not None else None
     async with agent:
         await uvicorn.Server(config).serve()
