@@ -572,6 +572,7 @@ def _is_vllm(deployment: Path) -> bool:
 def run_sim(
     deployment: Path, specs: Sequence[Any], plumbing_off: tuple[str, ...] = ()
 ) -> list[Outcome]:
+    from prfaas.sim.nodes import DecodeNode
     from prfaas.sim.simulator import Simulator
 
     if UNSPLIT in plumbing_off:
@@ -600,6 +601,10 @@ def run_sim(
     sim.run()
     global LAST_SIM_BUSY_S
     LAST_SIM_BUSY_S = {str(n.node_id): n.busy_s for n in sim.world.nodes}
+    LAST_SIM_DECODE.clear()
+    LAST_SIM_DECODE.update(
+        {str(d.node_id): (d.step, d.work_s) for d in sim.world.nodes if isinstance(d, DecodeNode)}
+    )
     return [
         done.get(sp.index)
         or Outcome(
@@ -622,11 +627,20 @@ LAST_LIVE_CPU_S: dict[str, float] = {}
 LAST_LIVE_ENGINE_CPU_S: dict[str, float] = {}
 """Of those, what each torch node's engine thread spent in forward passes (its ``engine_cpu_s``
 report; empty for vLLM nodes)."""
+LAST_LIVE_DECODE_STEPS: dict[str, int] = {}
+"""The decode steps each torch decode node ran in the last ``run_live`` (its ``decode_steps``)."""
+LAST_SIM_DECODE: dict[str, tuple[int, float]] = {}
+"""Each simulated decode node's steps and own-speed work (``DecodeNode.work_s``) in the last
+``run_sim``."""
 
 
-def engine_cpu_s(launcher: Any) -> dict[str, float]:
-    """Each node's ``engine_cpu_s`` as the gateway last heard it (``/internal/nodes``)."""
-    return {str(n["node"]): float(n.get("engine_cpu_s", 0.0)) for n in launcher.nodes()}
+def node_counters(launcher: Any) -> dict[str, tuple[float, int]]:
+    """Each node's ``engine_cpu_s`` and ``decode_steps`` as the gateway last heard them
+    (``/internal/nodes``)."""
+    return {
+        str(n["node"]): (float(n.get("engine_cpu_s", 0.0)), int(n.get("decode_steps", 0)))
+        for n in launcher.nodes()
+    }
 
 
 def cpu_s(pid: int) -> float:
@@ -706,7 +720,7 @@ def drive_live(
     read_cpu = _vllm().tree_cpu_s if vllm else cpu_s  # a sidecar's server is its descendant
     pids = {name: launcher.child(name).proc.pid for name in measured}
     before = {name: read_cpu(pid) for name, pid in pids.items()}
-    engine_before = {} if vllm else engine_cpu_s(launcher)
+    counters_before = {} if vllm else node_counters(launcher)
     results, _ = asyncio.run(
         run_workload(reqs, base_url=launcher.url, model=MODEL_NAME, synth=synth,
                      concurrency=4096, timeout_s=600, extra_body=LIVE_EXTRA)
@@ -714,13 +728,17 @@ def drive_live(
     LAST_LIVE_CPU_S.clear()
     LAST_LIVE_CPU_S.update({name: read_cpu(pid) - before[name] for name, pid in pids.items()})
     LAST_LIVE_ENGINE_CPU_S.clear()
-    if engine_before:
+    LAST_LIVE_DECODE_STEPS.clear()
+    if counters_before:
         # Reports come with heartbeats: two intervals after the last answer carry every pass.
         time.sleep(2 * launcher.deployment.heartbeat_interval_s + 0.1)
-        after = engine_cpu_s(launcher)
-        LAST_LIVE_ENGINE_CPU_S.update(
-            {n: after[n] - engine_before[n] for n in NODES if n in after and n in engine_before}
-        )
+        after = node_counters(launcher)
+        for n in NODES:
+            if n in after and n in counters_before:
+                (cpu1, steps1), (cpu0, steps0) = after[n], counters_before[n]
+                LAST_LIVE_ENGINE_CPU_S[n] = cpu1 - cpu0
+                if steps1 > steps0:
+                    LAST_LIVE_DECODE_STEPS[n] = steps1 - steps0
     routes = launcher.routes()
     matched = match_routes(reqs, results, routes, synth)
     reasons = _route_reasons(decisions)
@@ -1185,6 +1203,13 @@ def simulate_load_point(
         sim = run_sim(deployment, specs, off)
         if not off:  # all terms: each request on both sides, in the JSON
             out["per_request"] = per_request(specs, live, sim)
+            # The decode nodes' steps and own work, beside the live runs' (``_decode_work``).
+            names = {ids[0]: n for n, ids in _sim_nodes(deployment).items() if len(ids) == 1}
+            out["sim_decode"] = {
+                names[i]: {"steps": steps, "work_s": work_s}
+                for i, (steps, work_s) in LAST_SIM_DECODE.items()
+                if i in names
+            }
         simmed = summarize(sim)
         out["variants"][name] = {
             "ttft_p50_ratio": _ratio(simmed["ttft_p50_s"], live_sum["ttft_p50_s"]),
@@ -1318,11 +1343,12 @@ def score_seed(
     for load in s.loads:
         rate = load * cap
         pts = at_rate(specs, rate)
-        live_runs, live_cpu, live_engine = [], [], []
+        live_runs, live_cpu, live_engine, live_steps = [], [], [], []
         for k in range(args.live_repeats):
             live_runs.append(live(rate, f"{load:.0%} repeat {k + 1}"))
             live_cpu.append(dict(LAST_LIVE_CPU_S))
             live_engine.append(dict(LAST_LIVE_ENGINE_CPU_S))
+            live_steps.append(dict(LAST_LIVE_DECODE_STEPS))
         row["loads"][f"{load:.0%}"] = pt = load_point(deployment, pts, rate, live_runs)
         # Each repeat's CPU beside the simulator's work for the same paced requests, on the
         # prefill-only processes: the repeats' spread is the machine's speed from one run to
@@ -1335,6 +1361,8 @@ def score_seed(
             # alone (every term off), the rest of each process against the terms' charge.
             pt["live_engine_cpu_s"] = live_engine
             pt["sim_pass_work_s"] = prefill_work_s(deployment, pts, PLUMBING_TERMS_ALL)
+        if any(live_steps):
+            pt["live_decode_steps"] = live_steps
     return row
 
 
@@ -1431,6 +1459,31 @@ def _load_work(row: dict[str, Any]) -> list[str]:
             out.append("  - of which the passes (engine thread / the curve) and the rest "
                        "(the process less its passes / the terms), each repeat: "
                        + "; ".join(_split_work(pt, n) for n in sim if sim[n] > 0))  # fmt: skip
+        out += _decode_work(pt)
+    return out
+
+
+def _decode_work(pt: dict[str, Any]) -> list[str]:
+    """Each decode node at a load point: its steps, live (each repeat) and simulated, and the
+    CPU a step took live (the engine thread's, the process's) beside the simulator's own work
+    per step (steps and installs, every term): how its batches formed, and what each cost."""
+
+    def ms_each(seconds: float | None, steps: int) -> str:
+        return "-" if seconds is None else f"{1000 * seconds / steps:.2f}"
+
+    out = []
+    for node, sim in pt.get("sim_decode", {}).items():
+        each = []
+        for steps, cpu, engine in zip(pt.get("live_decode_steps", []), pt["live_cpu_s"],
+                                      pt.get("live_engine_cpu_s", []), strict=False):  # fmt: skip
+            n = steps.get(node, 0)
+            if n:
+                each.append(f"{n} steps, {ms_each(engine.get(node), n)}/"
+                            f"{ms_each(cpu.get(node), n)} ms")  # fmt: skip
+        simulated = ms_each(sim["work_s"], sim["steps"]) if sim["steps"] else "-"
+        live = ", ".join(each) or "-"
+        out.append(f"  - decode {node}: live {live} (engine thread/process CPU a step); "
+                   f"simulated {sim['steps']} steps, {simulated} ms of work a step")  # fmt: skip
     return out
 
 

@@ -78,7 +78,15 @@ class ControlClient:
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         url = f"{self.url}{path}"
         try:
-            r = self._http.request(method, url, json=body)
+            try:
+                r = self._http.request(method, url, json=body)
+            except httpx.RemoteProtocolError:
+                # A kept-alive connection the gateway closed (its idle timeout, 5 s) just as we
+                # reused it: a read goes again on a fresh one (seen: `prfaas profile` reading
+                # /internal/nodes after a class of requests, fresh-clone CI 2026-12-07).
+                if method != "GET":
+                    raise
+                r = self._http.request(method, url, json=body)
         except httpx.TransportError as exc:
             raise GatewayUnreachable(self.url, str(exc) or type(exc).__name__) from None
         except AnswerNotAuthentic as exc:  # not the gateway we know, or someone in between

@@ -47,18 +47,20 @@ class DecodeStage:
         self._kv_bytes = world.kv_bytes
         self._local_kv_in_place = tuple(s.local_kv_in_place for s in world.sc.sites)
 
-    def _install_s(self, dec: DecodeNode, req: SimRequest) -> float:
+    def _install_s(self, dec: DecodeNode, req: SimRequest, book: bool = False) -> float:
         """The decode node's work to take ``req`` in (``sim.plumbing``): its fixed per-request
         cost and the KV bytes it received (over the link, or a local prefill's whole prompt
         where the site's prefill node is another engine: at one engine's site a local prefill's
         KV is where its decode runs, nothing to take in), verified and installed; on shared
-        cores, slowed as its steps are."""
+        cores, slowed as its steps are. ``book``: the node does it now (``work_s`` counts it)."""
         nbytes = req.transfer_bytes
         if not nbytes:
             if self._local_kv_in_place[dec.site]:
                 return 0.0
             nbytes = self._kv_bytes.total(req.num_prompt)
         work_s = dec.per_request_s + dec.install_per_byte_s * nbytes
+        if book:
+            dec.work_s += work_s
         shared = self._shared[dec.site]
         return work_s if shared is None else work_s * shared.slowdown()
 
@@ -129,7 +131,7 @@ class DecodeStage:
             # Installing the KV (``sim.plumbing``) is the node's first work.
             start_s = now
             if dec.installs:
-                install_s = self._install_s(dec, req)
+                install_s = self._install_s(dec, req, book=True)
                 dec.busy_s += install_s
                 start_s += install_s
             self._enter(dec, req, dec.step, start_s)
@@ -140,7 +142,7 @@ class DecodeStage:
         # The batch pauses there while the node installs the newcomer's KV (``sim.plumbing``).
         boundary_s = self._step_boundary(dec, now)
         if dec.installs:
-            install_s = self._install_s(dec, req)
+            install_s = self._install_s(dec, req, book=True)
             dec.busy_s += install_s
             dec.slot_s += install_s * dec.span_batch
             boundary_s += install_s
@@ -157,8 +159,10 @@ class DecodeStage:
         k = cm.decode_steps_within(dec.span_batch, dec.span_ctx, elapsed) + 1 if elapsed > 0 else 0
         if k > dec.tick_steps:
             k = dec.tick_steps  # the boundary is the pending tick itself
-        boundary_s = start + cm.decode_span_s(dec.span_batch, dec.span_ctx, k) * factor
+        own_s = cm.decode_span_s(dec.span_batch, dec.span_ctx, k)
+        boundary_s = start + own_s * factor
         dec.busy_s += boundary_s - start
+        dec.work_s += own_s
         dec.slot_s += (boundary_s - start) * dec.span_batch
         dec.step += k
         return boundary_s
@@ -215,6 +219,7 @@ class DecodeStage:
         w = self._world
         now = w.now
         dec.busy_s += now - dec.span_start_s
+        dec.work_s += (now - dec.span_start_s) / dec.span_factor
         dec.slot_s += (now - dec.span_start_s) * dec.span_batch
         step = dec.step = dec.step + dec.tick_steps
         members = dec.members
@@ -233,7 +238,7 @@ class DecodeStage:
                 w.site_waiting[dec.site] -= 1
                 dec.kv_used += req.kv_bytes
                 if installs:  # each admitted request's KV is installed before the next span
-                    start_s += self._install_s(dec, req)
+                    start_s += self._install_s(dec, req, book=True)
                 self._enter(dec, req, step, start_s)
         self._decode_pools[dec.site].touch(dec)
         if members:

@@ -119,7 +119,7 @@ class DecodeNode(NodeBase):
                  "first_token_waits", "install_per_byte_s", "installs", "kv_capacity", "kv_used",
                  "max_batch", "members", "pads_batch", "reserved", "seq", "slot_s", "span_batch",
                  "span_ctx", "span_factor", "span_start_s", "step", "tick_s", "tick_steps",
-                 "tick_version", "waiting")  # fmt: skip
+                 "tick_version", "waiting", "work_s")  # fmt: skip
 
     def __init__(
         self, node_id: NodeId, index: int, site: int, site_id: SiteId, cm: CostModel,
@@ -143,6 +143,10 @@ class DecodeNode(NodeBase):
         self.seq = 0
         self.slot_s = 0.0
         """Integral of batch size over time (slot-seconds used)."""
+        self.work_s = 0.0
+        """Of ``busy_s``, the node's own work: its steps and installs at its own speed (on
+        shared cores ``busy_s`` is that work stretched by the sharing); booked where a span
+        ends, beside ``busy_s``."""
         self.waiting: deque[SimRequest] = deque()
         """KV arrived, no slot or memory yet."""
         self.reserved = 0
