@@ -37,9 +37,6 @@ from prfaas.engine import (
 from prfaas.engine.torch import LoadedModel, TorchEngine, hf_cache
 from prfaas.transfer import Link, Receiver, Refused, TransferConfig
 
-# CPU-bound token comparisons, nothing timed: `make test` runs them in its back stream.
-pytestmark = pytest.mark.behind
-
 CASES = [(a, d) for a in ARCHS for d in DTYPES]
 Loaded = Callable[[str, str], LoadedModel]
 Reference = Callable[..., list[int]]
