@@ -108,8 +108,9 @@ def left_out_by_eqs(d: DeploymentConfig, sc: SimScenario) -> tuple[str, ...]:
             )
         if site.hosts_gateway:
             out.append(
-                f"the gateway on site {site.name}'s cores (gateway.cpus): its CPU is taken from "
-                "that site's nodes; Eqs. 3-5 charge the gateway nothing"
+                f"the gateway on site {site.name}'s cores (gateway.cpus): its CPU, and the "
+                "sharing overhead of time-sharing with it, is taken from that site's nodes; "
+                "Eqs. 3-5 charge the gateway nothing"
             )
     if sc.prefill_token_budget < 32768:
         out.append(

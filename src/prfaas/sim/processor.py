@@ -6,8 +6,10 @@ per-node timings assume. Processor sharing: while the site's busy nodes want mor
 has, each runs at ``cores / demand`` of its own speed (a torch node's demand is its ``threads``).
 A gateway pinned to the site's cores (``gateway.cpus``, ``SimSite.hosts_gateway``) takes its
 share of them first: its work comes in short pieces that the kernel runs as soon as they wake
-(a sleeper's priority), so the nodes share what it leaves, ``cores - share``; the share is read
-whenever a speed is set (a batch starts, the busy count changes, a decode span begins).
+(a sleeper's priority), so the nodes share what it leaves, ``cores - share``, and, time-sharing
+with it (it and they want more than the cores), lose the same ``overhead`` as beside another
+node; the share is read whenever a speed is set (a batch starts, the busy count changes, a
+decode span begins).
 
 The simulator counts busy nodes here and scales work by ``slowdown`` as it goes: a decode node's
 span and a prefill batch whose KV stays on its site are re-timed whenever the count changes (at
@@ -78,10 +80,16 @@ class SharedCores:
         if self.gateway_share is None:
             return demand / cores * (1.0 + self.overhead) if demand > cores else 1.0
         share = self.gateway_share()
-        left = cores - (share if share < MAX_GATEWAY_SHARE * cores else MAX_GATEWAY_SHARE * cores)
+        if share > MAX_GATEWAY_SHARE * cores:
+            share = MAX_GATEWAY_SHARE * cores
+        left = cores - share
         if demand <= left:
             return 1.0
-        return demand / left * (1.0 + self.overhead) if demand > cores else demand / left
+        # The gateway's pieces and the nodes want more than the cores: they time-share, and the
+        # switches to the gateway and back cost a node the refills another node's would (its
+        # engine thread, in service beside the gateway: 1.23-1.36x the curve where the profile,
+        # alone, read 1.11x; docs/fidelity.md, twenty-first round).
+        return demand / left * (1.0 + self.overhead)
 
     def prefill_slowdown(self) -> float:
         """``slowdown`` for a prefill; with mixed steps while the decode computes too, each of
