@@ -211,6 +211,11 @@ def test_tiny_run_end_to_end(tmp_path: Path) -> None:
     assert all(run["p0"] > 0 and run["pf0"] >= 0 for run in point["live_engine_cpu_s"])
     assert set(point["sim_pass_work_s"]) == {"pf0", "p0"} and point["sim_pass_work_s"]["p0"] > 0
     assert "of which the passes (engine thread / the curve)" in stdout
+    # the decode node's steps, live (each repeat, from its decode_steps) and simulated, and what
+    # a step cost on each side: its batches and their price told apart
+    assert all(steps["d0"] > 0 for steps in point["live_decode_steps"])
+    assert point["sim_decode"]["d0"]["steps"] > 0 and point["sim_decode"]["d0"]["work_s"] > 0
+    assert "  - decode d0: live " in stdout and " ms of work a step" in stdout
     deployment = Path(report["deployment"])
     from prfaas.config import load_deployment
     from prfaas.perf.profile_costs import cost_model_for_hardware
@@ -257,3 +262,4 @@ def test_tiny_run_end_to_end(tmp_path: Path) -> None:
     assert redone["capacity"]["sim_rps"] == row["capacity"]["sim_rps"]
     (re_point,) = redone["loads"].values()
     assert re_point["variants"] == point["variants"] and re_point["live"] == point["live"]
+    assert re_point["sim_decode"] == point["sim_decode"]

@@ -75,3 +75,17 @@ def test_a_prefill_goes_on_at_the_speed_the_core_gives_it_now() -> None:
     # Both at half speed until the decode is done (2 x its work), then the rest alone.
     assert shared[0][1] == pytest.approx(prefill_end_s + 2 * decode_s, rel=1e-3)
     assert shared[1][0] == pytest.approx(prefill_end_s + long_prefill_s + decode_s, rel=1e-3)
+
+
+def test_a_decode_nodes_own_work_is_its_busy_time_less_the_sharing() -> None:
+    """``DecodeNode.work_s``: its steps and installs at its own speed. On a core of its own it is
+    the node's busy time; shared, the busy time is stretched and the work is what it was alone
+    (the same steps, whatever the batches: everything arrives at once, so they form the same)."""
+    specs = [replace(s, arrival_s=0.0) for s in SPECS]
+    alone, _ = _run(None, specs)
+    shared, _ = _run(1, specs)
+    (dec_alone,) = [n for n in alone.world.nodes if n.role.value == "decode"]
+    (dec_shared,) = [n for n in shared.world.nodes if n.role.value == "decode"]
+    assert dec_alone.work_s == pytest.approx(dec_alone.busy_s)
+    assert dec_shared.busy_s > 1.2 * dec_shared.work_s
+    assert dec_shared.work_s == pytest.approx(dec_alone.work_s, rel=0.1)
