@@ -338,8 +338,8 @@ def test_a_child_dying_during_start_up_is_reported_with_its_log(tmp_path: Path) 
 
 @pytest.mark.timeout(120)
 def test_sigterm_during_start_up_stops_what_was_started(up: Up) -> None:
-    up.wait_for("starting the gateway")  # the gateway and its workers spawned, none ready
-    started = up.processes()  # the gateway and the workers
+    up.wait_for("gateway answering")  # the workers are being started
+    started = up.processes()  # the gateway, and the workers spawned so far
     os.kill(up.proc.pid, signal.SIGTERM)
     assert up.proc.wait(timeout=30) == 0
     up.processes()  # every member that was started, from the events

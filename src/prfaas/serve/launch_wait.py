@@ -38,17 +38,19 @@ def serving(node: dict[str, Any]) -> bool:
 
 def wait_gateway(
     url: str,
+    workers: Callable[[], int],
     deadline: float,
     say: Progress,
     check_alive: Callable[[], None],
     pause: Callable[[], None],
 ) -> None:
+    say(f"starting the gateway at {url}")
     while time.monotonic() < deadline:
         check_alive()
         try:
             # Any answer will do (503 while no node has registered): the process serves.
             if httpx.get(f"{url}/health", timeout=1.0).status_code in (200, 503):
-                say(f"gateway answering at {url}")
+                say(f"gateway answering at {url}; starting {workers()} workers")
                 return
         except httpx.HTTPError:
             pass

@@ -161,19 +161,19 @@ class Launcher:
             say(f"a dead run in this workdir left {line} running: stopped it")
         self._write_resolved()
         try:
-            # The workers start beside the gateway, not after it: each process spends most of
-            # its start-up importing, and a node registers as soon as the gateway answers (it
-            # retries until then, serve.node.control_plane). Measured: 4.5-5.4 s to ready one
-            # after the other on 2 cores.
+            # The workers start once the gateway answers, not beside it (which saved ~1.3 s of a
+            # 4.5-5.4 s start on 2 cores): a node connecting to a resolved port nothing listens
+            # on yet can be given that same port as its ephemeral source port and connect to
+            # itself, and the gateway then cannot bind it ("Address already in use": fresh-clone
+            # CI, 2026-12-07).
             self._add("gateway", ["--role", "gateway"])
+            self._wait_gateway(deadline, say)
             for name, nodes in self.groups():
                 args = ["--role", "node"]
                 for n in nodes:
                     args += ["--node", n]
                 self._check_cancelled()
                 self._add(name, args)
-            say(f"starting the gateway at {self.url} and {len(self.groups())} workers")
-            self._wait_gateway(deadline, say)
             self._wait_nodes(deadline, None, say)
             self._wait_ready(deadline, say)
         except BaseException:
@@ -246,7 +246,10 @@ class Launcher:
                     )
 
     def _wait_gateway(self, deadline: float, say: Progress) -> None:
-        wait_gateway(self.url, deadline, say, self._check_alive, self._pause)
+        def workers() -> int:
+            return len(self.groups())
+
+        wait_gateway(self.url, workers, deadline, say, self._check_alive, self._pause)
 
     def nodes(self) -> list[dict[str, Any]]:
         """``GET /internal/nodes`` (signed, on the control listener)."""

@@ -25,9 +25,6 @@ from prfaas.serve.node.messages import Heartbeat, NodeEndpoint, NodeReport, Regi
 from prfaas.transfer.frames import MAX_NAME_BYTES
 
 MAX_PROCESS_NAME_BYTES = MAX_NAME_BYTES
-REGISTER_RETRY_S = 0.2
-"""How soon a process that could not reach its gateway at all tries again (at most the heartbeat
-interval): the launcher starts nodes beside their gateway, whose first second is imports."""
 """The transfer handshake carries the process name."""
 
 
@@ -108,8 +105,7 @@ async def run_control_plane(
     on_heartbeat_answer: Callable[[httpx.Response], None] = _ignore_answer,
     tls: ControlTLS | None = None,
 ) -> None:
-    """Register (retrying until the gateway answers: every ``REGISTER_RETRY_S`` while nothing
-    listens at ``url``), then heartbeat every ``interval_s``;
+    """Register (retrying until the gateway answers), then heartbeat every ``interval_s``;
     re-register when the gateway forgot us (it answers 404 to a heartbeat from an unknown
     process). A refusal (401: another key) is logged at WARNING each time it starts; the
     callbacks see only the 200 answers. ``tls``: the control plane's, with
@@ -135,12 +131,10 @@ async def run_control_plane(
                 if why and why != refused:
                     log.warning("gateway %s refused us: %s", url, why)
                 refused = why
-                unreachable = False
             except httpx.HTTPError as exc:
                 log.debug("control plane: %s", exc)
                 registered = False
-                unreachable = isinstance(exc, httpx.ConnectError)
-            await asyncio.sleep(min(interval_s, REGISTER_RETRY_S) if unreachable else interval_s)
+            await asyncio.sleep(interval_s)
 
 
 class BackgroundTasks:
