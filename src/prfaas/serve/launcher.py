@@ -162,10 +162,10 @@ class Launcher:
         self._write_resolved()
         try:
             # The workers start once the gateway answers, not beside it (which saved ~1.3 s of a
-            # 4.5-5.4 s start on 2 cores): a node connecting to a resolved port nothing listens
-            # on yet can be given that same port as its ephemeral source port and connect to
-            # itself, and the gateway then cannot bind it ("Address already in use": fresh-clone
-            # CI, 2026-12-07).
+            # 4.5-5.4 s start on 2 cores): the gateway's resolved ports are free, not yet bound,
+            # and a node's own port-0 listener, or its connection to a port nothing listens on
+            # yet, can be given one of them; the gateway then cannot bind it ("Address already
+            # in use": fresh-clone CI, 2026-12-07).
             self._add("gateway", ["--role", "gateway"])
             self._wait_gateway(deadline, say)
             for name, nodes in self.groups():
