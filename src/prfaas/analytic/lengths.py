@@ -28,7 +28,7 @@ from typing import Protocol
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy import special  # type: ignore[import-untyped]
+from scipy import integrate, special  # type: ignore[import-untyped]
 
 FloatArray = NDArray[np.float64]
 _STD = NormalDist()
@@ -148,10 +148,6 @@ class TruncatedLogNormal:
         def integrand(u: float) -> float:  # in log space: smooth, well scaled
             x = math.exp(u)
             return fn(x) * self.pdf(x) * x
-
-        # Imported here: scipy.integrate costs every process that imports this module ~0.35 s
-        # (measured), and only planning with a custom cost function integrates.
-        from scipy import integrate  # type: ignore[import-untyped]
 
         with warnings.catch_warnings():
             # quad warns about round-off once it is at machine precision; the value is still good.
