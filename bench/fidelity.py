@@ -730,9 +730,19 @@ def drive_live(
     LAST_LIVE_ENGINE_CPU_S.clear()
     LAST_LIVE_DECODE_STEPS.clear()
     if counters_before:
-        # Reports come with heartbeats: two intervals after the last answer carry every pass.
-        time.sleep(2 * launcher.deployment.heartbeat_interval_s + 0.1)
+        # Reports come with heartbeats: two intervals after the last answer carry every pass,
+        # unless the host is loaded enough to delay them (seen: p0's counter unmoved in a
+        # fresh-clone CI): read until two reads an interval apart agree (10 s at most).
+        interval_s = launcher.deployment.heartbeat_interval_s
+        time.sleep(2 * interval_s + 0.1)
         after = node_counters(launcher)
+        settle_by = time.monotonic() + 10.0
+        while time.monotonic() < settle_by:
+            time.sleep(interval_s)
+            again = node_counters(launcher)
+            if again == after:
+                break
+            after = again
         for n in NODES:
             if n in after and n in counters_before:
                 (cpu1, steps1), (cpu0, steps0) = after[n], counters_before[n]
