@@ -18,14 +18,17 @@ computes:
   for the first token, one per decode step the node counted);
 - ``decode_per_kv_byte_s``: the decode node's CPU, (long class - short class) over the KV bytes
   between them (it runs no forward pass for a one-token request: the prefill sampled it);
-- ``decode_per_output_token_s`` and ``decode_per_step_s``: the decode node's CPU, (K class -
-  short class - the profile's K - 1 decode steps) / (K - 1), is what one token costs beyond the
-  forward pass at batch 1: one step's overhead plus one token's. A fourth, batched class (short
-  prompts, K tokens, ``BATCH`` at once) with the decode node's own step count splits it
-  (``perf.plumbing.split_decode_live``): ``decode_per_step_s`` once per step, the rest
-  ``decode_per_output_token_s``. The engine's step overhead measured in the profiling process
-  (``commands.profile_step``) is recorded beside it, and splits it only if the batched class
-  could not (``split_decode_overhead``); with neither, the per-step term is left missing;
+- ``decode_per_output_token_s`` and ``decode_per_step_s``: the decode node's CPU beyond the
+  requests' fixed costs (the short class's) and the profile's forward passes of its steps, in
+  each class that decoded: ``K`` tokens one request at a time (a step a token: what one token
+  costs beyond the forward pass at batch 1, one step's overhead plus one token's) and the
+  batched classes (``RELAY_BATCHES``, the steps counted by the decode node), split by weighted
+  least squares (``perf.plumbing.split_decode_live``): ``decode_per_step_s`` once per step, the
+  rest ``decode_per_output_token_s``. Both read 0 (the classes ran faster than the passes they
+  are read against) is said on the terminal and in ``how``. The engine's step overhead measured
+  in the profiling process (``commands.profile_step``) is recorded beside it, and splits the
+  batch-1 figure only if no batched class made a batch (``split_decode_overhead``); with
+  neither, the per-step term is left missing;
 - ``prefill_per_token_s`` and ``prefill_per_request_s``: the slope and intercept of a
   least-squares line (``perf.plumbing.line_fit``, each class weighted by the noise of the
   passes it is read against) through the prefill node's CPU beyond its forward passes in the
@@ -64,7 +67,6 @@ from typing import Any
 import yaml
 
 from prfaas.commands.plumbing_classes import (
-    BATCH,
     OUTPUT_TOKENS,
     SHORT_PROMPT_TOKENS,
     Sender,
@@ -169,6 +171,8 @@ def measure(
     it, and stored with them; None leaves it missing (charged as 0)."""
     from prfaas.config import load_deployment
     from prfaas.perf.plumbing import (
+        DecodeClass,
+        DecodeSplit,
         PlumbingCosts,
         engine_in_service_how,
         in_service_excess,
@@ -234,13 +238,11 @@ def measure(
         long = cls(long_prompt_tokens, 1)
         # A third size between them for the prefill node's two terms (least squares).
         mid = cls(mid_prompt_tokens, 1) if mid_prompt_tokens else None
-        # The batched classes: K tokens, 8 and 32 decoding at once; the decode node's split
-        # reads the class of BATCH.
+        # The batched classes: K tokens, 8 and 32 decoding at once (the gateway's and the
+        # decode node's splits read them all).
         batched = batched_classes(
             send, {n: pids[n] for n in ("d0", "gateway")}, idle, requests, decode_steps, say
         )
-        num_batched, batched_steps, batched_cpu = batched[BATCH]
-        batched_cpu_s = batched_cpu["d0"]
         probes = probe_live(send, say)
     finally:
         launcher.stop()
@@ -276,39 +278,62 @@ def measure(
         + (OUTPUT_TOKENS - 1) * (OUTPUT_TOKENS - 2) // 2
     )
     batch1 = (d_k - d_s - steps_s) / (OUTPUT_TOKENS - 1)
-    per_tok = floor0("decode_per_output_token_s", batch1)
-    per_step, split_how = 0.0, ""
+    per_tok, per_step, split_how = batch1, 0.0, ""
     missing: tuple[str, ...] = ("decode_per_step_s",)
-    # The batched class: its tokens, and its CPU beyond the requests' fixed costs (the short
-    # class's, per request) and the profile's forward passes of its steps (linear in the batch:
-    # S x step(1) + (N - S) x one request's share + the context term).
-    num_tokens = num_batched * (OUTPUT_TOKENS - 1)
+    # Every class that decoded, each its CPU beyond the requests' fixed costs (the short class's,
+    # per request) and the profile's forward passes of its steps (linear in the batch: S x
+    # step(1) + (N - S) x one request's share + the context term): one request at a time, then
+    # the batched classes (RELAY_BATCHES).
     f1 = cm.decode_step_s(1, 0)
     per_request_fwd = cm.decode_step_s(2, 0) - f1
     per_ctx = (cm.decode_step_s(1, 1000) - f1) / 1000 + per_ctx_copy
-    ctx_total = num_batched * ((OUTPUT_TOKENS - 1) * SHORT_PROMPT_TOKENS
-                               + (OUTPUT_TOKENS - 1) * OUTPUT_TOKENS // 2)  # fmt: skip
-    forward_s = (batched_steps * (f1 - per_request_fwd) + num_tokens * per_request_fwd
-                 + per_ctx * ctx_total)  # fmt: skip
-    batched_s = batched_cpu_s - num_batched * d_s - forward_s
-    live_how = (
-        f"; batched class: {num_batched} requests {BATCH} at once, {num_tokens} tokens in "
-        f"{batched_steps} steps (batch-1 class: {steps_batch1} steps for "
-        f"{requests * (OUTPUT_TOKENS - 1)} tokens), decode node {batched_cpu_s:.4g} CPU s, "
-        f"{batched_s:.4g} s beyond the fixed costs and forward passes"
-    )
-    if num_tokens > batched_steps > 0:
-        split = split_decode_live(batch1, batched_s, batched_steps, num_tokens)
-        per_step, per_tok, missing = split.per_step_s, split.per_output_token_s, ()
+
+    def decode_class(n: int, num_steps: int, cpu_s: float) -> DecodeClass:
+        num_tokens = n * (OUTPUT_TOKENS - 1)
+        ctx_total = n * ((OUTPUT_TOKENS - 1) * SHORT_PROMPT_TOKENS
+                         + (OUTPUT_TOKENS - 1) * OUTPUT_TOKENS // 2)  # fmt: skip
+        forward_s = (num_steps * (f1 - per_request_fwd) + num_tokens * per_request_fwd
+                     + per_ctx * ctx_total)  # fmt: skip
+        return DecodeClass(num_steps, num_tokens, cpu_s - n * d_s - forward_s, forward_s)
+
+    one_at_a_time = DecodeClass(requests * (OUTPUT_TOKENS - 1), requests * (OUTPUT_TOKENS - 1),
+                                (d_k - d_s - steps_s) * requests, steps_s * requests)  # fmt: skip
+    decoded = [one_at_a_time] + [
+        decode_class(n, num_steps, cpu["d0"])
+        for n, num_steps, cpu in batched.values()
+        if num_steps > 0
+    ]
+    live_how = "; beyond the fixed costs and forward passes: " + ", ".join(
+        f"{c.num_tokens} tokens in {c.num_steps} steps {c.beyond_s:.4g} s (passes "
+        f"{c.forward_s:.4g} s)" for c in decoded
+    )  # fmt: skip
+    live_how += f" (the batch-1 class's steps counted: {steps_batch1})"
+    try:
+        live: DecodeSplit | None = split_decode_live(decoded, PASS_NOISE, TICK_S)
+    except ValueError:  # no batched class made a batch
+        live = None
+    if live is not None:
+        per_step, per_tok, missing = live.per_step_s, live.per_output_token_s, ()
         split_how = (
-            f"; split from the batch-1 figure {batch1:.4g} s by the decode node's CPU at two "
-            f"batch sizes{live_how}: per step {per_step:.4g} s"
-        ) + "".join(f"; {c}" for c in split.clipped)
+            f"; split by weighted least squares over {len(decoded)} classes at batch 1 and "
+            f"{', '.join(str(b) for b in batched)} (each weighed by {PASS_NOISE:.0%} of its "
+            f"passes){live_how}: per step {per_step:.4g} s, per token {per_tok:.4g} s"
+        ) + "".join(f"; {c}" for c in live.clipped)
         if engine_overhead_s is not None:
             engine = split_decode_overhead(engine_overhead_s, max(0.0, batch1))
             split_how += (f"; for comparison, engine.torch's own step overhead beyond the "
                           f"forward pass gives per step {engine.per_step_s:.4g} s")  # fmt: skip
+        if per_step == 0.0 and per_tok == 0.0:
+            decode_unmeasured = (
+                "the decode node's classes ran faster than the profile's forward passes they "
+                "are read against (the machine's speed moved between them): decode_per_step_s "
+                "and decode_per_output_token_s stored 0, a relay the node does pay; re-profile "
+                "on a quieter machine"
+            )
+            notes["decode_per_step_s"] = decode_unmeasured
+            say(f"warning: {decode_unmeasured}")
     elif engine_overhead_s is not None:
+        per_tok = floor0("decode_per_output_token_s", batch1)
         split = split_decode_overhead(engine_overhead_s, per_tok)
         per_step, per_tok, missing = split.per_step_s, split.per_output_token_s, ()
         overheads = ", ".join(f"{v * 1e3:.3g} ms at batch {b}" for b, v in
@@ -319,6 +344,8 @@ def measure(
             f"contexts): per step {split.per_step_s:.4g} s, engine per request "
             f"{split.engine_per_request_s:.4g} s"
         ) + "".join(f"; {c}" for c in split.clipped)
+    else:
+        per_tok = floor0("decode_per_output_token_s", batch1)
 
     # The prefill node: its CPU beyond its forward passes (timed beside the class, else the
     # profile's curve), per request and per prompt token, fitted over the one-token classes.
@@ -404,10 +431,8 @@ def measure(
             f"{sorted(engine_overhead_s)} (wall, this process), the batch-independent part, "
             f"capped by the decode node's batch-1 per-token CPU ({common})"
         )
-    if not missing and num_tokens > batched_steps > 0:
-        how["decode_per_step_s"] = (
-            f"{common}; decode node at batch 1 and {BATCH}, steps counted by the node{live_how}"
-        )
+    if live is not None:
+        how["decode_per_step_s"] = f"{common}; decode node, steps counted by the node{split_how}"
     for name, note in notes.items():
         how[name] += f"; {note}"
     return Measured(costs, tuple(how.items()), probes, d)

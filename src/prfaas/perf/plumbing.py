@@ -15,7 +15,7 @@ Pure: no I/O, no clock; imports nothing from prfaas.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,7 +91,7 @@ class PlumbingCosts:
     """Gateway CPU seconds per decode step of its home's decode nodes, beyond the per-token
     relay: one wake-up of its event loop relays every token a step emitted, so the relay of a
     batch of ``b`` streams costs this once plus ``b`` times ``gateway_per_output_token_s``.
-    Measured with a batched class beside the sequential ones (``split_decode_live``); a profile
+    Measured with batched classes beside the sequential ones (``perf.relay_fit``); a profile
     without it measured the gateway's relay at batch 1, where both are one token's."""
     first_token_wait_per_decoding_s: float = 0.0
     """Seconds a request's first token waits, per request already decoding at its decode node,
@@ -219,32 +219,54 @@ def split_decode_overhead(
     return DecodeSplit(intercept, per_token_at_batch1_s - intercept, slope, tuple(clipped))
 
 
+@dataclass(frozen=True, slots=True)
+class DecodeClass:
+    """One class of requests at the decode node, its fixed costs and forward passes taken out."""
+
+    num_steps: int
+    """Decode steps the node counted over the class."""
+    num_tokens: int
+    """Tokens those steps made (as many one request at a time, more in a batch)."""
+    beyond_s: float
+    """The node's CPU over the class beyond the requests' fixed costs and the profile's forward
+    passes of its steps (may be negative: noise)."""
+    forward_s: float
+    """Those forward passes (what ``beyond_s`` is read against, hence its uncertainty)."""
+
+
 def split_decode_live(
-    per_token_at_batch1_s: float, batched_s: float, num_steps: int, num_tokens: int
+    classes: Sequence[DecodeClass], pass_noise: float, tick_s: float
 ) -> DecodeSplit:
-    """Split the decode node's per-token CPU at batch 1 (``r``: one step's overhead ``a`` plus
-    one token's ``c``) with a batched run of the same node: ``num_steps`` decode steps made
-    ``num_tokens`` tokens (more than one per step on average) and cost ``batched_s`` CPU beyond
-    the profile's forward passes and the requests' fixed costs, i.e. ``S a + N c``. With ``r =
-    a + c``: ``a = (N r - X) / (N - S)``, ``c = r - a``; ``a`` is clipped to ``[0, r]`` (noise;
-    said in ``clipped``)."""
-    if num_tokens <= num_steps or num_steps < 1:
+    """The decode node's CPU beyond its forward passes split into one step's overhead ``a`` and
+    one token's ``c``: each class cost ``S a + N c`` (``S`` steps made ``N`` tokens). A class
+    one request at a time (``S = N``) pins ``a + c``, a batched one (``N > S``) tells them
+    apart. Weighted least squares over all of them, ``a, c >= 0`` (non-negative least
+    squares): each class weighed by the noise of what it is read against, ``pass_noise`` of its
+    forward passes or ``tick_s``, whichever is larger (the passes are the profile's, timed
+    earlier: the machine's speed between then and the class lands here). One batch-1 class and
+    one batched class alone traded the terms off: a batch-1 figure below 0 with 5 ms a step
+    beyond at batch 8 stored both as 0 (2026-12-07). A term held at 0 is named in ``clipped``;
+    both held at 0 say the classes ran faster than the passes they are read against."""
+    from scipy.optimize import nnls  # type: ignore[import-untyped]
+
+    if any(c.num_steps < 1 or c.num_tokens < c.num_steps for c in classes):
         raise ValueError(
-            f"need more tokens than steps (a batch over 1), got {num_tokens} tokens in "
-            f"{num_steps} steps"
+            "each class needs steps >= 1 and at least a token a step, got "
+            + ", ".join(f"{c.num_tokens} tokens in {c.num_steps} steps" for c in classes)
         )
-    r = max(0.0, per_token_at_batch1_s)
-    clipped: list[str] = []
-    if per_token_at_batch1_s < 0:
-        clipped.append(f"batch-1 figure {per_token_at_batch1_s:.3g} s taken as 0")
-    a = (num_tokens * r - batched_s) / (num_tokens - num_steps)
-    if a < 0:
-        clipped.append(f"per-step {a:.3g} s stored as 0")
-        a = 0.0
-    if a > r:
-        clipped.append(f"per-step {a:.3g} s above the batch-1 figure, capped at {r:.3g} s")
-        a = r
-    return DecodeSplit(a, r - a, 0.0, tuple(clipped))
+    rows = np.array([[c.num_steps, c.num_tokens] for c in classes], dtype=np.float64)
+    if len(classes) < 2 or np.linalg.matrix_rank(rows) < 2:
+        raise ValueError(
+            "the classes do not tell a step from a token: need two with different tokens a step "
+            "(one a batch over 1)"
+        )
+    y = np.array([c.beyond_s for c in classes])
+    sigma = np.array([max(pass_noise * abs(c.forward_s), tick_s) for c in classes])
+    coef, _ = nnls(rows / sigma[:, None], y / sigma)
+    a, c = float(coef[0]), float(coef[1])
+    clipped = tuple(f"{name} held at 0 (noise)" for name, v in (("per step", a), ("per token", c))
+                    if v <= 0.0)  # fmt: skip
+    return DecodeSplit(a, c, 0.0, clipped)
 
 
 def line_fit(
