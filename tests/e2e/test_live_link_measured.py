@@ -103,13 +103,20 @@ def test_tbf_lowered_underneath_is_measured_and_the_tuner_follows(tmp_path: Any)
         degraded = min(degraded_half, _link(live), key=lambda x: x["capacity_bytes_per_s"])
         t_degraded = max([t_nominal] + [int(u["threshold_tokens"]) for u in updates()[n_before:]])
         # 3. The rate comes back: what still offloads (the long prompts) shows the link carries
-        # more again; the next wave runs under the t that follows.
+        # more again; the next wave runs under the t that follows. Read by its highest estimate,
+        # lowest t and larger offloaded share, as the degraded phase by its worst: on a loaded
+        # host the sender itself can fall behind and be measured as the link (a fresh-clone CI
+        # beside the tiny fidelity bench: t back to 43,628 after the restore, then 110,000 at an
+        # estimate of 60 MB/s with the link idle, and the last wave all local).
         _set_tbf(ns, LINK_GBPS)
-        wave(mix[:half], 100)
-        shared_restored = wave(mix, 120)
-        restored = _link(live)
-        t_restored = control(live, "/internal/control")["threshold_tokens"]
+        n_restore = len(updates())
+        shared_restored_half = wave(mix[:half], 100)
+        restored_half = _link(live)
+        shared_restored = max(shared_restored_half, wave(mix, 120))
+        restored = max(restored_half, _link(live), key=lambda x: x["capacity_bytes_per_s"])
+        t_now = int(control(live, "/internal/control")["threshold_tokens"])
         all_updates = updates()
+        t_restored = min([t_now] + [int(u["threshold_tokens"]) for u in all_updates[n_restore:]])
     figures = {
         "nominal": nominal, "degraded": degraded, "restored": restored,
         "t": (t_nominal, t_degraded, t_restored),
