@@ -729,18 +729,28 @@ def drive_live(
     LAST_LIVE_CPU_S.update({name: read_cpu(pid) - before[name] for name, pid in pids.items()})
     LAST_LIVE_ENGINE_CPU_S.clear()
     LAST_LIVE_DECODE_STEPS.clear()
+    routes = launcher.routes()
+    matched = match_routes(reqs, results, routes, synth)
     if counters_before:
         # Reports come with heartbeats: two intervals after the last answer carry every pass,
-        # unless the host is loaded enough to delay them (seen: p0's counter unmoved in a
-        # fresh-clone CI): read until two reads an interval apart agree (10 s at most).
+        # unless the host is loaded enough to delay them (seen twice in fresh-clone CI: p0's
+        # counter unmoved, the second time after two reads a heartbeat apart agreed). Read until
+        # every node that prefilled in this run has reported passes and two reads an interval
+        # apart agree (30 s at most).
         interval_s = launcher.deployment.heartbeat_interval_s
+        prefilled = {str(r["prefill_node"]) for r in matched.values() if r.get("prefill_node")}
+
+        def moved(now: dict[str, tuple[float, int]]) -> bool:
+            return all(now[n][0] > counters_before[n][0] for n in prefilled
+                       if n in now and n in counters_before)  # fmt: skip
+
         time.sleep(2 * interval_s + 0.1)
         after = node_counters(launcher)
-        settle_by = time.monotonic() + 10.0
+        settle_by = time.monotonic() + 30.0
         while time.monotonic() < settle_by:
             time.sleep(interval_s)
             again = node_counters(launcher)
-            if again == after:
+            if again == after and moved(again):
                 break
             after = again
         for n in NODES:
@@ -749,8 +759,6 @@ def drive_live(
                 LAST_LIVE_ENGINE_CPU_S[n] = cpu1 - cpu0
                 if steps1 > steps0:
                     LAST_LIVE_DECODE_STEPS[n] = steps1 - steps0
-    routes = launcher.routes()
-    matched = match_routes(reqs, results, routes, synth)
     reasons = _route_reasons(decisions)
     by_index = {r.index: r for r in results}
     out = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from pathlib import Path
 from typing import Any
 
@@ -77,16 +78,22 @@ async def _shares(pool: LivePool) -> dict[str, Any]:
             ))  # fmt: skip
             assert all(isinstance(x, Accepted) for x in answers), answers
             both_busy_b = False
-            for _ in range(1200):
+            # Until every prefill ended (done, failed or aborted), 120 s at most: the rows as
+            # last read stay in ``found`` for a failure to show (a fresh-clone CI on a loaded
+            # host ended 1,200 polls without it and said nothing of where they stood).
+            deadline = time.monotonic() + 120.0
+            while time.monotonic() < deadline:
                 rows = (await _operator(pool, operator, "tenants"))["tenants"]
                 a, b = rows["tenant-a"], rows["tenant-b"]
+                found["last"] = {"a": a, "b": b}
                 if "at_a_empty" not in found and a["queued_tokens"] == 0:
                     found["at_a_empty"] = {"a": a["placed"], "b": b["placed"]}
                 if "at_a_empty" in found and a["running"] == 0 and b["queued_tokens"] > 0:
                     nodes = await _operator(pool, operator, "nodes")
                     if all(n["running"].startswith("tenant-b/") for n in nodes):
                         both_busy_b = True
-                if a["done"] + b["done"] + a["failed"] + b["failed"] == 2 * NUM_EACH:
+                ended = sum(row[k] for row in (a, b) for k in ("done", "failed", "aborted"))
+                if ended == 2 * NUM_EACH:
                     found["end"] = {"a": a, "b": b}
                     break
                 await asyncio.sleep(0.05)
@@ -111,6 +118,7 @@ def test_two_tenants_share_the_pool_2_to_1_and_one_alone_gets_all(tmp_path: Path
     assert placed["a"] == NUM_EACH  # a's queue empty: all its prefills placed
     ratio = placed["a"] / placed["b"]
     assert abs(ratio / 2.0 - 1.0) <= 0.10, (ratio, found)
+    assert "end" in found, found  # every prefill ended
     end = found["end"]
     assert end["a"]["done"] == NUM_EACH and end["b"]["done"] == NUM_EACH, end
     assert found["b_had_the_pool"], found

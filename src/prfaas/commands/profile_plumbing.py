@@ -296,8 +296,9 @@ def measure(
                      + per_ctx * ctx_total)  # fmt: skip
         return DecodeClass(num_steps, num_tokens, cpu_s - n * d_s - forward_s, forward_s)
 
-    one_at_a_time = DecodeClass(requests * (OUTPUT_TOKENS - 1), requests * (OUTPUT_TOKENS - 1),
-                                (d_k - d_s - steps_s) * requests, steps_s * requests)  # fmt: skip
+    tokens_batch1 = requests * (OUTPUT_TOKENS - 1)
+    one_at_a_time = DecodeClass(tokens_batch1, tokens_batch1, batch1 * tokens_batch1,
+                                steps_s * requests)  # fmt: skip
     decoded = [one_at_a_time] + [
         decode_class(n, num_steps, cpu["d0"])
         for n, num_steps, cpu in batched.values()
@@ -315,9 +316,9 @@ def measure(
     if live is not None:
         per_step, per_tok, missing = live.per_step_s, live.per_output_token_s, ()
         split_how = (
-            f"; split by weighted least squares over {len(decoded)} classes at batch 1 and "
-            f"{', '.join(str(b) for b in batched)} (each weighed by {PASS_NOISE:.0%} of its "
-            f"passes){live_how}: per step {per_step:.4g} s, per token {per_tok:.4g} s"
+            f"; split by weighted least squares over {len(decoded)} classes, at batch "
+            f"{', '.join(str(b) for b in (1, *batched))} (each weighed by {PASS_NOISE:.0%} of "
+            f"its passes){live_how}: per step {per_step:.4g} s, per token {per_tok:.4g} s"
         ) + "".join(f"; {c}" for c in live.clipped)
         if engine_overhead_s is not None:
             engine = split_decode_overhead(engine_overhead_s, max(0.0, batch1))

@@ -208,7 +208,8 @@ def test_tiny_run_end_to_end(tmp_path: Path) -> None:
     assert len(point["live_engine_cpu_s"]) == report["live_repeats"]
     # (p0 prefills every short prompt on both sides; pf0 what offloads, here some of it too; the
     # passes alone can exceed all terms: a negative in-service excess refunds part of them)
-    assert all(run["p0"] > 0 and run["pf0"] >= 0 for run in point["live_engine_cpu_s"])
+    assert all(run["p0"] > 0 and run["pf0"] >= 0 for run in point["live_engine_cpu_s"]), (
+        point["live_engine_cpu_s"], stdout[-3000:])  # fmt: skip
     assert set(point["sim_pass_work_s"]) == {"pf0", "p0"} and point["sim_pass_work_s"]["p0"] > 0
     assert "of which the passes (engine thread / the curve)" in stdout
     # the decode node's steps, live (each repeat, from its decode_steps) and simulated, and what
