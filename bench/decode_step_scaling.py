@@ -15,9 +15,12 @@ gateway) are not in either side.
         --model WORKDIR/tiny-fidelity --profile WORKDIR/pd-core0.yaml
 
 (``WORKDIR``: a ``bench/fidelity.py --workdir``; pin it to the core the profile was measured
-on.) Measured on 2026-12-07 (docs/fidelity.md, twenty-fourth round): the price holds to batch 8
-at 4,096 tokens and misses 1.5-2.5x from batch 16 at 4,096 tokens on, where the batch's padded
-cache outgrows the CPU's caches.
+on.) Measured on 2026-12-07 (docs/engine.md, docs/fidelity.md's twenty-fourth and twenty-fifth
+rounds): the price holds to batch 8 at 4,096 tokens; from batch 32 at 4,096 on, the step took
+1.1-2.5x its price, by how the process's allocator stood: glibc maps and unmaps the step's
+combined cache afresh, and each step page-faults it again. Each point runs in this one process,
+after the ones before it, so the order of ``--points`` moves the figures: give one point a run to
+time it from a fresh process.
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
 from prfaas.engine.errors import ModelFolderError
 from prfaas.engine.hf_spec import HFCacheMap, cache_map_from_config, check_architecture
-from prfaas.engine.torch.allocator import tune_malloc
 from prfaas.engine.torch.hf_cache import (
     LayerTap,
     load_pretrained,
@@ -104,10 +103,6 @@ def load_model(
     path = Path(model_dir)
     cfg = check_folder(path)
     check_architecture(cfg.get("model_type"))  # before loading anything
-    if device == "cpu":
-        # Before the weights: the decode steps' per-step batches would otherwise page-fault
-        # afresh every step (engine.torch.allocator).
-        tune_malloc()
     try:
         config = AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as exc:
