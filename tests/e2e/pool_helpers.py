@@ -10,11 +10,14 @@ import subprocess
 import sys
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 import yaml
+
+from prfaas.pool.client import Refusal
 
 KEYS = {
     "PRFAAS_POOL_KEY_A": "tenant-a-pool-key-0123456789abcdef",
@@ -58,6 +61,24 @@ def submit_body(
         "num_uncached_tokens": num_tokens, "receiver": receiver, "session": f"s-{rid}",
         "tokens": pack_tokens(tokens), "sampling": {"max_new_tokens": 4},
     }  # fmt: skip
+
+
+class LeaseRenewer:
+    """Heartbeats every tenant client at most every ``every_s`` seconds, as a tenant does: a
+    lease that lapses drops the tenant's prefills (loaded hosts ran tests past the pool files'
+    30 s lease without it: queued prefills dropped, ``lease_expired``)."""
+
+    def __init__(self, clients: Iterable[Any], every_s: float = 5.0) -> None:
+        self.clients = list(clients)
+        self.every_s = every_s
+        self.renewed = time.monotonic()
+
+    async def when_due(self) -> None:
+        if time.monotonic() - self.renewed <= self.every_s:
+            return
+        for c in self.clients:
+            assert not isinstance(await c.heartbeat(), Refusal)
+        self.renewed = time.monotonic()
 
 
 class LivePool:

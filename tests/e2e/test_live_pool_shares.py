@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from pool_helpers import KEYS, LivePool, live_pool, submit_body
+from pool_helpers import KEYS, LeaseRenewer, LivePool, live_pool, submit_body
 
 from prfaas.pool.client import Accepted, PoolClient, Refusal
 from prfaas.serve.auth import SignedAuth
@@ -24,7 +24,6 @@ from prfaas.transfer import Manifest, Receiver, TransferConfig
 pytestmark = pytest.mark.timeout(180)
 NUM_EACH = 36
 TOKENS = 30_000  # 1.71 modelled s on an H200 node: 0.17 s of wall each at time_scale 0.1
-LEASE_RENEW_S = 5.0  # the pool file's lease_s is 30
 POOL = """
 version: 1
 units: {time_scale: 0.1, byte_divisor: 1000, block_tokens: 512}
@@ -83,15 +82,10 @@ async def _shares(pool: LivePool) -> dict[str, Any]:
             # last read stay in ``found`` for a failure to show (a fresh-clone CI on a loaded
             # host ended 1,200 polls without it and said nothing of where they stood).
             deadline = time.monotonic() + 120.0
-            renewed = time.monotonic()
+            # (a fresh-clone CI ran past the 30 s lease without renewing: b's last four aborted)
+            leases = LeaseRenewer(clients.values())
             while time.monotonic() < deadline:
-                if time.monotonic() - renewed > LEASE_RENEW_S:
-                    # as a tenant does: a lease that lapses drops its prefills (a fresh-clone CI
-                    # on a loaded host ran past the 30 s lease without it: b's last four aborted,
-                    # lease_expired, two of them still queued)
-                    for c in clients.values():
-                        assert not isinstance(await c.heartbeat(), Refusal)
-                    renewed = time.monotonic()
+                await leases.when_due()
                 rows = (await _operator(pool, operator, "tenants"))["tenants"]
                 a, b = rows["tenant-a"], rows["tenant-b"]
                 found["last"] = {"a": a, "b": b}
