@@ -201,7 +201,7 @@ def _profile_torch(args: argparse.Namespace) -> Any:
     model, limit = loaded.model, loaded.cmap.max_context_tokens
     cuda = args.device.startswith("cuda")
     timer = PassTimer(loaded, device=args.device, pass_tokens=args.pass_tokens, seed=args.seed)
-    ids, positions, timed = timer.ids, timer.positions, timer.timed
+    ids, positions = timer.ids, timer.positions
 
     grid = [(n, c) for c in args.cached_tokens for n in args.new_tokens if n + c <= limit]
     decode_grid = [(b, x) for b in args.batch_sizes for x in args.contexts if x < limit]
@@ -213,11 +213,8 @@ def _profile_torch(args: argparse.Namespace) -> Any:
             prefill_points.append(PrefillPoint(n, c, *median_spread(samples), args.repeats))
             bar.step(f"prefill {n} new after {c} cached")
         for b, ctx in decode_grid:
-            cache = new_cache(model)
-            forward(model, ids(b, ctx), cache, positions(b, 0, ctx))
-            samples = []
-            for k in range(args.repeats):
-                samples.append(timed(forward, model, ids(b, 1), cache, positions(b, ctx + k, 1)))
+            step = timer.decode_forward(b, ctx)
+            samples = [step() for _ in range(args.repeats)]
             decode_points.append(DecodePoint(b, ctx, *median_spread(samples), args.repeats))
             bar.step(f"decode batch {b} at {ctx} tokens")
     device = torch.cuda.get_device_name(args.device) if cuda else f"cpu x{torch.get_num_threads()}"

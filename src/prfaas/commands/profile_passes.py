@@ -1,7 +1,8 @@
-"""The profile's prefill passes, timed in this process: the one definition of what a profiled
-prefill point measures (``prfaas profile --engine torch``'s curve, ``commands.profile``) and of the
+"""The profile's passes, timed in this process: the one definition of what a profiled prefill
+point measures (``prfaas profile --engine torch``'s curve, ``commands.profile``) and of the
 passes the plumbing measurement reads its prefill classes against, timed between their requests
-(``commands.profile_plumbing``).
+(``commands.profile_plumbing``); and of a decode point's forward pass (``decode_forward``), which
+the engine's step is also measured against (``commands.profile_step``).
 
 A prefill of ``new`` tokens after ``cached`` ones is ``engine.torch``'s passes
 (``perf.prefill_passes.pass_ends``: one pass, or passes ending at multiples of ``pass_tokens``)
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -80,3 +82,30 @@ class PassTimer:
             if cached_tokens:
                 self.prefill(cache, 0, cached_tokens)
             return self.timed(self.prefill, cache, cached_tokens, new_tokens)
+
+    def decode_forward(self, batch: int, context_tokens: int) -> Callable[[], float]:
+        """A timer of one decode forward pass as ``engine.torch`` runs it: ``batch`` rows of
+        ``context_tokens`` cached tokens (prefilled once, untimed), gathered into the engine's
+        kept buffers on the CPU (``batch_workspace``; afresh on a GPU, as the engine does),
+        untimed, then the forward over them, timed: on the CPU it writes its token in place, as
+        the engine's does. Each call times one such pass at the same context."""
+        import torch
+
+        from prfaas.engine.torch import hf_cache
+        from prfaas.engine.torch.batch_workspace import BatchWorkspace
+
+        model, cmap = self.loaded.model, self.loaded.cmap
+        workspace = None if self.cuda else BatchWorkspace()
+        with torch.inference_mode():
+            cache = hf_cache.new_cache(model)
+            hf_cache.forward(model, self.ids(batch, context_tokens), cache,
+                             self.positions(batch, 0, context_tokens))  # fmt: skip
+            rows = hf_cache.split_cache(cache, cmap, [context_tokens] * batch)
+
+        def one() -> float:
+            with torch.inference_mode():
+                step, _ = hf_cache.build_cache(model, cmap, rows, workspace)
+                return self.timed(hf_cache.forward, model, self.ids(batch, 1), step,
+                                  self.positions(batch, context_tokens, 1))  # fmt: skip
+
+        return one

@@ -9,9 +9,9 @@ In this process, on the profiled model: for each batch size ``b``, ``b`` request
 ``context_tokens`` random prompt tokens are prefilled and started on a real ``TorchEngine``
 (greedy, EOS ignored), then ``steps`` decode steps are timed two ways, alternately: the engine's
 own ``step()`` (the hand-off to its engine thread, gathering the batch's caches, the forward,
-splitting them back, sampling, the bookkeeping) and the bare forward pass of a ``b``-row batch
-at the same context, which is what the profile's decode points time. The medians' difference is
-the engine's overhead at ``b``. Wall seconds, as the profile's forward passes are timed.
+appending each request's new rows, sampling, the bookkeeping) and the forward pass alone of a
+``b``-row batch at the same context, as the profile's decode points time it
+(``PassTimer.decode_forward``). The medians' difference is the engine's overhead at ``b``.
 
 Not pure (torch, the clock): a command's helper.
 """
@@ -43,15 +43,16 @@ def engine_step_overheads(
     s)."""
     import torch
 
+    from prfaas.commands.profile_passes import PassTimer
     from prfaas.engine.api import PrefillRequest, SamplingParams
     from prfaas.engine.torch.engine import TorchEngine
-    from prfaas.engine.torch.hf_cache import forward, new_cache
     from prfaas.engine.torch.loader import load_model
 
     if steps < 3:
         raise ValueError(f"steps must be >= 3, got {steps}")
     loaded = load_model(model_path, device=device)
-    model, rng = loaded.model, random.Random(seed)
+    rng = random.Random(seed)
+    passes = PassTimer(loaded, device=device, pass_tokens=None, seed=seed + 1)
     cuda = device.startswith("cuda")
 
     def prompt(context_tokens: int) -> tuple[int, ...]:
@@ -75,18 +76,13 @@ def engine_step_overheads(
             for rid in rids:
                 result = engine.prefill(PrefillRequest(rid, prompt(context_tokens)), keep=True)
                 engine.start(result, sampling)
-            with torch.inference_mode():
-                cache = new_cache(model)
-                rows = torch.tensor([list(prompt(context_tokens)) for _ in range(b)])
-                forward(model, rows, cache, torch.arange(context_tokens).expand(b, -1))
-                for _ in range(WARMUP_STEPS):
-                    engine.step()
-                engine_s, forward_s = [], []
-                for k in range(steps):
-                    engine_s.append(timed(engine.step))
-                    ids = torch.tensor([[rng.randrange(loaded.vocab_size)] for _ in range(b)])
-                    at = torch.full((b, 1), context_tokens + k, dtype=torch.long)
-                    forward_s.append(timed(forward, model, ids, cache, at))
+            forward_one = passes.decode_forward(b, context_tokens)
+            for _ in range(WARMUP_STEPS):
+                engine.step()
+            engine_s, forward_s = [], []
+            for _ in range(steps):
+                engine_s.append(timed(engine.step))
+                forward_s.append(forward_one())
             for rid in rids:
                 engine.release(rid)
             out[b, context_tokens] = (statistics.median(engine_s), statistics.median(forward_s))

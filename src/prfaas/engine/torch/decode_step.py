@@ -17,6 +17,7 @@ import torch
 from prfaas.engine.api import FinishReason, SamplingParams, TokenEvent
 from prfaas.engine.hf_spec import HFCacheMap
 from prfaas.engine.torch import hf_cache
+from prfaas.engine.torch.batch_workspace import BatchWorkspace
 from prfaas.engine.torch.core import EngineFault
 from prfaas.engine.torch.loader import LoadedModel
 from prfaas.engine.torch.sampling import choose
@@ -44,12 +45,18 @@ def finish_reason(run: Running, token: int) -> FinishReason | None:
     return None
 
 
-def forward_step(loaded: LoadedModel, cmap: HFCacheMap, runs: list[Running]) -> list[Stepped]:
-    """One batched decode forward: per request, its advanced cache and last logits."""
+def forward_step(
+    loaded: LoadedModel,
+    cmap: HFCacheMap,
+    runs: list[Running],
+    workspace: BatchWorkspace | None = None,
+) -> list[Stepped]:
+    """One batched decode forward: per request, its advanced cache and last logits. The batch's
+    caches are gathered into ``workspace``'s buffers where one is given (``batch_workspace``)."""
     rows = runs
     if len(rows) == 1 and loaded.batch_invariant:
         rows = rows * 2  # a one-row step takes another GEMM kernel (see hf_cache)
-    cache, max_tokens = hf_cache.build_cache(loaded.model, cmap, [r.cache for r in rows])
+    cache, max_tokens = hf_cache.build_cache(loaded.model, cmap, [r.cache for r in rows], workspace)
     lengths = [r.cache.num_tokens for r in rows]
     # Left-padded batch: request b's tokens end at index max_tokens; mask the padding.
     mask = torch.zeros((len(rows), max_tokens + 1), dtype=torch.long)
@@ -59,7 +66,11 @@ def forward_step(loaded: LoadedModel, cmap: HFCacheMap, runs: list[Running]) -> 
     positions = torch.tensor([[n] for n in lengths], dtype=torch.long)
     with loaded.forward_lock, torch.inference_mode():
         logits = hf_cache.forward(loaded.model, input_ids, cache, positions, mask)
-    caches = hf_cache.split_cache(cache, cmap, [n + 1 for n in lengths])
+    if workspace is None:
+        caches = hf_cache.split_cache(cache, cmap, [n + 1 for n in lengths])
+    else:  # a duplicated row (rows = runs * 2) must not append twice: runs only
+        remaining = [r.sampling.max_new_tokens - r.num_generated for r in runs]
+        caches = hf_cache.append_step(cache, cmap, [r.cache for r in runs], remaining)
     return [(caches[b], logits[b, -1]) for b in range(len(runs))]
 
 

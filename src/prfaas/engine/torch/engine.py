@@ -50,6 +50,7 @@ from prfaas.engine.budget import KvBudget
 from prfaas.engine.errors import EngineDead, EngineError, PromptTooLong, UnknownRequest
 from prfaas.engine.manifest_check import check_manifest
 from prfaas.engine.torch import hf_cache
+from prfaas.engine.torch.batch_workspace import BatchWorkspace
 from prfaas.engine.torch.core import EngineLoop, Task
 from prfaas.engine.torch.decode_step import (
     Running,
@@ -108,6 +109,10 @@ class TorchEngine:
         self._prefilling: set[str] = set()
         self._allocs: dict[str, Allocation] = {}
         self._running: dict[str, Running] = {}
+        # The decode step's gather buffers, kept between steps (engine thread only). On the CPU
+        # only: there the fresh blocks page-faulted every step (batch_workspace.py); on a GPU the
+        # caching allocator reuses blocks already, and a kept buffer would only hold memory.
+        self._workspace = BatchWorkspace() if loaded.model.device.type == "cpu" else None
         self._loop = EngineLoop(f"prfaas-engine-{next(_names)}")
         # The loop thread holds no reference to this engine: once nobody does, stop it.
         weakref.finalize(self, self._loop.stop_soon)
@@ -447,6 +452,8 @@ class TorchEngine:
                     del self._running[rid]
                     self._running[rid] = run
         if not batch:
+            if self._workspace is not None:
+                self._workspace.clear()  # idle: give the gather buffers back
             return ()
         runs = [run for _, run in batch]
         try:
@@ -468,7 +475,7 @@ class TorchEngine:
     def _forward_step(self, runs: list[Running]) -> list[Stepped]:
         """One batched decode forward (``decode_step.forward_step``): a method of its own, the
         one place a step reaches the model (tests break it here)."""
-        return forward_step(self._loaded, self.cmap, runs)
+        return forward_step(self._loaded, self.cmap, runs, self._workspace)
 
     # -- convenience ----------------------------------------------------------------------------
     def generate(self, req: PrefillRequest) -> list[int]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -27,6 +27,7 @@ from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicSlidingWindowLayer
 
 from prfaas.engine.hf_spec import HFCacheMap
+from prfaas.engine.torch.batch_workspace import BatchWorkspace
 from prfaas.spec import LayerCache, LayerKind
 
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -44,6 +45,11 @@ class RequestCache:
 
     num_tokens: int
     layers: list[dict[str, torch.Tensor]]
+    room: dict[tuple[int, str], tuple[torch.Tensor, int]] = field(default_factory=dict)
+    """Where decode steps append in place (``append_step``): per (spec position, attention
+    tensor name), a buffer ``[1, heads, capacity, dim]`` and the index that position's tensor in
+    ``layers`` ends at (it is a view of the buffer). Shared with the cache this one was appended
+    from, which sees none of the rows past its own end; empty until the first such step."""
 
 
 def decoder_layers(model: PreTrainedModel) -> list[torch.nn.Module]:
@@ -218,13 +224,18 @@ def _left_pad(t: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def build_cache(
-    model: PreTrainedModel, cmap: HFCacheMap, requests: list[RequestCache]
+    model: PreTrainedModel,
+    cmap: HFCacheMap,
+    requests: list[RequestCache],
+    workspace: BatchWorkspace | None = None,
 ) -> tuple[DynamicCache, int]:
     """One batched cache for ``requests`` (fresh tensors: the step may update states in place).
 
     Attention rows are left-padded so every request's last token sits at the same index ``T - 1``
     (``T`` = the longest); the caller masks the padding and passes each request's own positions.
-    Returns the cache and ``T``.
+    With a ``workspace``, the attention rows are gathered into its kept buffers rather than fresh
+    ones: the forward pass concatenates onto them and never writes them (``DynamicLayer.update``),
+    so they are free again once it returns. Returns the cache and ``T``.
     """
     cache = new_cache(model)
     max_tokens = max(r.num_tokens for r in requests)
@@ -237,9 +248,102 @@ def build_cache(
             continue
         names = [t.name for t in spec.per_token]
         rows = spec.kept_tokens(max_tokens)
-        k, v = (torch.cat([_left_pad(r.layers[pos][n], rows) for r in requests]) for n in names)
-        _fill_attention(layer, k, v, max_tokens)
+        if workspace is None:
+            k, v = (torch.cat([_left_pad(r.layers[pos][n], rows) for r in requests]) for n in names)
+            _fill_attention(layer, k, v, max_tokens)
+        else:
+            k, v = (_gather_left_padded(workspace, pos, n, requests, rows) for n in names)
+            _fill_attention(layer, k[:, :, :rows], v[:, :, :rows], max_tokens)
+            _write_in_place(layer, k, v, rows)
     return cache, max_tokens
+
+
+def _gather_left_padded(
+    workspace: BatchWorkspace, pos: int, name: str, requests: list[RequestCache], rows: int
+) -> torch.Tensor:
+    """The requests' ``[1, heads, tokens, dim]`` left-padded to ``rows`` into the workspace's
+    buffer for (``pos``, ``name``), of ``rows + 1`` tokens: the last for the step's own."""
+    first = requests[0].layers[pos][name]
+    shape = (len(requests), first.shape[1], rows + 1, first.shape[-1])
+    out = workspace.tensor((pos, name), shape, first)
+    for b, r in enumerate(requests):
+        t = r.layers[pos][name]
+        start = rows - t.shape[-2]
+        out[b, :, :start].zero_()
+        out[b, :, start:rows].copy_(t[0])
+    return out
+
+
+def _write_in_place(layer: Any, keys: torch.Tensor, values: torch.Tensor, rows: int) -> None:
+    """This layer's next one-token ``update`` writes the token into column ``rows`` of ``keys`` /
+    ``values`` (gathered up to it) and returns them whole: the tensors the class's own update
+    would return (``torch.cat`` of the same rows), without allocating them."""
+    cls_update = type(layer).update
+
+    def update(key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kw: Any) -> Any:
+        if key_states.shape[-2] != 1 or getattr(layer, "record_past", False):
+            return cls_update(layer, key_states, value_states, *args, **kw)
+        keys[:, :, rows] = key_states[:, :, 0]
+        values[:, :, rows] = value_states[:, :, 0]
+        layer.keys, layer.values = keys, values
+        if isinstance(layer, DynamicSlidingWindowLayer):
+            layer.cumulative_length += 1
+        return keys, values
+
+    layer.update = update
+
+
+def append_step(
+    cache: DynamicCache,
+    cmap: HFCacheMap,
+    requests: list[RequestCache],
+    remaining_tokens: list[int],
+) -> list[RequestCache]:
+    """After a step over ``build_cache(..., workspace)``: each request's cache one token longer,
+    its new attention rows appended in place to its own buffer (``RequestCache.room``) rather than
+    left as views of the batch. A request without room (or outgrown it) gets a buffer for its
+    ``remaining_tokens`` more, so it is allocated once: untouched, its pages cost nothing."""
+    out: list[RequestCache] = []
+    for b, req in enumerate(requests):
+        n = req.num_tokens + 1
+        layers: list[dict[str, torch.Tensor]] = []
+        room = dict(req.room)
+        for pos, spec in enumerate(cmap.spec.layers):
+            native = read_layer(cache, cmap, pos)
+            if spec.kind is LayerKind.LINEAR:
+                layers.append({k: t[b : b + 1] for k, t in native.items()})
+                continue
+            kept, grown = spec.kept_tokens(n), {}
+            for name, t in native.items():
+                view, room[pos, name] = _append_row(
+                    req.layers[pos][name], t[b : b + 1, :, -1], room.get((pos, name)), kept,
+                    remaining_tokens[b],
+                )  # fmt: skip
+                grown[name] = view
+            layers.append(grown)
+        out.append(RequestCache(n, layers, room))
+    return out
+
+
+def _append_row(
+    current: torch.Tensor,
+    row: torch.Tensor,
+    room: tuple[torch.Tensor, int] | None,
+    kept: int,
+    more: int,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, int]]:
+    """``current`` ``[1, heads, m, dim]`` with ``row`` ``[1, heads, dim]`` after it, the last
+    ``kept`` tokens: a view of ``room``'s buffer where ``current`` is its tail and there is room."""
+    m = current.shape[-2]
+    if room is not None:
+        buf, end = room
+        if end < buf.shape[-2] and m <= end and current.data_ptr() == buf[:, :, end - m].data_ptr():
+            buf[:, :, end] = row
+            return buf[:, :, end + 1 - kept : end + 1], (buf, end + 1)
+    buf = current.new_empty((1, current.shape[1], m + 1 + max(more, 0), current.shape[-1]))
+    buf[:, :, :m] = current
+    buf[:, :, m] = row
+    return buf[:, :, m + 1 - kept : m + 1], (buf, m + 1)
 
 
 def split_cache(cache: DynamicCache, cmap: HFCacheMap, num_tokens: list[int]) -> list[RequestCache]:
