@@ -66,6 +66,33 @@ def test_in_place_steps_match_fresh_batches(arch: str, loaded: Loaded) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_a_lone_request_past_its_window_matches_fresh_batches(loaded: Loaded) -> None:
+    """One request (a one-row step runs two rows, and appends once), generating past Mistral's
+    96-token window: its buffer fills and is copied into a new one on the way."""
+    model = loaded("mistral", "fp32")
+    kept, fresh = TorchEngine(model), TorchEngine(model)
+    fresh._workspace = None
+    sampling = SamplingParams(max_new_tokens=130, ignore_eos=True)
+    try:
+        for engine in (kept, fresh):
+            engine.start(engine.prefill(PrefillRequest("w", prompt(5, 60), sampling)), sampling)
+        refills, last = 0, None
+        for step in range(129):
+            assert kept.step() == fresh.step(), f"step {step}"
+            if kept.num_running:
+                a, b = _caches(kept)["w"], _caches(fresh)["w"]
+                _assert_same_cache(a, b, f"step {step}")
+                buf = next(iter(a.room.values()))[0]
+                refills += last is not None and buf is not last
+                last = buf
+        assert kept.num_running == fresh.num_running == 0
+        assert refills >= 1, "the window's buffer was never refilled"
+    finally:
+        kept.close()
+        fresh.close()
+
+
+@pytest.mark.timeout(60)
 def test_a_request_appends_into_one_buffer_and_a_stale_cache_cannot_corrupt_it(
     loaded: Loaded,
 ) -> None:

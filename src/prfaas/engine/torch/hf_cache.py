@@ -302,22 +302,27 @@ def append_step(
     """After a step over ``build_cache(..., workspace)``: each request's cache one token longer,
     its new attention rows appended in place to its own buffer (``RequestCache.room``) rather than
     left as views of the batch. A request without room (or outgrown it) gets a buffer for its
-    ``remaining_tokens`` more, so it is allocated once: untouched, its pages cost nothing."""
+    ``remaining_tokens`` more, so it is allocated once (a window's layers: a window more at a
+    time); the pages not yet written cost nothing."""
+    natives = [read_layer(cache, cmap, pos) for pos in range(cmap.spec.num_layers)]
     out: list[RequestCache] = []
     for b, req in enumerate(requests):
         n = req.num_tokens + 1
         layers: list[dict[str, torch.Tensor]] = []
         room = dict(req.room)
-        for pos, spec in enumerate(cmap.spec.layers):
-            native = read_layer(cache, cmap, pos)
+        for pos, (spec, native) in enumerate(zip(cmap.spec.layers, natives, strict=True)):
             if spec.kind is LayerKind.LINEAR:
                 layers.append({k: t[b : b + 1] for k, t in native.items()})
                 continue
             kept, grown = spec.kept_tokens(n), {}
+            # A window keeps its last tokens only: room for a window more at a time (a copy of
+            # the window each time it fills), not for the whole generation, which would hold it.
+            more = remaining_tokens[b]
+            if spec.window_tokens is not None:
+                more = min(more, spec.window_tokens)
             for name, t in native.items():
                 view, room[pos, name] = _append_row(
-                    req.layers[pos][name], t[b : b + 1, :, -1], room.get((pos, name)), kept,
-                    remaining_tokens[b],
+                    req.layers[pos][name], t[b : b + 1, :, -1], room.get((pos, name)), kept, more
                 )  # fmt: skip
                 grown[name] = view
             layers.append(grown)
