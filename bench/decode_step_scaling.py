@@ -1,26 +1,27 @@
 """``engine.torch``'s real decode step against what a profile prices it at, by batch and context.
 
-A torch profile's decode points time a bare forward pass over a batch whose cache is already one
-batched tensor (``prfaas profile --engine torch``); the engine's step also gathers its running
-requests' caches into one left-padded batch and splits them back every step, which
+A torch profile's decode points time the forward pass alone over a batch already gathered
+(``PassTimer.decode_forward``: on the CPU into the engine's kept buffers, its token written in
+place, as the engine's step does); the engine's step also gathers its running requests' caches
+into that batch and appends each one's new rows to its own buffer every step, which
 ``prfaas profile`` prices as ``plumbing.decode_per_context_token_s``, measured at batch 1 and 8
-(``commands.profile_step``) and charged linearly in the batch's padded context. This bench times,
-for each ``B:CTX`` (``B`` requests of ``CTX`` context tokens each), the engine's own ``step()``
-and the bare forward at the same batch, alternately (``commands.profile_step``'s
-``engine_step_overheads``, wall seconds, medians), and prints them beside the profile's price
-for the engine's step: its decode fit plus that term. The relay terms (the node's HTTP, the
-gateway) are not in either side.
+(``commands.profile_step``) and charged linearly in the batch's padded context. This bench
+times, for each ``B:CTX`` (``B`` requests of ``CTX`` context tokens each), the engine's own
+``step()`` and that forward at the same batch, alternately (``commands.profile_step``'s
+``engine_step_overheads``, medians), and prints them beside the profile's price for the
+engine's step: its decode fit plus that term. The relay terms (the node's HTTP, the gateway) are
+not in either side.
 
     taskset -c 0 .venv/bin/python bench/decode_step_scaling.py \\
         --model WORKDIR/tiny-fidelity --profile WORKDIR/pd-core0.yaml
 
 (``WORKDIR``: a ``bench/fidelity.py --workdir``; pin it to the core the profile was measured
-on.) Measured on 2026-12-07 (docs/engine.md, docs/fidelity.md's twenty-fourth and twenty-fifth
-rounds): the price holds to batch 8 at 4,096 tokens; from batch 32 at 4,096 on, the step took
-1.1-2.5x its price, by how the process's allocator stood: glibc maps and unmaps the step's
-combined cache afresh, and each step page-faults it again. Each point runs in this one process,
-after the ones before it, so the order of ``--points`` moves the figures: give one point a run to
-time it from a fresh process.
+on.) Measured on 2026-12-07 (docs/engine.md): while the step gathered into fresh tensors and the
+forward concatenated into fresh ones, glibc page-faulted them in every step, and from batch 32
+at 4,096 tokens the step took 1.1-2.5x its price; with the kept buffers (engine.torch since
+then), 32 x 4,096 took 21 ms and 64 x 6,000 44 ms, under the forward that concatenates. Each
+point runs in this one process, after the ones before it, so the order of ``--points`` can move
+the figures: give one point a run to time it from a fresh process.
 """
 
 from __future__ import annotations

@@ -82,9 +82,9 @@ class PlumbingCosts:
     (``prefill_overhead_s``)."""
     decode_per_context_token_s: float = 0.0
     """Decode node CPU seconds per decode step per context token of its batch, beyond the
-    profiled forward pass: the engine gathers its batch's caches into one (left-padded) and
-    splits them back every step, which copies every request's KV (``engine.torch``'s
-    ``hf_cache.build_cache`` / ``split_cache``). Measured in the profiling process as the engine
+    profiled forward pass: the engine gathers its batch's caches into one (left-padded) every
+    step, which copies every request's KV (``engine.torch``'s ``hf_cache.build_cache``), and
+    hands each its cache back a token longer. Measured in the profiling process as the engine
     step's overhead beyond the forward pass at two contexts (``commands.profile_step``);
     charged in each step like the context term of the forward pass itself."""
     gateway_per_step_s: float = 0.0

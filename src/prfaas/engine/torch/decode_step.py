@@ -1,5 +1,6 @@
 """One decode step of the running batch, as the engine thread runs it: the batched forward (the
-running requests' caches combined into one left-padded batch, one token each, split back), a
+running requests' caches combined into one left-padded batch, one token each, handed back one
+token longer; on the CPU into buffers kept between steps, ``batch_workspace``), a
 failing batch stepped one request at a time so only the requests that fail alone fail, and one
 token sampled per request (``Running``: what a decoding request carries between steps).
 

@@ -4,14 +4,17 @@ What this module knows and nobody else should: the ``cache=`` forward argument (
 from ``past_key_values``), the cache layer classes and their fields (``keys``/``values``,
 ``cumulative_length`` of sliding-window layers, ``conv_states``/``recurrent_states`` and the
 ``has_previous_state`` flag of linear layers, which must be set again when a cache is rebuilt or
-the next step is taken for a new prefill), where the decoder layers are, and how a model's cache
-tensors map to the spec's tensor names, and the decoder-layer hooks (``LayerTap``, installed once).
+the next step is taken for a new prefill), what an attention layer's ``update`` returns (so a
+decode step may write its token in place, ``build_cache`` with a workspace), where the decoder
+layers are, and how a model's cache tensors map to the spec's tensor names, and the decoder-layer
+hooks (``LayerTap``, installed once).
 
 A request's cache is kept as a ``RequestCache``: per spec position, the spec's tensor names mapped
 to tensors in the model's native layout with a batch axis of 1 (``[1, heads, tokens, dim]`` for
 attention, ``[1, *state]`` for linear layers). Decode steps combine several into one batched
-``DynamicCache`` (attention left-padded, right-aligned, so sliding windows line up) and split it
-back after the step.
+``DynamicCache`` (attention left-padded, right-aligned, so sliding windows line up) and, after
+the step, split it back into views (``split_cache``, a GPU's step) or append each request's new
+rows to a buffer of its own (``append_step``, a CPU's step over kept buffers: nothing allocated).
 """
 
 from __future__ import annotations
