@@ -60,6 +60,7 @@ def test_in_place_steps_match_fresh_batches(arch: str, loaded: Loaded) -> None:
             for rid in a:
                 _assert_same_cache(a[rid], b[rid], f"step {step}, request {rid}")
         assert kept.num_running == fresh.num_running == 0
+        assert kept._workspace._buffers == {}, "the last request left: buffers given back"
     finally:
         kept.close()
         fresh.close()

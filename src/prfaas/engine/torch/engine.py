@@ -452,8 +452,6 @@ class TorchEngine:
                     del self._running[rid]
                     self._running[rid] = run
         if not batch:
-            if self._workspace is not None:
-                self._workspace.clear()  # idle: give the gather buffers back
             return ()
         runs = [run for _, run in batch]
         try:
@@ -470,6 +468,9 @@ class TorchEngine:
                     del self._running[rid]
                     self.budget.release(rid)
                 live.append(event)
+            idle = not self._running
+        if idle and self._workspace is not None:
+            self._workspace.clear()  # the last request left: give the gather buffers back
         return tuple(live)
 
     def _forward_step(self, runs: list[Running]) -> list[Stepped]:
