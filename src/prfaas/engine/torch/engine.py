@@ -10,8 +10,9 @@ itself stops, ``fault`` says why and every pending call fails with ``EngineDead`
 Holds three tables (under one lock, shared by the caller's thread and the engine thread): caches
 prefilled here and not yet decoding (``held``: exportable, or started locally), allocations waiting
 for an incoming transfer, and the running decode batch. A decode step combines the running
-requests' caches into one batch, runs one forward, splits the caches back and samples one token
-per request (``decode_step.py``); requests join (``start``/``install``) and leave (finish,
+requests' caches into one batch, runs one forward, hands each request its cache a token longer
+and samples one token per request (``decode_step.py``; on the CPU into buffers kept between
+steps, ``batch_workspace.py``); requests join (``start``/``install``) and leave (finish,
 ``release``) between steps. KV is accounted in bytes against a budget: a request reserves what its
 cache will weigh at its last token, or is refused before anything is allocated.
 
