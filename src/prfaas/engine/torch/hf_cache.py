@@ -237,8 +237,9 @@ def build_cache(
     Attention rows are left-padded so every request's last token sits at the same index ``T - 1``
     (``T`` = the longest); the caller masks the padding and passes each request's own positions.
     With a ``workspace``, the attention rows are gathered into its kept buffers rather than fresh
-    ones: the forward pass concatenates onto them and never writes them (``DynamicLayer.update``),
-    so they are free again once it returns. Returns the cache and ``T``.
+    ones, with a column to spare that the step's one-token forward writes in place
+    (``_write_in_place``); ``append_step`` then copies each request's new row out, so the buffers
+    are free again for the next step. Returns the cache and ``T``.
     """
     cache = new_cache(model)
     max_tokens = max(r.num_tokens for r in requests)
