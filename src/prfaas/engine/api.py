@@ -300,6 +300,12 @@ class Engine(Protocol):
         """CPU seconds spent in forward passes since it started (0: none run on a CPU here)."""
         ...
 
+    @property
+    def forward_cpu_s(self) -> float:
+        """Of ``engine_cpu_s``, the model's forward passes alone (what a profile's curves price;
+        their sampling, layer hand-out and cache copies left out)."""
+        ...
+
     def layout(self, num_tokens: int, num_cached_tokens: int = 0) -> CacheLayout:
         """What crosses for such a request (the wire manifest is built from it)."""
         ...

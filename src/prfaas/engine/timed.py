@@ -196,6 +196,11 @@ class TimedEngine:
         """Always 0: its passes are sleeps."""
         return 0.0
 
+    @property
+    def forward_cpu_s(self) -> float:
+        """Always 0: its passes are sleeps."""
+        return 0.0
+
     def close(self) -> None:
         """Fails the queued prefills (no thread to join)."""
         while self._prefill_queue:  # queued prefills fail rather than wait for ever

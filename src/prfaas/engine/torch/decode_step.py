@@ -10,6 +10,7 @@ step are the engine's (``engine.py``). Never imports the engine, no asyncio.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from prfaas.engine.hf_spec import HFCacheMap
 from prfaas.engine.torch import hf_cache
 from prfaas.engine.torch.batch_workspace import BatchWorkspace
 from prfaas.engine.torch.core import EngineFault
+from prfaas.engine.torch.forward_clock import ForwardClock
 from prfaas.engine.torch.loader import LoadedModel
 from prfaas.engine.torch.sampling import choose
 
@@ -51,9 +53,11 @@ def forward_step(
     cmap: HFCacheMap,
     runs: list[Running],
     workspace: BatchWorkspace | None = None,
+    clock: ForwardClock | None = None,
 ) -> list[Stepped]:
     """One batched decode forward: per request, its advanced cache and last logits. The batch's
-    caches are gathered into ``workspace``'s buffers where one is given (``batch_workspace``)."""
+    caches are gathered into ``workspace``'s buffers where one is given (``batch_workspace``);
+    the forward pass alone (what the profile's decode curve prices) is counted on ``clock``."""
     rows = runs
     if len(rows) == 1 and loaded.batch_invariant:
         rows = rows * 2  # a one-row step takes another GEMM kernel (see hf_cache)
@@ -65,7 +69,8 @@ def forward_step(
         mask[b, max_tokens - n :] = 1
     input_ids = torch.tensor([[r.last_token] for r in rows], dtype=torch.long)
     positions = torch.tensor([[n] for n in lengths], dtype=torch.long)
-    with loaded.forward_lock, torch.inference_mode():
+    timing = contextlib.nullcontext() if clock is None else clock.timing()
+    with loaded.forward_lock, torch.inference_mode(), timing:
         logits = hf_cache.forward(loaded.model, input_ids, cache, positions, mask)
     if workspace is None:
         caches = hf_cache.split_cache(cache, cmap, [n + 1 for n in lengths])

@@ -62,6 +62,7 @@ from prfaas.engine.torch.decode_step import (
     sample_tokens,
 )
 from prfaas.engine.torch.export import export_cache, import_cache, split_layer_buffer
+from prfaas.engine.torch.forward_clock import ForwardClock
 from prfaas.engine.torch.loader import LoadedModel, load_model
 from prfaas.engine.torch.prefill import PrefillJob
 from prfaas.engine.torch.sampling import choose, seen_mask
@@ -115,6 +116,7 @@ class TorchEngine:
         # caching allocator reuses blocks already, and a kept buffer would only hold memory.
         self._workspace = BatchWorkspace() if loaded.model.device.type == "cpu" else None
         self._loop = EngineLoop(f"prfaas-engine-{next(_names)}")
+        self._forward_clock = ForwardClock()  # the engine thread's own passes only
         # The loop thread holds no reference to this engine: once nobody does, stop it.
         weakref.finalize(self, self._loop.stop_soon)
 
@@ -140,6 +142,13 @@ class TorchEngine:
         """CPU seconds the engine thread has spent in forward passes (with their sampling and
         layer hand-off) since it started (``core.EngineLoop.slice_cpu_s``)."""
         return self._loop.slice_cpu_s
+
+    @property
+    def forward_cpu_s(self) -> float:
+        """CPU seconds the engine thread has spent in the model's forward passes alone (the
+        layer hand-out, sampling, cache copies left out: what a profile's curves price) since it
+        started (``forward_clock``)."""
+        return self._forward_clock.total_s
 
     def close(self) -> None:
         """Stop the engine thread and join it; pending calls fail with ``EngineDead``."""
@@ -227,7 +236,12 @@ class TorchEngine:
 
         def make() -> PrefillJob:
             return PrefillJob(
-                self._loaded, req, self.max_context_tokens, self.prefill_chunk_tokens, on_layer
+                self._loaded,
+                req,
+                self.max_context_tokens,
+                self.prefill_chunk_tokens,
+                on_layer,
+                self._forward_clock,
             )
 
         def finish(task: PrefillTask, job: PrefillJob) -> PrefillResult:
@@ -477,7 +491,7 @@ class TorchEngine:
     def _forward_step(self, runs: list[Running]) -> list[Stepped]:
         """One batched decode forward (``decode_step.forward_step``): a method of its own, the
         one place a step reaches the model (tests break it here)."""
-        return forward_step(self._loaded, self.cmap, runs, self._workspace)
+        return forward_step(self._loaded, self.cmap, runs, self._workspace, self._forward_clock)
 
     # -- convenience ----------------------------------------------------------------------------
     def generate(self, req: PrefillRequest) -> list[int]:

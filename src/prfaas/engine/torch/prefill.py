@@ -13,7 +13,8 @@ pass end)`` (``LayerOutput.rows``; the whole segment when one pass computes ever
 first bytes leave during the first pass, not the last. SWA windows and linear states change until
 the last token, so they go whole after the last pass's layer, as
 ``CacheSpec.layout(num_tokens, num_cached_tokens)`` has them. Every pass holds the model's
-``forward_lock``.
+``forward_lock``, and is counted on the engine's ``ForwardClock`` with the hand-out left out (what
+a profile's curve prices).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from prfaas.engine.api import CachedPrefix, LayerOutput, PrefillRequest
 from prfaas.engine.hf_spec import HFCacheMap
 from prfaas.engine.torch import hf_cache
 from prfaas.engine.torch.export import export_layer, export_rows, prefix_cache
+from prfaas.engine.torch.forward_clock import ForwardClock
 from prfaas.engine.torch.hf_cache import RequestCache
 from prfaas.engine.torch.loader import LoadedModel
 from prfaas.perf.prefill_passes import pass_ends
@@ -62,9 +64,11 @@ class PrefillJob:
         max_tokens: int,
         chunk_tokens: int | None,
         on_layer: Callable[[LayerOutput], None] | None = None,
+        clock: ForwardClock | None = None,
     ) -> None:
         self.req = req
         self._loaded = loaded
+        self._clock = ForwardClock() if clock is None else clock
         self._max_tokens = max_tokens
         self._on_layer = on_layer
         self._ids = torch.tensor([req.token_ids], dtype=torch.long)
@@ -113,12 +117,14 @@ class PrefillJob:
             callbacks = {}
             for pos, m in enumerate(cmap.model_layers):
                 if cmap.spec.layers[pos].kind.grows_with_length:
-                    callbacks[m] = _hand_out(cache, cmap, req, pos, self._on_layer, rows)
+                    callbacks[m] = _hand_out(cache, cmap, req, pos, self._on_layer, rows,
+                                             self._clock)  # fmt: skip
                 elif last:  # a state or window is final only after the last token
-                    callbacks[m] = _hand_out(cache, cmap, req, pos, self._on_layer, None)
+                    callbacks[m] = _hand_out(cache, cmap, req, pos, self._on_layer, None,
+                                             self._clock)  # fmt: skip
             tap = loaded.tap.armed(cache, callbacks)
         positions = torch.arange(self._begin, end).unsqueeze(0)
-        with loaded.forward_lock, torch.inference_mode(), tap:
+        with loaded.forward_lock, torch.inference_mode(), tap, self._clock.timing():
             logits = hf_cache.forward(
                 loaded.model, self._ids[:, self._begin : end], cache, positions
             )
@@ -145,16 +151,19 @@ def _hand_out(
     pos: int,
     on_layer: Callable[[LayerOutput], None],
     rows: tuple[int, int] | None,
+    clock: ForwardClock,
 ) -> Callable[[], None]:
-    """The tap callback for spec position ``pos``: the whole segment, or KV ``rows`` only."""
+    """The tap callback for spec position ``pos``: the whole segment, or KV ``rows`` only (its
+    CPU left out of ``clock``'s pass: the curve prices the passes without it)."""
 
     def hook() -> None:
-        native = hf_cache.read_layer(cache, cmap, pos)
-        n, k = req.num_tokens, req.num_cached_tokens
-        if rows is None:
-            on_layer(export_layer(req.request_id, cmap, pos, native, n, k))
-        else:
-            on_layer(export_rows(req.request_id, cmap, pos, native, n, k, rows))
+        with clock.paused():
+            native = hf_cache.read_layer(cache, cmap, pos)
+            n, k = req.num_tokens, req.num_cached_tokens
+            if rows is None:
+                on_layer(export_layer(req.request_id, cmap, pos, native, n, k))
+            else:
+                on_layer(export_rows(req.request_id, cmap, pos, native, n, k, rows))
 
     return hook
 

@@ -344,6 +344,7 @@ def _node_row(registry: NodeRegistry, n: Any) -> dict[str, object]:
         "prefilled_tokens": report.prefilled_tokens if report else 0,
         "prefill_busy_s": report.prefill_busy_s if report else 0.0,
         "engine_cpu_s": report.engine_cpu_s if report else 0.0,
+        "forward_cpu_s": report.forward_cpu_s if report else 0.0,
     }  # fmt: skip
 
 

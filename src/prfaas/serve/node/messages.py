@@ -211,6 +211,9 @@ class NodeReport(_Msg):
     """CPU seconds this node's engine thread has spent in forward passes since it started (torch
     engines; 0 for the timed engine, whose passes are sleeps, and a vLLM sidecar): beside the
     process's CPU, what its passes cost against everything else it does."""
+    forward_cpu_s: float = Field(0.0, ge=0)
+    """Of ``engine_cpu_s``, the model's forward passes alone (torch engines: what a profile's
+    curves price; ``prfaas profile`` reads the rest of the process's CPU beyond them)."""
 
 
 class NodeEndpoint(_Msg):

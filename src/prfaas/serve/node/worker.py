@@ -150,6 +150,7 @@ class Node:
             prefilled_tokens=self.meter.prefilled_tokens,
             prefill_busy_s=self.meter.busy_s(time.monotonic()),
             engine_cpu_s=self.engine.engine_cpu_s,
+            forward_cpu_s=self.engine.forward_cpu_s,
         )
 
     @property
