@@ -624,9 +624,9 @@ LAST_SIM_BUSY_S: dict[str, float] = {}
 """Busy seconds of each simulated node in the last ``run_sim`` (its cost model's work)."""
 LAST_LIVE_CPU_S: dict[str, float] = {}
 """CPU seconds each live node process used during the last ``run_live``'s measured requests."""
-LAST_LIVE_ENGINE_CPU_S: dict[str, float] = {}
-"""Of those, what each torch node's engine thread spent in forward passes (its ``engine_cpu_s``
-report; empty for vLLM nodes)."""
+LAST_LIVE_FORWARD_CPU_S: dict[str, float] = {}
+"""Of those, what each torch node's engine thread spent in the model's forward passes alone (its
+``forward_cpu_s`` report, what the profile's curves price; empty for vLLM nodes)."""
 LAST_LIVE_DECODE_STEPS: dict[str, int] = {}
 """The decode steps each torch decode node ran in the last ``run_live`` (its ``decode_steps``)."""
 LAST_SIM_DECODE: dict[str, tuple[int, float]] = {}
@@ -635,10 +635,10 @@ LAST_SIM_DECODE: dict[str, tuple[int, float]] = {}
 
 
 def node_counters(launcher: Any) -> dict[str, tuple[float, int]]:
-    """Each node's ``engine_cpu_s`` and ``decode_steps`` as the gateway last heard them
+    """Each node's ``forward_cpu_s`` and ``decode_steps`` as the gateway last heard them
     (``/internal/nodes``)."""
     return {
-        str(n["node"]): (float(n.get("engine_cpu_s", 0.0)), int(n.get("decode_steps", 0)))
+        str(n["node"]): (float(n.get("forward_cpu_s", 0.0)), int(n.get("decode_steps", 0)))
         for n in launcher.nodes()
     }
 
@@ -727,7 +727,7 @@ def drive_live(
     )  # fmt: skip
     LAST_LIVE_CPU_S.clear()
     LAST_LIVE_CPU_S.update({name: read_cpu(pid) - before[name] for name, pid in pids.items()})
-    LAST_LIVE_ENGINE_CPU_S.clear()
+    LAST_LIVE_FORWARD_CPU_S.clear()
     LAST_LIVE_DECODE_STEPS.clear()
     routes = launcher.routes()
     matched = match_routes(reqs, results, routes, synth)
@@ -756,7 +756,7 @@ def drive_live(
         for n in NODES:
             if n in after and n in counters_before:
                 (cpu1, steps1), (cpu0, steps0) = after[n], counters_before[n]
-                LAST_LIVE_ENGINE_CPU_S[n] = cpu1 - cpu0
+                LAST_LIVE_FORWARD_CPU_S[n] = cpu1 - cpu0
                 if steps1 > steps0:
                     LAST_LIVE_DECODE_STEPS[n] = steps1 - steps0
     reasons = _route_reasons(decisions)
@@ -1365,7 +1365,7 @@ def score_seed(
         for k in range(args.live_repeats):
             live_runs.append(live(rate, f"{load:.0%} repeat {k + 1}"))
             live_cpu.append(dict(LAST_LIVE_CPU_S))
-            live_engine.append(dict(LAST_LIVE_ENGINE_CPU_S))
+            live_engine.append(dict(LAST_LIVE_FORWARD_CPU_S))
             live_steps.append(dict(LAST_LIVE_DECODE_STEPS))
         row["loads"][f"{load:.0%}"] = pt = load_point(deployment, pts, rate, live_runs)
         # Each repeat's CPU beside the simulator's work for the same paced requests, on the
@@ -1375,9 +1375,9 @@ def score_seed(
         pt["live_cpu_s"] = live_cpu
         pt["sim_work_s"] = prefill_work_s(deployment, pts)
         if any(live_engine):
-            # The same split in two: the engine threads' passes against the simulator's passes
+            # The same split in two: the nodes' forward passes against the simulator's passes
             # alone (every term off), the rest of each process against the terms' charge.
-            pt["live_engine_cpu_s"] = live_engine
+            pt["live_forward_cpu_s"] = live_engine
             pt["sim_pass_work_s"] = prefill_work_s(deployment, pts, PLUMBING_TERMS_ALL)
         if any(live_steps):
             pt["live_decode_steps"] = live_steps
@@ -1474,8 +1474,8 @@ def _load_work(row: dict[str, Any]) -> list[str]:
         out.append(f"- seed {row['seed']} {load}: live CPU / simulated work, each repeat: "
                    + "; ".join(parts) + _sharing(row))  # fmt: skip
         if "sim_pass_work_s" in pt:
-            out.append("  - of which the passes (engine thread / the curve) and the rest "
-                       "(the process less its passes / the terms), each repeat: "
+            out.append("  - of which the passes (the nodes' forward_cpu_s / the curve) and the "
+                       "rest (the process less its passes / the terms), each repeat: "
                        + "; ".join(_split_work(pt, n) for n in sim if sim[n] > 0))  # fmt: skip
         out += _decode_work(pt)
     return out
@@ -1483,7 +1483,7 @@ def _load_work(row: dict[str, Any]) -> list[str]:
 
 def _decode_work(pt: dict[str, Any]) -> list[str]:
     """Each decode node at a load point: its steps, live (each repeat) and simulated, and the
-    CPU a step took live (the engine thread's, the process's) beside the simulator's own work
+    CPU a step took live (its forward passes', the process's) beside the simulator's own work
     per step (steps and installs, every term): how its batches formed, and what each cost."""
 
     def ms_each(seconds: float | None, steps: int) -> str:
@@ -1493,14 +1493,14 @@ def _decode_work(pt: dict[str, Any]) -> list[str]:
     for node, sim in pt.get("sim_decode", {}).items():
         each = []
         for steps, cpu, engine in zip(pt.get("live_decode_steps", []), pt["live_cpu_s"],
-                                      pt.get("live_engine_cpu_s", []), strict=False):  # fmt: skip
+                                      _live_passes(pt), strict=False):  # fmt: skip
             n = steps.get(node, 0)
             if n:
                 each.append(f"{n} steps, {ms_each(engine.get(node), n)}/"
                             f"{ms_each(cpu.get(node), n)} ms")  # fmt: skip
         simulated = ms_each(sim["work_s"], sim["steps"]) if sim["steps"] else "-"
         live = ", ".join(each) or "-"
-        out.append(f"  - decode {node}: live {live} (engine thread/process CPU a step); "
+        out.append(f"  - decode {node}: live {live} (forward passes/process CPU a step); "
                    f"simulated {sim['steps']} steps, {simulated} ms of work a step")  # fmt: skip
     return out
 
@@ -1517,12 +1517,19 @@ def _sharing(row: dict[str, Any]) -> str:
     return " (the profiles' shared_core_overhead, left out of this work: " + ", ".join(each) + ")"
 
 
+def _live_passes(pt: dict[str, Any]) -> list[dict[str, float]]:
+    """Each repeat's live forward passes per node: ``forward_cpu_s`` (since 2026-12-08); a run
+    saved before read its engine threads' slices (``engine_cpu_s``: the passes with their
+    sampling and hand-out)."""
+    return list(pt.get("live_forward_cpu_s") or pt.get("live_engine_cpu_s", []))
+
+
 def _split_work(pt: dict[str, Any], node: str) -> str:
     """``node``'s passes and rest, live over simulated, per repeat ("-": nothing simulated)."""
     passes = pt["sim_pass_work_s"].get(node, 0.0)
     rest = pt["sim_work_s"][node] - passes
     each = []
-    for cpu, engine in zip(pt["live_cpu_s"], pt["live_engine_cpu_s"], strict=True):
+    for cpu, engine in zip(pt["live_cpu_s"], _live_passes(pt), strict=True):
         mine = engine.get(node, 0.0)
         live_rest = cpu.get(node, 0.0) - mine
         each.append(f"{_fmt(_ratio(mine, passes or None), '{:.2f}')}/"

@@ -1,8 +1,8 @@
 """The pieces both plumbing measurements share (``commands.profile_plumbing``: a torch
 deployment's; ``commands.profile_deployment``: a vLLM one's): a deployment started for them, the
-classes of requests sent through its gateway, each process's CPU per request of a class, the
-decode nodes' step count, and a relay's CPU split into per request, per step and per token
-(``relay_terms``).
+classes of requests sent through its gateway, each process's CPU per request of a class, what
+the nodes count over a class (``Counters``: decode steps, each engine's forward CPU), and a
+relay's CPU split into per request, per step and per token (``relay_terms``).
 
 Not pure (processes, HTTP, ``/proc``, the clock): the command helpers' own helper.
 """
@@ -16,6 +16,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -145,19 +146,21 @@ def class_cpu(
 
 def batched_classes(
     send: Sender, pids: Mapping[str, Pids], idle: dict[str, float], requests: int,
-    steps: Callable[[], int], say: Callable[[str], None],
-) -> dict[int, tuple[int, int, dict[str, float]]]:  # fmt: skip
-    """Per batch size of ``RELAY_BATCHES``: (requests, the steps ``steps()`` counted over them,
-    each process's CPU seconds) of a class of short prompts with ``OUTPUT_TOKENS`` tokens, that
-    many decoding at once (a new one starts as one ends), at least twice the batch of them."""
+    counters: Callable[[], Counters], say: Callable[[str], None],
+) -> dict[int, tuple[int, Counters, dict[str, float]]]:  # fmt: skip
+    """Per batch size of ``RELAY_BATCHES``: (requests, what the nodes counted over them, each
+    process's CPU seconds) of a class of short prompts with ``OUTPUT_TOKENS`` tokens, that many
+    decoding at once (a new one starts as one ends), at least twice the batch of them."""
     out = {}
+    at = counters()
     for batch in RELAY_BATCHES:
         n = max(requests, 2 * batch)
         say(f"plumbing: {n} requests, {batch} at once, {OUTPUT_TOKENS} output tokens")
-        at = steps()
         run = functools.partial(send, SHORT_PROMPT_TOKENS, OUTPUT_TOKENS, n, concurrency=batch)
         cpu = class_cpu(pids, idle, 1, run)
-        out[batch] = (n, steps() - at, cpu)
+        after = counters()
+        out[batch] = (n, after.since(at), cpu)
+        at = after
     return out
 
 
@@ -173,18 +176,38 @@ def launch_failure(exc: BaseException) -> str:
     return f"{what}: {errors[-1]}" if errors else what
 
 
-def reported_engine_cpu_s(launcher: Any, heartbeat_s: float, node: str) -> float:
-    """``node``'s ``engine_cpu_s`` (its engine thread's CPU in forward slices), once its reports
-    have caught up."""
-    time.sleep(3 * heartbeat_s + 0.3)
-    return sum(float(r.get("engine_cpu_s", 0.0)) for r in launcher.nodes() if r.get("node") == node)
+@dataclass(frozen=True, slots=True)
+class Counters:
+    """What the nodes count that a class's CPU is read against, as they last reported it (or
+    over a class: ``since``)."""
+
+    decode_steps: int
+    """The decode nodes' steps, summed (a vLLM site's server reports its engine steps:
+    ``serve.vllm.metrics``)."""
+    forward_cpu_s: Mapping[str, float]
+    """Per node, its engine thread's CPU in the model's forward passes alone (torch nodes: what
+    the profile's curves price; 0 elsewhere)."""
+    engine_cpu_s: Mapping[str, float]
+    """Per node, its engine thread's CPU in its slices (the passes with their sampling, hand-out
+    and cache copies)."""
+
+    def since(self, before: Counters) -> Counters:
+        return Counters(
+            self.decode_steps - before.decode_steps,
+            {n: v - before.forward_cpu_s.get(n, 0.0) for n, v in self.forward_cpu_s.items()},
+            {n: v - before.engine_cpu_s.get(n, 0.0) for n, v in self.engine_cpu_s.items()},
+        )
 
 
-def reported_steps(launcher: Any, heartbeat_s: float) -> int:
-    """The decode nodes' step counts summed, once their reports have caught up (a vLLM site's
-    server reports its engine steps: ``serve.vllm.metrics``)."""
+def reported_counters(launcher: Any, heartbeat_s: float) -> Counters:
+    """The nodes' ``Counters`` once their reports have caught up (three heartbeats)."""
     time.sleep(3 * heartbeat_s + 0.3)
-    return sum(int(r.get("decode_steps", 0)) for r in launcher.nodes() if r.get("role") == "decode")
+    nodes = launcher.nodes()
+    return Counters(
+        sum(int(r.get("decode_steps", 0)) for r in nodes if r.get("role") == "decode"),
+        {str(r["node"]): float(r.get("forward_cpu_s", 0.0)) for r in nodes},
+        {str(r["node"]): float(r.get("engine_cpu_s", 0.0)) for r in nodes},
+    )
 
 
 def relay_terms(

@@ -57,12 +57,13 @@ from prfaas.commands.plumbing_classes import (
     OUTPUT_TOKENS,
     RELAY_BATCHES,
     SHORT_PROMPT_TOKENS,
+    Counters,
     Sender,
     batched_classes,
     class_cpu,
     idle_rates,
     relay_terms,
-    reported_steps,
+    reported_counters,
     started,
 )
 from prfaas.commands.profile_first_token import probe_live, with_first_token_wait
@@ -150,8 +151,8 @@ def measure(target: Target, workdir: Path, *, requests: int, seed: int) -> tuple
         send(SHORT_PROMPT_TOKENS, 2, 2)  # warm-up: the server's first passes, lazy imports
         idle = idle_rates(pids)
 
-        def steps() -> int:
-            return reported_steps(launcher, d.heartbeat_interval_s)
+        def counters() -> Counters:
+            return reported_counters(launcher, d.heartbeat_interval_s)
 
         # (requests, the server's steps, tokens, CPU seconds per process) per class: one at a
         # time with 1 and K tokens, then K tokens at each batch size.
@@ -159,13 +160,14 @@ def measure(target: Target, workdir: Path, *, requests: int, seed: int) -> tuple
         for output in (1, OUTPUT_TOKENS):
             say(f"plumbing: {requests} requests of {SHORT_PROMPT_TOKENS} prompt, {output} output "
                 "tokens")  # fmt: skip
-            at = steps()
+            at = counters()
             run = functools.partial(send, SHORT_PROMPT_TOKENS, output, requests)
             per_request = class_cpu(pids, idle, requests, run)
             cpu = {p: v * requests for p, v in per_request.items()}
-            classes.append((requests, steps() - at, requests * output, cpu))
-        for n, num_steps, cpu in batched_classes(send, pids, idle, requests, steps, say).values():
-            classes.append((n, num_steps, n * OUTPUT_TOKENS, cpu))
+            classes.append((requests, counters().since(at).decode_steps, requests * output, cpu))
+        batched = batched_classes(send, pids, idle, requests, counters, say)
+        for n, counted, cpu in batched.values():
+            classes.append((n, counted.decode_steps, n * OUTPUT_TOKENS, cpu))
         probes = probe_live(send, say)
     finally:
         launcher.stop()

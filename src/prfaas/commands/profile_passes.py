@@ -1,8 +1,9 @@
 """The profile's passes, timed in this process: the one definition of what a profiled prefill
-point measures (``prfaas profile --engine torch``'s curve, ``commands.profile``) and of the
-passes the plumbing measurement reads its prefill classes against, timed between their requests
-(``commands.profile_plumbing``); and of a decode point's forward pass (``decode_forward``), which
-the engine's step is also measured against (``commands.profile_step``).
+point measures (``prfaas profile --engine torch``'s curve, ``commands.profile``), and of a decode
+point's forward pass (``decode_forward``), which the engine's step is also measured against
+(``commands.profile_step``). They time the same ``hf_cache.forward`` calls a serving engine counts
+on its ``ForwardClock`` (``engine.torch.forward_clock``), which the plumbing measurement reads
+its classes beyond (``commands.profile_plumbing``).
 
 A prefill of ``new`` tokens after ``cached`` ones is ``engine.torch``'s passes
 (``perf.prefill_passes.pass_ends``: one pass, or passes ending at multiples of ``pass_tokens``)

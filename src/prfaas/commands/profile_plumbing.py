@@ -9,8 +9,13 @@ output token (fresh random prompts, so no prefix hits); then short prompts with 
 8 and 32 at once (``RELAY_BATCHES``). Each process's CPU time (user + system, all threads, from
 ``/proc``), less its idle rate measured beforehand, divided by the requests, gives per process
 and class the CPU one request costs; the terms are differences of classes (or a line or a
-least-squares fit through them), less the profile's own forward-pass times where a node
-computes:
+least-squares fit through them), beyond the forward passes where a node computes. Those passes
+are what the nodes' engines counted over the same requests (``forward_cpu_s``: their engine
+thread's CPU in the model's forward passes, ``engine.torch.forward_clock``) on a CPU with one
+torch thread a node (``in_service``); else (a GPU, more threads) the profile's curve for them.
+Read against passes timed at another moment, every term moved 30-70% between three profiles of
+the same code within 90 minutes (docs/fidelity.md, the twenty-seventh round): the machine's
+speed between the two moments landed in them.
 
 - ``gateway_per_request_s``, ``gateway_per_step_s`` and ``gateway_per_output_token_s``: the
   gateway's CPU over the short, K and batched classes (K tokens, 8 and 32 at once:
@@ -19,28 +24,27 @@ computes:
 - ``decode_per_kv_byte_s``: the decode node's CPU, (long class - short class) over the KV bytes
   between them (it runs no forward pass for a one-token request: the prefill sampled it);
 - ``decode_per_output_token_s`` and ``decode_per_step_s``: the decode node's CPU beyond the
-  requests' fixed costs (the short class's) and the profile's forward passes of its steps, in
-  each class that decoded: ``K`` tokens one request at a time (a step a token: what one token
+  requests' fixed costs (the short class's) and the forward passes of its steps, in each class
+  that decoded: ``K`` tokens one request at a time (a step a token: what one token
   costs beyond the forward pass at batch 1, one step's overhead plus one token's) and the
   batched classes (``RELAY_BATCHES``, the steps counted by the decode node), split by weighted
   least squares (``perf.plumbing.split_decode_live``): ``decode_per_step_s`` once per step, the
-  rest ``decode_per_output_token_s``. Both read 0 (the classes ran faster than the passes they
-  are read against) is said on the terminal and in ``how``. The engine's step overhead measured
+  rest ``decode_per_output_token_s``. Both read 0 (the classes cost no more than the passes
+  they are read against) is said on the terminal and in ``how``, and so are the passes against
+  the curve's price for them (said, not stored). The engine's step overhead measured
   in the profiling process (``commands.profile_step``) is recorded beside it, and splits the
   batch-1 figure only if no batched class made a batch (``split_decode_overhead``); with
   neither, the per-step term is left missing;
 - ``prefill_per_token_s`` and ``prefill_per_request_s``: the slope and intercept of a
-  least-squares line (``perf.plumbing.line_fit``, each class weighted by the noise of the
-  passes it is read against) through the prefill node's CPU beyond its forward passes in the
-  one-token classes (short, a middle class of 1,024-token prompts, long), on CPU timed in this
-  process between every ``BESIDE_EVERY`` requests of each class (``passes_s``; the machine's speed
-  drifts between the curve and the classes, and within a class), else the profile's curve:
+  least-squares line (``perf.plumbing.line_fit``) through the prefill node's CPU beyond its
+  forward passes in the one-token classes (short, a middle class of 1,024-token prompts, long):
   the engine's work around its passes (its cache and checkpoint copies, the layers handed out)
   and the KV stream's; two classes alone traded the terms off between profiles;
-- ``prefill_in_service_excess``: those passes timed beside the classes over the profile's curve
+- ``prefill_in_service_excess``: those passes as the node counted them over the profile's curve
   for them, summed over the classes, less 1 (``perf.plumbing.in_service_excess``): what the two
   terms above are read beyond, charged nowhere else; stored below 0 too (not floored like the
-  seconds terms: a ratio under 1 is a measurement, the passes ran faster beside the classes);
+  seconds terms: a ratio under 1 is a measurement, the passes ran faster in service); missing
+  where the passes are the curve's;
 - ``decode_per_request_s``: the decode node's
   CPU of the short class less its KV bytes' (it runs no forward pass for a one-token request).
   The simulator charges each on its node;
@@ -58,7 +62,6 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,13 +72,13 @@ import yaml
 from prfaas.commands.plumbing_classes import (
     OUTPUT_TOKENS,
     SHORT_PROMPT_TOKENS,
+    Counters,
     Sender,
     batched_classes,
     class_cpu,
     idle_rates,
     relay_terms,
-    reported_engine_cpu_s,
-    reported_steps,
+    reported_counters,
     started,
 )
 from prfaas.commands.profile_first_token import ProbeClass, probe_live, with_first_token_wait
@@ -83,29 +86,30 @@ from prfaas.errors import UsageError
 
 LONG_PROMPT_TOKENS = 4096
 PASS_NOISE = 0.03
-"""How closely a profiled prefill pass repeats, relative (the torch profiles' ``spread_s`` over
-``median_s`` at 1,024-8,192 tokens: 2-6%, 2026-12-05): the uncertainty of a class's CPU beyond
-its passes, which weighs the prefill node's line fit."""
+"""How closely a class's forward passes repeat, relative (the torch profiles' ``spread_s`` over
+``median_s`` at 1,024-8,192 tokens: 2-6%, 2026-12-05): weighs the decode node's classes by the
+size of their work in its split (``perf.plumbing.split_decode_live``)."""
 TICK_S = 0.01
 """A CPU clock tick (``/proc`` counts in ticks)."""
 STEP_LONG_CONTEXT = 1024
 """The longer context the engine's decode step overhead is measured at (``context_cost``)."""
-BESIDE_EVERY = 4
-"""A one-token class times one prefill of its prompt length in this process before every this
-many of its requests, and once after (the class is read against their median): the machine's
-speed drifts within a class too. Three passes before and three after read one 1,024-token class
-57.5 and 53.6 ms (2026-12-05), a 7% swing against the ~5 ms per request the terms measure, and
-the fitted ``prefill_per_token_s`` ranged 0.36-5.8 us over six profiles."""
 PROCESSES = ("gateway", "p0", "d0")
 
 
 @dataclass(frozen=True, slots=True)
 class ClassCpu:
-    """Mean CPU seconds per request of one class, per process, idle rate removed."""
+    """Mean CPU seconds per request of one class, per process, idle rate removed, and what the
+    nodes counted over the whole class (``Counters``: their forward passes' CPU, decode steps)."""
 
     prompt_tokens: int
     output_tokens: int
+    requests: int
     per_process_s: dict[str, float]
+    counted: Counters
+
+    def forward_s(self, node: str) -> float:
+        """``node``'s engine thread's CPU in the model's forward passes, per request."""
+        return self.counted.forward_cpu_s.get(node, 0.0) / self.requests
 
 
 def deployment_text(model_name: str, model_path: Path, profile: Path, threads: int) -> str:
@@ -160,7 +164,7 @@ def measure(
     say: Callable[[str], None],
     engine_overhead_s: dict[int, float] | None = None,
     decode_per_context_token_s: float | None = None,
-    passes_s: Callable[[int], float] | None = None,
+    in_service: bool = True,
 ) -> Measured:
     """The terms measured on a deployment whose nodes' hardware is ``profile``
     (the forward-pass profile just measured). ``engine_overhead_s``: the engine's decode step
@@ -168,7 +172,10 @@ def measure(
     node's per-token figure; None leaves ``decode_per_step_s`` missing.
     ``decode_per_context_token_s``: the engine's per-context-token step cost (``context_cost``),
     taken out of the classes' decode CPU before the per-token and per-step terms are read from
-    it, and stored with them; None leaves it missing (charged as 0)."""
+    it, and stored with them; None leaves it missing (charged as 0). ``in_service``: read each
+    node's CPU beyond its own forward passes as it reports them (``forward_cpu_s``; a CPU node
+    with one torch thread, whose engine thread runs its passes whole), else beyond the profile's
+    curve for them (``prefill_in_service_excess`` then missing)."""
     from prfaas.config import load_deployment
     from prfaas.perf.plumbing import (
         DecodeClass,
@@ -199,54 +206,33 @@ def measure(
         send(long_prompt_tokens, 1, 1)
         idle = idle_rates(pids)
 
-        passes_beside: dict[int, list[float]] = {}
-        # The prefill node's own engine thread in forward slices per request, per one-token
-        # class (beside the passes timed between its requests): said in the excess's how, not
-        # stored, so a profile's split of the work compares with a run's (bench/fidelity.py).
-        engine_per_request_s: dict[int, float] = {}
+        def counters() -> Counters:
+            return reported_counters(launcher, d.heartbeat_interval_s)
+
+        counted_at = [counters()]  # the classes run back to back: one snapshot between two
 
         def cls(prompt: int, output: int) -> ClassCpu:
             say(f"plumbing: {requests} requests of {prompt} prompt, {output} output tokens")
-            beside = passes_s if output == 1 else None
+            cpu = class_cpu(pids, idle, requests, lambda: send(prompt, output, requests))
+            after = counters()
+            counted, counted_at[0] = after.since(counted_at[0]), after
+            return ClassCpu(prompt, output, requests, cpu, counted)
 
-            def run() -> None:
-                if beside is None:
-                    send(prompt, output, requests)
-                    return
-                # the nodes idle while a pass is timed: their idle rate is removed
-                timed = passes_beside[prompt] = []
-                for start in range(0, requests, BESIDE_EVERY):
-                    timed.append(beside(prompt))
-                    send(prompt, output, min(BESIDE_EVERY, requests - start))
-                timed.append(beside(prompt))
-
-            if beside is None:
-                return ClassCpu(prompt, output, class_cpu(pids, idle, requests, run))
-            at = reported_engine_cpu_s(launcher, d.heartbeat_interval_s, "p0")
-            cpu = class_cpu(pids, idle, requests, run)
-            engine = reported_engine_cpu_s(launcher, d.heartbeat_interval_s, "p0") - at
-            engine_per_request_s[prompt] = engine / requests
-            return ClassCpu(prompt, output, cpu)
-
-        def decode_steps() -> int:
-            return reported_steps(launcher, d.heartbeat_interval_s)
-
-        steps_at = decode_steps()
         short = cls(SHORT_PROMPT_TOKENS, 1)
         tokens = cls(SHORT_PROMPT_TOKENS, OUTPUT_TOKENS)
-        steps_batch1 = decode_steps() - steps_at
         long = cls(long_prompt_tokens, 1)
         # A third size between them for the prefill node's two terms (least squares).
         mid = cls(mid_prompt_tokens, 1) if mid_prompt_tokens else None
         # The batched classes: K tokens, 8 and 32 decoding at once (the gateway's and the
         # decode node's splits read them all).
         batched = batched_classes(
-            send, {n: pids[n] for n in ("d0", "gateway")}, idle, requests, decode_steps, say
+            send, {n: pids[n] for n in ("d0", "gateway")}, idle, requests, counters, say
         )
         probes = probe_live(send, say)
     finally:
         launcher.stop()
     notes: dict[str, str] = {}
+    steps_batch1 = tokens.counted.decode_steps
 
     def floor0(name: str, value: float) -> float:
         if value < 0:
@@ -261,53 +247,76 @@ def measure(
         (requests, requests, requests, {"gateway": short.per_process_s["gateway"] * requests}),
         (requests, steps_batch1 + requests, requests * OUTPUT_TOKENS,
          {"gateway": tokens.per_process_s["gateway"] * requests}),
-        *((n, s + n, n * OUTPUT_TOKENS, cpu) for n, s, cpu in batched.values()),
+        *((n, c.decode_steps + n, n * OUTPUT_TOKENS, cpu) for n, c, cpu in batched.values()),
     ]  # fmt: skip
     gw_req, gw_tok, gw_step_or_none, gw_how = relay_terms("gateway", gw_classes)
     gw_req = floor0("gateway_per_request_s", gw_req)
     gw_tok = floor0("gateway_per_output_token_s", gw_tok)
-    kv_short, kv_long = cm.kv_bytes(SHORT_PROMPT_TOKENS), cm.kv_bytes(long_prompt_tokens)
-    d_s, d_k, d_l = (c.per_process_s["d0"] for c in (short, tokens, long))
-    per_byte = floor0("decode_per_kv_byte_s", (d_l - d_s) / (kv_long - kv_short))
+
+    # The decode node: its CPU beyond its forward passes. In service, the passes it ran over
+    # the same requests (its engine's forward_cpu_s); else the profile's price for them.
     per_ctx_copy = decode_per_context_token_s or 0.0
     ctx_missing = ("decode_per_context_token_s",) if decode_per_context_token_s is None else ()
-    # The profile's K - 1 steps at batch 1, and the engine's copies of their contexts.
-    steps_s = cm.decode_span_s(1, SHORT_PROMPT_TOKENS + 1, OUTPUT_TOKENS - 1)
-    steps_s += per_ctx_copy * (
-        (OUTPUT_TOKENS - 1) * (SHORT_PROMPT_TOKENS + 1)
-        + (OUTPUT_TOKENS - 1) * (OUTPUT_TOKENS - 2) // 2
+
+    def priced_decode_s(n: int, num_steps: int) -> float:
+        """The curve's price of ``n`` requests' ``OUTPUT_TOKENS - 1`` steps in ``num_steps``:
+        each step at the class's mean batch and context (the simulator prices each step so; a
+        line through batch 1 and 2 missed that the engine steps a lone request as two rows)."""
+        batch = max(1, round(n * (OUTPUT_TOKENS - 1) / num_steps))
+        return num_steps * cm.decode_step_s(batch, round(context_tokens(n) / num_steps))
+
+    def context_tokens(n: int) -> int:
+        """The contexts those steps read, summed: the engine copies each (``per_ctx_copy``)."""
+        return n * ((OUTPUT_TOKENS - 1) * SHORT_PROMPT_TOKENS
+                    + (OUTPUT_TOKENS - 1) * OUTPUT_TOKENS // 2)  # fmt: skip
+
+    def decode_forward_s(n: int, output: int, num_steps: int, counted: Counters) -> float:
+        """The passes ``n`` requests of ``output`` tokens ran at the decode node, in
+        ``num_steps`` steps (none for one token: the prefill sampled it)."""
+        if in_service:
+            return counted.forward_cpu_s.get("d0", 0.0)
+        return priced_decode_s(n, num_steps) if output > 1 else 0.0
+
+    tokens_batch1 = requests * (OUTPUT_TOKENS - 1)  # one step a token
+    # Per request, the decode node's CPU beyond its passes.
+    d_s, d_k, d_l = (
+        c.per_process_s["d0"]
+        - decode_forward_s(requests, c.output_tokens, tokens_batch1, c.counted) / requests
+        for c in (short, tokens, long)
     )
-    batch1 = (d_k - d_s - steps_s) / (OUTPUT_TOKENS - 1)
+    kv_short, kv_long = cm.kv_bytes(SHORT_PROMPT_TOKENS), cm.kv_bytes(long_prompt_tokens)
+    per_byte = floor0("decode_per_kv_byte_s", (d_l - d_s) / (kv_long - kv_short))
+    # K - 1 tokens a request, one step each, less the engine's copies of their contexts.
+    batch1 = (d_k - d_s - per_ctx_copy * context_tokens(1)) / (OUTPUT_TOKENS - 1)
     per_tok, per_step, split_how = batch1, 0.0, ""
     missing: tuple[str, ...] = ("decode_per_step_s",)
-    # Every class that decoded, each its CPU beyond the requests' fixed costs (the short class's,
-    # per request) and the profile's forward passes of its steps (linear in the batch: S x
-    # step(1) + (N - S) x one request's share + the context term): one request at a time, then
-    # the batched classes (RELAY_BATCHES).
-    f1 = cm.decode_step_s(1, 0)
-    per_request_fwd = cm.decode_step_s(2, 0) - f1
-    per_ctx = (cm.decode_step_s(1, 1000) - f1) / 1000 + per_ctx_copy
+    # Every class that decoded, each its CPU beyond the requests' fixed costs (the short
+    # class's, per request), its passes and the engine's copies of its contexts: one request
+    # at a time, then the batched classes (RELAY_BATCHES).
+    one_at_a_time = DecodeClass(
+        tokens_batch1, tokens_batch1, batch1 * tokens_batch1,
+        decode_forward_s(requests, OUTPUT_TOKENS, tokens_batch1, tokens.counted),
+    )  # fmt: skip
 
-    def decode_class(n: int, num_steps: int, cpu_s: float) -> DecodeClass:
-        num_tokens = n * (OUTPUT_TOKENS - 1)
-        ctx_total = n * ((OUTPUT_TOKENS - 1) * SHORT_PROMPT_TOKENS
-                         + (OUTPUT_TOKENS - 1) * OUTPUT_TOKENS // 2)  # fmt: skip
-        forward_s = (num_steps * (f1 - per_request_fwd) + num_tokens * per_request_fwd
-                     + per_ctx * ctx_total)  # fmt: skip
-        return DecodeClass(num_steps, num_tokens, cpu_s - n * d_s - forward_s, forward_s)
+    def decode_class(n: int, counted: Counters, cpu_s: float) -> DecodeClass:
+        forward_s = decode_forward_s(n, OUTPUT_TOKENS, counted.decode_steps, counted)
+        beyond = cpu_s - n * d_s - forward_s - per_ctx_copy * context_tokens(n)
+        return DecodeClass(counted.decode_steps, n * (OUTPUT_TOKENS - 1), beyond, forward_s)
 
-    tokens_batch1 = requests * (OUTPUT_TOKENS - 1)
-    one_at_a_time = DecodeClass(tokens_batch1, tokens_batch1, batch1 * tokens_batch1,
-                                steps_s * requests)  # fmt: skip
-    decoded = [one_at_a_time] + [
-        decode_class(n, num_steps, cpu["d0"])
-        for n, num_steps, cpu in batched.values()
-        if num_steps > 0
-    ]
-    live_how = "; beyond the fixed costs and forward passes: " + ", ".join(
+    decoded = [one_at_a_time] + [decode_class(n, c, cpu["d0"]) for n, c, cpu in batched.values()
+                                 if c.decode_steps > 0]  # fmt: skip
+    read_against = "its passes' CPU as it counted them" if in_service else "the profile's passes"
+    live_how = f"; beyond the fixed costs and {read_against}: " + ", ".join(
         f"{c.num_tokens} tokens in {c.num_steps} steps {c.beyond_s:.4g} s (passes "
         f"{c.forward_s:.4g} s)" for c in decoded
     )  # fmt: skip
+    if in_service:  # said, not stored: the simulator prices the passes at the curve
+        priced = [priced_decode_s(requests, tokens_batch1)] + [
+            priced_decode_s(n, c.decode_steps) for n, c, _ in batched.values() if c.decode_steps > 0
+        ]
+        live_how += "; those passes against the curve's price for them: " + ", ".join(
+            f"{c.forward_s / p:.2f}x" for c, p in zip(decoded, priced, strict=True) if p > 0
+        )
     live_how += f" (the batch-1 class's steps counted: {steps_batch1})"
     try:
         live: DecodeSplit | None = split_decode_live(decoded, PASS_NOISE, TICK_S)
@@ -326,10 +335,9 @@ def measure(
                           f"forward pass gives per step {engine.per_step_s:.4g} s")  # fmt: skip
         if per_step == 0.0 and per_tok == 0.0:
             decode_unmeasured = (
-                "the decode node's classes ran faster than the profile's forward passes they "
-                "are read against (the machine's speed moved between them): decode_per_step_s "
-                "and decode_per_output_token_s stored 0, a relay the node does pay; re-profile "
-                "on a quieter machine"
+                "the decode node's classes cost no more than the forward passes they are read "
+                "against: decode_per_step_s and decode_per_output_token_s stored 0, a relay the "
+                "node does pay; re-profile on a quieter machine"
             )
             notes["decode_per_step_s"] = decode_unmeasured
             say(f"warning: {decode_unmeasured}")
@@ -348,23 +356,27 @@ def measure(
     else:
         per_tok = floor0("decode_per_output_token_s", batch1)
 
-    # The prefill node: its CPU beyond its forward passes (timed beside the class, else the
-    # profile's curve), per request and per prompt token, fitted over the one-token classes.
-    def passes_of(n: int) -> float:
-        return statistics.median(passes_beside[n]) if n in passes_beside else cm.prefill_s(n)
+    # The prefill node: its CPU beyond its forward passes (its own, counted over the same
+    # requests, else the profile's curve), per request and per prompt token, fitted over the
+    # one-token classes.
+    one_token = [c for c in (short, mid, long) if c is not None]
 
-    beyond = {c.prompt_tokens: c.per_process_s["p0"] - passes_of(c.prompt_tokens)
-              for c in (short, mid, long) if c is not None}  # fmt: skip
-    # Each figure is as uncertain as the profiled passes it is read against (they repeat within
-    # a few percent), or a CPU clock tick over the class, whichever is larger.
-    sigma = {n: max(PASS_NOISE * passes_of(n), TICK_S / requests) for n in beyond}
+    def passes_of(c: ClassCpu) -> float:
+        return c.forward_s("p0") if in_service else cm.prefill_s(c.prompt_tokens)
+
+    beyond = {c.prompt_tokens: c.per_process_s["p0"] - passes_of(c) for c in one_token}
+    # In service both figures are the same requests' (the /proc CPU in clock ticks over the
+    # class); against the curve, each is as uncertain as the profiled passes (a few percent).
+    sigma = {c.prompt_tokens: max(0.0 if in_service else PASS_NOISE * passes_of(c),
+                                  TICK_S / requests) for c in one_token}  # fmt: skip
     prefill_req, prefill_tok = line_fit(beyond, sigma)
     if prefill_tok == 0.0:
         notes["prefill_per_token_s"] = "the fitted slope was negative (noise): stored 0"
     decode_req = d_s - per_byte * kv_short
-    excess, excess_how = in_service_excess(
-        {n: passes_beside[n] for n in beyond if n in passes_beside}, cm.prefill_s
-    )
+    excess, excess_how = (
+        in_service_excess({c.prompt_tokens: passes_of(c) for c in one_token}, cm.prefill_s)
+        if in_service else (None, "")
+    )  # fmt: skip
     prefill_points = load_profile_file(profile).prefill
     smallest = min((pt.new_tokens for pt in prefill_points.points if pt.cached_tokens == 0),
                    default=None) if prefill_points is not None else None  # fmt: skip
@@ -386,21 +398,20 @@ def measure(
                  *(() if excess is not None else ("prefill_in_service_excess",))),
     )  # fmt: skip
 
-    def passes_how(n: int) -> str:
-        if n not in passes_beside:
-            return f"passes {cm.prefill_s(n) * 1e3:.4g} ms, the curve's"
-        timed = passes_beside[n]
-        return (f"passes {passes_of(n) * 1e3:.4g} ms, the median of {len(timed)} timed between its "
-                f"requests ({min(timed) * 1e3:.4g}-{max(timed) * 1e3:.4g}); the model "
-                f"{cm.prefill_s(n) * 1e3:.4g}")  # fmt: skip
+    def passes_how(c: ClassCpu) -> str:
+        curve = cm.prefill_s(c.prompt_tokens) * 1e3
+        if not in_service:
+            return f"passes {curve:.4g} ms, the curve's"
+        return f"passes {passes_of(c) * 1e3:.4g} ms as the node counted them; the curve {curve:.4g}"
 
-    where = "timed between each class's requests in this process" if passes_beside else "profiled"
+    where = ("as the prefill node counted them over the same requests (forward_cpu_s)"
+             if in_service else "the profile's curve")  # fmt: skip
     prefill_fit_how = (
-        "a least-squares line (each class weighted by its passes' noise, "
-        f"{PASS_NOISE:.0%} of them or a clock tick) over the one-token classes' CPU beyond "
-        f"their forward passes ({where}): "
+        f"a least-squares line over the one-token classes' CPU beyond their forward passes "
+        f"({where}): "
         + ", ".join(
-            f"{n} tokens {v * 1e3:.4g} ms ({passes_how(n)})" for n, v in sorted(beyond.items())
+            f"{c.prompt_tokens} tokens {beyond[c.prompt_tokens] * 1e3:.4g} ms ({passes_how(c)})"
+            for c in sorted(one_token, key=lambda c: c.prompt_tokens)
         )
     )
     common = (
@@ -415,8 +426,7 @@ def measure(
         "decode_per_kv_byte_s": f"{common}; decode node, {long_prompt_tokens} vs "
         f"{SHORT_PROMPT_TOKENS}-token prompts ({kv_long} vs {kv_short} KV bytes)",
         "decode_per_output_token_s": f"{common}; decode node, {OUTPUT_TOKENS} vs 1 output "
-        f"tokens, less the profile's {OUTPUT_TOKENS - 1} decode steps ({steps_s:.4g} s)"
-        f"{split_how}",
+        f"tokens, beyond {read_against}{split_how}",
         "gateway_per_request_s": f"{common}; gateway process{gw_how}",
         "gateway_per_output_token_s": f"{common}; gateway{gw_how}",
     }
@@ -424,8 +434,9 @@ def measure(
         how["gateway_per_step_s"] = f"{common}; gateway{gw_how}"
     if excess_how:  # measured, or why not
         how["prefill_in_service_excess"] = excess_how + engine_in_service_how(
-            engine_per_request_s, cm.prefill_s, threads
-        )
+            {c.prompt_tokens: c.counted.engine_cpu_s.get("p0", 0.0) / c.requests
+             for c in one_token}, cm.prefill_s, threads,
+        )  # fmt: skip
     if engine_overhead_s is not None:
         how["decode_per_step_s"] = (
             f"engine.torch's decode step less its forward pass at batch sizes "
@@ -476,20 +487,6 @@ def with_plumbing(pf: Any, args: argparse.Namespace) -> Any:
         + ", ".join(f"{v * 1e3:.3g} ms at ({b}, {c})" for (b, c), v in beyond.items())
         + f"; the growth per batch context token, least squares: {per_context:.4g} s"
     )
-    passes_s = None
-    if args.device == "cpu":
-        # The classes are read against their passes timed beside them, on these cores (the nodes
-        # inherit this process's). On a GPU, against the curve: a third copy of a large model
-        # beside the nodes' two may not fit.
-        from prfaas.commands.profile_passes import PassTimer
-        from prfaas.engine.torch.loader import load_model
-
-        timer = PassTimer(load_model(args.model_path, device=args.device), device=args.device,
-                          pass_tokens=args.pass_tokens, seed=args.seed + 4)  # fmt: skip
-
-        def passes_s(n: int) -> float:
-            return timer.prefill_s(n)
-
     with tempfile.TemporaryDirectory(prefix="prfaas-plumbing-") as tmp:
         scratch = Path(tmp) / "forward.yaml"
         # Zeros, none missing: the forward passes only, without the missing-terms warning.
@@ -499,7 +496,10 @@ def with_plumbing(pf: Any, args: argparse.Namespace) -> Any:
             threads=args.threads, seed=args.seed + 1, long_prompt_tokens=min(4096, limit // 2),
             mid_prompt_tokens=min(1024, limit // 8) if limit // 8 > SHORT_PROMPT_TOKENS else None,
             say=say, engine_overhead_s=engine_overhead_s, decode_per_context_token_s=per_context,
-            passes_s=passes_s,
+            # Each node's engine thread runs its passes whole on a CPU with one torch thread: its
+            # forward CPU is theirs. On a GPU it launches them (the curve is the GPU's time);
+            # with more threads it runs its share only: there, the curve's price.
+            in_service=args.device == "cpu" and args.threads == 1,
         )  # fmt: skip
         costs, how = measured.costs, (*measured.how, ("decode_per_context_token_s", context_how))
         if args.device == "cpu" and args.sharing_rounds > 0:

@@ -14,7 +14,6 @@ Pure: no I/O, no clock; imports nothing from prfaas.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -75,10 +74,11 @@ class PlumbingCosts:
     demand``. Measured with a second pinned process running the same passes
     (``commands.profile_sharing``). Not seconds: a ratio."""
     prefill_per_token_s: float = 0.0
-    """Prefill node CPU seconds per uncached prompt token beyond the profile's forward passes:
-    the engine's work around them (the prefill job's cache and checkpoint copies, each layer's
-    KV handed out, the KV stream's framing and MACs). Measured with long against short prompts
-    on the live node (``commands.profile_plumbing``); charged with ``prefill_per_request_s``
+    """Prefill node CPU seconds per uncached prompt token beyond its forward passes: the
+    engine's work around them (the prefill job's cache and checkpoint copies, each layer's KV
+    handed out, the KV stream's framing and MACs). Measured with prompts of three lengths on the
+    live node, beyond the passes it counted over the same requests
+    (``commands.profile_plumbing``); charged with ``prefill_per_request_s``
     (``prefill_overhead_s``)."""
     decode_per_context_token_s: float = 0.0
     """Decode node CPU seconds per decode step per context token of its batch, beyond the
@@ -113,15 +113,16 @@ class PlumbingCosts:
     the TTFT only. After the older terms, so positional construction keeps their order."""
     prefill_in_service_excess: float = 0.0
     """How much more a prefill node's forward passes cost in service than the profile's curve
-    prices them, as a fraction of the curve (0.4: 40% more): the passes timed on the node's
-    core between the live deployment's requests, one at a time as a serving node runs them,
-    against the curve's passes timed back to back (``commands.profile_plumbing``; on the slower
-    machine of 2026-12-06 1.2-1.4x, 1.9x at 64 tokens; 0.91-0.93x on 2026-12-07).
-    ``prefill_per_request_s`` and ``prefill_per_token_s`` are read beyond those in-service
-    passes, so without this the difference is charged nowhere. Charged on the prefill node with
-    them, on the passes' seconds (``prefill_overhead_s``). Not seconds: a ratio, like
-    ``shared_core_overhead``; unlike it, below 0 where the passes ran faster in service than at
-    the curve (``SIGNED_TERMS``: above -1)."""
+    prices them, as a fraction of the curve (0.4: 40% more): the passes as the live
+    deployment's prefill node counted them (its engine thread's CPU in them, ``forward_cpu_s``),
+    one request at a time, against the curve's passes timed back to back
+    (``commands.profile_plumbing``; since 2026-12-08; before, passes timed in the profiling
+    process between the classes' requests: 1.2-1.4x on the slower machine of 2026-12-06,
+    0.91-0.93x on 2026-12-07). ``prefill_per_request_s`` and ``prefill_per_token_s`` are read
+    beyond those in-service passes, so without this the difference is charged nowhere. Charged
+    on the prefill node with them, on the passes' seconds (``prefill_overhead_s``). Not
+    seconds: a ratio, like ``shared_core_overhead``; unlike it, below 0 where the passes ran
+    faster in service than at the curve (``SIGNED_TERMS``: above -1)."""
     missing: tuple[str, ...] = PLUMBING_TERMS
     """The terms the profile did not measure (each 0.0 here)."""
     approximated: tuple[str, ...] = ()
@@ -228,10 +229,11 @@ class DecodeClass:
     num_tokens: int
     """Tokens those steps made (as many one request at a time, more in a batch)."""
     beyond_s: float
-    """The node's CPU over the class beyond the requests' fixed costs and the profile's forward
-    passes of its steps (may be negative: noise)."""
+    """The node's CPU over the class beyond the requests' fixed costs and the forward passes of
+    its steps (may be negative: noise)."""
     forward_s: float
-    """Those forward passes (what ``beyond_s`` is read against, hence its uncertainty)."""
+    """Those forward passes (what ``beyond_s`` is read against: as the node counted them, or the
+    profile's price for them), which weigh the class (``split_decode_live``)."""
 
 
 def split_decode_live(
@@ -241,9 +243,9 @@ def split_decode_live(
     one token's ``c``: each class cost ``S a + N c`` (``S`` steps made ``N`` tokens). A class
     one request at a time (``S = N``) pins ``a + c``, a batched one (``N > S``) tells them
     apart. Weighted least squares over all of them, ``a, c >= 0`` (non-negative least
-    squares): each class weighed by the noise of what it is read against, ``pass_noise`` of its
-    forward passes or ``tick_s``, whichever is larger (the passes are the profile's, timed
-    earlier: the machine's speed between then and the class lands here). One batch-1 class and
+    squares): each class weighed by the size of its work, ``pass_noise`` of its forward passes
+    or ``tick_s``, whichever is larger (where the passes are the profile's, timed earlier, the
+    machine's speed between then and the class lands here too). One batch-1 class and
     one batched class alone traded the terms off: a batch-1 figure below 0 with 5 ms a step
     beyond at batch 8 stored both as 0 (2026-12-07). A term held at 0 is named in ``clipped``;
     both held at 0 say the classes ran faster than the passes they are read against."""
@@ -314,20 +316,18 @@ def context_cost(overhead_s: dict[tuple[int, int], float]) -> float:
 
 
 def in_service_excess(
-    timed_s: dict[int, list[float]], priced_s: Callable[[int], float]
+    in_service_s: dict[int, float], priced_s: Callable[[int], float]
 ) -> tuple[float | None, str]:
-    """``prefill_in_service_excess`` and how it was read: the passes timed between the one-token
-    classes' requests (``timed_s[n]``, per prompt length, one at a time on the prefill node's
-    core while the deployment serves) over the profile's price for them (``priced_s``, its
-    curve, timed back to back minutes before), summed over the classes (each class's median;
-    the long class weighs most, as its passes are the least noisy), less 1. None: nothing timed
-    beside the classes (a GPU profile reads its classes against the curve), or no price to
-    read them against: the curve prices a class at 0 s or less (a noisy profile's end segment
-    extended past its points), said in the how."""
-    if not timed_s:
+    """``prefill_in_service_excess`` and how it was read: the prefill node's forward passes per
+    request of each one-token class as its engine counted them while the deployment served
+    (``in_service_s[n]``, per prompt length: its engine thread's CPU in them, on the node's core)
+    over the profile's price for them (``priced_s``, its curve, timed back to back minutes
+    before), summed over the classes (the long class weighs most), less 1. None: nothing
+    counted, or no price to read them against: the curve prices a class at 0 s or less (a noisy
+    profile's end segment extended past its points), said in the how."""
+    if not in_service_s:
         return None, ""
-    medians = {n: statistics.median(v) for n, v in sorted(timed_s.items())}
-    unpriced = {n: priced_s(n) for n in medians if priced_s(n) <= 0.0}
+    unpriced = {n: priced_s(n) for n in in_service_s if priced_s(n) <= 0.0}
     if unpriced:
         # A ratio over such a price is no measurement (fresh-clone CI read -38 from a --quick
         # profile on a loaded core): missing, charged as 0.
@@ -336,15 +336,15 @@ def in_service_excess(
             + ", ".join(f"{n} tokens at {s * 1e3:.4g} ms" for n, s in unpriced.items())
             + " (at or below 0: noise extended past its points); profile again on a quiet core"
         )
-    ratio = sum(medians.values()) / sum(priced_s(n) for n in medians)
+    ratio = sum(in_service_s.values()) / sum(priced_s(n) for n in in_service_s)
     each = ", ".join(f"{n} tokens {m * 1e3:.4g} vs {priced_s(n) * 1e3:.4g} ms"
-                     for n, m in medians.items())  # fmt: skip
+                     for n, m in sorted(in_service_s.items()))  # fmt: skip
     return ratio - 1.0, (
-        f"the prefill node's core: passes timed between the one-token classes' requests of a "
-        f"live one-site torch deployment (the median of each class's), over the profile's "
-        f"curve (timed back to back before), summed over the classes: {each}; {ratio:.3f}x. "
-        "On a machine whose speed drifts this is as much the curve's moment as a cost of "
-        "serving: the two are not told apart"
+        f"the prefill node's core: its forward passes per request of the one-token classes of a "
+        f"live one-site torch deployment, as its engine counted them (forward_cpu_s), over the "
+        f"profile's curve (timed back to back before), summed over the classes: {each}; "
+        f"{ratio:.3f}x. On a machine whose speed drifts this is as much the curve's moment as a "
+        "cost of serving: the two are not told apart"
     )
 
 

@@ -204,14 +204,14 @@ def test_tiny_run_end_to_end(tmp_path: Path) -> None:
     assert len(point["live_cpu_s"]) == report["live_repeats"]
     assert set(point["sim_work_s"]) == {"pf0", "p0"} < set(point["live_cpu_s"][0])
     assert "live CPU / simulated work, each repeat: " in stdout
-    # and split: each torch node's engine thread in passes against the simulated passes alone
-    assert len(point["live_engine_cpu_s"]) == report["live_repeats"]
+    # and split: each torch node's forward passes against the simulated passes alone
+    assert len(point["live_forward_cpu_s"]) == report["live_repeats"]
     # (p0 prefills every short prompt on both sides; pf0 what offloads, here some of it too; the
     # passes alone can exceed all terms: a negative in-service excess refunds part of them)
-    assert all(run["p0"] > 0 and run["pf0"] >= 0 for run in point["live_engine_cpu_s"]), (
-        point["live_engine_cpu_s"], stdout[-3000:])  # fmt: skip
+    assert all(run["p0"] > 0 and run["pf0"] >= 0 for run in point["live_forward_cpu_s"]), (
+        point["live_forward_cpu_s"], stdout[-3000:])  # fmt: skip
     assert set(point["sim_pass_work_s"]) == {"pf0", "p0"} and point["sim_pass_work_s"]["p0"] > 0
-    assert "of which the passes (engine thread / the curve)" in stdout
+    assert "of which the passes (the nodes' forward_cpu_s / the curve)" in stdout
     # the decode node's steps, live (each repeat, from its decode_steps) and simulated, and what
     # a step cost on each side: its batches and their price told apart
     assert all(steps["d0"] > 0 for steps in point["live_decode_steps"])
@@ -237,7 +237,8 @@ def test_tiny_run_end_to_end(tmp_path: Path) -> None:
     pf = load_profile_file(Path(hardware[0]))
     assert dict(pf.measured_with)["pass_tokens"] == str(d.engine.block_tokens)
     waits = {"first_token_wait_s", "first_token_wait_per_decoding_s"}
-    # the passes timed beside the classes against the curve: measured, said per class; or, where
+    # the prefill node's own passes in service (forward_cpu_s) against the curve: measured, said
+    # per class; or, where
     # the --quick curve (two lengths, on a loaded core) priced a class at 0 s or less, missing
     # and the how says so
     excess_how = dict(pf.plumbing_how)["prefill_in_service_excess"]
@@ -246,7 +247,9 @@ def test_tiny_run_end_to_end(tmp_path: Path) -> None:
         assert excess_how.startswith("not measured: the profile's curve prices")
     else:
         assert set(pf.plumbing.missing) == waits
-        assert "over the profile's curve" in excess_how
+        assert "over the profile's curve" in excess_how and "forward_cpu_s" in excess_how
+    # the terms beyond the passes are read against the nodes' own passes, not the curve's
+    assert "as the prefill node counted them" in dict(pf.plumbing_how)["prefill_per_token_s"]
     # beside it, the prefill node's own engine thread per request in service (said, not stored)
     assert "own engine thread in service (engine_cpu_s), per request: 64 tokens" in excess_how
     per_decoding_how = dict(pf.plumbing_how)["first_token_wait_per_decoding_s"]

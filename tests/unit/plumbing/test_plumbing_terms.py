@@ -553,22 +553,22 @@ def test_a_one_site_file_with_a_profiled_model_is_planned_without_a_preset(tmp_p
     assert planner.evaluate(None, 0, 1, 1).lambda_max_exact > 0
 
 
-def test_the_in_service_excess_is_the_passes_beside_the_classes_over_the_curve() -> None:
-    """``prefill_in_service_excess`` from the passes timed between the classes' requests: each
-    class's median, summed, over the curve's price summed, less 1; said per class in ``how``."""
+def test_the_in_service_excess_is_the_nodes_own_passes_over_the_curve() -> None:
+    """``prefill_in_service_excess`` from the passes the prefill node's engine counted per
+    request of each class (``forward_cpu_s``), summed, over the curve's price summed, less 1;
+    said per class in ``how``."""
     from prfaas.perf.plumbing import in_service_excess
 
     def curve(n: int) -> float:
         return 0.01 + 1e-4 * n
 
-    timed = {64: [0.030, 0.020, 0.021], 1024: [0.150, 0.140, 0.160, 0.900]}
-    excess, how = in_service_excess(timed, curve)
-    # medians 0.021 and 0.155 (one slow pass moves neither) against 0.0164 and 0.1124
+    excess, how = in_service_excess({64: 0.021, 1024: 0.155}, curve)
     assert excess == pytest.approx((0.021 + 0.155) / (0.0164 + 0.1124) - 1)
     assert "64 tokens 21 vs 16.4 ms" in how and "1024 tokens 155 vs 112.4 ms" in how
-    assert excess > 0.36  # the classes' passes ran slower than the curve: charged, not lost
-    assert in_service_excess({}, curve) == (None, "")  # nothing timed beside (a GPU): missing
-    faster, _ = in_service_excess({1024: [0.09]}, curve)
+    assert "forward_cpu_s" in how
+    assert excess > 0.36  # the passes ran slower in service than the curve: charged, not lost
+    assert in_service_excess({}, curve) == (None, "")  # nothing counted (a GPU): missing
+    faster, _ = in_service_excess({1024: 0.09}, curve)
     assert faster == pytest.approx(0.09 / 0.1124 - 1)  # below 0: stored as measured (signed)
 
 
@@ -582,8 +582,8 @@ def test_no_excess_is_read_against_a_curve_priced_at_or_below_zero() -> None:
     def falling(n: int) -> float:  # 20 ms at 128 tokens, 10 at 1,024: negative by 4,096
         return 0.02 - (0.01 / 896) * (n - 128)
 
-    timed = {64: [0.010], 1024: [0.015], 4096: [0.060]}
-    excess, how = in_service_excess(timed, falling)
+    counted = {64: 0.010, 1024: 0.015, 4096: 0.060}
+    excess, how = in_service_excess(counted, falling)
     assert excess is None
     assert how.startswith("not measured") and "4096 tokens at -24.29 ms" in how
     assert "64 tokens" not in how  # the classes the curve did price are not named
