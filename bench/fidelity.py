@@ -58,6 +58,12 @@ import yaml
 
 from prfaas.perf.plumbing import PLUMBING_TERMS as PLUMBING_TERMS_ALL
 
+SECONDS_TERMS = tuple(t for t in PLUMBING_TERMS_ALL if t != "prefill_in_service_excess")
+"""Every term but the prefill passes' in-service excess: these off, a prefill node's simulated
+work is its passes as the simulator prices them (the curve times ``1 +`` that excess), what its
+``forward_cpu_s`` is set against; the rest of its work is the seconds terms'. (Until 2026-12-08
+the excess sat in the rest: a negative one, -0.05, left pf0's rest at 1/50 of its live figure.)"""
+
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 MODEL_NAME = "tiny-fidelity"
@@ -1298,7 +1304,7 @@ def resimulate(saved: dict[str, Any]) -> dict[str, Any]:
             if "sim_work_s" in pt:
                 pt["sim_work_s"] = prefill_work_s(deployment, pts)
             if "sim_pass_work_s" in pt:
-                pt["sim_pass_work_s"] = prefill_work_s(deployment, pts, PLUMBING_TERMS_ALL)
+                pt["sim_pass_work_s"] = prefill_work_s(deployment, pts, SECONDS_TERMS)
     return saved
 
 
@@ -1378,7 +1384,7 @@ def score_seed(
             # The same split in two: the nodes' forward passes against the simulator's passes
             # alone (every term off), the rest of each process against the terms' charge.
             pt["live_forward_cpu_s"] = live_engine
-            pt["sim_pass_work_s"] = prefill_work_s(deployment, pts, PLUMBING_TERMS_ALL)
+            pt["sim_pass_work_s"] = prefill_work_s(deployment, pts, SECONDS_TERMS)
         if any(live_steps):
             pt["live_decode_steps"] = live_steps
     return row
@@ -1474,8 +1480,9 @@ def _load_work(row: dict[str, Any]) -> list[str]:
         out.append(f"- seed {row['seed']} {load}: live CPU / simulated work, each repeat: "
                    + "; ".join(parts) + _sharing(row))  # fmt: skip
         if "sim_pass_work_s" in pt:
-            out.append("  - of which the passes (the nodes' forward_cpu_s / the curve) and the "
-                       "rest (the process less its passes / the terms), each repeat: "
+            out.append("  - of which the passes (the nodes' forward_cpu_s / the curve x (1 + "
+                       "in-service excess)) and the rest (the process less its passes / the "
+                       "seconds terms), each repeat: "
                        + "; ".join(_split_work(pt, n) for n in sim if sim[n] > 0))  # fmt: skip
         out += _decode_work(pt)
     return out

@@ -211,7 +211,7 @@ def test_tiny_run_end_to_end(tmp_path: Path) -> None:
     assert all(run["p0"] > 0 and run["pf0"] >= 0 for run in point["live_forward_cpu_s"]), (
         point["live_forward_cpu_s"], stdout[-3000:])  # fmt: skip
     assert set(point["sim_pass_work_s"]) == {"pf0", "p0"} and point["sim_pass_work_s"]["p0"] > 0
-    assert "of which the passes (the nodes' forward_cpu_s / the curve)" in stdout
+    assert "of which the passes (the nodes' forward_cpu_s / the curve x (1 + in-service " in stdout
     # the decode node's steps, live (each repeat, from its decode_steps) and simulated, and what
     # a step cost on each side: its batches and their price told apart
     assert all(steps["d0"] > 0 for steps in point["live_decode_steps"])
